@@ -1,0 +1,408 @@
+//! The proxy's YAML configuration: its shape, its defaults, and errors that
+//! name the file, line and column of the offending key.
+//!
+//! Unknown keys are errors (`deny_unknown_fields` everywhere): a misspelt key
+//! silently ignored is a production incident waiting to happen. Values are
+//! checked while deserializing, so a bad address or duration is reported at
+//! its own position. Paths are resolved relative to the config file.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+/// A config file that could not be used; the message starts with `file:line:column`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: Listen,
+    pub upstream: Upstream,
+    /// Policy files or directories.
+    #[serde(default)]
+    pub policies: Vec<PathBuf>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Where diverted records are written; defaults to the upstream cluster.
+    #[serde(default)]
+    pub dead_letter: DeadLetter,
+    /// The admin HTTP listener (metrics and health).
+    #[serde(default)]
+    pub admin: Admin,
+    /// Where this config was read from; paths in it are relative to its folder.
+    #[serde(skip)]
+    pub source: PathBuf,
+}
+
+/// Where clients connect.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// What clients put in `bootstrap.servers`.
+    pub bootstrap: HostPort,
+    /// Host written into rewritten metadata (default: bootstrap's host).
+    #[serde(default)]
+    pub advertised_host: Option<String>,
+    /// The broker with node id N is served at `broker_port_base + N`.
+    pub broker_port_base: u16,
+    /// TLS towards clients; plaintext when absent.
+    #[serde(default)]
+    pub tls: Option<ServerTls>,
+}
+
+impl Listen {
+    pub fn advertised_host(&self) -> &str {
+        self.advertised_host.as_deref().unwrap_or(&self.bootstrap.host)
+    }
+}
+
+/// The cluster the proxy fronts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub bootstrap_servers: Vec<HostPort>,
+    /// TLS towards brokers; plaintext when absent.
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+    #[serde(default = "default_connect_timeout", deserialize_with = "de_duration")]
+    pub connect_timeout: Duration,
+    /// How often broker metadata is refreshed in the background.
+    #[serde(default = "default_metadata_refresh", deserialize_with = "de_duration")]
+    pub metadata_refresh: Duration,
+}
+
+/// TLS served to clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA bundle; when set, clients must present a certificate it signed (mTLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// TLS used when connecting to brokers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTls {
+    /// PEM CA bundle that signed the brokers' certificates.
+    pub ca: PathBuf,
+    /// Optional client certificate and key (mTLS towards brokers).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Name to verify the brokers' certificates against (default: the host connected to).
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// Limits that protect the process from its peers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest frame accepted from a client or a broker.
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: u32,
+    /// How long shutdown waits for in-flight responses.
+    #[serde(default = "default_shutdown_grace", deserialize_with = "de_duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: default_max_frame_bytes(),
+            shutdown_grace: default_shutdown_grace(),
+        }
+    }
+}
+
+/// The dead-letter producer's cluster and settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetter {
+    /// Defaults to the upstream cluster.
+    #[serde(default)]
+    pub bootstrap_servers: Option<Vec<HostPort>>,
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+    /// How long a Fetch response may wait for its diversions to be acknowledged.
+    #[serde(default = "default_dlt_timeout", deserialize_with = "de_duration")]
+    pub timeout: Duration,
+    /// Partitions of a dead-letter topic the proxy creates.
+    #[serde(default = "one_i32")]
+    pub partitions: i32,
+    /// Replication factor of a dead-letter topic the proxy creates.
+    #[serde(default = "one_i16")]
+    pub replication_factor: i16,
+}
+
+impl Default for DeadLetter {
+    fn default() -> Self {
+        DeadLetter {
+            bootstrap_servers: None,
+            tls: None,
+            timeout: default_dlt_timeout(),
+            partitions: 1,
+            replication_factor: 1,
+        }
+    }
+}
+
+/// The admin HTTP listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// Address of `/metrics`, `/healthz` and `/readyz`; absent disables it.
+    #[serde(default)]
+    pub listen: Option<HostPort>,
+}
+
+#[allow(clippy::derivable_impls)]
+impl Default for Admin {
+    fn default() -> Self {
+        Admin { listen: None }
+    }
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_metadata_refresh() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_max_frame_bytes() -> u32 {
+    100 * 1024 * 1024
+}
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_dlt_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn one_i32() -> i32 {
+    1
+}
+fn one_i16() -> i16 {
+    1
+}
+
+/// A `host:port` pair, checked when the config is read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl FromStr for HostPort {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{s}` is not host:port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("`{s}` has no host"));
+        }
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| format!("`{s}`: `{port}` is not a port number"))?;
+        Ok(HostPort {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for HostPort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+/// Parse `500ms`, `10s`, `15m`, `1h`, `2d` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 500ms, 10s, 15m or 1h"))?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        other => return Err(format!("`{other}` is not a duration unit (ms, s, m, h, d)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("`{s}` is not a duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// serde helper: a duration written as text (`10s`) or a number of seconds.
+pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Num(f64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Num(n) => parse_duration(&n.to_string()).map_err(de::Error::custom),
+        Raw::Text(t) => parse_duration(&t).map_err(de::Error::custom),
+    }
+}
+
+/// Format a serde_yaml error as `file:line:column: message`.
+pub fn yaml_error(path: &Path, err: &serde_yaml::Error) -> String {
+    match err.location() {
+        Some(loc) => format!(
+            "{}:{}:{}: {}",
+            path.display(),
+            loc.line(),
+            loc.column(),
+            strip_location(&err.to_string())
+        ),
+        None => format!("{}: {}", path.display(), err),
+    }
+}
+
+/// serde_yaml appends " at line L column C" to its messages; we print the
+/// position up front instead, so drop the tail.
+fn strip_location(msg: &str) -> &str {
+    match msg.rfind(" at line ") {
+        Some(i) => &msg[..i],
+        None => msg,
+    }
+}
+
+impl Config {
+    /// Read and check a config file. Relative paths become relative to its folder.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse config text as if read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let mut cfg: Config =
+            serde_yaml::from_str(text).map_err(|e| ConfigError(yaml_error(path, &e)))?;
+        cfg.source = path.to_path_buf();
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.resolve_paths(base);
+        cfg.check().map_err(|m| ConfigError(format!("{}: {m}", path.display())))?;
+        Ok(cfg)
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        self.policies.iter_mut().for_each(fix);
+        if let Some(t) = &mut self.listen.tls {
+            fix(&mut t.cert);
+            fix(&mut t.key);
+            t.client_ca.as_mut().map(fix);
+        }
+        for t in [&mut self.upstream.tls, &mut self.dead_letter.tls]
+            .into_iter()
+            .flatten()
+        {
+            fix(&mut t.ca);
+            t.cert.as_mut().map(fix);
+            t.key.as_mut().map(fix);
+        }
+    }
+
+    /// Checks that span several keys (each key's own shape is checked by serde).
+    fn check(&self) -> Result<(), String> {
+        if self.upstream.bootstrap_servers.is_empty() {
+            return Err("upstream.bootstrap_servers: at least one broker is needed".into());
+        }
+        for (name, tls) in [("upstream.tls", &self.upstream.tls), ("dead_letter.tls", &self.dead_letter.tls)] {
+            if let Some(t) = tls {
+                if t.cert.is_some() != t.key.is_some() {
+                    return Err(format!("{name}: `cert` and `key` must be given together"));
+                }
+            }
+        }
+        if self.limits.max_frame_bytes < 1024 {
+            return Err("limits.max_frame_bytes: must be at least 1024".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "listen:\n  bootstrap: 127.0.0.1:29092\n  broker_port_base: 29100\nupstream:\n  bootstrap_servers: [127.0.0.1:9092]\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL, Path::new("/etc/antidote/a.yaml")).unwrap();
+        assert_eq!(c.listen.advertised_host(), "127.0.0.1");
+        assert_eq!(c.limits.max_frame_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.upstream.bootstrap_servers[0].port, 9092);
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_column() {
+        let text = format!("{MINIMAL}polices: [x]\n");
+        let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
+        assert!(err.starts_with("cfg.yaml:6:1: unknown field `polices`"), "{err}");
+    }
+
+    #[test]
+    fn bad_address_is_reported_at_its_position() {
+        let text = MINIMAL.replace("127.0.0.1:9092", "localhost");
+        let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
+        assert!(err.starts_with("cfg.yaml:5:"), "{err}");
+        assert!(err.contains("not host:port"), "{err}");
+    }
+
+    #[test]
+    fn relative_paths_follow_the_config_file() {
+        let text = format!("{MINIMAL}policies: [policies/]\n");
+        let c = Config::parse(&text, Path::new("/etc/antidote/a.yaml")).unwrap();
+        assert_eq!(c.policies[0], PathBuf::from("/etc/antidote/policies/"));
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+}

@@ -1,0 +1,2 @@
+//! The network hop: listeners, per-connection request/response relay,
+//! address rewriting, API version negotiation and TLS.
