@@ -14,6 +14,7 @@
 //! Pure cores (`kafka::batch`, `policy`) take bytes and return values; I/O lives
 //! in `proxy` and `deadletter` only.
 
+pub mod client;
 pub mod config;
 pub mod kafka;
 pub mod policy;

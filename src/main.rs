@@ -1,15 +1,26 @@
 //! The `antidote` binary: command-line entry points over the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use antidote::config::Config;
+use antidote::policy::PolicySet;
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(name = "antidote", version, about = "A Kafka proxy that keeps poison records away from consumers")]
 struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -19,7 +30,7 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Validate the config and every policy file it names.
+    /// Validate the config and every policy file it names; exit non-zero on any error.
     Check {
         #[arg(long, short)]
         config: PathBuf,
@@ -28,17 +39,64 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     match cli.command {
-        Command::Run { config } => {
-            let _ = config;
-            ExitCode::FAILURE
-        }
-        Command::Check { config } => match antidote::config::Config::load(&config) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("{e}");
+        Command::Run { config } => run(&config),
+        Command::Check { config } => match load(&config) {
+            Ok(_) => {
+                println!("{}: ok", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                for e in errors {
+                    eprintln!("{e}");
+                }
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// The config and its policies, or every error found in them.
+fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
+    let config = Config::load(path).map_err(|e| vec![e.to_string()])?;
+    let policies = PolicySet::load(&config.policies)
+        .map_err(|errs| errs.into_iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    Ok((config, policies))
+}
+
+fn run(path: &Path) -> ExitCode {
+    let (config, _policies) = match load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                tracing::error!("{e}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(antidote::proxy::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("ANTIDOTE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
     }
 }

@@ -1,2 +1,312 @@
-//! The network hop: listeners, per-connection request/response relay,
-//! address rewriting, API version negotiation and TLS.
+//! The network hop: listeners, per-connection relay, address rewriting, API
+//! version negotiation and TLS.
+//!
+//! One listener serves the bootstrap address; one more serves each upstream
+//! broker, at `broker_port_base + node id`, opened as brokers appear in
+//! metadata (the proxy's own lookups or any Metadata-like response relayed
+//! to a client). The mapping is deterministic, so a restarted proxy hands
+//! out the same ports. Each accepted connection gets its own upstream
+//! connection and a `relay`.
+
+pub mod frame;
+pub mod net;
+pub mod relay;
+pub mod rewrite;
+pub mod tls;
+pub mod versions;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use kafka_protocol::messages::MetadataRequest;
+use kafka_protocol::protocol::StrBytes;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn, Instrument};
+use uuid::Uuid;
+
+use crate::client::{self, Connection};
+use crate::config::{Config, HostPort};
+use rewrite::{Addresses, Seen};
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+}
+
+/// Which upstream a listener's connections go to.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// Any bootstrap server.
+    Bootstrap,
+    /// The broker with this node id.
+    Broker(i32),
+}
+
+/// State shared by every listener and connection.
+pub struct Shared {
+    pub config: Config,
+    pub addrs: Addresses,
+    acceptor: Option<TlsAcceptor>,
+    pub upstream: client::Endpoint,
+    /// Node id -> the broker's real address.
+    pub brokers: DashMap<i32, HostPort>,
+    /// Topic id -> name, for Fetch v13+ (which names topics by id).
+    pub topic_names: DashMap<Uuid, StrBytes>,
+    listening: tokio::sync::Mutex<HashSet<i32>>,
+    pub shutdown: CancellationToken,
+    pub tasks: TaskTracker,
+    /// Set once upstream metadata has been fetched.
+    pub ready: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(config: Config) -> Result<Arc<Shared>, StartError> {
+        let acceptor = config.listen.tls.as_ref().map(tls::acceptor).transpose()?;
+        let upstream_tls = config.upstream.tls.as_ref().map(tls::connector).transpose()?;
+        let addrs = Addresses::new(config.listen.advertised_host(), config.listen.broker_port_base);
+        let upstream = client::Endpoint {
+            tls: upstream_tls,
+            timeout: config.upstream.connect_timeout,
+            max_frame: config.limits.max_frame_bytes,
+        };
+        Ok(Arc::new(Shared {
+            config,
+            addrs,
+            acceptor,
+            upstream,
+            brokers: DashMap::new(),
+            topic_names: DashMap::new(),
+            listening: tokio::sync::Mutex::new(HashSet::new()),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            ready: AtomicBool::new(false),
+        }))
+    }
+
+    /// Record what a response revealed; open listeners for new brokers.
+    pub async fn learn(self: &Arc<Self>, seen: Seen) {
+        for (id, name) in seen.topics {
+            self.topic_names.insert(id, name);
+        }
+        for (node, addr) in seen.brokers {
+            let changed = self.brokers.insert(node, addr.clone()).as_ref() != Some(&addr);
+            if changed {
+                info!(node, %addr, "broker address learned");
+            }
+            self.ensure_listener(node).await;
+        }
+    }
+
+    /// Open the listener for broker `node` unless it is already open.
+    async fn ensure_listener(self: &Arc<Self>, node: i32) {
+        let mut open = self.listening.lock().await;
+        if open.contains(&node) || self.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(port) = self.addrs.port_for(node) else {
+            warn!(node, base = self.addrs.port_base, "broker node id does not map to a port; it cannot be served");
+            return;
+        };
+        let host = &self.config.listen.bootstrap.host;
+        match TcpListener::bind((host.as_str(), port)).await {
+            Ok(listener) => {
+                open.insert(node);
+                info!(node, addr = %format!("{host}:{port}"), "serving broker");
+                self.tasks.spawn(accept_loop(self.clone(), listener, Target::Broker(node)));
+            }
+            Err(e) => warn!(node, port, error = %e, "cannot open the listener for broker"),
+        }
+    }
+}
+
+/// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
+/// in-flight responses finish (bounded by `limits.shutdown_grace`) and return.
+pub async fn run(config: Config) -> Result<(), StartError> {
+    let shared = Shared::new(config)?;
+    let bootstrap = shared.config.listen.bootstrap.to_string();
+    let listener = TcpListener::bind(&bootstrap)
+        .await
+        .map_err(|source| StartError::Bind { addr: bootstrap.clone(), source })?;
+    info!(addr = %bootstrap, "serving bootstrap");
+    shared.tasks.spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
+    shared.tasks.spawn(metadata_loop(shared.clone()));
+
+    wait_for_signal().await;
+    info!("shutting down: listeners closed, finishing in-flight responses");
+    shared.shutdown.cancel();
+    shared.tasks.close();
+    let grace = shared.config.limits.shutdown_grace;
+    if tokio::time::timeout(grace, shared.tasks.wait()).await.is_err() {
+        warn!(?grace, "shutdown grace elapsed with connections still open");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Fetch cluster metadata now and then every `upstream.metadata_refresh`,
+/// retrying quickly until the first success.
+async fn metadata_loop(shared: Arc<Shared>) {
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match refresh_metadata(&shared).await {
+            Ok(()) => {
+                if !shared.ready.swap(true, Ordering::SeqCst) {
+                    info!(brokers = shared.brokers.len(), "upstream metadata fetched; ready");
+                }
+                delay = shared.config.upstream.metadata_refresh;
+            }
+            Err(e) => {
+                warn!(error = %e, "fetching upstream metadata failed");
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Ask a bootstrap server for the brokers and topics; learn them.
+pub async fn refresh_metadata(shared: &Arc<Shared>) -> Result<(), client::ClientError> {
+    let mut conn = connect_any(shared, &shared.config.upstream.bootstrap_servers).await?;
+    let resp = conn.send(MetadataRequest::default().with_topics(None), 1, 12).await?;
+    let mut seen = Seen::default();
+    for b in &resp.brokers {
+        if let Ok(port) = u16::try_from(b.port) {
+            seen.brokers.push((b.node_id.0, HostPort { host: b.host.to_string(), port }));
+        }
+    }
+    for t in &resp.topics {
+        if let Some(name) = &t.name {
+            if !t.topic_id.is_nil() {
+                seen.topics.push((t.topic_id, name.0.clone()));
+            }
+        }
+    }
+    shared.learn(seen).await;
+    Ok(())
+}
+
+/// The first of `servers` that accepts a connection.
+async fn connect_any(shared: &Shared, servers: &[HostPort]) -> Result<Connection, client::ClientError> {
+    let mut last = None;
+    for addr in servers {
+        match Connection::connect(addr, &shared.upstream).await {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| client::ClientError::Protocol {
+        addr: HostPort { host: "-".into(), port: 0 },
+        msg: "no bootstrap servers configured".into(),
+    }))
+}
+
+/// Accept connections until shutdown. Boxed with an explicit `Send` bound:
+/// listeners are opened from inside connections (as brokers appear), and the
+/// compiler cannot see through that cycle of async types on its own.
+fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    target: Target,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(accept_connections(shared, listener, target))
+}
+
+async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: Target) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((tcp, peer)) => {
+                let span = tracing::info_span!("conn", %peer, ?target);
+                shared.tasks.spawn(serve(shared.clone(), tcp, peer, target).instrument(span));
+            }
+            Err(e) => {
+                // Usually EMFILE: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Serve one client connection: TLS, upstream connection, relay.
+async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
+    let _ = tcp.set_nodelay(true);
+    let client: net::BoxIo = match &shared.acceptor {
+        None => Box::new(tcp),
+        Some(acceptor) => {
+            match tokio::time::timeout(shared.upstream.timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => Box::new(s),
+                Ok(Err(e)) => return warn!(error = %e, "TLS handshake with client failed"),
+                Err(_) => return warn!("TLS handshake with client timed out"),
+            }
+        }
+    };
+    let broker = match connect_upstream(&shared, target).await {
+        Ok(b) => b,
+        Err(e) => return warn!(error = %e, "cannot reach upstream; closing client connection"),
+    };
+    debug!(%peer, "connected");
+    match relay::relay(shared, client, broker).await {
+        Ok(()) => debug!("connection closed"),
+        Err(e) => warn!(error = %e, "connection closed"),
+    }
+}
+
+/// A raw byte stream to the broker behind `target`.
+async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Result<net::BoxIo> {
+    let addrs: Vec<HostPort> = match target {
+        Target::Bootstrap => shared.config.upstream.bootstrap_servers.clone(),
+        Target::Broker(node) => {
+            if !shared.brokers.contains_key(&node) {
+                let _ = refresh_metadata(shared).await;
+            }
+            match shared.brokers.get(&node) {
+                Some(a) => vec![a.clone()],
+                None => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("broker {node} is not in the cluster metadata"),
+                    ))
+                }
+            }
+        }
+    };
+    let mut last = None;
+    for addr in &addrs {
+        match net::connect(addr, shared.upstream.tls.as_ref(), shared.upstream.timeout).await {
+            Ok(io) => return Ok(io),
+            Err(e) => last = Some(std::io::Error::new(e.kind(), format!("{addr}: {e}"))),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no upstream address")))
+}

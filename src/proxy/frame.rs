@@ -1,0 +1,261 @@
+//! Length-prefixed Kafka framing: read whole frames, peek request headers.
+//!
+//! Framing is "check, then parse": a frame is only handed on once all of it
+//! is buffered, and its length is checked against the configured maximum
+//! before any memory is reserved for it, so a hostile length prefix (say
+//! 2 GiB) ends one connection instead of the process. Frames are kept as the
+//! exact bytes that arrived, length prefix included, so a frame that needs no
+//! inspection is forwarded without being decoded or re-encoded.
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Why a peer's byte stream could not be framed.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame length {0} is negative")]
+    Negative(i32),
+    #[error("frame length {len} exceeds the limit of {max} bytes")]
+    TooLarge { len: u32, max: u32 },
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Largest chunk reserved at once while a big frame arrives: memory grows
+/// with the bytes a peer actually sends, not with the length it claims.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Reads whole frames (length prefix included) from one side of a connection.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    max: u32,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R, max: u32) -> Self {
+        FrameReader {
+            inner,
+            buf: BytesMut::with_capacity(64 * 1024),
+            max,
+        }
+    }
+
+    /// The next whole frame, or `None` on a clean end of stream between frames.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, FrameError> {
+        loop {
+            if let Some(total) = self.complete_frame_len()? {
+                return Ok(Some(self.buf.split_to(total).freeze()));
+            }
+            let want = match self.claimed_len() {
+                Some(total) => (total - self.buf.len()).min(READ_CHUNK),
+                None => 4,
+            };
+            self.buf.reserve(want.max(4096));
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(FrameError::Truncated)
+                };
+            }
+        }
+    }
+
+    /// Bytes already read but not yet returned (used when a connection
+    /// changes hands, e.g. after a TLS upgrade; normally empty).
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.inner, self.buf)
+    }
+
+    /// Total length (prefix included) the buffered frame claims, if its
+    /// prefix has arrived.
+    fn claimed_len(&self) -> Option<usize> {
+        (self.buf.len() >= 4).then(|| 4 + (&self.buf[..4]).get_u32() as usize)
+    }
+
+    /// `Some(total)` once a whole frame is buffered; an error as soon as the
+    /// prefix is known to be unacceptable.
+    fn complete_frame_len(&self) -> Result<Option<usize>, FrameError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = (&self.buf[..4]).get_i32();
+        if len < 0 {
+            return Err(FrameError::Negative(len));
+        }
+        if len as u32 > self.max {
+            return Err(FrameError::TooLarge {
+                len: len as u32,
+                max: self.max,
+            });
+        }
+        let total = 4 + len as usize;
+        Ok((self.buf.len() >= total).then_some(total))
+    }
+}
+
+/// The fixed start of every request header (all header versions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHead {
+    pub api_key: i16,
+    pub api_version: i16,
+    pub correlation_id: i32,
+}
+
+/// Peek api key, version and correlation id from a request frame
+/// (length prefix included). `None` if the frame is too short to be a request.
+pub fn peek_request(frame: &[u8]) -> Option<RequestHead> {
+    let mut b = frame.get(4..12)?;
+    Some(RequestHead {
+        api_key: b.get_i16(),
+        api_version: b.get_i16(),
+        correlation_id: b.get_i32(),
+    })
+}
+
+/// Peek the correlation id of a response frame (length prefix included).
+pub fn peek_correlation_id(frame: &[u8]) -> Option<i32> {
+    frame.get(4..8).map(|mut b| b.get_i32())
+}
+
+/// Offset of the request body in a request frame (length prefix included),
+/// given whether the header is flexible (v2: client id then tagged fields).
+/// `None` if the header is malformed.
+pub fn request_body_offset(frame: &[u8], flexible_header: bool) -> Option<usize> {
+    let mut r = Reader::new(frame, 12);
+    let client_id_len = r.i16()?;
+    if client_id_len > 0 {
+        r.skip(client_id_len as usize)?;
+    }
+    if flexible_header {
+        r.skip_tagged_fields()?;
+    }
+    Some(r.pos)
+}
+
+/// Frame a body: prefix it with its length.
+pub fn with_length_prefix(body: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(body);
+    out.freeze()
+}
+
+/// A bounds-checked cursor for peeking at request fields by hand. Every read
+/// returns `None` past the end instead of panicking.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pub pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], pos: usize) -> Self {
+        Reader { buf, pos }
+    }
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.buf.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+    pub fn skip(&mut self, n: usize) -> Option<()> {
+        self.take(n).map(|_| ())
+    }
+    pub fn i8(&mut self) -> Option<i8> {
+        self.take(1).map(|b| b[0] as i8)
+    }
+    pub fn i16(&mut self) -> Option<i16> {
+        self.take(2).map(|mut b| b.get_i16())
+    }
+    pub fn i32(&mut self) -> Option<i32> {
+        self.take(4).map(|mut b| b.get_i32())
+    }
+    pub fn uvarint(&mut self) -> Option<u32> {
+        let mut v: u32 = 0;
+        for i in 0..5 {
+            let b = self.take(1)?[0];
+            v |= ((b & 0x7f) as u32) << (7 * i);
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    /// Skip a nullable string: i16 length, or compact (uvarint length + 1).
+    pub fn skip_nullable_string(&mut self, compact: bool) -> Option<()> {
+        let len = if compact {
+            (self.uvarint()? as i64) - 1
+        } else {
+            self.i16()? as i64
+        };
+        if len > 0 {
+            self.skip(len as usize)?;
+        }
+        Some(())
+    }
+    pub fn skip_tagged_fields(&mut self) -> Option<()> {
+        let n = self.uvarint()?;
+        for _ in 0..n {
+            self.uvarint()?;
+            let size = self.uvarint()?;
+            self.skip(size as usize)?;
+        }
+        Some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn frames(input: &[u8], max: u32) -> Vec<Result<Option<Bytes>, String>> {
+        let mut r = FrameReader::new(input, max);
+        let mut out = vec![];
+        loop {
+            let f = r.next().await.map_err(|e| e.to_string());
+            let stop = !matches!(f, Ok(Some(_)));
+            out.push(f);
+            if stop {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn splits_pipelined_frames_and_keeps_their_bytes() {
+        let input = [0, 0, 0, 2, 9, 9, 0, 0, 0, 0, 0, 0, 0, 1, 7];
+        let got = frames(&input, 1024).await;
+        assert_eq!(got[0].as_ref().unwrap().as_deref(), Some(&input[..6]));
+        assert_eq!(got[1].as_ref().unwrap().as_deref(), Some(&input[6..10]));
+        assert_eq!(got[2].as_ref().unwrap().as_deref(), Some(&input[10..]));
+        assert_eq!(got[3], Ok(None));
+    }
+
+    #[tokio::test]
+    async fn a_two_gib_length_prefix_is_refused_before_reading_it() {
+        let got = frames(&[0x7f, 0xff, 0xff, 0xff, 1, 2, 3], 100 << 20).await;
+        assert!(got[0].as_ref().unwrap_err().contains("exceeds the limit"));
+    }
+
+    #[tokio::test]
+    async fn negative_length_and_truncation_are_errors() {
+        assert!(frames(&[0xff, 0, 0, 0], 1024).await[0].is_err());
+        assert!(frames(&[0, 0, 0, 9, 1], 1024).await[0]
+            .as_ref()
+            .unwrap_err()
+            .contains("middle of a frame"));
+    }
+
+    #[test]
+    fn peeks_never_panic_on_short_input() {
+        for n in 0..14 {
+            let buf = vec![0xffu8; n];
+            let _ = peek_request(&buf);
+            let _ = peek_correlation_id(&buf);
+            let _ = request_body_offset(&buf, true);
+        }
+    }
+}

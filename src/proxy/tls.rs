@@ -1,0 +1,114 @@
+//! TLS on both sides of the proxy, independently: a rustls server config for
+//! client connections (optionally verifying client certificates, mTLS) and a
+//! rustls client config for broker connections (a CA bundle, optionally a
+//! client certificate). Errors name the file that could not be used.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::config::{ClientTls, ServerTls};
+
+/// A TLS file or setting that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError(format!("{}: cannot read certificates: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(TlsError(format!("{}: no PEM certificate found", path.display())));
+    }
+    Ok(certs)
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| TlsError(format!("{}: cannot read private key: {e}", path.display())))
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut store = RootCertStore::empty();
+    for cert in certs(path)? {
+        store
+            .add(cert)
+            .map_err(|e| TlsError(format!("{}: bad CA certificate: {e}", path.display())))?;
+    }
+    Ok(store)
+}
+
+/// The acceptor for client connections.
+pub fn acceptor(cfg: &ServerTls) -> Result<TlsAcceptor, TlsError> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError(e.to_string()))?;
+    let builder = match &cfg.client_ca {
+        Some(ca) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                .build()
+                .map_err(|e| TlsError(format!("{}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
+        .with_single_cert(certs(&cfg.cert)?, key(&cfg.key)?)
+        .map_err(|e| TlsError(format!("{}: {e}", cfg.cert.display())))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// How the proxy connects to brokers over TLS.
+#[derive(Clone)]
+pub struct Upstream {
+    pub connector: TlsConnector,
+    /// Overrides the name verified in the broker's certificate.
+    pub server_name: Option<ServerName<'static>>,
+}
+
+impl Upstream {
+    /// The name to verify for a connection to `host`.
+    pub fn server_name(&self, host: &str) -> Result<ServerName<'static>, TlsError> {
+        match &self.server_name {
+            Some(n) => Ok(n.clone()),
+            None => ServerName::try_from(host.to_string())
+                .map_err(|e| TlsError(format!("`{host}` is not a valid TLS server name: {e}"))),
+        }
+    }
+}
+
+/// The connector for broker connections.
+pub fn connector(cfg: &ClientTls) -> Result<Upstream, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError(e.to_string()))?
+        .with_root_certificates(roots(&cfg.ca)?);
+    let config = match (&cfg.cert, &cfg.key) {
+        (Some(cert), Some(k)) => builder
+            .with_client_auth_cert(certs(cert)?, key(k)?)
+            .map_err(|e| TlsError(format!("{}: {e}", cert.display())))?,
+        _ => builder.with_no_client_auth(),
+    };
+    let server_name = cfg
+        .server_name
+        .as_ref()
+        .map(|n| {
+            ServerName::try_from(n.clone())
+                .map_err(|e| TlsError(format!("upstream.tls.server_name `{n}`: {e}")))
+        })
+        .transpose()?;
+    Ok(Upstream {
+        connector: TlsConnector::from(Arc::new(config)),
+        server_name,
+    })
+}

@@ -1,0 +1,115 @@
+//! ApiVersions negotiation: the client is offered the intersection of what
+//! the broker supports and what the proxy can relay safely.
+//!
+//! Rules (protocol-notes §5): API keys the proxy does not know are dropped
+//! (it could not find their header versions); APIs whose responses carry
+//! broker addresses the proxy does not rewrite are dropped or capped
+//! (ShareFetch, ShareAcknowledge, DescribeQuorum v2+); Produce keeps the
+//! broker's minimum (raising it made older librdkafka stop compressing,
+//! KAFKA-18659); SASL keys are kept. The response header is always v0, and a
+//! client asking for a newer ApiVersions than the broker knows gets the
+//! broker's UNSUPPORTED_VERSION answer in v0 form (KIP-511), which is
+//! decoded at v0 here.
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+/// The versions of `key` the proxy relays, or `None` if it must not be offered.
+pub fn proxy_range(key: ApiKey) -> Option<(i16, i16)> {
+    let r = key.valid_versions();
+    match key {
+        ApiKey::ShareFetch | ApiKey::ShareAcknowledge => None,
+        // v2 added listener endpoints that are not rewritten.
+        ApiKey::DescribeQuorum => Some((r.min, r.max.min(1))),
+        // Produce requests are relayed opaquely; only v10+ responses are
+        // decoded, and the crate decodes those.
+        ApiKey::Produce => Some((0, r.max)),
+        _ => Some((r.min, r.max)),
+    }
+}
+
+/// Intersect one broker range with the proxy's; `None` if they do not meet.
+fn intersect(v: &ApiVersion) -> Option<ApiVersion> {
+    let key = ApiKey::try_from(v.api_key).ok()?;
+    let (min, max) = proxy_range(key)?;
+    let lo = if key == ApiKey::Produce { v.min_version } else { v.min_version.max(min) };
+    let hi = v.max_version.min(max);
+    (lo <= hi).then(|| v.clone().with_min_version(lo).with_max_version(hi))
+}
+
+const UNSUPPORTED_VERSION: i16 = 35;
+
+/// Rewrite an ApiVersions response body (after the v0 response header).
+/// Returns the new body.
+pub fn rewrite(body: Bytes, version: i16) -> anyhow::Result<BytesMut> {
+    // A broker that does not support `version` answers UNSUPPORTED_VERSION
+    // in the v0 body format (KIP-511); error_code leads every version.
+    let unsupported = body.get(..2) == Some(&UNSUPPORTED_VERSION.to_be_bytes()[..]);
+    let v = if unsupported { 0 } else { version };
+    let mut m = ApiVersionsResponse::decode(&mut body.clone(), v)?;
+    m.api_keys = m.api_keys.iter().filter_map(intersect).collect();
+    let mut out = BytesMut::with_capacity(m.compute_size(v)?);
+    m.encode(&mut out, v)?;
+    Ok(out)
+}
+
+/// The highest ApiVersions version the proxy can decode.
+pub fn max_api_versions_version() -> i16 {
+    ApiKey::ApiVersions.valid_versions().max
+}
+
+/// An UNSUPPORTED_VERSION answer (v0 body) for an ApiVersions request newer
+/// than the proxy decodes; the client retries with a version from the list.
+pub fn unsupported_version_body() -> anyhow::Result<BytesMut> {
+    let r = ApiKey::ApiVersions.valid_versions();
+    let m = ApiVersionsResponse::default()
+        .with_error_code(UNSUPPORTED_VERSION)
+        .with_api_keys(vec![ApiVersion::default()
+            .with_api_key(ApiKey::ApiVersions as i16)
+            .with_min_version(r.min)
+            .with_max_version(r.max)]);
+    let mut out = BytesMut::new();
+    m.encode(&mut out, 0)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(keys: &[(i16, i16, i16)], v: i16) -> Bytes {
+        let m = ApiVersionsResponse::default().with_api_keys(
+            keys.iter()
+                .map(|&(k, lo, hi)| ApiVersion::default().with_api_key(k).with_min_version(lo).with_max_version(hi))
+                .collect(),
+        );
+        let mut b = BytesMut::new();
+        m.encode(&mut b, v).unwrap();
+        b.freeze()
+    }
+
+    fn keys(body: BytesMut, v: i16) -> Vec<(i16, i16, i16)> {
+        let m = ApiVersionsResponse::decode(&mut body.freeze(), v).unwrap();
+        m.api_keys.iter().map(|k| (k.api_key, k.min_version, k.max_version)).collect()
+    }
+
+    #[test]
+    fn intersection_keeps_produce_min_and_sasl_and_drops_unknown_and_share_keys() {
+        let body = response(&[(0, 0, 99), (1, 0, 99), (17, 0, 1), (36, 0, 2), (78, 0, 1), (999, 0, 3)], 3);
+        let got = keys(rewrite(body, 3).unwrap(), 3);
+        let fetch_max = ApiKey::Fetch.valid_versions().max;
+        let produce_max = ApiKey::Produce.valid_versions().max;
+        assert_eq!(got, vec![(0, 0, produce_max), (1, 4, fetch_max), (17, 0, 1), (36, 0, 2)]);
+    }
+
+    #[test]
+    fn an_unsupported_version_answer_in_v0_form_is_understood() {
+        let body = response(&[(18, 0, 3)], 0);
+        let mut body = BytesMut::from(&body[..]);
+        body[..2].copy_from_slice(&35i16.to_be_bytes());
+        let body = body.freeze();
+        assert_eq!(keys(rewrite(body, 9).unwrap(), 0), vec![(18, 0, 3)]);
+    }
+}
