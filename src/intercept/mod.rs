@@ -1,0 +1,190 @@
+//! Fetch interception: the only place response records are inspected.
+//!
+//! For each partition of a policy-covered topic in a Fetch response, the
+//! records section is split into batches; batches that a policy finds
+//! nothing wrong with are forwarded as their original bytes; batches that
+//! lose records are spliced (`kafka::batch`). Diverted records are written
+//! to their dead-letter topic and the response is released only once every
+//! diversion is acknowledged. A diversion that fails holds its partition:
+//! the data is cut just before the first record not safely diverted, so the
+//! client fetches it again later; nothing past it is delivered, other
+//! partitions flow on.
+//!
+//! Planning (`plan`) is pure; this module only adds the awaiting of
+//! diversions and the re-encoding of the response.
+
+pub mod plan;
+mod verdicts;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::FetchResponse;
+use kafka_protocol::protocol::{Decodable, Encodable};
+use tracing::{info, warn};
+
+use crate::deadletter::DeadLetter;
+use crate::policy::PolicySet;
+use crate::proxy::rewrite::{self, Seen};
+use crate::proxy::Shared;
+use plan::{PartitionPlan, Visibility};
+pub use verdicts::VerdictCache;
+
+/// Fetch isolation levels (request field, v4+).
+pub const READ_COMMITTED: i8 = 1;
+
+/// Everything the interception path needs, shared by all connections.
+pub struct Interceptor {
+    pub policies: Arc<PolicySet>,
+    pub verdicts: VerdictCache,
+    pub dead_letter: Arc<DeadLetter>,
+    /// How long a response waits for its diversions to be acknowledged.
+    pub timeout: Duration,
+}
+
+impl Interceptor {
+    pub fn new(policies: Arc<PolicySet>, dead_letter: Arc<DeadLetter>, timeout: Duration) -> Self {
+        Interceptor {
+            policies,
+            verdicts: VerdictCache::new(100_000),
+            dead_letter,
+            timeout,
+        }
+    }
+
+    /// Whether any Fetch response needs to be looked at.
+    pub fn active(&self) -> bool {
+        !self.policies.is_empty()
+    }
+
+    /// Rewrite a Fetch response body; `Ok(None)` means forward it unchanged.
+    pub async fn rewrite(
+        &self,
+        shared: &Arc<Shared>,
+        body: Bytes,
+        version: i16,
+        isolation: i8,
+    ) -> anyhow::Result<Option<BytesMut>> {
+        let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
+        let mut seen = Seen::default();
+        let mut changed = rewrite::rewrite_fetch_endpoints(&mut resp, &shared.addrs, &mut seen);
+        shared.learn(seen).await;
+
+        if version >= 13 && resp.responses.iter().any(|t| !shared.topic_names.contains_key(&t.topic_id)) {
+            // Fetch v13+ names topics by id: learn ids we have not seen yet.
+            let _ = crate::proxy::refresh_metadata(shared).await;
+        }
+        let now_ms = now_ms();
+        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
+        for (ti, topic) in resp.responses.iter().enumerate() {
+            let name = if version >= 13 {
+                shared.topic_names.get(&topic.topic_id).map(|n| n.to_string())
+            } else {
+                Some(topic.topic.0.to_string())
+            };
+        let Some(name) = name else { continue };
+            let Some(policy) = self.policies.for_topic(&name) else { continue };
+            let topic_name: Arc<str> = Arc::from(name.as_str());
+            for (pi, p) in topic.partitions.iter().enumerate() {
+                let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else { continue };
+                let vis = Visibility::new(isolation == READ_COMMITTED, p.aborted_transactions.as_deref());
+                let plan = plan::plan_partition(
+                    policy,
+                    &topic_name,
+                    p.partition_index,
+                    records,
+                    &vis,
+                    now_ms,
+                    &self.verdicts,
+                );
+                if plan.changes_anything() {
+                    plans.push((ti, pi, plan));
+                }
+            }
+        }
+        if version >= 13 {
+            // Ids still unknown might name a policy topic: hold them.
+            changed |= self.hold_unresolved(shared, &mut resp);
+        }
+        if plans.is_empty() {
+            return Ok(changed.then(|| encode(&resp, version)).transpose()?);
+        }
+
+        // Divert everything first, concurrently, then apply the outcome.
+        let outcomes = self.divert_all(&plans).await;
+        for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
+            let p = &mut resp.responses[ti].partitions[pi];
+            if let Some(offset) = failed_from {
+                warn!(topic = %plan.topic, partition = p.partition_index, offset,
+                    "dead-letter write failed: partition held before this offset");
+            }
+            p.records = Some(plan.apply(failed_from)?);
+        }
+        Ok(Some(encode(&resp, version)?))
+    }
+
+    /// Write every planned diversion; for each plan, the lowest offset whose
+    /// diversion did not succeed in time (`None` if all did).
+    async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut handles = Vec::new();
+        for (plan_idx, (_, _, plan)) in plans.iter().enumerate() {
+            for d in &plan.diversions {
+                let dl = self.dead_letter.clone();
+                let d = d.clone();
+                let offset = d.origin_offset;
+                handles.push((
+                    plan_idx,
+                    offset,
+                    tokio::spawn(async move {
+                        tokio::time::timeout_at(deadline, dl.divert(d)).await
+                    }),
+                ));
+            }
+        }
+        let mut failed: HashMap<usize, i64> = HashMap::new();
+        for (plan_idx, offset, h) in handles {
+            let ok = matches!(h.await, Ok(Ok(Ok(()))));
+            if !ok {
+                let e = failed.entry(plan_idx).or_insert(offset);
+                *e = (*e).min(offset);
+            }
+        }
+        (0..plans.len()).map(|i| failed.get(&i).copied()).collect()
+    }
+
+    /// Withhold the records of partitions whose topic id is still unknown
+    /// and might be covered by a policy. Returns whether anything changed.
+    fn hold_unresolved(&self, shared: &Shared, resp: &mut FetchResponse) -> bool {
+        let mut changed = false;
+        for topic in &mut resp.responses {
+            if shared.topic_names.contains_key(&topic.topic_id) {
+                continue;
+            }
+            for p in &mut topic.partitions {
+                if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+                    info!(topic_id = %topic.topic_id, partition = p.partition_index,
+                        "unknown topic id: records withheld until its name is known");
+                    p.records = Some(Bytes::new());
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+}
+
+fn encode(resp: &FetchResponse, version: i16) -> anyhow::Result<BytesMut> {
+    let mut out = BytesMut::with_capacity(resp.compute_size(version)?);
+    resp.encode(&mut out, version)?;
+    Ok(out)
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
