@@ -1,8 +1,18 @@
 //! Kafka wire formats that the proxy reads and rewrites by hand: record
-//! batches (`batch`), the records inside them (`record`) and their codecs
-//! (`compression`). Request and response framing lives in `proxy::frame`;
-//! message bodies are decoded with the `kafka-protocol` crate.
+//! batches (`batch`, `splice`, `builder`), the records inside them (`record`,
+//! `varint`) and their codecs (`compression`). Request and response framing
+//! lives in `proxy::frame`; message bodies are decoded with the
+//! `kafka-protocol` crate.
 
 pub mod batch;
+pub mod builder;
 pub mod compression;
 pub mod record;
+pub mod splice;
+pub mod varint;
+#[doc(hidden)]
+pub mod fuzz;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+pub(crate) mod testutil;
