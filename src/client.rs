@@ -158,3 +158,191 @@ impl Connection {
         ClientError::Protocol { addr: self.addr.clone(), msg: msg.to_string() }
     }
 }
+
+/// A cluster seen through the proxy's own client: brokers from metadata,
+/// one connection per broker, partition leaders per topic.
+pub struct Cluster {
+    bootstrap: Vec<HostPort>,
+    ep: Endpoint,
+    brokers: HashMap<i32, HostPort>,
+    conns: HashMap<i32, Connection>,
+    bootstrap_conn: Option<Connection>,
+    /// topic -> leader node id per partition (index = partition).
+    leaders: HashMap<String, Vec<i32>>,
+}
+
+/// Error codes the proxy's own client reacts to.
+pub mod errors {
+    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub const LEADER_NOT_AVAILABLE: i16 = 5;
+    pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+    pub const TOPIC_ALREADY_EXISTS: i16 = 36;
+    pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+    pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
+    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+    pub const UNKNOWN_PRODUCER_ID: i16 = 59;
+}
+
+impl Cluster {
+    pub fn new(bootstrap: Vec<HostPort>, ep: Endpoint) -> Self {
+        Cluster {
+            bootstrap,
+            ep,
+            brokers: HashMap::new(),
+            conns: HashMap::new(),
+            bootstrap_conn: None,
+            leaders: HashMap::new(),
+        }
+    }
+
+    /// A connection to any broker (the bootstrap connection, kept open).
+    pub async fn any(&mut self) -> Result<&mut Connection, ClientError> {
+        if self.bootstrap_conn.is_none() {
+            let mut last = None;
+            for addr in &self.bootstrap {
+                match Connection::connect(addr, &self.ep).await {
+                    Ok(c) => {
+                        self.bootstrap_conn = Some(c);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            if self.bootstrap_conn.is_none() {
+                return Err(last.unwrap_or_else(|| ClientError::Protocol {
+                    addr: HostPort { host: "-".into(), port: 0 },
+                    msg: "no bootstrap servers".into(),
+                }));
+            }
+        }
+        self.bootstrap_conn.as_mut().ok_or_else(unreachable_conn)
+    }
+
+    /// Fetch metadata for `topics` (all topics when `None`) and remember
+    /// brokers and leaders.
+    pub async fn metadata(
+        &mut self,
+        topics: Option<&[String]>,
+    ) -> Result<kafka_protocol::messages::MetadataResponse, ClientError> {
+        use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+        use kafka_protocol::messages::{MetadataRequest, TopicName};
+        let req = MetadataRequest::default()
+            .with_allow_auto_topic_creation(false)
+            .with_topics(topics.map(|ts| {
+                ts.iter()
+                    .map(|t| {
+                        MetadataRequestTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_string(t.clone()))))
+                    })
+                    .collect()
+            }));
+        let resp = match self.any().await?.send(req, 4, 12).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.bootstrap_conn = None;
+                return Err(e);
+            }
+        };
+        for b in &resp.brokers {
+            if let Ok(port) = u16::try_from(b.port) {
+                self.brokers.insert(b.node_id.0, HostPort { host: b.host.to_string(), port });
+            }
+        }
+        for t in &resp.topics {
+            let Some(name) = &t.name else { continue };
+            if t.error_code != 0 {
+                self.leaders.remove(name.0.as_str());
+                continue;
+            }
+            let mut leaders = vec![-1; t.partitions.len()];
+            for p in &t.partitions {
+                if let Some(slot) = usize::try_from(p.partition_index).ok().and_then(|i| leaders.get_mut(i)) {
+                    *slot = p.leader_id.0;
+                }
+            }
+            self.leaders.insert(name.to_string(), leaders);
+        }
+        Ok(resp)
+    }
+
+    /// Partition count of `topic`, or `None` if it does not exist.
+    pub async fn partitions(&mut self, topic: &str) -> Result<Option<usize>, ClientError> {
+        if !self.leaders.contains_key(topic) {
+            self.metadata(Some(&[topic.to_string()])).await?;
+        }
+        Ok(self.leaders.get(topic).map(Vec::len))
+    }
+
+    /// Create `topic`; an already existing topic is not an error.
+    pub async fn create_topic(&mut self, topic: &str, partitions: i32, replication: i16) -> Result<(), ClientError> {
+        use kafka_protocol::messages::create_topics_request::CreatableTopic;
+        use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
+        let req = CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_num_partitions(partitions)
+            .with_replication_factor(replication)]);
+        let conn = self.any().await?;
+        let addr = conn.addr().clone();
+        let resp = conn.send(req, 0, 7).await?;
+        for t in &resp.topics {
+            if t.error_code != 0 && t.error_code != errors::TOPIC_ALREADY_EXISTS {
+                return Err(ClientError::Protocol {
+                    addr,
+                    msg: format!(
+                        "creating topic {topic}: error {} {}",
+                        t.error_code,
+                        t.error_message.as_ref().map(|m| m.as_str()).unwrap_or("")
+                    ),
+                });
+            }
+        }
+        self.leaders.remove(topic);
+        Ok(())
+    }
+
+    /// A connection to the leader of `topic`/`partition`.
+    pub async fn leader(&mut self, topic: &str, partition: i32) -> Result<&mut Connection, ClientError> {
+        let known = self
+            .leaders
+            .get(topic)
+            .and_then(|l| l.get(partition as usize))
+            .is_some_and(|&n| n >= 0);
+        if !known {
+            self.metadata(Some(&[topic.to_string()])).await?;
+        }
+        let node = self
+            .leaders
+            .get(topic)
+            .and_then(|l| l.get(partition as usize).copied())
+            .filter(|&n| n >= 0)
+            .ok_or_else(|| ClientError::Protocol {
+                addr: HostPort { host: "-".into(), port: 0 },
+                msg: format!("no leader for {topic}-{partition}"),
+            })?;
+        self.node(node).await
+    }
+
+    /// A connection to broker `node`.
+    pub async fn node(&mut self, node: i32) -> Result<&mut Connection, ClientError> {
+        if !self.conns.contains_key(&node) {
+            let addr = self.brokers.get(&node).cloned().ok_or_else(|| ClientError::Protocol {
+                addr: HostPort { host: "-".into(), port: 0 },
+                msg: format!("broker {node} unknown"),
+            })?;
+            let conn = Connection::connect(&addr, &self.ep).await?;
+            self.conns.insert(node, conn);
+        }
+        self.conns.get_mut(&node).ok_or_else(unreachable_conn)
+    }
+
+    /// Drop every connection and cached leader (after an error).
+    pub fn reset(&mut self) {
+        self.conns.clear();
+        self.bootstrap_conn = None;
+        self.leaders.clear();
+    }
+}
+
+fn unreachable_conn() -> ClientError {
+    ClientError::Protocol { addr: HostPort { host: "-".into(), port: 0 }, msg: "no connection".into() }
+}

@@ -16,6 +16,8 @@
 
 pub mod client;
 pub mod config;
+pub mod deadletter;
+pub mod intercept;
 pub mod kafka;
 pub mod policy;
 pub mod proxy;

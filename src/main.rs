@@ -66,7 +66,7 @@ fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
 }
 
 fn run(path: &Path) -> ExitCode {
-    let (config, _policies) = match load(path) {
+    let (config, policies) = match load(path) {
         Ok(c) => c,
         Err(errors) => {
             for e in errors {
@@ -82,7 +82,7 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(antidote::proxy::run(config)) {
+    match runtime.block_on(antidote::proxy::run(config, policies)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -32,6 +32,9 @@ use uuid::Uuid;
 
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
+use crate::deadletter::DeadLetter;
+use crate::intercept::Interceptor;
+use crate::policy::PolicySet;
 use rewrite::{Addresses, Seen};
 
 /// Why the proxy could not start.
@@ -67,10 +70,14 @@ pub struct Shared {
     pub tasks: TaskTracker,
     /// Set once upstream metadata has been fetched.
     pub ready: AtomicBool,
+    /// Fetch interception; `None` when no policy is loaded.
+    pub interceptor: Option<Arc<Interceptor>>,
 }
 
 impl Shared {
-    pub fn new(config: Config) -> Result<Arc<Shared>, StartError> {
+    /// Build the shared state; starts the dead-letter producer when
+    /// policies are loaded (so it needs a tokio runtime).
+    pub fn new(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
         let acceptor = config.listen.tls.as_ref().map(tls::acceptor).transpose()?;
         let upstream_tls = config.upstream.tls.as_ref().map(tls::connector).transpose()?;
         let addrs = Addresses::new(config.listen.advertised_host(), config.listen.broker_port_base);
@@ -79,6 +86,22 @@ impl Shared {
             timeout: config.upstream.connect_timeout,
             max_frame: config.limits.max_frame_bytes,
         };
+        let interceptor = (!policies.is_empty())
+            .then(|| -> Result<Arc<Interceptor>, StartError> {
+                let dlt = &config.dead_letter;
+                let endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
+                    (None, None) => upstream.clone(),
+                    (_, tls) => client::Endpoint {
+                        tls: tls.as_ref().map(tls::connector).transpose()?,
+                        ..upstream.clone()
+                    },
+                };
+                let policies = Arc::new(policies);
+                let dead_letter =
+                    DeadLetter::start(dlt, &config.upstream.bootstrap_servers, endpoint, policies.clone());
+                Ok(Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout)))
+            })
+            .transpose()?;
         Ok(Arc::new(Shared {
             config,
             addrs,
@@ -90,7 +113,13 @@ impl Shared {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
+            interceptor,
         }))
+    }
+
+    /// Whether Fetch responses are inspected.
+    pub fn intercepting(&self) -> bool {
+        self.interceptor.as_ref().is_some_and(|i| i.active())
     }
 
     /// Record what a response revealed; open listeners for new brokers.
@@ -131,8 +160,8 @@ impl Shared {
 
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
 /// in-flight responses finish (bounded by `limits.shutdown_grace`) and return.
-pub async fn run(config: Config) -> Result<(), StartError> {
-    let shared = Shared::new(config)?;
+pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> {
+    let shared = Shared::new(config, policies)?;
     let bootstrap = shared.config.listen.bootstrap.to_string();
     let listener = TcpListener::bind(&bootstrap)
         .await

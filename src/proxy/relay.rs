@@ -51,6 +51,8 @@ enum Handling {
     Addresses(ApiKey),
     /// Answer from the proxy without asking the broker.
     Local(Bytes),
+    /// A Fetch response to inspect for poison records.
+    Fetch { isolation: i8 },
 }
 
 #[derive(Debug)]
@@ -105,7 +107,7 @@ where
                 None => return Ok(()),
             },
         };
-        let p = classify(&frame, &mut raw_sasl)?;
+        let p = classify(&frame, &mut raw_sasl, shared.intercepting())?;
         let forward = !matches!(p.as_ref().map(|p| &p.handling), Some(Handling::Local(_)));
         if let Some(p) = p {
             if pending.send(p).await.is_err() {
@@ -118,9 +120,20 @@ where
     }
 }
 
+/// The isolation level of a Fetch request (v4+), found by hand.
+fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
+    let flexible = ApiKey::Fetch.request_header_version(version) >= 2;
+    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
+    if version < 15 {
+        r.i32()?; // replica_id (a tagged field from v15)
+    }
+    r.skip(12)?; // max_wait_ms, min_bytes, max_bytes
+    if version >= 4 { r.i8() } else { Some(0) }
+}
+
 /// Decide what the response to `frame` will need; `None` if no response
 /// will come (Produce with acks=0).
-fn classify(frame: &Bytes, raw_sasl: &mut bool) -> Result<Option<Pending>, RelayError> {
+fn classify(frame: &Bytes, raw_sasl: &mut bool, intercepting: bool) -> Result<Option<Pending>, RelayError> {
     let head = frame::peek_request(frame).filter(|h| is_known_request(h.api_key, h.api_version));
     let Some(head) = head else {
         if *raw_sasl {
@@ -145,6 +158,10 @@ fn classify(frame: &Bytes, raw_sasl: &mut bool) -> Result<Option<Pending>, Relay
             *raw_sasl = v == 0;
             Handling::Forward
         }
+        ApiKey::Fetch if intercepting => Handling::Fetch {
+            isolation: fetch_isolation(frame, v)
+                .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
+        },
         k if rewrite::carries_addresses(k, v) => Handling::Addresses(k),
         _ => Handling::Forward,
     };
@@ -231,6 +248,20 @@ async fn respond(shared: &Arc<Shared>, handling: Handling, version: i16, frame: 
             let body = versions::rewrite(frame.slice(8..), version).map_err(bad)?;
             Ok(response_frame_raw(&frame[4..8], &body))
         }
+        Handling::Fetch { isolation } => {
+            let Some(interceptor) = shared.interceptor.as_ref() else { return Ok(frame) };
+            let key = ApiKey::Fetch;
+            let header_end = response_header_end(&frame, key, version)
+                .ok_or_else(|| RelayError::BadResponse("Fetch response header".into()))?;
+            let body = interceptor
+                .rewrite(shared, frame.slice(header_end..), version, isolation)
+                .await
+                .map_err(bad)?;
+            Ok(match body {
+                Some(body) => response_frame_raw(&frame[4..header_end], &body),
+                None => frame,
+            })
+        }
         Handling::Addresses(key) => {
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse(format!("{key:?} response header")))?;
@@ -295,9 +326,9 @@ mod tests {
     fn produce_with_acks_zero_expects_no_response() {
         let mut raw = false;
         // v3: transactional_id null (-1), acks 0
-        assert!(classify(&request(0, 3, &[0xff, 0xff, 0, 0]), &mut raw).unwrap().is_none());
+        assert!(classify(&request(0, 3, &[0xff, 0xff, 0, 0]), &mut raw, false).unwrap().is_none());
         // v9 (flexible): compact null transactional id (0), acks -1
-        assert!(classify(&request(0, 9, &[0, 0xff, 0xff]), &mut raw).unwrap().is_some());
+        assert!(classify(&request(0, 9, &[0, 0xff, 0xff]), &mut raw, false).unwrap().is_some());
         assert_eq!(produce_acks(&request(0, 2, &[0, 1]), 2), Some(1));
     }
 
@@ -305,24 +336,24 @@ mod tests {
     fn raw_sasl_tokens_are_relayed_only_after_a_v0_handshake() {
         let token = frame::with_length_prefix(b"\0admin\0secret");
         let mut raw = false;
-        assert!(classify(&token, &mut raw).is_err());
-        classify(&request(17, 0, &[]), &mut raw).unwrap();
+        assert!(classify(&token, &mut raw, false).is_err());
+        classify(&request(17, 0, &[]), &mut raw, false).unwrap();
         assert!(raw);
-        let p = classify(&token, &mut raw).unwrap().unwrap();
+        let p = classify(&token, &mut raw, false).unwrap().unwrap();
         assert_eq!(p.correlation_id, None);
         // A v1 handshake means tokens travel in SaslAuthenticate requests.
-        classify(&request(17, 1, &[]), &mut raw).unwrap();
-        assert!(classify(&token, &mut raw).is_err());
+        classify(&request(17, 1, &[]), &mut raw, false).unwrap();
+        assert!(classify(&token, &mut raw, false).is_err());
     }
 
     #[test]
     fn metadata_and_coordinator_responses_are_marked_for_rewriting() {
         let mut raw = false;
         for key in [3i16, 10, 60] {
-            let p = classify(&request(key, 1, &[]), &mut raw).unwrap().unwrap();
+            let p = classify(&request(key, 1, &[]), &mut raw, false).unwrap().unwrap();
             assert!(matches!(p.handling, Handling::Addresses(_)), "key {key}");
         }
-        let p = classify(&request(1, 12, &[]), &mut raw).unwrap().unwrap();
+        let p = classify(&request(1, 12, &[]), &mut raw, false).unwrap().unwrap();
         assert!(matches!(p.handling, Handling::Forward));
     }
 }

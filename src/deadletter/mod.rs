@@ -1,0 +1,199 @@
+//! Dead-lettering: writing diverted records to their dead-letter topic (DLT),
+//! acknowledged, exactly once per original record.
+//!
+//! `DeadLetter::divert` returns only when the record is safely in the DLT
+//! (the broker acknowledged it with acks=all), or fails; the interception
+//! layer holds a partition on failure rather than skip the record. A ledger
+//! of (topic, partition, offset) already diverted makes a record fetched
+//! again (another consumer group, a restart of the consumer, a fetch that
+//! starts mid-batch) reach the DLT only once; concurrent diversions of the
+//! same record share one write. At start the ledger is rebuilt from the
+//! DLTs' own `x-original-*` headers, so a restarted proxy does not write a
+//! record again. Writes go through the proxy's own producer (`producer`).
+
+mod ledger;
+mod producer;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use tokio::sync::{mpsc, watch};
+
+use crate::client;
+use crate::config::{DeadLetter as DeadLetterConfig, HostPort};
+use crate::kafka::builder::NewRecord;
+use crate::kafka::record::Record;
+use crate::policy::{Invalid, Policy, PolicySet};
+
+pub use ledger::read_topic;
+
+/// Why a diversion did not complete.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DivertError {
+    #[error("dead-letter write failed: {0}")]
+    Write(String),
+    #[error("the dead-letter producer has stopped")]
+    Stopped,
+}
+
+/// One record on its way to a dead-letter topic, with its context.
+#[derive(Debug, Clone)]
+pub struct Diversion {
+    pub dlt_topic: String,
+    pub origin_topic: Arc<str>,
+    pub origin_partition: i32,
+    pub origin_offset: i64,
+    pub origin_timestamp: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    pub headers: Vec<(Bytes, Option<Bytes>)>,
+    pub invalid: Invalid,
+    pub policy: Arc<str>,
+}
+
+impl Diversion {
+    pub fn new(policy: &Policy, topic: &Arc<str>, partition: i32, record: &Record<'_>, invalid: &Invalid) -> Self {
+        Diversion {
+            dlt_topic: policy.dead_letter_topic(topic, invalid.class),
+            origin_topic: topic.clone(),
+            origin_partition: partition,
+            origin_offset: record.offset,
+            origin_timestamp: record.timestamp,
+            key: record.key.map(Bytes::copy_from_slice),
+            value: record.value.map(Bytes::copy_from_slice),
+            headers: record
+                .headers
+                .iter()
+                .map(|h| (Bytes::copy_from_slice(h.key), h.value.map(Bytes::copy_from_slice)))
+                .collect(),
+            invalid: invalid.clone(),
+            policy: Arc::from(policy.name.as_str()),
+        }
+    }
+
+    fn ledger_key(&self) -> LedgerKey {
+        (self.origin_topic.clone(), self.origin_partition, self.origin_offset)
+    }
+
+    /// The record written to the DLT: original key, value and headers, plus
+    /// the context headers an operator needs to act on it.
+    pub fn to_record(&self, failed_at_ms: i64) -> NewRecord {
+        let mut headers: Vec<(String, Option<Bytes>)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+            .collect();
+        let mut add = |k: &str, v: String| headers.push((k.to_string(), Some(Bytes::from(v))));
+        add(H_TOPIC, self.origin_topic.to_string());
+        add(H_PARTITION, self.origin_partition.to_string());
+        add(H_OFFSET, self.origin_offset.to_string());
+        add(H_TIMESTAMP, self.origin_timestamp.to_string());
+        add("x-error-class", self.invalid.class.as_str().to_string());
+        add("x-error", self.invalid.reason.clone());
+        add("x-error-rule", self.invalid.rule.clone());
+        add("x-policy", self.policy.to_string());
+        add("x-failed-at", failed_at_ms.to_string());
+        NewRecord {
+            timestamp: self.origin_timestamp,
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers,
+        }
+    }
+}
+
+pub const H_TOPIC: &str = "x-original-topic";
+pub const H_PARTITION: &str = "x-original-partition";
+pub const H_OFFSET: &str = "x-original-offset";
+pub const H_TIMESTAMP: &str = "x-original-timestamp";
+
+/// (original topic, partition, offset).
+pub type LedgerKey = (Arc<str>, i32, i64);
+
+enum Slot {
+    Done,
+    /// Being written; resolves to Some(true) on success, Some(false) on failure.
+    InFlight(watch::Receiver<Option<bool>>),
+}
+
+/// A write request for the producer task.
+struct Job {
+    diversion: Diversion,
+    done: watch::Sender<Option<bool>>,
+}
+
+/// The dead-letter writer shared by every connection.
+pub struct DeadLetter {
+    ledger: Arc<DashMap<LedgerKey, Slot>>,
+    jobs: mpsc::UnboundedSender<Job>,
+    loaded: watch::Receiver<bool>,
+}
+
+impl DeadLetter {
+    /// Start the producer and the ledger rebuild for the DLTs of `policies`.
+    pub fn start(
+        cfg: &DeadLetterConfig,
+        upstream_bootstrap: &[HostPort],
+        endpoint: client::Endpoint,
+        policies: Arc<PolicySet>,
+    ) -> Arc<DeadLetter> {
+        let bootstrap = cfg
+            .bootstrap_servers
+            .clone()
+            .unwrap_or_else(|| upstream_bootstrap.to_vec());
+        let ledger = Arc::new(DashMap::new());
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let (loaded_tx, loaded) = watch::channel(false);
+        let producer = producer::Producer::new(bootstrap.clone(), endpoint.clone(), cfg.clone());
+        tokio::spawn(producer.run(rx, ledger.clone()));
+        if policies.is_empty() {
+            let _ = loaded_tx.send(true);
+        } else {
+            tokio::spawn(ledger::rebuild(bootstrap, endpoint, policies, ledger.clone(), loaded_tx));
+        }
+        Arc::new(DeadLetter { ledger, jobs, loaded })
+    }
+
+    /// Write `d` to its DLT, or wait for a write of the same record already
+    /// under way; `Ok` once it is acknowledged (now or earlier).
+    pub async fn divert(&self, d: Diversion) -> Result<(), DivertError> {
+        let mut loaded = self.loaded.clone();
+        loaded.wait_for(|l| *l).await.map_err(|_| DivertError::Stopped)?;
+        let key = d.ledger_key();
+        let mut rx = match self.ledger.entry(key) {
+            Entry::Occupied(e) => match e.get() {
+                Slot::Done => return Ok(()),
+                Slot::InFlight(rx) => rx.clone(),
+            },
+            Entry::Vacant(v) => {
+                let (tx, rx) = watch::channel(None);
+                v.insert(Slot::InFlight(rx.clone()));
+                self.jobs
+                    .send(Job { diversion: d.clone(), done: tx })
+                    .map_err(|_| DivertError::Stopped)?;
+                rx
+            }
+        };
+        match rx.wait_for(|o| o.is_some()).await.map(|o| *o) {
+            Ok(Some(true)) => Ok(()),
+            // Failed: the producer removed the slot, so the next fetch of
+            // the record tries again.
+            _ => Err(DivertError::Write(format!(
+                "{} partition {} offset {} -> {}",
+                d.origin_topic, d.origin_partition, d.origin_offset, d.dlt_topic
+            ))),
+        }
+    }
+
+    /// Whether this record is known to be in its DLT already.
+    pub fn is_diverted(&self, key: &LedgerKey) -> bool {
+        matches!(self.ledger.get(key).as_deref(), Some(Slot::Done))
+    }
+}
+
+/// Mark a record as diverted (ledger rebuild) unless it is already known.
+fn mark_done(ledger: &DashMap<LedgerKey, Slot>, key: LedgerKey) {
+    ledger.insert(key, Slot::Done);
+}
