@@ -72,15 +72,9 @@ pub enum CompressionError {
     #[error("decompressed size exceeds the limit of {limit} bytes")]
     TooLarge { limit: usize },
     #[error("{codec:?}: corrupt input: {detail}")]
-    Corrupt {
-        codec: Compression,
-        detail: String,
-    },
+    Corrupt { codec: Compression, detail: String },
     #[error("{codec:?}: compression failed: {detail}")]
-    Encode {
-        codec: Compression,
-        detail: String,
-    },
+    Encode { codec: Compression, detail: String },
 }
 
 /// The magic at the start of a xerial-framed snappy stream.
@@ -321,7 +315,7 @@ mod tests {
     }
 
     #[test]
-    fn kafka_protocol_reads_our_xerial_bytes() {
+    fn xerial_bytes_match_kafka_protocol_encoder() {
         // Bytes from kafka-protocol's own snappy test: a one-record batch body.
         let upstream = Bytes::from_static(
             b"\x82\x53\x4e\x41\x50\x50\x59\x00\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x0f\x0d\x30\x18\x00\x00\x00\x01\x0csdfdsf\x00",

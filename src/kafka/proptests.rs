@@ -8,8 +8,10 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use crate::kafka::batch::{segments, splice, Batch, Segment, ATTR_DELETE_HORIZON,
-    ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, HEADER_LEN};
+use crate::kafka::batch::{
+    segments, splice, Batch, Segment, ATTR_DELETE_HORIZON, ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL, HEADER_LEN,
+};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::compression::{Compression, SnappyFraming};
 use crate::kafka::fuzz::{check_one, check_splice_invariants};
@@ -35,7 +37,10 @@ fn bytes_opt() -> impl Strategy<Value = Option<Vec<u8>>> {
 fn headers() -> impl Strategy<Value = Vec<(String, Option<Vec<u8>>)>> {
     // A small key alphabet so duplicate keys are common.
     proptest::collection::vec(
-        (prop_oneof![Just("a".to_string()), Just("b".to_string()), "[a-z]{0,6}"], bytes_opt()),
+        (
+            prop_oneof![Just("a".to_string()), Just("b".to_string()), "[a-z]{0,6}"],
+            bytes_opt(),
+        ),
         0..5,
     )
 }
@@ -70,22 +75,29 @@ fn raw_batch() -> impl Strategy<Value = RawBatch> {
         any::<i64>(),
         any::<i64>(),
     )
-        .prop_map(|(records, codec, raw_snappy, base, flags, extra_lod, bts, mts)| {
-            let last = records.last().map_or(0, |r| r.offset_delta);
-            RawBatch {
-                base_offset: base,
-                // LogAppendTime, transactional, delete-horizon; never control.
-                flags: (flags << 3) & (ATTR_LOG_APPEND_TIME | ATTR_TRANSACTIONAL | ATTR_DELETE_HORIZON),
-                codec,
-                framing: if raw_snappy { SnappyFraming::Raw } else { SnappyFraming::Xerial },
-                // Compacted tails: lastOffsetDelta may exceed the last record's delta.
-                last_offset_delta: Some(last + extra_lod),
-                base_timestamp: bts >> 2,
-                max_timestamp: mts,
-                records,
-                ..RawBatch::default()
-            }
-        })
+        .prop_map(
+            |(records, codec, raw_snappy, base, flags, extra_lod, bts, mts)| {
+                let last = records.last().map_or(0, |r| r.offset_delta);
+                RawBatch {
+                    base_offset: base,
+                    // LogAppendTime, transactional, delete-horizon; never control.
+                    flags: (flags << 3)
+                        & (ATTR_LOG_APPEND_TIME | ATTR_TRANSACTIONAL | ATTR_DELETE_HORIZON),
+                    codec,
+                    framing: if raw_snappy {
+                        SnappyFraming::Raw
+                    } else {
+                        SnappyFraming::Xerial
+                    },
+                    // Compacted tails: lastOffsetDelta may exceed the last record's delta.
+                    last_offset_delta: Some(last + extra_lod),
+                    base_timestamp: bts >> 2,
+                    max_timestamp: mts,
+                    records,
+                    ..RawBatch::default()
+                }
+            },
+        )
 }
 
 proptest! {
