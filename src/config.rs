@@ -59,9 +59,7 @@ pub struct Listen {
 
 impl Listen {
     pub fn advertised_host(&self) -> &str {
-        self.advertised_host
-            .as_deref()
-            .unwrap_or(&self.bootstrap.host)
+        self.advertised_host.as_deref().unwrap_or(&self.bootstrap.host)
     }
 }
 
@@ -320,8 +318,7 @@ impl Config {
         cfg.source = path.to_path_buf();
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.resolve_paths(base);
-        cfg.check()
-            .map_err(|m| ConfigError(format!("{}: {m}", path.display())))?;
+        cfg.check().map_err(|m| ConfigError(format!("{}: {m}", path.display())))?;
         Ok(cfg)
     }
 
@@ -352,10 +349,7 @@ impl Config {
         if self.upstream.bootstrap_servers.is_empty() {
             return Err("upstream.bootstrap_servers: at least one broker is needed".into());
         }
-        for (name, tls) in [
-            ("upstream.tls", &self.upstream.tls),
-            ("dead_letter.tls", &self.dead_letter.tls),
-        ] {
+        for (name, tls) in [("upstream.tls", &self.upstream.tls), ("dead_letter.tls", &self.dead_letter.tls)] {
             if let Some(t) = tls {
                 if t.cert.is_some() != t.key.is_some() {
                     return Err(format!("{name}: `cert` and `key` must be given together"));
@@ -387,10 +381,7 @@ mod tests {
     fn unknown_key_names_file_line_and_column() {
         let text = format!("{MINIMAL}polices: [x]\n");
         let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
-        assert!(
-            err.starts_with("cfg.yaml:6:1: unknown field `polices`"),
-            "{err}"
-        );
+        assert!(err.starts_with("cfg.yaml:6:1: unknown field `polices`"), "{err}");
     }
 
     #[test]

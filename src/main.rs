@@ -6,11 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "antidote",
-    version,
-    about = "A Kafka proxy that keeps poison records away from consumers"
-)]
+#[command(name = "antidote", version, about = "A Kafka proxy that keeps poison records away from consumers")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
