@@ -474,6 +474,10 @@ impl DecodedBatch {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The batch's baseOffset (record offsets are relative to it).
+    pub fn base_offset(&self) -> i64 {
+        self.base_offset
+    }
     /// The codec the records were compressed with.
     pub fn compression(&self) -> Compression {
         self.compression

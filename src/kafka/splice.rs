@@ -42,7 +42,10 @@ pub fn splice(
         )));
     }
     let count = usize::try_from(batch.records_count()).ok();
-    if count != Some(decoded.len()) {
+    if count != Some(decoded.len())
+        || decoded.base_offset() != batch.base_offset()
+        || Some(decoded.compression()) != batch.compression()
+    {
         return Err(BatchError::Invalid(
             "decoded records do not belong to this batch".into(),
         ));
@@ -80,22 +83,26 @@ pub fn splice(
 
     let src = batch.bytes();
     let mut attributes = batch.attributes();
-    let records: Vec<u8> = if kept.is_empty() {
+    let mut out = BytesMut::with_capacity(HEADER_LEN + decoded.buffer().len());
+    out.extend_from_slice(&src[..HEADER_LEN]);
+    if kept.is_empty() {
         attributes &= !ATTR_CODEC_MASK;
-        Vec::new()
+    } else if decoded.compression() == Compression::None {
+        for &i in &kept {
+            out.extend_from_slice(decoded.raw_record(i).unwrap_or_default());
+        }
     } else {
         let mut raw = Vec::with_capacity(decoded.buffer().len());
         for &i in &kept {
             raw.extend_from_slice(decoded.raw_record(i).unwrap_or_default());
         }
-        match decoded.compression() {
-            Compression::None => raw,
-            codec => compression::compress(codec, &raw, decoded.snappy_framing())?,
-        }
-    };
-    let mut out = BytesMut::with_capacity(HEADER_LEN + records.len());
-    out.extend_from_slice(&src[..HEADER_LEN]);
-    out.extend_from_slice(&records);
+        let codec = decoded.compression();
+        out.extend_from_slice(&compression::compress(
+            codec,
+            &raw,
+            decoded.snappy_framing(),
+        )?);
+    }
     out[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
     out[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4].copy_from_slice(&last_offset_delta.to_be_bytes());
     let n =
