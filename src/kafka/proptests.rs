@@ -257,3 +257,80 @@ proptest! {
         check_splice_invariants(&bytes, &mask, None);
     }
 }
+
+/// The other direction: batches written by `kafka-protocol`'s encoder (C
+/// liblz4 frames, xerial snappy, flate2 gzip, zstd) decode and splice here.
+#[test]
+fn kafka_protocol_encoded_batches_decode_and_splice() {
+    use kafka_protocol::indexmap::IndexMap;
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{
+        Compression as KpCompression, Record as KpRecord, RecordBatchEncoder, RecordEncodeOptions,
+        TimestampType,
+    };
+    let codecs = [
+        (KpCompression::None, Compression::None),
+        (KpCompression::Gzip, Compression::Gzip),
+        (KpCompression::Snappy, Compression::Snappy),
+        (KpCompression::Lz4, Compression::Lz4),
+        (KpCompression::Zstd, Compression::Zstd),
+    ];
+    for (kp, ours) in codecs {
+        let records: Vec<KpRecord> = (0..6)
+            .map(|i| KpRecord {
+                transactional: true,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 3,
+                producer_id: 77,
+                producer_epoch: 1,
+                timestamp_type: TimestampType::Creation,
+                offset: 500 + i,
+                sequence: 10 + i as i32,
+                timestamp: 1_000 + i * 7,
+                key: (i % 2 == 0).then(|| Bytes::from(format!("key-{i}"))),
+                value: Some(Bytes::from(vec![b'v'; 100 * i as usize])),
+                headers: IndexMap::from([(
+                    StrBytes::from_static_str("trace"),
+                    Some(Bytes::from(format!("t{i}"))),
+                )]),
+            })
+            .collect();
+        let mut buf = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: kp,
+            },
+        )
+        .unwrap();
+        let section = buf.freeze();
+        let segs = segments(&section);
+        assert_eq!(segs.len(), 1, "{ours:?}");
+        let Segment::Batch(batch) = &segs[0] else {
+            panic!("not a batch")
+        };
+        assert_eq!(batch.compression(), Some(ours));
+        assert!(batch.is_transactional());
+        let decoded = batch.decode().unwrap();
+        for (r, want) in decoded.records().zip(&records) {
+            assert_eq!(r.offset, want.offset);
+            assert_eq!(r.timestamp, want.timestamp);
+            assert_eq!(r.key, want.key.as_deref());
+            assert_eq!(r.value, want.value.as_deref());
+            assert_eq!(r.header("trace"), Some(want.headers[0].as_deref()));
+        }
+        let keep = [true, false, true, true, false, true];
+        check_one(batch, &decoded, &keep, None);
+        check_one(batch, &decoded, &keep, Some(503));
+        let out = splice(batch, &decoded, &keep, None).unwrap();
+        let got: Vec<i64> = independent_decode(&out)
+            .unwrap()
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(got, [500, 502, 503, 505], "{ours:?}");
+    }
+}
