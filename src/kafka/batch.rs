@@ -474,6 +474,10 @@ impl DecodedBatch {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The batch's baseOffset (record offsets are relative to it).
+    pub fn base_offset(&self) -> i64 {
+        self.base_offset
+    }
     /// The codec the records were compressed with.
     pub fn compression(&self) -> Compression {
         self.compression
@@ -573,7 +577,11 @@ mod tests {
         assert!(matches!(&segs[3], Segment::Partial(x) if x[..] == partial[..]));
         let mut at = 0;
         for s in &segs {
-            assert_eq!(s.bytes().as_ptr(), section[at..].as_ptr(), "zero-copy slice");
+            assert_eq!(
+                s.bytes().as_ptr(),
+                section[at..].as_ptr(),
+                "zero-copy slice"
+            );
             at += s.bytes().len();
         }
         assert_eq!(at, section.len());
@@ -592,7 +600,15 @@ mod tests {
     #[test]
     fn nonsense_lengths_and_magic_make_the_rest_partial() {
         let good = batch_of(1, 0);
-        for (len, magic) in [(-1i32, 2u8), (i32::MIN, 2), (0, 2), (13, 0), (48, 2), (60, 3), (60, 0xff)] {
+        for (len, magic) in [
+            (-1i32, 2u8),
+            (i32::MIN, 2),
+            (0, 2),
+            (13, 0),
+            (48, 2),
+            (60, 3),
+            (60, 0xff),
+        ] {
             let mut bad = batch_of(1, 1).to_vec();
             bad[8..12].copy_from_slice(&len.to_be_bytes());
             bad[16] = magic;
@@ -631,7 +647,10 @@ mod tests {
         assert_eq!(b.magic(), 2);
         assert!(b.crc_valid());
         assert_eq!(b.crc(), crc32c::crc32c(&bytes[21..]));
-        assert_eq!(b.attributes(), 3 | ATTR_TRANSACTIONAL | ATTR_LOG_APPEND_TIME);
+        assert_eq!(
+            b.attributes(),
+            3 | ATTR_TRANSACTIONAL | ATTR_LOG_APPEND_TIME
+        );
         assert_eq!(b.compression(), Some(Compression::Lz4));
         assert_eq!(b.timestamp_type(), TimestampType::LogAppendTime);
         assert!(b.is_transactional());
@@ -712,19 +731,22 @@ mod tests {
         let one = crate::kafka::testutil::encode_record(&RawRecord::simple(0, "x"));
         assert_eq!(with_records(1, &one).decode().unwrap().len(), 1);
         let cases: Vec<(i32, Vec<u8>)> = vec![
-            (2, one.clone()),                                // count too high
-            (-1, one.clone()),                               // negative count
-            (i32::MAX, one.clone()),                         // huge count
-            (0, one.clone()),                                // bytes left over
-            (1, one[..one.len() - 1].to_vec()),              // truncated
-            (1, vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),   // over-long varint
-            (1, vec![0x01]),                                 // negative length
-            (1, vec![0xfe, 0xff, 0xff, 0xff, 0x0f]),         // length i32::MAX
-            (1, vec![0x0e, 0, 0, 0, 0x03, 0, 0, 0]),         // key length -2
-            (1, vec![0x18, 0, 0, 0, 1, 1, 0xfe, 0xff, 0xff, 0xff, 0x0f, 0, 0]), // huge header count
-            (1, vec![0x0c, 0, 0, 0, 1, 1, 0x01]), // negative header count
-            (1, vec![0x10, 0, 0, 0, 1, 1, 2, 1, 0]), // null header key
-            (1, vec![0x0e, 0, 0, 0, 0, 0, 0, 0]), // record longer than its fields
+            (2, one.clone()),                              // count too high
+            (-1, one.clone()),                             // negative count
+            (i32::MAX, one.clone()),                       // huge count
+            (0, one.clone()),                              // bytes left over
+            (1, one[..one.len() - 1].to_vec()),            // truncated
+            (1, vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff]), // over-long varint
+            (1, vec![0x01]),                               // negative length
+            (1, vec![0xfe, 0xff, 0xff, 0xff, 0x0f]),       // length i32::MAX
+            (1, vec![0x0e, 0, 0, 0, 0x03, 0, 0, 0]),       // key length -2
+            (
+                1,
+                vec![0x18, 0, 0, 0, 1, 1, 0xfe, 0xff, 0xff, 0xff, 0x0f, 0, 0],
+            ), // huge header count
+            (1, vec![0x0c, 0, 0, 0, 1, 1, 0x01]),          // negative header count
+            (1, vec![0x10, 0, 0, 0, 1, 1, 2, 1, 0]),       // null header key
+            (1, vec![0x0e, 0, 0, 0, 0, 0, 0, 0]),          // record longer than its fields
         ];
         for (count, recs) in cases {
             let b = with_records(count, &recs);
@@ -747,7 +769,10 @@ mod tests {
         };
         let b = Batch::new(raw.encode()).unwrap();
         assert!(b.bytes().len() < 10_000);
-        assert!(matches!(b.decode_with_limit(1 << 19), Err(BatchError::TooLarge { .. })));
+        assert!(matches!(
+            b.decode_with_limit(1 << 19),
+            Err(BatchError::TooLarge { .. })
+        ));
         assert_eq!(b.decode().unwrap().len(), 1);
     }
 }

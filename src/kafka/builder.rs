@@ -89,10 +89,12 @@ pub fn build_batch(records: &[NewRecord], opts: &BuildOptions) -> Result<Bytes, 
         records.iter().map(|r| r.timestamp).min(),
         records.iter().map(|r| r.timestamp).max(),
     ) else {
-        return Err(BatchError::Invalid("a batch needs at least one record".into()));
+        return Err(BatchError::Invalid(
+            "a batch needs at least one record".into(),
+        ));
     };
-    let count = i32::try_from(records.len())
-        .map_err(|_| BatchError::Invalid("too many records".into()))?;
+    let count =
+        i32::try_from(records.len()).map_err(|_| BatchError::Invalid("too many records".into()))?;
     let base_ts = opts.base_timestamp.unwrap_or(min_ts);
 
     let mut raw = Vec::new();
@@ -137,4 +139,69 @@ pub fn build_batch(records: &[NewRecord], opts: &BuildOptions) -> Result<Bytes, 
     out.extend_from_slice(&section);
     finish_header(&mut out)?;
     Ok(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::batch::Batch;
+
+    fn rec(ts: i64, v: &str) -> NewRecord {
+        NewRecord {
+            timestamp: ts,
+            key: None,
+            value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            headers: vec![
+                ("x-origin".into(), Some(Bytes::from_static(b"t-0@12"))),
+                ("x-origin".into(), None),
+            ],
+        }
+    }
+
+    #[test]
+    fn builds_a_fresh_batch() {
+        let recs = [rec(50, "a"), rec(20, "b"), rec(90, "c")];
+        let opts = BuildOptions::default()
+            .compression(Compression::Gzip)
+            .idempotent(7, 1, 100);
+        let b = Batch::new(build_batch(&recs, &opts).unwrap()).unwrap();
+        assert!(b.crc_valid());
+        assert_eq!(b.base_offset(), 0);
+        assert_eq!(b.last_offset_delta(), 2);
+        assert_eq!(b.records_count(), 3);
+        assert_eq!(b.base_timestamp(), 20);
+        assert_eq!(b.max_timestamp(), 90);
+        assert_eq!(
+            (b.producer_id(), b.producer_epoch(), b.base_sequence()),
+            (7, 1, 100)
+        );
+        assert_eq!(b.partition_leader_epoch(), -1);
+        assert_eq!(b.compression(), Some(Compression::Gzip));
+        assert!(!b.is_transactional() && !b.is_control());
+        let d = b.decode().unwrap();
+        let got: Vec<(i64, i64)> = d.records().map(|r| (r.offset, r.timestamp)).collect();
+        assert_eq!(got, [(0, 50), (1, 20), (2, 90)]);
+        let r = d.record(0).unwrap();
+        assert_eq!(r.key, None);
+        assert_eq!(r.headers.len(), 2);
+        assert_eq!(r.headers[1].value, None);
+    }
+
+    #[test]
+    fn defaults_mean_no_producer() {
+        let b = Batch::new(build_batch(&[rec(1, "a")], &BuildOptions::default()).unwrap()).unwrap();
+        assert_eq!(
+            (b.producer_id(), b.producer_epoch(), b.base_sequence()),
+            (-1, -1, -1)
+        );
+        assert_eq!(b.compression(), Some(Compression::None));
+    }
+
+    #[test]
+    fn empty_record_list_is_an_error() {
+        assert!(matches!(
+            build_batch(&[], &BuildOptions::default()),
+            Err(BatchError::Invalid(_))
+        ));
+    }
 }

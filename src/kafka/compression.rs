@@ -72,15 +72,9 @@ pub enum CompressionError {
     #[error("decompressed size exceeds the limit of {limit} bytes")]
     TooLarge { limit: usize },
     #[error("{codec:?}: corrupt input: {detail}")]
-    Corrupt {
-        codec: Compression,
-        detail: String,
-    },
+    Corrupt { codec: Compression, detail: String },
     #[error("{codec:?}: compression failed: {detail}")]
-    Encode {
-        codec: Compression,
-        detail: String,
-    },
+    Encode { codec: Compression, detail: String },
 }
 
 /// The magic at the start of a xerial-framed snappy stream.
@@ -91,7 +85,7 @@ const XERIAL_HEADER: &[u8; 16] = b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x0
 const XERIAL_BLOCK: usize = 32 * 1024;
 
 /// Decompress `input` with `codec`, refusing output larger than `limit` bytes.
-/// `Compression::None` returns `input` itself (no copy). For snappy, also
+/// `Compression::None` returns `input` itself (no copy, no limit). For snappy, also
 /// reports which framing the input used.
 pub fn decompress(
     codec: Compression,
@@ -100,12 +94,9 @@ pub fn decompress(
 ) -> Result<(Bytes, Option<SnappyFraming>), CompressionError> {
     let corrupt = |detail: String| CompressionError::Corrupt { codec, detail };
     match codec {
-        Compression::None => {
-            if input.len() > limit {
-                return Err(CompressionError::TooLarge { limit });
-            }
-            Ok((input.clone(), None))
-        }
+        // Already in memory: no bomb to defuse, and refusing would let an
+        // uncompressed batch bypass filtering.
+        Compression::None => Ok((input.clone(), None)),
         Compression::Gzip => {
             let dec = flate2::read::MultiGzDecoder::new(&input[..]);
             read_capped(dec, limit, codec).map(|b| (b, None))
@@ -321,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn kafka_protocol_reads_our_xerial_bytes() {
+    fn xerial_bytes_match_kafka_protocol_encoder() {
         // Bytes from kafka-protocol's own snappy test: a one-record batch body.
         let upstream = Bytes::from_static(
             b"\x82\x53\x4e\x41\x50\x50\x59\x00\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x0f\x0d\x30\x18\x00\x00\x00\x01\x0csdfdsf\x00",
@@ -335,7 +326,9 @@ mod tests {
     #[test]
     fn decompression_bombs_are_refused() {
         let data = vec![0u8; 2 << 20];
-        for codec in ALL {
+        // `None` has nothing to expand: its bytes are already in memory.
+        for codec in &ALL[1..] {
+            let codec = *codec;
             for framing in [SnappyFraming::Xerial, SnappyFraming::Raw] {
                 let c = Bytes::from(compress(codec, &data, framing).unwrap());
                 assert_eq!(

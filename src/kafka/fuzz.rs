@@ -25,7 +25,11 @@ pub fn check_splice_invariants(section: &[u8], remove: &[u8], cut_index: Option<
     let section = Bytes::copy_from_slice(section);
     let segs = segments(&section);
     let joined: Vec<u8> = segs.iter().flat_map(|s| s.bytes().to_vec()).collect();
-    assert_eq!(joined, &section[..], "segments must cover the section exactly");
+    assert_eq!(
+        joined,
+        &section[..],
+        "segments must cover the section exactly"
+    );
     for (i, s) in segs.iter().enumerate() {
         if matches!(s, Segment::Partial(_)) {
             assert_eq!(i, segs.len() - 1, "Partial only at the end");
@@ -35,7 +39,9 @@ pub fn check_splice_invariants(section: &[u8], remove: &[u8], cut_index: Option<
     let mut bit = 0usize;
     for seg in &segs {
         let Segment::Batch(batch) = seg else { continue };
-        let Ok(decoded) = batch.decode() else { continue };
+        let Ok(decoded) = batch.decode() else {
+            continue;
+        };
         let keep: Vec<bool> = (0..decoded.len())
             .map(|_| {
                 let b = remove.get(bit / 8).is_some_and(|m| m >> (bit % 8) & 1 == 1);
@@ -52,7 +58,12 @@ pub fn check_splice_invariants(section: &[u8], remove: &[u8], cut_index: Option<
 
 /// Splice one batch and assert the invariants listed on
 /// `check_splice_invariants`.
-pub fn check_one(batch: &Batch, decoded: &crate::kafka::batch::DecodedBatch, keep: &[bool], cut: Option<i64>) {
+pub fn check_one(
+    batch: &Batch,
+    decoded: &crate::kafka::batch::DecodedBatch,
+    keep: &[bool],
+    cut: Option<i64>,
+) {
     let out = match splice(batch, decoded, keep, cut) {
         Ok(out) => out,
         Err(e) => {
@@ -64,7 +75,10 @@ pub fn check_one(batch: &Batch, decoded: &crate::kafka::batch::DecodedBatch, kee
     let rebuilt = Batch::new(out).expect("rebuilt batch is one complete batch");
     assert!(rebuilt.crc_valid(), "crc");
     assert_eq!(rebuilt.base_offset(), batch.base_offset());
-    assert_eq!(rebuilt.partition_leader_epoch(), batch.partition_leader_epoch());
+    assert_eq!(
+        rebuilt.partition_leader_epoch(),
+        batch.partition_leader_epoch()
+    );
     assert_eq!(rebuilt.base_timestamp(), batch.base_timestamp());
     assert_eq!(rebuilt.max_timestamp(), batch.max_timestamp());
     assert_eq!(rebuilt.producer_id(), batch.producer_id());

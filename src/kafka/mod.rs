@@ -7,12 +7,12 @@
 pub mod batch;
 pub mod builder;
 pub mod compression;
-pub mod record;
-pub mod splice;
-pub mod varint;
 #[doc(hidden)]
 pub mod fuzz;
 #[cfg(test)]
 mod proptests;
+pub mod record;
+pub mod splice;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod varint;

@@ -8,8 +8,10 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use crate::kafka::batch::{segments, splice, Batch, Segment, ATTR_DELETE_HORIZON,
-    ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, HEADER_LEN};
+use crate::kafka::batch::{
+    segments, splice, Batch, Segment, ATTR_DELETE_HORIZON, ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL, HEADER_LEN,
+};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::compression::{Compression, SnappyFraming};
 use crate::kafka::fuzz::{check_one, check_splice_invariants};
@@ -35,7 +37,10 @@ fn bytes_opt() -> impl Strategy<Value = Option<Vec<u8>>> {
 fn headers() -> impl Strategy<Value = Vec<(String, Option<Vec<u8>>)>> {
     // A small key alphabet so duplicate keys are common.
     proptest::collection::vec(
-        (prop_oneof![Just("a".to_string()), Just("b".to_string()), "[a-z]{0,6}"], bytes_opt()),
+        (
+            prop_oneof![Just("a".to_string()), Just("b".to_string()), "[a-z]{0,6}"],
+            bytes_opt(),
+        ),
         0..5,
     )
 }
@@ -70,22 +75,29 @@ fn raw_batch() -> impl Strategy<Value = RawBatch> {
         any::<i64>(),
         any::<i64>(),
     )
-        .prop_map(|(records, codec, raw_snappy, base, flags, extra_lod, bts, mts)| {
-            let last = records.last().map_or(0, |r| r.offset_delta);
-            RawBatch {
-                base_offset: base,
-                // LogAppendTime, transactional, delete-horizon; never control.
-                flags: (flags << 3) & (ATTR_LOG_APPEND_TIME | ATTR_TRANSACTIONAL | ATTR_DELETE_HORIZON),
-                codec,
-                framing: if raw_snappy { SnappyFraming::Raw } else { SnappyFraming::Xerial },
-                // Compacted tails: lastOffsetDelta may exceed the last record's delta.
-                last_offset_delta: Some(last + extra_lod),
-                base_timestamp: bts >> 2,
-                max_timestamp: mts,
-                records,
-                ..RawBatch::default()
-            }
-        })
+        .prop_map(
+            |(records, codec, raw_snappy, base, flags, extra_lod, bts, mts)| {
+                let last = records.last().map_or(0, |r| r.offset_delta);
+                RawBatch {
+                    base_offset: base,
+                    // LogAppendTime, transactional, delete-horizon; never control.
+                    flags: (flags << 3)
+                        & (ATTR_LOG_APPEND_TIME | ATTR_TRANSACTIONAL | ATTR_DELETE_HORIZON),
+                    codec,
+                    framing: if raw_snappy {
+                        SnappyFraming::Raw
+                    } else {
+                        SnappyFraming::Xerial
+                    },
+                    // Compacted tails: lastOffsetDelta may exceed the last record's delta.
+                    last_offset_delta: Some(last + extra_lod),
+                    base_timestamp: bts >> 2,
+                    max_timestamp: mts,
+                    records,
+                    ..RawBatch::default()
+                }
+            },
+        )
 }
 
 proptest! {
@@ -243,5 +255,82 @@ proptest! {
             bytes[17..21].copy_from_slice(&crc.to_be_bytes());
         }
         check_splice_invariants(&bytes, &mask, None);
+    }
+}
+
+/// The other direction: batches written by `kafka-protocol`'s encoder (C
+/// liblz4 frames, xerial snappy, flate2 gzip, zstd) decode and splice here.
+#[test]
+fn kafka_protocol_encoded_batches_decode_and_splice() {
+    use kafka_protocol::indexmap::IndexMap;
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{
+        Compression as KpCompression, Record as KpRecord, RecordBatchEncoder, RecordEncodeOptions,
+        TimestampType,
+    };
+    let codecs = [
+        (KpCompression::None, Compression::None),
+        (KpCompression::Gzip, Compression::Gzip),
+        (KpCompression::Snappy, Compression::Snappy),
+        (KpCompression::Lz4, Compression::Lz4),
+        (KpCompression::Zstd, Compression::Zstd),
+    ];
+    for (kp, ours) in codecs {
+        let records: Vec<KpRecord> = (0..6)
+            .map(|i| KpRecord {
+                transactional: true,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 3,
+                producer_id: 77,
+                producer_epoch: 1,
+                timestamp_type: TimestampType::Creation,
+                offset: 500 + i,
+                sequence: 10 + i as i32,
+                timestamp: 1_000 + i * 7,
+                key: (i % 2 == 0).then(|| Bytes::from(format!("key-{i}"))),
+                value: Some(Bytes::from(vec![b'v'; 100 * i as usize])),
+                headers: IndexMap::from([(
+                    StrBytes::from_static_str("trace"),
+                    Some(Bytes::from(format!("t{i}"))),
+                )]),
+            })
+            .collect();
+        let mut buf = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: kp,
+            },
+        )
+        .unwrap();
+        let section = buf.freeze();
+        let segs = segments(&section);
+        assert_eq!(segs.len(), 1, "{ours:?}");
+        let Segment::Batch(batch) = &segs[0] else {
+            panic!("not a batch")
+        };
+        assert_eq!(batch.compression(), Some(ours));
+        assert!(batch.is_transactional());
+        let decoded = batch.decode().unwrap();
+        for (r, want) in decoded.records().zip(&records) {
+            assert_eq!(r.offset, want.offset);
+            assert_eq!(r.timestamp, want.timestamp);
+            assert_eq!(r.key, want.key.as_deref());
+            assert_eq!(r.value, want.value.as_deref());
+            assert_eq!(r.header("trace"), Some(want.headers[0].as_deref()));
+        }
+        let keep = [true, false, true, true, false, true];
+        check_one(batch, &decoded, &keep, None);
+        check_one(batch, &decoded, &keep, Some(503));
+        let out = splice(batch, &decoded, &keep, None).unwrap();
+        let got: Vec<i64> = independent_decode(&out)
+            .unwrap()
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(got, [500, 502, 503, 505], "{ours:?}");
     }
 }

@@ -42,7 +42,10 @@ pub fn splice(
         )));
     }
     let count = usize::try_from(batch.records_count()).ok();
-    if count != Some(decoded.len()) {
+    if count != Some(decoded.len())
+        || decoded.base_offset() != batch.base_offset()
+        || Some(decoded.compression()) != batch.compression()
+    {
         return Err(BatchError::Invalid(
             "decoded records do not belong to this batch".into(),
         ));
@@ -80,26 +83,30 @@ pub fn splice(
 
     let src = batch.bytes();
     let mut attributes = batch.attributes();
-    let records: Vec<u8> = if kept.is_empty() {
+    let mut out = BytesMut::with_capacity(HEADER_LEN + decoded.buffer().len());
+    out.extend_from_slice(&src[..HEADER_LEN]);
+    if kept.is_empty() {
         attributes &= !ATTR_CODEC_MASK;
-        Vec::new()
+    } else if decoded.compression() == Compression::None {
+        for &i in &kept {
+            out.extend_from_slice(decoded.raw_record(i).unwrap_or_default());
+        }
     } else {
         let mut raw = Vec::with_capacity(decoded.buffer().len());
         for &i in &kept {
             raw.extend_from_slice(decoded.raw_record(i).unwrap_or_default());
         }
-        match decoded.compression() {
-            Compression::None => raw,
-            codec => compression::compress(codec, &raw, decoded.snappy_framing())?,
-        }
-    };
-    let mut out = BytesMut::with_capacity(HEADER_LEN + records.len());
-    out.extend_from_slice(&src[..HEADER_LEN]);
-    out.extend_from_slice(&records);
+        let codec = decoded.compression();
+        out.extend_from_slice(&compression::compress(
+            codec,
+            &raw,
+            decoded.snappy_framing(),
+        )?);
+    }
     out[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
     out[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4].copy_from_slice(&last_offset_delta.to_be_bytes());
-    let n = i32::try_from(kept.len())
-        .map_err(|_| BatchError::Invalid("too many records".into()))?;
+    let n =
+        i32::try_from(kept.len()).map_err(|_| BatchError::Invalid("too many records".into()))?;
     out[RECORDS_COUNT..RECORDS_COUNT + 4].copy_from_slice(&n.to_be_bytes());
     finish_header(&mut out)?;
     Ok(out.freeze())
@@ -114,4 +121,254 @@ pub(crate) fn finish_header(out: &mut [u8]) -> Result<(), BatchError> {
     let crc = crc32c::crc32c(&out[ATTRIBUTES..]);
     out[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::batch::{
+        segments, Segment, ATTR_CONTROL, ATTR_DELETE_HORIZON, ATTR_LOG_APPEND_TIME,
+        ATTR_TRANSACTIONAL,
+    };
+    use crate::kafka::compression::SnappyFraming;
+    use crate::kafka::fuzz::check_one;
+    use crate::kafka::testutil::{expected_independent, independent_decode, RawBatch, RawRecord};
+
+    const CODECS: [Compression; 5] = [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ];
+
+    fn five(codec: Compression, flags: i16) -> RawBatch {
+        RawBatch {
+            codec,
+            flags,
+            // Offsets 1000, 1001, 1003, 1004, 1007 (a compacted batch), lastOffsetDelta 9.
+            records: [0, 1, 3, 4, 7]
+                .iter()
+                .map(|&d| RawRecord::simple(d, &format!("value-{d}")))
+                .collect(),
+            last_offset_delta: Some(9),
+            ..RawBatch::default()
+        }
+    }
+
+    /// Splice `raw` and compare against both decoders; returns the output.
+    fn run(raw: &RawBatch, keep: &[bool], cut: Option<i64>) -> Bytes {
+        let batch = Batch::new(raw.encode()).unwrap();
+        let decoded = batch.decode().unwrap();
+        check_one(&batch, &decoded, keep, cut);
+        let out = splice(&batch, &decoded, keep, cut).unwrap();
+        let survivors: Vec<&RawRecord> = raw
+            .records
+            .iter()
+            .zip(keep)
+            .filter(|(r, k)| {
+                **k && cut.is_none_or(|c| raw.base_offset + i64::from(r.offset_delta) < c)
+            })
+            .map(|(r, _)| r)
+            .collect();
+        if !survivors.is_empty() {
+            assert_eq!(
+                independent_decode(&out).unwrap(),
+                expected_independent(raw.base_offset, raw.base_timestamp, &survivors)
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn poison_first_middle_last_and_all_for_every_codec() {
+        for codec in CODECS {
+            let raw = five(codec, 0);
+            for keep in [
+                [false, true, true, true, true],
+                [true, true, false, true, true],
+                [true, true, true, true, false],
+                [false, true, false, true, false],
+            ] {
+                let out = Batch::new(run(&raw, &keep, None)).unwrap();
+                assert_eq!(out.compression(), Some(codec), "codec kept");
+                assert_eq!(out.next_offset(), 1010);
+                assert_eq!(out.last_offset_delta(), 9);
+            }
+            let out = Batch::new(run(&raw, &[false; 5], None)).unwrap();
+            assert_eq!(out.records_count(), 0);
+            assert_eq!(out.compression(), Some(Compression::None));
+            assert_eq!(out.bytes().len(), HEADER_LEN);
+            assert_eq!(out.last_offset_delta(), 9);
+            assert_eq!(out.next_offset(), 1010);
+            assert!(out.crc_valid());
+            assert!(out.decode().unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn nothing_removed_returns_the_original_bytes() {
+        let batch = Batch::new(five(Compression::Gzip, 0).encode()).unwrap();
+        let decoded = batch.decode().unwrap();
+        let out = splice(&batch, &decoded, &[true; 5], None).unwrap();
+        assert_eq!(out.as_ptr(), batch.bytes().as_ptr());
+        let out = splice(&batch, &decoded, &[true; 5], Some(batch.next_offset())).unwrap();
+        assert_eq!(out.as_ptr(), batch.bytes().as_ptr());
+    }
+
+    #[test]
+    fn flags_and_producer_fields_survive() {
+        for flags in [
+            ATTR_TRANSACTIONAL,
+            ATTR_LOG_APPEND_TIME,
+            ATTR_DELETE_HORIZON,
+            ATTR_TRANSACTIONAL | ATTR_LOG_APPEND_TIME | ATTR_DELETE_HORIZON,
+        ] {
+            for codec in [Compression::None, Compression::Zstd] {
+                let raw = five(codec, flags);
+                let out = Batch::new(run(&raw, &[true, false, true, true, true], None)).unwrap();
+                assert_eq!(out.attributes(), flags | i16::from(codec.id()));
+                assert_eq!(out.producer_id(), raw.producer_id);
+                assert_eq!(out.producer_epoch(), raw.producer_epoch);
+                assert_eq!(out.base_sequence(), raw.base_sequence);
+                assert_eq!(out.partition_leader_epoch(), raw.leader_epoch);
+                assert_eq!(out.max_timestamp(), raw.max_timestamp);
+                let empty = Batch::new(run(&raw, &[false; 5], None)).unwrap();
+                assert_eq!(empty.attributes(), flags, "emptied: codec none, flags kept");
+            }
+        }
+    }
+
+    #[test]
+    fn control_batches_are_never_rewritten() {
+        let raw = RawBatch {
+            flags: ATTR_CONTROL | ATTR_TRANSACTIONAL,
+            records: vec![RawRecord {
+                key: Some(vec![0, 0, 0, 1]), // COMMIT marker key
+                value: Some(vec![0, 0, 0, 0, 0, 5]),
+                headers: vec![],
+                ..RawRecord::simple(0, "")
+            }],
+            ..RawBatch::default()
+        };
+        let bytes = raw.encode();
+        let batch = Batch::new(bytes.clone()).unwrap();
+        assert!(batch.is_control());
+        let decoded = batch.decode().unwrap();
+        assert_eq!(splice(&batch, &decoded, &[true], None).unwrap(), bytes);
+        assert!(matches!(
+            splice(&batch, &decoded, &[false], None),
+            Err(BatchError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn cut_holds_the_partition_at_an_offset() {
+        for codec in CODECS {
+            let raw = five(codec, ATTR_TRANSACTIONAL);
+            // Cut at 1003: keep 1000 and 1001 (minus removed), fetch 1003 next.
+            let out = Batch::new(run(&raw, &[true; 5], Some(1003))).unwrap();
+            assert_eq!(out.next_offset(), 1003);
+            assert_eq!(out.records_count(), 2);
+            let out = Batch::new(run(&raw, &[false, true, true, true, true], Some(1003))).unwrap();
+            assert_eq!(out.records_count(), 1);
+            // Cut at a gap (1006): keeps 1000..1004.
+            let out = Batch::new(run(&raw, &[true; 5], Some(1006))).unwrap();
+            assert_eq!((out.records_count(), out.next_offset()), (4, 1006));
+            // Cut right after the base: an empty batch that fetches base + 1 next.
+            let out = Batch::new(run(&raw, &[true; 5], Some(1001))).unwrap();
+            assert_eq!((out.records_count(), out.next_offset()), (1, 1001));
+            let out = Batch::new(run(&raw, &[false; 5], Some(1001))).unwrap();
+            assert_eq!((out.records_count(), out.next_offset()), (0, 1001));
+            assert_eq!(out.last_offset_delta(), 0);
+        }
+    }
+
+    #[test]
+    fn invalid_requests_are_errors() {
+        let batch = Batch::new(five(Compression::None, 0).encode()).unwrap();
+        let decoded = batch.decode().unwrap();
+        for cut in [i64::MIN, 999, 1000, 1011, i64::MAX] {
+            assert!(
+                matches!(
+                    splice(&batch, &decoded, &[true; 5], Some(cut)),
+                    Err(BatchError::Invalid(_))
+                ),
+                "cut {cut}"
+            );
+        }
+        assert!(matches!(
+            splice(&batch, &decoded, &[true; 4], None),
+            Err(BatchError::Invalid(_))
+        ));
+        let other = Batch::new(
+            RawBatch {
+                records: vec![RawRecord::simple(0, "x")],
+                ..RawBatch::default()
+            }
+            .encode(),
+        )
+        .unwrap();
+        assert!(matches!(
+            splice(&other, &decoded, &[true; 5], None),
+            Err(BatchError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn snappy_framing_is_kept() {
+        for framing in [SnappyFraming::Raw, SnappyFraming::Xerial] {
+            let raw = RawBatch {
+                framing,
+                ..five(Compression::Snappy, 0)
+            };
+            let out = Batch::new(run(&raw, &[true, false, true, false, true], None)).unwrap();
+            let section = out.records_section();
+            assert_eq!(
+                section.starts_with(crate::kafka::compression::XERIAL_MAGIC),
+                framing == SnappyFraming::Xerial
+            );
+            assert_eq!(out.decode().unwrap().snappy_framing(), framing);
+        }
+    }
+
+    #[test]
+    fn spliced_section_keeps_legacy_and_partial_bytes() {
+        let legacy = {
+            // magic-0 message: offset, size 14, crc, magic 0, attributes, key -1, value -1.
+            let mut m = 5i64.to_be_bytes().to_vec();
+            m.extend_from_slice(&14i32.to_be_bytes());
+            m.extend_from_slice(&[
+                1, 2, 3, 4, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            ]);
+            m
+        };
+        let batch = five(Compression::Lz4, 0).encode();
+        let mut section = legacy.clone();
+        section.extend_from_slice(&batch);
+        section.extend_from_slice(&batch[..100]);
+        let section = Bytes::from(section);
+        let mut out = Vec::new();
+        for seg in segments(&section) {
+            match seg {
+                Segment::Batch(b) => {
+                    let d = b.decode().unwrap();
+                    out.extend_from_slice(
+                        &splice(&b, &d, &[true, false, true, true, true], None).unwrap(),
+                    );
+                }
+                Segment::Legacy(l) => {
+                    assert_eq!(&l[..], &legacy[..]);
+                    out.extend_from_slice(&l);
+                }
+                Segment::Partial(p) => {
+                    assert_eq!(&p[..], &batch[..100]);
+                    out.extend_from_slice(&p);
+                }
+            }
+        }
+        assert!(out.starts_with(&legacy));
+        assert!(out.ends_with(&batch[..100]));
+        assert!(out.len() < section.len());
+    }
 }

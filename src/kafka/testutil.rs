@@ -135,8 +135,8 @@ pub type IndepRecord = (
 /// Decode one batch with `kafka_protocol::records::RecordBatchDecoder`.
 pub fn independent_decode(batch: &Bytes) -> Result<Vec<IndepRecord>, String> {
     let mut buf = batch.clone();
-    let set = kafka_protocol::records::RecordBatchDecoder::decode(&mut buf)
-        .map_err(|e| e.to_string())?;
+    let set =
+        kafka_protocol::records::RecordBatchDecoder::decode(&mut buf).map_err(|e| e.to_string())?;
     if !buf.is_empty() {
         return Err(format!("{} bytes left over", buf.len()));
     }
