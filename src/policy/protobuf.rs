@@ -76,7 +76,7 @@ impl ProtoDecoder {
         };
         let msg = DynamicMessage::decode(desc, payload)
             .map_err(|e| Invalid::poison("decode", format!("value is not valid Protobuf: {e}")))?;
-        message_to_json(&msg, "").map_err(|r| Invalid::poison("decode", r))
+        message_to_json(&msg).map_err(|r| Invalid::poison("decode", r))
     }
 }
 
@@ -116,14 +116,15 @@ fn message_by_indexes(
     Ok(desc)
 }
 
-fn message_to_json(msg: &DynamicMessage, path: &str) -> Result<Value, String> {
+/// Convert a decoded message. Errors name the field path (`/a/b: ...`),
+/// built only on the error path so valid records allocate no paths.
+fn message_to_json(msg: &DynamicMessage) -> Result<Value, String> {
     let desc = msg.descriptor();
     let mut out = Map::new();
     for field in desc.fields() {
         if field.supports_presence() && !msg.has_field(&field) {
             continue;
         }
-        let sub = format!("{path}/{}", field.name());
         let v = msg.get_field(&field);
         let kind = field.kind();
         let json = if field.is_map() {
@@ -131,21 +132,11 @@ fn message_to_json(msg: &DynamicMessage, path: &str) -> Result<Value, String> {
                 Kind::Message(entry) => entry.map_entry_value_field().kind(),
                 _ => kind.clone(),
             };
-            match v.as_ref() {
-                prost_reflect::Value::Map(m) => {
-                    let mut obj = Map::new();
-                    for (k, val) in m {
-                        let key = map_key(k);
-                        let p = format!("{sub}/{key}");
-                        obj.insert(key, value_to_json(val, &value_kind, &p)?);
-                    }
-                    Value::Object(obj)
-                }
-                other => value_to_json(other, &value_kind, &sub)?,
-            }
+            value_to_json(v.as_ref(), &value_kind)
         } else {
-            value_to_json(v.as_ref(), &kind, &sub)?
-        };
+            value_to_json(v.as_ref(), &kind)
+        }
+        .map_err(|e| format!("/{}{e}", field.name()))?;
         out.insert(field.name().to_string(), json);
     }
     Ok(Value::Object(out))
@@ -163,13 +154,14 @@ fn map_key(k: &prost_reflect::MapKey) -> String {
     }
 }
 
-fn float(x: f64, path: &str) -> Result<Value, String> {
+fn float(x: f64) -> Result<Value, String> {
     Number::from_f64(x)
         .map(Value::Number)
-        .ok_or_else(|| format!("{path}: {x} is not a finite number"))
+        .ok_or_else(|| format!(": {x} is not a finite number"))
 }
 
-fn value_to_json(v: &prost_reflect::Value, kind: &Kind, path: &str) -> Result<Value, String> {
+/// Convert one value of `kind` (for maps: the value kind).
+fn value_to_json(v: &prost_reflect::Value, kind: &Kind) -> Result<Value, String> {
     use prost_reflect::Value as P;
     Ok(match v {
         P::Bool(b) => Value::Bool(*b),
@@ -177,26 +169,28 @@ fn value_to_json(v: &prost_reflect::Value, kind: &Kind, path: &str) -> Result<Va
         P::I64(i) => Value::from(*i),
         P::U32(i) => Value::from(*i),
         P::U64(i) => Value::from(*i),
-        P::F32(x) => float(f64::from(*x), path)?,
-        P::F64(x) => float(*x, path)?,
+        P::F32(x) => float(f64::from(*x))?,
+        P::F64(x) => float(*x)?,
         P::String(s) => Value::String(s.clone()),
         P::Bytes(b) => Value::Array(b.iter().map(|&x| Value::from(x)).collect()),
         P::EnumNumber(n) => match kind.as_enum().and_then(|e| e.get_value(*n)) {
             Some(ev) => Value::String(ev.name().to_string()),
             None => Value::from(*n),
         },
-        P::Message(m) => message_to_json(m, path)?,
+        P::Message(m) => message_to_json(m)?,
         P::List(items) => Value::Array(
             items
                 .iter()
                 .enumerate()
-                .map(|(i, x)| value_to_json(x, kind, &format!("{path}/{i}")))
+                .map(|(i, x)| value_to_json(x, kind).map_err(|e| format!("/{i}{e}")))
                 .collect::<Result<_, _>>()?,
         ),
         P::Map(m) => {
             let mut obj = Map::new();
             for (k, val) in m {
-                obj.insert(map_key(k), value_to_json(val, kind, path)?);
+                let key = map_key(k);
+                let json = value_to_json(val, kind).map_err(|e| format!("/{key}{e}"))?;
+                obj.insert(key, json);
             }
             Value::Object(obj)
         }

@@ -736,3 +736,78 @@ fn assert_error_text(text: &str, pos: &str, has: &str) {
         "wanted {want}...{has}, got {errs:#?}"
     );
 }
+
+#[test]
+fn protobuf_non_finite_double_is_poison_naming_the_field() {
+    let set = reference();
+    let p = set.for_topic("geofence.triggers.proto").expect("policy");
+    let nan = proto_confluent(1, &proto_trigger(f64::NAN));
+    poison(
+        p.judge(&record(Some(&nan)), NOW),
+        "decode",
+        "/lat: NaN is not a finite number",
+    );
+}
+
+#[test]
+fn avro_confluent_resolves_to_the_reader_schema() {
+    // Writer v1 lacks `accuracy_m`; the reader schema (`schema`) adds it with a default.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let writer =
+        r#"{"type": "record", "name": "T", "fields": [{"name": "lat", "type": "double"}]}"#;
+    let reader = r#"{"type": "record", "name": "T", "fields": [{"name": "lat", "type": "double"}, {"name": "accuracy_m", "type": "double", "default": 5.0}]}"#;
+    std::fs::write(dir.path().join("v1.avsc"), writer).expect("write");
+    std::fs::write(dir.path().join("v2.avsc"), reader).expect("write");
+    let text = "policies:\n  - name: a\n    topics: [x]\n    value:\n      format: avro\n      wire: confluent\n      schema: v2.avsc\n      schema_ids: {3: v1.avsc}\n    rules:\n      - field: /accuracy_m\n        max: 10\n";
+    std::fs::write(dir.path().join("p.yaml"), text).expect("write");
+    let set = PolicySet::load(&[dir.path().join("p.yaml")]).expect("loads");
+    let p = set.for_topic("x").expect("policy");
+    let w = apache_avro::Schema::parse_str(writer).expect("schema");
+    let body = apache_avro::to_avro_datum(
+        &w,
+        apache_avro::types::Value::Record(vec![(
+            "lat".into(),
+            apache_avro::types::Value::Double(1.0),
+        )]),
+    )
+    .expect("encode");
+    assert!(p.judge(&record(Some(&confluent(3, &body))), NOW).is_valid());
+}
+
+#[test]
+fn confluent_wire_needs_schema_ids() {
+    let text =
+        "policies:\n  - name: a\n    topics: [x]\n    value: {format: avro, wire: confluent}\n";
+    assert_error_text(text, "4:33", "`confluent` needs value.schema_ids");
+    let text =
+        "policies:\n  - name: a\n    topics: [x]\n    value: {format: json, wire: confluent}\n";
+    assert_error_text(text, "4:33", "applies to formats avro and protobuf only");
+}
+
+#[test]
+fn policies_are_shareable_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<PolicySet>();
+    send_sync::<Arc<Policy>>();
+}
+
+/// Rough throughput of judge() on the reference JSON policy. Debug builds
+/// are far slower than release; run with `--ignored --nocapture` to see it.
+#[test]
+#[ignore]
+fn judge_throughput_rough() {
+    let set = reference();
+    let p = set.for_topic("geofence.triggers").expect("policy");
+    let body = serde_json::to_vec(&trigger_json()).expect("json");
+    let r = record(Some(&body));
+    let n = 200_000;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        assert!(p.judge(&r, NOW).is_valid());
+    }
+    let per_sec = f64::from(n) / t.elapsed().as_secs_f64();
+    println!(
+        "{} bytes/record, {per_sec:.0} judge()/s (this build profile)",
+        body.len()
+    );
+}
