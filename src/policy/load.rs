@@ -826,8 +826,9 @@ fn load_json_schema(base: &Path, s: &Located<PathBuf>) -> Result<jsonschema::Val
         at(
             s,
             format!(
-                "value.schema: {}: not a valid JSON Schema: {e}",
-                p.display()
+                "value.schema: {}: not a valid JSON Schema at `{}`: {e}",
+                p.display(),
+                e.instance_path()
             ),
         )
     })

@@ -18,7 +18,46 @@
 //!
 //! Topic matching: an exact topic name beats any glob; among globs the first
 //! policy in load order wins. The same exact topic named by two policies is a
-//! load error (reported at the second occurrence).
+//! load error (reported at the second occurrence). Note that a glob such as
+//! `geo.*` also matches its own dead-letter topics (`geo.x.dlt`); the proxy
+//! can ask [`PolicySet::is_dead_letter_topic`] to skip them.
+//!
+//! # Policy keys
+//!
+//! ```yaml
+//! policies:
+//!   - name: geofence-triggers          # unique across all files
+//!     topics: ["geofence.triggers", "geo.*"]   # exact names or globs (* ?)
+//!     value:                           # absent: format bytes
+//!       format: json                   # json | avro | protobuf | bytes
+//!       schema: schemas/x.schema.json  # .json (JSON Schema), .avsc, .proto; relative to this file
+//!       wire: raw                      # avro/protobuf: raw (default) | confluent
+//!       schema_ids: {1: schemas/x.avsc}  # confluent: writer schema per registry id
+//!       message: pkg.Type              # protobuf: required for raw; for confluent, the type every record must be
+//!       max_bytes: 65536               # default: no limit
+//!       allow_null: true               # tombstones pass (default true)
+//!       max_depth: 64                  # json nesting limit, 1..=127 (default 64)
+//!     rules:                           # judged in order on the decoded value
+//!       - coordinates: {lat: /lat, lon: /lon, reject_null_island: true, bbox: [min_lat, min_lon, max_lat, max_lon]}
+//!       - field: /transition           # an RFC 6901 JSON pointer
+//!         one_of: [ENTER, EXIT, DWELL]
+//!       - field: /speed_mps
+//!         min: 0
+//!         max: 150
+//!         optional: true               # missing or null passes one_of/min/max (default false)
+//!       - field: /event_time_ms
+//!         max_age: 15m                 # ms s m h d; older: class stale (judged last)
+//!         unit: ms                     # s | ms (default) | us | ns
+//!     headers:
+//!       required: [idempotency-key]    # present with a non-null value
+//!     on_invalid: divert               # divert (default) | drop | pass
+//!     dead_letter:
+//!       topic: "{topic}.dlt"           # default; placeholders {topic} and {class}
+//! ```
+//!
+//! With Avro `wire: confluent`, `schema` (optional) is the reader schema the
+//! writer's datum is resolved to. Protobuf values become JSON keyed by proto
+//! field names with int64 as numbers and enums as names.
 
 mod avro;
 mod deadletter;

@@ -40,12 +40,32 @@ pub(crate) fn load_file(path: &Path) -> Result<(DescriptorPool, FileDescriptor),
     compiler.include_imports(true);
     compiler
         .open_file(name)
-        .map_err(|e| format!("{}: does not compile: {e}", path.display()))?;
+        .map_err(|e| compile_error(path, name, &e))?;
     let pool = compiler.descriptor_pool();
     let file = pool
         .get_file_by_name(name)
         .ok_or_else(|| format!("{}: compiled, but the file is missing", path.display()))?;
     Ok((pool, file))
+}
+
+/// `file.proto:3:7: does not compile: name 'strin' is not defined`, with the
+/// position inside the .proto file when protox gives one.
+fn compile_error(path: &Path, name: &str, e: &protox::Error) -> String {
+    use miette::Diagnostic;
+    let offset = e.labels().and_then(|mut l| l.next()).map(|l| l.offset());
+    let pos = match (e.file(), offset) {
+        (Some(f), Some(off)) if f == name => std::fs::read_to_string(path)
+            .ok()
+            .map(|text| {
+                let before = &text.as_bytes()[..off.min(text.len())];
+                let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+                let col = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+                format!(":{line}:{col}")
+            })
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    format!("{}{pos}: does not compile: {e}", path.display())
 }
 
 impl ProtoDecoder {

@@ -184,7 +184,10 @@ fn schema_that_does_not_compile_reports_key_and_schema_error() {
         errs[0].starts_with(&format!("{f}:4:35: policies[0].value.schema: ")),
         "{errs:#?}"
     );
-    assert!(errs[0].contains("not a valid JSON Schema"), "{errs:#?}");
+    assert!(
+        errs[0].contains("not a valid JSON Schema at `/type`"),
+        "{errs:#?}"
+    );
     assert!(
         errs[1].starts_with(&format!("{f}:7:35: policies[1].value.schema: ")),
         "{errs:#?}"
@@ -194,7 +197,10 @@ fn schema_that_does_not_compile_reports_key_and_schema_error() {
         errs[2].starts_with(&format!("{f}:10:39: policies[2].value.schema: ")),
         "{errs:#?}"
     );
-    assert!(errs[2].contains("does not compile"), "{errs:#?}");
+    assert!(
+        errs[2].contains("bad.proto:2:13: does not compile"),
+        "{errs:#?}"
+    );
 }
 
 #[test]
