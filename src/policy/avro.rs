@@ -32,7 +32,37 @@ pub(crate) fn load_schema(path: &Path) -> Result<Schema, String> {
         let _ = apache_avro::util::max_allocation_bytes(AVRO_MAX_ALLOCATION);
     });
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Schema::parse_str(&text).map_err(|e| format!("{}: not an Avro schema: {e}", path.display()))
+    let schema = Schema::parse_str(&text)
+        .map_err(|e| format!("{}: not an Avro schema: {e}", path.display()))?;
+    if let Some(name) = recursive(&schema, &mut Vec::new()) {
+        return Err(format!(
+            "{}: recursive Avro schemas are not supported (`{name}` contains itself): \
+             a hostile record could nest deep enough to overflow the stack",
+            path.display()
+        ));
+    }
+    Ok(schema)
+}
+
+/// The name of a record that (through fields, arrays, maps or unions)
+/// refers to itself, if any. apache-avro's decoder has no depth limit.
+fn recursive(schema: &Schema, path: &mut Vec<String>) -> Option<String> {
+    match schema {
+        Schema::Ref { name } => {
+            let full = name.fullname(None);
+            path.contains(&full).then_some(full)
+        }
+        Schema::Record(r) => {
+            path.push(r.name.fullname(None));
+            let found = r.fields.iter().find_map(|f| recursive(&f.schema, path));
+            path.pop();
+            found
+        }
+        Schema::Array(a) => recursive(&a.items, path),
+        Schema::Map(m) => recursive(&m.types, path),
+        Schema::Union(u) => u.variants().iter().find_map(|v| recursive(v, path)),
+        _ => None,
+    }
 }
 
 impl AvroDecoder {
@@ -61,5 +91,28 @@ impl AvroDecoder {
         }
         Value::try_from(value)
             .map_err(|e| Invalid::poison("decode", format!("Avro value cannot be judged: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recursive_schemas_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let list = r#"{"type": "record", "name": "Node", "namespace": "n", "fields": [
+            {"name": "v", "type": "int"},
+            {"name": "next", "type": ["null", {"type": "array", "items": "Node"}]}]}"#;
+        let p = dir.path().join("list.avsc");
+        std::fs::write(&p, list).expect("write");
+        let e = load_schema(&p).expect_err("recursive");
+        assert!(e.contains("`n.Node` contains itself"), "{e}");
+        // A named type used twice, not inside itself, is fine.
+        let twice = r#"{"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": {"type": "record", "name": "P", "fields": [{"name": "x", "type": "int"}]}},
+            {"name": "b", "type": "P"}]}"#;
+        std::fs::write(&p, twice).expect("write");
+        assert!(load_schema(&p).is_ok());
     }
 }

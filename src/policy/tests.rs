@@ -817,3 +817,39 @@ fn judge_throughput_rough() {
         body.len()
     );
 }
+
+#[test]
+fn protobuf_deep_recursion_is_poison_not_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("n.proto"),
+        "syntax = \"proto3\";\npackage t;\nmessage N { N child = 1; }\n",
+    )
+    .expect("write");
+    let text = "policies:\n  - name: n\n    topics: [x]\n    value: {format: protobuf, schema: n.proto, message: t.N}\n";
+    std::fs::write(dir.path().join("p.yaml"), text).expect("write");
+    let set = PolicySet::load(&[dir.path().join("p.yaml")]).expect("loads");
+    let p = set.for_topic("x").expect("policy");
+    // 10,000 levels of `child`, built inside out.
+    let mut body: Vec<u8> = Vec::new();
+    for _ in 0..10_000 {
+        let mut outer = vec![0x0a];
+        let mut len = body.len();
+        loop {
+            let b = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                outer.push(b);
+                break;
+            }
+            outer.push(b | 0x80);
+        }
+        outer.extend_from_slice(&body);
+        body = outer;
+    }
+    poison(
+        p.judge(&record(Some(&body)), NOW),
+        "decode",
+        "not valid Protobuf",
+    );
+}
