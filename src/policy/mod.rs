@@ -2,34 +2,132 @@
 //! and which rules it must pass. Pure: bytes in, verdict out, no I/O except
 //! reading policy and schema files at load time.
 //!
-//! STUB: the real implementation is being written; the API below is the
-//! contract the interception layer codes against.
+//! Layout:
+//! - [`load`]: YAML shape, file/directory walking, compiling a policy, and
+//!   load errors that name `file:line:column` and the offending key.
+//! - [`glob`]: topic patterns (`*`, `?`) and the topic → policy index.
+//! - [`json`], [`avro`], [`protobuf`]: decode a value's bytes into one
+//!   representation, [`serde_json::Value`], so rules are one mechanism.
+//! - [`rules`]: JSON pointers, field rules, coordinates, staleness.
+//! - [`deadletter`]: dead-letter topic templates (`{topic}`, `{class}`).
+//!
+//! Judging order (first failure wins): `headers.required`, `allow_null`,
+//! `max_bytes`, `decode` (and `schema_id`), `schema`, rules in file order,
+//! then `max_age` rules last, so a record that is both broken and old is
+//! `poison`, not `stale`.
+//!
+//! Topic matching: an exact topic name beats any glob; among globs the first
+//! policy in load order wins. The same exact topic named by two policies is a
+//! load error (reported at the second occurrence). Note that a glob such as
+//! `geo.*` also matches its own dead-letter topics (`geo.x.dlt`); the proxy
+//! can ask [`PolicySet::is_dead_letter_topic`] to skip them.
+//!
+//! # Policy keys
+//!
+//! ```yaml
+//! policies:
+//!   - name: geofence-triggers          # unique across all files
+//!     topics: ["geofence.triggers", "geo.*"]   # exact names or globs (* ?)
+//!     value:                           # absent: format bytes
+//!       format: json                   # json | avro | protobuf | bytes
+//!       schema: schemas/x.schema.json  # .json (JSON Schema), .avsc, .proto; relative to this file
+//!       wire: raw                      # avro/protobuf: raw (default) | confluent
+//!       schema_ids: {1: schemas/x.avsc}  # confluent: writer schema per registry id
+//!       message: pkg.Type              # protobuf: required for raw; for confluent, the type every record must be
+//!       max_bytes: 65536               # default: no limit
+//!       allow_null: true               # tombstones pass (default true)
+//!       max_depth: 64                  # json nesting limit, 1..=127 (default 64)
+//!     rules:                           # judged in order on the decoded value
+//!       - coordinates: {lat: /lat, lon: /lon, reject_null_island: true, bbox: [min_lat, min_lon, max_lat, max_lon]}
+//!       - field: /transition           # an RFC 6901 JSON pointer
+//!         one_of: [ENTER, EXIT, DWELL]
+//!       - field: /speed_mps
+//!         min: 0
+//!         max: 150
+//!         optional: true               # missing or null passes one_of/min/max (default false)
+//!       - field: /event_time_ms
+//!         max_age: 15m                 # ms s m h d; older: class stale (judged last)
+//!         unit: ms                     # s | ms (default) | us | ns
+//!     headers:
+//!       required: [idempotency-key]    # present with a non-null value
+//!     on_invalid: divert               # divert (default) | drop | pass
+//!     dead_letter:
+//!       topic: "{topic}.dlt"           # default; placeholders {topic} and {class}
+//! ```
+//!
+//! With Avro `wire: confluent`, `schema` (optional) is the reader schema the
+//! writer's datum is resolved to. Protobuf values become JSON keyed by proto
+//! field names with int64 as numbers and enums as names.
 
-use std::path::PathBuf;
+mod avro;
+mod deadletter;
+mod glob;
+mod json;
+mod load;
+mod protobuf;
+mod rules;
+#[cfg(test)]
+mod tests;
+mod wire;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::kafka::record::Record;
 
-/// What went wrong loading policies; every error names file:line:column.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PolicyError(pub String);
+pub use deadletter::DeadLetterTemplate;
+
+/// What went wrong loading policies. Displayed as `file:line:column: message`;
+/// the message names the offending key (e.g. `value.schema: ...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}:{line}:{column}: {message}", file.display())]
+pub struct PolicyError {
+    pub file: PathBuf,
+    /// 1-based; 1 when the error concerns the file as a whole.
+    pub line: usize,
+    /// 1-based; 1 when the error concerns the file as a whole.
+    pub column: usize,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub(crate) fn whole_file(file: &Path, message: impl Into<String>) -> Self {
+        PolicyError {
+            file: file.to_path_buf(),
+            line: 1,
+            column: 1,
+            message: message.into(),
+        }
+    }
+}
 
 /// Why a record was judged invalid, classified by remedy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
+    /// Will never become valid: undecodable, schema or rule violation.
     Poison,
+    /// Valid, but older than its policy's `max_age`.
     Stale,
+    /// The validator cannot decide (e.g. an unknown schema id).
     Unknown,
 }
 
 impl Class {
+    pub const ALL: [Class; 3] = [Class::Poison, Class::Stale, Class::Unknown];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Class::Poison => "poison",
             Class::Stale => "stale",
             Class::Unknown => "unknown",
         }
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -51,6 +149,16 @@ pub struct Invalid {
     pub reason: String,
 }
 
+impl Invalid {
+    pub(crate) fn poison(rule: impl Into<String>, reason: impl Into<String>) -> Self {
+        Invalid {
+            class: Class::Poison,
+            rule: rule.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// The outcome of judging one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -58,20 +166,42 @@ pub enum Verdict {
     Invalid(Invalid),
 }
 
+impl Verdict {
+    pub fn is_valid(&self) -> bool {
+        matches!(self, Verdict::Valid)
+    }
+}
+
 /// One compiled policy.
 #[derive(Debug)]
 pub struct Policy {
     pub name: String,
     pub on_invalid: Action,
+    /// The `topics` patterns as written (exact names and globs).
+    pub topics: Vec<String>,
+    /// The file this policy was loaded from.
+    pub source: PathBuf,
+    pub(crate) inner: load::Compiled,
 }
 
 impl Policy {
-    pub fn judge(&self, _record: &Record<'_>, _now_ms: i64) -> Verdict {
-        todo!()
+    /// Judge one record. `now_ms` is wall-clock milliseconds since the epoch,
+    /// used by `max_age` rules only.
+    pub fn judge(&self, record: &Record<'_>, now_ms: i64) -> Verdict {
+        match self.inner.judge(record, now_ms) {
+            Ok(()) => Verdict::Valid,
+            Err(invalid) => Verdict::Invalid(invalid),
+        }
     }
+
     /// The dead-letter topic for a record of `topic` judged `class`.
-    pub fn dead_letter_topic(&self, _topic: &str, _class: Class) -> String {
-        todo!()
+    pub fn dead_letter_topic(&self, topic: &str, class: Class) -> String {
+        self.inner.dead_letter.render(topic, class)
+    }
+
+    /// The dead-letter template, e.g. `{topic}.dlt`.
+    pub fn dead_letter_template(&self) -> &DeadLetterTemplate {
+        &self.inner.dead_letter
     }
 }
 
@@ -79,18 +209,69 @@ impl Policy {
 #[derive(Debug, Default)]
 pub struct PolicySet {
     policies: Vec<Arc<Policy>>,
+    index: glob::TopicIndex,
 }
 
 impl PolicySet {
-    /// Load every policy file named (files or directories of `*.yaml`/`*.yml`).
-    pub fn load(_paths: &[PathBuf]) -> Result<PolicySet, Vec<PolicyError>> {
-        Ok(PolicySet::default())
+    /// Load every policy file named (files, or directories whose `*.yaml` /
+    /// `*.yml` files are read in name order). Collects every error found in
+    /// every file; one YAML shape error (unknown key, wrong type) stops the
+    /// reading of its own file only.
+    pub fn load(paths: &[PathBuf]) -> Result<PolicySet, Vec<PolicyError>> {
+        let policies = load::load_all(paths)?;
+        Ok(PolicySet::from_policies(policies))
     }
+
+    /// Parse one policy file's text as if read from `path` (schema paths are
+    /// relative to `path`'s folder).
+    pub fn parse(text: &str, path: &Path) -> Result<PolicySet, Vec<PolicyError>> {
+        let policies = load::load_text(text, path)?;
+        Ok(PolicySet::from_policies(policies))
+    }
+
+    fn from_policies(policies: Vec<Policy>) -> PolicySet {
+        let policies: Vec<Arc<Policy>> = policies.into_iter().map(Arc::new).collect();
+        let index = glob::TopicIndex::new(policies.iter().map(|p| p.topics.as_slice()));
+        PolicySet { policies, index }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.policies.is_empty()
     }
-    /// The policy covering `topic`, if any (first match in load order).
-    pub fn for_topic(&self, _topic: &str) -> Option<&Arc<Policy>> {
-        None
+
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Every policy, in load order.
+    pub fn policies(&self) -> &[Arc<Policy>] {
+        &self.policies
+    }
+
+    /// The policy covering `topic`, if any: an exact name first, then the
+    /// first glob in load order. Cheap: a hash lookup, globs are matched once
+    /// per topic and cached.
+    pub fn for_topic(&self, topic: &str) -> Option<&Arc<Policy>> {
+        self.index.lookup(topic).and_then(|i| self.policies.get(i))
+    }
+
+    /// Every distinct dead-letter template, so the proxy can list DLT topics.
+    pub fn dead_letter_templates(&self) -> Vec<&DeadLetterTemplate> {
+        let mut out: Vec<&DeadLetterTemplate> = Vec::new();
+        for p in &self.policies {
+            let t = p.dead_letter_template();
+            if !out.iter().any(|o| o.as_str() == t.as_str()) {
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    /// Whether `topic` looks like a dead-letter topic of some policy (so the
+    /// proxy can avoid judging its own diversions again).
+    pub fn is_dead_letter_topic(&self, topic: &str) -> bool {
+        self.policies
+            .iter()
+            .any(|p| p.dead_letter_template().matches(topic))
     }
 }

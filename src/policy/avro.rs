@@ -1,0 +1,118 @@
+//! Avro values: `raw` datums decoded with the policy's `schema`, or
+//! `confluent`-framed datums decoded with the writer schema named by the
+//! schema id (`schema_ids`), resolved to `schema` as the reader schema when
+//! one is given. The decoded value becomes a `serde_json::Value` (unions
+//! unwrapped, enums as their symbol, bytes as arrays of numbers).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Once;
+
+use apache_avro::Schema;
+use serde_json::Value;
+
+use super::wire::{confluent_header, unknown_id, Wire};
+use super::Invalid;
+
+/// Largest allocation a hostile length prefix can make the Avro decoder do.
+const AVRO_MAX_ALLOCATION: usize = 64 << 20;
+
+#[derive(Debug)]
+pub(crate) struct AvroDecoder {
+    pub(crate) wire: Wire,
+    /// The `schema` key: writer schema for `raw`, reader schema for `confluent`.
+    pub(crate) schema: Option<Schema>,
+    pub(crate) ids: HashMap<u32, Schema>,
+}
+
+/// Read and parse an `.avsc` file.
+pub(crate) fn load_schema(path: &Path) -> Result<Schema, String> {
+    static LIMIT: Once = Once::new();
+    LIMIT.call_once(|| {
+        let _ = apache_avro::util::max_allocation_bytes(AVRO_MAX_ALLOCATION);
+    });
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let schema = Schema::parse_str(&text)
+        .map_err(|e| format!("{}: not an Avro schema: {e}", path.display()))?;
+    if let Some(name) = recursive(&schema, &mut Vec::new()) {
+        return Err(format!(
+            "{}: recursive Avro schemas are not supported (`{name}` contains itself): \
+             a hostile record could nest deep enough to overflow the stack",
+            path.display()
+        ));
+    }
+    Ok(schema)
+}
+
+/// The name of a record that (through fields, arrays, maps or unions)
+/// refers to itself, if any. apache-avro's decoder has no depth limit.
+fn recursive(schema: &Schema, path: &mut Vec<String>) -> Option<String> {
+    match schema {
+        Schema::Ref { name } => {
+            let full = name.fullname(None);
+            path.contains(&full).then_some(full)
+        }
+        Schema::Record(r) => {
+            path.push(r.name.fullname(None));
+            let found = r.fields.iter().find_map(|f| recursive(&f.schema, path));
+            path.pop();
+            found
+        }
+        Schema::Array(a) => recursive(&a.items, path),
+        Schema::Map(m) => recursive(&m.types, path),
+        Schema::Union(u) => u.variants().iter().find_map(|v| recursive(v, path)),
+        _ => None,
+    }
+}
+
+impl AvroDecoder {
+    pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
+        let (writer, reader, mut datum) = match self.wire {
+            Wire::Raw => match &self.schema {
+                Some(s) => (s, None, bytes),
+                None => return Err(Invalid::poison("decode", "no Avro schema")),
+            },
+            Wire::Confluent => {
+                let (id, rest) = confluent_header(bytes)?;
+                let writer = self.ids.get(&id).ok_or_else(|| unknown_id(id))?;
+                (writer, self.schema.as_ref(), rest)
+            }
+        };
+        let value = apache_avro::from_avro_datum(writer, &mut datum, reader)
+            .map_err(|e| Invalid::poison("decode", format!("value is not valid Avro: {e}")))?;
+        if !datum.is_empty() {
+            return Err(Invalid::poison(
+                "decode",
+                format!(
+                    "value is not valid Avro: {} trailing bytes after the datum",
+                    datum.len()
+                ),
+            ));
+        }
+        Value::try_from(value)
+            .map_err(|e| Invalid::poison("decode", format!("Avro value cannot be judged: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recursive_schemas_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let list = r#"{"type": "record", "name": "Node", "namespace": "n", "fields": [
+            {"name": "v", "type": "int"},
+            {"name": "next", "type": ["null", {"type": "array", "items": "Node"}]}]}"#;
+        let p = dir.path().join("list.avsc");
+        std::fs::write(&p, list).expect("write");
+        let e = load_schema(&p).expect_err("recursive");
+        assert!(e.contains("`n.Node` contains itself"), "{e}");
+        // A named type used twice, not inside itself, is fine.
+        let twice = r#"{"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": {"type": "record", "name": "P", "fields": [{"name": "x", "type": "int"}]}},
+            {"name": "b", "type": "P"}]}"#;
+        std::fs::write(&p, twice).expect("write");
+        assert!(load_schema(&p).is_ok());
+    }
+}

@@ -1,0 +1,399 @@
+//! Rules over a decoded value: compiled JSON pointers, field rules
+//! (`one_of`, `min`/`max`), `coordinates`, and `max_age` staleness.
+//!
+//! Everything here is compiled at load (pointer tokens split and unescaped,
+//! rule identifiers formatted once) so judging allocates only on failure.
+
+use serde_json::Value;
+
+use super::{Class, Invalid};
+
+/// An RFC 6901 JSON pointer, split into unescaped reference tokens.
+#[derive(Debug, Clone)]
+pub(crate) struct Pointer {
+    text: String,
+    tokens: Vec<Token>,
+}
+
+#[derive(Debug, Clone)]
+struct Token {
+    key: String,
+    /// The token as an array index, when it is one (`0`, or digits without a leading zero).
+    index: Option<usize>,
+}
+
+impl Pointer {
+    pub(crate) fn parse(text: &str) -> Result<Pointer, String> {
+        if text.is_empty() {
+            return Ok(Pointer {
+                text: String::new(),
+                tokens: Vec::new(),
+            });
+        }
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(format!(
+                "`{text}` is not a JSON pointer: it must start with `/` (e.g. `/lat`)"
+            ));
+        };
+        let mut tokens = Vec::new();
+        for raw in rest.split('/') {
+            let mut key = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c == '~' {
+                    match chars.next() {
+                        Some('0') => key.push('~'),
+                        Some('1') => key.push('/'),
+                        _ => {
+                            return Err(format!(
+                                "`{text}` is not a JSON pointer: `~` must be followed by 0 or 1"
+                            ))
+                        }
+                    }
+                } else {
+                    key.push(c);
+                }
+            }
+            let index = if key == "0" || (!key.starts_with('0') && !key.is_empty()) {
+                key.parse::<usize>().ok()
+            } else {
+                None
+            };
+            tokens.push(Token { key, index });
+        }
+        Ok(Pointer {
+            text: text.to_string(),
+            tokens,
+        })
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Resolve against `root`, without allocating.
+    pub(crate) fn get<'v>(&self, root: &'v Value) -> Option<&'v Value> {
+        let mut cur = root;
+        for t in &self.tokens {
+            cur = match cur {
+                Value::Object(map) => map.get(&t.key)?,
+                Value::Array(items) => items.get(t.index?)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+}
+
+/// What a JSON value is, for messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Format a bound without a useless `.0` (`-90`, `150`, `2.5`).
+pub(crate) fn fmt_num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A number at `ptr`, or the reason it is not one.
+fn number_at(ptr: &Pointer, root: &Value) -> Result<f64, String> {
+    match ptr.get(root) {
+        None => Err(format!("{}: missing", ptr.as_str())),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(x) if x.is_finite() => Ok(x),
+            _ => Err(format!("{}: {n} is not a finite number", ptr.as_str())),
+        },
+        Some(other) => Err(format!(
+            "{}: expected a number, found {}",
+            ptr.as_str(),
+            kind(other)
+        )),
+    }
+}
+
+/// Time units of a `max_age` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TimeUnit {
+    S,
+    Ms,
+    Us,
+    Ns,
+}
+
+impl TimeUnit {
+    fn to_ms(self, t: f64) -> f64 {
+        match self {
+            TimeUnit::S => t * 1000.0,
+            TimeUnit::Ms => t,
+            TimeUnit::Us => t / 1000.0,
+            TimeUnit::Ns => t / 1_000_000.0,
+        }
+    }
+}
+
+/// One compiled rule, judged in file order (staleness is separate).
+#[derive(Debug)]
+pub(crate) enum Rule {
+    OneOf {
+        id: String,
+        ptr: Pointer,
+        optional: bool,
+        allowed: Vec<Value>,
+        /// `ENTER, EXIT, DWELL` for messages.
+        listed: String,
+    },
+    Range {
+        id: String,
+        ptr: Pointer,
+        optional: bool,
+        min: Option<f64>,
+        max: Option<f64>,
+    },
+    Coordinates(Box<Coordinates>),
+}
+
+#[derive(Debug)]
+pub(crate) struct Coordinates {
+    pub(crate) lat: Pointer,
+    pub(crate) lon: Pointer,
+    pub(crate) reject_null_island: bool,
+    /// `[min_lat, min_lon, max_lat, max_lon]`.
+    pub(crate) bbox: Option<[f64; 4]>,
+}
+
+impl Rule {
+    pub(crate) fn one_of(ptr: Pointer, allowed: Vec<Value>, optional: bool) -> Rule {
+        let listed = allowed
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        Rule::OneOf {
+            id: format!("one_of:{}", ptr.as_str()),
+            ptr,
+            optional,
+            allowed,
+            listed,
+        }
+    }
+
+    pub(crate) fn range(ptr: Pointer, min: Option<f64>, max: Option<f64>, optional: bool) -> Rule {
+        Rule::Range {
+            id: format!("range:{}", ptr.as_str()),
+            ptr,
+            optional,
+            min,
+            max,
+        }
+    }
+
+    pub(crate) fn check(&self, v: &Value) -> Result<(), Invalid> {
+        match self {
+            Rule::OneOf {
+                id,
+                ptr,
+                optional,
+                allowed,
+                listed,
+            } => match ptr.get(v) {
+                None | Some(Value::Null) if *optional => Ok(()),
+                None => Err(Invalid::poison(id, format!("{}: missing", ptr.as_str()))),
+                Some(x) if allowed.iter().any(|a| json_eq(a, x)) => Ok(()),
+                Some(x) => Err(Invalid::poison(
+                    id,
+                    format!("{}: {x} is not one of [{listed}]", ptr.as_str()),
+                )),
+            },
+            Rule::Range {
+                id,
+                ptr,
+                optional,
+                min,
+                max,
+            } => {
+                if *optional && matches!(ptr.get(v), None | Some(Value::Null)) {
+                    return Ok(());
+                }
+                let x = number_at(ptr, v).map_err(|r| Invalid::poison(id, r))?;
+                let below = min.is_some_and(|m| x < m);
+                let above = max.is_some_and(|m| x > m);
+                if below || above {
+                    let bound = match (min, max) {
+                        (Some(lo), Some(hi)) => {
+                            format!("outside [{}, {}]", fmt_num(*lo), fmt_num(*hi))
+                        }
+                        (Some(lo), None) => format!("below the minimum {}", fmt_num(*lo)),
+                        (None, Some(hi)) => format!("above the maximum {}", fmt_num(*hi)),
+                        (None, None) => String::new(),
+                    };
+                    return Err(Invalid::poison(
+                        id,
+                        format!("{}: {} is {bound}", ptr.as_str(), fmt_num(x)),
+                    ));
+                }
+                Ok(())
+            }
+            Rule::Coordinates(c) => c.check(v).map_err(|r| Invalid::poison("coordinates", r)),
+        }
+    }
+}
+
+/// Numbers compare by value (`1` equals `1.0`), everything else structurally.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+impl Coordinates {
+    fn check(&self, v: &Value) -> Result<(), String> {
+        let lat = number_at(&self.lat, v)?;
+        let lon = number_at(&self.lon, v)?;
+        if !(-90.0..=90.0).contains(&lat) {
+            return Err(format!(
+                "{}: {} is outside [-90, 90]",
+                self.lat.as_str(),
+                fmt_num(lat)
+            ));
+        }
+        if !(-180.0..=180.0).contains(&lon) {
+            return Err(format!(
+                "{}: {} is outside [-180, 180]",
+                self.lon.as_str(),
+                fmt_num(lon)
+            ));
+        }
+        if self.reject_null_island && lat == 0.0 && lon == 0.0 {
+            return Err(format!(
+                "{}, {}: 0, 0 is null island, a placeholder for an unknown position",
+                self.lat.as_str(),
+                self.lon.as_str()
+            ));
+        }
+        if let Some([min_lat, min_lon, max_lat, max_lon]) = self.bbox {
+            if lat < min_lat || lat > max_lat || lon < min_lon || lon > max_lon {
+                return Err(format!(
+                    "{}, {}: {}, {} is outside the bounding box [{}, {}, {}, {}]",
+                    self.lat.as_str(),
+                    self.lon.as_str(),
+                    fmt_num(lat),
+                    fmt_num(lon),
+                    fmt_num(min_lat),
+                    fmt_num(min_lon),
+                    fmt_num(max_lat),
+                    fmt_num(max_lon)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `max_age` rule: judged after everything else.
+#[derive(Debug)]
+pub(crate) struct MaxAge {
+    pub(crate) id: String,
+    pub(crate) ptr: Pointer,
+    pub(crate) max_age_ms: f64,
+    /// The duration as written, for messages (`15m`).
+    pub(crate) written: String,
+    pub(crate) unit: TimeUnit,
+}
+
+impl MaxAge {
+    pub(crate) fn new(ptr: Pointer, max_age_ms: f64, written: String, unit: TimeUnit) -> Self {
+        MaxAge {
+            id: format!("max_age:{}", ptr.as_str()),
+            ptr,
+            max_age_ms,
+            written,
+            unit,
+        }
+    }
+
+    /// Poison when the field is missing or not a number; stale when too old.
+    pub(crate) fn check(&self, v: &Value, now_ms: i64) -> Result<(), Invalid> {
+        let t = number_at(&self.ptr, v).map_err(|r| Invalid::poison(&self.id, r))?;
+        let t_ms = self.unit.to_ms(t);
+        let age_ms = now_ms as f64 - t_ms;
+        if age_ms > self.max_age_ms {
+            return Err(Invalid {
+                class: Class::Stale,
+                rule: self.id.clone(),
+                reason: format!(
+                    "{}: event is {} old, older than max_age {}",
+                    self.ptr.as_str(),
+                    human_ms(age_ms),
+                    self.written
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `93.5s`, `16m 40s`, `2h 5m`, `3d 1h`.
+fn human_ms(ms: f64) -> String {
+    let s = (ms / 1000.0).max(0.0);
+    if s < 60.0 {
+        return format!("{:.1}s", s);
+    }
+    let total = s as u64;
+    let (d, h, m, sec) = (
+        total / 86400,
+        total / 3600 % 24,
+        total / 60 % 60,
+        total % 60,
+    );
+    if d > 0 {
+        format!("{d}d {h}h")
+    } else if h > 0 {
+        format!("{h}h {m}m")
+    } else {
+        format!("{m}m {sec}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pointers() {
+        let v = json!({"a": {"b/c": [10, 20], "~x": 1}, "": 5});
+        assert_eq!(
+            Pointer::parse("/a/b~1c/1").unwrap().get(&v),
+            Some(&json!(20))
+        );
+        assert_eq!(Pointer::parse("/a/~0x").unwrap().get(&v), Some(&json!(1)));
+        assert_eq!(Pointer::parse("/").unwrap().get(&v), Some(&json!(5)));
+        assert_eq!(Pointer::parse("").unwrap().get(&v), Some(&v));
+        assert_eq!(Pointer::parse("/a/b~1c/01").unwrap().get(&v), None);
+        assert!(Pointer::parse("lat").is_err());
+        assert!(Pointer::parse("/a~2").is_err());
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_ms(1500.0), "1.5s");
+        assert_eq!(human_ms(1_000_000.0), "16m 40s");
+        assert_eq!(human_ms(7_500_000.0), "2h 5m");
+    }
+}
