@@ -816,6 +816,18 @@ fn judge_throughput_rough() {
         "{} bytes/record, {per_sec:.0} judge()/s (this build profile)",
         body.len()
     );
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        assert!(json::decode(&body, 64).is_ok());
+    }
+    let per_sec = f64::from(n) / t.elapsed().as_secs_f64();
+    println!("json::decode alone: {per_sec:.0}/s");
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        assert!(set.for_topic("geofence.triggers").is_some());
+    }
+    let per_sec = f64::from(n) / t.elapsed().as_secs_f64();
+    println!("for_topic (exact name): {per_sec:.0}/s");
 }
 
 #[test]
