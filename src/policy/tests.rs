@@ -816,6 +816,18 @@ fn judge_throughput_rough() {
         "{} bytes/record, {per_sec:.0} judge()/s (this build profile)",
         body.len()
     );
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        assert!(json::decode(&body, 64).is_ok());
+    }
+    let per_sec = f64::from(n) / t.elapsed().as_secs_f64();
+    println!("json::decode alone: {per_sec:.0}/s");
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        assert!(set.for_topic("geofence.triggers").is_some());
+    }
+    let per_sec = f64::from(n) / t.elapsed().as_secs_f64();
+    println!("for_topic (exact name): {per_sec:.0}/s");
 }
 
 #[test]
@@ -852,4 +864,91 @@ fn protobuf_deep_recursion_is_poison_not_a_crash() {
         "decode",
         "not valid Protobuf",
     );
+}
+
+/// The policy format exactly as specified (comments included) loads and judges.
+#[test]
+fn the_specified_example_loads_verbatim() {
+    let text = r#"policies:
+  - name: geofence-triggers
+    topics: ["geofence.triggers", "geo.*"]     # exact names or globs (* and ?)
+    value:
+      format: json                             # json | avro | protobuf | bytes
+      schema: schemas/trigger.schema.json      # relative to this file
+      max_bytes: 65536
+      allow_null: true                         # null values (tombstones) pass; default true
+    rules:
+      - coordinates: { lat: /lat, lon: /lon }  # both present, finite, lat in [-90,90], lon in [-180,180]
+      - field: /transition
+        one_of: [ENTER, EXIT, DWELL]
+      - field: /speed_mps
+        min: 0
+        max: 150
+      - field: /event_time_ms
+        max_age: 15m                           # older than this: class stale
+        unit: ms                               # s | ms | us | ns
+    headers:
+      required: [idempotency-key]
+    on_invalid: divert                         # divert (default) | drop | pass
+    dead_letter:
+      topic: "{topic}.dlt"                     # default; placeholders {topic} and {class}
+"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("schemas")).expect("mkdir");
+    std::fs::copy(
+        policies_dir().join("schemas/trigger.schema.json"),
+        dir.path().join("schemas/trigger.schema.json"),
+    )
+    .expect("copy");
+    std::fs::write(dir.path().join("example.yml"), text).expect("write");
+    let set = PolicySet::load(&[dir.path().to_path_buf()]).expect("loads");
+    let p = set.for_topic("geo.anything").expect("glob");
+    assert_eq!(p.name, "geofence-triggers");
+    let body = serde_json::to_vec(&trigger_json()).expect("json");
+    assert!(p.judge(&record(Some(&body)), NOW).is_valid());
+    assert_eq!(
+        p.dead_letter_topic("geo.anything", Class::Poison),
+        "geo.anything.dlt"
+    );
+}
+
+#[test]
+fn unknown_action_and_missing_path_are_errors() {
+    assert_error(
+        &format!("{BASE}    on_invalid: quarantine\n"),
+        "4:17",
+        "unknown variant `quarantine`",
+    );
+    let missing = PathBuf::from("/nonexistent/antidote/policy.yaml");
+    let errs = PolicySet::load(std::slice::from_ref(&missing)).expect_err("missing");
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0]
+            .to_string()
+            .starts_with("/nonexistent/antidote/policy.yaml:1:1: cannot read"),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn files_and_directories_load_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "policies:\n  - name: b\n    topics: [\"t.*\"]\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("a.yml"),
+        "policies:\n  - name: a\n    topics: [\"t*\"]\n",
+    )
+    .expect("write");
+    let single = dir.path().join("single.policy");
+    std::fs::write(&single, "policies:\n  - name: s\n    topics: [s]\n").expect("write");
+    let set = PolicySet::load(&[dir.path().to_path_buf(), single]).expect("loads");
+    let names: Vec<&str> = set.policies().iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "s"]);
+    // a.yml sorts first, so its glob wins for topics both cover.
+    assert_eq!(set.for_topic("t.x").map(|p| p.name.as_str()), Some("a"));
+    assert_eq!(set.for_topic("s").map(|p| p.name.as_str()), Some("s"));
 }
