@@ -90,6 +90,12 @@ impl Producer {
     /// Write every job's record; Ok only if all were acknowledged.
     async fn write(&mut self, jobs: &[Job]) -> Result<(), String> {
         let failed_at = now_ms();
+        // Diversions arrive from concurrent tasks: write them in origin order.
+        let mut jobs: Vec<&Job> = jobs.iter().collect();
+        jobs.sort_by(|a, b| {
+            let (a, b) = (&a.diversion, &b.diversion);
+            (&a.origin_topic, a.origin_partition, a.origin_offset).cmp(&(&b.origin_topic, b.origin_partition, b.origin_offset))
+        });
         // Group by DLT topic, then DLT partition, keeping arrival order.
         let mut by_topic: BTreeMap<String, Vec<&Job>> = BTreeMap::new();
         for j in jobs {

@@ -85,6 +85,10 @@ impl Interceptor {
                 Some(topic.topic.0.to_string())
             };
         let Some(name) = name else { continue };
+            // A glob may also cover a dead-letter topic: never police those.
+            if self.policies.is_dead_letter_topic(&name) {
+                continue;
+            }
             let Some(policy) = self.policies.for_topic(&name) else { continue };
             let topic_name: Arc<str> = Arc::from(name.as_str());
             for (pi, p) in topic.partitions.iter().enumerate() {

@@ -203,6 +203,10 @@ where
 {
     loop {
         let p = tokio::select! {
+            // A response's entry is queued before its request is sent, so
+            // checking the queue first never mistakes a response for an
+            // unsolicited frame.
+            biased;
             p = pending.recv() => match p {
                 Some(p) => p,
                 None => return Ok(()),
