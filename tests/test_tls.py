@@ -1,0 +1,146 @@
+"""TLS on both sides of the proxy.
+
+tansu 0.6.0 cannot serve TLS itself (its CLI declares --cert and --key mutually
+exclusive, and either alone still serves plaintext), so a TLS terminator from
+harness.py stands in front of it and tansu advertises the terminator's port.
+
+direct path: the client speaks TLS to the terminator (validates certs and relay);
+proxy path:  the client speaks TLS to antidote (listen.tls), or antidote speaks
+             TLS to the terminator (upstream.tls)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+import clients as c
+from conftest import start_proxy
+from harness import Tansu, TlsTerminator, free_port
+
+CLIENTS = ["librdkafka", "kafka-python"]
+
+
+def tls_fronted_tansu(workdir, certs, require_client_cert: bool):
+    term_port = free_port()
+    tansu = Tansu(workdir, advertised_port=term_port).start()
+    term = TlsTerminator(certs, tansu.port, require_client_cert, port=term_port).start()
+    return tansu, term
+
+
+@pytest.fixture(scope="module")
+def tls_broker(workdir, certs):
+    """tansu behind a TLS terminator (server auth only)."""
+    tansu, term = tls_fronted_tansu(workdir, certs, require_client_cert=False)
+    yield tansu, term
+    term.stop()
+    tansu.stop()
+
+
+@pytest.fixture(scope="module")
+def mtls_broker(workdir, certs):
+    """tansu behind a TLS terminator that requires a client certificate."""
+    tansu, term = tls_fronted_tansu(workdir, certs, require_client_cert=True)
+    yield tansu, term
+    term.stop()
+    tansu.stop()
+
+
+@pytest.fixture
+def proxy_factory(workdir):
+    """Start antidote with a given config; at teardown it must exit 0 on SIGTERM."""
+    started = []
+
+    def make(**kw):
+        try:
+            p = start_proxy(workdir, name="antidote-tls", **kw)
+        except AssertionError as e:
+            pytest.fail(f"antidote did not start: {e}", pytrace=False)
+        started.append(p)
+        return p
+    yield make
+    for p in started:
+        p.stop_and_check()
+
+
+def roundtrip_both_ways(kind: str, ep: c.Endpoint, topic: str) -> None:
+    recs = c.sample_records(8, tag=kind)
+    if kind == "librdkafka":
+        c.ck_produce(ep, topic, recs)
+        assert c.ck_consume_assign(ep, topic, [0], len(recs)) == recs
+    else:
+        c.kp_produce(ep, topic, recs)
+        assert c.kp_consume_assign(ep, topic, [0], len(recs)) == recs
+
+
+def terminator_ep(term, certs, mutual: bool) -> c.Endpoint:
+    """Direct TLS access to a terminator-fronted tansu (also used for setup: tansu's
+    own plaintext port is no use, its Metadata names the terminator)."""
+    extra = {"cert": str(certs.client_cert), "key": str(certs.client_key)} if mutual else {}
+    return c.Endpoint(f"127.0.0.1:{term.port}", "direct", ca=str(certs.ca), **extra)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_client_tls_with_ca_produces_and_consumes(kind, path, broker, tls_broker, certs,
+                                                  proxy_factory, new_topic):
+    if path == "direct":
+        _tansu, term = tls_broker
+        ep = terminator_ep(term, certs, False)
+        topic = f"tls-{kind}-{id(ep)}"
+        c.ck_create_topic(ep, topic, 1)
+    else:
+        p = proxy_factory(upstream=[broker.bootstrap],
+                          listen_tls={"cert": certs.server_cert, "key": certs.server_key})
+        ep = c.Endpoint(p.bootstrap, path, ca=str(certs.ca))
+        topic = new_topic(1)
+    roundtrip_both_ways(kind, ep, topic)
+
+
+def rejected(ep: c.Endpoint) -> bool:
+    """True if a librdkafka client cannot get Metadata within 8 s."""
+    try:
+        AdminClient(ep.ck(log_level=0)).list_topics(timeout=8)
+    except KafkaException:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_client_mtls_accepts_signed_client_cert_and_rejects_none(kind, path, broker, mtls_broker,
+                                                                 certs, proxy_factory, new_topic):
+    if path == "direct":
+        _tansu, term = mtls_broker
+        bootstrap = f"127.0.0.1:{term.port}"
+        topic = f"mtls-{kind}-{path}"
+        c.ck_create_topic(terminator_ep(term, certs, True), topic, 1)
+    else:
+        p = proxy_factory(upstream=[broker.bootstrap],
+                          listen_tls={"cert": certs.server_cert, "key": certs.server_key,
+                                      "client_ca": certs.ca})
+        bootstrap = p.bootstrap
+        topic = new_topic(1)
+    with_cert = c.Endpoint(bootstrap, path, ca=str(certs.ca), cert=str(certs.client_cert),
+                           key=str(certs.client_key))
+    roundtrip_both_ways(kind, with_cert, topic)
+    assert rejected(c.Endpoint(bootstrap, path, ca=str(certs.ca))), \
+        "a client without a certificate was served"
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_upstream_tls_to_broker_is_transparent_to_plaintext_client(kind, mutual, path, certs,
+                                                                   tls_broker, mtls_broker,
+                                                                   proxy_factory):
+    _tansu, term = mtls_broker if mutual else tls_broker
+    topic = f"up-{kind}-{'m' if mutual else ''}tls-{path}"
+    direct_ep = terminator_ep(term, certs, mutual)
+    c.ck_create_topic(direct_ep, topic, 1)
+    client_cert = {"cert": str(certs.client_cert), "key": str(certs.client_key)} if mutual else {}
+    if path == "direct":
+        # The client itself speaks TLS to the terminator: validates the upstream side.
+        ep = direct_ep
+    else:
+        p = proxy_factory(upstream=[f"127.0.0.1:{term.port}"],
+                          upstream_tls={"ca": certs.ca, **client_cert})
+        ep = c.Endpoint(p.bootstrap, path)
+    roundtrip_both_ways(kind, ep, topic)
