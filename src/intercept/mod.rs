@@ -17,7 +17,7 @@ pub mod plan;
 mod verdicts;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -37,7 +37,9 @@ pub const READ_COMMITTED: i8 = 1;
 
 /// Everything the interception path needs, shared by all connections.
 pub struct Interceptor {
-    pub policies: Arc<PolicySet>,
+    /// The running policies; replaced whole on reload. A response is
+    /// handled under the snapshot it started with.
+    policies: RwLock<Arc<PolicySet>>,
     pub verdicts: VerdictCache,
     pub dead_letter: Arc<DeadLetter>,
     /// How long a response waits for its diversions to be acknowledged.
@@ -47,7 +49,7 @@ pub struct Interceptor {
 impl Interceptor {
     pub fn new(policies: Arc<PolicySet>, dead_letter: Arc<DeadLetter>, timeout: Duration) -> Self {
         Interceptor {
-            policies,
+            policies: RwLock::new(policies),
             verdicts: VerdictCache::new(100_000),
             dead_letter,
             timeout,
@@ -56,7 +58,27 @@ impl Interceptor {
 
     /// Whether any Fetch response needs to be looked at.
     pub fn active(&self) -> bool {
-        !self.policies.is_empty()
+        !self.policies().is_empty()
+    }
+
+    /// The current policies.
+    pub fn policies(&self) -> Arc<PolicySet> {
+        match self.policies.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Swap in a new, fully compiled policy set. Verdicts reached under the
+    /// old one are never reused (the cache keys on the policy itself) and
+    /// are dropped now to free memory.
+    pub fn replace_policies(&self, new: PolicySet) {
+        let new = Arc::new(new);
+        match self.policies.write() {
+            Ok(mut p) => *p = new,
+            Err(poisoned) => *poisoned.into_inner() = new,
+        }
+        self.verdicts.clear();
     }
 
     /// Rewrite a Fetch response body; `Ok(None)` means forward it unchanged.
@@ -67,6 +89,7 @@ impl Interceptor {
         version: i16,
         isolation: i8,
     ) -> anyhow::Result<Option<BytesMut>> {
+        let policies = self.policies();
         let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
         let mut seen = Seen::default();
         let mut changed = rewrite::rewrite_fetch_endpoints(&mut resp, &shared.addrs, &mut seen);
@@ -86,10 +109,10 @@ impl Interceptor {
             };
         let Some(name) = name else { continue };
             // A glob may also cover a dead-letter topic: never police those.
-            if self.policies.is_dead_letter_topic(&name) {
+            if policies.is_dead_letter_topic(&name) {
                 continue;
             }
-            let Some(policy) = self.policies.for_topic(&name) else { continue };
+            let Some(policy) = policies.for_topic(&name) else { continue };
             let topic_name: Arc<str> = Arc::from(name.as_str());
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else { continue };

@@ -9,6 +9,7 @@
 //! connection and a `relay`.
 
 pub mod frame;
+pub mod reload;
 pub mod net;
 pub mod relay;
 pub mod rewrite;
@@ -70,8 +71,8 @@ pub struct Shared {
     pub tasks: TaskTracker,
     /// Set once upstream metadata has been fetched.
     pub ready: AtomicBool,
-    /// Fetch interception; `None` when no policy is loaded.
-    pub interceptor: Option<Arc<Interceptor>>,
+    /// Fetch interception (idle while no policy is loaded).
+    pub interceptor: Arc<Interceptor>,
 }
 
 impl Shared {
@@ -86,22 +87,18 @@ impl Shared {
             timeout: config.upstream.connect_timeout,
             max_frame: config.limits.max_frame_bytes,
         };
-        let interceptor = (!policies.is_empty())
-            .then(|| -> Result<Arc<Interceptor>, StartError> {
-                let dlt = &config.dead_letter;
-                let endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
-                    (None, None) => upstream.clone(),
-                    (_, tls) => client::Endpoint {
-                        tls: tls.as_ref().map(tls::connector).transpose()?,
-                        ..upstream.clone()
-                    },
-                };
-                let policies = Arc::new(policies);
-                let dead_letter =
-                    DeadLetter::start(dlt, &config.upstream.bootstrap_servers, endpoint, policies.clone());
-                Ok(Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout)))
-            })
-            .transpose()?;
+        let dlt = &config.dead_letter;
+        let dlt_endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
+            (None, None) => upstream.clone(),
+            (_, tls) => client::Endpoint {
+                tls: tls.as_ref().map(tls::connector).transpose()?,
+                ..upstream.clone()
+            },
+        };
+        let policies = Arc::new(policies);
+        let dead_letter =
+            DeadLetter::start(dlt, &config.upstream.bootstrap_servers, dlt_endpoint, policies.clone());
+        let interceptor = Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout));
         Ok(Arc::new(Shared {
             config,
             addrs,
@@ -119,7 +116,7 @@ impl Shared {
 
     /// Whether Fetch responses are inspected.
     pub fn intercepting(&self) -> bool {
-        self.interceptor.as_ref().is_some_and(|i| i.active())
+        self.interceptor.active()
     }
 
     /// Record what a response revealed; open listeners for new brokers.
@@ -169,6 +166,7 @@ pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> 
     info!(addr = %bootstrap, "serving bootstrap");
     shared.tasks.spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
     shared.tasks.spawn(metadata_loop(shared.clone()));
+    tokio::spawn(reload::watch(shared.clone()));
 
     wait_for_signal().await;
     info!("shutting down: listeners closed, finishing in-flight responses");

@@ -253,7 +253,7 @@ async fn respond(shared: &Arc<Shared>, handling: Handling, version: i16, frame: 
             Ok(response_frame_raw(&frame[4..8], &body))
         }
         Handling::Fetch { isolation } => {
-            let Some(interceptor) = shared.interceptor.as_ref() else { return Ok(frame) };
+            let interceptor = &shared.interceptor;
             let key = ApiKey::Fetch;
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse("Fetch response header".into()))?;

@@ -1,0 +1,106 @@
+//! Hot reload of policies: on SIGHUP, and when any file under the configured
+//! policy paths changes (polled: no platform file-watching API to fail).
+//!
+//! A reload compiles every policy first and swaps the whole set in only if
+//! all of it compiles; otherwise the running policies stay and each error
+//! is logged with its file:line:column. Responses already being rewritten
+//! finish under the policies they started with.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tracing::{error, info, warn};
+
+use crate::policy::PolicySet;
+use crate::proxy::Shared;
+
+/// How often policy files are checked for changes.
+const POLL: Duration = Duration::from_secs(1);
+
+/// A cheap picture of the policy files: every file's path, size and
+/// modification time. A policy file's own folder is included, since schema
+/// files usually sit next to (or below) the policies that name them.
+fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+    let mut out = Vec::new();
+    for p in paths {
+        let root = if p.is_dir() { p.as_path() } else { p.parent().unwrap_or(Path::new(".")) };
+        walk(root, 0, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
+    // Bounded: a misconfigured path such as `/` must not hang the proxy.
+    if depth > 4 || out.len() > 10_000 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.is_dir() {
+            walk(&path, depth + 1, out);
+        } else {
+            out.push((path, meta.len(), meta.modified().ok()));
+        }
+    }
+}
+
+/// Load and swap in the policies; keep the running ones on any error.
+pub fn reload(shared: &Shared, why: &str) -> bool {
+    match PolicySet::load(&shared.config.policies) {
+        Ok(set) => {
+            info!(why, policies = set.len(), "policies reloaded");
+            shared.interceptor.replace_policies(set);
+            true
+        }
+        Err(errors) => {
+            for e in &errors {
+                error!("{e}");
+            }
+            warn!(why, errors = errors.len(), "policy reload rejected; the running policies stay in force");
+            false
+        }
+    }
+}
+
+/// Reload on SIGHUP and on file changes until shutdown.
+pub async fn watch(shared: Arc<Shared>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGHUP; reload on file change only");
+            None
+        }
+    };
+    let paths = shared.config.policies.clone();
+    let mut last = fingerprint(&paths);
+    loop {
+        let sighup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = sighup => {
+                reload(&shared, "SIGHUP");
+                last = fingerprint(&paths);
+            }
+            _ = tokio::time::sleep(POLL) => {
+                let now = fingerprint(&paths);
+                if now != last {
+                    last = now;
+                    reload(&shared, "policy files changed");
+                }
+            }
+        }
+    }
+}
