@@ -156,15 +156,19 @@ impl DeadLetter {
         Arc::new(DeadLetter { ledger, jobs, loaded })
     }
 
-    /// Write `d` to its DLT, or wait for a write of the same record already
-    /// under way; `Ok` once it is acknowledged (now or earlier).
-    pub async fn divert(&self, d: Diversion) -> Result<(), DivertError> {
+    /// Wait until the ledger has been rebuilt from the DLTs (at start).
+    pub async fn ready(&self) -> Result<(), DivertError> {
         let mut loaded = self.loaded.clone();
-        loaded.wait_for(|l| *l).await.map_err(|_| DivertError::Stopped)?;
-        let key = d.ledger_key();
-        let mut rx = match self.ledger.entry(key) {
+        loaded.wait_for(|l| *l).await.map(|_| ()).map_err(|_| DivertError::Stopped)
+    }
+
+    /// Queue `d` for writing, or join a write of the same record already
+    /// under way. Submitting is synchronous, so records queued in offset
+    /// order reach the DLT in that order. Call after `ready`.
+    pub fn submit(&self, d: &Diversion) -> Result<Ticket, DivertError> {
+        let rx = match self.ledger.entry(d.ledger_key()) {
             Entry::Occupied(e) => match e.get() {
-                Slot::Done => return Ok(()),
+                Slot::Done => return Ok(Ticket { rx: None, what: String::new() }),
                 Slot::InFlight(rx) => rx.clone(),
             },
             Entry::Vacant(v) => {
@@ -176,20 +180,41 @@ impl DeadLetter {
                 rx
             }
         };
-        match rx.wait_for(|o| o.is_some()).await.map(|o| *o) {
-            Ok(Some(true)) => Ok(()),
-            // Failed: the producer removed the slot, so the next fetch of
-            // the record tries again.
-            _ => Err(DivertError::Write(format!(
-                "{} partition {} offset {} -> {}",
-                d.origin_topic, d.origin_partition, d.origin_offset, d.dlt_topic
-            ))),
-        }
+        let what = format!(
+            "{} partition {} offset {} -> {}",
+            d.origin_topic, d.origin_partition, d.origin_offset, d.dlt_topic
+        );
+        Ok(Ticket { rx: Some(rx), what })
+    }
+
+    /// Write `d` to its DLT; `Ok` once it is acknowledged (now or earlier).
+    pub async fn divert(&self, d: &Diversion) -> Result<(), DivertError> {
+        self.ready().await?;
+        self.submit(d)?.wait().await
     }
 
     /// Whether this record is known to be in its DLT already.
     pub fn is_diverted(&self, key: &LedgerKey) -> bool {
         matches!(self.ledger.get(key).as_deref(), Some(Slot::Done))
+    }
+}
+
+/// A diversion under way (or already done).
+pub struct Ticket {
+    rx: Option<watch::Receiver<Option<bool>>>,
+    what: String,
+}
+
+impl Ticket {
+    /// `Ok` once the record is acknowledged by its DLT.
+    pub async fn wait(self) -> Result<(), DivertError> {
+        let Some(mut rx) = self.rx else { return Ok(()) };
+        match rx.wait_for(|o| o.is_some()).await.map(|o| *o) {
+            Ok(Some(true)) => Ok(()),
+            // Failed: the producer removed the ledger slot, so the next
+            // fetch of the record tries again.
+            _ => Err(DivertError::Write(self.what)),
+        }
     }
 }
 

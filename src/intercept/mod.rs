@@ -156,24 +156,27 @@ impl Interceptor {
     /// diversion did not succeed in time (`None` if all did).
     async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut handles = Vec::new();
+        let dl = &self.dead_letter;
+        let all_failed = || plans.iter().map(|(_, _, p)| p.diversions.first().map(|d| d.origin_offset)).collect();
+        if tokio::time::timeout_at(deadline, dl.ready()).await.map_or(true, |r| r.is_err()) {
+            return all_failed();
+        }
+        // Submit in offset order (synchronously), then wait for all at once.
+        let mut waits = Vec::new();
         for (plan_idx, (_, _, plan)) in plans.iter().enumerate() {
             for d in &plan.diversions {
-                let dl = self.dead_letter.clone();
-                let d = d.clone();
-                let offset = d.origin_offset;
-                handles.push((
-                    plan_idx,
-                    offset,
-                    tokio::spawn(async move {
-                        tokio::time::timeout_at(deadline, dl.divert(d)).await
-                    }),
-                ));
+                let ticket = dl.submit(d);
+                waits.push(async move {
+                    let ok = match ticket {
+                        Ok(t) => matches!(tokio::time::timeout_at(deadline, t.wait()).await, Ok(Ok(()))),
+                        Err(_) => false,
+                    };
+                    (plan_idx, d.origin_offset, ok)
+                });
             }
         }
         let mut failed: HashMap<usize, i64> = HashMap::new();
-        for (plan_idx, offset, h) in handles {
-            let ok = matches!(h.await, Ok(Ok(Ok(()))));
+        for (plan_idx, offset, ok) in futures_join_all(waits).await {
             if !ok {
                 let e = failed.entry(plan_idx).or_insert(offset);
                 *e = (*e).min(offset);
@@ -201,6 +204,16 @@ impl Interceptor {
         }
         changed
     }
+}
+
+/// Await every future; they all share one deadline, so awaiting them one
+/// after another costs no more than awaiting them together.
+async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut out = Vec::with_capacity(futs.len());
+    for f in futs {
+        out.push(f.await);
+    }
+    out
 }
 
 fn encode(resp: &FetchResponse, version: i16) -> anyhow::Result<BytesMut> {
