@@ -158,6 +158,14 @@ impl Shared {
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
 /// in-flight responses finish (bounded by `limits.shutdown_grace`) and return.
 pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> {
+    let shared = start(config, policies).await?;
+    wait_for_signal().await;
+    stop(&shared).await;
+    Ok(())
+}
+
+/// Bind the bootstrap listener and start serving; returns at once.
+pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
     let shared = Shared::new(config, policies)?;
     let bootstrap = shared.config.listen.bootstrap.to_string();
     let listener = TcpListener::bind(&bootstrap)
@@ -167,8 +175,11 @@ pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> 
     shared.tasks.spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
     shared.tasks.spawn(metadata_loop(shared.clone()));
     tokio::spawn(reload::watch(shared.clone()));
+    Ok(shared)
+}
 
-    wait_for_signal().await;
+/// Close the listeners and wait (bounded) for in-flight responses.
+pub async fn stop(shared: &Shared) {
     info!("shutting down: listeners closed, finishing in-flight responses");
     shared.shutdown.cancel();
     shared.tasks.close();
@@ -176,7 +187,6 @@ pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> 
     if tokio::time::timeout(grace, shared.tasks.wait()).await.is_err() {
         warn!(?grace, "shutdown grace elapsed with connections still open");
     }
-    Ok(())
 }
 
 async fn wait_for_signal() {

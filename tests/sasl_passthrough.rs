@@ -1,0 +1,190 @@
+//! SASL passthrough against a mock broker: raw SASL tokens after a
+//! SaslHandshake v0, SaslHandshake v1 + SaslAuthenticate, and KIP-368
+//! re-authentication mid-connection with other requests interleaved.
+//!
+//! A mock broker is used because the test broker (tansu) cannot be made to
+//! speak the v0 raw-token framing; every other behaviour is tested against
+//! tansu with real clients in tests/*.py.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use antidote::config::Config;
+use antidote::policy::PolicySet;
+use antidote::proxy;
+use bytes::{Buf, Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+async fn read_frame(s: &mut TcpStream) -> Option<Bytes> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).await.ok()?;
+    Some(Bytes::from(body))
+}
+
+async fn write_frame(s: &mut TcpStream, body: &[u8]) {
+    s.write_all(&(body.len() as u32).to_be_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+}
+
+fn response<M: Encodable>(key: ApiKey, version: i16, correlation: i32, m: &M) -> BytesMut {
+    let mut out = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(correlation)
+        .encode(&mut out, key.response_header_version(version))
+        .unwrap();
+    m.encode(&mut out, version).unwrap();
+    out
+}
+
+/// A broker that speaks just enough: ApiVersions, Metadata, SASL. Raw
+/// tokens after a v0 handshake are answered with "server:" + token.
+async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Bytes>>>) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else { return };
+        let tokens = tokens.clone();
+        tokio::spawn(async move {
+            let mut raw = false;
+            while let Some(mut frame) = read_frame(&mut s).await {
+                if raw {
+                    tokens.lock().unwrap().push(frame.clone());
+                    let mut reply = b"server:".to_vec();
+                    reply.extend_from_slice(&frame);
+                    write_frame(&mut s, &reply).await;
+                    raw = false;
+                    continue;
+                }
+                let key = ApiKey::try_from((&frame[..2]).get_i16()).unwrap();
+                let version = (&frame[2..4]).get_i16();
+                let header = RequestHeader::decode(&mut frame, key.request_header_version(version)).unwrap();
+                let c = header.correlation_id;
+                let out = match key {
+                    ApiKey::ApiVersions => {
+                        let keys = [(18, 0, 3), (3, 0, 12), (17, 0, 1), (36, 0, 2)]
+                            .iter()
+                            .map(|&(k, lo, hi)| ApiVersion::default().with_api_key(k).with_min_version(lo).with_max_version(hi))
+                            .collect();
+                        response(key, 0.max(version.min(3)), c, &ApiVersionsResponse::default().with_api_keys(keys))
+                    }
+                    ApiKey::Metadata => response(
+                        key,
+                        version,
+                        c,
+                        &MetadataResponse::default().with_brokers(vec![MetadataResponseBroker::default()
+                            .with_node_id(BrokerId(1))
+                            .with_host(StrBytes::from_static_str("127.0.0.1"))
+                            .with_port(port as i32)]),
+                    ),
+                    ApiKey::SaslHandshake => {
+                        raw = version == 0;
+                        response(key, version, c, &SaslHandshakeResponse::default()
+                            .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]))
+                    }
+                    ApiKey::SaslAuthenticate => {
+                        let req = SaslAuthenticateRequest::decode(&mut frame, version).unwrap();
+                        tokens.lock().unwrap().push(req.auth_bytes.clone());
+                        let mut reply = b"server:".to_vec();
+                        reply.extend_from_slice(&req.auth_bytes);
+                        response(key, version, c, &SaslAuthenticateResponse::default()
+                            .with_auth_bytes(Bytes::from(reply))
+                            .with_session_lifetime_ms(60_000))
+                    }
+                    _ => return,
+                };
+                write_frame(&mut s, &out).await;
+            }
+        });
+    }
+}
+
+fn request<R: Request + Encodable>(correlation: i32, version: i16, req: &R) -> BytesMut {
+    let mut out = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(R::KEY)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation)
+        .with_client_id(Some(StrBytes::from_static_str("sasl-test")))
+        .encode(&mut out, R::header_version(version))
+        .unwrap();
+    req.encode(&mut out, version).unwrap();
+    out
+}
+
+fn decode<R: Request>(mut frame: Bytes, version: i16, correlation: i32) -> R::Response {
+    let key = ApiKey::try_from(R::KEY).unwrap();
+    let h = ResponseHeader::decode(&mut frame, key.response_header_version(version)).unwrap();
+    assert_eq!(h.correlation_id, correlation);
+    <R::Response as Decodable>::decode(&mut frame, version).unwrap()
+}
+
+async fn start_proxy() -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
+    let broker = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let broker_port = broker.local_addr().unwrap().port();
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    tokio::spawn(mock_broker(broker, broker_port, tokens.clone()));
+    let proxy_port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let base = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port() - 1;
+    let yaml = format!(
+        "listen:\n  bootstrap: 127.0.0.1:{proxy_port}\n  broker_port_base: {base}\nupstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n"
+    );
+    let config = Config::parse(&yaml, Path::new("test.yaml")).unwrap();
+    let shared = proxy::start(config, PolicySet::load(&[]).unwrap()).await.unwrap();
+    (shared, proxy_port, tokens)
+}
+
+#[tokio::test]
+async fn raw_sasl_tokens_after_a_v0_handshake_are_relayed_untouched() {
+    let (shared, port, tokens) = start_proxy().await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+
+    let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN"));
+    write_frame(&mut c, &request(1, 0, &hs)).await;
+    let resp = decode::<SaslHandshakeRequest>(read_frame(&mut c).await.unwrap(), 0, 1);
+    assert_eq!(resp.mechanisms[0].as_str(), "PLAIN");
+
+    // A PLAIN token whose first bytes happen to look like api key 65.
+    let token = b"\0Alice\0secret";
+    write_frame(&mut c, token).await;
+    let reply = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut c)).await.unwrap().unwrap();
+    assert_eq!(&reply[..], b"server:\0Alice\0secret");
+    assert_eq!(tokens.lock().unwrap()[0], Bytes::from_static(token));
+
+    // Back to Kafka framing: metadata flows, with the proxy's address.
+    write_frame(&mut c, &request(2, 1, &MetadataRequest::default())).await;
+    let md = decode::<MetadataRequest>(read_frame(&mut c).await.unwrap(), 1, 2);
+    assert_eq!(md.brokers[0].port, shared.addrs.port_for(1).unwrap() as i32);
+    proxy::stop(&shared).await;
+}
+
+#[tokio::test]
+async fn sasl_authenticate_and_kip_368_reauthentication_pass_through_in_order() {
+    let (shared, port, tokens) = start_proxy().await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN"));
+    let auth = |t: &'static [u8]| SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(t));
+
+    write_frame(&mut c, &request(1, 1, &hs)).await;
+    write_frame(&mut c, &request(2, 2, &auth(b"\0bob\0pw1"))).await;
+    // Re-authentication later on the same connection, pipelined with metadata.
+    write_frame(&mut c, &request(3, 1, &MetadataRequest::default())).await;
+    write_frame(&mut c, &request(4, 1, &hs)).await;
+    write_frame(&mut c, &request(5, 2, &auth(b"\0bob\0pw2"))).await;
+
+    decode::<SaslHandshakeRequest>(read_frame(&mut c).await.unwrap(), 1, 1);
+    let a1 = decode::<SaslAuthenticateRequest>(read_frame(&mut c).await.unwrap(), 2, 2);
+    assert_eq!(&a1.auth_bytes[..], b"server:\0bob\0pw1");
+    assert_eq!(a1.session_lifetime_ms, 60_000);
+    decode::<MetadataRequest>(read_frame(&mut c).await.unwrap(), 1, 3);
+    decode::<SaslHandshakeRequest>(read_frame(&mut c).await.unwrap(), 1, 4);
+    let a2 = decode::<SaslAuthenticateRequest>(read_frame(&mut c).await.unwrap(), 2, 5);
+    assert_eq!(&a2.auth_bytes[..], b"server:\0bob\0pw2");
+    assert_eq!(tokens.lock().unwrap().len(), 2);
+    proxy::stop(&shared).await;
+}
