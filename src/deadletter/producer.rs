@@ -67,7 +67,11 @@ impl Producer {
             let ok = result.is_ok();
             if let Err(e) = &result {
                 warn!(error = %e, records = jobs.len(), "dead-letter write failed");
+                // Start from scratch next time: the cluster may have been
+                // replaced (topics, producer ids and sequences gone).
                 self.cluster.reset();
+                self.created.clear();
+                self.pid_known = false;
             } else {
                 debug!(records = jobs.len(), elapsed = ?started.elapsed(), "dead-letter write acknowledged");
             }

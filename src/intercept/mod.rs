@@ -136,7 +136,7 @@ impl Interceptor {
             changed |= self.hold_unresolved(shared, &mut resp);
         }
         if plans.is_empty() {
-            return Ok(changed.then(|| encode(&resp, version)).transpose()?);
+            return changed.then(|| encode(&resp, version)).transpose();
         }
 
         // Divert everything first, concurrently, then apply the outcome.

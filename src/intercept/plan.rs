@@ -235,3 +235,140 @@ pub fn plan_partition(
 fn keep(batch: &Batch) -> SegmentPlan {
     SegmentPlan::Keep { bytes: batch.bytes().clone(), base: batch.base_offset() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::batch::ATTR_TRANSACTIONAL;
+    use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+    use crate::kafka::compression::Compression;
+    use crate::policy::PolicySet;
+    use kafka_protocol::messages::fetch_response::AbortedTransaction;
+    use kafka_protocol::messages::ProducerId;
+    use std::path::Path;
+
+    const POLICY: &str = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n    rules:\n      - coordinates: { lat: /lat, lon: /lon }\n";
+
+    fn policy(action: &str) -> Arc<Policy> {
+        let text = format!("{POLICY}    on_invalid: {action}\n");
+        let set = PolicySet::parse(&text, Path::new("p.yaml")).unwrap();
+        set.for_topic("t").unwrap().clone()
+    }
+
+    /// A batch at `base` whose records are valid unless their index is in `poison`.
+    fn batch(base: i64, n: usize, poison: &[usize], codec: Compression, pid: i64, transactional: bool) -> Vec<u8> {
+        let records: Vec<NewRecord> = (0..n)
+            .map(|i| NewRecord {
+                timestamp: 1_000 + i as i64,
+                key: Some(format!("k{i}").into_bytes().into()),
+                value: Some(if poison.contains(&i) { r#"{"lat":91.5,"lon":4}"#.into() } else { r#"{"lat":52,"lon":4}"#.into() }),
+                headers: vec![],
+            })
+            .collect();
+        let opts = BuildOptions::default().compression(codec).idempotent(pid, 0, 0);
+        let mut b = build_batch(&records, &opts).unwrap().to_vec();
+        b[..8].copy_from_slice(&base.to_be_bytes());
+        if transactional {
+            let attrs = i16::from_be_bytes([b[21], b[22]]) | ATTR_TRANSACTIONAL;
+            b[21..23].copy_from_slice(&attrs.to_be_bytes());
+            let crc = crc32c::crc32c(&b[21..]);
+            b[17..21].copy_from_slice(&crc.to_be_bytes());
+        }
+        b
+    }
+
+    fn plan(section: Vec<u8>, action: &str, vis: &Visibility) -> PartitionPlan {
+        let cache = VerdictCache::new(16);
+        plan_partition(&policy(action), &Arc::from("t"), 0, &Bytes::from(section), vis, 0, &cache)
+    }
+
+    fn offsets(section: &Bytes) -> Vec<(i64, Vec<i64>, i64)> {
+        batch::segments(section)
+            .into_iter()
+            .filter_map(|s| match s {
+                Segment::Batch(b) => {
+                    let d = b.decode().unwrap();
+                    Some((b.base_offset(), d.records().map(|r| r.offset).collect(), b.next_offset()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn uncommitted() -> Visibility {
+        Visibility::new(false, None)
+    }
+
+    #[test]
+    fn a_clean_section_is_left_alone() {
+        let p = plan(batch(0, 5, &[], Compression::None, -1, false), "divert", &uncommitted());
+        assert!(!p.changes_anything());
+        assert!(p.diversions.is_empty());
+        assert_eq!(p.stats.validated, 5);
+    }
+
+    #[test]
+    fn poison_is_removed_and_offsets_and_next_fetch_offset_are_kept() {
+        for codec in [Compression::None, Compression::Lz4, Compression::Zstd] {
+            let mut section = batch(0, 5, &[0, 2, 4], codec, -1, false);
+            section.extend(batch(5, 3, &[0, 1, 2], codec, -1, false));
+            let p = plan(section, "divert", &uncommitted());
+            let out = p.apply(None).unwrap();
+            assert_eq!(offsets(&out), vec![(0, vec![1, 3], 5), (5, vec![], 8)], "{codec:?}");
+            let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
+            assert_eq!(diverted, vec![0, 2, 4, 5, 6, 7]);
+            assert_eq!(p.diversions[0].invalid.rule, "coordinates");
+        }
+    }
+
+    #[test]
+    fn a_failed_diversion_holds_the_partition_just_before_it() {
+        let mut section = batch(0, 5, &[3], Compression::None, -1, false);
+        section.extend(batch(5, 3, &[], Compression::None, -1, false));
+        let p = plan(section, "divert", &uncommitted());
+        // Records 0-2 are delivered; the client fetches offset 3 next.
+        assert_eq!(offsets(&p.apply(Some(3)).unwrap()), vec![(0, vec![0, 1, 2], 3)]);
+        // A hold at a batch's first offset withholds that batch and the rest.
+        let mut section = batch(0, 2, &[], Compression::None, -1, false);
+        section.extend(batch(2, 2, &[0], Compression::None, -1, false));
+        let p = plan(section, "divert", &uncommitted());
+        assert_eq!(offsets(&p.apply(Some(2)).unwrap()), vec![(0, vec![0, 1], 2)]);
+    }
+
+    #[test]
+    fn drop_removes_without_diverting_and_pass_delivers() {
+        let p = plan(batch(0, 3, &[1], Compression::None, -1, false), "drop", &uncommitted());
+        assert!(p.diversions.is_empty());
+        assert_eq!(p.stats.dropped, 1);
+        assert_eq!(offsets(&p.apply(None).unwrap()), vec![(0, vec![0, 2], 3)]);
+        let p = plan(batch(0, 3, &[1], Compression::None, -1, false), "pass", &uncommitted());
+        assert!(!p.changes_anything());
+        assert_eq!(p.stats.passed_invalid, 1);
+    }
+
+    #[test]
+    fn aborted_records_are_not_dead_lettered_under_read_committed() {
+        let section = batch(0, 3, &[1], Compression::None, 42, true);
+        let aborted = [AbortedTransaction::default().with_producer_id(ProducerId(42)).with_first_offset(0)];
+        let p = plan(section.clone(), "divert", &Visibility::new(true, Some(&aborted)));
+        assert!(p.diversions.is_empty() && !p.changes_anything());
+        // Another producer's abort does not hide this batch.
+        let other = [AbortedTransaction::default().with_producer_id(ProducerId(7)).with_first_offset(0)];
+        assert_eq!(plan(section.clone(), "divert", &Visibility::new(true, Some(&other))).diversions.len(), 1);
+        // read_uncommitted consumers see aborted records, so they are judged.
+        assert_eq!(plan(section, "divert", &uncommitted()).diversions.len(), 1);
+    }
+
+    #[test]
+    fn a_batch_judged_once_is_not_validated_again() {
+        let cache = VerdictCache::new(16);
+        let section = Bytes::from(batch(0, 4, &[1], Compression::None, -1, false));
+        let pol = policy("divert");
+        let t: Arc<str> = Arc::from("t");
+        let first = plan_partition(&pol, &t, 0, &section, &uncommitted(), 0, &cache);
+        let second = plan_partition(&pol, &t, 0, &section, &uncommitted(), 0, &cache);
+        assert_eq!((first.stats.validated, first.stats.cached_batches), (4, 0));
+        assert_eq!((second.stats.validated, second.stats.cached_batches), (0, 1));
+        assert_eq!(second.diversions.len(), 1);
+    }
+}

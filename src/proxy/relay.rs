@@ -116,6 +116,8 @@ where
         }
         if forward {
             broker.write_all(&frame).await.map_err(RelayError::BrokerWrite)?;
+            // A no-op on TCP; on TLS it pushes the record out now.
+            broker.flush().await.map_err(RelayError::BrokerWrite)?;
         }
     }
 }
@@ -236,9 +238,9 @@ where
             }
         };
         client.write_all(&out).await.map_err(RelayError::ClientWrite)?;
-        if pending.is_empty() {
-            client.flush().await.map_err(RelayError::ClientWrite)?;
-        }
+        // A no-op on TCP; on TLS a response must not wait in the session
+        // buffer for the next one (which may be a long-polling Fetch).
+        client.flush().await.map_err(RelayError::ClientWrite)?;
     }
 }
 
