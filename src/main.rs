@@ -58,11 +58,17 @@ fn main() -> ExitCode {
 }
 
 /// The config and its policies, or every error found in them.
+/// The config and its policies, or every error found in them (policies and
+/// TLS files are all checked, so one run reports everything).
 fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
     let config = Config::load(path).map_err(|e| vec![e.to_string()])?;
+    let mut errors = antidote::proxy::tls::check(&config);
     let policies = PolicySet::load(&config.policies)
-        .map_err(|errs| errs.into_iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
-    Ok((config, policies))
+        .map_err(|errs| errors.extend(errs.into_iter().map(|e| e.to_string())));
+    match policies {
+        Ok(p) if errors.is_empty() => Ok((config, p)),
+        _ => Err(errors),
+    }
 }
 
 fn run(path: &Path) -> ExitCode {

@@ -112,3 +112,22 @@ pub fn connector(cfg: &ClientTls) -> Result<Upstream, TlsError> {
         server_name,
     })
 }
+
+/// Every TLS file the config names, loaded once to report problems early
+/// (`antidote check`, start). Returns one message per problem.
+pub fn check(cfg: &crate::config::Config) -> Vec<String> {
+    let mut errors = Vec::new();
+    if let Some(t) = &cfg.listen.tls {
+        if let Err(e) = acceptor(t) {
+            errors.push(format!("listen.tls: {e}"));
+        }
+    }
+    for (name, t) in [("upstream.tls", &cfg.upstream.tls), ("dead_letter.tls", &cfg.dead_letter.tls)] {
+        if let Some(t) = t {
+            if let Err(e) = connector(t) {
+                errors.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    errors
+}
