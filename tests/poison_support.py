@@ -360,3 +360,9 @@ def is_nan_lat(v: bytes) -> bool:
         return math.isnan(json.loads(v)["lat"])
     except Exception:
         return False
+
+
+def sorted_by_origin(dlt: list[c.Rec]) -> list[c.Rec]:
+    """DLT records ordered by (original partition, offset); duplicates kept."""
+    return sorted(dlt, key=lambda r: (int(hdict(r)["x-original-partition"]),
+                                      int(hdict(r)["x-original-offset"])))
