@@ -89,11 +89,6 @@ def test_dlt_holds_each_poison_once_with_context_after_three_readers_and_proxy_r
                             t_before_ms=t0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: the DLT producer remembers topics it created once (Producer.created in "
-    "src/deadletter/producer.rs) and never re-creates a DLT topic that vanished with a "
-    "restarted DLT cluster: 'dead-letter topic ... has no partitions' forever, partition "
-    "stays held"))
 def test_dlt_cluster_down_holds_partition_others_flow_and_resumes_when_back(
         workdir, broker, broker_endpoint, policy_file):
     dlt_dir = workdir / f"dltbroker-{uuid.uuid4().hex[:6]}"

@@ -32,6 +32,9 @@ use crate::proxy::Shared;
 use plan::{PartitionPlan, Visibility};
 pub use verdicts::VerdictCache;
 
+/// Pause before re-submitting a diversion whose write failed.
+const RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
 /// Fetch isolation levels (request field, v4+).
 pub const READ_COMMITTED: i8 = 1;
 
@@ -162,14 +165,33 @@ impl Interceptor {
             return all_failed();
         }
         // Submit in offset order (synchronously), then wait for all at once.
+        // A write that fails early is retried until the deadline: recovery
+        // is quicker, and a consumer held at a poison record does not spin
+        // (fetch, fail at once, fetch again) while the DLT is down.
         let mut waits = Vec::new();
         for (plan_idx, (_, _, plan)) in plans.iter().enumerate() {
             for d in &plan.diversions {
-                let ticket = dl.submit(d);
+                let first = dl.submit(d);
                 waits.push(async move {
-                    let ok = match ticket {
-                        Ok(t) => matches!(tokio::time::timeout_at(deadline, t.wait()).await, Ok(Ok(()))),
-                        Err(_) => false,
+                    let mut ticket = first;
+                    let ok = loop {
+                        let outcome = match ticket {
+                            Ok(t) => tokio::time::timeout_at(deadline, t.wait()).await,
+                            Err(e) => Ok(Err(e)),
+                        };
+                        match outcome {
+                            Ok(Ok(())) => break true,
+                            Err(_) => break false, // deadline
+                            Ok(Err(_)) => {
+                                let retry_at = tokio::time::Instant::now() + RETRY_BACKOFF;
+                                if retry_at >= deadline {
+                                    tokio::time::sleep_until(deadline).await;
+                                    break false;
+                                }
+                                tokio::time::sleep_until(retry_at).await;
+                                ticket = dl.submit(d);
+                            }
+                        }
                     };
                     (plan_idx, d.origin_offset, ok)
                 });
