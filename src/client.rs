@@ -34,6 +34,7 @@ pub enum ClientError {
 #[derive(Clone)]
 pub struct Endpoint {
     pub tls: Option<tls::Upstream>,
+    pub sasl: Option<crate::sasl::SaslConfig>,
     pub timeout: Duration,
     pub max_frame: u32,
 }
@@ -78,7 +79,57 @@ impl Connection {
             .iter()
             .map(|k| (k.api_key, (k.min_version, k.max_version)))
             .collect();
+        if let Some(sasl) = &ep.sasl {
+            conn.authenticate(sasl).await?;
+        }
         Ok(conn)
+    }
+
+    /// SaslHandshake v1 + SaslAuthenticate: PLAIN or SCRAM.
+    async fn authenticate(&mut self, cfg: &crate::sasl::SaslConfig) -> Result<(), ClientError> {
+        use crate::sasl::{plain_token, Mechanism, Scram};
+        use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
+        let password = cfg.password().map_err(|e| self.protocol(&e))?;
+        let hs = self
+            .send(SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(cfg.mechanism.name())), 1, 1)
+            .await?;
+        if hs.error_code != 0 {
+            let offered: Vec<&str> = hs.mechanisms.iter().map(|m| m.as_str()).collect();
+            return Err(self.protocol(&format!(
+                "SASL mechanism {} refused (error {}); the broker offers {offered:?}",
+                cfg.mechanism.name(),
+                hs.error_code
+            )));
+        }
+        let step = |token: Vec<u8>| SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
+        let fail = |code: i16, msg: Option<StrBytes>| {
+            format!("SASL authentication failed (error {code}): {}", msg.as_ref().map(|m| m.as_str()).unwrap_or(""))
+        };
+        match cfg.mechanism {
+            Mechanism::Plain => {
+                let r = self.send(step(plain_token(&cfg.username, &password)), 0, 2).await?;
+                if r.error_code != 0 {
+                    return Err(self.protocol(&fail(r.error_code, r.error_message)));
+                }
+            }
+            Mechanism::ScramSha256 | Mechanism::ScramSha512 => {
+                let mut scram = Scram::new(cfg.mechanism, &cfg.username, &password, &Scram::random_nonce());
+                let r = self.send(step(scram.client_first().into_bytes()), 0, 2).await?;
+                if r.error_code != 0 {
+                    return Err(self.protocol(&fail(r.error_code, r.error_message)));
+                }
+                let server_first = String::from_utf8_lossy(&r.auth_bytes).into_owned();
+                let client_final = scram.client_final(&server_first).map_err(|e| self.protocol(&e))?;
+                let r = self.send(step(client_final.into_bytes()), 0, 2).await?;
+                if r.error_code != 0 {
+                    return Err(self.protocol(&fail(r.error_code, r.error_message)));
+                }
+                scram
+                    .verify_server_final(&String::from_utf8_lossy(&r.auth_bytes))
+                    .map_err(|e| self.protocol(&e))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn addr(&self) -> &HostPort {

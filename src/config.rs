@@ -71,6 +71,9 @@ pub struct Upstream {
     /// TLS towards brokers; plaintext when absent.
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// SASL for the proxy's own connections (clients authenticate themselves).
+    #[serde(default)]
+    pub sasl: Option<crate::sasl::SaslConfig>,
     #[serde(default = "default_connect_timeout", deserialize_with = "de_duration")]
     pub connect_timeout: Duration,
     /// How often broker metadata is refreshed in the background.
@@ -137,6 +140,9 @@ pub struct DeadLetter {
     pub bootstrap_servers: Option<Vec<HostPort>>,
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// SASL for the dead-letter cluster.
+    #[serde(default)]
+    pub sasl: Option<crate::sasl::SaslConfig>,
     /// How long a Fetch response may wait for its diversions to be acknowledged.
     #[serde(default = "default_dlt_timeout", deserialize_with = "de_duration")]
     pub timeout: Duration,
@@ -153,6 +159,7 @@ impl Default for DeadLetter {
         DeadLetter {
             bootstrap_servers: None,
             tls: None,
+            sasl: None,
             timeout: default_dlt_timeout(),
             partitions: 1,
             replication_factor: 1,
@@ -354,6 +361,11 @@ impl Config {
                 if t.cert.is_some() != t.key.is_some() {
                     return Err(format!("{name}: `cert` and `key` must be given together"));
                 }
+            }
+        }
+        for (name, sasl) in [("upstream.sasl", &self.upstream.sasl), ("dead_letter.sasl", &self.dead_letter.sasl)] {
+            if let Some(s) = sasl {
+                s.password().map_err(|e| format!("{name}: {e}"))?;
             }
         }
         if self.limits.max_frame_bytes < 1024 {

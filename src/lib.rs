@@ -21,3 +21,4 @@ pub mod intercept;
 pub mod kafka;
 pub mod policy;
 pub mod proxy;
+pub mod sasl;

@@ -125,6 +125,10 @@ fn decode<R: Request>(mut frame: Bytes, version: i16, correlation: i32) -> R::Re
 }
 
 async fn start_proxy() -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
+    start_proxy_with("").await
+}
+
+async fn start_proxy_with(upstream_extra: &str) -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
     let broker = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let broker_port = broker.local_addr().unwrap().port();
     let tokens = Arc::new(Mutex::new(Vec::new()));
@@ -132,7 +136,7 @@ async fn start_proxy() -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
     let proxy_port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
     let base = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port() - 1;
     let yaml = format!(
-        "listen:\n  bootstrap: 127.0.0.1:{proxy_port}\n  broker_port_base: {base}\nupstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n"
+        "listen:\n  bootstrap: 127.0.0.1:{proxy_port}\n  broker_port_base: {base}\nupstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n{upstream_extra}"
     );
     let config = Config::parse(&yaml, Path::new("test.yaml")).unwrap();
     let shared = proxy::start(config, PolicySet::load(&[]).unwrap()).await.unwrap();
@@ -186,5 +190,18 @@ async fn sasl_authenticate_and_kip_368_reauthentication_pass_through_in_order() 
     let a2 = decode::<SaslAuthenticateRequest>(read_frame(&mut c).await.unwrap(), 2, 5);
     assert_eq!(&a2.auth_bytes[..], b"server:\0bob\0pw2");
     assert_eq!(tokens.lock().unwrap().len(), 2);
+    proxy::stop(&shared).await;
+}
+
+#[tokio::test]
+async fn the_proxys_own_connections_authenticate_with_sasl_plain() {
+    let (shared, _port, tokens) =
+        start_proxy_with("  sasl: { mechanism: PLAIN, username: svc, password: pw }\n").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !shared.ready.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "metadata never fetched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tokens.lock().unwrap()[0], Bytes::from_static(b"\0svc\0pw"));
     proxy::stop(&shared).await;
 }

@@ -84,14 +84,25 @@ impl Shared {
         let addrs = Addresses::new(config.listen.advertised_host(), config.listen.broker_port_base);
         let upstream = client::Endpoint {
             tls: upstream_tls,
+            sasl: config.upstream.sasl.clone(),
             timeout: config.upstream.connect_timeout,
             max_frame: config.limits.max_frame_bytes,
         };
         let dlt = &config.dead_letter;
-        let dlt_endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
-            (None, None) => upstream.clone(),
-            (_, tls) => client::Endpoint {
-                tls: tls.as_ref().map(tls::connector).transpose()?,
+        // The upstream cluster's TLS and SASL apply unless the dead-letter
+        // cluster is another one.
+        let dlt_endpoint = match &dlt.bootstrap_servers {
+            None => client::Endpoint {
+                tls: match &dlt.tls {
+                    Some(t) => Some(tls::connector(t)?),
+                    None => upstream.tls.clone(),
+                },
+                sasl: dlt.sasl.clone().or_else(|| upstream.sasl.clone()),
+                ..upstream.clone()
+            },
+            Some(_) => client::Endpoint {
+                tls: dlt.tls.as_ref().map(tls::connector).transpose()?,
+                sasl: dlt.sasl.clone(),
                 ..upstream.clone()
             },
         };
