@@ -32,6 +32,32 @@ use crate::proxy::Shared;
 use plan::{PartitionPlan, Visibility};
 pub use verdicts::VerdictCache;
 
+/// Partitions this connection has been answered with a hold, and where.
+///
+/// The first time a partition is held at offset C, the client gets the
+/// records before C (it may not have them yet). Held at the same C again,
+/// the client is already at C, so it gets no records at all: an answer
+/// whose records all lie below the fetch offset looks to librdkafka like a
+/// record too large to fetch (it doubles its fetch size and ends in
+/// MSG_SIZE_TOO_LARGE), whereas no records is an ordinary "nothing new".
+#[derive(Debug, Default)]
+pub struct Holds {
+    at: HashMap<(Arc<str>, i32), i64>,
+}
+
+impl Holds {
+    /// Record a hold at `offset`; whether records before it should be sent.
+    fn hold(&mut self, topic: &Arc<str>, partition: i32, offset: i64) -> bool {
+        self.at.insert((topic.clone(), partition), offset) != Some(offset)
+    }
+
+    fn release(&mut self, topic: &Arc<str>, partition: i32) {
+        if !self.at.is_empty() {
+            self.at.remove(&(topic.clone(), partition));
+        }
+    }
+}
+
 /// Pause before re-submitting a diversion whose write failed.
 const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 
@@ -88,6 +114,7 @@ impl Interceptor {
     pub async fn rewrite(
         &self,
         shared: &Arc<Shared>,
+        holds: &mut Holds,
         body: Bytes,
         version: i16,
         isolation: i8,
@@ -146,11 +173,21 @@ impl Interceptor {
         let outcomes = self.divert_all(&plans).await;
         for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
             let p = &mut resp.responses[ti].partitions[pi];
-            if let Some(offset) = failed_from {
-                warn!(topic = %plan.topic, partition = p.partition_index, offset,
-                    "dead-letter write failed: partition held before this offset");
-            }
-            p.records = Some(plan.apply(failed_from)?);
+            p.records = Some(match failed_from {
+                None => {
+                    holds.release(&plan.topic, plan.partition);
+                    plan.apply(None)?
+                }
+                Some(offset) => {
+                    warn!(topic = %plan.topic, partition = p.partition_index, offset,
+                        "dead-letter write failed: partition held before this offset");
+                    if holds.hold(&plan.topic, plan.partition, offset) {
+                        plan.apply(Some(offset))?
+                    } else {
+                        Bytes::new()
+                    }
+                }
+            });
         }
         Ok(Some(encode(&resp, version)?))
     }

@@ -16,6 +16,7 @@ use kafka_protocol::messages::ApiKey;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+use crate::intercept::Holds;
 use crate::proxy::frame::{self, FrameError, FrameReader, Reader};
 use crate::proxy::net::BoxIo;
 use crate::proxy::rewrite::{self, Seen};
@@ -203,6 +204,7 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let mut holds = Holds::default();
     loop {
         let p = tokio::select! {
             // A response's entry is queued before its request is sent, so
@@ -234,7 +236,7 @@ where
                         )));
                     }
                 }
-                respond(shared, handling, p.version, frame).await?
+                respond(shared, &mut holds, handling, p.version, frame).await?
             }
         };
         client.write_all(&out).await.map_err(RelayError::ClientWrite)?;
@@ -245,7 +247,13 @@ where
 }
 
 /// Turn a broker's response frame into what the client receives.
-async fn respond(shared: &Arc<Shared>, handling: Handling, version: i16, frame: Bytes) -> Result<Bytes, RelayError> {
+async fn respond(
+    shared: &Arc<Shared>,
+    holds: &mut Holds,
+    handling: Handling,
+    version: i16,
+    frame: Bytes,
+) -> Result<Bytes, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
         Handling::Forward | Handling::Local(_) => Ok(frame),
@@ -260,7 +268,7 @@ async fn respond(shared: &Arc<Shared>, handling: Handling, version: i16, frame: 
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse("Fetch response header".into()))?;
             let body = interceptor
-                .rewrite(shared, frame.slice(header_end..), version, isolation)
+                .rewrite(shared, holds, frame.slice(header_end..), version, isolation)
                 .await
                 .map_err(bad)?;
             Ok(match body {
