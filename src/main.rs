@@ -35,6 +35,19 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Dead-letter topics: inspect them, replay records from them.
+    Dlt {
+        #[command(subcommand)]
+        command: DltCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DltCommand {
+    /// List or summarise the records of a dead-letter topic (read-only).
+    Inspect(antidote::dlt::InspectArgs),
+    /// Re-drive dead-lettered records to their original topic (dry run unless --execute).
+    Replay(antidote::dlt::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +55,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Run { config } => run(&config),
+        Command::Dlt { command } => dlt(command),
         Command::Check { config } => match load(&config) {
             Ok(_) => {
                 println!("{}: ok", config.display());
@@ -86,6 +100,35 @@ fn run(path: &Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dlt(command: DltCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let result = runtime.block_on(async {
+        match &command {
+            DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await,
+            DltCommand::Replay(args) => antidote::dlt::replay::run(args, &mut out).await.map(|report| {
+                if report.failed > 0 {
+                    eprintln!("{} record(s) failed to replay; run the same command again to retry them", report.failed);
+                }
+            }),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(antidote::dlt::DltError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
