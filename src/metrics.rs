@@ -644,4 +644,37 @@ mod tests {
         assert_eq!(total, 4000);
         assert!(m.render().contains("antidote_upstream_errors_total{kind=\"io\"} 4000\n"));
     }
+
+    /// Every `antidote_*` name used by the shipped alert rules and dashboard
+    /// is one this registry exports, and both files parse.
+    #[test]
+    fn ops_files_parse_and_use_exported_names() {
+        let alerts = include_str!("../ops/prometheus-alerts.yaml");
+        let dashboard = include_str!("../ops/grafana-dashboard.json");
+        let yaml: serde_yaml::Value = serde_yaml::from_str(alerts).unwrap();
+        assert!(yaml["groups"].as_sequence().is_some_and(|g| !g.is_empty()));
+        let json: serde_json::Value = serde_json::from_str(dashboard).unwrap();
+        assert!(json["panels"].as_array().is_some_and(|p| !p.is_empty()));
+        let m = Metrics::new();
+        m.fetch_rewrite_latency(Duration::from_millis(1));
+        m.dlt_write(true, Duration::from_millis(1));
+        let exported: std::collections::HashSet<String> = m
+            .render()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .flat_map(|n| [n.to_string(), format!("{n}_bucket"), format!("{n}_sum"), format!("{n}_count")])
+            .collect();
+        for text in [alerts, dashboard] {
+            let mut rest = text;
+            while let Some(i) = rest.find("antidote_") {
+                let name: String = rest[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(exported.contains(&name), "{name} is not exported by src/metrics.rs");
+                rest = &rest[i + name.len()..];
+            }
+        }
+    }
 }
