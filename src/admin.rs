@@ -43,14 +43,20 @@ pub const MAX_CONNECTIONS: usize = 64;
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     #[error("admin listener: cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 /// Bind `addr` (e.g. `127.0.0.1:9100` from `admin.listen`).
 pub async fn bind(addr: &HostPort) -> Result<TcpListener, AdminError> {
     TcpListener::bind((addr.host.as_str(), addr.port))
         .await
-        .map_err(|source| AdminError::Bind { addr: addr.to_string(), source })
+        .map_err(|source| AdminError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
 }
 
 /// Bind `addr` and serve until `shutdown` is cancelled.
@@ -130,12 +136,24 @@ async fn handle(mut tcp: TcpStream, metrics: &Metrics, ready: &AtomicBool) -> st
     let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut tcp)).await {
         Ok(r) => r?,
         Err(_) => {
-            let resp = response(408, "Request Timeout", "text/plain", b"request timeout\n", false);
+            let resp = response(
+                408,
+                "Request Timeout",
+                "text/plain",
+                b"request timeout\n",
+                false,
+            );
             return write(&mut tcp, &resp).await;
         }
     };
     let resp = match head {
-        Head::TooLarge => response(431, "Request Header Fields Too Large", "text/plain", b"request head too large\n", false),
+        Head::TooLarge => response(
+            431,
+            "Request Header Fields Too Large",
+            "text/plain",
+            b"request head too large\n",
+            false,
+        ),
         Head::Malformed => response(400, "Bad Request", "text/plain", b"bad request\n", false),
         Head::Request(req) => route(&req, metrics, ready),
     };
@@ -151,7 +169,10 @@ async fn write(tcp: &mut TcpStream, resp: &[u8]) -> std::io::Result<()> {
     .await
     {
         Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "admin response write timed out")),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "admin response write timed out",
+        )),
     }
 }
 
@@ -169,7 +190,11 @@ async fn read_head(tcp: &mut TcpStream) -> std::io::Result<Head> {
         let n = tcp.read(&mut chunk).await?;
         if n == 0 {
             // Peer closed before a full head: answer what we can.
-            return Ok(if buf.is_empty() { Head::Malformed } else { parse_head(&buf) });
+            return Ok(if buf.is_empty() {
+                Head::Malformed
+            } else {
+                parse_head(&buf)
+            });
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -182,47 +207,82 @@ fn find_head_end(buf: &[u8]) -> Option<usize> {
 }
 
 fn parse_head(head: &[u8]) -> Head {
-    let Ok(text) = std::str::from_utf8(head) else { return Head::Malformed };
+    let Ok(text) = std::str::from_utf8(head) else {
+        return Head::Malformed;
+    };
     let line = text.lines().next().unwrap_or("").trim_end_matches('\r');
     let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Head::Malformed;
     };
-    if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+    if !version.starts_with("HTTP/1.")
+        || method.is_empty()
+        || !method.bytes().all(|b| b.is_ascii_uppercase())
+    {
         return Head::Malformed;
     }
     // Absolute-form targets (`http://host/metrics`) are allowed by HTTP/1.1.
     let path = match target.find("://") {
-        Some(i) => target[i + 3..].find('/').map_or("/", |j| &target[i + 3 + j..]),
+        Some(i) => target[i + 3..]
+            .find('/')
+            .map_or("/", |j| &target[i + 3 + j..]),
         None => target,
     };
     let path = path.split(['?', '#']).next().unwrap_or("");
     if !path.starts_with('/') {
         return Head::Malformed;
     }
-    Head::Request(RequestLine { method: method.to_string(), path: path.to_string() })
+    Head::Request(RequestLine {
+        method: method.to_string(),
+        path: path.to_string(),
+    })
 }
 
 fn route(req: &RequestLine, metrics: &Metrics, ready: &AtomicBool) -> Vec<u8> {
     let head_only = req.method == "HEAD";
     if req.method != "GET" && !head_only {
-        return response(405, "Method Not Allowed", "text/plain", b"only GET and HEAD\n", false);
+        return response(
+            405,
+            "Method Not Allowed",
+            "text/plain",
+            b"only GET and HEAD\n",
+            false,
+        );
     }
     match req.path.as_str() {
         "/metrics" => {
             let body = metrics.render();
-            response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body.as_bytes(), head_only)
+            response(
+                200,
+                "OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                body.as_bytes(),
+                head_only,
+            )
         }
         "/healthz" => response(200, "OK", "text/plain", b"ok\n", head_only),
         "/readyz" => {
             if ready.load(Ordering::SeqCst) {
                 response(200, "OK", "text/plain", b"ready\n", head_only)
             } else {
-                response(503, "Service Unavailable", "text/plain", b"not ready: upstream metadata not fetched yet\n", head_only)
+                response(
+                    503,
+                    "Service Unavailable",
+                    "text/plain",
+                    b"not ready: upstream metadata not fetched yet\n",
+                    head_only,
+                )
             }
         }
-        "/" => response(200, "OK", "text/plain", b"antidote admin: /metrics /healthz /readyz\n", head_only),
+        "/" => response(
+            200,
+            "OK",
+            "text/plain",
+            b"antidote admin: /metrics /healthz /readyz\n",
+            head_only,
+        ),
         _ => response(404, "Not Found", "text/plain", b"not found\n", head_only),
     }
 }
@@ -249,12 +309,22 @@ mod tests {
     use super::*;
 
     async fn start() -> (SocketAddr, Arc<Metrics>, Arc<AtomicBool>, CancellationToken) {
-        let listener = bind(&HostPort { host: "127.0.0.1".into(), port: 0 }).await.unwrap();
+        let listener = bind(&HostPort {
+            host: "127.0.0.1".into(),
+            port: 0,
+        })
+        .await
+        .unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = Arc::new(Metrics::new());
         let ready = Arc::new(AtomicBool::new(false));
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_listener(listener, metrics.clone(), ready.clone(), shutdown.clone()));
+        tokio::spawn(serve_listener(
+            listener,
+            metrics.clone(),
+            ready.clone(),
+            shutdown.clone(),
+        ));
         (addr, metrics, ready, shutdown)
     }
 
@@ -262,7 +332,10 @@ mod tests {
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(request).await.unwrap();
         let mut out = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
         String::from_utf8_lossy(&out).into_owned()
     }
 
@@ -276,14 +349,25 @@ mod tests {
         let r = raw(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert_eq!(status(&r), "200", "{r}");
         assert!(r.contains("Connection: close\r\n"));
-        assert_eq!(status(&raw(addr, b"GET /readyz HTTP/1.1\r\n\r\n").await), "503");
+        assert_eq!(
+            status(&raw(addr, b"GET /readyz HTTP/1.1\r\n\r\n").await),
+            "503"
+        );
         ready.store(true, Ordering::SeqCst);
-        assert_eq!(status(&raw(addr, b"GET /readyz HTTP/1.0\r\n\r\n").await), "200");
+        assert_eq!(
+            status(&raw(addr, b"GET /readyz HTTP/1.0\r\n\r\n").await),
+            "200"
+        );
         metrics.record_validated("geo", 2, "p", 7);
         let r = raw(addr, b"GET /metrics?x=1 HTTP/1.1\r\nAccept: */*\r\n\r\n").await;
         assert_eq!(status(&r), "200");
         assert!(r.contains("Content-Type: text/plain; version=0.0.4"));
-        assert!(r.contains("antidote_records_validated_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 7\n"), "{r}");
+        assert!(
+            r.contains(
+                "antidote_records_validated_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 7\n"
+            ),
+            "{r}"
+        );
         let (head, body) = r.split_once("\r\n\r\n").unwrap();
         let len: usize = head
             .lines()
@@ -300,12 +384,24 @@ mod tests {
     #[tokio::test]
     async fn garbage_gets_an_error_not_a_panic() {
         let (addr, _m, _r, shutdown) = start().await;
-        assert_eq!(status(&raw(addr, b"GET /nope HTTP/1.1\r\n\r\n").await), "404");
-        assert_eq!(status(&raw(addr, b"POST /metrics HTTP/1.1\r\n\r\n").await), "405");
+        assert_eq!(
+            status(&raw(addr, b"GET /nope HTTP/1.1\r\n\r\n").await),
+            "404"
+        );
+        assert_eq!(
+            status(&raw(addr, b"POST /metrics HTTP/1.1\r\n\r\n").await),
+            "405"
+        );
         assert_eq!(status(&raw(addr, b"\x00\x01\x02\xff\r\n\r\n").await), "400");
         assert_eq!(status(&raw(addr, b"GET\r\n\r\n").await), "400");
-        assert_eq!(status(&raw(addr, b"get /metrics HTTP/1.1\r\n\r\n").await), "400");
-        assert_eq!(status(&raw(addr, b"GET metrics HTTP/1.1\r\n\r\n").await), "400");
+        assert_eq!(
+            status(&raw(addr, b"get /metrics HTTP/1.1\r\n\r\n").await),
+            "400"
+        );
+        assert_eq!(
+            status(&raw(addr, b"GET metrics HTTP/1.1\r\n\r\n").await),
+            "400"
+        );
         // A head that never ends is cut off at MAX_HEAD.
         let mut big = b"GET /metrics HTTP/1.1\r\n".to_vec();
         big.extend(std::iter::repeat_n(b'a', MAX_HEAD * 2));
@@ -317,7 +413,10 @@ mod tests {
         let mut out = Vec::new();
         s.read_to_end(&mut out).await.unwrap();
         assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
-        assert_eq!(status(&raw(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await), "200");
+        assert_eq!(
+            status(&raw(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await),
+            "200"
+        );
         shutdown.cancel();
     }
 
@@ -326,7 +425,10 @@ mod tests {
         let (addr, _m, _r, shutdown) = start().await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         let mut out = Vec::new();
-        tokio::time::timeout(READ_TIMEOUT * 2, s.read_to_end(&mut out)).await.unwrap().unwrap();
+        tokio::time::timeout(READ_TIMEOUT * 2, s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
         assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 408"));
         shutdown.cancel();
     }
@@ -335,7 +437,10 @@ mod tests {
     fn parses_absolute_form_targets() {
         assert_eq!(
             parse_head(b"GET http://h:9/readyz HTTP/1.1"),
-            Head::Request(RequestLine { method: "GET".into(), path: "/readyz".into() })
+            Head::Request(RequestLine {
+                method: "GET".into(),
+                path: "/readyz".into()
+            })
         );
     }
 }

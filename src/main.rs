@@ -45,9 +45,9 @@ enum Command {
 #[derive(Subcommand)]
 enum DltCommand {
     /// List or summarise the records of a dead-letter topic (read-only).
-    Inspect(antidote::dlt::InspectArgs),
+    Inspect(Box<antidote::dlt::InspectArgs>),
     /// Re-drive dead-lettered records to their original topic (dry run unless --execute).
-    Replay(antidote::dlt::ReplayArgs),
+    Replay(Box<antidote::dlt::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
@@ -116,16 +116,19 @@ fn dlt(command: DltCommand) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let result = runtime.block_on(async {
         match &command {
-            DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await,
+            DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await.map(|()| true),
             DltCommand::Replay(args) => antidote::dlt::replay::run(args, &mut out).await.map(|report| {
                 if report.failed > 0 {
                     eprintln!("{} record(s) failed to replay; run the same command again to retry them", report.failed);
                 }
+                report.failed == 0
             }),
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        // Some records could not be written: 2, distinct from a usage or connection error.
+        Ok(false) => ExitCode::from(2),
         Err(antidote::dlt::DltError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

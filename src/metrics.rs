@@ -99,7 +99,12 @@ struct CounterFamily {
 
 impl CounterFamily {
     fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
-        CounterFamily { name, help, labels, series: DashMap::new() }
+        CounterFamily {
+            name,
+            help,
+            labels,
+            series: DashMap::new(),
+        }
     }
 
     fn add(&self, values: &[&str], n: u64) {
@@ -109,17 +114,30 @@ impl CounterFamily {
             c.fetch_add(n, Ordering::Relaxed);
             return;
         }
-        self.series.entry(k).or_insert_with(|| AtomicU64::new(0)).fetch_add(n, Ordering::Relaxed);
+        self.series
+            .entry(k)
+            .or_insert_with(|| AtomicU64::new(0))
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     fn get(&self, values: &[&str]) -> u64 {
-        self.series.get(&key(values)).map_or(0, |c| c.load(Ordering::Relaxed))
+        self.series
+            .get(&key(values))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     fn render(&self, out: &mut String) {
         header(out, self.name, self.help, "counter");
         for (labels, v) in sorted(&self.series, |c| c.load(Ordering::Relaxed)) {
-            sample(out, self.name, "", self.labels, &labels, None, &v.to_string());
+            sample(
+                out,
+                self.name,
+                "",
+                self.labels,
+                &labels,
+                None,
+                &v.to_string(),
+            );
         }
     }
 }
@@ -134,7 +152,12 @@ struct GaugeFamily {
 
 impl GaugeFamily {
     fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
-        GaugeFamily { name, help, labels, series: DashMap::new() }
+        GaugeFamily {
+            name,
+            help,
+            labels,
+            series: DashMap::new(),
+        }
     }
 
     fn with<R>(&self, values: &[&str], f: impl FnOnce(&AtomicI64) -> R) -> R {
@@ -156,13 +179,23 @@ impl GaugeFamily {
     }
 
     fn get(&self, values: &[&str]) -> i64 {
-        self.series.get(&key(values)).map_or(0, |g| g.load(Ordering::Relaxed))
+        self.series
+            .get(&key(values))
+            .map_or(0, |g| g.load(Ordering::Relaxed))
     }
 
     fn render(&self, out: &mut String) {
         header(out, self.name, self.help, "gauge");
         for (labels, v) in sorted(&self.series, |g| g.load(Ordering::Relaxed)) {
-            sample(out, self.name, "", self.labels, &labels, None, &v.to_string());
+            sample(
+                out,
+                self.name,
+                "",
+                self.labels,
+                &labels,
+                None,
+                &v.to_string(),
+            );
         }
     }
 }
@@ -197,31 +230,48 @@ struct HistogramFamily {
 
 impl HistogramFamily {
     fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
-        HistogramFamily { name, help, labels, bounds: LATENCY_BUCKETS, series: DashMap::new() }
+        HistogramFamily {
+            name,
+            help,
+            labels,
+            bounds: LATENCY_BUCKETS,
+            series: DashMap::new(),
+        }
     }
 
     fn observe(&self, values: &[&str], d: Duration) {
         let secs = d.as_secs_f64();
         let k = key(values);
-        let idx = self.bounds.iter().position(|&b| secs <= b).unwrap_or(self.bounds.len());
+        let idx = self
+            .bounds
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(self.bounds.len());
         let record = |s: &HistogramSeries| {
             if let Some(b) = s.buckets.get(idx) {
                 b.fetch_add(1, Ordering::Relaxed);
             }
-            let _ = s.sum_bits.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + secs).to_bits())
-            });
+            let _ = s
+                .sum_bits
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                    Some((f64::from_bits(bits) + secs).to_bits())
+                });
             s.count.fetch_add(1, Ordering::Relaxed);
         };
         if let Some(s) = self.series.get(&k) {
             return record(&s);
         }
-        let s = self.series.entry(k).or_insert_with(|| HistogramSeries::new(self.bounds.len()));
+        let s = self
+            .series
+            .entry(k)
+            .or_insert_with(|| HistogramSeries::new(self.bounds.len()));
         record(&s);
     }
 
     fn count(&self, values: &[&str]) -> u64 {
-        self.series.get(&key(values)).map_or(0, |s| s.count.load(Ordering::Relaxed))
+        self.series
+            .get(&key(values))
+            .map_or(0, |s| s.count.load(Ordering::Relaxed))
     }
 
     fn render(&self, out: &mut String) {
@@ -233,7 +283,10 @@ impl HistogramFamily {
                 let s = e.value();
                 (
                     e.key().clone(),
-                    s.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+                    s.buckets
+                        .iter()
+                        .map(|b| b.load(Ordering::Relaxed))
+                        .collect(),
                     f64::from_bits(s.sum_bits.load(Ordering::Relaxed)),
                     s.count.load(Ordering::Relaxed),
                 )
@@ -248,16 +301,46 @@ impl HistogramFamily {
                     Some(b) => format_float(*b),
                     None => "+Inf".to_string(),
                 };
-                sample(out, self.name, "_bucket", self.labels, &labels, Some(&le), &cumulative.to_string());
+                sample(
+                    out,
+                    self.name,
+                    "_bucket",
+                    self.labels,
+                    &labels,
+                    Some(&le),
+                    &cumulative.to_string(),
+                );
             }
-            sample(out, self.name, "_sum", self.labels, &labels, None, &format_float(sum));
-            sample(out, self.name, "_count", self.labels, &labels, None, &count.to_string());
+            sample(
+                out,
+                self.name,
+                "_sum",
+                self.labels,
+                &labels,
+                None,
+                &format_float(sum),
+            );
+            sample(
+                out,
+                self.name,
+                "_count",
+                self.labels,
+                &labels,
+                None,
+                &count.to_string(),
+            );
         }
     }
 }
 
-fn sorted<V, T: Ord + Copy>(map: &DashMap<LabelValues, V>, load: impl Fn(&V) -> T) -> Vec<(LabelValues, T)> {
-    let mut rows: Vec<(LabelValues, T)> = map.iter().map(|e| (e.key().clone(), load(e.value()))).collect();
+fn sorted<V, T: Ord + Copy>(
+    map: &DashMap<LabelValues, V>,
+    load: impl Fn(&V) -> T,
+) -> Vec<(LabelValues, T)> {
+    let mut rows: Vec<(LabelValues, T)> = map
+        .iter()
+        .map(|e| (e.key().clone(), load(e.value())))
+        .collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     rows
 }
@@ -278,8 +361,11 @@ fn sample(
 ) {
     out.push_str(name);
     out.push_str(suffix);
-    let mut pairs: Vec<(&str, &str)> =
-        label_names.iter().copied().zip(label_values.iter().map(String::as_str)).collect();
+    let mut pairs: Vec<(&str, &str)> = label_names
+        .iter()
+        .copied()
+        .zip(label_values.iter().map(String::as_str))
+        .collect();
     if let Some(le) = le {
         pairs.push(("le", le));
     }
@@ -322,7 +408,11 @@ fn escape_help(v: &str) -> String {
 
 fn format_float(v: f64) -> String {
     if v.is_infinite() {
-        return if v > 0.0 { "+Inf".into() } else { "-Inf".into() };
+        return if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
     }
     if v.is_nan() {
         return "NaN".into();
@@ -405,7 +495,8 @@ impl Metrics {
     /// `VerdictCache` (the DLT rate is per delivered record, not per
     /// validation run). Not called for aborted transactional batches.
     pub fn record_validated(&self, topic: &str, partition: i32, policy: &str, n: u64) {
-        self.validated.add(&[topic, &partition.to_string(), policy], n);
+        self.validated
+            .add(&[topic, &partition.to_string(), policy], n);
     }
 
     /// `n` valid records of `topic`/`partition` were delivered.
@@ -435,7 +526,14 @@ impl Metrics {
         action: InvalidAction,
     ) {
         self.invalid.add(
-            &[topic, &partition.to_string(), policy, class.as_str(), rule, action.as_str()],
+            &[
+                topic,
+                &partition.to_string(),
+                policy,
+                class.as_str(),
+                rule,
+                action.as_str(),
+            ],
             1,
         );
     }
@@ -458,7 +556,8 @@ impl Metrics {
     /// `Some` (the "partition held" warning), `false` when a later response
     /// for the same partition was applied with `failed_from == None`.
     pub fn set_held(&self, topic: &str, partition: i32, held: bool) {
-        self.held.set(&[topic, &partition.to_string()], i64::from(held));
+        self.held
+            .set(&[topic, &partition.to_string()], i64::from(held));
     }
 
     /// Add `delta` (+1 / -1) to the held gauge of `topic`/`partition`, for
@@ -469,7 +568,11 @@ impl Metrics {
 
     /// Partitions currently held (sum over the gauge).
     pub fn held_partitions(&self) -> i64 {
-        self.held.series.iter().map(|g| g.value().load(Ordering::Relaxed)).sum()
+        self.held
+            .series
+            .iter()
+            .map(|g| g.value().load(Ordering::Relaxed))
+            .sum()
     }
 
     /// One Fetch response was inspected and rewritten in `d`.
@@ -489,7 +592,8 @@ impl Metrics {
     pub fn connections_open(&self, listener: &str, delta: i64) {
         self.connections_open.add(&[listener], delta);
         if delta > 0 {
-            self.connections_accepted.add(&[listener], delta.unsigned_abs());
+            self.connections_accepted
+                .add(&[listener], delta.unsigned_abs());
         }
     }
 
@@ -515,16 +619,43 @@ impl Metrics {
 
     /// Observations so far of the DLT write histogram for `ok`.
     pub fn dlt_writes_observed(&self, ok: bool) -> u64 {
-        self.dlt_write_seconds.count(&[if ok { "ok" } else { "error" }])
+        self.dlt_write_seconds
+            .count(&[if ok { "ok" } else { "error" }])
     }
 
     /// Everything, in the Prometheus text exposition format (0.0.4).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        header(&mut out, names::BUILD_INFO, "Always 1; the version label says which antidote runs.", "gauge");
-        sample(&mut out, names::BUILD_INFO, "", &["version"], &[env!("CARGO_PKG_VERSION").to_string()], None, "1");
-        header(&mut out, names::START_TIME, "Start time of the process, seconds since the epoch.", "gauge");
-        sample(&mut out, names::START_TIME, "", &[], &[], None, &format_float(self.start_time));
+        header(
+            &mut out,
+            names::BUILD_INFO,
+            "Always 1; the version label says which antidote runs.",
+            "gauge",
+        );
+        sample(
+            &mut out,
+            names::BUILD_INFO,
+            "",
+            &["version"],
+            &[env!("CARGO_PKG_VERSION").to_string()],
+            None,
+            "1",
+        );
+        header(
+            &mut out,
+            names::START_TIME,
+            "Start time of the process, seconds since the epoch.",
+            "gauge",
+        );
+        sample(
+            &mut out,
+            names::START_TIME,
+            "",
+            &[],
+            &[],
+            None,
+            &format_float(self.start_time),
+        );
         self.validated.render(&mut out);
         self.passed.render(&mut out);
         self.invalid.render(&mut out);
@@ -556,12 +687,28 @@ mod tests {
         m.record_validated("geo", 0, "p", 10);
         m.record_validated("geo", 0, "p", 5);
         m.record_passed("geo", 0, "p", 14);
-        m.record_invalid("geo", 0, "p", Class::Poison, "schema", InvalidAction::Diverted);
+        m.record_invalid(
+            "geo",
+            0,
+            "p",
+            Class::Poison,
+            "schema",
+            InvalidAction::Diverted,
+        );
         let text = m.render();
-        assert!(text.contains("# HELP antidote_records_validated_total Records judged against a policy.\n"));
+        assert!(text.contains(
+            "# HELP antidote_records_validated_total Records judged against a policy.\n"
+        ));
         assert!(text.contains("# TYPE antidote_records_validated_total counter\n"));
-        assert!(text.contains("antidote_records_validated_total{topic=\"geo\",partition=\"0\",policy=\"p\"} 15\n"), "{text}");
-        assert!(text.contains("antidote_records_passed_total{topic=\"geo\",partition=\"0\",policy=\"p\"} 14\n"));
+        assert!(
+            text.contains(
+                "antidote_records_validated_total{topic=\"geo\",partition=\"0\",policy=\"p\"} 15\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "antidote_records_passed_total{topic=\"geo\",partition=\"0\",policy=\"p\"} 14\n"
+        ));
         assert!(text.contains(
             "antidote_records_invalid_total{topic=\"geo\",partition=\"0\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"diverted\"} 1\n"
         ));
@@ -569,7 +716,10 @@ mod tests {
         // Every non-comment line is `name{labels} value` with a numeric value.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap_or("");
-            assert!(value.parse::<f64>().is_ok() || value == "+Inf", "bad line {line}");
+            assert!(
+                value.parse::<f64>().is_ok() || value == "+Inf",
+                "bad line {line}"
+            );
         }
         assert_eq!(m.validated("geo", 0, "p"), 15);
     }
@@ -579,10 +729,23 @@ mod tests {
         assert_eq!(escape_label_value(r#"a"b\c"#), r#"a\"b\\c"#);
         assert_eq!(escape_label_value("line\nbreak"), "line\\nbreak");
         let m = Metrics::new();
-        m.record_invalid("t", 1, "p", Class::Unknown, "rule \"x\"\n\\", InvalidAction::Dropped);
+        m.record_invalid(
+            "t",
+            1,
+            "p",
+            Class::Unknown,
+            "rule \"x\"\n\\",
+            InvalidAction::Dropped,
+        );
         let text = m.render();
-        assert!(text.contains(r#"rule="rule \"x\"\n\\",action="dropped"} 1"#), "{text}");
-        assert!(!text.lines().any(|l| l.ends_with('\\')), "no raw newline inside a sample");
+        assert!(
+            text.contains(r#"rule="rule \"x\"\n\\",action="dropped"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.lines().any(|l| l.ends_with('\\')),
+            "no raw newline inside a sample"
+        );
     }
 
     #[test]
@@ -593,16 +756,29 @@ mod tests {
         m.dlt_write(false, Duration::from_secs(60));
         let text = m.render();
         assert!(text.contains("# TYPE antidote_dlt_write_duration_seconds histogram\n"));
-        assert!(text.contains("antidote_dlt_write_duration_seconds_bucket{result=\"ok\",le=\"0.0005\"} 1\n"), "{text}");
-        assert!(text.contains("antidote_dlt_write_duration_seconds_bucket{result=\"ok\",le=\"0.05\"} 2\n"));
-        assert!(text.contains("antidote_dlt_write_duration_seconds_bucket{result=\"ok\",le=\"+Inf\"} 2\n"));
-        assert!(text.contains("antidote_dlt_write_duration_seconds_bucket{result=\"error\",le=\"10\"} 0\n"));
-        assert!(text.contains("antidote_dlt_write_duration_seconds_bucket{result=\"error\",le=\"+Inf\"} 1\n"));
+        assert!(
+            text.contains(
+                "antidote_dlt_write_duration_seconds_bucket{result=\"ok\",le=\"0.0005\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text
+            .contains("antidote_dlt_write_duration_seconds_bucket{result=\"ok\",le=\"0.05\"} 2\n"));
+        assert!(text
+            .contains("antidote_dlt_write_duration_seconds_bucket{result=\"ok\",le=\"+Inf\"} 2\n"));
+        assert!(text.contains(
+            "antidote_dlt_write_duration_seconds_bucket{result=\"error\",le=\"10\"} 0\n"
+        ));
+        assert!(text.contains(
+            "antidote_dlt_write_duration_seconds_bucket{result=\"error\",le=\"+Inf\"} 1\n"
+        ));
         assert!(text.contains("antidote_dlt_write_duration_seconds_count{result=\"ok\"} 2\n"));
         assert!(text.contains("antidote_dlt_write_duration_seconds_sum{result=\"error\"} 60\n"));
         assert!(text.contains("antidote_dlt_writes_total{result=\"error\"} 1\n"));
         m.fetch_rewrite_latency(Duration::from_millis(2));
-        assert!(m.render().contains("antidote_fetch_rewrite_duration_seconds_count 1\n"));
+        assert!(m
+            .render()
+            .contains("antidote_fetch_rewrite_duration_seconds_count 1\n"));
     }
 
     #[test]
@@ -642,7 +818,9 @@ mod tests {
         }
         let total: u64 = (0..3).map(|p| m.validated("t", p, "p")).sum();
         assert_eq!(total, 4000);
-        assert!(m.render().contains("antidote_upstream_errors_total{kind=\"io\"} 4000\n"));
+        assert!(m
+            .render()
+            .contains("antidote_upstream_errors_total{kind=\"io\"} 4000\n"));
     }
 
     /// Every `antidote_*` name used by the shipped alert rules and dashboard
@@ -663,7 +841,14 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
-            .flat_map(|n| [n.to_string(), format!("{n}_bucket"), format!("{n}_sum"), format!("{n}_count")])
+            .flat_map(|n| {
+                [
+                    n.to_string(),
+                    format!("{n}_bucket"),
+                    format!("{n}_sum"),
+                    format!("{n}_count"),
+                ]
+            })
             .collect();
         for text in [alerts, dashboard] {
             let mut rest = text;
@@ -672,7 +857,10 @@ mod tests {
                     .chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .collect();
-                assert!(exported.contains(&name), "{name} is not exported by src/metrics.rs");
+                assert!(
+                    exported.contains(&name),
+                    "{name} is not exported by src/metrics.rs"
+                );
                 rest = &rest[i + name.len()..];
             }
         }

@@ -56,7 +56,12 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
     };
     let mut records = Vec::new();
     for t in &topics {
-        records.extend(read_dlt(&mut cluster, t).await?.into_iter().filter(|r| args.filters.matches(r)));
+        records.extend(
+            read_dlt(&mut cluster, t)
+                .await?
+                .into_iter()
+                .filter(|r| args.filters.matches(r)),
+        );
     }
     if let Some(n) = args.limit {
         records.truncate(n);
@@ -108,8 +113,18 @@ pub fn record_json(r: &DltRecord) -> Value {
     })
 }
 
-const COLUMNS: [&str; 10] =
-    ["DLT", "PART", "OFFSET", "ORIGIN", "CLASS", "RULE", "POLICY", "FAILED AT", "KEY", "REASON"];
+const COLUMNS: [&str; 10] = [
+    "DLT",
+    "PART",
+    "OFFSET",
+    "ORIGIN",
+    "CLASS",
+    "RULE",
+    "POLICY",
+    "FAILED AT",
+    "KEY",
+    "REASON",
+];
 
 /// Cells longer than this are cut (the reason, the last column, is not).
 const MAX_CELL: usize = 40;
@@ -139,16 +154,28 @@ pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Resul
                 cut(&r.rule, MAX_CELL),
                 cut(&r.policy, MAX_CELL),
                 r.failed_at.map(format_time).unwrap_or_else(|| "-".into()),
-                r.key.as_deref().map(|k| cut(&show_bytes(Some(k)), 24)).unwrap_or_else(|| "-".into()),
+                r.key
+                    .as_deref()
+                    .map(|k| cut(&show_bytes(Some(k)), 24))
+                    .unwrap_or_else(|| "-".into()),
                 cut(&r.reason, 200),
             ]
         })
         .collect();
     write_aligned(out, &COLUMNS, &rows)?;
-    writeln!(out, "({} record{})", records.len(), if records.len() == 1 { "" } else { "s" })
+    writeln!(
+        out,
+        "({} record{})",
+        records.len(),
+        if records.len() == 1 { "" } else { "s" }
+    )
 }
 
-fn write_aligned<const N: usize>(out: &mut dyn Write, head: &[&str; N], rows: &[[String; N]]) -> std::io::Result<()> {
+fn write_aligned<const N: usize>(
+    out: &mut dyn Write,
+    head: &[&str; N],
+    rows: &[[String; N]],
+) -> std::io::Result<()> {
     let mut widths: [usize; N] = head.map(|h| h.chars().count());
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -224,9 +251,19 @@ impl Summary {
     }
 
     pub fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
-        writeln!(out, "{} record{}", self.total, if self.total == 1 { "" } else { "s" })?;
+        writeln!(
+            out,
+            "{} record{}",
+            self.total,
+            if self.total == 1 { "" } else { "s" }
+        )?;
         if let (Some(f), Some(l)) = (self.first_failed_at, self.last_failed_at) {
-            writeln!(out, "dead-lettered between {} and {}", format_time(f), format_time(l))?;
+            writeln!(
+                out,
+                "dead-lettered between {} and {}",
+                format_time(f),
+                format_time(l)
+            )?;
         }
         for (title, map) in [
             ("DLT", &self.by_dlt),
@@ -238,7 +275,10 @@ impl Summary {
             writeln!(out)?;
             let mut rows: Vec<(&String, &u64)> = map.iter().collect();
             rows.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
-            let rows: Vec<[String; 2]> = rows.into_iter().map(|(k, n)| [n.to_string(), cut(k, 200)]).collect();
+            let rows: Vec<[String; 2]> = rows
+                .into_iter()
+                .map(|(k, n)| [n.to_string(), cut(k, 200)])
+                .collect();
             write_aligned(out, &["COUNT", title], &rows)?;
         }
         Ok(())
@@ -274,13 +314,20 @@ mod tests {
 
     #[test]
     fn table_is_aligned() {
-        let rs = [rec(1, "poison", "coordinates", "/lat: 91", 0), rec(12, "stale", "max_age", "too old", 3)];
+        let rs = [
+            rec(1, "poison", "coordinates", "/lat: 91", 0),
+            rec(12, "stale", "max_age", "too old", 3),
+        ];
         let mut out = Vec::new();
         write_table(&mut out, &rs).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("DLT"), "{text}");
-        let col = |l: &str| l.find("poison").or_else(|| l.find("stale")).or_else(|| l.find("CLASS"));
+        let col = |l: &str| {
+            l.find("poison")
+                .or_else(|| l.find("stale"))
+                .or_else(|| l.find("CLASS"))
+        };
         assert_eq!(col(lines[0]), col(lines[1]));
         assert_eq!(col(lines[1]), col(lines[2]));
         assert!(lines[1].contains("geo-0@10") && lines[2].contains("geo-3@120"));

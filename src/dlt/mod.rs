@@ -118,25 +118,39 @@ impl DltRecord {
             reason: text(H_ERROR).unwrap_or_default(),
             policy: text(H_POLICY).unwrap_or_default(),
             failed_at: num(H_FAILED_AT),
-            attempt: num(H_ATTEMPT).and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
+            attempt: num(H_ATTEMPT)
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or(0),
             key: r.key.map(Bytes::copy_from_slice),
             value: r.value.map(Bytes::copy_from_slice),
             headers: r
                 .headers
                 .iter()
-                .map(|h| (String::from_utf8_lossy(h.key).into_owned(), h.value.map(Bytes::copy_from_slice)))
+                .map(|h| {
+                    (
+                        String::from_utf8_lossy(h.key).into_owned(),
+                        h.value.map(Bytes::copy_from_slice),
+                    )
+                })
                 .collect(),
         }
     }
 
     /// `<dlt-topic>/<partition>/<offset>`: the value of `x-replayed-from-dlt`.
     pub fn coordinate(&self) -> String {
-        format!("{}/{}/{}", self.dlt_topic, self.dlt_partition, self.dlt_offset)
+        format!(
+            "{}/{}/{}",
+            self.dlt_topic, self.dlt_partition, self.dlt_offset
+        )
     }
 
     /// `topic-partition@offset` of the original record, or `-`.
     pub fn origin(&self) -> String {
-        match (&self.origin_topic, self.origin_partition, self.origin_offset) {
+        match (
+            &self.origin_topic,
+            self.origin_partition,
+            self.origin_offset,
+        ) {
             (Some(t), Some(p), Some(o)) => format!("{t}-{p}@{o}"),
             _ => "-".into(),
         }
@@ -172,23 +186,42 @@ pub struct Filters {
 
 impl Filters {
     pub fn matches(&self, r: &DltRecord) -> bool {
-        if self.class.as_deref().is_some_and(|c| !c.eq_ignore_ascii_case(&r.class)) {
+        if self
+            .class
+            .as_deref()
+            .is_some_and(|c| !c.eq_ignore_ascii_case(&r.class))
+        {
             return false;
         }
-        if self.origin_topic.as_deref().is_some_and(|t| r.origin_topic.as_deref() != Some(t)) {
+        if self
+            .origin_topic
+            .as_deref()
+            .is_some_and(|t| r.origin_topic.as_deref() != Some(t))
+        {
             return false;
         }
-        if self.origin_partition.is_some_and(|p| r.origin_partition != Some(p)) {
+        if self
+            .origin_partition
+            .is_some_and(|p| r.origin_partition != Some(p))
+        {
             return false;
         }
         let at = r.failed_at.unwrap_or(r.timestamp);
         if self.since.is_some_and(|s| at < s) || self.until.is_some_and(|u| at >= u) {
             return false;
         }
-        if self.reason.as_deref().is_some_and(|s| !r.reason.contains(s)) {
+        if self
+            .reason
+            .as_deref()
+            .is_some_and(|s| !r.reason.contains(s))
+        {
             return false;
         }
-        if self.key.as_deref().is_some_and(|k| r.key.as_deref() != Some(k.as_bytes())) {
+        if self
+            .key
+            .as_deref()
+            .is_some_and(|k| r.key.as_deref() != Some(k.as_bytes()))
+        {
             return false;
         }
         true
@@ -205,7 +238,12 @@ impl Context {
     pub fn load(path: &Path) -> Result<Context, DltError> {
         let config = Config::load(path).map_err(|e| DltError::Config(e.to_string()))?;
         let policies = PolicySet::load(&config.policies).map_err(|errs| {
-            DltError::Policy(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))
+            DltError::Policy(
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
         })?;
         Ok(Context { config, policies })
     }
@@ -222,9 +260,15 @@ impl Context {
         let dlt = &c.dead_letter;
         let endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
             (None, None) => upstream,
-            (_, tls) => Endpoint { tls: tls.as_ref().map(tls::connector).transpose()?, ..upstream },
+            (_, tls) => Endpoint {
+                tls: tls.as_ref().map(tls::connector).transpose()?,
+                ..upstream
+            },
         };
-        let bootstrap = dlt.bootstrap_servers.clone().unwrap_or_else(|| c.upstream.bootstrap_servers.clone());
+        let bootstrap = dlt
+            .bootstrap_servers
+            .clone()
+            .unwrap_or_else(|| c.upstream.bootstrap_servers.clone());
         Ok(Cluster::new(bootstrap, endpoint))
     }
 
@@ -232,7 +276,10 @@ impl Context {
     /// rendering a policy's template for each existing policy topic and
     /// class, plus existing topics that match a template's glob. Internal
     /// topics (`__*`) are left out.
-    pub async fn existing_dead_letter_topics(&self, cluster: &mut Cluster) -> Result<Vec<String>, DltError> {
+    pub async fn existing_dead_letter_topics(
+        &self,
+        cluster: &mut Cluster,
+    ) -> Result<Vec<String>, DltError> {
         let meta = cluster.metadata(None).await?;
         let existing: BTreeSet<String> = meta
             .topics
@@ -261,7 +308,10 @@ impl Context {
 /// Read every record of `topic` as [`DltRecord`]s, in partition then offset order.
 pub async fn read_dlt(cluster: &mut Cluster, topic: &str) -> Result<Vec<DltRecord>, DltError> {
     let mut out = Vec::new();
-    crate::deadletter::read_topic(cluster, topic, |p, r| out.push(DltRecord::from_record(topic, p, r))).await?;
+    crate::deadletter::read_topic(cluster, topic, |p, r| {
+        out.push(DltRecord::from_record(topic, p, r))
+    })
+    .await?;
     Ok(out)
 }
 
@@ -332,11 +382,18 @@ fn parse_rfc3339(s: &str) -> Option<i64> {
     }
     match rest {
         "Z" | "z" => Some(ms),
-        _ if rest.len() == 6 && (rest.starts_with('+') || rest.starts_with('-')) && &rest[3..4] == ":" => {
+        _ if rest.len() == 6
+            && (rest.starts_with('+') || rest.starts_with('-'))
+            && &rest[3..4] == ":" =>
+        {
             let oh: i64 = rest[1..3].parse().ok()?;
             let om: i64 = rest[4..6].parse().ok()?;
             let off = (oh * 60 + om) * 60_000;
-            Some(if rest.starts_with('+') { ms - off } else { ms + off })
+            Some(if rest.starts_with('+') {
+                ms - off
+            } else {
+                ms + off
+            })
         }
         _ => None,
     }
@@ -370,7 +427,12 @@ pub fn format_time(ms: i64) -> String {
     let days = ms.div_euclid(86_400_000);
     let rem = ms.rem_euclid(86_400_000);
     let (y, m, d) = civil_from_days(days);
-    let (h, mi, s, milli) = (rem / 3_600_000, rem / 60_000 % 60, rem / 1000 % 60, rem % 1000);
+    let (h, mi, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
 }
 
@@ -380,7 +442,10 @@ pub fn show_bytes(b: Option<&[u8]>) -> String {
         None => "null".into(),
         Some(b) => match std::str::from_utf8(b) {
             Ok(s) => s.to_string(),
-            Err(_) => format!("0x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
+            Err(_) => format!(
+                "0x{}",
+                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+            ),
         },
     }
 }
@@ -394,8 +459,14 @@ mod tests {
     fn times_parse_and_format() {
         let now = 1_800_000_000_000;
         assert_eq!(parse_time("1970-01-01T00:00:00Z", now).unwrap(), 0);
-        assert_eq!(parse_time("2026-11-30T00:13:16Z", now).unwrap(), 1_795_997_596_000);
-        assert_eq!(parse_time("2026-11-30T01:13:16.5+01:00", now).unwrap(), 1_795_997_596_500);
+        assert_eq!(
+            parse_time("2026-11-30T00:13:16Z", now).unwrap(),
+            1_795_997_596_000
+        );
+        assert_eq!(
+            parse_time("2026-11-30T01:13:16.5+01:00", now).unwrap(),
+            1_795_997_596_500
+        );
         assert_eq!(parse_time("2026-11-30", now).unwrap(), 1_795_996_800_000);
         assert_eq!(parse_time("1795997596000", now).unwrap(), 1_795_997_596_000);
         assert_eq!(parse_time("15m", now).unwrap(), now - 900_000);
@@ -412,28 +483,75 @@ mod tests {
     #[test]
     fn dlt_record_reads_context_headers() {
         let headers = [
-            Header { key: b"idempotency-key", value: Some(b"k1") },
-            Header { key: b"x-original-topic", value: Some(b"geo") },
-            Header { key: b"x-original-partition", value: Some(b"2") },
-            Header { key: b"x-original-offset", value: Some(b"41") },
-            Header { key: b"x-error-class", value: Some(b"poison") },
-            Header { key: b"x-error", value: Some(b"/lat: 91 is outside [-90, 90]") },
-            Header { key: b"x-error-rule", value: Some(b"coordinates") },
-            Header { key: b"x-failed-at", value: Some(b"1795997596000") },
-            Header { key: b"x-attempt", value: Some(b"2") },
+            Header {
+                key: b"idempotency-key",
+                value: Some(b"k1"),
+            },
+            Header {
+                key: b"x-original-topic",
+                value: Some(b"geo"),
+            },
+            Header {
+                key: b"x-original-partition",
+                value: Some(b"2"),
+            },
+            Header {
+                key: b"x-original-offset",
+                value: Some(b"41"),
+            },
+            Header {
+                key: b"x-error-class",
+                value: Some(b"poison"),
+            },
+            Header {
+                key: b"x-error",
+                value: Some(b"/lat: 91 is outside [-90, 90]"),
+            },
+            Header {
+                key: b"x-error-rule",
+                value: Some(b"coordinates"),
+            },
+            Header {
+                key: b"x-failed-at",
+                value: Some(b"1795997596000"),
+            },
+            Header {
+                key: b"x-attempt",
+                value: Some(b"2"),
+            },
         ];
-        let r = Record { offset: 7, timestamp: 5, key: Some(b"dev-1"), value: Some(b"{}"), headers: headers.to_vec() };
+        let r = Record {
+            offset: 7,
+            timestamp: 5,
+            key: Some(b"dev-1"),
+            value: Some(b"{}"),
+            headers: headers.to_vec(),
+        };
         let d = DltRecord::from_record("geo.dlt", 0, &r);
         assert_eq!(d.origin(), "geo-2@41");
         assert_eq!(d.coordinate(), "geo.dlt/0/7");
-        assert_eq!((d.class.as_str(), d.rule.as_str(), d.attempt), ("poison", "coordinates", 2));
-        let mut f = Filters { class: Some("POISON".into()), reason: Some("outside".into()), ..Default::default() };
+        assert_eq!(
+            (d.class.as_str(), d.rule.as_str(), d.attempt),
+            ("poison", "coordinates", 2)
+        );
+        let mut f = Filters {
+            class: Some("POISON".into()),
+            reason: Some("outside".into()),
+            ..Default::default()
+        };
         assert!(f.matches(&d));
         f.origin_partition = Some(1);
         assert!(!f.matches(&d));
-        let f = Filters { since: Some(1_795_997_596_001), ..Default::default() };
+        let f = Filters {
+            since: Some(1_795_997_596_001),
+            ..Default::default()
+        };
         assert!(!f.matches(&d));
-        let f = Filters { key: Some("dev-1".into()), until: Some(1_795_997_596_001), ..Default::default() };
+        let f = Filters {
+            key: Some("dev-1".into()),
+            until: Some(1_795_997_596_001),
+            ..Default::default()
+        };
         assert!(f.matches(&d));
     }
 

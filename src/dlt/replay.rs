@@ -41,7 +41,9 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
-use super::{read_dlt, Context, DltError, DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM};
+use super::{
+    read_dlt, Context, DltError, DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM,
+};
 use crate::client::{errors, Cluster};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::record::{Header, Record};
@@ -88,14 +90,29 @@ pub struct ReplayArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Write `record` to `topic`/`partition`.
-    Replay { topic: String, partition: i32, attempt: u32, record: NewRecord },
-    AlreadyReplayed { topic: String },
-    StillInvalid { class: String, rule: String, reason: String },
+    Replay {
+        topic: String,
+        partition: i32,
+        attempt: u32,
+        record: NewRecord,
+    },
+    AlreadyReplayed {
+        topic: String,
+    },
+    StillInvalid {
+        class: String,
+        rule: String,
+        reason: String,
+    },
     RefusedStale,
-    RefusedMaxAttempts { attempts: u32 },
+    RefusedMaxAttempts {
+        attempts: u32,
+    },
     /// No `x-original-topic` and no `--to`.
     NoOrigin,
-    TargetMissing { topic: String },
+    TargetMissing {
+        topic: String,
+    },
 }
 
 impl Decision {
@@ -147,9 +164,20 @@ pub fn replay_record(r: &DltRecord, attempt: u32, timestamp: i64) -> NewRecord {
         .filter(|(k, _)| !CONTEXT_HEADERS.contains(&k.as_str()))
         .cloned()
         .collect();
-    headers.push((H_REPLAYED_FROM.to_string(), Some(Bytes::from(r.coordinate()))));
-    headers.push((H_ATTEMPT.to_string(), Some(Bytes::from(attempt.to_string()))));
-    NewRecord { timestamp, key: r.key.clone(), value: r.value.clone(), headers }
+    headers.push((
+        H_REPLAYED_FROM.to_string(),
+        Some(Bytes::from(r.coordinate())),
+    ));
+    headers.push((
+        H_ATTEMPT.to_string(),
+        Some(Bytes::from(attempt.to_string())),
+    ));
+    NewRecord {
+        timestamp,
+        key: r.key.clone(),
+        value: r.value.clone(),
+        headers,
+    }
 }
 
 /// Whether `r` passes the command-line selection (filters and origin offsets).
@@ -183,7 +211,9 @@ pub fn decide(
         return Decision::NoOrigin;
     };
     if r.attempt >= args.max_attempts {
-        return Decision::RefusedMaxAttempts { attempts: r.attempt };
+        return Decision::RefusedMaxAttempts {
+            attempts: r.attempt,
+        };
     }
     if r.class == crate::policy::Class::Stale.as_str() && !args.include_stale {
         return Decision::RefusedStale;
@@ -196,7 +226,10 @@ pub fn decide(
     }
     let attempt = r.attempt + 1;
     let record = replay_record(r, attempt, now_ms);
-    if let Some(policy) = policies.for_topic(&topic).filter(|_| !policies.is_dead_letter_topic(&topic)) {
+    if let Some(policy) = policies
+        .for_topic(&topic)
+        .filter(|_| !policies.is_dead_letter_topic(&topic))
+    {
         let view = Record {
             offset: 0,
             timestamp: record.timestamp,
@@ -205,7 +238,10 @@ pub fn decide(
             headers: record
                 .headers
                 .iter()
-                .map(|(k, v)| Header { key: k.as_bytes(), value: v.as_deref() })
+                .map(|(k, v)| Header {
+                    key: k.as_bytes(),
+                    value: v.as_deref(),
+                })
                 .collect(),
         };
         if let Verdict::Invalid(inv) = policy.judge(&view, now_ms) {
@@ -220,7 +256,12 @@ pub fn decide(
         Some(p) if p >= 0 && (p as usize) < n => p,
         _ => 0,
     };
-    Decision::Replay { topic, partition, attempt, record }
+    Decision::Replay {
+        topic,
+        partition,
+        attempt,
+        record,
+    }
 }
 
 /// Run `dlt replay`; per-record lines go to `out`, progress to stderr.
@@ -231,10 +272,16 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     let ctx = Context::load(&args.config)?;
     let mut cluster = ctx.dead_letter_cluster()?;
     if cluster.partitions(&args.topic).await?.is_none() {
-        return Err(DltError::Usage(format!("dead-letter topic {} does not exist", args.topic)));
+        return Err(DltError::Usage(format!(
+            "dead-letter topic {} does not exist",
+            args.topic
+        )));
     }
-    let mut records: Vec<DltRecord> =
-        read_dlt(&mut cluster, &args.topic).await?.into_iter().filter(|r| selected(args, r)).collect();
+    let mut records: Vec<DltRecord> = read_dlt(&mut cluster, &args.topic)
+        .await?
+        .into_iter()
+        .filter(|r| selected(args, r))
+        .collect();
     if let Some(n) = args.limit {
         records.truncate(n);
     }
@@ -247,7 +294,8 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
         cluster
     };
     let target_cluster = &mut target_cluster;
-    let mut targets: std::collections::BTreeMap<String, Option<usize>> = std::collections::BTreeMap::new();
+    let mut targets: std::collections::BTreeMap<String, Option<usize>> =
+        std::collections::BTreeMap::new();
     for r in &records {
         if let Some(t) = args.to.clone().or_else(|| r.origin_topic.clone()) {
             targets.entry(t).or_insert(None);
@@ -273,10 +321,22 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     for r in &records {
         report.considered += 1;
         let now = crate::intercept::now_ms();
-        let d = decide(args, &ctx.policies, r, |t| targets.get(t).copied().flatten(), &replayed, now);
+        let d = decide(
+            args,
+            &ctx.policies,
+            r,
+            |t| targets.get(t).copied().flatten(),
+            &replayed,
+            now,
+        );
         let coord = r.coordinate();
         match &d {
-            Decision::Replay { topic, partition, attempt, record } => {
+            Decision::Replay {
+                topic,
+                partition,
+                attempt,
+                record,
+            } => {
                 if !args.execute {
                     report.would_replay += 1;
                     writeln!(
@@ -312,13 +372,20 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
                 report.already_replayed += 1;
                 writeln!(out, "already replayed  {coord} (a record in {topic} carries {H_REPLAYED_FROM}: {coord})")?;
             }
-            Decision::StillInvalid { class, rule, reason } => {
+            Decision::StillInvalid {
+                class,
+                rule,
+                reason,
+            } => {
                 report.still_invalid += 1;
                 writeln!(out, "still invalid     {coord}: {class} {rule}: {reason}")?;
             }
             Decision::RefusedStale => {
                 report.refused += 1;
-                writeln!(out, "refused           {coord}: class stale (use --include-stale)")?;
+                writeln!(
+                    out,
+                    "refused           {coord}: class stale (use --include-stale)"
+                )?;
             }
             Decision::RefusedMaxAttempts { attempts } => {
                 report.refused += 1;
@@ -326,11 +393,18 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
             }
             Decision::NoOrigin => {
                 report.refused += 1;
-                writeln!(out, "refused           {coord}: no {} header; use --to", crate::deadletter::H_TOPIC)?;
+                writeln!(
+                    out,
+                    "refused           {coord}: no {} header; use --to",
+                    crate::deadletter::H_TOPIC
+                )?;
             }
             Decision::TargetMissing { topic } => {
                 report.refused += 1;
-                writeln!(out, "refused           {coord}: target topic {topic} does not exist")?;
+                writeln!(
+                    out,
+                    "refused           {coord}: target topic {topic} does not exist"
+                )?;
             }
         }
         tracing::debug!(coordinate = %coord, decision = d.label(), "replay decision");
@@ -349,7 +423,12 @@ impl Context {
     fn upstream_cluster(&self) -> Result<Cluster, DltError> {
         let c = &self.config;
         let endpoint = crate::client::Endpoint {
-            tls: c.upstream.tls.as_ref().map(crate::proxy::tls::connector).transpose()?,
+            tls: c
+                .upstream
+                .tls
+                .as_ref()
+                .map(crate::proxy::tls::connector)
+                .transpose()?,
             timeout: c.upstream.connect_timeout,
             max_frame: c.limits.max_frame_bytes,
         };
@@ -367,11 +446,18 @@ struct Progress {
 
 impl Progress {
     fn new(execute: bool) -> Self {
-        Progress { tty: std::io::stderr().is_terminal(), execute, last: std::cell::Cell::new(None) }
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            execute,
+            last: std::cell::Cell::new(None),
+        }
     }
 
     fn tick(&self, report: &Report, last: bool) {
-        let due = self.last.get().is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        let due = self
+            .last
+            .get()
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         if !(last || due) {
             return;
         }
@@ -388,7 +474,12 @@ impl Progress {
 
 /// Produce one record with acks=all; its offset. Retries only errors that
 /// guarantee nothing was written (leader moved or unknown).
-async fn produce(cluster: &mut Cluster, topic: &str, partition: i32, record: &NewRecord) -> Result<i64, DltError> {
+async fn produce(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    record: &NewRecord,
+) -> Result<i64, DltError> {
     let batch = build_batch(std::slice::from_ref(record), &BuildOptions::default())
         .map_err(|e| DltError::Produce(e.to_string()))?;
     let mut last = String::new();
@@ -401,13 +492,21 @@ async fn produce(cluster: &mut Cluster, topic: &str, partition: i32, record: &Ne
                 .with_partition_data(vec![PartitionProduceData::default()
                     .with_index(partition)
                     .with_records(Some(batch.clone()))])]);
-        let resp = cluster.leader(topic, partition).await?.send(req, 3, 9).await?;
+        let resp = cluster
+            .leader(topic, partition)
+            .await?
+            .send(req, 3, 9)
+            .await?;
         let p = resp
             .responses
             .iter()
             .flat_map(|t| t.partition_responses.iter())
             .find(|p| p.index == partition)
-            .ok_or_else(|| DltError::Produce(format!("{topic}-{partition}: no partition in the produce response")))?;
+            .ok_or_else(|| {
+                DltError::Produce(format!(
+                    "{topic}-{partition}: no partition in the produce response"
+                ))
+            })?;
         match p.error_code {
             0 => return Ok(p.base_offset),
             code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
@@ -416,8 +515,14 @@ async fn produce(cluster: &mut Cluster, topic: &str, partition: i32, record: &Ne
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
             }
             code => {
-                let msg = p.error_message.as_ref().map(|m| m.to_string()).unwrap_or_default();
-                return Err(DltError::Produce(format!("{topic}-{partition}: produce error {code} {msg}")));
+                let msg = p
+                    .error_message
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default();
+                return Err(DltError::Produce(format!(
+                    "{topic}-{partition}: produce error {code} {msg}"
+                )));
             }
         }
     }
@@ -460,13 +565,22 @@ policies:
     fn rec(value: &str, class: &str, attempt: Option<u32>) -> DltRecord {
         let mut headers = vec![
             ("trace".to_string(), Some(Bytes::from_static(b"t1"))),
-            ("x-original-topic".to_string(), Some(Bytes::from_static(b"geo"))),
-            ("x-error-class".to_string(), Some(Bytes::from(class.to_string()))),
+            (
+                "x-original-topic".to_string(),
+                Some(Bytes::from_static(b"geo")),
+            ),
+            (
+                "x-error-class".to_string(),
+                Some(Bytes::from(class.to_string())),
+            ),
             ("x-request-id".to_string(), Some(Bytes::from_static(b"r1"))),
         ];
         if let Some(a) = attempt {
             headers.push(("x-attempt".to_string(), Some(Bytes::from(a.to_string()))));
-            headers.push(("x-replayed-from-dlt".to_string(), Some(Bytes::from_static(b"geo.dlt/0/1"))));
+            headers.push((
+                "x-replayed-from-dlt".to_string(),
+                Some(Bytes::from_static(b"geo.dlt/0/1")),
+            ));
         }
         DltRecord {
             dlt_topic: "geo.dlt".into(),
@@ -495,11 +609,29 @@ policies:
 
     #[test]
     fn replays_valid_records_with_replay_headers() {
-        let d = decide(&args(), &policies(), &rec(r#"{"lat": 10}"#, "poison", None), |_| Some(3), &HashSet::new(), 99);
-        let Decision::Replay { topic, partition, attempt, record } = d else { panic!("{d:?}") };
+        let d = decide(
+            &args(),
+            &policies(),
+            &rec(r#"{"lat": 10}"#, "poison", None),
+            |_| Some(3),
+            &HashSet::new(),
+            99,
+        );
+        let Decision::Replay {
+            topic,
+            partition,
+            attempt,
+            record,
+        } = d
+        else {
+            panic!("{d:?}")
+        };
         assert_eq!((topic.as_str(), partition, attempt), ("geo", 2, 1));
         let keys: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["trace", "x-request-id", "x-replayed-from-dlt", "x-attempt"]);
+        assert_eq!(
+            keys,
+            ["trace", "x-request-id", "x-replayed-from-dlt", "x-attempt"]
+        );
         assert_eq!(record.headers[2].1.as_deref(), Some(&b"geo.dlt/0/4"[..]));
         assert_eq!(record.headers[3].1.as_deref(), Some(&b"1"[..]));
         assert_eq!(record.key.as_deref(), Some(&b"k"[..]));
@@ -508,41 +640,126 @@ policies:
 
     #[test]
     fn counts_attempts_and_refuses_past_the_limit() {
-        let d = decide(&args(), &policies(), &rec(r#"{"lat": 10}"#, "poison", Some(2)), |_| Some(3), &HashSet::new(), 0);
+        let d = decide(
+            &args(),
+            &policies(),
+            &rec(r#"{"lat": 10}"#, "poison", Some(2)),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
         assert!(matches!(d, Decision::Replay { attempt: 3, .. }), "{d:?}");
-        let d = decide(&args(), &policies(), &rec(r#"{"lat": 10}"#, "poison", Some(3)), |_| Some(3), &HashSet::new(), 0);
+        let d = decide(
+            &args(),
+            &policies(),
+            &rec(r#"{"lat": 10}"#, "poison", Some(3)),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
         assert_eq!(d, Decision::RefusedMaxAttempts { attempts: 3 });
     }
 
     #[test]
     fn still_invalid_stale_missing_and_already_replayed_are_left_alone() {
         let p = policies();
-        let d = decide(&args(), &p, &rec(r#"{"lat": 91}"#, "poison", None), |_| Some(3), &HashSet::new(), 0);
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 91}"#, "poison", None),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
         assert!(matches!(d, Decision::StillInvalid { .. }), "{d:?}");
-        let d = decide(&args(), &p, &rec(r#"{"lat": 1}"#, "stale", None), |_| Some(3), &HashSet::new(), 0);
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 1}"#, "stale", None),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
         assert_eq!(d, Decision::RefusedStale);
-        let a = ReplayArgs { include_stale: true, ..args() };
-        assert!(matches!(decide(&a, &p, &rec(r#"{"lat": 1}"#, "stale", None), |_| Some(3), &HashSet::new(), 0), Decision::Replay { .. }));
-        let d = decide(&args(), &p, &rec(r#"{"lat": 1}"#, "poison", None), |_| None, &HashSet::new(), 0);
-        assert_eq!(d, Decision::TargetMissing { topic: "geo".into() });
+        let a = ReplayArgs {
+            include_stale: true,
+            ..args()
+        };
+        assert!(matches!(
+            decide(
+                &a,
+                &p,
+                &rec(r#"{"lat": 1}"#, "stale", None),
+                |_| Some(3),
+                &HashSet::new(),
+                0
+            ),
+            Decision::Replay { .. }
+        ));
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 1}"#, "poison", None),
+            |_| None,
+            &HashSet::new(),
+            0,
+        );
+        assert_eq!(
+            d,
+            Decision::TargetMissing {
+                topic: "geo".into()
+            }
+        );
         let done: HashSet<String> = ["geo.dlt/0/4".to_string()].into();
-        let d = decide(&args(), &p, &rec(r#"{"lat": 1}"#, "poison", None), |_| Some(3), &done, 0);
-        assert_eq!(d, Decision::AlreadyReplayed { topic: "geo".into() });
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 1}"#, "poison", None),
+            |_| Some(3),
+            &done,
+            0,
+        );
+        assert_eq!(
+            d,
+            Decision::AlreadyReplayed {
+                topic: "geo".into()
+            }
+        );
     }
 
     #[test]
     fn partition_falls_back_to_zero_and_to_overrides_topic() {
-        let a = ReplayArgs { to: Some("other".into()), ..args() };
-        let d = decide(&a, &policies(), &rec(r#"{"lat": 91}"#, "poison", None), |_| Some(1), &HashSet::new(), 0);
+        let a = ReplayArgs {
+            to: Some("other".into()),
+            ..args()
+        };
+        let d = decide(
+            &a,
+            &policies(),
+            &rec(r#"{"lat": 91}"#, "poison", None),
+            |_| Some(1),
+            &HashSet::new(),
+            0,
+        );
         // `other` has no policy, so nothing judges the record there.
-        assert!(matches!(d, Decision::Replay { ref topic, partition: 0, .. } if topic == "other"), "{d:?}");
+        assert!(
+            matches!(d, Decision::Replay { ref topic, partition: 0, .. } if topic == "other"),
+            "{d:?}"
+        );
     }
 
     #[test]
     fn origin_offset_range_selects() {
-        let a = ReplayArgs { from_offset: Some(41), ..args() };
+        let a = ReplayArgs {
+            from_offset: Some(41),
+            ..args()
+        };
         assert!(!selected(&a, &rec("{}", "poison", None)));
-        let a = ReplayArgs { from_offset: Some(40), to_offset: Some(40), ..args() };
+        let a = ReplayArgs {
+            from_offset: Some(40),
+            to_offset: Some(40),
+            ..args()
+        };
         assert!(selected(&a, &rec("{}", "poison", None)));
     }
 }
