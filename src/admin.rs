@@ -49,6 +49,22 @@ pub enum AdminError {
     },
 }
 
+/// Whatever says whether the proxy is ready for `/readyz`.
+///
+/// Implemented for `AtomicBool` (true = ready), so `Arc<AtomicBool>` works
+/// as is; the proxy may instead implement it for its shared state and pass
+/// that (e.g. ready = upstream metadata fetched and the dead-letter ledger
+/// rebuilt).
+pub trait Readiness: Send + Sync + 'static {
+    fn is_ready(&self) -> bool;
+}
+
+impl Readiness for AtomicBool {
+    fn is_ready(&self) -> bool {
+        self.load(Ordering::SeqCst)
+    }
+}
+
 /// Bind `addr` (e.g. `127.0.0.1:9100` from `admin.listen`).
 pub async fn bind(addr: &HostPort) -> Result<TcpListener, AdminError> {
     TcpListener::bind((addr.host.as_str(), addr.port))
@@ -61,13 +77,24 @@ pub async fn bind(addr: &HostPort) -> Result<TcpListener, AdminError> {
 
 /// Bind `addr` and serve until `shutdown` is cancelled.
 ///
-/// Intended call site: `proxy::run`, when `config.admin.listen` is set:
-/// `tokio::spawn(admin::serve(addr, metrics::global().clone(), ready, shutdown.clone()))`,
-/// where `ready` is set once upstream metadata has been fetched.
-pub async fn serve(
+/// Intended call site: `proxy::run`, right after the bootstrap listener,
+/// when `config.admin.listen` is set:
+///
+/// ```ignore
+/// if let Some(addr) = shared.config.admin.listen.clone() {
+///     let listener = admin::bind(&addr).await?; // fail start-up on a bad address
+///     shared.tasks.spawn(admin::serve_listener(
+///         listener, metrics::global().clone(), ready, shared.shutdown.clone()));
+/// }
+/// ```
+///
+/// where `ready` is an `Arc<AtomicBool>` set once upstream metadata has
+/// been fetched (today `Shared::ready` is a plain `AtomicBool`: make it an
+/// `Arc`, or implement [`Readiness`] for `Shared` and pass the `Arc<Shared>`).
+pub async fn serve<R: Readiness + ?Sized>(
     addr: &HostPort,
     metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<R>,
     shutdown: CancellationToken,
 ) -> Result<(), AdminError> {
     let listener = bind(addr).await?;
@@ -76,10 +103,10 @@ pub async fn serve(
 }
 
 /// Serve on an already bound listener until `shutdown` is cancelled.
-pub async fn serve_listener(
+pub async fn serve_listener<R: Readiness + ?Sized>(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<R>,
     shutdown: CancellationToken,
 ) {
     if let Ok(a) = listener.local_addr() {
@@ -103,7 +130,7 @@ pub async fn serve_listener(
                 let metrics = metrics.clone();
                 let ready = ready.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = handle(tcp, &metrics, &ready).await {
+                    if let Err(e) = handle(tcp, &metrics, &*ready).await {
                         debug!(%peer, error = %e, "admin connection ended");
                     }
                     drop(permit);
@@ -132,7 +159,11 @@ enum Head {
     Malformed,
 }
 
-async fn handle(mut tcp: TcpStream, metrics: &Metrics, ready: &AtomicBool) -> std::io::Result<()> {
+async fn handle<R: Readiness + ?Sized>(
+    mut tcp: TcpStream,
+    metrics: &Metrics,
+    ready: &R,
+) -> std::io::Result<()> {
     let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut tcp)).await {
         Ok(r) => r?,
         Err(_) => {
@@ -240,7 +271,7 @@ fn parse_head(head: &[u8]) -> Head {
     })
 }
 
-fn route(req: &RequestLine, metrics: &Metrics, ready: &AtomicBool) -> Vec<u8> {
+fn route<R: Readiness + ?Sized>(req: &RequestLine, metrics: &Metrics, ready: &R) -> Vec<u8> {
     let head_only = req.method == "HEAD";
     if req.method != "GET" && !head_only {
         return response(
@@ -264,7 +295,7 @@ fn route(req: &RequestLine, metrics: &Metrics, ready: &AtomicBool) -> Vec<u8> {
         }
         "/healthz" => response(200, "OK", "text/plain", b"ok\n", head_only),
         "/readyz" => {
-            if ready.load(Ordering::SeqCst) {
+            if ready.is_ready() {
                 response(200, "OK", "text/plain", b"ready\n", head_only)
             } else {
                 response(

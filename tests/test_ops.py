@@ -6,6 +6,9 @@ One proxy with a policy is started for this module. A poison record is
 produced straight to the broker, consumed through the proxy (so it is
 diverted to `<topic>.dlt`), and then inspected and replayed with the CLI.
 
+The tests share that one topic and run in file order: the inspect tests
+expect the single diversion, the replay test then adds more.
+
 The admin tests are xfail until `proxy::run` starts `admin::serve` on
 `admin.listen` (the data-path owner wires it in).
 """
@@ -214,6 +217,13 @@ def test_inspect_json_is_one_object_per_record(ops):
     out = ok(cli("dlt", "inspect", "--config", str(ops.config), "--topic", ops.dlt, "--json",
                  "--class", "stale"))
     assert out == ""
+    # Time filters apply to x-failed-at: diverted within the last hour, not before it.
+    out = ok(cli("dlt", "inspect", "--config", str(ops.config), "--topic", ops.dlt, "--json",
+                 "--since", "1h"))
+    assert len(out.splitlines()) == 1, out
+    out = ok(cli("dlt", "inspect", "--config", str(ops.config), "--topic", ops.dlt, "--json",
+                 "--until", "1h"))
+    assert out == ""
 
 
 def test_inspect_summary_counts_by_class_rule_and_origin_partition(ops):
@@ -232,7 +242,7 @@ def test_inspect_summary_counts_by_class_rule_and_origin_partition(ops):
 # dlt replay
 # ---------------------------------------------------------------------------
 
-def test_replay_revalidates_dry_runs_and_replays_each_record_once(ops, broker):
+def test_replay_revalidates_dry_runs_replays_once_and_counts_attempts(ops, broker):
     before = read_all(broker.bootstrap, ops.topic)
     assert len(before) == 3
 
@@ -266,6 +276,39 @@ def test_replay_revalidates_dry_runs_and_replays_each_record_once(ops, broker):
                  "--execute"))
     assert "already replayed" in out, out
     assert len(read_all(broker.bootstrap, ops.topic)) == 4
+
+    # The replayed copy is still poison under the proxy's policy: consumed
+    # through the proxy it is diverted again, carrying x-attempt: 1 ...
+    got = ck_consume_assign(Endpoint(ops.proxy.bootstrap, "proxy"), ops.topic, [0], 2, timeout=60)
+    assert [r.key for r in got] == [b"k1", b"k3"], got
+    recs = dlt_json(ops)
+    assert [(r["dlt_offset"], r["origin_offset"], r["attempt"]) for r in recs] == [(0, 1, 0), (1, 3, 1)]
+
+    # ... so --max-attempts 1 refuses it, and by default it goes out as attempt 2.
+    out = ok(cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt,
+                 "--execute", "--max-attempts", "1"))
+    assert f"{ops.dlt}/0/1: already replayed 1 times" in out, out
+    assert len(read_all(broker.bootstrap, ops.topic)) == 4
+    out = ok(cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt,
+                 "--execute", "--from-offset", "3"))
+    assert f"replayed          {ops.dlt}/0/1 -> {ops.topic}-0@4 (origin {ops.topic}-0@3, attempt 2)" \
+        in out, out
+    after = read_all(broker.bootstrap, ops.topic)
+    assert len(after) == 5, after
+    assert dict(after[4].headers)["x-attempt"] == b"2"
+    assert dict(after[4].headers)["x-replayed-from-dlt"] == f"{ops.dlt}/0/1".encode()
+
+
+def dlt_json(ops: Setup, want: int = 2, timeout: float = 15) -> list[dict]:
+    """The DLT's records via `dlt inspect --json`, once there are `want` of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = ok(cli("dlt", "inspect", "--config", str(ops.config), "--topic", ops.dlt, "--json"))
+        recs = [json.loads(line) for line in out.splitlines()]
+        if len(recs) >= want or time.monotonic() > deadline:
+            assert len(recs) == want, recs
+            return recs
+        time.sleep(0.3)
 
 
 def test_replay_refuses_a_missing_dead_letter_topic(ops):
