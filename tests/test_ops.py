@@ -314,3 +314,57 @@ def dlt_json(ops: Setup, want: int = 2, timeout: float = 15) -> list[dict]:
 def test_replay_refuses_a_missing_dead_letter_topic(ops):
     p = cli("dlt", "replay", "--config", str(ops.config), "--topic", f"{ops.topic}.nope")
     assert p.returncode != 0 and "does not exist" in p.stderr, p
+
+
+# ---------------------------------------------------------------------------
+# The dlt commands over TLS (config upstream.tls), with a hand-made DLT record
+# ---------------------------------------------------------------------------
+
+def test_dlt_commands_speak_tls_to_the_cluster(workdir, certs):
+    from harness import Tansu, TlsTerminator
+    term_port = free_port()
+    tansu = Tansu(workdir, advertised_port=term_port).start()
+    term = TlsTerminator(certs, tansu.port, port=term_port).start()
+    try:
+        ep = Endpoint(f"{HOST}:{term_port}", "direct", ca=str(certs.ca))
+        topic = f"ops-tls-{uuid.uuid4().hex[:8]}"
+        dlt = f"{topic}.dlt"
+        ck_create_topic(ep, topic, 2)
+        ck_create_topic(ep, dlt, 1)
+        ck_produce(ep, dlt, [Rec(0, -1, b"k9", b'{"lat": 1}', (
+            ("keep", b"me"),
+            ("x-original-topic", topic.encode()), ("x-original-partition", b"1"),
+            ("x-original-offset", b"17"), ("x-original-timestamp", b"1700000000000"),
+            ("x-error-class", b"poison"), ("x-error", b"/lat: 95 is outside [-90, 90]"),
+            ("x-error-rule", b"range:/lat"), ("x-policy", b"ops-geo"),
+            ("x-failed-at", b"1700000000500")), 1_700_000_000_000)])
+        policy = workdir / f"{topic}.policy.yaml"
+        policy.write_text(POLICY.format(topic=topic, max_lat=90))
+        cfg = OpsAntidote(workdir, upstream=[f"{HOST}:{term_port}"], name=f"ops-tls-{topic}",
+                          upstream_tls={"ca": str(certs.ca)}, policy_files=(str(policy),))
+        cfg.config_path.write_text(cfg.config_yaml())
+
+        out = ok(cli("dlt", "inspect", "--config", str(cfg.config_path), "--json"))
+        recs = [json.loads(line) for line in out.splitlines()]
+        assert [(r["dlt_topic"], r["origin_partition"], r["origin_offset"], r["failed_at"])
+                for r in recs] == [(dlt, 1, 17, "2023-11-14T22:13:20.500Z")], out
+
+        ok(cli("dlt", "replay", "--config", str(cfg.config_path), "--topic", dlt, "--execute"))
+        c = ck.Consumer(ep.ck(**{"group.id": f"ops-{time.monotonic_ns()}",
+                                 "auto.offset.reset": "earliest", "enable.auto.commit": False}))
+        try:
+            c.assign([ck.TopicPartition(topic, 1, ck.OFFSET_BEGINNING)])
+            deadline, m = time.monotonic() + 30, None
+            while time.monotonic() < deadline:
+                m = c.poll(0.5)
+                if m is not None and not m.error():
+                    break
+            assert m is not None and not m.error(), "replayed record not found in partition 1"
+            assert (m.key(), m.value()) == (b"k9", b'{"lat": 1}')
+            assert m.headers() == [("keep", b"me"), ("x-replayed-from-dlt", f"{dlt}/0/0".encode()),
+                                   ("x-attempt", b"1")]
+        finally:
+            c.close()
+    finally:
+        term.stop()
+        tansu.stop()
