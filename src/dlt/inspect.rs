@@ -56,12 +56,7 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
     };
     let mut records = Vec::new();
     for t in &topics {
-        records.extend(
-            read_dlt(&mut cluster, t)
-                .await?
-                .into_iter()
-                .filter(|r| args.filters.matches(r)),
-        );
+        records.extend(read_dlt(&mut cluster, t, |r| args.filters.matches(r)).await?);
     }
     if let Some(n) = args.limit {
         records.truncate(n);

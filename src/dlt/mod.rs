@@ -305,11 +305,20 @@ impl Context {
     }
 }
 
-/// Read every record of `topic` as [`DltRecord`]s, in partition then offset order.
-pub async fn read_dlt(cluster: &mut Cluster, topic: &str) -> Result<Vec<DltRecord>, DltError> {
+/// The records of `topic` that `keep` selects, as [`DltRecord`]s, in
+/// partition then offset order. The whole topic is read (to its high
+/// watermark); only the kept records are held in memory.
+pub async fn read_dlt(
+    cluster: &mut Cluster,
+    topic: &str,
+    keep: impl Fn(&DltRecord) -> bool,
+) -> Result<Vec<DltRecord>, DltError> {
     let mut out = Vec::new();
     crate::deadletter::read_topic(cluster, topic, |p, r| {
-        out.push(DltRecord::from_record(topic, p, r))
+        let d = DltRecord::from_record(topic, p, r);
+        if keep(&d) {
+            out.push(d);
+        }
     })
     .await?;
     Ok(out)

@@ -277,11 +277,7 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
             args.topic
         )));
     }
-    let mut records: Vec<DltRecord> = read_dlt(&mut cluster, &args.topic)
-        .await?
-        .into_iter()
-        .filter(|r| selected(args, r))
-        .collect();
+    let mut records = read_dlt(&mut cluster, &args.topic, |r| selected(args, r)).await?;
     if let Some(n) = args.limit {
         records.truncate(n);
     }
