@@ -670,6 +670,30 @@ impl Metrics {
     }
 }
 
+/// Counts one open connection of a listener for as long as it lives:
+/// `+1` when made, `-1` when dropped, whichever way the connection ends.
+///
+/// Call site: `proxy::serve`, first line:
+/// `let _open = ConnectionGuard::new(metrics::global().clone(), listener_name);`
+pub struct ConnectionGuard {
+    metrics: Arc<Metrics>,
+    listener: String,
+}
+
+impl ConnectionGuard {
+    pub fn new(metrics: Arc<Metrics>, listener: impl Into<String>) -> Self {
+        let listener = listener.into();
+        metrics.connections_open(&listener, 1);
+        ConnectionGuard { metrics, listener }
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.metrics.connections_open(&self.listener, -1);
+    }
+}
+
 /// The process-wide registry the data path records into.
 pub fn global() -> &'static Arc<Metrics> {
     static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
@@ -797,6 +821,19 @@ mod tests {
         assert!(text.contains("antidote_connections_accepted_total{listener=\"bootstrap\"} 2\n"));
         assert!(text.contains("antidote_held_partitions{topic=\"geo\",partition=\"3\"} 1\n"));
         assert!(text.contains("antidote_held_partitions{topic=\"geo\",partition=\"4\"} 0\n"));
+    }
+
+    #[test]
+    fn connection_guard_counts_while_alive() {
+        let m = Arc::new(Metrics::new());
+        let a = ConnectionGuard::new(m.clone(), "broker-111");
+        {
+            let _b = ConnectionGuard::new(m.clone(), "broker-111");
+            assert_eq!(m.open_connections("broker-111"), 2);
+        }
+        assert_eq!(m.open_connections("broker-111"), 1);
+        drop(a);
+        assert_eq!(m.open_connections("broker-111"), 0);
     }
 
     #[test]
