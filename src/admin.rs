@@ -16,7 +16,6 @@
 //! - `/readyz`: 200 once `ready` is true (upstream metadata fetched), else 503.
 //! - `/metrics`: the Prometheus text format (0.0.4).
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -330,14 +329,10 @@ fn response(code: u16, reason: &str, content_type: &str, body: &[u8], head_only:
     out
 }
 
-/// The address a listener actually bound (for logs and tests).
-pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
-    listener.local_addr().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
     async fn start() -> (SocketAddr, Arc<Metrics>, Arc<AtomicBool>, CancellationToken) {
         let listener = bind(&HostPort {
