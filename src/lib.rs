@@ -14,11 +14,14 @@
 //! Pure cores (`kafka::batch`, `policy`) take bytes and return values; I/O lives
 //! in `proxy` and `deadletter` only.
 
+pub mod admin;
 pub mod client;
 pub mod config;
 pub mod deadletter;
+pub mod dlt;
 pub mod intercept;
 pub mod kafka;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod sasl;

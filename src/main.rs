@@ -35,6 +35,19 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Dead-letter topics: inspect them, replay records from them.
+    Dlt {
+        #[command(subcommand)]
+        command: DltCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DltCommand {
+    /// List or summarise the records of a dead-letter topic (read-only).
+    Inspect(Box<antidote::dlt::InspectArgs>),
+    /// Re-drive dead-lettered records to their original topic (dry run unless --execute).
+    Replay(Box<antidote::dlt::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +55,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Run { config } => run(&config),
+        Command::Dlt { command } => dlt(command),
         Command::Check { config } => match load(&config) {
             Ok(_) => {
                 println!("{}: ok", config.display());
@@ -92,6 +106,38 @@ fn run(path: &Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dlt(command: DltCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let result = runtime.block_on(async {
+        match &command {
+            DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await.map(|()| true),
+            DltCommand::Replay(args) => antidote::dlt::replay::run(args, &mut out).await.map(|report| {
+                if report.failed > 0 {
+                    eprintln!("{} record(s) failed to replay; run the same command again to retry them", report.failed);
+                }
+                report.failed == 0
+            }),
+        }
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        // Some records could not be written: 2, distinct from a usage or connection error.
+        Ok(false) => ExitCode::from(2),
+        Err(antidote::dlt::DltError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }

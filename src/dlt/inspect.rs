@@ -1,0 +1,361 @@
+//! `antidote dlt inspect`: what is in a dead-letter topic, for humans
+//! (an aligned table, or a summary by class, rule, reason and origin
+//! partition) and for scripts (`--json`, one object per line).
+//!
+//! Read-only: it fetches the DLT from its start to its high watermark and
+//! never writes or commits anything.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::{format_time, read_dlt, show_bytes, Context, DltError, DltRecord, Filters};
+
+/// Arguments of `antidote dlt inspect`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InspectArgs {
+    /// The proxy's config file (the dead-letter cluster and the policies).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// The dead-letter topic; default: every existing DLT of the configured policies.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Counts by class, rule, reason and origin partition instead of records.
+    #[arg(long)]
+    pub summary: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Show at most N records (after filtering).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    #[command(flatten)]
+    pub filters: Filters,
+}
+
+/// Run `dlt inspect`, writing to `out`.
+pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError> {
+    let ctx = Context::load(&args.config)?;
+    let mut cluster = ctx.dead_letter_cluster()?;
+    let topics = match &args.topic {
+        Some(t) => {
+            if cluster.partitions(t).await?.is_none() {
+                return Err(DltError::Usage(format!("topic {t} does not exist")));
+            }
+            vec![t.clone()]
+        }
+        None => {
+            let ts = ctx.existing_dead_letter_topics(&mut cluster).await?;
+            if ts.is_empty() {
+                eprintln!("no dead-letter topic of the configured policies exists");
+            }
+            ts
+        }
+    };
+    let mut records = Vec::new();
+    for t in &topics {
+        records.extend(read_dlt(&mut cluster, t, |r| args.filters.matches(r)).await?);
+    }
+    if let Some(n) = args.limit {
+        records.truncate(n);
+    }
+    if args.summary {
+        let s = Summary::of(&records);
+        if args.json {
+            writeln!(out, "{}", s.to_json())?;
+        } else {
+            s.write_table(out)?;
+        }
+    } else if args.json {
+        for r in &records {
+            writeln!(out, "{}", record_json(r))?;
+        }
+    } else {
+        write_table(out, &records)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// One DLT record as a JSON object.
+pub fn record_json(r: &DltRecord) -> Value {
+    let other_headers: Vec<Value> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !super::CONTEXT_HEADERS.contains(&k.as_str()) || k == super::H_ATTEMPT)
+        .map(|(k, v)| json!({"key": k, "value": v.as_deref().map(|v| show_bytes(Some(v)))}))
+        .collect();
+    json!({
+        "dlt_topic": r.dlt_topic,
+        "dlt_partition": r.dlt_partition,
+        "dlt_offset": r.dlt_offset,
+        "origin_topic": r.origin_topic,
+        "origin_partition": r.origin_partition,
+        "origin_offset": r.origin_offset,
+        "origin_timestamp": r.origin_timestamp,
+        "class": r.class,
+        "rule": r.rule,
+        "reason": r.reason,
+        "policy": r.policy,
+        "failed_at": r.failed_at.map(format_time),
+        "failed_at_ms": r.failed_at,
+        "attempt": r.attempt,
+        "key": r.key.as_deref().map(|k| show_bytes(Some(k))),
+        "value": r.value.as_deref().map(|v| show_bytes(Some(v))),
+        "headers": other_headers,
+    })
+}
+
+const COLUMNS: [&str; 10] = [
+    "DLT",
+    "PART",
+    "OFFSET",
+    "ORIGIN",
+    "CLASS",
+    "RULE",
+    "POLICY",
+    "FAILED AT",
+    "KEY",
+    "REASON",
+];
+
+/// Cells longer than this are cut (the reason, the last column, is not).
+const MAX_CELL: usize = 40;
+
+fn cut(s: &str, max: usize) -> String {
+    let s = s.replace(['\n', '\r', '\t'], " ");
+    if s.chars().count() <= max {
+        s
+    } else {
+        let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// The records as an aligned table.
+pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Result<()> {
+    let rows: Vec<[String; 10]> = records
+        .iter()
+        .map(|r| {
+            [
+                cut(&r.dlt_topic, MAX_CELL),
+                r.dlt_partition.to_string(),
+                r.dlt_offset.to_string(),
+                cut(&r.origin(), MAX_CELL),
+                r.class.clone(),
+                cut(&r.rule, MAX_CELL),
+                cut(&r.policy, MAX_CELL),
+                r.failed_at.map(format_time).unwrap_or_else(|| "-".into()),
+                r.key
+                    .as_deref()
+                    .map(|k| cut(&show_bytes(Some(k)), 24))
+                    .unwrap_or_else(|| "-".into()),
+                cut(&r.reason, 200),
+            ]
+        })
+        .collect();
+    write_aligned(out, &COLUMNS, &rows)?;
+    writeln!(
+        out,
+        "({} record{})",
+        records.len(),
+        if records.len() == 1 { "" } else { "s" }
+    )
+}
+
+fn write_aligned<const N: usize>(
+    out: &mut dyn Write,
+    head: &[&str; N],
+    rows: &[[String; N]],
+) -> std::io::Result<()> {
+    let mut widths: [usize; N] = head.map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                s.push_str(c);
+            } else {
+                s.push_str(c);
+                s.push_str(&" ".repeat(w - c.chars().count() + 2));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    writeln!(out, "{}", line(head.to_vec()))?;
+    for row in rows {
+        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+/// Counts by class, rule, reason and origin partition.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub total: u64,
+    pub by_class: BTreeMap<String, u64>,
+    pub by_rule: BTreeMap<String, u64>,
+    pub by_reason: BTreeMap<String, u64>,
+    /// `topic-partition` of the original records.
+    pub by_origin_partition: BTreeMap<String, u64>,
+    pub by_dlt: BTreeMap<String, u64>,
+    pub first_failed_at: Option<i64>,
+    pub last_failed_at: Option<i64>,
+}
+
+impl Summary {
+    pub fn of(records: &[DltRecord]) -> Summary {
+        let mut s = Summary::default();
+        for r in records {
+            s.total += 1;
+            *s.by_class.entry(r.class.clone()).or_default() += 1;
+            *s.by_rule.entry(r.rule.clone()).or_default() += 1;
+            *s.by_reason.entry(r.reason.clone()).or_default() += 1;
+            let origin = match (&r.origin_topic, r.origin_partition) {
+                (Some(t), Some(p)) => format!("{t}-{p}"),
+                _ => "-".into(),
+            };
+            *s.by_origin_partition.entry(origin).or_default() += 1;
+            *s.by_dlt.entry(r.dlt_topic.clone()).or_default() += 1;
+            if let Some(at) = r.failed_at {
+                s.first_failed_at = Some(s.first_failed_at.map_or(at, |f| f.min(at)));
+                s.last_failed_at = Some(s.last_failed_at.map_or(at, |l| l.max(at)));
+            }
+        }
+        s
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "total": self.total,
+            "by_class": self.by_class,
+            "by_rule": self.by_rule,
+            "by_reason": self.by_reason,
+            "by_origin_partition": self.by_origin_partition,
+            "by_dlt": self.by_dlt,
+            "first_failed_at": self.first_failed_at.map(format_time),
+            "last_failed_at": self.last_failed_at.map(format_time),
+        })
+    }
+
+    pub fn write_table(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "{} record{}",
+            self.total,
+            if self.total == 1 { "" } else { "s" }
+        )?;
+        if let (Some(f), Some(l)) = (self.first_failed_at, self.last_failed_at) {
+            writeln!(
+                out,
+                "dead-lettered between {} and {}",
+                format_time(f),
+                format_time(l)
+            )?;
+        }
+        for (title, map) in [
+            ("DLT", &self.by_dlt),
+            ("CLASS", &self.by_class),
+            ("RULE", &self.by_rule),
+            ("ORIGIN PARTITION", &self.by_origin_partition),
+            ("REASON", &self.by_reason),
+        ] {
+            writeln!(out)?;
+            let mut rows: Vec<(&String, &u64)> = map.iter().collect();
+            rows.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+            let rows: Vec<[String; 2]> = rows
+                .into_iter()
+                .map(|(k, n)| [n.to_string(), cut(k, 200)])
+                .collect();
+            write_aligned(out, &["COUNT", title], &rows)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn rec(offset: i64, class: &str, rule: &str, reason: &str, partition: i32) -> DltRecord {
+        DltRecord {
+            dlt_topic: "geo.dlt".into(),
+            dlt_partition: 0,
+            dlt_offset: offset,
+            timestamp: 0,
+            origin_topic: Some("geo".into()),
+            origin_partition: Some(partition),
+            origin_offset: Some(offset * 10),
+            origin_timestamp: Some(0),
+            class: class.into(),
+            rule: rule.into(),
+            reason: reason.into(),
+            policy: "p".into(),
+            failed_at: Some(1_795_997_596_000 + offset),
+            attempt: 0,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"{\"lat\":91}")),
+            headers: vec![("idempotency-key".into(), Some(Bytes::from_static(b"i1")))],
+        }
+    }
+
+    #[test]
+    fn table_is_aligned() {
+        let rs = [
+            rec(1, "poison", "coordinates", "/lat: 91", 0),
+            rec(12, "stale", "max_age", "too old", 3),
+        ];
+        let mut out = Vec::new();
+        write_table(&mut out, &rs).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("DLT"), "{text}");
+        let col = |l: &str| {
+            l.find("poison")
+                .or_else(|| l.find("stale"))
+                .or_else(|| l.find("CLASS"))
+        };
+        assert_eq!(col(lines[0]), col(lines[1]));
+        assert_eq!(col(lines[1]), col(lines[2]));
+        assert!(lines[1].contains("geo-0@10") && lines[2].contains("geo-3@120"));
+        assert_eq!(lines[3], "(2 records)");
+    }
+
+    #[test]
+    fn summary_counts_by_class_rule_reason_and_origin() {
+        let rs = [
+            rec(1, "poison", "coordinates", "/lat: 91", 0),
+            rec(2, "poison", "coordinates", "/lat: 91", 0),
+            rec(3, "stale", "max_age", "too old", 1),
+        ];
+        let s = Summary::of(&rs);
+        assert_eq!(s.total, 3);
+        assert_eq!(s.by_class["poison"], 2);
+        assert_eq!(s.by_rule["max_age"], 1);
+        assert_eq!(s.by_reason["/lat: 91"], 2);
+        assert_eq!(s.by_origin_partition["geo-1"], 1);
+        let j = s.to_json();
+        assert_eq!(j["by_class"]["stale"], 1);
+        let mut out = Vec::new();
+        s.write_table(&mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("2      poison"));
+    }
+
+    #[test]
+    fn json_has_origin_and_context() {
+        let j = record_json(&rec(5, "poison", "schema", "bad", 2));
+        assert_eq!(j["origin_offset"], 50);
+        assert_eq!(j["class"], "poison");
+        assert_eq!(j["key"], "k");
+        assert_eq!(j["headers"][0]["key"], "idempotency-key");
+        assert!(j["failed_at"].as_str().unwrap().ends_with('Z'));
+    }
+}

@@ -1,0 +1,573 @@
+//! The `antidote dlt` commands: operator tools over dead-letter topics.
+//!
+//! - [`inspect`]: list or summarise what is in a DLT.
+//! - [`replay`]: re-drive chosen DLT records to their original topic once the
+//!   cause is fixed.
+//!
+//! Owns the reading side of a DLT record (its context headers parsed into a
+//! [`DltRecord`]), the connection to the dead-letter cluster from a config,
+//! and small time helpers. It reads topics with
+//! [`crate::deadletter::read_topic`] and never changes how the proxy writes
+//! DLT records: the header names come from `crate::deadletter`.
+
+pub mod inspect;
+pub mod replay;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use bytes::Bytes;
+
+use crate::client::{ClientError, Cluster, Endpoint};
+use crate::config::Config;
+use crate::deadletter::{H_OFFSET, H_PARTITION, H_TIMESTAMP, H_TOPIC};
+use crate::kafka::record::Record;
+use crate::policy::PolicySet;
+use crate::proxy::tls;
+
+pub use inspect::InspectArgs;
+pub use replay::ReplayArgs;
+
+/// Why a `dlt` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DltError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Policy(String),
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("{0}")]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Produce(String),
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Context headers the proxy adds to a DLT record (plus the replay headers);
+/// replay strips exactly these, and keeps every other header, `x-` or not.
+pub const CONTEXT_HEADERS: &[&str] = &[
+    H_TOPIC,
+    H_PARTITION,
+    H_OFFSET,
+    H_TIMESTAMP,
+    H_CLASS,
+    H_ERROR,
+    H_RULE,
+    H_POLICY,
+    H_FAILED_AT,
+    H_REPLAYED_FROM,
+    H_ATTEMPT,
+];
+pub const H_CLASS: &str = "x-error-class";
+pub const H_ERROR: &str = "x-error";
+pub const H_RULE: &str = "x-error-rule";
+pub const H_POLICY: &str = "x-policy";
+pub const H_FAILED_AT: &str = "x-failed-at";
+/// `<dlt-topic>/<partition>/<offset>` of the DLT record a replay came from.
+pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
+/// How many times this record has been replayed (1 on the first replay).
+pub const H_ATTEMPT: &str = "x-attempt";
+
+/// One DLT record, owned, with its context headers parsed.
+#[derive(Debug, Clone)]
+pub struct DltRecord {
+    pub dlt_topic: String,
+    pub dlt_partition: i32,
+    pub dlt_offset: i64,
+    pub timestamp: i64,
+    pub origin_topic: Option<String>,
+    pub origin_partition: Option<i32>,
+    pub origin_offset: Option<i64>,
+    pub origin_timestamp: Option<i64>,
+    pub class: String,
+    pub rule: String,
+    pub reason: String,
+    pub policy: String,
+    pub failed_at: Option<i64>,
+    /// The previous replay's attempt number carried by the record, 0 if none.
+    pub attempt: u32,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    /// Every header, in order, context headers included.
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+impl DltRecord {
+    pub fn from_record(topic: &str, partition: i32, r: &Record<'_>) -> Self {
+        let text = |k: &str| {
+            r.header(k)
+                .flatten()
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        let num = |k: &str| text(k).and_then(|t| t.trim().parse::<i64>().ok());
+        DltRecord {
+            dlt_topic: topic.to_string(),
+            dlt_partition: partition,
+            dlt_offset: r.offset,
+            timestamp: r.timestamp,
+            origin_topic: text(H_TOPIC),
+            origin_partition: num(H_PARTITION).and_then(|p| i32::try_from(p).ok()),
+            origin_offset: num(H_OFFSET),
+            origin_timestamp: num(H_TIMESTAMP),
+            class: text(H_CLASS).unwrap_or_default(),
+            rule: text(H_RULE).unwrap_or_default(),
+            reason: text(H_ERROR).unwrap_or_default(),
+            policy: text(H_POLICY).unwrap_or_default(),
+            failed_at: num(H_FAILED_AT),
+            attempt: num(H_ATTEMPT)
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or(0),
+            key: r.key.map(Bytes::copy_from_slice),
+            value: r.value.map(Bytes::copy_from_slice),
+            headers: r
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        String::from_utf8_lossy(h.key).into_owned(),
+                        h.value.map(Bytes::copy_from_slice),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// `<dlt-topic>/<partition>/<offset>`: the value of `x-replayed-from-dlt`.
+    pub fn coordinate(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.dlt_topic, self.dlt_partition, self.dlt_offset
+        )
+    }
+
+    /// `topic-partition@offset` of the original record, or `-`.
+    pub fn origin(&self) -> String {
+        match (
+            &self.origin_topic,
+            self.origin_partition,
+            self.origin_offset,
+        ) {
+            (Some(t), Some(p), Some(o)) => format!("{t}-{p}@{o}"),
+            _ => "-".into(),
+        }
+    }
+}
+
+/// Filters shared by `inspect` and `replay`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Filters {
+    /// Only records of this class (poison, stale, unknown).
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Only records whose original topic is this.
+    #[arg(long)]
+    pub origin_topic: Option<String>,
+    /// Only records whose original partition is this.
+    #[arg(long)]
+    pub origin_partition: Option<i32>,
+    /// Only records dead-lettered at or after TIME (RFC 3339 such as
+    /// 2026-01-31T12:00:00Z, epoch milliseconds, or an age such as 2h).
+    #[arg(long, value_parser = parse_time_arg)]
+    pub since: Option<i64>,
+    /// Only records dead-lettered before TIME (same forms as --since).
+    #[arg(long, value_parser = parse_time_arg)]
+    pub until: Option<i64>,
+    /// Only records whose reason (x-error) contains this text.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Only records whose key is exactly this (UTF-8).
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+impl Filters {
+    pub fn matches(&self, r: &DltRecord) -> bool {
+        if self
+            .class
+            .as_deref()
+            .is_some_and(|c| !c.eq_ignore_ascii_case(&r.class))
+        {
+            return false;
+        }
+        if self
+            .origin_topic
+            .as_deref()
+            .is_some_and(|t| r.origin_topic.as_deref() != Some(t))
+        {
+            return false;
+        }
+        if self
+            .origin_partition
+            .is_some_and(|p| r.origin_partition != Some(p))
+        {
+            return false;
+        }
+        let at = r.failed_at.unwrap_or(r.timestamp);
+        if self.since.is_some_and(|s| at < s) || self.until.is_some_and(|u| at >= u) {
+            return false;
+        }
+        if self
+            .reason
+            .as_deref()
+            .is_some_and(|s| !r.reason.contains(s))
+        {
+            return false;
+        }
+        if self
+            .key
+            .as_deref()
+            .is_some_and(|k| r.key.as_deref() != Some(k.as_bytes()))
+        {
+            return false;
+        }
+        true
+    }
+}
+
+/// The config and policies a `dlt` command runs with.
+pub struct Context {
+    pub config: Config,
+    pub policies: PolicySet,
+}
+
+impl Context {
+    pub fn load(path: &Path) -> Result<Context, DltError> {
+        let config = Config::load(path).map_err(|e| DltError::Config(e.to_string()))?;
+        let policies = PolicySet::load(&config.policies).map_err(|errs| {
+            DltError::Policy(
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        })?;
+        Ok(Context { config, policies })
+    }
+
+    /// A client for the dead-letter cluster (`dead_letter.bootstrap_servers`,
+    /// else upstream), with TLS chosen the way the proxy chooses it.
+    pub fn dead_letter_cluster(&self) -> Result<Cluster, DltError> {
+        let c = &self.config;
+        let upstream = Endpoint {
+            tls: c.upstream.tls.as_ref().map(tls::connector).transpose()?,
+            timeout: c.upstream.connect_timeout,
+            max_frame: c.limits.max_frame_bytes,
+        };
+        let dlt = &c.dead_letter;
+        let endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
+            (None, None) => upstream,
+            (_, tls) => Endpoint {
+                tls: tls.as_ref().map(tls::connector).transpose()?,
+                ..upstream
+            },
+        };
+        let bootstrap = dlt
+            .bootstrap_servers
+            .clone()
+            .unwrap_or_else(|| c.upstream.bootstrap_servers.clone());
+        Ok(Cluster::new(bootstrap, endpoint))
+    }
+
+    /// Every existing DLT of the configured policies: topics named by
+    /// rendering a policy's template for each existing policy topic and
+    /// class, plus existing topics that match a template's glob. Internal
+    /// topics (`__*`) are left out.
+    pub async fn existing_dead_letter_topics(
+        &self,
+        cluster: &mut Cluster,
+    ) -> Result<Vec<String>, DltError> {
+        let meta = cluster.metadata(None).await?;
+        let existing: BTreeSet<String> = meta
+            .topics
+            .iter()
+            .filter(|t| t.error_code == 0)
+            .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+            .filter(|n| !n.starts_with("__"))
+            .collect();
+        let mut out = BTreeSet::new();
+        for topic in &existing {
+            if self.policies.is_dead_letter_topic(topic) {
+                out.insert(topic.clone());
+            } else if let Some(p) = self.policies.for_topic(topic) {
+                for class in crate::policy::Class::ALL {
+                    let dlt = p.dead_letter_topic(topic, class);
+                    if existing.contains(&dlt) && &dlt != topic {
+                        out.insert(dlt);
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+}
+
+/// The records of `topic` that `keep` selects, as [`DltRecord`]s, in
+/// partition then offset order. The whole topic is read (to its high
+/// watermark); only the kept records are held in memory.
+pub async fn read_dlt(
+    cluster: &mut Cluster,
+    topic: &str,
+    keep: impl Fn(&DltRecord) -> bool,
+) -> Result<Vec<DltRecord>, DltError> {
+    let mut out = Vec::new();
+    crate::deadletter::read_topic(cluster, topic, |p, r| {
+        let d = DltRecord::from_record(topic, p, r);
+        if keep(&d) {
+            out.push(d);
+        }
+    })
+    .await?;
+    Ok(out)
+}
+
+/// Parse `--since`/`--until`: RFC 3339 (`2026-01-31T12:00:00Z`,
+/// `2026-01-31T12:00:00.5+01:00`, `2026-01-31`), epoch milliseconds (a bare
+/// integer of 11+ digits), or an age such as `90s`, `15m`, `2h`, `7d`
+/// (meaning that long before now). Returns epoch milliseconds.
+pub fn parse_time_arg(s: &str) -> Result<i64, String> {
+    parse_time(s, crate::intercept::now_ms())
+}
+
+fn parse_time(s: &str, now_ms: i64) -> Result<i64, String> {
+    let s = s.trim();
+    if s.len() >= 11 && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse().map_err(|_| format!("`{s}` is not a time"));
+    }
+    if let Some(ms) = parse_rfc3339(s) {
+        return Ok(ms);
+    }
+    let age = s.strip_prefix('-').unwrap_or(s);
+    match crate::config::parse_duration(age) {
+        Ok(d) => Ok(now_ms - d.as_millis() as i64),
+        Err(_) => Err(format!(
+            "`{s}` is not a time: use RFC 3339 (2026-01-31T12:00:00Z), epoch milliseconds, or an age (15m, 2h, 7d)"
+        )),
+    }
+}
+
+fn parse_rfc3339(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let t = s.get(r)?;
+        if t.bytes().all(|c| c.is_ascii_digit()) && !t.is_empty() {
+            t.parse().ok()
+        } else {
+            None
+        }
+    };
+    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let mut ms = days_from_civil(y, mo, d) * 86_400_000;
+    if b.len() == 10 {
+        return Some(ms);
+    }
+    if !matches!(b[10], b'T' | b't' | b' ') || b.len() < 19 || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    ms += ((h * 60 + mi) * 60 + sec) * 1000;
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let f = &frac[..digits];
+        let millis: String = f.chars().chain("000".chars()).take(3).collect();
+        ms += millis.parse::<i64>().ok()?;
+        rest = &frac[digits..];
+    }
+    match rest {
+        "Z" | "z" => Some(ms),
+        _ if rest.len() == 6
+            && (rest.starts_with('+') || rest.starts_with('-'))
+            && &rest[3..4] == ":" =>
+        {
+            let oh: i64 = rest[1..3].parse().ok()?;
+            let om: i64 = rest[4..6].parse().ok()?;
+            let off = (oh * 60 + om) * 60_000;
+            Some(if rest.starts_with('+') {
+                ms - off
+            } else {
+                ms + off
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// Epoch milliseconds as `2026-01-31T12:00:00.123Z`.
+pub fn format_time(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let rem = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    let (h, mi, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+}
+
+/// Bytes as text for humans: UTF-8 as is, anything else as `0x…` hex.
+pub fn show_bytes(b: Option<&[u8]>) -> String {
+    match b {
+        None => "null".into(),
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => s.to_string(),
+            Err(_) => format!(
+                "0x{}",
+                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::record::Header;
+
+    #[test]
+    fn times_parse_and_format() {
+        let now = 1_800_000_000_000;
+        assert_eq!(parse_time("1970-01-01T00:00:00Z", now).unwrap(), 0);
+        assert_eq!(
+            parse_time("2026-11-30T00:13:16Z", now).unwrap(),
+            1_795_997_596_000
+        );
+        assert_eq!(
+            parse_time("2026-11-30T01:13:16.5+01:00", now).unwrap(),
+            1_795_997_596_500
+        );
+        assert_eq!(parse_time("2026-11-30", now).unwrap(), 1_795_996_800_000);
+        assert_eq!(parse_time("1795997596000", now).unwrap(), 1_795_997_596_000);
+        assert_eq!(parse_time("15m", now).unwrap(), now - 900_000);
+        assert_eq!(parse_time("-2h", now).unwrap(), now - 7_200_000);
+        assert!(parse_time("yesterday", now).is_err());
+        assert!(parse_time("2026-13-01T00:00:00Z", now).is_err());
+        assert_eq!(format_time(1_795_997_596_500), "2026-11-30T00:13:16.500Z");
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        for ms in [-86_400_001, 951_782_400_000, 4_102_444_800_123] {
+            assert_eq!(parse_time(&format_time(ms), now).unwrap(), ms);
+        }
+    }
+
+    #[test]
+    fn dlt_record_reads_context_headers() {
+        let headers = [
+            Header {
+                key: b"idempotency-key",
+                value: Some(b"k1"),
+            },
+            Header {
+                key: b"x-original-topic",
+                value: Some(b"geo"),
+            },
+            Header {
+                key: b"x-original-partition",
+                value: Some(b"2"),
+            },
+            Header {
+                key: b"x-original-offset",
+                value: Some(b"41"),
+            },
+            Header {
+                key: b"x-error-class",
+                value: Some(b"poison"),
+            },
+            Header {
+                key: b"x-error",
+                value: Some(b"/lat: 91 is outside [-90, 90]"),
+            },
+            Header {
+                key: b"x-error-rule",
+                value: Some(b"coordinates"),
+            },
+            Header {
+                key: b"x-failed-at",
+                value: Some(b"1795997596000"),
+            },
+            Header {
+                key: b"x-attempt",
+                value: Some(b"2"),
+            },
+        ];
+        let r = Record {
+            offset: 7,
+            timestamp: 5,
+            key: Some(b"dev-1"),
+            value: Some(b"{}"),
+            headers: headers.to_vec(),
+        };
+        let d = DltRecord::from_record("geo.dlt", 0, &r);
+        assert_eq!(d.origin(), "geo-2@41");
+        assert_eq!(d.coordinate(), "geo.dlt/0/7");
+        assert_eq!(
+            (d.class.as_str(), d.rule.as_str(), d.attempt),
+            ("poison", "coordinates", 2)
+        );
+        let mut f = Filters {
+            class: Some("POISON".into()),
+            reason: Some("outside".into()),
+            ..Default::default()
+        };
+        assert!(f.matches(&d));
+        f.origin_partition = Some(1);
+        assert!(!f.matches(&d));
+        let f = Filters {
+            since: Some(1_795_997_596_001),
+            ..Default::default()
+        };
+        assert!(!f.matches(&d));
+        let f = Filters {
+            key: Some("dev-1".into()),
+            until: Some(1_795_997_596_001),
+            ..Default::default()
+        };
+        assert!(f.matches(&d));
+    }
+
+    #[test]
+    fn bytes_show_as_text_or_hex() {
+        assert_eq!(show_bytes(Some(b"abc")), "abc");
+        assert_eq!(show_bytes(Some(&[0xff, 0x00])), "0xff00");
+        assert_eq!(show_bytes(None), "null");
+    }
+}

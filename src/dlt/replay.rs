@@ -1,0 +1,761 @@
+//! `antidote dlt replay`: re-drive dead-lettered records to their original
+//! topic (or `--to TOPIC`) once their cause is fixed.
+//!
+//! Owns the replay decision for one DLT record ([`decide`], pure) and the
+//! small acks=all producer that writes replays. Dry-run unless `--execute`.
+//!
+//! A replayed record keeps the original key, value and headers, minus the
+//! proxy's context headers ([`super::CONTEXT_HEADERS`]), plus
+//! `x-replayed-from-dlt: <dlt-topic>/<partition>/<offset>` and
+//! `x-attempt: N` (the DLT record's own `x-attempt` + 1, so a record that was
+//! replayed, judged invalid again and dead-lettered again counts up). Its
+//! timestamp is the time of the replay (CreateTime); the original timestamp
+//! stays in the DLT.
+//!
+//! Safety rules, in order:
+//! 1. Filters choose records (`--class`, `--reason`, `--key`, origin offsets, times).
+//! 2. A record whose attempt count reached `--max-attempts` is refused.
+//! 3. A `stale` record is refused unless `--include-stale` (it would only be
+//!    stale again).
+//! 4. The record, as it would be written, is judged by the CURRENT policy of
+//!    the target topic; still invalid means reported and left alone.
+//! 5. No double replays: before producing, every record of the target topic
+//!    that carries `x-replayed-from-dlt` is read and the DLT coordinates
+//!    already replayed are skipped. This makes running the same replay twice
+//!    safe; it costs one read of the target topic per run, and two replays
+//!    of the same records running at the same moment can still both write.
+//!    If a produce fails with an unknown outcome (timeout, lost connection),
+//!    run the replay again: what landed is skipped.
+//!
+//! Records go to the original partition when the target has it, else to
+//! partition 0; Produce v3..=9, acks=all, one record per request, in DLT
+//! order, at most `--rate` per second.
+
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ProduceRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::{
+    read_dlt, Context, DltError, DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM,
+};
+use crate::client::{errors, Cluster};
+use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+use crate::kafka::record::{Header, Record};
+use crate::policy::{PolicySet, Verdict};
+
+/// Arguments of `antidote dlt replay`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayArgs {
+    /// The proxy's config file (the cluster and the CURRENT policies).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// The dead-letter topic to replay from.
+    #[arg(long)]
+    pub topic: String,
+    /// Write to this topic instead of each record's original topic.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Really produce; without it nothing is written (dry run).
+    #[arg(long)]
+    pub execute: bool,
+    /// At most N records per second.
+    #[arg(long, value_name = "N")]
+    pub rate: Option<f64>,
+    /// Only records whose ORIGINAL offset is at least this.
+    #[arg(long)]
+    pub from_offset: Option<i64>,
+    /// Only records whose ORIGINAL offset is at most this.
+    #[arg(long)]
+    pub to_offset: Option<i64>,
+    /// Also replay `stale` records (refused by default).
+    #[arg(long)]
+    pub include_stale: bool,
+    /// Refuse records already replayed this many times.
+    #[arg(long, default_value_t = 3)]
+    pub max_attempts: u32,
+    /// Consider at most N records (after filtering).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    #[command(flatten)]
+    pub filters: Filters,
+}
+
+/// What replay does with one DLT record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Write `record` to `topic`/`partition`.
+    Replay {
+        topic: String,
+        partition: i32,
+        attempt: u32,
+        record: NewRecord,
+    },
+    AlreadyReplayed {
+        topic: String,
+    },
+    StillInvalid {
+        class: String,
+        rule: String,
+        reason: String,
+    },
+    RefusedStale,
+    RefusedMaxAttempts {
+        attempts: u32,
+    },
+    /// No `x-original-topic` and no `--to`.
+    NoOrigin,
+    TargetMissing {
+        topic: String,
+    },
+}
+
+impl Decision {
+    fn label(&self) -> &'static str {
+        match self {
+            Decision::Replay { .. } => "replay",
+            Decision::AlreadyReplayed { .. } => "already-replayed",
+            Decision::StillInvalid { .. } => "still-invalid",
+            Decision::RefusedStale => "refused-stale",
+            Decision::RefusedMaxAttempts { .. } => "refused-max-attempts",
+            Decision::NoOrigin => "no-origin",
+            Decision::TargetMissing { .. } => "target-missing",
+        }
+    }
+}
+
+/// What a replay run did, by outcome.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub considered: u64,
+    pub replayed: u64,
+    pub would_replay: u64,
+    pub already_replayed: u64,
+    pub still_invalid: u64,
+    pub refused: u64,
+    pub failed: u64,
+}
+
+impl Report {
+    fn line(&self, execute: bool) -> String {
+        let sent = if execute {
+            format!("{} replayed", self.replayed)
+        } else {
+            format!("{} would be replayed", self.would_replay)
+        };
+        format!(
+            "replay: {} considered, {sent}, {} already replayed, {} still invalid, {} refused, {} failed",
+            self.considered, self.already_replayed, self.still_invalid, self.refused, self.failed
+        )
+    }
+}
+
+/// The record a replay writes: original key, value and non-context headers,
+/// plus `x-replayed-from-dlt` and `x-attempt`.
+pub fn replay_record(r: &DltRecord, attempt: u32, timestamp: i64) -> NewRecord {
+    let mut headers: Vec<(String, Option<Bytes>)> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !CONTEXT_HEADERS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    headers.push((
+        H_REPLAYED_FROM.to_string(),
+        Some(Bytes::from(r.coordinate())),
+    ));
+    headers.push((
+        H_ATTEMPT.to_string(),
+        Some(Bytes::from(attempt.to_string())),
+    ));
+    NewRecord {
+        timestamp,
+        key: r.key.clone(),
+        value: r.value.clone(),
+        headers,
+    }
+}
+
+/// Whether `r` passes the command-line selection (filters and origin offsets).
+pub fn selected(args: &ReplayArgs, r: &DltRecord) -> bool {
+    if !args.filters.matches(r) {
+        return false;
+    }
+    let off = r.origin_offset;
+    if args.from_offset.is_some_and(|f| off.is_none_or(|o| o < f)) {
+        return false;
+    }
+    if args.to_offset.is_some_and(|t| off.is_none_or(|o| o > t)) {
+        return false;
+    }
+    true
+}
+
+/// Decide what to do with one selected DLT record. Pure.
+///
+/// `partitions(topic)` is the target's partition count (`None`: missing);
+/// `replayed` holds the DLT coordinates already found in the target.
+pub fn decide(
+    args: &ReplayArgs,
+    policies: &PolicySet,
+    r: &DltRecord,
+    partitions: impl Fn(&str) -> Option<usize>,
+    replayed: &HashSet<String>,
+    now_ms: i64,
+) -> Decision {
+    let Some(topic) = args.to.clone().or_else(|| r.origin_topic.clone()) else {
+        return Decision::NoOrigin;
+    };
+    if r.attempt >= args.max_attempts {
+        return Decision::RefusedMaxAttempts {
+            attempts: r.attempt,
+        };
+    }
+    if r.class == crate::policy::Class::Stale.as_str() && !args.include_stale {
+        return Decision::RefusedStale;
+    }
+    let Some(n) = partitions(&topic).filter(|&n| n > 0) else {
+        return Decision::TargetMissing { topic };
+    };
+    if replayed.contains(&r.coordinate()) {
+        return Decision::AlreadyReplayed { topic };
+    }
+    let attempt = r.attempt + 1;
+    let record = replay_record(r, attempt, now_ms);
+    if let Some(policy) = policies
+        .for_topic(&topic)
+        .filter(|_| !policies.is_dead_letter_topic(&topic))
+    {
+        let view = Record {
+            offset: 0,
+            timestamp: record.timestamp,
+            key: record.key.as_deref(),
+            value: record.value.as_deref(),
+            headers: record
+                .headers
+                .iter()
+                .map(|(k, v)| Header {
+                    key: k.as_bytes(),
+                    value: v.as_deref(),
+                })
+                .collect(),
+        };
+        if let Verdict::Invalid(inv) = policy.judge(&view, now_ms) {
+            return Decision::StillInvalid {
+                class: inv.class.as_str().to_string(),
+                rule: inv.rule,
+                reason: inv.reason,
+            };
+        }
+    }
+    let partition = match r.origin_partition {
+        Some(p) if p >= 0 && (p as usize) < n => p,
+        _ => 0,
+    };
+    Decision::Replay {
+        topic,
+        partition,
+        attempt,
+        record,
+    }
+}
+
+/// Run `dlt replay`; per-record lines go to `out`, progress to stderr.
+pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltError> {
+    if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        return Err(DltError::Usage("--rate must be a positive number".into()));
+    }
+    let ctx = Context::load(&args.config)?;
+    let mut cluster = ctx.dead_letter_cluster()?;
+    if cluster.partitions(&args.topic).await?.is_none() {
+        return Err(DltError::Usage(format!(
+            "dead-letter topic {} does not exist",
+            args.topic
+        )));
+    }
+    let mut records = read_dlt(&mut cluster, &args.topic, |r| selected(args, r)).await?;
+    if let Some(n) = args.limit {
+        records.truncate(n);
+    }
+
+    // Targets live on the upstream cluster; the DLT may live elsewhere
+    // (dead_letter.bootstrap_servers).
+    let mut target_cluster = if ctx.config.dead_letter.bootstrap_servers.is_some() {
+        ctx.upstream_cluster()?
+    } else {
+        cluster
+    };
+    let target_cluster = &mut target_cluster;
+    let mut targets: std::collections::BTreeMap<String, Option<usize>> =
+        std::collections::BTreeMap::new();
+    for r in &records {
+        if let Some(t) = args.to.clone().or_else(|| r.origin_topic.clone()) {
+            targets.entry(t).or_insert(None);
+        }
+    }
+    let mut replayed: HashSet<String> = HashSet::new();
+    for (t, n) in targets.iter_mut() {
+        *n = target_cluster.partitions(t).await?;
+        if n.is_some() {
+            crate::deadletter::read_topic(target_cluster, t, |_, rec| {
+                if let Some(Some(v)) = rec.header(H_REPLAYED_FROM) {
+                    replayed.insert(String::from_utf8_lossy(v).into_owned());
+                }
+            })
+            .await?;
+        }
+    }
+
+    let mut report = Report::default();
+    let progress = Progress::new(args.execute);
+    let started = Instant::now();
+    let mut sent = 0u64;
+    for r in &records {
+        report.considered += 1;
+        let now = crate::intercept::now_ms();
+        let d = decide(
+            args,
+            &ctx.policies,
+            r,
+            |t| targets.get(t).copied().flatten(),
+            &replayed,
+            now,
+        );
+        let coord = r.coordinate();
+        match &d {
+            Decision::Replay {
+                topic,
+                partition,
+                attempt,
+                record,
+            } => {
+                if !args.execute {
+                    report.would_replay += 1;
+                    writeln!(
+                        out,
+                        "would replay      {coord} -> {topic}-{partition} (origin {}, attempt {attempt})",
+                        r.origin()
+                    )?;
+                } else {
+                    if let Some(rate) = args.rate {
+                        let due = started + Duration::from_secs_f64(sent as f64 / rate);
+                        tokio::time::sleep_until(due.into()).await;
+                    }
+                    sent += 1;
+                    match produce(target_cluster, topic, *partition, record).await {
+                        Ok(offset) => {
+                            report.replayed += 1;
+                            replayed.insert(coord.clone());
+                            writeln!(
+                                out,
+                                "replayed          {coord} -> {topic}-{partition}@{offset} (origin {}, attempt {attempt})",
+                                r.origin()
+                            )?;
+                        }
+                        Err(e) => {
+                            report.failed += 1;
+                            target_cluster.reset();
+                            writeln!(out, "failed            {coord} -> {topic}-{partition}: {e}")?;
+                        }
+                    }
+                }
+            }
+            Decision::AlreadyReplayed { topic } => {
+                report.already_replayed += 1;
+                writeln!(out, "already replayed  {coord} (a record in {topic} carries {H_REPLAYED_FROM}: {coord})")?;
+            }
+            Decision::StillInvalid {
+                class,
+                rule,
+                reason,
+            } => {
+                report.still_invalid += 1;
+                writeln!(out, "still invalid     {coord}: {class} {rule}: {reason}")?;
+            }
+            Decision::RefusedStale => {
+                report.refused += 1;
+                writeln!(
+                    out,
+                    "refused           {coord}: class stale (use --include-stale)"
+                )?;
+            }
+            Decision::RefusedMaxAttempts { attempts } => {
+                report.refused += 1;
+                writeln!(out, "refused           {coord}: already replayed {attempts} times (--max-attempts {})", args.max_attempts)?;
+            }
+            Decision::NoOrigin => {
+                report.refused += 1;
+                writeln!(
+                    out,
+                    "refused           {coord}: no {} header; use --to",
+                    crate::deadletter::H_TOPIC
+                )?;
+            }
+            Decision::TargetMissing { topic } => {
+                report.refused += 1;
+                writeln!(
+                    out,
+                    "refused           {coord}: target topic {topic} does not exist"
+                )?;
+            }
+        }
+        tracing::debug!(coordinate = %coord, decision = d.label(), "replay decision");
+        progress.tick(&report, false);
+    }
+    out.flush()?;
+    progress.tick(&report, true);
+    if !args.execute && report.would_replay > 0 {
+        eprintln!("dry run: nothing was written; add --execute to replay");
+    }
+    Ok(report)
+}
+
+impl Context {
+    /// A client for the upstream cluster (the replay targets).
+    fn upstream_cluster(&self) -> Result<Cluster, DltError> {
+        let c = &self.config;
+        let endpoint = crate::client::Endpoint {
+            tls: c
+                .upstream
+                .tls
+                .as_ref()
+                .map(crate::proxy::tls::connector)
+                .transpose()?,
+            timeout: c.upstream.connect_timeout,
+            max_frame: c.limits.max_frame_bytes,
+        };
+        Ok(Cluster::new(c.upstream.bootstrap_servers.clone(), endpoint))
+    }
+}
+
+/// A progress line on stderr: rewritten in place on a terminal, else at most
+/// once a second.
+struct Progress {
+    tty: bool,
+    execute: bool,
+    last: std::cell::Cell<Option<Instant>>,
+}
+
+impl Progress {
+    fn new(execute: bool) -> Self {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            execute,
+            last: std::cell::Cell::new(None),
+        }
+    }
+
+    fn tick(&self, report: &Report, last: bool) {
+        let due = self
+            .last
+            .get()
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if !(last || due) {
+            return;
+        }
+        self.last.set(Some(Instant::now()));
+        let line = report.line(self.execute);
+        let mut err = std::io::stderr().lock();
+        let _ = if self.tty {
+            write!(err, "\r\x1b[K{line}{}", if last { "\n" } else { "" })
+        } else {
+            writeln!(err, "{line}")
+        };
+    }
+}
+
+/// Produce one record with acks=all; its offset. Retries only errors that
+/// guarantee nothing was written (leader moved or unknown).
+async fn produce(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    record: &NewRecord,
+) -> Result<i64, DltError> {
+    let batch = build_batch(std::slice::from_ref(record), &BuildOptions::default())
+        .map_err(|e| DltError::Produce(e.to_string()))?;
+    let mut last = String::new();
+    for attempt in 0..3u32 {
+        let req = ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(10_000)
+            .with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partition_data(vec![PartitionProduceData::default()
+                    .with_index(partition)
+                    .with_records(Some(batch.clone()))])]);
+        let resp = cluster
+            .leader(topic, partition)
+            .await?
+            .send(req, 3, 9)
+            .await?;
+        let p = resp
+            .responses
+            .iter()
+            .flat_map(|t| t.partition_responses.iter())
+            .find(|p| p.index == partition)
+            .ok_or_else(|| {
+                DltError::Produce(format!(
+                    "{topic}-{partition}: no partition in the produce response"
+                ))
+            })?;
+        match p.error_code {
+            0 => return Ok(p.base_offset),
+            code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
+                last = format!("{topic}-{partition}: leader not available (error {code})");
+                cluster.reset();
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+            }
+            code => {
+                let msg = p
+                    .error_message
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default();
+                return Err(DltError::Produce(format!(
+                    "{topic}-{partition}: produce error {code} {msg}"
+                )));
+            }
+        }
+    }
+    Err(DltError::Produce(last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const POLICY: &str = r#"
+policies:
+  - name: p
+    topics: ["geo"]
+    value:
+      format: json
+    rules:
+      - field: /lat
+        min: -90
+        max: 90
+"#;
+
+    fn args() -> ReplayArgs {
+        ReplayArgs {
+            config: PathBuf::from("x.yaml"),
+            topic: "geo.dlt".into(),
+            to: None,
+            execute: false,
+            rate: None,
+            from_offset: None,
+            to_offset: None,
+            include_stale: false,
+            max_attempts: 3,
+            limit: None,
+            filters: Filters::default(),
+        }
+    }
+
+    fn rec(value: &str, class: &str, attempt: Option<u32>) -> DltRecord {
+        let mut headers = vec![
+            ("trace".to_string(), Some(Bytes::from_static(b"t1"))),
+            (
+                "x-original-topic".to_string(),
+                Some(Bytes::from_static(b"geo")),
+            ),
+            (
+                "x-error-class".to_string(),
+                Some(Bytes::from(class.to_string())),
+            ),
+            ("x-request-id".to_string(), Some(Bytes::from_static(b"r1"))),
+        ];
+        if let Some(a) = attempt {
+            headers.push(("x-attempt".to_string(), Some(Bytes::from(a.to_string()))));
+            headers.push((
+                "x-replayed-from-dlt".to_string(),
+                Some(Bytes::from_static(b"geo.dlt/0/1")),
+            ));
+        }
+        DltRecord {
+            dlt_topic: "geo.dlt".into(),
+            dlt_partition: 0,
+            dlt_offset: 4,
+            timestamp: 1,
+            origin_topic: Some("geo".into()),
+            origin_partition: Some(2),
+            origin_offset: Some(40),
+            origin_timestamp: Some(1),
+            class: class.into(),
+            rule: "x".into(),
+            reason: "y".into(),
+            policy: "p".into(),
+            failed_at: Some(2),
+            attempt: attempt.unwrap_or(0),
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from(value.to_string())),
+            headers,
+        }
+    }
+
+    fn policies() -> PolicySet {
+        PolicySet::parse(POLICY, Path::new("p.yaml")).unwrap()
+    }
+
+    #[test]
+    fn replays_valid_records_with_replay_headers() {
+        let d = decide(
+            &args(),
+            &policies(),
+            &rec(r#"{"lat": 10}"#, "poison", None),
+            |_| Some(3),
+            &HashSet::new(),
+            99,
+        );
+        let Decision::Replay {
+            topic,
+            partition,
+            attempt,
+            record,
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!((topic.as_str(), partition, attempt), ("geo", 2, 1));
+        let keys: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["trace", "x-request-id", "x-replayed-from-dlt", "x-attempt"]
+        );
+        assert_eq!(record.headers[2].1.as_deref(), Some(&b"geo.dlt/0/4"[..]));
+        assert_eq!(record.headers[3].1.as_deref(), Some(&b"1"[..]));
+        assert_eq!(record.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(record.timestamp, 99);
+    }
+
+    #[test]
+    fn counts_attempts_and_refuses_past_the_limit() {
+        let d = decide(
+            &args(),
+            &policies(),
+            &rec(r#"{"lat": 10}"#, "poison", Some(2)),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
+        assert!(matches!(d, Decision::Replay { attempt: 3, .. }), "{d:?}");
+        let d = decide(
+            &args(),
+            &policies(),
+            &rec(r#"{"lat": 10}"#, "poison", Some(3)),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
+        assert_eq!(d, Decision::RefusedMaxAttempts { attempts: 3 });
+    }
+
+    #[test]
+    fn still_invalid_stale_missing_and_already_replayed_are_left_alone() {
+        let p = policies();
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 91}"#, "poison", None),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
+        assert!(matches!(d, Decision::StillInvalid { .. }), "{d:?}");
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 1}"#, "stale", None),
+            |_| Some(3),
+            &HashSet::new(),
+            0,
+        );
+        assert_eq!(d, Decision::RefusedStale);
+        let a = ReplayArgs {
+            include_stale: true,
+            ..args()
+        };
+        assert!(matches!(
+            decide(
+                &a,
+                &p,
+                &rec(r#"{"lat": 1}"#, "stale", None),
+                |_| Some(3),
+                &HashSet::new(),
+                0
+            ),
+            Decision::Replay { .. }
+        ));
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 1}"#, "poison", None),
+            |_| None,
+            &HashSet::new(),
+            0,
+        );
+        assert_eq!(
+            d,
+            Decision::TargetMissing {
+                topic: "geo".into()
+            }
+        );
+        let done: HashSet<String> = ["geo.dlt/0/4".to_string()].into();
+        let d = decide(
+            &args(),
+            &p,
+            &rec(r#"{"lat": 1}"#, "poison", None),
+            |_| Some(3),
+            &done,
+            0,
+        );
+        assert_eq!(
+            d,
+            Decision::AlreadyReplayed {
+                topic: "geo".into()
+            }
+        );
+    }
+
+    #[test]
+    fn partition_falls_back_to_zero_and_to_overrides_topic() {
+        let a = ReplayArgs {
+            to: Some("other".into()),
+            ..args()
+        };
+        let d = decide(
+            &a,
+            &policies(),
+            &rec(r#"{"lat": 91}"#, "poison", None),
+            |_| Some(1),
+            &HashSet::new(),
+            0,
+        );
+        // `other` has no policy, so nothing judges the record there.
+        assert!(
+            matches!(d, Decision::Replay { ref topic, partition: 0, .. } if topic == "other"),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn origin_offset_range_selects() {
+        let a = ReplayArgs {
+            from_offset: Some(41),
+            ..args()
+        };
+        assert!(!selected(&a, &rec("{}", "poison", None)));
+        let a = ReplayArgs {
+            from_offset: Some(40),
+            to_offset: Some(40),
+            ..args()
+        };
+        assert!(selected(&a, &rec("{}", "poison", None)));
+    }
+}
