@@ -39,6 +39,34 @@ pub struct Endpoint {
     pub max_frame: u32,
 }
 
+impl Endpoint {
+    /// How the proxy's own connections reach the upstream cluster.
+    pub fn upstream(c: &crate::config::Config) -> Result<Endpoint, tls::TlsError> {
+        Ok(Endpoint {
+            tls: c.upstream.tls.as_ref().map(tls::connector).transpose()?,
+            sasl: c.upstream.sasl.clone(),
+            timeout: c.upstream.connect_timeout,
+            max_frame: c.limits.max_frame_bytes,
+        })
+    }
+
+    /// How to reach the dead-letter cluster: the upstream settings when it is
+    /// the upstream cluster (each overridable), its own otherwise.
+    pub fn dead_letter(c: &crate::config::Config) -> Result<Endpoint, tls::TlsError> {
+        let up = Endpoint::upstream(c)?;
+        let dlt = &c.dead_letter;
+        let own_tls = dlt.tls.as_ref().map(tls::connector).transpose()?;
+        Ok(match &dlt.bootstrap_servers {
+            None => Endpoint {
+                tls: own_tls.or(up.tls.clone()),
+                sasl: dlt.sasl.clone().or(up.sasl.clone()),
+                ..up
+            },
+            Some(_) => Endpoint { tls: own_tls, sasl: dlt.sasl.clone(), ..up },
+        })
+    }
+}
+
 /// One connection to one broker.
 pub struct Connection {
     addr: HostPort,

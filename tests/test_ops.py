@@ -8,9 +8,6 @@ diverted to `<topic>.dlt`), and then inspected and replayed with the CLI.
 
 The tests share that one topic and run in file order: the inspect tests
 expect the single diversion, the replay test then adds more.
-
-The admin tests are xfail until `proxy::run` starts `admin::serve` on
-`admin.listen` (the data-path owner wires it in).
 """
 
 from __future__ import annotations
@@ -151,16 +148,10 @@ def http_get(port: int, path: str, timeout: float = 5) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-ADMIN_PENDING = pytest.mark.xfail(strict=False, reason="admin wiring pending: proxy::run does "
-                                                       "not start admin::serve yet")
-
-
-@ADMIN_PENDING
 def test_healthz_answers_while_the_proxy_runs(ops):
     assert http_get(ops.proxy.admin_port, "/healthz") == (200, "ok\n")
 
 
-@ADMIN_PENDING
 def test_readyz_turns_ready_once_upstream_metadata_is_fetched(ops):
     deadline = time.monotonic() + 15
     status = None
@@ -173,7 +164,6 @@ def test_readyz_turns_ready_once_upstream_metadata_is_fetched(ops):
     raise AssertionError(f"/readyz still {status} after 15 s")
 
 
-@ADMIN_PENDING
 def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
     status, text = http_get(ops.proxy.admin_port, "/metrics")
     assert status == 200

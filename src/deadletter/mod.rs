@@ -156,6 +156,11 @@ impl DeadLetter {
         Arc::new(DeadLetter { ledger, jobs, loaded })
     }
 
+    /// Whether the ledger has been rebuilt from the DLTs.
+    pub fn is_ready(&self) -> bool {
+        *self.loaded.borrow()
+    }
+
     /// Wait until the ledger has been rebuilt from the DLTs (at start).
     pub async fn ready(&self) -> Result<(), DivertError> {
         let mut loaded = self.loaded.clone();

@@ -117,7 +117,10 @@ impl Producer {
         self.ensure_pid().await;
         for (topic, partition, jobs) in batches {
             let records: Vec<_> = jobs.iter().map(|j| j.diversion.to_record(failed_at)).collect();
-            self.produce(&topic, partition, &records).await?;
+            let started = std::time::Instant::now();
+            let result = self.produce(&topic, partition, &records).await;
+            crate::metrics::global().dlt_write(result.is_ok(), started.elapsed());
+            result?;
         }
         Ok(())
     }

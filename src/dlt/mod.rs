@@ -252,19 +252,8 @@ impl Context {
     /// else upstream), with TLS chosen the way the proxy chooses it.
     pub fn dead_letter_cluster(&self) -> Result<Cluster, DltError> {
         let c = &self.config;
-        let upstream = Endpoint {
-            tls: c.upstream.tls.as_ref().map(tls::connector).transpose()?,
-            timeout: c.upstream.connect_timeout,
-            max_frame: c.limits.max_frame_bytes,
-        };
+        let endpoint = Endpoint::dead_letter(c)?;
         let dlt = &c.dead_letter;
-        let endpoint = match (&dlt.bootstrap_servers, &dlt.tls) {
-            (None, None) => upstream,
-            (_, tls) => Endpoint {
-                tls: tls.as_ref().map(tls::connector).transpose()?,
-                ..upstream
-            },
-        };
         let bootstrap = dlt
             .bootstrap_servers
             .clone()

@@ -418,16 +418,7 @@ impl Context {
     /// A client for the upstream cluster (the replay targets).
     fn upstream_cluster(&self) -> Result<Cluster, DltError> {
         let c = &self.config;
-        let endpoint = crate::client::Endpoint {
-            tls: c
-                .upstream
-                .tls
-                .as_ref()
-                .map(crate::proxy::tls::connector)
-                .transpose()?,
-            timeout: c.upstream.connect_timeout,
-            max_frame: c.limits.max_frame_bytes,
-        };
+        let endpoint = crate::client::Endpoint::upstream(&self.config)?;
         Ok(Cluster::new(c.upstream.bootstrap_servers.clone(), endpoint))
     }
 }

@@ -26,6 +26,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 use tracing::{info, warn};
 
 use crate::deadletter::DeadLetter;
+use crate::metrics::{self, InvalidAction};
 use crate::policy::PolicySet;
 use crate::proxy::rewrite::{self, Seen};
 use crate::proxy::Shared;
@@ -158,6 +159,8 @@ impl Interceptor {
                 );
                 if plan.changes_anything() {
                     plans.push((ti, pi, plan));
+                } else {
+                    count(&plan, None);
                 }
             }
         }
@@ -172,6 +175,7 @@ impl Interceptor {
         // Divert everything first, concurrently, then apply the outcome.
         let outcomes = self.divert_all(&plans).await;
         for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
+            count(&plan, failed_from);
             let p = &mut resp.responses[ti].partitions[pi];
             p.records = Some(match failed_from {
                 None => {
@@ -263,6 +267,29 @@ impl Interceptor {
         }
         changed
     }
+}
+
+/// Count what a plan judged. Diversions count once acknowledged; those
+/// at or past a hold are judged again on the next fetch.
+fn count(plan: &PartitionPlan, held_from: Option<i64>) {
+    let m = metrics::global();
+    let (topic, partition, policy) = (&*plan.topic, plan.partition, plan.policy.name.as_str());
+    let diverted: Vec<_> = plan
+        .diversions
+        .iter()
+        .filter(|d| held_from.is_none_or(|h| d.origin_offset < h))
+        .collect();
+    let held_back = (plan.diversions.len() - diverted.len()) as u64;
+    let invalid = plan.diversions.len() as u64 + plan.not_diverted.len() as u64;
+    m.record_validated(topic, partition, policy, plan.stats.judged.saturating_sub(held_back));
+    m.record_passed(topic, partition, policy, plan.stats.judged.saturating_sub(invalid));
+    for d in diverted {
+        m.record_invalid(topic, partition, policy, d.invalid.class, &d.invalid.rule, InvalidAction::Diverted);
+    }
+    for (action, inv) in &plan.not_diverted {
+        m.record_invalid(topic, partition, policy, inv.class, &inv.rule, (*action).into());
+    }
+    m.set_held(topic, partition, held_from.is_some());
 }
 
 /// Await every future; they all share one deadline, so awaiting them one

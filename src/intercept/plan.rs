@@ -86,9 +86,12 @@ enum SegmentPlan {
 pub struct PartitionPlan {
     pub topic: Arc<str>,
     pub partition: i32,
+    pub policy: Arc<Policy>,
     segments: Vec<SegmentPlan>,
     /// Records to write to dead-letter topics before the response is released.
     pub diversions: Vec<Diversion>,
+    /// Invalid records dropped or passed (not diverted), for counting.
+    pub not_diverted: Vec<(Action, crate::policy::Invalid)>,
     /// Counts for logs and metrics.
     pub stats: PlanStats,
 }
@@ -96,6 +99,9 @@ pub struct PartitionPlan {
 /// What a plan found, for counting.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PlanStats {
+    /// Records judged in this response, verdicts from the cache included.
+    pub judged: u64,
+    /// Records validated now (not from the cache).
     pub validated: u64,
     pub diverted: u64,
     pub dropped: u64,
@@ -155,6 +161,8 @@ pub fn plan_partition(
     let mut plan = PartitionPlan {
         topic: topic.clone(),
         partition,
+        policy: policy.clone(),
+        not_diverted: Vec::new(),
         segments: Vec::new(),
         diversions: Vec::new(),
         stats: PlanStats::default(),
@@ -190,6 +198,7 @@ pub fn plan_partition(
             }
         };
         let (invalid, cached) = cache.judge(policy, topic, partition, &batch, &decoded, now_ms);
+        plan.stats.judged += decoded.len() as u64;
         if cached {
             plan.stats.cached_batches += 1;
         } else {
@@ -204,15 +213,26 @@ pub fn plan_partition(
         for (index, verdict) in invalid.iter() {
             let Some(k) = keep_mask.get_mut(*index) else { continue };
             match policy.on_invalid {
-                Action::Pass => plan.stats.passed_invalid += 1,
+                Action::Pass => {
+                    plan.stats.passed_invalid += 1;
+                    plan.not_diverted.push((Action::Pass, verdict.clone()));
+                }
                 Action::Drop => {
                     plan.stats.dropped += 1;
+                    plan.not_diverted.push((Action::Drop, verdict.clone()));
                     *k = false;
                 }
                 Action::Divert => {
                     *k = false;
                     divert[*index] = Some(verdict);
                 }
+            }
+        }
+        if !cached && policy.on_invalid != Action::Divert {
+            for (index, verdict) in invalid.iter() {
+                tracing::info!(%topic, partition, offset = decoded.offset(*index).unwrap_or(-1),
+                    class = verdict.class.as_str(), rule = %verdict.rule, reason = %verdict.reason,
+                    action = ?policy.on_invalid, "invalid record not diverted");
             }
         }
         if divert.iter().any(Option::is_some) {

@@ -31,7 +31,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 use uuid::Uuid;
 
+use crate::admin;
 use crate::client::{self, Connection};
+use crate::metrics;
 use crate::config::{Config, HostPort};
 use crate::deadletter::DeadLetter;
 use crate::intercept::Interceptor;
@@ -45,6 +47,8 @@ pub enum StartError {
     Tls(#[from] tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: String, source: std::io::Error },
+    #[error("{0}")]
+    Admin(admin::AdminError),
 }
 
 /// Which upstream a listener's connections go to.
@@ -80,32 +84,10 @@ impl Shared {
     /// policies are loaded (so it needs a tokio runtime).
     pub fn new(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
         let acceptor = config.listen.tls.as_ref().map(tls::acceptor).transpose()?;
-        let upstream_tls = config.upstream.tls.as_ref().map(tls::connector).transpose()?;
         let addrs = Addresses::new(config.listen.advertised_host(), config.listen.broker_port_base);
-        let upstream = client::Endpoint {
-            tls: upstream_tls,
-            sasl: config.upstream.sasl.clone(),
-            timeout: config.upstream.connect_timeout,
-            max_frame: config.limits.max_frame_bytes,
-        };
+        let upstream = client::Endpoint::upstream(&config)?;
         let dlt = &config.dead_letter;
-        // The upstream cluster's TLS and SASL apply unless the dead-letter
-        // cluster is another one.
-        let dlt_endpoint = match &dlt.bootstrap_servers {
-            None => client::Endpoint {
-                tls: match &dlt.tls {
-                    Some(t) => Some(tls::connector(t)?),
-                    None => upstream.tls.clone(),
-                },
-                sasl: dlt.sasl.clone().or_else(|| upstream.sasl.clone()),
-                ..upstream.clone()
-            },
-            Some(_) => client::Endpoint {
-                tls: dlt.tls.as_ref().map(tls::connector).transpose()?,
-                sasl: dlt.sasl.clone(),
-                ..upstream.clone()
-            },
-        };
+        let dlt_endpoint = client::Endpoint::dead_letter(&config)?;
         let policies = Arc::new(policies);
         let dead_letter =
             DeadLetter::start(dlt, &config.upstream.bootstrap_servers, dlt_endpoint, policies.clone());
@@ -166,6 +148,14 @@ impl Shared {
     }
 }
 
+/// Ready once upstream metadata has been fetched and the dead-letter ledger
+/// rebuilt (before that, diversions would have to wait).
+impl admin::Readiness for Shared {
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst) && self.interceptor.dead_letter.is_ready()
+    }
+}
+
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
 /// in-flight responses finish (bounded by `limits.shutdown_grace`) and return.
 pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> {
@@ -183,6 +173,15 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
         .await
         .map_err(|source| StartError::Bind { addr: bootstrap.clone(), source })?;
     info!(addr = %bootstrap, "serving bootstrap");
+    if let Some(addr) = &shared.config.admin.listen {
+        let admin = admin::bind(addr).await.map_err(StartError::Admin)?;
+        shared.tasks.spawn(admin::serve_listener(
+            admin,
+            metrics::global().clone(),
+            shared.clone(),
+            shared.shutdown.clone(),
+        ));
+    }
     shared.tasks.spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
     shared.tasks.spawn(metadata_loop(shared.clone()));
     tokio::spawn(reload::watch(shared.clone()));
@@ -228,6 +227,7 @@ async fn metadata_loop(shared: Arc<Shared>) {
                 delay = shared.config.upstream.metadata_refresh;
             }
             Err(e) => {
+                metrics::global().upstream_error("metadata");
                 warn!(error = %e, "fetching upstream metadata failed");
                 delay = (delay * 2).min(std::time::Duration::from_secs(5));
             }
@@ -308,6 +308,11 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
 
 /// Serve one client connection: TLS, upstream connection, relay.
 async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
+    let listener = match target {
+        Target::Bootstrap => "bootstrap".to_string(),
+        Target::Broker(n) => format!("broker-{n}"),
+    };
+    let _open = metrics::ConnectionGuard::new(metrics::global().clone(), listener);
     let _ = tcp.set_nodelay(true);
     let client: net::BoxIo = match &shared.acceptor {
         None => Box::new(tcp),
@@ -321,12 +326,20 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Ta
     };
     let broker = match connect_upstream(&shared, target).await {
         Ok(b) => b,
-        Err(e) => return warn!(error = %e, "cannot reach upstream; closing client connection"),
+        Err(e) => {
+            metrics::global().upstream_error("connect");
+            return warn!(error = %e, "cannot reach upstream; closing client connection");
+        }
     };
     debug!(%peer, "connected");
     match relay::relay(shared, client, broker).await {
         Ok(()) => debug!("connection closed"),
-        Err(e) => warn!(error = %e, "connection closed"),
+        Err(e) => {
+            if matches!(e, relay::RelayError::BrokerFrame(_) | relay::RelayError::BadResponse(_) | relay::RelayError::BrokerClosed(_) | relay::RelayError::BrokerWrite(_)) {
+                metrics::global().upstream_error("relay");
+            }
+            warn!(error = %e, "connection closed")
+        }
     }
 }
 

@@ -267,10 +267,12 @@ async fn respond(
             let key = ApiKey::Fetch;
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse("Fetch response header".into()))?;
+            let started = std::time::Instant::now();
             let body = interceptor
                 .rewrite(shared, holds, frame.slice(header_end..), version, isolation)
                 .await
                 .map_err(bad)?;
+            crate::metrics::global().fetch_rewrite_latency(started.elapsed());
             Ok(match body {
                 Some(body) => response_frame_raw(&frame[4..header_end], &body),
                 None => frame,
