@@ -12,14 +12,13 @@
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{mark_done, LedgerKey, Slot, H_OFFSET, H_PARTITION, H_TOPIC};
+use super::{Ledger, LedgerKey, H_OFFSET, H_PARTITION, H_TOPIC};
 use crate::client::{Cluster, ClientError, Endpoint};
 use crate::config::HostPort;
 use crate::kafka::batch::{self, Segment};
@@ -100,7 +99,7 @@ pub(super) async fn rebuild(
     bootstrap: Vec<HostPort>,
     ep: Endpoint,
     policies: Arc<PolicySet>,
-    ledger: Arc<DashMap<LedgerKey, Slot>>,
+    ledger: Arc<Ledger>,
     loaded: watch::Sender<bool>,
 ) {
     let mut cluster = Cluster::new(bootstrap, ep);
@@ -125,7 +124,7 @@ pub(super) async fn rebuild(
 async fn rebuild_once(
     cluster: &mut Cluster,
     policies: &PolicySet,
-    ledger: &DashMap<LedgerKey, Slot>,
+    ledger: &Ledger,
 ) -> Result<(usize, u64), ClientError> {
     let meta = cluster.metadata(None).await?;
     let existing: std::collections::HashSet<String> =
@@ -145,7 +144,7 @@ async fn rebuild_once(
     for dlt in &dlts {
         records += read_topic(cluster, dlt, |_, r| {
             if let Some(key) = origin_of(r) {
-                mark_done(ledger, key);
+                ledger.done(key);
             }
         })
         .await?;

@@ -14,6 +14,7 @@
 mod ledger;
 mod producer;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -118,6 +119,39 @@ enum Slot {
     InFlight(watch::Receiver<Option<bool>>),
 }
 
+/// Every record diverted (or being diverted), by origin coordinates, plus an
+/// index of diverted offsets per partition so that a batch can be checked
+/// against it cheaply.
+#[derive(Default)]
+pub struct Ledger {
+    slots: DashMap<LedgerKey, Slot>,
+    by_partition: DashMap<(Arc<str>, i32), BTreeSet<i64>>,
+}
+
+impl Ledger {
+    /// The record is in its DLT.
+    fn done(&self, key: LedgerKey) {
+        self.by_partition.entry((key.0.clone(), key.1)).or_default().insert(key.2);
+        self.slots.insert(key, Slot::Done);
+    }
+
+    /// The write failed: forget it so the next fetch tries again.
+    fn failed(&self, key: &LedgerKey) {
+        self.slots.remove(key);
+    }
+
+    /// Offsets in `from..to` of `topic`/`partition` already in a DLT.
+    pub fn diverted_in(&self, topic: &Arc<str>, partition: i32, from: i64, to: i64) -> Vec<i64> {
+        if self.by_partition.is_empty() || from >= to {
+            return Vec::new();
+        }
+        match self.by_partition.get(&(topic.clone(), partition)) {
+            Some(set) => set.range(from..to).copied().collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
 /// A write request for the producer task.
 struct Job {
     diversion: Diversion,
@@ -126,7 +160,7 @@ struct Job {
 
 /// The dead-letter writer shared by every connection.
 pub struct DeadLetter {
-    ledger: Arc<DashMap<LedgerKey, Slot>>,
+    ledger: Arc<Ledger>,
     jobs: mpsc::UnboundedSender<Job>,
     loaded: watch::Receiver<bool>,
 }
@@ -143,7 +177,7 @@ impl DeadLetter {
             .bootstrap_servers
             .clone()
             .unwrap_or_else(|| upstream_bootstrap.to_vec());
-        let ledger = Arc::new(DashMap::new());
+        let ledger = Arc::new(Ledger::default());
         let (jobs, rx) = mpsc::unbounded_channel();
         let (loaded_tx, loaded) = watch::channel(false);
         let producer = producer::Producer::new(bootstrap.clone(), endpoint.clone(), cfg.clone());
@@ -171,7 +205,7 @@ impl DeadLetter {
     /// under way. Submitting is synchronous, so records queued in offset
     /// order reach the DLT in that order. Call after `ready`.
     pub fn submit(&self, d: &Diversion) -> Result<Ticket, DivertError> {
-        let rx = match self.ledger.entry(d.ledger_key()) {
+        let rx = match self.ledger.slots.entry(d.ledger_key()) {
             Entry::Occupied(e) => match e.get() {
                 Slot::Done => return Ok(Ticket { rx: None, what: String::new() }),
                 Slot::InFlight(rx) => rx.clone(),
@@ -200,7 +234,12 @@ impl DeadLetter {
 
     /// Whether this record is known to be in its DLT already.
     pub fn is_diverted(&self, key: &LedgerKey) -> bool {
-        matches!(self.ledger.get(key).as_deref(), Some(Slot::Done))
+        matches!(self.ledger.slots.get(key).as_deref(), Some(Slot::Done))
+    }
+
+    /// The ledger, for checking batches against what was diverted before.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 }
 
@@ -223,7 +262,3 @@ impl Ticket {
     }
 }
 
-/// Mark a record as diverted (ledger rebuild) unless it is already known.
-fn mark_done(ledger: &DashMap<LedgerKey, Slot>, key: LedgerKey) {
-    ledger.insert(key, Slot::Done);
-}

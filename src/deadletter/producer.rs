@@ -15,14 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::{Job, LedgerKey, Slot};
+use super::{Job, Ledger};
 use crate::client::{errors, Cluster, Endpoint};
 use crate::config::{DeadLetter as DeadLetterConfig, HostPort};
 use crate::intercept::now_ms;
@@ -53,7 +52,7 @@ impl Producer {
         }
     }
 
-    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>, ledger: Arc<DashMap<LedgerKey, Slot>>) {
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>, ledger: Arc<Ledger>) {
         while let Some(first) = rx.recv().await {
             let mut jobs = vec![first];
             while jobs.len() < MAX_JOBS_PER_REQUEST {
@@ -82,9 +81,9 @@ impl Producer {
                     info!(topic = %d.origin_topic, partition = d.origin_partition, offset = d.origin_offset,
                         class = d.invalid.class.as_str(), rule = %d.invalid.rule, dlt = %d.dlt_topic,
                         reason = %d.invalid.reason, "record diverted");
-                    ledger.insert(key, Slot::Done);
+                    ledger.done(key);
                 } else {
-                    ledger.remove(&key);
+                    ledger.failed(&key);
                 }
                 let _ = job.done.send(Some(ok));
             }

@@ -148,14 +148,17 @@ impl Interceptor {
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else { continue };
                 let vis = Visibility::new(isolation == READ_COMMITTED, p.aborted_transactions.as_deref());
-                let plan = plan::plan_partition(
+                let ledger = self.dead_letter.ledger();
+                let partition = p.partition_index;
+                let plan = plan::plan_partition_with(
                     policy,
                     &topic_name,
-                    p.partition_index,
+                    partition,
                     records,
                     &vis,
                     now_ms,
                     &self.verdicts,
+                    &|from, to| ledger.diverted_in(&topic_name, partition, from, to),
                 );
                 if plan.changes_anything() {
                     plans.push((ti, pi, plan));

@@ -158,6 +158,27 @@ pub fn plan_partition(
     now_ms: i64,
     cache: &VerdictCache,
 ) -> PartitionPlan {
+    plan_partition_with(policy, topic, partition, records, vis, now_ms, cache, &|_, _| Vec::new())
+}
+
+/// Offsets in `from..to` already in a dead-letter topic.
+pub type AlreadyDiverted<'a> = &'a dyn Fn(i64, i64) -> Vec<i64>;
+
+/// `plan_partition`, also removing records diverted earlier even if the
+/// current policy finds them valid: once a record is in its DLT, that is its
+/// home (a fixed copy comes back through `dlt replay`), so a policy fix does
+/// not make the original reappear next to its replayed copy.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_partition_with(
+    policy: &Arc<Policy>,
+    topic: &Arc<str>,
+    partition: i32,
+    records: &Bytes,
+    vis: &Visibility,
+    now_ms: i64,
+    cache: &VerdictCache,
+    already: AlreadyDiverted<'_>,
+) -> PartitionPlan {
     let mut plan = PartitionPlan {
         topic: topic.clone(),
         partition,
@@ -204,11 +225,17 @@ pub fn plan_partition(
         } else {
             plan.stats.validated += decoded.len() as u64;
         }
-        if invalid.is_empty() {
+        let earlier = already(batch.base_offset(), batch.next_offset());
+        if invalid.is_empty() && earlier.is_empty() {
             plan.segments.push(keep(&batch));
             continue;
         }
         let mut keep_mask = vec![true; decoded.len()];
+        for (i, k) in keep_mask.iter_mut().enumerate() {
+            if decoded.offset(i).is_some_and(|o| earlier.binary_search(&o).is_ok()) {
+                *k = false;
+            }
+        }
         let mut divert = vec![None; decoded.len()];
         for (index, verdict) in invalid.iter() {
             let Some(k) = keep_mask.get_mut(*index) else { continue };
@@ -377,6 +404,16 @@ mod tests {
         assert_eq!(plan(section.clone(), "divert", &Visibility::new(true, Some(&other))).diversions.len(), 1);
         // read_uncommitted consumers see aborted records, so they are judged.
         assert_eq!(plan(section, "divert", &uncommitted()).diversions.len(), 1);
+    }
+
+    #[test]
+    fn a_record_diverted_earlier_stays_out_even_when_now_valid() {
+        let cache = VerdictCache::new(16);
+        let section = Bytes::from(batch(10, 4, &[], Compression::None, -1, false));
+        let already = |from: i64, to: i64| if (from..to).contains(&12) { vec![12] } else { vec![] };
+        let p = plan_partition_with(&policy("divert"), &Arc::from("t"), 0, &section, &uncommitted(), 0, &cache, &already);
+        assert!(p.diversions.is_empty(), "already in its DLT: not written again");
+        assert_eq!(offsets(&p.apply(None).unwrap()), vec![(10, vec![10, 11, 13], 14)]);
     }
 
     #[test]
