@@ -125,14 +125,16 @@ impl PartitionPlan {
         for seg in &self.segments {
             match seg {
                 SegmentPlan::Keep { bytes, base } => {
-                    if *base >= cut {
+                    // Without a hold everything kept goes out, the trailing
+                    // partial batch included (its `base` is unknown).
+                    if held_from.is_some() && *base >= cut {
                         break;
                     }
                     out.extend_from_slice(bytes);
                 }
                 SegmentPlan::Splice { batch, decoded, keep } => {
                     let base = batch.base_offset();
-                    if base >= cut {
+                    if held_from.is_some() && base >= cut {
                         break;
                     }
                     let within = cut < batch.next_offset();
@@ -206,6 +208,18 @@ pub fn plan_partition_with(
             plan.segments.push(keep(&batch));
             continue;
         }
+        // A batch judged before (another consumer group, a re-fetch) with
+        // nothing to remove passes without even being decoded.
+        let earlier = already(batch.base_offset(), batch.next_offset());
+        let known = cache.lookup(policy, topic, partition, &batch);
+        if let Some(v) = &known {
+            plan.stats.cached_batches += 1;
+            plan.stats.judged += batch.records_count().max(0) as u64;
+            if v.is_empty() && earlier.is_empty() {
+                plan.segments.push(keep(&batch));
+                continue;
+            }
+        }
         let decoded = match batch.decode() {
             Ok(d) => d,
             Err(e) => {
@@ -218,14 +232,15 @@ pub fn plan_partition_with(
                 continue;
             }
         };
-        let (invalid, cached) = cache.judge(policy, topic, partition, &batch, &decoded, now_ms);
-        plan.stats.judged += decoded.len() as u64;
-        if cached {
-            plan.stats.cached_batches += 1;
-        } else {
-            plan.stats.validated += decoded.len() as u64;
-        }
-        let earlier = already(batch.base_offset(), batch.next_offset());
+        let cached = known.is_some();
+        let invalid = match known {
+            Some(v) => v,
+            None => {
+                plan.stats.judged += decoded.len() as u64;
+                plan.stats.validated += decoded.len() as u64;
+                cache.judge(policy, topic, partition, &batch, &decoded, now_ms)
+            }
+        };
         if invalid.is_empty() && earlier.is_empty() {
             plan.segments.push(keep(&batch));
             continue;
@@ -414,6 +429,16 @@ mod tests {
         let p = plan_partition_with(&policy("divert"), &Arc::from("t"), 0, &section, &uncommitted(), 0, &cache, &already);
         assert!(p.diversions.is_empty(), "already in its DLT: not written again");
         assert_eq!(offsets(&p.apply(None).unwrap()), vec![(10, vec![10, 11, 13], 14)]);
+    }
+
+    #[test]
+    fn a_trailing_partial_batch_survives_a_rewrite_but_not_a_hold() {
+        let mut section = batch(0, 3, &[1], Compression::None, -1, false);
+        let partial = batch(3, 2, &[], Compression::None, -1, false);
+        section.extend_from_slice(&partial[..40]);
+        let p = plan(section, "divert", &uncommitted());
+        assert!(p.apply(None).unwrap().ends_with(&partial[..40]));
+        assert!(!p.apply(Some(1)).unwrap().ends_with(&partial[..40]));
     }
 
     #[test]

@@ -19,6 +19,9 @@ use crate::policy::{Invalid, Policy, Verdict};
 
 type Key = (Arc<str>, i32, i64);
 
+/// The invalid records of one batch: (index in the batch, verdict).
+pub type Verdicts = Arc<Vec<(usize, Invalid)>>;
+
 struct Entry {
     crc: u32,
     policy: Arc<Policy>,
@@ -36,8 +39,14 @@ impl VerdictCache {
         VerdictCache { map: DashMap::new(), capacity }
     }
 
-    /// The invalid records of `batch` (index in the batch, verdict), and
-    /// whether they came from the cache.
+    /// The invalid records of `batch` (index in the batch, verdict) if it
+    /// was judged before under `policy`; needs no decoding.
+    pub fn lookup(&self, policy: &Arc<Policy>, topic: &Arc<str>, partition: i32, batch: &Batch) -> Option<Verdicts> {
+        let e = self.map.get(&(topic.clone(), partition, batch.base_offset()))?;
+        (e.crc == batch.crc() && Arc::ptr_eq(&e.policy, policy)).then(|| e.invalid.clone())
+    }
+
+    /// Judge every record of a decoded batch and remember the outcome.
     pub fn judge(
         &self,
         policy: &Arc<Policy>,
@@ -46,13 +55,7 @@ impl VerdictCache {
         batch: &Batch,
         decoded: &DecodedBatch,
         now_ms: i64,
-    ) -> (Arc<Vec<(usize, Invalid)>>, bool) {
-        let key = (topic.clone(), partition, batch.base_offset());
-        if let Some(e) = self.map.get(&key) {
-            if e.crc == batch.crc() && Arc::ptr_eq(&e.policy, policy) {
-                return (e.invalid.clone(), true);
-            }
-        }
+    ) -> Verdicts {
         let invalid: Vec<(usize, Invalid)> = decoded
             .records()
             .enumerate()
@@ -66,10 +69,10 @@ impl VerdictCache {
             self.map.clear();
         }
         self.map.insert(
-            key,
+            (topic.clone(), partition, batch.base_offset()),
             Entry { crc: batch.crc(), policy: policy.clone(), invalid: invalid.clone() },
         );
-        (invalid, false)
+        invalid
     }
 
     /// Forget everything (after a policy reload, to free memory early).
