@@ -88,9 +88,20 @@ def kill_hard(proc) -> None:
 
 def wait_port_closed(port: int, timeout: float) -> None:
     """Until nothing listens on 127.0.0.1:port (so it can be bound again)."""
+    def free() -> bool:
+        # SO_REUSEADDR, as brokers bind: TIME_WAIT leftovers of the old
+        # process's connections do not count, only a listener does.
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((h.HOST, port))
+                s.listen(1)
+            except OSError:
+                return False
+            return True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if h.port_is_free(port):
+        if free():
             return
         time.sleep(0.05)
     raise AssertionError(f"port {port} still bound after {timeout}s")

@@ -94,8 +94,7 @@ class RestartConsumer:
         if client == "librdkafka":
             self.c = ck.Consumer(ep.ck(**{
                 "group.id": f"restart-{uid()}", "enable.auto.commit": False,
-                "auto.offset.reset": "earliest", "fetch.max.bytes": 4096,
-                "max.partition.fetch.bytes": 2048, "queued.min.messages": 5,
+                "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 2048, "queued.min.messages": 5,
                 "reconnect.backoff.max.ms": 1000, "topic.metadata.refresh.interval.ms": 1000}))
             self.c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
         else:
@@ -454,49 +453,75 @@ def _is_clean(value: bytes) -> bool:
     return value.startswith(b"{")
 
 
+POISON_OFFSET = 5
+
+
+class HoldScenario:
+    """A proxy with a JSON policy on a 2-partition topic, whose dead-letter
+    cluster (a second tansu) is up at start (the ledger loads), then dies and
+    its port turns into a black hole that accepts and never answers. Partition
+    0 holds a poison record at offset 5 among 10; partition 1 is clean."""
+
+    def __init__(self, workdir, t: h.Tansu):
+        self.broker_ep = c.Endpoint(t.bootstrap, "direct")
+        self.dlt = h.Tansu(workdir).start()
+        self.dlt_ep = c.Endpoint(self.dlt.bootstrap, "direct")
+        self.hole = None
+        self.topic = f"faults-dlt-{uid()}"
+        c.ck_create_topic(self.broker_ep, self.topic, 2)
+        policy = fs.write_json_policy(workdir / f"policy-{uid()}", [self.topic])
+        self.proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote,
+                               name="antidote-dlt", policy_paths=[str(policy)],
+                               dead_letter={"bootstrap_servers": [self.dlt.bootstrap],
+                                            "timeout": "2s"})
+        deadline = time.monotonic() + 30
+        while "ledger rebuilt" not in self.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "ledger rebuilt" in self.log(), h.read_log(self.proxy.log)
+        fs.kill_hard(self.dlt.proc)
+        fs.wait_port_closed(self.dlt.port, 10)
+        self.hole = fs.BlackHole(self.dlt.port).start()
+        self.p0 = [c.Rec(0, i, f"k{i}".encode(),
+                         b"{not json" if i == POISON_OFFSET else f'{{"i": {i}}}'.encode())
+                   for i in range(10)]
+        self.p1 = [c.Rec(1, i, f"k{i}".encode(), f'{{"j": {i}}}'.encode()) for i in range(10)]
+        c.ck_produce(self.broker_ep, self.topic, self.p0 + self.p1)
+
+    def log(self) -> str:
+        return self.proxy.log.read_text(errors="replace")
+
+    def dlt_back(self) -> None:
+        """Close the black hole; the DLT cluster comes back (empty) on its port."""
+        self.hole.stop()
+        self.hole = None
+        fs.restart_tansu_on_same_port(self.dlt)
+
+    def close(self) -> None:
+        if self.hole is not None:
+            self.hole.stop()
+        self.dlt.stop()
+
+
 def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_resumes(
         workdir, restartable_broker, request):
     t = restartable_broker
-    broker_ep = c.Endpoint(t.bootstrap, "direct")
-    dlt = h.Tansu(workdir).start()
-    dlt_ep = c.Endpoint(dlt.bootstrap, "direct")
-    hole = None
+    s = HoldScenario(workdir, t)
+    topic, proxy = s.topic, s.proxy
     try:
-        topic = f"faults-dlt-{uid()}"
-        c.ck_create_topic(broker_ep, topic, 2)
-        policy = fs.write_json_policy(workdir / f"policy-{uid()}", [topic])
-        proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote, name="antidote-dlt",
-                          policy_paths=[str(policy)],
-                          dead_letter={"bootstrap_servers": [dlt.bootstrap], "timeout": "2s"})
-        # The ledger is rebuilt from the (live) DLT cluster first.
-        deadline = time.monotonic() + 30
-        while "ledger rebuilt" not in proxy.log.read_text(errors="replace") and \
-                time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "ledger rebuilt" in proxy.log.read_text(errors="replace"), h.read_log(proxy.log)
-
-        # Now the DLT cluster dies and its port turns into a black hole.
-        fs.kill_hard(dlt.proc)
-        fs.wait_port_closed(dlt.port, 10)
-        hole = fs.BlackHole(dlt.port).start()
-
-        poison_offset = 5
-        p0 = [c.Rec(0, i, f"k{i}".encode(),
-                    b"{not json" if i == poison_offset else f'{{"i": {i}}}'.encode())
-              for i in range(10)]
-        p1 = [c.Rec(1, i, f"k{i}".encode(), f'{{"j": {i}}}'.encode()) for i in range(10)]
-        c.ck_produce(broker_ep, topic, p0 + p1)
-
         cons = ck.Consumer(c.Endpoint(proxy.bootstrap, "proxy").ck(**{
             "group.id": f"dlt-{uid()}", "enable.auto.commit": False,
             "auto.offset.reset": "earliest"}))
         got: list[tuple[int, int, bytes]] = []
+        too_large: list[str] = []    # see test_held_partition_is_not_reported_as_message_too_large
 
         def poll_for(seconds: float, until=None) -> None:
             end = time.monotonic() + seconds
             while time.monotonic() < end and not (until and until()):
                 m = cons.poll(0.2)
                 if m is None or (m.error() and m.error().code() == ck.KafkaError._PARTITION_EOF):
+                    continue
+                if m.error() and m.error().code() == ck.KafkaError.MSG_SIZE_TOO_LARGE:
+                    too_large.append(m.error().str())
                     continue
                 assert not m.error(), f"consumer error {m.error()}"
                 got.append((m.partition(), m.offset(), m.value()))
@@ -507,27 +532,24 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
         try:
             cons.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in (0, 1)])
             # While the DLT is a black hole: the clean prefix of p0 and all of p1.
-            poll_for(30, until=lambda: len(offsets(0)) >= poison_offset and len(offsets(1)) >= 10)
+            poll_for(30, until=lambda: len(offsets(0)) >= POISON_OFFSET and len(offsets(1)) >= 10)
             # More clean records on p1 keep flowing during the hold.
             p1b = [c.Rec(1, 10 + i, b"late", f'{{"late": {i}}}'.encode()) for i in range(5)]
-            c.ck_produce(broker_ep, topic, p1b)
+            c.ck_produce(s.broker_ep, topic, p1b)
             poll_for(15, until=lambda: len(offsets(1)) >= 15)
             poll_for(3)                                       # ...and p0 stays held
             held = list(offsets(0))
             flowed = list(offsets(1))
-            hole_accepted = hole.accepted
-            log = proxy.log.read_text(errors="replace")
             report(request, f"during the black hole: p0 offsets {held}, p1 offsets {flowed}; "
-                            f"black hole accepted {hole_accepted} connection(s), "
-                            f"{hole.bytes_in} bytes")
-            assert held == list(range(poison_offset)), "poison partition was not held at the poison"
+                            f"black hole accepted {s.hole.accepted} connection(s), "
+                            f"{s.hole.bytes_in} bytes; librdkafka MSG_SIZE_TOO_LARGE errors: "
+                            f"{len(too_large)}")
+            assert held == list(range(POISON_OFFSET)), "poison partition was not held at the poison"
             assert flowed == list(range(15)), "clean partition did not keep flowing"
-            assert hole_accepted >= 1, "the proxy never tried the dead-letter cluster"
+            assert s.hole.accepted >= 1, "the proxy never tried the dead-letter cluster"
+            assert "partition held before this offset" in s.log()
 
-            # The DLT cluster comes back (empty) on the same port.
-            hole.stop()
-            hole = None
-            fs.restart_tansu_on_same_port(dlt)
+            s.dlt_back()
             resumed_at = time.monotonic()
             poll_for(60, until=lambda: len(offsets(0)) >= 9)
             resumed_after = time.monotonic() - resumed_at
@@ -536,9 +558,9 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
             cons.close()
         report(request, f"after the DLT came back: p0 offsets {offsets(0)} "
                         f"(resumed within {resumed_after:.1f}s)")
-        assert offsets(0) == [i for i in range(10) if i != poison_offset]
+        assert offsets(0) == [i for i in range(10) if i != POISON_OFFSET]
         assert all(_is_clean(v) for _, _, v in got), "a poison record reached the consumer"
-        dlt_recs = c.ck_consume_assign(dlt_ep, f"{topic}.dlt", [0], 1, timeout=30)
+        dlt_recs = c.ck_consume_assign(s.dlt_ep, f"{topic}.dlt", [0], 1, timeout=30)
         headers = dict(dlt_recs[0].headers)
         assert dlt_recs[0].value == b"{not json"
         assert (headers.get("x-original-topic"), headers.get("x-original-partition"),
@@ -546,6 +568,47 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
         proxy.assert_running()
         proxy.stop_and_check()
     finally:
-        if hole is not None:
-            hole.stop()
-        dlt.stop()
+        s.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "proxy bug: while a diversion is held, a Fetch from the poison offset is answered "
+    "with the spliced batch that ends just before it (all records below the fetch "
+    "offset, high watermark above it); librdkafka reads that as a record too large to "
+    "fetch and reports MSG_SIZE_TOO_LARGE to the application on every retry"))
+def test_held_partition_is_not_reported_to_librdkafka_as_message_too_large(
+        workdir, restartable_broker, request):
+    s = HoldScenario(workdir, restartable_broker)
+    try:
+        # What the proxy answers for the held partition, fetched at the poison offset.
+        with socket.create_connection((h.HOST, s.proxy.broker_port()), timeout=15) as sock:
+            sock.settimeout(15)
+            body = h.roundtrip(sock, 1, 11, 7, h.fetch_v11_body(s.topic, 0, POISON_OFFSET))
+        _, topics = h.parse_fetch_v11(body)
+        [part] = topics[s.topic]
+        below = [r.offset for r in h.decode_uncompressed_batches(part.records or b"")]
+        cons = ck.Consumer(c.Endpoint(s.proxy.bootstrap, "proxy").ck(**{
+            "group.id": f"dlt-{uid()}", "enable.auto.commit": False}))
+        errors, read = [], []
+        try:
+            cons.assign([ck.TopicPartition(s.topic, 0, ck.OFFSET_BEGINNING)])
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                m = cons.poll(0.2)
+                if m is None:
+                    continue
+                if m.error():
+                    if m.error().code() != ck.KafkaError._PARTITION_EOF:
+                        errors.append(m.error().str())
+                else:
+                    read.append(m.offset())
+        finally:
+            cons.close()
+        report(request, f"held Fetch at offset {POISON_OFFSET}: high watermark "
+                        f"{part.high_watermark}, {len(part.records or b'')} record bytes holding "
+                        f"offsets {below}; librdkafka read {read}, errors {errors[:2]} "
+                        f"({len(errors)} in all)")
+        assert read == list(range(POISON_OFFSET))
+        assert errors == [], "the hold surfaced errors to the application"
+    finally:
+        s.close()
