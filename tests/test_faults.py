@@ -37,10 +37,24 @@ def uid() -> str:
     return uuid.uuid4().hex[:8]
 
 
+_OWN: list[h.Antidote] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_own_proxies():
+    """A test that fails before its own proxy.stop_and_check() leaves no process behind."""
+    yield
+    while _OWN:
+        p = _OWN.pop()
+        if p.proc is not None:
+            h.stop_process(p.proc)
+
+
 def own_proxy(workdir, upstream: list[str], cls=h.Antidote, **kw) -> h.Antidote:
     """A proxy for this test alone; its log is attached to failures."""
     p = cls(workdir, upstream=upstream, **kw)
     conftest._PROXIES.append(p)
+    _OWN.append(p)
     return p.start()
 
 
@@ -72,7 +86,7 @@ def restartable_broker(workdir):
 
 # What a client may report while its broker is gone and comes back empty:
 # transport failures, the topic missing until it is recreated, and the
-# offset reset that follows (the new partition is shorter than the position).
+# offset errors a client may meet around a recreated partition.
 CK_TRANSIENT = {ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN,
                 ck.KafkaError._PARTITION_EOF, ck.KafkaError.UNKNOWN_TOPIC_OR_PART,
                 ck.KafkaError._UNKNOWN_PARTITION, ck.KafkaError.LEADER_NOT_AVAILABLE,
@@ -161,32 +175,34 @@ def test_broker_crash_and_restart_on_same_port_proxy_survives_and_consumer_resum
         proxy.assert_running()
 
         # Phase 2: the broker comes back empty on the same port; recreate the
-        # topic and write fewer records than the consumer's position, so the
-        # client must notice (offset out of range) and reset to the start.
+        # topic and write more records than the consumer's position, so that
+        # it continues from there (tansu answers a Fetch past its end with an
+        # empty partition, not OFFSET_OUT_OF_RANGE: no reset can be forced).
         fs.restart_tansu_on_same_port(t)
         try:
             c.ck_create_topic(broker_ep, topic, 1)
         except Exception:  # auto-created meanwhile by a client's metadata request
             c.wait_topic_visible(broker_ep, topic, 1, 30)
-        post = produce_bulk(broker_ep, topic, POST, 300, tag="post")
+        position = len(read)
+        post = produce_bulk(broker_ep, topic, PRE + POST, 300, tag="post")
         deadline = time.monotonic() + 90
-        while sum(v.startswith(b"post-") for _, v in read) < POST and time.monotonic() < deadline:
+        while sum(v.startswith(b"post-") for _, v in read) < PRE + POST - position and \
+                time.monotonic() < deadline:
             read += cons.poll()
         proxy.assert_running()
     finally:
         cons.close()
 
     pre_read = [(o, v) for o, v in read if v.startswith(b"pre-")]
-    post_read = [v for o, v in read if v.startswith(b"post-")]
+    post_read = [(o, v) for o, v in read if v.startswith(b"post-")]
     report(request, f"{client}: read {crashed_at} before the crash, {len(pre_read)} pre-crash "
-                    f"records in all, {len(post_read)}/{POST} after the restart; client errors: "
-                    f"{sorted(set(cons.errors))}")
+                    f"records in all, then {len(post_read)} of the new partition from offset "
+                    f"{position}; client errors: {sorted(set(cons.errors))}")
     # Before the crash: the partition prefix, in order, each record once.
     assert pre_read == [(i, pre[i]) for i in range(len(pre_read))]
-    # After the restart: every new record, each once (a client-side reset may
-    # re-read the new partition only if it re-reads from its start, never a duplicate).
-    assert sorted(post_read) == sorted(post), \
-        f"after restart got {len(post_read)} records, {len(set(post_read))} distinct"
+    # After the restart: the new partition from the consumer's position on, in
+    # order, each record once.
+    assert post_read == [(o, post[o]) for o in range(position, PRE + POST)]
     assert fs.api_versions_ok(proxy.bootstrap_port)
     proxy.stop_and_check()
 
@@ -592,7 +608,10 @@ def test_held_partition_is_not_reported_to_librdkafka_as_message_too_large(
         errors, read = [], []
         try:
             cons.assign([ck.TopicPartition(s.topic, 0, ck.OFFSET_BEGINNING)])
-            end = time.monotonic() + 10
+            # librdkafka doubles its fetch size on each answer it takes for a
+            # partial record, and reports the error once it cannot grow: give
+            # it enough held fetches (one per dead_letter.timeout) to get there.
+            end = time.monotonic() + 30
             while time.monotonic() < end:
                 m = cons.poll(0.2)
                 if m is None:
