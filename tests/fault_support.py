@@ -373,3 +373,10 @@ def stop_flood(proc, timeout: float = 15) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"flood process failed ({proc.returncode}): {err[-2000:]}"
     return json.loads(out.strip().splitlines()[-1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` in seconds, from /proc/PID/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
