@@ -131,6 +131,26 @@ policies:
 """
 
 
+BYTES_POLICY = """\
+policies:
+  - name: faults-bytes
+    topics: [{topics}]
+    value:
+      format: bytes
+      max_bytes: 65536
+    on_invalid: divert
+"""
+
+
+def write_bytes_policy(d: Path, topics: list[str]) -> Path:
+    """A policy that passes every record under 64 KiB: Fetch responses of
+    `topics` go through the interception path without changing."""
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "faults-bytes-policy.yaml"
+    path.write_text(BYTES_POLICY.format(topics=", ".join(f'"{t}"' for t in topics)))
+    return path
+
+
 def write_json_policy(d: Path, topics: list[str]) -> Path:
     """A policy file: values of `topics` must be strict JSON, else divert to
     "<topic>.dlt"."""

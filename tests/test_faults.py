@@ -146,14 +146,24 @@ class RestartConsumer:
         self.c.close()
 
 
+@pytest.mark.parametrize("mode", ["relay", "intercept"])
 @pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
 def test_broker_crash_and_restart_on_same_port_proxy_survives_and_consumer_resumes_through_it(
-        client, workdir, restartable_broker, request):
+        client, mode, workdir, restartable_broker, request):
+    """`relay`: no policies (Fetch bytes pass untouched). `intercept`: a policy
+    covers the topic (every record passes it), so Fetch responses go through
+    the interception path, which must also follow the recreated topic (new
+    topic id)."""
     t = restartable_broker
     broker_ep = c.Endpoint(t.bootstrap, "direct")
-    proxy = own_proxy(workdir, [t.bootstrap])
-    ep = c.Endpoint(proxy.bootstrap, "proxy")
     topic = f"faults-restart-{uid()}"
+    if mode == "relay":
+        proxy = own_proxy(workdir, [t.bootstrap])
+    else:
+        policy = fs.write_bytes_policy(workdir / f"policy-{uid()}", [topic])
+        proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote,
+                          name="antidote-restart", policy_paths=[str(policy)])
+    ep = c.Endpoint(proxy.bootstrap, "proxy")
     c.ck_create_topic(broker_ep, topic, 1)
     pre = produce_bulk(broker_ep, topic, PRE, 300, tag="pre")
 
@@ -196,7 +206,7 @@ def test_broker_crash_and_restart_on_same_port_proxy_survives_and_consumer_resum
 
     pre_read = [(o, v) for o, v in read if v.startswith(b"pre-")]
     post_read = [(o, v) for o, v in read if v.startswith(b"post-")]
-    report(request, f"{client}: read {crashed_at} before the crash, {len(pre_read)} pre-crash "
+    report(request, f"{client}/{mode}: read {crashed_at} before the crash, {len(pre_read)} pre-crash "
                     f"records in all, then {len(post_read)} of the new partition from offset "
                     f"{position}; client errors: {sorted(set(cons.errors))}")
     # Before the crash: the partition prefix, in order, each record once.
@@ -283,7 +293,7 @@ def test_client_that_never_reads_pipelined_fetches_keeps_proxy_memory_bounded_an
     victim = socket.socket()
     victim.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     victim.connect((h.HOST, proxy.broker_port()))
-    sent, planned = 0, 20000                   # 20k x 1 MiB responses if anyone buffered them
+    sent, planned = 0, 200_000                 # 200k x 1 MiB responses if anyone buffered them
     with fs.RssSampler(proxy.proc.pid) as rss:
         victim.settimeout(2)
         send_deadline = time.monotonic() + 15
@@ -295,6 +305,7 @@ def test_client_that_never_reads_pipelined_fetches_keeps_proxy_memory_bounded_an
                 sent += 1
         except socket.timeout:
             pass                               # the proxy stopped reading: backpressure
+        assert sent < planned, "the proxy kept reading requests from a client that reads nothing"
         time.sleep(2)
         start = time.monotonic()
         got = c.ck_consume_assign(c.Endpoint(proxy.bootstrap, "proxy"), other, [0],
@@ -370,6 +381,7 @@ def test_thousand_concurrent_connections_are_all_served(workdir, broker, broker_
     c.ck_produce(broker_endpoint, topic, recs)
     time.sleep(0.5)
     rss_before = fs.rss_kb(proxy.proc.pid)
+    upstream_before = fs.established_to(proxy.proc.pid, broker.port)
     peak: dict = {}
 
     def at_peak():
@@ -383,16 +395,24 @@ def test_thousand_concurrent_connections_are_all_served(workdir, broker, broker_
     start = time.monotonic()
     ok, failures = asyncio.run(_hold_connections(proxy.bootstrap_port, CONNS, at_peak))
     took = time.monotonic() - start
-    time.sleep(1)
+    deadline = time.monotonic() + 20
+    while fs.established_to(proxy.proc.pid, broker.port) > upstream_before and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    upstream_after = fs.established_to(proxy.proc.pid, broker.port)
     rss_after = fs.rss_kb(proxy.proc.pid)
     report(request, f"{ok}/{CONNS} concurrent connections served in {took:.1f}s; proxy VmRSS "
                     f"before {rss_before} KiB, at peak {peak.get('rss')} KiB "
                     f"({peak.get('upstream')} upstream connections), "
                     f"{peak.get('rss_after_client')} KiB after a consumer ran alongside, "
-                    f"{rss_after} KiB after close; open-file limits proxy {psoft}, tansu {bsoft}")
+                    f"{rss_after} KiB after close; upstream connections before/after "
+                    f"{upstream_before}/{upstream_after}; open-file limits proxy {psoft}, "
+                    f"tansu {bsoft}")
     assert not failures, f"{len(failures)} connections failed, e.g. {failures[:3]!r}"
     assert ok == CONNS
     assert peak["read"] == recs
+    assert peak["upstream"] >= CONNS, "the connections were not all open at once"
+    assert upstream_after <= upstream_before, "upstream connections left open after clients left"
     proxy.assert_running()
     proxy.stop_and_check()
 
@@ -575,8 +595,8 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
             assert s.hole.accepted >= 1, "the proxy never tried the dead-letter cluster"
             assert "partition held before this offset" in s.log()
 
-            s.dlt_back()
             resumed_at = time.monotonic()
+            s.dlt_back()
             poll_for(60, until=lambda: len(offsets(0)) >= 9)
             resumed_after = time.monotonic() - resumed_at
             poll_for(2)
