@@ -661,3 +661,39 @@ def test_held_partition_is_not_reported_to_librdkafka_as_message_too_large(
         assert errors == [], "the hold surfaced errors to the application"
     finally:
         s.close()
+
+
+def test_dlt_bootstrap_list_whose_first_server_is_a_black_hole_still_diverts_via_the_second(
+        workdir, restartable_broker, request):
+    """dead_letter.bootstrap_servers lists a server that accepts and never
+    answers, then a healthy one: the poison record must still reach the DLT
+    (through the second server) and its partition move on, within a bound."""
+    t = restartable_broker
+    broker_ep = c.Endpoint(t.bootstrap, "direct")
+    dlt = h.Tansu(workdir).start()
+    hole = fs.BlackHole(h.free_port()).start()
+    try:
+        topic = f"faults-dlt2-{uid()}"
+        c.ck_create_topic(broker_ep, topic, 1)
+        policy = fs.write_json_policy(workdir / f"policy-{uid()}", [topic])
+        proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote, name="antidote-dlt2",
+                          policy_paths=[str(policy)],
+                          dead_letter={"bootstrap_servers": [f"{h.HOST}:{hole.port}",
+                                                             dlt.bootstrap],
+                                       "timeout": "2s"})
+        recs = [c.Rec(0, i, None, b"{broken" if i == 1 else b'{"ok": 1}') for i in range(3)]
+        c.ck_produce(broker_ep, topic, recs)
+        start = time.monotonic()
+        got = c.ck_consume_assign(c.Endpoint(proxy.bootstrap, "proxy"), topic, [0], 2,
+                                  timeout=60, until=lambda g: len(g) >= 2)
+        took = time.monotonic() - start
+        report(request, f"offsets {[r.offset for r in got]} read in {took:.1f}s; black hole "
+                        f"accepted {hole.accepted} connection(s)")
+        assert [r.offset for r in got] == [0, 2]
+        dlt_recs = c.ck_consume_assign(c.Endpoint(dlt.bootstrap, "direct"), f"{topic}.dlt", [0],
+                                       1, timeout=30)
+        assert dlt_recs[0].value == b"{broken"
+        proxy.stop_and_check()
+    finally:
+        hole.stop()
+        dlt.stop()
