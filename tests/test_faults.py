@@ -116,7 +116,10 @@ class RestartConsumer:
             self.c = kp.KafkaConsumer(**ep.kp(
                 group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
                 fetch_max_bytes=4096, max_partition_fetch_bytes=2048, max_poll_records=5,
-                reconnect_backoff_max_ms=1000, metadata_max_age_ms=1000))
+                reconnect_backoff_max_ms=1000, metadata_max_age_ms=1000,
+                # Ask not to auto-create the topic while the broker is back
+                # empty (tansu was still seen auto-creating it: handled below).
+                allow_auto_create_topics=False))
             tp = kp.TopicPartition(topic, 0)
             self.c.assign([tp])
             self.c.seek_to_beginning(tp)
@@ -190,10 +193,18 @@ def test_broker_crash_and_restart_on_same_port_proxy_survives_and_consumer_resum
         # it continues from there (tansu answers a Fetch past its end with an
         # empty partition, not OFFSET_OUT_OF_RANGE: no reset can be forced).
         fs.restart_tansu_on_same_port(t)
+        # A Metadata request for the missing topic (tansu auto-creates on
+        # them, with 4 partitions) may win the race with CreateTopics; either
+        # way the test then uses partition 0 only.
+        recreated = "by CreateTopics"
         try:
             c.ck_create_topic(broker_ep, topic, 1)
-        except Exception:  # auto-created meanwhile by a client's metadata request
-            c.wait_topic_visible(broker_ep, topic, 1, 30)
+        except Exception as e:
+            from confluent_kafka.admin import AdminClient
+            md = AdminClient(broker_ep.ck()).list_topics(topic=topic, timeout=10).topics.get(topic)
+            assert md is not None and md.error is None and 0 in md.partitions and \
+                md.partitions[0].leader >= 0, f"recreating {topic}: {e}; metadata now: {md}"
+            recreated = f"auto-created with {len(md.partitions)} partitions"
         position = len(read)
         post = produce_bulk(broker_ep, topic, PRE + POST, 300, tag="post")
         deadline = time.monotonic() + 90
@@ -208,7 +219,7 @@ def test_broker_crash_and_restart_on_same_port_proxy_survives_and_consumer_resum
     post_read = [(o, v) for o, v in read if v.startswith(b"post-")]
     report(request, f"{client}/{mode}: read {crashed_at} before the crash, {len(pre_read)} pre-crash "
                     f"records in all, then {len(post_read)} of the new partition from offset "
-                    f"{position}; client errors: {sorted(set(cons.errors))}")
+                    f"{position} (topic {recreated}); client errors: {sorted(set(cons.errors))}")
     # Before the crash: the partition prefix, in order, each record once.
     assert pre_read == [(i, pre[i]) for i in range(len(pre_read))]
     # After the restart: the new partition from the consumer's position on, in
