@@ -53,8 +53,11 @@ impl Endpoint {
     /// How to reach the dead-letter cluster: the upstream settings when it is
     /// the upstream cluster (each overridable), its own otherwise.
     pub fn dead_letter(c: &crate::config::Config) -> Result<Endpoint, tls::TlsError> {
-        let up = Endpoint::upstream(c)?;
         let dlt = &c.dead_letter;
+        // A dead-letter cluster that does not answer must fail within the
+        // time a response may wait for its diversions, not the (longer)
+        // upstream connect timeout.
+        let up = Endpoint { timeout: c.upstream.connect_timeout.min(dlt.timeout), ..Endpoint::upstream(c)? };
         let own_tls = dlt.tls.as_ref().map(tls::connector).transpose()?;
         Ok(match &dlt.bootstrap_servers {
             None => Endpoint {

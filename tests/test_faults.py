@@ -628,11 +628,6 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
         s.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: while a diversion is held, a Fetch from the poison offset is answered "
-    "with the spliced batch that ends just before it (all records below the fetch "
-    "offset, high watermark above it); librdkafka reads that as a record too large to "
-    "fetch and reports MSG_SIZE_TOO_LARGE to the application on every retry"))
 def test_held_partition_is_not_reported_to_librdkafka_as_message_too_large(
         workdir, restartable_broker, request):
     s = HoldScenario(workdir, restartable_broker)
