@@ -67,7 +67,7 @@ def cmd_produce(bootstrap, topic, n, poison_every):
 def consumer(bootstrap, group, **extra):
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "fetch.wait.max.ms": int(os.environ.get("BENCH_FETCH_WAIT_MS", "10")),
-            "enable.partition.eof": False, "api.version.request": True}
+            "enable.partition.eof": False}
     conf.update(extra)
     return Consumer(conf)
 
@@ -79,6 +79,7 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
     t_start = time.time()
     t_first = t_last = None
     count = nbytes = 0
+    first_batch = 0
     errors = 0
     last_progress = time.time()
     batch_n = int(os.environ.get("BENCH_CONSUME_BATCH", "10000"))
@@ -97,15 +98,20 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
             nbytes += len(m.value() or b"")
         if t_first is None:
             t_first = now
+            first_batch = count
         t_last = now
         last_progress = now
     c.close()
     cpu = os.times()
     dt = (t_last or time.time()) - t_start
+    steady = (t_last - t_first) if t_first is not None else 0
     print(json.dumps({"group": group, "records": count, "expected": expected, "value_bytes": nbytes,
                       "seconds": round(dt, 3), "first_record_after_s": round((t_first or t_start) - t_start, 3),
                       "records_per_s": round(count / dt) if dt > 0 else 0,
                       "mb_per_s": round(nbytes / dt / 1e6, 2) if dt > 0 else 0,
+                      # From the first batch received to the last: excludes connection set-up.
+                      "steady_records_per_s": round((count - first_batch) / steady) if steady > 0 else 0,
+                      "steady_mb_per_s": round(nbytes * (count - first_batch) / max(count, 1) / steady / 1e6, 2) if steady > 0 else 0,
                       "consumer_cpu_s": round(cpu.user + cpu.system, 2), "errors": errors}))
     return 0 if count == expected else 1
 

@@ -16,13 +16,14 @@ def c(p):
         secs = max(y["seconds"] for y in x)
         return {"records": recs, "seconds": secs, "records_per_s": recs / secs if secs else 0,
                 "mb_per_s": sum(y["value_bytes"] for y in x) / secs / 1e6 if secs else 0,
-                "consumer_cpu_s": sum(y["consumer_cpu_s"] for y in x)}
+                "consumer_cpu_s": sum(y["consumer_cpu_s"] for y in x),
+                "steady_records_per_s": sum(y.get("steady_records_per_s", 0) for y in x)}
     return x
 
 print(f"machine: {machine}")
 print(f"produce: {produce}")
 print()
-print(f"{'path':5} {'records':>9} {'sec':>7} {'rec/s':>9} {'MB/s':>7} {'x a':>6} {'proxyCPU':>9} {'brokerCPU':>9} "
+print(f"{'path':5} {'records':>9} {'sec':>7} {'rec/s':>9} {'steady/s':>9} {'MB/s':>7} {'x a':>6} {'proxyCPU':>9} {'brokerCPU':>9} "
       f"{'consCPU':>8} {'VmHWM MB':>9} {'p50 ms':>7} {'p99 ms':>7} {'p99+':>6}")
 a = c("a")
 lat_a = (paths.get("a", {}).get("latency") or {}).get("p99_ms")
@@ -32,22 +33,24 @@ for p in ["a", "b0", "b", "c", "c3", "d", "a2"]:
     x = c(p) or {}
     r = paths[p]
     lat = r.get("latency") or {}
-    ratio = x.get("records_per_s", 0) / a["records_per_s"] if a and a.get("records_per_s") else float("nan")
+    ratio = x.get("steady_records_per_s", 0) / a["steady_records_per_s"] if a and a.get("steady_records_per_s") else float("nan")
     hwm = r.get("proxy_vmhwm_kb")
     p99 = lat.get("p99_ms")
     added = (p99 - lat_a) if (p99 is not None and lat_a is not None) else None
-    print(f"{p:5} {x.get('records', 0):>9} {x.get('seconds', 0):>7.2f} {x.get('records_per_s', 0):>9.0f} "
+    print(f"{p:5} {x.get('records', 0):>9} {x.get('seconds', 0):>7.2f} {x.get('records_per_s', 0):>9.0f} {x.get('steady_records_per_s', 0):>9.0f} "
           f"{x.get('mb_per_s', 0):>7.1f} {ratio:>6.2f} {r.get('proxy_cpu_s') if p != 'a' else '-':>9} "
           f"{r.get('broker_cpu_s', '-'):>9} {x.get('consumer_cpu_s', 0):>8.2f} "
           f"{(hwm / 1024 if hwm else 0):>9.1f} {str(lat.get('p50_ms', '-')):>7} {str(p99 if p99 is not None else '-'):>7} "
           f"{(f'{added:+.2f}' if added is not None else '-'):>6}")
+print("rec/s: records / (last record - consumer start); steady/s: from the first batch received to the last"
+      " (excludes connection set-up); 'x a' uses steady/s. c3: sum of three consumers.")
 print()
 if dlt:
     print(f"dead-letter topic: {dlt.get('records')} records (expected {dlt.get('expected')})")
 
 def rps(p):
     x = c(p)
-    return x["records_per_s"] if x else None
+    return x.get("steady_records_per_s") if x else None
 
 checks = []
 ra, rb, rc, rd = rps("a"), rps("b"), rps("c"), rps("d")
