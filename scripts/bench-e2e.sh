@@ -150,7 +150,7 @@ run_path() { # path
     done
     local ok=1
     for p in $f; do wait "$p" || ok=0; done
-    r="[$(paste -sd, "$WORK"/c3-{1,2,3}.json)]"
+    r="[$(cat "$WORK"/c3-{1,2,3}.json | paste -sd,)]"
     [[ $ok == 1 ]] || { log "c3: a consumer did not get all records: $r"; }
   else
     r="$(consume "$path" "$boot" "$expected" "bench-$path")" || return 1
@@ -164,7 +164,7 @@ run_path() { # path
   lat=null
   if [[ $path != c3 && "${LAT_SECS}" != 0 ]]; then
     log "path $path: latency at $LAT_RATE msg/s for $LAT_SECS s"
-    lat="$("$PY" "$HELPER" latency "$boot" "latency.$path" 3 "$LAT_RATE" "$LAT_SECS")" || log "latency via $path incomplete: $lat"
+    lat="$("$PY" "$HELPER" latency "$boot" "127.0.0.1:$BP" "latency.$path" 3 "$LAT_RATE" "$LAT_SECS")" || log "latency via $path incomplete: $lat"
     log "path $path: latency $lat"
   fi
   local hwm=null total_cpu=null

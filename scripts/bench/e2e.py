@@ -4,8 +4,9 @@
   produce   BOOTSTRAP TOPIC N POISON_EVERY      one-shot bulk produce, prints JSON
   consume   BOOTSTRAP TOPIC PARTS EXPECTED GROUP  read from the beginning until EXPECTED
                                                 records (or idle timeout), prints JSON
-  latency   BOOTSTRAP TOPIC PARTS RATE SECONDS  produce at RATE msg/s in a child process
-                                                while consuming; prints p50/p99 in JSON
+  latency   BOOTSTRAP PRODUCE_BOOTSTRAP TOPIC PARTS RATE SECONDS
+                                                produce at RATE msg/s (child process, straight to
+                                                the broker) while consuming via BOOTSTRAP; p50/p99
 """
 import json, os, sys, time, multiprocessing as mp
 
@@ -117,7 +118,7 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
 
 
 def _paced_producer(bootstrap, topic, parts, rate, seconds, ready):
-    p = producer(bootstrap, **{"linger.ms": 0, "batch.size": 16384})
+    p = producer(bootstrap, **{"linger.ms": int(os.environ.get("BENCH_LAT_LINGER_MS", "1")), "batch.size": 65536})
     ready.wait(30)
     n = int(rate * seconds)
     t0 = time.perf_counter()
@@ -135,7 +136,9 @@ def _paced_producer(bootstrap, topic, parts, rate, seconds, ready):
     p.flush(30)
 
 
-def cmd_latency(bootstrap, topic, parts, rate, seconds, warmup_s="2"):
+def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmup_s="1"):
+    """Consume via `bootstrap` (the path under test); produce via
+    `produce_bootstrap` (the broker itself, so only the Fetch path differs)."""
     parts, rate, seconds, warmup_s = int(parts), float(rate), float(seconds), float(warmup_s)
     c = consumer(bootstrap, "lat-%d" % os.getpid())
     c.assign([TopicPartition(topic, p, OFFSET_END) for p in range(parts)])
@@ -147,7 +150,7 @@ def cmd_latency(bootstrap, topic, parts, rate, seconds, warmup_s="2"):
         if all(tp.offset >= 0 for tp in pos):
             break
     ready = mp.Event()
-    prod = mp.Process(target=_paced_producer, args=(bootstrap, topic, parts, rate, seconds, ready))
+    prod = mp.Process(target=_paced_producer, args=(produce_bootstrap, topic, parts, rate, seconds, ready))
     prod.start()
     ready.set()
     expected = int(rate * seconds)
@@ -155,7 +158,7 @@ def cmd_latency(bootstrap, topic, parts, rate, seconds, warmup_s="2"):
     t0 = time.time()
     last = time.time()
     while len(lat) < expected and time.time() - last < 10:
-        msgs = c.consume(num_messages=1000, timeout=0.2)
+        msgs = c.consume(num_messages=1, timeout=0.2)
         now_ns = time.time_ns()
         for m in msgs:
             if m.error():
