@@ -173,6 +173,8 @@ run_path() { # path
   if [[ $path != a ]]; then stop "$pid"; fi
 }
 
+# A warm-up read (not reported): tansu's first read of fresh data is slower.
+consume warmup "127.0.0.1:$BP" "$N" bench-warmup >/dev/null || true
 # Direct first, then the proxies, then direct again (drift check).
 fail=0
 for p in $PATHS; do run_path "$p" || fail=1; done

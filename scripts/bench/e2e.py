@@ -117,10 +117,16 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
     return 0 if count == expected else 1
 
 
-def _paced_producer(bootstrap, topic, parts, rate, seconds, ready):
+def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
     p = producer(bootstrap, **{"linger.ms": int(os.environ.get("BENCH_LAT_LINGER_MS", "1")), "batch.size": 65536})
     ready.wait(30)
     n = int(rate * seconds)
+    acks = []
+    def on_ack(err, msg):
+        if err is None:
+            for k, v in msg.headers() or []:
+                if k == "bench-ts-ns":
+                    acks.append((time.time_ns() - int(v)) / 1e6)
     t0 = time.perf_counter()
     for i in range(n):
         target = t0 + i / rate
@@ -131,9 +137,12 @@ def _paced_producer(bootstrap, topic, parts, rate, seconds, ready):
             if d > 0.001:
                 p.poll(min(d - 0.0005, 0.005))
         p.produce(topic, value(i, False), partition=i % parts,
-                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(time.time_ns()).encode())])
+                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(time.time_ns()).encode())],
+                  on_delivery=on_ack)
         p.poll(0)
     p.flush(30)
+    acks.sort()
+    acks_out.put([acks[int(q * (len(acks) - 1))] for q in (0.5, 0.99)] if acks else [None, None])
 
 
 def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmup_s="1"):
@@ -150,7 +159,8 @@ def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmu
         if all(tp.offset >= 0 for tp in pos):
             break
     ready = mp.Event()
-    prod = mp.Process(target=_paced_producer, args=(produce_bootstrap, topic, parts, rate, seconds, ready))
+    acks_q = mp.Queue()
+    prod = mp.Process(target=_paced_producer, args=(produce_bootstrap, topic, parts, rate, seconds, ready, acks_q))
     prod.start()
     ready.set()
     expected = int(rate * seconds)
@@ -167,6 +177,10 @@ def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmu
                 if k == "bench-ts-ns":
                     lat.append((now_ns - int(v)) / 1e6)
             last = time.time()
+    try:
+        ack_p50, ack_p99 = acks_q.get(timeout=30)
+    except Exception:
+        ack_p50 = ack_p99 = None
     prod.join(30)
     c.close()
     skip = int(rate * warmup_s)
@@ -175,7 +189,9 @@ def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmu
         return round(steady[min(len(steady) - 1, int(q * len(steady)))], 3) if steady else None
     print(json.dumps({"received": len(lat), "expected": expected, "rate": rate, "warmup_skipped": skip,
                       "p50_ms": pct(0.50), "p99_ms": pct(0.99), "p999_ms": pct(0.999),
-                      "max_ms": round(steady[-1], 3) if steady else None}))
+                      "max_ms": round(steady[-1], 3) if steady else None,
+                      # produce() -> delivery report (broker ack), same clock: the producer's share.
+                      "produce_ack_p50_ms": ack_p50 and round(ack_p50, 3), "produce_ack_p99_ms": ack_p99 and round(ack_p99, 3)}))
     return 0 if len(lat) == expected else 1
 
 
