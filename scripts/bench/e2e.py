@@ -122,11 +122,9 @@ def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
     ready.wait(30)
     n = int(rate * seconds)
     acks = []
-    def on_ack(err, msg):
+    def on_ack(err, _msg, sent_ns):
         if err is None:
-            for k, v in msg.headers() or []:
-                if k == "bench-ts-ns":
-                    acks.append((time.time_ns() - int(v)) / 1e6)
+            acks.append((time.time_ns() - sent_ns) / 1e6)
     t0 = time.perf_counter()
     for i in range(n):
         target = t0 + i / rate
@@ -136,9 +134,10 @@ def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
                 break
             if d > 0.001:
                 p.poll(min(d - 0.0005, 0.005))
+        sent = time.time_ns()
         p.produce(topic, value(i, False), partition=i % parts,
-                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(time.time_ns()).encode())],
-                  on_delivery=on_ack)
+                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(sent).encode())],
+                  on_delivery=lambda err, msg, sent=sent: on_ack(err, msg, sent))
         p.poll(0)
     p.flush(30)
     acks.sort()

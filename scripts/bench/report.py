@@ -44,7 +44,7 @@ for p in ["a", "b0", "b", "c", "c3", "d", "a2"]:
           f"{(hwm / 1024 if hwm else 0):>9.1f} {str(lat.get('p50_ms', '-')):>7} {str(p99 if p99 is not None else '-'):>7} "
           f"{(f'{added:+.2f}' if added is not None else '-'):>6}")
 print("rec/s: records / (last record - consumer start); steady/s: from the first batch received to the last"
-      " (excludes connection set-up); 'x a' uses steady/s. c3: sum of three consumers.")
+      " (excludes connection set-up); 'x a' uses steady/s against the better of a and a2. c3: sum of three consumers.")
 print()
 if dlt:
     print(f"dead-letter topic: {dlt.get('records')} records (expected {dlt.get('expected')})")
