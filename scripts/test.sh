@@ -40,6 +40,17 @@ if [[ $# -gt 0 ]]; then PYTEST_ARGS+=("$@"); fi
 stage "pytest (integration)" timeout --signal=INT --kill-after=30 1500 \
   "$ROOT/.venv/bin/python" -m pytest "${PYTEST_ARGS[@]}"
 
+# Fuzz smoke: every cargo-fuzz target for a few seconds from its committed
+# seeds (a longer campaign is documented in BENCHMARKS.md). Skip with
+# ANTIDOTE_SKIP_FUZZ=1 for a quicker local run.
+if [[ "${ANTIDOTE_SKIP_FUZZ:-0}" != 1 ]]; then
+  if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    stage "install cargo-fuzz" cargo install cargo-fuzz --version 0.13.2 --locked
+  fi
+  stage "fuzz smoke" env ANTIDOTE_FUZZ_STRICT_PARTIAL=1 FUZZ_SECONDS="${FUZZ_SECONDS:-8}" \
+    bash scripts/fuzz-smoke.sh
+fi
+
 printf '\n==== summary ====\n'
 printf '%s\n' "${RESULTS[@]}"
 exit "$FAILED"
