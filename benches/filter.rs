@@ -1,0 +1,109 @@
+//! Batch filtering as the proxy does it for one partition of a Fetch
+//! response: `plan_partition` (split, decompress, decode, judge every record
+//! under the reference JSON policy, plan diversions) and, when something
+//! changes, `apply` (splice and re-compress). Throughput is in records.
+//!
+//! Variants: clean / 0.1 % poison / 100 % poison, uncompressed / lz4 / zstd,
+//! and "cached": the same batches fetched again (second consumer group), when
+//! the verdict cache answers and no record is judged.
+//!
+//! Before measuring, the setup asserts the zero-copy property of the clean
+//! path: a batch with nothing to remove is forwarded as the original
+//! `Bytes` (same pointer), not a copy.
+
+mod common;
+
+use std::sync::Arc;
+
+use antidote::intercept::plan::{plan_partition, Visibility};
+use antidote::intercept::VerdictCache;
+use antidote::kafka::batch::{segments, splice, Segment};
+use antidote::kafka::compression::Compression;
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+
+const BATCHES: usize = 4;
+const PER_BATCH: usize = 1000;
+
+fn assert_clean_path_is_zero_copy(section: &Bytes) {
+    let policy = common::load_policy("geofence.yaml");
+    let topic: Arc<str> = Arc::from("geofence.triggers");
+    let cache = VerdictCache::new(1024);
+    let vis = Visibility::new(false, None);
+    let plan = plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
+    assert_eq!(plan.stats.validated as usize, BATCHES * PER_BATCH);
+    assert!(plan.diversions.is_empty());
+    // Nothing changes: the interceptor forwards the response as it arrived.
+    assert!(!plan.changes_anything(), "clean section must not be rebuilt");
+    for seg in segments(section) {
+        let Segment::Batch(batch) = seg else { panic!("unexpected segment") };
+        // The batch is a slice of the section, not a copy...
+        let off = batch.bytes().as_ptr() as usize - section.as_ptr() as usize;
+        assert!(off < section.len());
+        // ...and splicing it with nothing removed returns those same bytes.
+        let decoded = batch.decode().unwrap();
+        let out = splice(&batch, &decoded, &vec![true; decoded.len()], None).unwrap();
+        assert_eq!(out.as_ptr(), batch.bytes().as_ptr(), "clean splice copied the batch");
+        assert_eq!(out.len(), batch.bytes().len());
+    }
+}
+
+fn bench_filter(c: &mut Criterion) {
+    let policy = common::load_policy("geofence.yaml");
+    let topic: Arc<str> = Arc::from("geofence.triggers");
+    let vis = Visibility::new(false, None);
+
+    let mut group = c.benchmark_group("filter");
+    group.throughput(Throughput::Elements((BATCHES * PER_BATCH) as u64));
+    for (codec_name, codec) in [("none", Compression::None), ("lz4", Compression::Lz4), ("zstd", Compression::Zstd)] {
+        for (poison_name, every) in [("clean", 0usize), ("poison0.1pct", 1000), ("poison100pct", 1)] {
+            let section = common::json_section(BATCHES, PER_BATCH, every, codec);
+            if every == 0 {
+                assert_clean_path_is_zero_copy(&section);
+            }
+            let expected_invalid = (0..BATCHES * PER_BATCH).filter(|&i| common::is_poison(i, every)).count();
+            // Sanity: the plan finds exactly the poison records.
+            {
+                let cache = VerdictCache::new(1024);
+                let plan = plan_partition(&policy, &topic, 0, &section, &vis, common::NOW_MS, &cache);
+                assert_eq!(plan.diversions.len(), expected_invalid, "{codec_name}/{poison_name}");
+                assert_eq!(plan.changes_anything(), expected_invalid > 0);
+                let out = plan.apply(None).unwrap();
+                let kept: usize = segments(&out)
+                    .iter()
+                    .map(|s| match s {
+                        Segment::Batch(b) => b.records_count() as usize,
+                        _ => panic!("unexpected segment in output"),
+                    })
+                    .sum();
+                assert_eq!(kept, BATCHES * PER_BATCH - expected_invalid);
+            }
+            let id = format!("{codec_name}/{poison_name}");
+            // First fetch: every record judged.
+            group.bench_with_input(BenchmarkId::new("judge", &id), &section, |b, section| {
+                b.iter(|| {
+                    let cache = VerdictCache::new(16);
+                    let plan = plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
+                    let out = if plan.changes_anything() { Some(plan.apply(None).unwrap()) } else { None };
+                    black_box((plan.diversions.len(), out))
+                })
+            });
+            // Fetched again (another group): verdicts come from the cache.
+            let cache = VerdictCache::new(1024);
+            let _ = plan_partition(&policy, &topic, 0, &section, &vis, common::NOW_MS, &cache);
+            group.bench_with_input(BenchmarkId::new("cached", &id), &section, |b, section| {
+                b.iter(|| {
+                    let plan = plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
+                    assert_eq!(plan.stats.cached_batches as usize, BATCHES);
+                    let out = if plan.changes_anything() { Some(plan.apply(None).unwrap()) } else { None };
+                    black_box((plan.diversions.len(), out))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_filter);
+criterion_main!(benches);

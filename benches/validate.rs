@@ -1,0 +1,89 @@
+//! One record judged by `Policy::judge`, per value format, on ~200-byte
+//! geofence triggers. Throughput is in records (validations).
+//!
+//! - json_rules: JSON decode + coordinate, one_of, min/max, max_age rules,
+//!   required header (no JSON Schema).
+//! - json_schema: the reference policy `policies/geofence.yaml` (the above
+//!   plus JSON Schema).
+//! - avro: `policies/geofence-avro.yaml` (Confluent wire, schema id 1).
+//! - protobuf: `policies/geofence-protobuf.yaml` (Confluent wire).
+//!
+//! Each case judges a rotating set of 1024 distinct records, and the setup
+//! asserts that all of them are valid and that a poisoned one is not (so the
+//! benchmark cannot silently measure an early-exit error path).
+
+mod common;
+
+use std::sync::Arc;
+
+use antidote::kafka::record::{Header, Record};
+use antidote::policy::{Policy, Verdict};
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::hint::black_box;
+
+const N: usize = 1024;
+
+struct Owned {
+    key: Bytes,
+    value: Bytes,
+    hkey: &'static [u8],
+    hval: Bytes,
+}
+
+fn owned(values: impl Fn(&common::Trigger) -> Bytes) -> (Vec<Owned>, Owned) {
+    let mk = |i: usize, poison: bool| Owned {
+        key: Bytes::from(format!("device-{:08}", i)),
+        value: values(&common::trigger(i, poison)),
+        hkey: b"idempotency-key",
+        hval: Bytes::from(format!("k-{i:012}")),
+    };
+    ((0..N).map(|i| mk(i, false)).collect(), mk(7, true))
+}
+
+fn record(o: &Owned, i: usize) -> Record<'_> {
+    Record {
+        offset: i as i64,
+        timestamp: common::NOW_MS - 10,
+        key: Some(&o.key),
+        value: Some(&o.value),
+        headers: vec![Header { key: o.hkey, value: Some(&o.hval) }],
+    }
+}
+
+fn bench_one(c: &mut Criterion, name: &str, policy: Arc<Policy>, values: impl Fn(&common::Trigger) -> Bytes) {
+    let (records, poison) = owned(values);
+    let avg = records.iter().map(|o| o.value.len()).sum::<usize>() / N;
+    for (i, o) in records.iter().enumerate() {
+        let v = policy.judge(&record(o, i), common::NOW_MS);
+        assert_eq!(v, Verdict::Valid, "{name}: record {i} should be valid");
+    }
+    assert!(!policy.judge(&record(&poison, 0), common::NOW_MS).is_valid(), "{name}: poison must be invalid");
+    let recs: Vec<Record<'_>> = records.iter().enumerate().map(|(i, o)| record(o, i)).collect();
+
+    let mut group = c.benchmark_group("validate");
+    group.throughput(Throughput::Elements(1));
+    eprintln!("validate/{name}: average value size {avg} bytes");
+    let mut i = 0usize;
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            i = (i + 1) % N;
+            black_box(policy.judge(black_box(&recs[i]), common::NOW_MS))
+        })
+    });
+    group.bench_function(format!("{name}/poison"), |b| {
+        let r = record(&poison, 0);
+        b.iter(|| black_box(policy.judge(black_box(&r), common::NOW_MS)))
+    });
+    group.finish();
+}
+
+fn bench_validate(c: &mut Criterion) {
+    bench_one(c, "json_rules", common::json_rules_policy(), common::json_value);
+    bench_one(c, "json_schema", common::load_policy("geofence.yaml"), common::json_value);
+    bench_one(c, "avro", common::load_policy("geofence-avro.yaml"), common::avro_value);
+    bench_one(c, "protobuf", common::load_policy("geofence-protobuf.yaml"), common::protobuf_value);
+}
+
+criterion_group!(benches, bench_validate);
+criterion_main!(benches);

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# End-to-end benchmark on this machine (see BENCHMARKS.md):
+#   start tansu (memory storage); produce BENCH_RECORDS (~200-byte geofence
+#   JSON, one in BENCH_POISON_EVERY poison) to a 3-partition topic once; then
+#   consume all of it with a librdkafka consumer (confluent-kafka) through
+#     a   the broker directly
+#     b0  antidote, no policies at all (interceptor off)
+#     b   antidote, a policy on another topic only (Fetch decoded, forwarded)
+#     c   antidote, the reference JSON policy on the topic (poison diverted)
+#     c3  like c, three consumer groups at once (fresh proxy)
+#     d   `tansu proxy`
+#   For each path: records/s, MB/s, ratio to a, the proxy's CPU seconds and
+#   peak RSS; then produce->consume latency at BENCH_LAT_RATE msg/s.
+#
+# Env: BENCH_RECORDS (1000000), BENCH_POISON_EVERY (1000), BENCH_LAT_RATE
+# (10000), BENCH_LAT_SECONDS (10), BENCH_PATHS ("a b0 b c c3 d"),
+# BENCH_COMPRESSION (none|lz4|zstd|...), BENCH_PORT (base port, random),
+# BENCH_SKIP_BUILD=1, BENCH_OUT (results JSON file).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+N="${BENCH_RECORDS:-1000000}"
+POISON_EVERY="${BENCH_POISON_EVERY:-1000}"
+LAT_RATE="${BENCH_LAT_RATE:-10000}"
+LAT_SECS="${BENCH_LAT_SECONDS:-10}"
+PATHS="${BENCH_PATHS:-a b0 b c c3 d}"
+BASE="${BENCH_PORT:-$((20000 + RANDOM % 20000))}"
+TOPIC=geofence.triggers
+PY="$ROOT/.venv/bin/python"
+TANSU="$ROOT/.tools/bin/tansu"
+BIN="$ROOT/target/release/antidote"
+HELPER="$ROOT/scripts/bench/e2e.py"
+WORK="$(mktemp -d /tmp/antidote-bench.XXXXXX)"
+OUT="${BENCH_OUT:-$ROOT/target/bench-e2e/results-$(date +%Y%m%d-%H%M%S).json}"
+mkdir -p "$(dirname "$OUT")"
+RESULTS="$WORK/results.jsonl"
+: >"$RESULTS"
+CLK_TCK="$(getconf CLK_TCK)"
+
+log() { printf '[bench-e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  [[ -n "${BENCH_KEEP_WORK:-}" ]] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+[[ -x "$TANSU" && -x "$PY" ]] || bash scripts/setup.sh
+if [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
+  log "cargo build --release"
+  cargo build --release --bin antidote >&2
+fi
+
+wait_port() { # port seconds pid
+  local end=$((SECONDS + $2))
+  while ((SECONDS < end)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    kill -0 "$3" 2>/dev/null || { log "process $3 died"; return 1; }
+    sleep 0.1
+  done
+  log "port $1 not open after $2 s"; return 1
+}
+cpu_s() { awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / t }' "/proc/$1/stat"; }
+hwm_kb() { awk '/^VmHWM/ { print $2 }' "/proc/$1/status"; }
+record() { echo "$1" >>"$RESULTS"; }
+
+stop() { # pid
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# --- broker -----------------------------------------------------------------
+BP=$BASE
+"$TANSU" broker --listener-url "tcp://127.0.0.1:$BP" --advertised-listener-url "tcp://127.0.0.1:$BP" \
+  --storage-engine memory://tansu/ >"$WORK/tansu.log" 2>&1 &
+TANSU_PID=$!; PIDS+=("$TANSU_PID")
+wait_port "$BP" 15 "$TANSU_PID"
+for t in "$TOPIC" latency.a latency.b0 latency.b latency.c latency.d; do
+  "$TANSU" topic create "$t" --broker "tcp://127.0.0.1:$BP" --partitions 3 >>"$WORK/tansu-admin.log" 2>&1
+done
+log "tansu up on $BP (pid $TANSU_PID)"
+
+# --- policies ---------------------------------------------------------------
+# c: the reference policy, also covering the latency topics.
+sed -e 's#topics: \["geofence.triggers"\]#topics: ["geofence.triggers", "latency.*"]#' \
+    -e "s#schema: schemas/#schema: $ROOT/policies/schemas/#" policies/geofence.yaml >"$WORK/policy-c.yaml"
+grep -q 'latency\.\*' "$WORK/policy-c.yaml" || { log "could not adapt policies/geofence.yaml"; exit 1; }
+# b: the same policy, but on a topic nobody reads.
+sed -e 's#topics: \["geofence.triggers"\]#topics: ["some.other.topic"]#' \
+    -e "s#schema: schemas/#schema: $ROOT/policies/schemas/#" policies/geofence.yaml >"$WORK/policy-b.yaml"
+
+start_antidote() { # name index policyfile|"" -> sets PROXY_PID, PROXY_BOOT
+  local name=$1 idx=$2 pol=$3
+  local boot=$((BASE + 10 + idx)) pbase=$((BASE + 200 + idx * 200))
+  {
+    echo "listen:"; echo "  bootstrap: 127.0.0.1:$boot"; echo "  advertised_host: 127.0.0.1"
+    echo "  broker_port_base: $pbase"
+    echo "upstream:"; echo "  bootstrap_servers:"; echo "    - 127.0.0.1:$BP"
+    if [[ -n "$pol" ]]; then echo "policies:"; echo "  - $pol"; else echo "policies: []"; fi
+  } >"$WORK/antidote-$name.yaml"
+  RUST_LOG="${BENCH_RUST_LOG:-warn}" "$BIN" run --config "$WORK/antidote-$name.yaml" >"$WORK/antidote-$name.log" 2>&1 &
+  PROXY_PID=$!; PIDS+=("$PROXY_PID")
+  wait_port "$boot" 15 "$PROXY_PID"
+  PROXY_BOOT="127.0.0.1:$boot"
+}
+start_tansu_proxy() {
+  local port=$((BASE + 5))
+  "$TANSU" proxy --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
+    --origin-url "tcp://127.0.0.1:$BP" >"$WORK/tansu-proxy.log" 2>&1 &
+  PROXY_PID=$!; PIDS+=("$PROXY_PID")
+  wait_port "$port" 15 "$PROXY_PID"
+  PROXY_BOOT="127.0.0.1:$port"
+}
+
+# --- produce once -------------------------------------------------------------
+log "producing $N records (poison 1/$POISON_EVERY) to $TOPIC"
+prod="$("$PY" "$HELPER" produce "127.0.0.1:$BP" "$TOPIC" "$N" "$POISON_EVERY")"
+log "produced: $prod"
+record "{\"phase\":\"produce\",\"result\":$prod}"
+POISON="$(echo "$prod" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["poison"])')"
+CLEAN=$((N - POISON))
+
+consume() { # path bootstrap expected group
+  local t0 r
+  r="$("$PY" "$HELPER" consume "$2" "$TOPIC" 3 "$3" "$4")" || { log "consume via $1 FAILED: $r"; record "{\"phase\":\"consume\",\"path\":\"$1\",\"failed\":true,\"result\":${r:-null}}"; return 1; }
+  echo "$r"
+}
+
+run_path() { # path
+  local path=$1 boot pid="" cpu0=0 cpu1 r lat expected=$N
+  case $path in
+    a) boot="127.0.0.1:$BP"; pid=$TANSU_PID ;;
+    b0) start_antidote b0 0 ""; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
+    b) start_antidote b 1 "$WORK/policy-b.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
+    c) start_antidote c 2 "$WORK/policy-c.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
+    c3) start_antidote c3 3 "$WORK/policy-c.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
+    d) start_tansu_proxy; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
+  esac
+  local bcpu0; bcpu0="$(cpu_s "$TANSU_PID")"
+  cpu0="$(cpu_s "$pid")"
+  log "path $path: consuming via $boot (expect $expected)"
+  if [[ $path == c3 ]]; then
+    local f
+    for g in 1 2 3; do
+      "$PY" "$HELPER" consume "$boot" "$TOPIC" 3 "$expected" "bench-$path-g$g" >"$WORK/c3-$g.json" &
+      f+=" $!"
+    done
+    local ok=1
+    for p in $f; do wait "$p" || ok=0; done
+    r="[$(cat "$WORK"/c3-{1,2,3}.json | paste -sd,)]"
+    [[ $ok == 1 ]] || { log "c3: a consumer did not get all records: $r"; }
+  else
+    r="$(consume "$path" "$boot" "$expected" "bench-$path")" || return 1
+  fi
+  cpu1="$(cpu_s "$pid")"
+  local bcpu1; bcpu1="$(cpu_s "$TANSU_PID")"
+  local proxy_cpu broker_cpu
+  proxy_cpu="$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')"
+  broker_cpu="$(awk -v a="$bcpu0" -v b="$bcpu1" 'BEGIN { printf "%.2f", b - a }')"
+  log "path $path: $r proxy_cpu=$proxy_cpu broker_cpu=$broker_cpu"
+  lat=null
+  if [[ $path != c3 && "${LAT_SECS}" != 0 ]]; then
+    log "path $path: latency at $LAT_RATE msg/s for $LAT_SECS s"
+    lat="$("$PY" "$HELPER" latency "$boot" "127.0.0.1:$BP" "latency.$path" 3 "$LAT_RATE" "$LAT_SECS")" || log "latency via $path incomplete: $lat"
+    log "path $path: latency $lat"
+  fi
+  local hwm=null total_cpu=null
+  if [[ $path != a ]]; then hwm="$(hwm_kb "$pid")"; total_cpu="$(cpu_s "$pid")"; fi
+  record "{\"phase\":\"path\",\"path\":\"$path\",\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
+  if [[ $path != a ]]; then stop "$pid"; fi
+}
+
+# A warm-up read (not reported): tansu's first read of fresh data is slower.
+consume warmup "127.0.0.1:$BP" "$N" bench-warmup >/dev/null || true
+# Direct first, then the proxies, then direct again (drift check).
+fail=0
+for p in $PATHS; do run_path "$p" || fail=1; done
+if [[ " $PATHS " == *" a "* ]]; then
+  log "path a (again, drift check)"
+  r="$(consume a2 "127.0.0.1:$BP" "$N" bench-a2)" && record "{\"phase\":\"path\",\"path\":\"a2\",\"consume\":$r}" || fail=1
+fi
+# The poison must be in the dead-letter topic, once each.
+if [[ " $PATHS " == *" c "* ]]; then
+  r="$("$PY" "$HELPER" consume "127.0.0.1:$BP" "$TOPIC.dlt" 1 "$POISON" bench-dlt 5)" || { log "DLT check failed: $r"; fail=1; }
+  record "{\"phase\":\"dlt\",\"result\":${r:-null}}"
+fi
+
+machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)\",\"records\":$N,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
+record "{\"phase\":\"machine\",\"result\":$machine}"
+"$PY" "$ROOT/scripts/bench/report.py" "$RESULTS" | tee "${OUT%.json}.txt"
+cp "$RESULTS" "$OUT"
+log "results: $OUT"
+exit $fail

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Load generator and consumers for scripts/bench-e2e.sh (confluent-kafka).
+
+  produce   BOOTSTRAP TOPIC N POISON_EVERY      one-shot bulk produce, prints JSON
+  consume   BOOTSTRAP TOPIC PARTS EXPECTED GROUP  read from the beginning until EXPECTED
+                                                records (or idle timeout), prints JSON
+  latency   BOOTSTRAP PRODUCE_BOOTSTRAP TOPIC PARTS RATE SECONDS
+                                                produce at RATE msg/s (child process, straight to
+                                                the broker) while consuming via BOOTSTRAP; p50/p99
+"""
+import json, os, sys, time, multiprocessing as mp
+
+from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING, OFFSET_END
+
+BASE_TS_MS = int(time.time() * 1000)
+TRANSITIONS = ("ENTER", "EXIT", "DWELL")
+
+
+def value(i: int, poison: bool) -> bytes:
+    lat = 91.5 if poison else 48.0 + (i % 1000) * 0.001234
+    return ('{"device_id":"device-%08d-a1b2c3d4e5f6","geofence_id":"fence-%05d-warehouse-north",'
+            '"lat":%.6f,"lon":%.6f,"transition":"%s","speed_mps":%.2f,"event_time_ms":%d,"accuracy_m":%.1f}'
+            % (i % 100000, i % 5000, lat, 2.0 + (i % 777) * 0.00321, TRANSITIONS[i % 3],
+               (i % 40) * 0.75, int(time.time() * 1000), 3.5 + i % 10)).encode()
+
+
+def producer(bootstrap: str, **extra) -> Producer:
+    conf = {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_000_000,
+            "acks": 1, "enable.idempotence": False,
+            "compression.type": os.environ.get("BENCH_COMPRESSION", "none")}
+    conf.update(extra)
+    return Producer(conf)
+
+
+def cmd_produce(bootstrap, topic, n, poison_every):
+    n, poison_every = int(n), int(poison_every)
+    p = producer(bootstrap)
+    errors = []
+    def cb(err, _msg):
+        if err is not None:
+            errors.append(str(err))
+    t0 = time.time()
+    nbytes = 0
+    poison = 0
+    for i in range(n):
+        is_poison = poison_every > 0 and i % poison_every == poison_every // 2
+        poison += is_poison
+        v = value(i, is_poison)
+        nbytes += len(v)
+        while True:
+            try:
+                p.produce(topic, v, key=b"device-%08d" % (i % 100000), partition=i % 3,
+                          headers=[("idempotency-key", b"k-%012d" % i)], on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 10000 == 0:
+            p.poll(0)
+    left = p.flush(120)
+    dt = time.time() - t0
+    print(json.dumps({"produced": n, "poison": poison, "value_bytes": nbytes, "seconds": round(dt, 3),
+                      "avg_value_bytes": round(nbytes / max(n, 1), 1),
+                      "unflushed": left, "errors": errors[:5], "error_count": len(errors)}))
+    return 0 if not errors and left == 0 else 1
+
+
+def consumer(bootstrap, group, **extra):
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "fetch.wait.max.ms": int(os.environ.get("BENCH_FETCH_WAIT_MS", "10")),
+            "enable.partition.eof": False}
+    conf.update(extra)
+    return Consumer(conf)
+
+
+def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="300"):
+    parts, expected, idle_s, max_s = int(parts), int(expected), float(idle_s), float(max_s)
+    c = consumer(bootstrap, group)
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
+    t_start = time.time()
+    t_first = t_last = None
+    count = nbytes = 0
+    first_batch = 0
+    errors = 0
+    last_progress = time.time()
+    batch_n = int(os.environ.get("BENCH_CONSUME_BATCH", "10000"))
+    while count < expected:
+        msgs = c.consume(num_messages=batch_n, timeout=0.5)
+        now = time.time()
+        if not msgs:
+            if now - last_progress > idle_s or now - t_start > max_s:
+                break
+            continue
+        for m in msgs:
+            if m.error():
+                errors += 1
+                continue
+            count += 1
+            nbytes += len(m.value() or b"")
+        if t_first is None:
+            t_first = now
+            first_batch = count
+        t_last = now
+        last_progress = now
+    c.close()
+    cpu = os.times()
+    dt = (t_last or time.time()) - t_start
+    steady = (t_last - t_first) if t_first is not None else 0
+    print(json.dumps({"group": group, "records": count, "expected": expected, "value_bytes": nbytes,
+                      "seconds": round(dt, 3), "first_record_after_s": round((t_first or t_start) - t_start, 3),
+                      "records_per_s": round(count / dt) if dt > 0 else 0,
+                      "mb_per_s": round(nbytes / dt / 1e6, 2) if dt > 0 else 0,
+                      # From the first batch received to the last: excludes connection set-up.
+                      "steady_records_per_s": round((count - first_batch) / steady) if steady > 0 else 0,
+                      "steady_mb_per_s": round(nbytes * (count - first_batch) / max(count, 1) / steady / 1e6, 2) if steady > 0 else 0,
+                      "consumer_cpu_s": round(cpu.user + cpu.system, 2), "errors": errors}))
+    return 0 if count == expected else 1
+
+
+def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
+    p = producer(bootstrap, **{"linger.ms": int(os.environ.get("BENCH_LAT_LINGER_MS", "1")), "batch.size": 65536})
+    ready.wait(30)
+    n = int(rate * seconds)
+    acks = []
+    def on_ack(err, _msg, sent_ns):
+        if err is None:
+            acks.append((time.time_ns() - sent_ns) / 1e6)
+    t0 = time.perf_counter()
+    for i in range(n):
+        target = t0 + i / rate
+        while True:
+            d = target - time.perf_counter()
+            if d <= 0:
+                break
+            if d > 0.001:
+                p.poll(min(d - 0.0005, 0.005))
+        sent = time.time_ns()
+        p.produce(topic, value(i, False), partition=i % parts,
+                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(sent).encode())],
+                  on_delivery=lambda err, msg, sent=sent: on_ack(err, msg, sent))
+        p.poll(0)
+    p.flush(30)
+    acks.sort()
+    acks_out.put([acks[int(q * (len(acks) - 1))] for q in (0.5, 0.99)] if acks else [None, None])
+
+
+def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmup_s="1"):
+    """Consume via `bootstrap` (the path under test); produce via
+    `produce_bootstrap` (the broker itself, so only the Fetch path differs)."""
+    parts, rate, seconds, warmup_s = int(parts), float(rate), float(seconds), float(warmup_s)
+    c = consumer(bootstrap, "lat-%d" % os.getpid())
+    c.assign([TopicPartition(topic, p, OFFSET_END) for p in range(parts)])
+    # Make sure the consumer has resolved its positions before producing.
+    t_end = time.time() + 10
+    while time.time() < t_end:
+        c.consume(num_messages=100, timeout=0.2)
+        pos = c.position([TopicPartition(topic, p) for p in range(parts)])
+        if all(tp.offset >= 0 for tp in pos):
+            break
+    ready = mp.Event()
+    acks_q = mp.Queue()
+    prod = mp.Process(target=_paced_producer, args=(produce_bootstrap, topic, parts, rate, seconds, ready, acks_q))
+    prod.start()
+    ready.set()
+    expected = int(rate * seconds)
+    lat = []
+    t0 = time.time()
+    last = time.time()
+    while len(lat) < expected and time.time() - last < 10:
+        msgs = c.consume(num_messages=1, timeout=0.2)
+        now_ns = time.time_ns()
+        for m in msgs:
+            if m.error():
+                continue
+            for k, v in m.headers() or []:
+                if k == "bench-ts-ns":
+                    lat.append((now_ns - int(v)) / 1e6)
+            last = time.time()
+    try:
+        ack_p50, ack_p99 = acks_q.get(timeout=30)
+    except Exception:
+        ack_p50 = ack_p99 = None
+    prod.join(30)
+    c.close()
+    skip = int(rate * warmup_s)
+    steady = sorted(lat[skip:]) if len(lat) > skip else sorted(lat)
+    def pct(q):
+        return round(steady[min(len(steady) - 1, int(q * len(steady)))], 3) if steady else None
+    print(json.dumps({"received": len(lat), "expected": expected, "rate": rate, "warmup_skipped": skip,
+                      "p50_ms": pct(0.50), "p99_ms": pct(0.99), "p999_ms": pct(0.999),
+                      "max_ms": round(steady[-1], 3) if steady else None,
+                      # produce() -> delivery report (broker ack), same clock: the producer's share.
+                      "produce_ack_p50_ms": ack_p50 and round(ack_p50, 3), "produce_ack_p99_ms": ack_p99 and round(ack_p99, 3)}))
+    return 0 if len(lat) == expected else 1
+
+
+if __name__ == "__main__":
+    cmds = {"produce": cmd_produce, "consume": cmd_consume, "latency": cmd_latency}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(cmds[sys.argv[1]](*sys.argv[2:]))
