@@ -418,6 +418,12 @@ impl Compiled {
         Ok(())
     }
 
+    /// Whether records are judged without building a `serde_json::Value`.
+    #[cfg(test)]
+    pub(crate) fn uses_fast_path(&self) -> bool {
+        matches!(self.decoder, Decoder::Json { fast: Some(_), .. }) && self.schema.is_none()
+    }
+
     /// Judge as the code before the fast path did: a `serde_json::Value`
     /// from the scan-then-parse decoder, then the rules on it. For tests
     /// that the fast path agrees with it.

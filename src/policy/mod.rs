@@ -63,6 +63,8 @@ mod avro;
 mod deadletter;
 mod glob;
 mod json;
+#[cfg(test)]
+mod json_proptests;
 mod load;
 mod protobuf;
 mod rules;
