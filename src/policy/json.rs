@@ -334,22 +334,20 @@ impl<'de> At<'_, '_, 'de> {
         let Some(node) = self.plan.nodes.get(self.node) else {
             return;
         };
-        for &slot in &node.below {
+        for &slot in node.below.iter().filter(|&&s| Some(s) != node.slot) {
             let found = self
                 .plan
                 .pointers
                 .get(slot)
                 .and_then(|p| p.get_below(&v, node.level))
-                .map(|x| match x {
+                .map_or(Captured::Missing, |x| match x {
                     Value::Null => Captured::Null,
                     Value::Bool(b) => Captured::Bool(*b),
                     Value::Number(n) => Captured::Number(n.clone()),
                     Value::String(s) => Captured::Str(Cow::Owned(s.clone())),
                     other => Captured::Value(other.clone()),
                 });
-            if Some(slot) != node.slot {
-                self.caps.set(slot, found.unwrap_or_default());
-            }
+            self.caps.set(slot, found);
         }
         if let Some(slot) = node.slot {
             self.caps.set(slot, Captured::Value(v));
