@@ -2,11 +2,37 @@
 //!
 //! Poison, never a crash: `NaN`, `Infinity`, numbers that overflow to
 //! infinity, trailing bytes, invalid UTF-8, lone surrogates, and nesting
-//! deeper than the policy's `max_depth`. Depth is checked by a linear scan
-//! before parsing, so hostile input never reaches serde_json's recursion
-//! (whose own limit is 128, above any `max_depth` we accept).
+//! deeper than the policy's `max_depth`.
+//!
+//! Two paths, both driven by serde_json's strict parser through our own
+//! visitors (never `IgnoredAny`: serde_json's skipping of ignored values
+//! does not check UTF-8, surrogates or number overflow):
+//!
+//! - [`capture`], the fast path, for JSON policies without a JSON Schema:
+//!   the whole document is parsed and validated, but no DOM is built. A
+//!   [`Plan`] (a trie of the rules' pointers, compiled at load) says which
+//!   values to keep; they land in [`Captures`] (strings borrowed from the
+//!   input unless escaped, numbers as `serde_json::Number`), which the rules
+//!   read by slot. Everything else is visited and dropped without
+//!   allocating. Building and freeing a `serde_json::Value` was ~75 % of the
+//!   cost of judging a 200-byte record (`BENCHMARKS.md` §2).
+//! - [`decode`], for JSON Schema policies (the validator takes a `Value`):
+//!   builds the `Value` with a visitor that counts depth as it goes.
+//!
+//! Depth is counted in the visitors, so hostile input never nests deeper
+//! than `max_depth` + 1 (≤ 128, also serde_json's own recursion limit) and
+//! there is no separate pre-scan on the valid path. Errors are rare, so on
+//! error only the old linear bracket scan ([`check_depth`]) runs to report
+//! exactly what the scan-then-parse decoder reported: a document nested too
+//! deep anywhere is a depth error even if a syntax error comes first.
 
-use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+use super::rules::{Doc, Field, Pointer};
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;
@@ -15,12 +41,553 @@ pub(crate) const MAX_MAX_DEPTH: usize = 127;
 /// Decode `bytes` as one strict JSON value no deeper than `max_depth`.
 /// The error is a reason sentence, e.g. `value is not valid JSON: NaN at byte 8`.
 pub(crate) fn decode(bytes: &[u8], max_depth: usize) -> Result<Value, String> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let parsed = BuildValue {
+        depth: 0,
+        max: max_depth,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v));
+    parsed.map_err(|e| explain(bytes, max_depth, &e))
+}
+
+/// Validate `bytes` as one strict JSON value no deeper than `max_depth`, and
+/// capture the values `plan` names. Same errors as [`decode`].
+pub(crate) fn capture<'de>(
+    bytes: &'de [u8],
+    max_depth: usize,
+    plan: &Plan,
+) -> Result<Captures<'de>, String> {
+    let mut caps = Captures::new(plan.slots);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let parsed = At {
+        plan,
+        node: 0,
+        depth: 0,
+        max: max_depth,
+        caps: &mut caps,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    match parsed {
+        Ok(()) => Ok(caps),
+        Err(e) => Err(explain(bytes, max_depth, &e)),
+    }
+}
+
+/// The reason for a parse error, as the scan-then-parse decoder gave it.
+fn explain(bytes: &[u8], max_depth: usize, e: &serde_json::Error) -> String {
+    match check_depth(bytes, max_depth) {
+        Err(deep) => deep,
+        Ok(()) => describe(bytes, e),
+    }
+}
+
+/// The custom error a visitor raises past `max_depth`; on that path
+/// [`check_depth`] always fails too and words the reason.
+fn too_deep<E: de::Error>(max: usize) -> E {
+    E::custom(format_args!("nesting deeper than {max} levels"))
+}
+
+// ------------------------------------------------------------ Value builder
+
+/// Builds a `serde_json::Value` exactly as serde_json's own `Deserialize`
+/// does, refusing containers deeper than `max`.
+#[derive(Clone, Copy)]
+struct BuildValue {
+    /// Containers already open around this value.
+    depth: usize,
+    max: usize,
+}
+
+impl BuildValue {
+    fn inner<E: de::Error>(self) -> Result<BuildValue, E> {
+        if self.depth >= self.max {
+            return Err(too_deep(self.max));
+        }
+        Ok(BuildValue {
+            depth: self.depth + 1,
+            max: self.max,
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for BuildValue {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BuildValue {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let inner = self.inner()?;
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(v) = seq.next_element_seed(inner)? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let inner = self.inner()?;
+        let mut out = Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let v = map.next_value_seed(inner)?;
+            out.insert(k, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+// ------------------------------------------------------------ fast path
+
+/// Which values the rules need, compiled at load from their pointers: a
+/// trie of reference tokens. Node 0 is the document itself.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    nodes: Vec<Node>,
+    slots: usize,
+    /// One pointer per slot, for resolving pointers below a captured
+    /// array or object.
+    pointers: Vec<Pointer>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    /// The slot of the pointer that ends here, if one does.
+    slot: Option<usize>,
+    /// Tokens consumed to reach this node.
+    level: usize,
+    /// Object key (and array index, when the token is one) → node.
+    children: Vec<(String, Option<usize>, usize)>,
+    /// Slots of every pointer ending at or below this node.
+    below: Vec<usize>,
+}
+
+impl Plan {
+    /// `pointers[i]` must have slot `i` (see `rules::assign_slots`).
+    pub(crate) fn new(pointers: Vec<Pointer>) -> Plan {
+        let mut nodes = vec![Node::default()];
+        for (slot, p) in pointers.iter().enumerate() {
+            let mut cur = 0usize;
+            nodes[0].below.push(slot);
+            for (level, t) in p.tokens().iter().enumerate() {
+                let found = nodes[cur]
+                    .children
+                    .iter()
+                    .find(|(k, _, _)| *k == t.key)
+                    .map(|c| c.2);
+                cur = match found {
+                    Some(n) => n,
+                    None => {
+                        nodes.push(Node {
+                            level: level + 1,
+                            ..Node::default()
+                        });
+                        let n = nodes.len() - 1;
+                        nodes[cur].children.push((t.key.clone(), t.index, n));
+                        n
+                    }
+                };
+                nodes[cur].below.push(slot);
+            }
+            nodes[cur].slot = Some(slot);
+        }
+        Plan {
+            nodes,
+            slots: pointers.len(),
+            pointers,
+        }
+    }
+}
+
+/// A value the rules asked for.
+#[derive(Debug, Default)]
+enum Captured<'de> {
+    /// Absent (or not reached).
+    #[default]
+    Missing,
+    Null,
+    Bool(bool),
+    Number(Number),
+    Str(Cow<'de, str>),
+    /// An array or an object, built in full (rare: rules read scalars).
+    Value(Value),
+}
+
+impl Captured<'_> {
+    fn field(&self) -> Option<Field<'_>> {
+        Some(match self {
+            Captured::Missing => return None,
+            Captured::Null => Field::Null,
+            Captured::Bool(b) => Field::Bool(*b),
+            Captured::Number(n) => Field::Number(n),
+            Captured::Str(s) => Field::Str(s),
+            Captured::Value(v) => Field::of(v),
+        })
+    }
+}
+
+/// Slots kept inline; policies with more distinct pointers spill to the heap.
+const INLINE: usize = 8;
+
+/// The captured values of one record, by slot; borrows the record's bytes.
+#[derive(Debug)]
+pub(crate) struct Captures<'de> {
+    inline: [Captured<'de>; INLINE],
+    heap: Vec<Captured<'de>>,
+}
+
+impl<'de> Captures<'de> {
+    fn new(slots: usize) -> Self {
+        let mut heap = Vec::new();
+        if slots > INLINE {
+            heap.resize_with(slots, Captured::default);
+        }
+        Captures {
+            inline: Default::default(),
+            heap,
+        }
+    }
+
+    fn get(&self, slot: usize) -> Option<&Captured<'de>> {
+        if self.heap.is_empty() {
+            self.inline.get(slot)
+        } else {
+            self.heap.get(slot)
+        }
+    }
+
+    fn set(&mut self, slot: usize, v: Captured<'de>) {
+        let cell = if self.heap.is_empty() {
+            self.inline.get_mut(slot)
+        } else {
+            self.heap.get_mut(slot)
+        };
+        if let Some(c) = cell {
+            *c = v;
+        }
+    }
+}
+
+impl Doc for Captures<'_> {
+    fn field(&self, ptr: &Pointer) -> Option<Field<'_>> {
+        self.get(ptr.slot()).and_then(Captured::field)
+    }
+}
+
+/// Visits the value at trie node `node`, capturing what the plan wants.
+struct At<'p, 'c, 'de> {
+    plan: &'p Plan,
+    node: usize,
+    depth: usize,
+    max: usize,
+    caps: &'c mut Captures<'de>,
+}
+
+impl<'de> At<'_, '_, 'de> {
+    fn node(&self) -> Option<&Node> {
+        self.plan.nodes.get(self.node)
+    }
+
+    fn scalar(self, v: Captured<'de>) {
+        if let Some(slot) = self.node().and_then(|n| n.slot) {
+            self.caps.set(slot, v);
+        }
+    }
+
+    fn inner<E: de::Error>(&self) -> Result<usize, E> {
+        if self.depth >= self.max {
+            return Err(too_deep(self.max));
+        }
+        Ok(self.depth + 1)
+    }
+
+    /// A pointer ends at this array or object: build it in full, and resolve
+    /// the pointers that continue below it from the built value.
+    fn whole(self, v: Value) {
+        let Some(node) = self.plan.nodes.get(self.node) else {
+            return;
+        };
+        for &slot in node.below.iter().filter(|&&s| Some(s) != node.slot) {
+            let found = self
+                .plan
+                .pointers
+                .get(slot)
+                .and_then(|p| p.get_below(&v, node.level))
+                .map_or(Captured::Missing, |x| match x {
+                    Value::Null => Captured::Null,
+                    Value::Bool(b) => Captured::Bool(*b),
+                    Value::Number(n) => Captured::Number(n.clone()),
+                    Value::String(s) => Captured::Str(Cow::Owned(s.clone())),
+                    other => Captured::Value(other.clone()),
+                });
+            self.caps.set(slot, found);
+        }
+        if let Some(slot) = node.slot {
+            self.caps.set(slot, Captured::Value(v));
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for At<'_, '_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        // A repeated object key replaces the earlier value (as in a
+        // `serde_json::Value`): forget what was captured under it.
+        if let Some(n) = self.plan.nodes.get(self.node) {
+            if self.node != 0 {
+                for &slot in &n.below {
+                    self.caps.set(slot, Captured::Missing);
+                }
+            }
+        }
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for At<'_, '_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        self.scalar(Captured::Bool(v));
+        Ok(())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        self.scalar(Captured::Number(v.into()));
+        Ok(())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        self.scalar(Captured::Number(v.into()));
+        Ok(())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+        self.scalar(Number::from_f64(v).map_or(Captured::Null, Captured::Number));
+        Ok(())
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<(), E> {
+        self.scalar(Captured::Str(Cow::Borrowed(v)));
+        Ok(())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        if self.node().is_some_and(|n| n.slot.is_some()) {
+            self.scalar(Captured::Str(Cow::Owned(v.to_string())));
+        }
+        Ok(())
+    }
+    fn visit_string<E>(self, v: String) -> Result<(), E> {
+        self.scalar(Captured::Str(Cow::Owned(v)));
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.scalar(Captured::Null);
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        let depth = self.inner()?;
+        let Some(node) = self.plan.nodes.get(self.node) else {
+            return skip_seq(seq, depth, self.max);
+        };
+        if node.slot.is_some() {
+            let v = BuildValue {
+                depth: self.depth,
+                max: self.max,
+            }
+            .visit_seq(seq)?;
+            self.whole(v);
+            return Ok(());
+        }
+        if node.children.iter().all(|c| c.1.is_none()) {
+            return skip_seq(seq, depth, self.max);
+        }
+        let mut seq = seq;
+        let mut i = 0usize;
+        loop {
+            let child = node.children.iter().find(|c| c.1 == Some(i)).map(|c| c.2);
+            let more = match child {
+                Some(child) => seq
+                    .next_element_seed(At {
+                        plan: self.plan,
+                        node: child,
+                        depth,
+                        max: self.max,
+                        caps: &mut *self.caps,
+                    })?
+                    .is_some(),
+                None => seq
+                    .next_element_seed(Skip {
+                        depth,
+                        max: self.max,
+                    })?
+                    .is_some(),
+            };
+            if !more {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        let depth = self.inner()?;
+        let Some(node) = self.plan.nodes.get(self.node) else {
+            return skip_map(map, depth, self.max);
+        };
+        if node.slot.is_some() {
+            let v = BuildValue {
+                depth: self.depth,
+                max: self.max,
+            }
+            .visit_map(map)?;
+            self.whole(v);
+            return Ok(());
+        }
+        if node.children.is_empty() {
+            return skip_map(map, depth, self.max);
+        }
+        let mut map = map;
+        while let Some(child) = map.next_key_seed(Key(&node.children))? {
+            match child {
+                Some(child) => map.next_value_seed(At {
+                    plan: self.plan,
+                    node: child,
+                    depth,
+                    max: self.max,
+                    caps: &mut *self.caps,
+                })?,
+                None => map.next_value_seed(Skip {
+                    depth,
+                    max: self.max,
+                })?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An object key, looked up among a node's children (no allocation).
+struct Key<'n>(&'n [(String, Option<usize>, usize)]);
+
+impl<'de> DeserializeSeed<'de> for Key<'_> {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key<'_> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().find(|c| c.0 == v).map(|c| c.2))
+    }
+}
+
+/// Validates a value the rules do not need, without keeping or allocating
+/// anything (strings and numbers are still fully checked by the parser).
+#[derive(Clone, Copy)]
+struct Skip {
+    depth: usize,
+    max: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Skip {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Skip {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        if self.depth >= self.max {
+            return Err(too_deep(self.max));
+        }
+        skip_seq(seq, self.depth + 1, self.max)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        if self.depth >= self.max {
+            return Err(too_deep(self.max));
+        }
+        skip_map(map, self.depth + 1, self.max)
+    }
+}
+
+/// Skip the elements of an array whose own depth is `depth`.
+fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A, depth: usize, max: usize) -> Result<(), A::Error> {
+    while seq.next_element_seed(Skip { depth, max })?.is_some() {}
+    Ok(())
+}
+
+/// Skip the members of an object whose own depth is `depth`.
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A, depth: usize, max: usize) -> Result<(), A::Error> {
+    while map.next_key_seed(Key(&[]))?.is_some() {
+        map.next_value_seed(Skip { depth, max })?;
+    }
+    Ok(())
+}
+
+/// The decoder before the fast path: scan for depth, then let serde_json
+/// build the `Value`. Tests compare the fast path against it.
+#[cfg(test)]
+pub(crate) fn decode_reference(bytes: &[u8], max_depth: usize) -> Result<Value, String> {
     check_depth(bytes, max_depth)?;
     serde_json::from_slice(bytes).map_err(|e| describe(bytes, &e))
 }
 
 /// Reject nesting deeper than `max` (arrays and objects), ignoring brackets
-/// inside strings. Malformed input is left for the parser to reject.
+/// inside strings. Malformed input is left for the parser to reject. Runs on
+/// the error path only.
 fn check_depth(bytes: &[u8], max: usize) -> Result<(), String> {
     let mut depth = 0usize;
     let mut in_string = false;

@@ -23,7 +23,7 @@ use super::deadletter::DeadLetterTemplate;
 use super::glob;
 use super::json;
 use super::protobuf::{self, ProtoDecoder};
-use super::rules::{fmt_num, Coordinates, MaxAge, Pointer, Rule, TimeUnit};
+use super::rules::{self, fmt_num, Coordinates, Doc, MaxAge, Pointer, Rule, TimeUnit};
 use super::wire::Wire;
 use super::{Action, Invalid, Policy, PolicyError};
 use crate::kafka::record::Record;
@@ -293,11 +293,16 @@ struct DeadLetterDoc {
 
 // ---------------------------------------------------------------- compiled form
 
-/// How a value's bytes become a `serde_json::Value`.
+/// How a value's bytes are decoded for the schema and the rules.
 #[derive(Debug)]
 enum Decoder {
     Bytes,
-    Json { max_depth: usize },
+    /// `fast`: set when the policy has no JSON Schema, so no
+    /// `serde_json::Value` is built (see [`json::capture`]).
+    Json {
+        max_depth: usize,
+        fast: Option<json::Plan>,
+    },
     Avro(AvroDecoder),
     Protobuf(ProtoDecoder),
 }
@@ -317,6 +322,31 @@ pub(crate) struct Compiled {
 
 impl Compiled {
     pub(crate) fn judge(&self, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+        let Some(bytes) = self.before_decode(r)? else {
+            return Ok(());
+        };
+        let value = match &self.decoder {
+            Decoder::Bytes => return Ok(()),
+            Decoder::Json {
+                max_depth,
+                fast: Some(plan),
+            } if self.schema.is_none() => {
+                let caps = json::capture(bytes, *max_depth, plan)
+                    .map_err(|r| Invalid::poison("decode", r))?;
+                return self.check_rules(&caps, now_ms);
+            }
+            Decoder::Json { max_depth, .. } => {
+                json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
+            }
+            Decoder::Avro(d) => d.decode(bytes)?,
+            Decoder::Protobuf(d) => d.decode(bytes)?,
+        };
+        self.check_value(&value, now_ms)
+    }
+
+    /// Headers, null and size: the value's bytes when they need decoding,
+    /// `None` for a tombstone that passes.
+    fn before_decode<'r>(&self, r: &Record<'r>) -> Result<Option<&'r [u8]>, Invalid> {
         for h in &self.headers_required {
             match r.header(h) {
                 Some(Some(_)) => {}
@@ -336,7 +366,7 @@ impl Compiled {
         }
         let Some(bytes) = r.value else {
             return if self.allow_null {
-                Ok(())
+                Ok(None)
             } else {
                 Err(Invalid::poison(
                     "allow_null",
@@ -352,17 +382,14 @@ impl Compiled {
                 ));
             }
         }
-        let value = match &self.decoder {
-            Decoder::Bytes => return Ok(()),
-            Decoder::Json { max_depth } => {
-                json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
-            }
-            Decoder::Avro(d) => d.decode(bytes)?,
-            Decoder::Protobuf(d) => d.decode(bytes)?,
-        };
+        Ok(Some(bytes))
+    }
+
+    /// JSON Schema, then the rules.
+    fn check_value(&self, value: &serde_json::Value, now_ms: i64) -> Result<(), Invalid> {
         if let Some(schema) = &self.schema {
-            if !schema.is_valid(&value) {
-                let reason = match schema.validate(&value) {
+            if !schema.is_valid(value) {
+                let reason = match schema.validate(value) {
                     Err(e) => {
                         let at = e.instance_path().to_string();
                         let at = if at.is_empty() {
@@ -377,13 +404,42 @@ impl Compiled {
                 return Err(Invalid::poison("schema", reason));
             }
         }
+        self.check_rules(value, now_ms)
+    }
+
+    /// Rules in file order, then `max_age` rules.
+    fn check_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
         for rule in &self.rules {
-            rule.check(&value)?;
+            rule.check(value)?;
         }
         for s in &self.stale {
-            s.check(&value, now_ms)?;
+            s.check(value, now_ms)?;
         }
         Ok(())
+    }
+
+    /// Whether records are judged without building a `serde_json::Value`.
+    #[cfg(test)]
+    pub(crate) fn uses_fast_path(&self) -> bool {
+        matches!(self.decoder, Decoder::Json { fast: Some(_), .. }) && self.schema.is_none()
+    }
+
+    /// Judge as the code before the fast path did: a `serde_json::Value`
+    /// from the scan-then-parse decoder, then the rules on it. For tests
+    /// that the fast path agrees with it.
+    #[cfg(test)]
+    pub(crate) fn judge_reference(&self, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+        let Some(bytes) = self.before_decode(r)? else {
+            return Ok(());
+        };
+        match &self.decoder {
+            Decoder::Json { max_depth, .. } => {
+                let value = json::decode_reference(bytes, *max_depth)
+                    .map_err(|r| Invalid::poison("decode", r))?;
+                self.check_value(&value, now_ms)
+            }
+            _ => self.judge(r, now_ms),
+        }
     }
 }
 
@@ -537,6 +593,7 @@ impl LoadState {
 
         let mut rules = Vec::new();
         let mut stale = Vec::new();
+        let mut decoder = decoder;
         if let Some(rs) = &p.rules {
             if matches!(decoder, Decoder::Bytes) && !rs.v.is_empty() && errs.is_empty() {
                 errs.push(at(
@@ -548,6 +605,13 @@ impl LoadState {
                 if let Err(mut e) = compile_rule(r, &mut rules, &mut stale) {
                     errs.append(&mut e);
                 }
+            }
+        }
+
+        let pointers = rules::assign_slots(&mut rules, &mut stale);
+        if let Decoder::Json { fast, .. } = &mut decoder {
+            if schema.is_none() {
+                *fast = Some(json::Plan::new(pointers));
             }
         }
 
@@ -715,7 +779,13 @@ fn compile_value(
                 None => None,
                 Some(s) => Some(load_json_schema(base, s).map_err(|e| vec![e])?),
             };
-            Ok((Decoder::Json { max_depth }, schema))
+            Ok((
+                Decoder::Json {
+                    max_depth,
+                    fast: None,
+                },
+                schema,
+            ))
         }
         Format::Avro => {
             let schema = match &v.schema {

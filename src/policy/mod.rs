@@ -6,9 +6,12 @@
 //! - [`load`]: YAML shape, file/directory walking, compiling a policy, and
 //!   load errors that name `file:line:column` and the offending key.
 //! - [`glob`]: topic patterns (`*`, `?`) and the topic → policy index.
-//! - [`json`], [`avro`], [`protobuf`]: decode a value's bytes into one
-//!   representation, [`serde_json::Value`], so rules are one mechanism.
-//! - [`rules`]: JSON pointers, field rules, coordinates, staleness.
+//! - [`json`], [`avro`], [`protobuf`]: decode a value's bytes into a
+//!   [`serde_json::Value`]; except that a JSON policy without a JSON Schema
+//!   takes [`json`]'s fast path, which validates the whole document but
+//!   keeps only the fields its rules name (no `Value` is built).
+//! - [`rules`]: JSON pointers, field rules, coordinates, staleness; one
+//!   mechanism over both representations (`rules::Doc`).
 //! - [`deadletter`]: dead-letter topic templates (`{topic}`, `{class}`).
 //!
 //! Judging order (first failure wins): `headers.required`, `allow_null`,
@@ -63,6 +66,8 @@ mod avro;
 mod deadletter;
 mod glob;
 mod json;
+#[cfg(test)]
+mod json_proptests;
 mod load;
 mod protobuf;
 mod rules;

@@ -3,8 +3,18 @@
 //!
 //! Everything here is compiled at load (pointer tokens split and unescaped,
 //! rule identifiers formatted once) so judging allocates only on failure.
+//!
+//! Rules read a value through [`Doc`], which answers "what is at this
+//! pointer" as a borrowed [`Field`]. Two representations implement it: a
+//! `serde_json::Value` (Avro, Protobuf, and JSON policies with a JSON
+//! Schema), resolved with [`Pointer::get`]; and the fast path's
+//! [`super::json::Captures`] (JSON policies without a schema), which holds
+//! only the values the rules' pointers name, looked up by the pointer's
+//! slot (assigned at load by [`assign_slots`]) instead of walking a map.
 
-use serde_json::Value;
+use std::fmt;
+
+use serde_json::{Number, Value};
 
 use super::{Class, Invalid};
 
@@ -13,13 +23,16 @@ use super::{Class, Invalid};
 pub(crate) struct Pointer {
     text: String,
     tokens: Vec<Token>,
+    /// Index of this pointer's value in [`super::json::Captures`]; set at
+    /// load by [`assign_slots`] (pointers with the same text share a slot).
+    slot: usize,
 }
 
 #[derive(Debug, Clone)]
-struct Token {
-    key: String,
+pub(crate) struct Token {
+    pub(crate) key: String,
     /// The token as an array index, when it is one (`0`, or digits without a leading zero).
-    index: Option<usize>,
+    pub(crate) index: Option<usize>,
 }
 
 impl Pointer {
@@ -28,6 +41,7 @@ impl Pointer {
             return Ok(Pointer {
                 text: String::new(),
                 tokens: Vec::new(),
+                slot: usize::MAX,
             });
         }
         let Some(rest) = text.strip_prefix('/') else {
@@ -64,6 +78,7 @@ impl Pointer {
         Ok(Pointer {
             text: text.to_string(),
             tokens,
+            slot: usize::MAX,
         })
     }
 
@@ -71,10 +86,24 @@ impl Pointer {
         &self.text
     }
 
+    pub(crate) fn tokens(&self) -> &[Token] {
+        &self.tokens
+    }
+
+    pub(crate) fn slot(&self) -> usize {
+        self.slot
+    }
+
     /// Resolve against `root`, without allocating.
     pub(crate) fn get<'v>(&self, root: &'v Value) -> Option<&'v Value> {
+        self.get_below(root, 0)
+    }
+
+    /// Resolve the tokens after the first `skip` against `root` (the value
+    /// the first `skip` tokens lead to).
+    pub(crate) fn get_below<'v>(&self, root: &'v Value, skip: usize) -> Option<&'v Value> {
         let mut cur = root;
-        for t in &self.tokens {
+        for t in self.tokens.get(skip..).unwrap_or(&[]) {
             cur = match cur {
                 Value::Object(map) => map.get(&t.key)?,
                 Value::Array(items) => items.get(t.index?)?,
@@ -85,15 +114,95 @@ impl Pointer {
     }
 }
 
+/// Give every distinct pointer (by text) of `rules` and `stale` a slot, in
+/// order of first use, and return one pointer per slot.
+pub(crate) fn assign_slots(rules: &mut [Rule], stale: &mut [MaxAge]) -> Vec<Pointer> {
+    let mut distinct: Vec<Pointer> = Vec::new();
+    let mut assign = |p: &mut Pointer| {
+        let slot = match distinct.iter().position(|d| d.text == p.text) {
+            Some(i) => i,
+            None => {
+                distinct.push(p.clone());
+                distinct.len() - 1
+            }
+        };
+        p.slot = slot;
+        if let Some(d) = distinct.get_mut(slot) {
+            d.slot = slot;
+        }
+    };
+    for r in rules.iter_mut() {
+        match r {
+            Rule::OneOf { ptr, .. } | Rule::Range { ptr, .. } => assign(ptr),
+            Rule::Coordinates(c) => {
+                assign(&mut c.lat);
+                assign(&mut c.lon);
+            }
+        }
+    }
+    for s in stale.iter_mut() {
+        assign(&mut s.ptr);
+    }
+    distinct
+}
+
+/// A decoded value as the rules see it: what is at a pointer.
+pub(crate) trait Doc {
+    fn field(&self, ptr: &Pointer) -> Option<Field<'_>>;
+}
+
+impl Doc for Value {
+    fn field(&self, ptr: &Pointer) -> Option<Field<'_>> {
+        ptr.get(self).map(Field::of)
+    }
+}
+
+/// A borrowed view of one JSON value; arrays and objects are always a
+/// `serde_json::Value`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Field<'a> {
+    Null,
+    Bool(bool),
+    Number(&'a Number),
+    Str(&'a str),
+    /// An array or an object.
+    Composite(&'a Value),
+}
+
+impl<'a> Field<'a> {
+    pub(crate) fn of(v: &'a Value) -> Field<'a> {
+        match v {
+            Value::Null => Field::Null,
+            Value::Bool(b) => Field::Bool(*b),
+            Value::Number(n) => Field::Number(n),
+            Value::String(s) => Field::Str(s),
+            Value::Array(_) | Value::Object(_) => Field::Composite(v),
+        }
+    }
+}
+
+/// Displayed exactly as the `serde_json::Value` it stands for.
+impl fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Field::Null => f.write_str("null"),
+            Field::Bool(b) => write!(f, "{b}"),
+            Field::Number(n) => write!(f, "{n}"),
+            Field::Str(s) => write!(f, "{}", Value::String((*s).to_string())),
+            Field::Composite(v) => write!(f, "{v}"),
+        }
+    }
+}
+
 /// What a JSON value is, for messages.
-fn kind(v: &Value) -> &'static str {
+fn kind(v: Field<'_>) -> &'static str {
     match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        Field::Null => "null",
+        Field::Bool(_) => "a boolean",
+        Field::Number(_) => "a number",
+        Field::Str(_) => "a string",
+        Field::Composite(Value::Array(_)) => "an array",
+        Field::Composite(_) => "an object",
     }
 }
 
@@ -107,10 +216,10 @@ pub(crate) fn fmt_num(x: f64) -> String {
 }
 
 /// A number at `ptr`, or the reason it is not one.
-fn number_at(ptr: &Pointer, root: &Value) -> Result<f64, String> {
-    match ptr.get(root) {
+fn number_at<D: Doc + ?Sized>(ptr: &Pointer, root: &D) -> Result<f64, String> {
+    match root.field(ptr) {
         None => Err(format!("{}: missing", ptr.as_str())),
-        Some(Value::Number(n)) => match n.as_f64() {
+        Some(Field::Number(n)) => match n.as_f64() {
             Some(x) if x.is_finite() => Ok(x),
             _ => Err(format!("{}: {n} is not a finite number", ptr.as_str())),
         },
@@ -202,7 +311,7 @@ impl Rule {
         }
     }
 
-    pub(crate) fn check(&self, v: &Value) -> Result<(), Invalid> {
+    pub(crate) fn check<D: Doc + ?Sized>(&self, v: &D) -> Result<(), Invalid> {
         match self {
             Rule::OneOf {
                 id,
@@ -210,8 +319,8 @@ impl Rule {
                 optional,
                 allowed,
                 listed,
-            } => match ptr.get(v) {
-                None | Some(Value::Null) if *optional => Ok(()),
+            } => match v.field(ptr) {
+                None | Some(Field::Null) if *optional => Ok(()),
                 None => Err(Invalid::poison(id, format!("{}: missing", ptr.as_str()))),
                 Some(x) if allowed.iter().any(|a| json_eq(a, x)) => Ok(()),
                 Some(x) => Err(Invalid::poison(
@@ -226,7 +335,7 @@ impl Rule {
                 min,
                 max,
             } => {
-                if *optional && matches!(ptr.get(v), None | Some(Value::Null)) {
+                if *optional && matches!(v.field(ptr), None | Some(Field::Null)) {
                     return Ok(());
                 }
                 let x = number_at(ptr, v).map_err(|r| Invalid::poison(id, r))?;
@@ -254,15 +363,19 @@ impl Rule {
 }
 
 /// Numbers compare by value (`1` equals `1.0`), everything else structurally.
-fn json_eq(a: &Value, b: &Value) -> bool {
+fn json_eq(a: &Value, b: Field<'_>) -> bool {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
-        _ => a == b,
+        (Value::Number(x), Field::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Null, Field::Null) => true,
+        (Value::Bool(x), Field::Bool(y)) => *x == y,
+        (Value::String(x), Field::Str(y)) => x == y,
+        (_, Field::Composite(y)) => a == y,
+        _ => false,
     }
 }
 
 impl Coordinates {
-    fn check(&self, v: &Value) -> Result<(), String> {
+    fn check<D: Doc + ?Sized>(&self, v: &D) -> Result<(), String> {
         let lat = number_at(&self.lat, v)?;
         let lon = number_at(&self.lon, v)?;
         if !(-90.0..=90.0).contains(&lat) {
@@ -328,7 +441,7 @@ impl MaxAge {
     }
 
     /// Poison when the field is missing or not a number; stale when too old.
-    pub(crate) fn check(&self, v: &Value, now_ms: i64) -> Result<(), Invalid> {
+    pub(crate) fn check<D: Doc + ?Sized>(&self, v: &D, now_ms: i64) -> Result<(), Invalid> {
         let t = number_at(&self.ptr, v).map_err(|r| Invalid::poison(&self.id, r))?;
         let t_ms = self.unit.to_ms(t);
         let age_ms = now_ms as f64 - t_ms;

@@ -1,0 +1,344 @@
+//! Property tests: the JSON fast path (no `serde_json::Value`, used by
+//! policies without a JSON Schema) gives exactly the verdict of the decoder
+//! it replaced (scan for depth, build a `Value`, rules on the `Value`):
+//! same class, rule and reason, on generated and mutated documents.
+
+use std::path::Path;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::kafka::record::{Header, Record};
+
+const NOW: i64 = 1_764_460_000_000;
+
+/// Policies whose pointers cover: top-level fields, nested objects, array
+/// indexes, a pointer below another pointer, escaped tokens, the whole
+/// document, composite `one_of` values, and small and large `max_depth`.
+const POLICIES: &str = r#"
+policies:
+  - name: geofence-rules-only
+    topics: [a]
+    value: {format: json, max_bytes: 65536}
+    rules:
+      - coordinates: { lat: /lat, lon: /lon, reject_null_island: true }
+      - field: /transition
+        one_of: [ENTER, EXIT, DWELL]
+      - field: /speed_mps
+        min: 0
+        max: 150
+        optional: true
+      - field: /event_time_ms
+        max_age: 15m
+        unit: ms
+    headers:
+      required: [idempotency-key]
+  - name: nested
+    topics: [b]
+    value: {format: json, max_depth: 4}
+    rules:
+      - field: /p
+        one_of: [{lat: 1, lon: 2}, [1, 2], 5, "x", null, true]
+        optional: true
+      - coordinates: { lat: /p/lat, lon: /p/lon, bbox: [-10, -10, 10, 10] }
+      - field: /a/0
+        one_of: [1, 2.0, "ENTER", "é\n"]
+        optional: true
+      - field: /a/1/k
+        min: 0
+        optional: true
+      - field: /a~1b/~0
+        max: 3
+        optional: true
+      - field: /t
+        max_age: 60s
+        unit: s
+  - name: whole
+    topics: [c]
+    value: {format: json, max_depth: 127}
+    rules:
+      - field: ""
+        one_of: [[1, 2], {lat: 1}, 3, "lat"]
+        optional: true
+      - field: /0
+        min: 0
+        optional: true
+      - field: /lat
+        max: 0
+        optional: true
+  - name: decode-only
+    topics: [d]
+    value: {format: json, max_depth: 2}
+"#;
+
+fn policies() -> PolicySet {
+    match PolicySet::parse(POLICIES, Path::new("json_proptests.yaml")) {
+        Ok(s) => s,
+        Err(e) => panic!("{e:#?}"),
+    }
+}
+
+fn record(value: &[u8]) -> Record<'_> {
+    Record {
+        offset: 0,
+        timestamp: NOW,
+        key: None,
+        value: Some(value),
+        headers: vec![Header {
+            key: b"idempotency-key",
+            value: Some(b"k"),
+        }],
+    }
+}
+
+/// Fast path and reference agree on `doc` under every policy.
+fn agree(set: &PolicySet, doc: &[u8]) -> Result<(), TestCaseError> {
+    for p in set.policies() {
+        let r = record(doc);
+        let fast = p.inner.judge(&r, NOW);
+        let reference = p.inner.judge_reference(&r, NOW);
+        prop_assert_eq!(
+            &fast,
+            &reference,
+            "policy {} on {:?}",
+            p.name,
+            String::from_utf8_lossy(doc)
+        );
+    }
+    Ok(())
+}
+
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("lat"),
+        Just("lon"),
+        Just("p"),
+        Just("a"),
+        Just("t"),
+        Just("k"),
+        Just("0"),
+        Just("transition"),
+        Just("speed_mps"),
+        Just("event_time_ms"),
+        Just("a/b"),
+        Just("~"),
+        Just("l\\u0061t"),
+        Just("x"),
+    ]
+    .prop_map(String::from)
+}
+
+fn scalar() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("null".to_string()),
+        Just("true".to_string()),
+        Just("false".to_string()),
+        (-200.0f64..200.0).prop_map(|x| format!("{x}")),
+        (-5i64..200).prop_map(|x| x.to_string()),
+        Just("0".to_string()),
+        Just("-0".to_string()),
+        Just("1.0".to_string()),
+        Just("2e0".to_string()),
+        Just("1e400".to_string()),
+        Just("-1e400".to_string()),
+        Just("18446744073709551616".to_string()),
+        Just("-9223372036854775809".to_string()),
+        Just(format!("{}", NOW - 1_000)),
+        Just(format!("{}", (NOW - 30_000) / 1000)),
+        Just("\"ENTER\"".to_string()),
+        Just("\"EXIT\"".to_string()),
+        Just("\"x\"".to_string()),
+        Just("\"lat\"".to_string()),
+        Just("\"\\u00e9\\n\"".to_string()),
+        Just("\"\\ud83d\\ude00\"".to_string()),
+        Just("\"\\ud800\"".to_string()),
+        Just("NaN".to_string()),
+        Just("Infinity".to_string()),
+    ]
+}
+
+/// JSON text (possibly with duplicate keys and non-JSON tokens).
+fn doc() -> impl Strategy<Value = String> {
+    scalar().prop_recursive(6, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..5)
+                .prop_map(|items| format!("[{}]", items.join(","))),
+            proptest::collection::vec((key(), inner), 0..6).prop_map(|members| {
+                let body: Vec<String> = members
+                    .iter()
+                    .map(|(k, v)| format!("\"{k}\": {v}"))
+                    .collect();
+                format!("{{{}}}", body.join(", "))
+            }),
+        ]
+    })
+}
+
+/// A valid trigger, as the producer would write it.
+fn trigger(lat: f64, lon: f64, speed: f64, age_ms: i64) -> String {
+    format!(
+        r#"{{"device_id": "dev-1", "geofence_id": "fence-42", "lat": {lat}, "lon": {lon}, "transition": "ENTER", "speed_mps": {speed}, "event_time_ms": {}, "p": {{"lat": 1, "lon": 2}}, "a": [1, {{"k": 3}}], "t": {}}}"#,
+        NOW - age_ms,
+        (NOW - age_ms) / 1000
+    )
+}
+
+/// Byte edits that make near-miss documents.
+#[derive(Debug, Clone)]
+enum Edit {
+    Insert(usize, &'static str),
+    Delete(usize),
+    Replace(usize, u8),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let token = prop_oneof![
+        Just("["),
+        Just("]"),
+        Just("{"),
+        Just("}"),
+        Just(","),
+        Just(":"),
+        Just("\""),
+        Just("\\"),
+        Just("NaN"),
+        Just("1e400"),
+        Just("\\ud800"),
+        Just("\u{e9}"),
+        Just("\"lat\": 95, "),
+        Just("\"p\": 5, "),
+        Just("[[[[["),
+        Just(" "),
+        Just("0"),
+        Just("-"),
+    ];
+    prop_oneof![
+        (any::<usize>(), token).prop_map(|(i, t)| Edit::Insert(i, t)),
+        any::<usize>().prop_map(Edit::Delete),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Edit::Replace(i, b)),
+    ]
+}
+
+fn apply(mut doc: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
+    for e in edits {
+        let at = |i: usize, n: usize| if n == 0 { 0 } else { i % n };
+        match *e {
+            Edit::Insert(i, t) => {
+                let i = at(i, doc.len() + 1);
+                doc.splice(i..i, t.bytes());
+            }
+            Edit::Delete(i) if !doc.is_empty() => {
+                let i = at(i, doc.len());
+                doc.remove(i);
+            }
+            Edit::Replace(i, b) if !doc.is_empty() => {
+                let i = at(i, doc.len());
+                doc[i] = b;
+            }
+            _ => {}
+        }
+    }
+    doc
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn generated_documents_agree(d in doc()) {
+        agree(&policies(), d.as_bytes())?;
+    }
+
+    #[test]
+    fn mutated_triggers_agree(
+        lat in -100.0f64..100.0,
+        lon in -200.0f64..200.0,
+        speed in -10.0f64..200.0,
+        age in 0i64..2_000_000,
+        edits in proptest::collection::vec(edit(), 0..4),
+    ) {
+        let doc = apply(trigger(lat, lon, speed, age).into_bytes(), &edits);
+        agree(&policies(), &doc)?;
+    }
+
+    #[test]
+    fn mutated_generated_documents_agree(
+        d in doc(),
+        edits in proptest::collection::vec(edit(), 1..3),
+    ) {
+        agree(&policies(), &apply(d.into_bytes(), &edits))?;
+    }
+}
+
+#[test]
+fn fast_path_is_used_without_a_schema_only() {
+    for p in policies().policies() {
+        assert!(p.inner.uses_fast_path(), "{}", p.name);
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let reference = PolicySet::load(&[dir]).expect("reference policies load");
+    for p in reference.policies() {
+        assert!(!p.inner.uses_fast_path(), "{}", p.name);
+    }
+}
+
+#[test]
+fn edge_cases_agree() {
+    let set = policies();
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let mut docs: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b" ".to_vec(),
+        b"{}".to_vec(),
+        b"[]".to_vec(),
+        b"3".to_vec(),
+        b"\"lat\"".to_vec(),
+        b"[1, 2]".to_vec(),
+        b"[-1]".to_vec(),
+        br#"{"lat": 1}"#.to_vec(),
+        br#"{"lat": 1, "lat": 2}"#.to_vec(),
+        br#"{"p": {"lat": 1, "lon": 2}, "p": {"lat": 3}}"#.to_vec(),
+        br#"{"p": {"lat": 1, "lon": 2}, "p": 5}"#.to_vec(),
+        br#"{"p": 5, "p": {"lat": 1, "lon": 2}}"#.to_vec(),
+        br#"{"p": {"lat": 1, "lon": 2}, "a": [1, {"k": -1}]}"#.to_vec(),
+        br#"{"p": {"lat": 1, "lon": 2}, "a": ["\u00e9\n", {"k": 1}], "a/b": {"~": 4}}"#.to_vec(),
+        br#"{"p": [1, 2], "a": "str"}"#.to_vec(),
+        br#"{"l\u0061t": 52.1, "lon": 4.3, "transition": "ENTER", "event_time_ms": 1764459999000}"#
+            .to_vec(),
+        br#"{"lat": 52.1, "lon": 4.3, "transition": "ENT\u0045R", "event_time_ms": 1764459999000}"#
+            .to_vec(),
+        br#"{"lat": 0, "lon": -0.0, "transition": "ENTER", "event_time_ms": 1764459999000}"#
+            .to_vec(),
+        br#"{"lat": 1, "x": [[[[[1]]]]]}"#.to_vec(),
+        br#"{"lat": NaN, "x": [[[[[[[[1]]]]]]]]}"#.to_vec(),
+        br#"{"lat": 1} x"#.to_vec(),
+        b"{\"lat\": \"\xff\"}".to_vec(),
+        b"{\"x\": \"\xff\"}".to_vec(),
+        br#"{"x": "\udc00"}"#.to_vec(),
+        br#"{"x": 1e400}"#.to_vec(),
+        br#"{"x": "a\u0000"}"#.to_vec(),
+        b"{\"x\": \"tab\there\"}".to_vec(),
+        deep(2).into_bytes(),
+        deep(3).into_bytes(),
+        deep(4).into_bytes(),
+        deep(5).into_bytes(),
+        deep(64).into_bytes(),
+        deep(65).into_bytes(),
+        deep(127).into_bytes(),
+        deep(128).into_bytes(),
+        deep(129).into_bytes(),
+        "[".repeat(100_000).into_bytes(),
+        "{\"a\":".repeat(100_000).into_bytes(),
+        format!("[\"{}\"]", "[".repeat(200)).into_bytes(),
+        format!("[{}", deep(200)).into_bytes(),
+    ];
+    for n in [126, 127, 128, 129] {
+        docs.push(format!("{}x{}", "[".repeat(n), "]".repeat(n)).into_bytes());
+        docs.push(format!("{}1{}", "{\"p\":".repeat(n), "}".repeat(n)).into_bytes());
+    }
+    for d in &docs {
+        if let Err(e) = agree(&set, d) {
+            panic!("{e}");
+        }
+    }
+}
