@@ -172,7 +172,8 @@ impl Default for DeadLetter {
 #[serde(deny_unknown_fields)]
 pub struct Admin {
     /// Address of `/metrics`, `/healthz` and `/readyz`; absent disables it.
-    #[serde(default)]
+    /// A bare port (`9644` or `:9644`) binds 127.0.0.1 only.
+    #[serde(default, deserialize_with = "de_admin_listen")]
     pub listen: Option<HostPort>,
 }
 
@@ -246,6 +247,24 @@ impl<'de> Deserialize<'de> for HostPort {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(de::Error::custom)
+    }
+}
+
+/// `admin.listen`: `host:port`, or a bare port bound to loopback.
+fn de_admin_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HostPort>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Port(u16),
+        Text(String),
+    }
+    let loopback = |port| HostPort { host: "127.0.0.1".into(), port };
+    match Raw::deserialize(d)? {
+        Raw::Port(p) => Ok(Some(loopback(p))),
+        Raw::Text(t) => match t.trim_start_matches(':').parse::<u16>() {
+            Ok(p) => Ok(Some(loopback(p))),
+            Err(_) => t.parse().map(Some).map_err(de::Error::custom),
+        },
     }
 }
 
@@ -409,6 +428,16 @@ mod tests {
         let text = format!("{MINIMAL}policies: [policies/]\n");
         let c = Config::parse(&text, Path::new("/etc/antidote/a.yaml")).unwrap();
         assert_eq!(c.policies[0], PathBuf::from("/etc/antidote/policies/"));
+    }
+
+    #[test]
+    fn a_bare_admin_port_binds_loopback_only() {
+        for v in ["9644", "\":9644\""] {
+            let c = Config::parse(&format!("{MINIMAL}admin:\n  listen: {v}\n"), Path::new("c.yaml")).unwrap();
+            assert_eq!(c.admin.listen.unwrap().to_string(), "127.0.0.1:9644");
+        }
+        let c = Config::parse(&format!("{MINIMAL}admin:\n  listen: 0.0.0.0:9644\n"), Path::new("c.yaml")).unwrap();
+        assert_eq!(c.admin.listen.unwrap().host, "0.0.0.0");
     }
 
     #[test]
