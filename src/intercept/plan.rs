@@ -232,13 +232,17 @@ pub fn plan_partition_with(
                 continue;
             }
         };
-        let cached = known.is_some();
-        let invalid = match known {
-            Some(v) => v,
+        let (invalid, cached) = match known {
+            Some(v) => (v, true),
             None => {
                 plan.stats.judged += decoded.len() as u64;
-                plan.stats.validated += decoded.len() as u64;
-                cache.judge(policy, topic, partition, &batch, &decoded, now_ms)
+                let (v, judged_here) = cache.judge(policy, topic, partition, &batch, &decoded, now_ms);
+                if judged_here {
+                    plan.stats.validated += decoded.len() as u64;
+                } else {
+                    plan.stats.cached_batches += 1;
+                }
+                (v, !judged_here)
             }
         };
         if invalid.is_empty() && earlier.is_empty() {

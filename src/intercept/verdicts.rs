@@ -7,10 +7,12 @@
 //! judged afresh. An entry remembers the policy it was judged under (by
 //! `Arc` identity, kept alive by the entry): after a policy reload old
 //! verdicts are never reused. A staleness verdict is fixed when first made:
-//! every consumer sees the same records for the same batch. The cache is
-//! bounded; when full it is cleared, costing only re-validation.
+//! every consumer sees the same records for the same batch. Consumers that
+//! fetch the same batch at the same moment (several groups reading in step)
+//! share one validation: the first computes, the others wait for it. The
+//! cache is bounded; when full it is cleared, costing only re-validation.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
 
@@ -25,13 +27,26 @@ pub type Verdicts = Arc<Vec<(usize, Invalid)>>;
 struct Entry {
     crc: u32,
     policy: Arc<Policy>,
-    invalid: Arc<Vec<(usize, Invalid)>>,
+    /// Set once, by whichever fetch judges the batch first.
+    invalid: OnceLock<Verdicts>,
+}
+
+impl Entry {
+    fn matches(&self, batch: &Batch, policy: &Arc<Policy>) -> bool {
+        self.crc == batch.crc() && Arc::ptr_eq(&self.policy, policy)
+    }
 }
 
 /// Per-batch verdicts, shared by all connections.
 pub struct VerdictCache {
-    map: DashMap<Key, Entry>,
+    map: DashMap<Key, Arc<Entry>>,
     capacity: usize,
+}
+
+impl Entry {
+    fn new(batch: &Batch, policy: &Arc<Policy>) -> Self {
+        Entry { crc: batch.crc(), policy: policy.clone(), invalid: OnceLock::new() }
+    }
 }
 
 impl VerdictCache {
@@ -43,10 +58,16 @@ impl VerdictCache {
     /// was judged before under `policy`; needs no decoding.
     pub fn lookup(&self, policy: &Arc<Policy>, topic: &Arc<str>, partition: i32, batch: &Batch) -> Option<Verdicts> {
         let e = self.map.get(&(topic.clone(), partition, batch.base_offset()))?;
-        (e.crc == batch.crc() && Arc::ptr_eq(&e.policy, policy)).then(|| e.invalid.clone())
+        if e.matches(batch, policy) {
+            e.invalid.get().cloned()
+        } else {
+            None
+        }
     }
 
-    /// Judge every record of a decoded batch and remember the outcome.
+    /// The verdicts of a decoded batch: judged now, or taken from (or
+    /// awaited from) a fetch that judges it at the same time. The flag says
+    /// whether this call did the judging.
     pub fn judge(
         &self,
         policy: &Arc<Policy>,
@@ -55,24 +76,36 @@ impl VerdictCache {
         batch: &Batch,
         decoded: &DecodedBatch,
         now_ms: i64,
-    ) -> Verdicts {
-        let invalid: Vec<(usize, Invalid)> = decoded
-            .records()
-            .enumerate()
-            .filter_map(|(i, r)| match policy.judge(&r, now_ms) {
-                Verdict::Valid => None,
-                Verdict::Invalid(inv) => Some((i, inv)),
+    ) -> (Verdicts, bool) {
+        let key = (topic.clone(), partition, batch.base_offset());
+        let entry = {
+            if self.map.len() >= self.capacity {
+                self.map.clear();
+            }
+            let mut slot = self.map.entry(key).or_insert_with(|| Arc::new(Entry::new(batch, policy)));
+            if !slot.matches(batch, policy) {
+                *slot = Arc::new(Entry::new(batch, policy));
+            }
+            slot.clone()
+        }; // the map's shard lock is released before judging
+        let mut judged_here = false;
+        let invalid = entry
+            .invalid
+            .get_or_init(|| {
+                judged_here = true;
+                Arc::new(
+                    decoded
+                        .records()
+                        .enumerate()
+                        .filter_map(|(i, r)| match policy.judge(&r, now_ms) {
+                            Verdict::Valid => None,
+                            Verdict::Invalid(inv) => Some((i, inv)),
+                        })
+                        .collect(),
+                )
             })
-            .collect();
-        let invalid = Arc::new(invalid);
-        if self.map.len() >= self.capacity {
-            self.map.clear();
-        }
-        self.map.insert(
-            (topic.clone(), partition, batch.base_offset()),
-            Entry { crc: batch.crc(), policy: policy.clone(), invalid: invalid.clone() },
-        );
-        invalid
+            .clone();
+        (invalid, judged_here)
     }
 
     /// Forget everything (after a policy reload, to free memory early).
