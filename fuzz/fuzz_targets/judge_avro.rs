@@ -2,29 +2,14 @@
 //! (`policies/geofence-avro.yaml`): decode, schema and rules must never panic.
 #![no_main]
 
+#[path = "judge_common.rs"]
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
-use antidote::kafka::record::{Header, Record};
-use antidote::policy::{Policy, PolicySet, Verdict};
+use antidote::policy::Policy;
 use libfuzzer_sys::fuzz_target;
 
-fn policy() -> &'static Arc<Policy> {
-    static P: OnceLock<Arc<Policy>> = OnceLock::new();
-    P.get_or_init(|| {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/geofence-avro.yaml");
-        PolicySet::load(&[path]).expect("reference policy").policies()[0].clone()
-    })
-}
+static POLICY: OnceLock<Arc<Policy>> = OnceLock::new();
 
-fuzz_target!(|data: &[u8]| {
-    let record = Record {
-        offset: 0,
-        timestamp: 1_780_000_000_000,
-        key: None,
-        value: Some(data),
-        headers: vec![Header { key: b"idempotency-key", value: Some(&b"k"[..]) }],
-    };
-    if let Verdict::Invalid(inv) = policy().judge(&record, 1_780_000_000_000) {
-        assert!(!inv.rule.is_empty());
-    }
-});
+fuzz_target!(|data: &[u8]| common::judge(&POLICY, "geofence-avro.yaml", data));
