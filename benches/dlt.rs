@@ -26,12 +26,21 @@ fn bench_dlt(c: &mut Criterion) {
         timestamp: common::NOW_MS,
         key: Some(&key),
         value: Some(&value),
-        headers: vec![Header { key: b"idempotency-key", value: Some(&b"k-000000000003"[..]) }],
+        headers: vec![Header {
+            key: b"idempotency-key",
+            value: Some(&b"k-000000000003"[..]),
+        }],
     };
-    let Verdict::Invalid(invalid) = policy.judge(&record, common::NOW_MS) else { panic!("record must be poison") };
+    let Verdict::Invalid(invalid) = policy.judge(&record, common::NOW_MS) else {
+        panic!("record must be poison")
+    };
     let diversion = Diversion::new(&policy, &topic, 2, &record, &invalid);
     // Sanity: the encoded batch parses and carries the original value.
-    let batch = build_batch(&[diversion.to_record(common::NOW_MS)], &BuildOptions::default()).unwrap();
+    let batch = build_batch(
+        &[diversion.to_record(common::NOW_MS)],
+        &BuildOptions::default(),
+    )
+    .unwrap();
     let parsed = Batch::new(batch).unwrap();
     assert!(parsed.crc_valid());
     let decoded = parsed.decode().unwrap();
@@ -41,7 +50,15 @@ fn bench_dlt(c: &mut Criterion) {
     let mut group = c.benchmark_group("dlt");
     group.throughput(Throughput::Elements(1));
     group.bench_function("diversion_new", |b| {
-        b.iter(|| black_box(Diversion::new(&policy, &topic, 2, black_box(&record), &invalid)))
+        b.iter(|| {
+            black_box(Diversion::new(
+                &policy,
+                &topic,
+                2,
+                black_box(&record),
+                &invalid,
+            ))
+        })
     });
     group.bench_function("to_record+build_batch/1", |b| {
         b.iter(|| {
@@ -52,7 +69,9 @@ fn bench_dlt(c: &mut Criterion) {
     group.throughput(Throughput::Elements(100));
     group.bench_function("to_record+build_batch/100", |b| {
         b.iter(|| {
-            let rs: Vec<_> = (0..100).map(|_| black_box(&diversion).to_record(common::NOW_MS)).collect();
+            let rs: Vec<_> = (0..100)
+                .map(|_| black_box(&diversion).to_record(common::NOW_MS))
+                .collect();
             black_box(build_batch(&rs, &BuildOptions::default()).unwrap())
         })
     });

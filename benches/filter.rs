@@ -35,16 +35,25 @@ fn assert_clean_path_is_zero_copy(section: &Bytes) {
     assert_eq!(plan.stats.validated as usize, BATCHES * PER_BATCH);
     assert!(plan.diversions.is_empty());
     // Nothing changes: the interceptor forwards the response as it arrived.
-    assert!(!plan.changes_anything(), "clean section must not be rebuilt");
+    assert!(
+        !plan.changes_anything(),
+        "clean section must not be rebuilt"
+    );
     for seg in segments(section) {
-        let Segment::Batch(batch) = seg else { panic!("unexpected segment") };
+        let Segment::Batch(batch) = seg else {
+            panic!("unexpected segment")
+        };
         // The batch is a slice of the section, not a copy...
         let off = batch.bytes().as_ptr() as usize - section.as_ptr() as usize;
         assert!(off < section.len());
         // ...and splicing it with nothing removed returns those same bytes.
         let decoded = batch.decode().unwrap();
         let out = splice(&batch, &decoded, &vec![true; decoded.len()], None).unwrap();
-        assert_eq!(out.as_ptr(), batch.bytes().as_ptr(), "clean splice copied the batch");
+        assert_eq!(
+            out.as_ptr(),
+            batch.bytes().as_ptr(),
+            "clean splice copied the batch"
+        );
         assert_eq!(out.len(), batch.bytes().len());
     }
 }
@@ -56,18 +65,33 @@ fn bench_filter(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("filter");
     group.throughput(Throughput::Elements((BATCHES * PER_BATCH) as u64));
-    for (codec_name, codec) in [("none", Compression::None), ("lz4", Compression::Lz4), ("zstd", Compression::Zstd)] {
-        for (poison_name, every) in [("clean", 0usize), ("poison0.1pct", 1000), ("poison100pct", 1)] {
+    for (codec_name, codec) in [
+        ("none", Compression::None),
+        ("lz4", Compression::Lz4),
+        ("zstd", Compression::Zstd),
+    ] {
+        for (poison_name, every) in [
+            ("clean", 0usize),
+            ("poison0.1pct", 1000),
+            ("poison100pct", 1),
+        ] {
             let section = common::json_section(BATCHES, PER_BATCH, every, codec);
             if every == 0 {
                 assert_clean_path_is_zero_copy(&section);
             }
-            let expected_invalid = (0..BATCHES * PER_BATCH).filter(|&i| common::is_poison(i, every)).count();
+            let expected_invalid = (0..BATCHES * PER_BATCH)
+                .filter(|&i| common::is_poison(i, every))
+                .count();
             // Sanity: the plan finds exactly the poison records.
             {
                 let cache = VerdictCache::new(1024);
-                let plan = plan_partition(&policy, &topic, 0, &section, &vis, common::NOW_MS, &cache);
-                assert_eq!(plan.diversions.len(), expected_invalid, "{codec_name}/{poison_name}");
+                let plan =
+                    plan_partition(&policy, &topic, 0, &section, &vis, common::NOW_MS, &cache);
+                assert_eq!(
+                    plan.diversions.len(),
+                    expected_invalid,
+                    "{codec_name}/{poison_name}"
+                );
                 assert_eq!(plan.changes_anything(), expected_invalid > 0);
                 let out = plan.apply(None).unwrap();
                 let kept: usize = segments(&out)
@@ -84,8 +108,13 @@ fn bench_filter(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new("judge", &id), &section, |b, section| {
                 b.iter(|| {
                     let cache = VerdictCache::new(16);
-                    let plan = plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
-                    let out = if plan.changes_anything() { Some(plan.apply(None).unwrap()) } else { None };
+                    let plan =
+                        plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
+                    let out = if plan.changes_anything() {
+                        Some(plan.apply(None).unwrap())
+                    } else {
+                        None
+                    };
                     black_box((plan.diversions.len(), out))
                 })
             });
@@ -94,9 +123,14 @@ fn bench_filter(c: &mut Criterion) {
             let _ = plan_partition(&policy, &topic, 0, &section, &vis, common::NOW_MS, &cache);
             group.bench_with_input(BenchmarkId::new("cached", &id), &section, |b, section| {
                 b.iter(|| {
-                    let plan = plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
+                    let plan =
+                        plan_partition(&policy, &topic, 0, section, &vis, common::NOW_MS, &cache);
                     assert_eq!(plan.stats.cached_batches as usize, BATCHES);
-                    let out = if plan.changes_anything() { Some(plan.apply(None).unwrap()) } else { None };
+                    let out = if plan.changes_anything() {
+                        Some(plan.apply(None).unwrap())
+                    } else {
+                        None
+                    };
                     black_box((plan.diversions.len(), out))
                 })
             });

@@ -47,19 +47,34 @@ fn record(o: &Owned, i: usize) -> Record<'_> {
         timestamp: common::NOW_MS - 10,
         key: Some(&o.key),
         value: Some(&o.value),
-        headers: vec![Header { key: o.hkey, value: Some(&o.hval) }],
+        headers: vec![Header {
+            key: o.hkey,
+            value: Some(&o.hval),
+        }],
     }
 }
 
-fn bench_one(c: &mut Criterion, name: &str, policy: Arc<Policy>, values: impl Fn(&common::Trigger) -> Bytes) {
+fn bench_one(
+    c: &mut Criterion,
+    name: &str,
+    policy: Arc<Policy>,
+    values: impl Fn(&common::Trigger) -> Bytes,
+) {
     let (records, poison) = owned(values);
     let avg = records.iter().map(|o| o.value.len()).sum::<usize>() / N;
     for (i, o) in records.iter().enumerate() {
         let v = policy.judge(&record(o, i), common::NOW_MS);
         assert_eq!(v, Verdict::Valid, "{name}: record {i} should be valid");
     }
-    assert!(!policy.judge(&record(&poison, 0), common::NOW_MS).is_valid(), "{name}: poison must be invalid");
-    let recs: Vec<Record<'_>> = records.iter().enumerate().map(|(i, o)| record(o, i)).collect();
+    assert!(
+        !policy.judge(&record(&poison, 0), common::NOW_MS).is_valid(),
+        "{name}: poison must be invalid"
+    );
+    let recs: Vec<Record<'_>> = records
+        .iter()
+        .enumerate()
+        .map(|(i, o)| record(o, i))
+        .collect();
 
     let mut group = c.benchmark_group("validate");
     group.throughput(Throughput::Elements(1));
@@ -79,10 +94,30 @@ fn bench_one(c: &mut Criterion, name: &str, policy: Arc<Policy>, values: impl Fn
 }
 
 fn bench_validate(c: &mut Criterion) {
-    bench_one(c, "json_rules", common::json_rules_policy(), common::json_value);
-    bench_one(c, "json_schema", common::load_policy("geofence.yaml"), common::json_value);
-    bench_one(c, "avro", common::load_policy("geofence-avro.yaml"), common::avro_value);
-    bench_one(c, "protobuf", common::load_policy("geofence-protobuf.yaml"), common::protobuf_value);
+    bench_one(
+        c,
+        "json_rules",
+        common::json_rules_policy(),
+        common::json_value,
+    );
+    bench_one(
+        c,
+        "json_schema",
+        common::load_policy("geofence.yaml"),
+        common::json_value,
+    );
+    bench_one(
+        c,
+        "avro",
+        common::load_policy("geofence-avro.yaml"),
+        common::avro_value,
+    );
+    bench_one(
+        c,
+        "protobuf",
+        common::load_policy("geofence-protobuf.yaml"),
+        common::protobuf_value,
+    );
 }
 
 criterion_group!(benches, bench_validate);

@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::config::HostPort;
-use crate::proxy::frame::{FrameReader, with_length_prefix};
+use crate::proxy::frame::{with_length_prefix, FrameReader};
 use crate::proxy::net::{self, BoxIo};
 use crate::proxy::tls;
 
@@ -21,11 +21,19 @@ use crate::proxy::tls;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("{addr}: {source}")]
-    Io { addr: HostPort, source: std::io::Error },
+    Io {
+        addr: HostPort,
+        source: std::io::Error,
+    },
     #[error("{addr}: {msg}")]
     Protocol { addr: HostPort, msg: String },
     #[error("{addr}: the broker supports no version of {key:?} in {min}..={max}")]
-    NoVersion { addr: HostPort, key: ApiKey, min: i16, max: i16 },
+    NoVersion {
+        addr: HostPort,
+        key: ApiKey,
+        min: i16,
+        max: i16,
+    },
     #[error("{addr}: no response within {timeout:?}")]
     Timeout { addr: HostPort, timeout: Duration },
 }
@@ -57,7 +65,10 @@ impl Endpoint {
         // A dead-letter cluster that does not answer must fail within the
         // time a response may wait for its diversions, not the (longer)
         // upstream connect timeout.
-        let up = Endpoint { timeout: c.upstream.connect_timeout.min(dlt.timeout), ..Endpoint::upstream(c)? };
+        let up = Endpoint {
+            timeout: c.upstream.connect_timeout.min(dlt.timeout),
+            ..Endpoint::upstream(c)?
+        };
         let own_tls = dlt.tls.as_ref().map(tls::connector).transpose()?;
         Ok(match &dlt.bootstrap_servers {
             None => Endpoint {
@@ -65,7 +76,11 @@ impl Endpoint {
                 sasl: dlt.sasl.clone().or(up.sasl.clone()),
                 ..up
             },
-            Some(_) => Endpoint { tls: own_tls, sasl: dlt.sasl.clone(), ..up },
+            Some(_) => Endpoint {
+                tls: own_tls,
+                sasl: dlt.sasl.clone(),
+                ..up
+            },
         })
     }
 }
@@ -87,7 +102,10 @@ impl Connection {
     pub async fn connect(addr: &HostPort, ep: &Endpoint) -> Result<Connection, ClientError> {
         let io = net::connect(addr, ep.tls.as_ref(), ep.timeout)
             .await
-            .map_err(|source| ClientError::Io { addr: addr.clone(), source })?;
+            .map_err(|source| ClientError::Io {
+                addr: addr.clone(),
+                source,
+            })?;
         let (r, w) = tokio::io::split(io);
         let mut conn = Connection {
             addr: addr.clone(),
@@ -101,7 +119,9 @@ impl Connection {
             .send_at(
                 ApiVersionsRequest::default()
                     .with_client_software_name(StrBytes::from_static_str("antidote"))
-                    .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION"))),
+                    .with_client_software_version(StrBytes::from_static_str(env!(
+                        "CARGO_PKG_VERSION"
+                    ))),
                 3,
             )
             .await?;
@@ -122,7 +142,12 @@ impl Connection {
         use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
         let password = cfg.password().map_err(|e| self.protocol(&e))?;
         let hs = self
-            .send(SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(cfg.mechanism.name())), 1, 1)
+            .send(
+                SaslHandshakeRequest::default()
+                    .with_mechanism(StrBytes::from_static_str(cfg.mechanism.name())),
+                1,
+                1,
+            )
             .await?;
         if hs.error_code != 0 {
             let offered: Vec<&str> = hs.mechanisms.iter().map(|m| m.as_str()).collect();
@@ -132,25 +157,40 @@ impl Connection {
                 hs.error_code
             )));
         }
-        let step = |token: Vec<u8>| SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
+        let step =
+            |token: Vec<u8>| SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
         let fail = |code: i16, msg: Option<StrBytes>| {
-            format!("SASL authentication failed (error {code}): {}", msg.as_ref().map(|m| m.as_str()).unwrap_or(""))
+            format!(
+                "SASL authentication failed (error {code}): {}",
+                msg.as_ref().map(|m| m.as_str()).unwrap_or("")
+            )
         };
         match cfg.mechanism {
             Mechanism::Plain => {
-                let r = self.send(step(plain_token(&cfg.username, &password)), 0, 2).await?;
+                let r = self
+                    .send(step(plain_token(&cfg.username, &password)), 0, 2)
+                    .await?;
                 if r.error_code != 0 {
                     return Err(self.protocol(&fail(r.error_code, r.error_message)));
                 }
             }
             Mechanism::ScramSha256 | Mechanism::ScramSha512 => {
-                let mut scram = Scram::new(cfg.mechanism, &cfg.username, &password, &Scram::random_nonce());
-                let r = self.send(step(scram.client_first().into_bytes()), 0, 2).await?;
+                let mut scram = Scram::new(
+                    cfg.mechanism,
+                    &cfg.username,
+                    &password,
+                    &Scram::random_nonce(),
+                );
+                let r = self
+                    .send(step(scram.client_first().into_bytes()), 0, 2)
+                    .await?;
                 if r.error_code != 0 {
                     return Err(self.protocol(&fail(r.error_code, r.error_message)));
                 }
                 let server_first = String::from_utf8_lossy(&r.auth_bytes).into_owned();
-                let client_final = scram.client_final(&server_first).map_err(|e| self.protocol(&e))?;
+                let client_final = scram
+                    .client_final(&server_first)
+                    .map_err(|e| self.protocol(&e))?;
                 let r = self.send(step(client_final.into_bytes()), 0, 2).await?;
                 if r.error_code != 0 {
                     return Err(self.protocol(&fail(r.error_code, r.error_message)));
@@ -171,22 +211,40 @@ impl Connection {
     pub fn version<R: Request>(&self, min: i16, max: i16) -> Result<i16, ClientError> {
         let key = ApiKey::try_from(R::KEY).map_err(|_| self.protocol("unknown api key"))?;
         let ours = key.valid_versions();
-        let (lo, hi) = self.versions.get(&R::KEY).copied().unwrap_or((i16::MAX, -1));
+        let (lo, hi) = self
+            .versions
+            .get(&R::KEY)
+            .copied()
+            .unwrap_or((i16::MAX, -1));
         let v = hi.min(max).min(ours.max);
         if v < lo.max(min).max(ours.min) {
-            return Err(ClientError::NoVersion { addr: self.addr.clone(), key, min, max });
+            return Err(ClientError::NoVersion {
+                addr: self.addr.clone(),
+                key,
+                min,
+                max,
+            });
         }
         Ok(v)
     }
 
     /// Send `req` at the highest common version within `min..=max`.
-    pub async fn send<R: Request>(&mut self, req: R, min: i16, max: i16) -> Result<R::Response, ClientError> {
+    pub async fn send<R: Request>(
+        &mut self,
+        req: R,
+        min: i16,
+        max: i16,
+    ) -> Result<R::Response, ClientError> {
         let v = self.version::<R>(min, max)?;
         self.send_at(req, v).await
     }
 
     /// Send `req` at exactly version `v` and wait for its response.
-    pub async fn send_at<R: Request>(&mut self, req: R, v: i16) -> Result<R::Response, ClientError> {
+    pub async fn send_at<R: Request>(
+        &mut self,
+        req: R,
+        v: i16,
+    ) -> Result<R::Response, ClientError> {
         let body = self.frame(&req, v)?;
         let timeout = self.timeout;
         let addr = self.addr.clone();
@@ -212,9 +270,16 @@ impl Connection {
         Ok(with_length_prefix(&buf))
     }
 
-    async fn exchange<R: Request>(&mut self, frame: Bytes, v: i16) -> Result<R::Response, ClientError> {
+    async fn exchange<R: Request>(
+        &mut self,
+        frame: Bytes,
+        v: i16,
+    ) -> Result<R::Response, ClientError> {
         let correlation = self.next_correlation.wrapping_sub(1);
-        self.writer.write_all(&frame).await.map_err(|e| self.io(e))?;
+        self.writer
+            .write_all(&frame)
+            .await
+            .map_err(|e| self.io(e))?;
         self.writer.flush().await.map_err(|e| self.io(e))?;
         let resp = match self.reader.next().await {
             Ok(Some(f)) => f,
@@ -223,8 +288,11 @@ impl Connection {
         };
         let mut body = resp.slice(4..);
         let key = ApiKey::try_from(R::KEY).map_err(|_| self.protocol("unknown api key"))?;
-        let header = kafka_protocol::messages::ResponseHeader::decode(&mut body, key.response_header_version(v))
-            .map_err(|e| self.protocol(&format!("response header: {e}")))?;
+        let header = kafka_protocol::messages::ResponseHeader::decode(
+            &mut body,
+            key.response_header_version(v),
+        )
+        .map_err(|e| self.protocol(&format!("response header: {e}")))?;
         if header.correlation_id != correlation {
             return Err(self.protocol("correlation id mismatch"));
         }
@@ -233,11 +301,17 @@ impl Connection {
     }
 
     fn io(&self, source: std::io::Error) -> ClientError {
-        ClientError::Io { addr: self.addr.clone(), source }
+        ClientError::Io {
+            addr: self.addr.clone(),
+            source,
+        }
     }
 
     fn protocol(&self, msg: &str) -> ClientError {
-        ClientError::Protocol { addr: self.addr.clone(), msg: msg.to_string() }
+        ClientError::Protocol {
+            addr: self.addr.clone(),
+            msg: msg.to_string(),
+        }
     }
 }
 
@@ -292,7 +366,10 @@ impl Cluster {
             }
             if self.bootstrap_conn.is_none() {
                 return Err(last.unwrap_or_else(|| ClientError::Protocol {
-                    addr: HostPort { host: "-".into(), port: 0 },
+                    addr: HostPort {
+                        host: "-".into(),
+                        port: 0,
+                    },
                     msg: "no bootstrap servers".into(),
                 }));
             }
@@ -327,7 +404,13 @@ impl Cluster {
         };
         for b in &resp.brokers {
             if let Ok(port) = u16::try_from(b.port) {
-                self.brokers.insert(b.node_id.0, HostPort { host: b.host.to_string(), port });
+                self.brokers.insert(
+                    b.node_id.0,
+                    HostPort {
+                        host: b.host.to_string(),
+                        port,
+                    },
+                );
             }
         }
         for t in &resp.topics {
@@ -338,7 +421,10 @@ impl Cluster {
             }
             let mut leaders = vec![-1; t.partitions.len()];
             for p in &t.partitions {
-                if let Some(slot) = usize::try_from(p.partition_index).ok().and_then(|i| leaders.get_mut(i)) {
+                if let Some(slot) = usize::try_from(p.partition_index)
+                    .ok()
+                    .and_then(|i| leaders.get_mut(i))
+                {
                     *slot = p.leader_id.0;
                 }
             }
@@ -356,13 +442,20 @@ impl Cluster {
     }
 
     /// Create `topic`; an already existing topic is not an error.
-    pub async fn create_topic(&mut self, topic: &str, partitions: i32, replication: i16) -> Result<(), ClientError> {
+    pub async fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        replication: i16,
+    ) -> Result<(), ClientError> {
         use kafka_protocol::messages::create_topics_request::CreatableTopic;
         use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
-        let req = CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![CreatableTopic::default()
-            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_num_partitions(partitions)
-            .with_replication_factor(replication)]);
+        let req = CreateTopicsRequest::default()
+            .with_timeout_ms(10_000)
+            .with_topics(vec![CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_num_partitions(partitions)
+                .with_replication_factor(replication)]);
         let conn = self.any().await?;
         let addr = conn.addr().clone();
         let resp = conn.send(req, 0, 7).await?;
@@ -383,7 +476,11 @@ impl Cluster {
     }
 
     /// A connection to the leader of `topic`/`partition`.
-    pub async fn leader(&mut self, topic: &str, partition: i32) -> Result<&mut Connection, ClientError> {
+    pub async fn leader(
+        &mut self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<&mut Connection, ClientError> {
         let known = self
             .leaders
             .get(topic)
@@ -398,7 +495,10 @@ impl Cluster {
             .and_then(|l| l.get(partition as usize).copied())
             .filter(|&n| n >= 0)
             .ok_or_else(|| ClientError::Protocol {
-                addr: HostPort { host: "-".into(), port: 0 },
+                addr: HostPort {
+                    host: "-".into(),
+                    port: 0,
+                },
                 msg: format!("no leader for {topic}-{partition}"),
             })?;
         self.node(node).await
@@ -407,10 +507,17 @@ impl Cluster {
     /// A connection to broker `node`.
     pub async fn node(&mut self, node: i32) -> Result<&mut Connection, ClientError> {
         if !self.conns.contains_key(&node) {
-            let addr = self.brokers.get(&node).cloned().ok_or_else(|| ClientError::Protocol {
-                addr: HostPort { host: "-".into(), port: 0 },
-                msg: format!("broker {node} unknown"),
-            })?;
+            let addr = self
+                .brokers
+                .get(&node)
+                .cloned()
+                .ok_or_else(|| ClientError::Protocol {
+                    addr: HostPort {
+                        host: "-".into(),
+                        port: 0,
+                    },
+                    msg: format!("broker {node} unknown"),
+                })?;
             let conn = Connection::connect(&addr, &self.ep).await?;
             self.conns.insert(node, conn);
         }
@@ -426,5 +533,11 @@ impl Cluster {
 }
 
 fn unreachable_conn() -> ClientError {
-    ClientError::Protocol { addr: HostPort { host: "-".into(), port: 0 }, msg: "no connection".into() }
+    ClientError::Protocol {
+        addr: HostPort {
+            host: "-".into(),
+            port: 0,
+        },
+        msg: "no connection".into(),
+    }
 }

@@ -59,7 +59,9 @@ pub struct Listen {
 
 impl Listen {
     pub fn advertised_host(&self) -> &str {
-        self.advertised_host.as_deref().unwrap_or(&self.bootstrap.host)
+        self.advertised_host
+            .as_deref()
+            .unwrap_or(&self.bootstrap.host)
     }
 }
 
@@ -258,7 +260,10 @@ fn de_admin_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HostPort>, 
         Port(u16),
         Text(String),
     }
-    let loopback = |port| HostPort { host: "127.0.0.1".into(), port };
+    let loopback = |port| HostPort {
+        host: "127.0.0.1".into(),
+        port,
+    };
     match Raw::deserialize(d)? {
         Raw::Port(p) => Ok(Some(loopback(p))),
         Raw::Text(t) => match t.trim_start_matches(':').parse::<u16>() {
@@ -344,7 +349,8 @@ impl Config {
         cfg.source = path.to_path_buf();
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.resolve_paths(base);
-        cfg.check().map_err(|m| ConfigError(format!("{}: {m}", path.display())))?;
+        cfg.check()
+            .map_err(|m| ConfigError(format!("{}: {m}", path.display())))?;
         Ok(cfg)
     }
 
@@ -375,14 +381,20 @@ impl Config {
         if self.upstream.bootstrap_servers.is_empty() {
             return Err("upstream.bootstrap_servers: at least one broker is needed".into());
         }
-        for (name, tls) in [("upstream.tls", &self.upstream.tls), ("dead_letter.tls", &self.dead_letter.tls)] {
+        for (name, tls) in [
+            ("upstream.tls", &self.upstream.tls),
+            ("dead_letter.tls", &self.dead_letter.tls),
+        ] {
             if let Some(t) = tls {
                 if t.cert.is_some() != t.key.is_some() {
                     return Err(format!("{name}: `cert` and `key` must be given together"));
                 }
             }
         }
-        for (name, sasl) in [("upstream.sasl", &self.upstream.sasl), ("dead_letter.sasl", &self.dead_letter.sasl)] {
+        for (name, sasl) in [
+            ("upstream.sasl", &self.upstream.sasl),
+            ("dead_letter.sasl", &self.dead_letter.sasl),
+        ] {
             if let Some(s) = sasl {
                 s.password().map_err(|e| format!("{name}: {e}"))?;
             }
@@ -412,7 +424,10 @@ mod tests {
     fn unknown_key_names_file_line_and_column() {
         let text = format!("{MINIMAL}polices: [x]\n");
         let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
-        assert!(err.starts_with("cfg.yaml:6:1: unknown field `polices`"), "{err}");
+        assert!(
+            err.starts_with("cfg.yaml:6:1: unknown field `polices`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -433,10 +448,18 @@ mod tests {
     #[test]
     fn a_bare_admin_port_binds_loopback_only() {
         for v in ["9644", "\":9644\""] {
-            let c = Config::parse(&format!("{MINIMAL}admin:\n  listen: {v}\n"), Path::new("c.yaml")).unwrap();
+            let c = Config::parse(
+                &format!("{MINIMAL}admin:\n  listen: {v}\n"),
+                Path::new("c.yaml"),
+            )
+            .unwrap();
             assert_eq!(c.admin.listen.unwrap().to_string(), "127.0.0.1:9644");
         }
-        let c = Config::parse(&format!("{MINIMAL}admin:\n  listen: 0.0.0.0:9644\n"), Path::new("c.yaml")).unwrap();
+        let c = Config::parse(
+            &format!("{MINIMAL}admin:\n  listen: 0.0.0.0:9644\n"),
+            Path::new("c.yaml"),
+        )
+        .unwrap();
         assert_eq!(c.admin.listen.unwrap().host, "0.0.0.0");
     }
 

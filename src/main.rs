@@ -8,7 +8,11 @@ use antidote::policy::PolicySet;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
-#[command(name = "antidote", version, about = "A Kafka proxy that keeps poison records away from consumers")]
+#[command(
+    name = "antidote",
+    version,
+    about = "A Kafka proxy that keeps poison records away from consumers"
+)]
 struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -95,7 +99,10 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("cannot start the runtime: {e}");
@@ -112,7 +119,10 @@ fn run(path: &Path) -> ExitCode {
 }
 
 fn dlt(command: DltCommand) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -135,7 +145,9 @@ fn dlt(command: DltCommand) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         // Some records could not be written: 2, distinct from a usage or connection error.
         Ok(false) => ExitCode::from(2),
-        Err(antidote::dlt::DltError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(antidote::dlt::DltError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -147,7 +159,8 @@ fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("ANTIDOTE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only on a terminal: log files and collectors get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -30,7 +30,8 @@ impl SaslConfig {
     pub fn password(&self) -> Result<String, String> {
         match (&self.password, &self.password_env) {
             (Some(p), _) => Ok(p.clone()),
-            (None, Some(var)) => std::env::var(var).map_err(|_| format!("sasl: environment variable {var} is not set")),
+            (None, Some(var)) => std::env::var(var)
+                .map_err(|_| format!("sasl: environment variable {var} is not set")),
             (None, None) => Err("sasl: `password` or `password_env` is required".into()),
         }
     }
@@ -105,13 +106,17 @@ impl Scram {
         for part in server_first.split(',') {
             match part.split_at_checked(2) {
                 Some(("r=", v)) => nonce = Some(v),
-                Some(("s=", v)) => salt = Some(B64.decode(v).map_err(|e| format!("SCRAM salt: {e}"))?),
+                Some(("s=", v)) => {
+                    salt = Some(B64.decode(v).map_err(|e| format!("SCRAM salt: {e}"))?)
+                }
                 Some(("i=", v)) => iterations = v.parse::<u32>().ok(),
                 _ => {}
             }
         }
         let (Some(nonce), Some(salt), Some(iterations)) = (nonce, salt, iterations) else {
-            return Err(format!("malformed SCRAM server-first message: {server_first}"));
+            return Err(format!(
+                "malformed SCRAM server-first message: {server_first}"
+            ));
         };
         if !nonce.starts_with(&self.nonce) || iterations == 0 {
             return Err("SCRAM server nonce or iteration count is invalid".into());
@@ -119,13 +124,27 @@ impl Scram {
         let (pbkdf, hmac_alg, digest_alg, len) = self.algorithms();
         let mut salted = vec![0u8; len];
         let iterations = std::num::NonZeroU32::new(iterations).ok_or("SCRAM iterations")?;
-        pbkdf2::derive(pbkdf, iterations, &salt, self.password.as_bytes(), &mut salted);
+        pbkdf2::derive(
+            pbkdf,
+            iterations,
+            &salt,
+            self.password.as_bytes(),
+            &mut salted,
+        );
         let client_key = hmac::sign(&hmac::Key::new(hmac_alg, &salted), b"Client Key");
         let stored_key = digest::digest(digest_alg, client_key.as_ref());
         let without_proof = format!("c=biws,r={nonce}");
         let auth_message = format!("{},{server_first},{without_proof}", self.client_first_bare);
-        let signature = hmac::sign(&hmac::Key::new(hmac_alg, stored_key.as_ref()), auth_message.as_bytes());
-        let proof: Vec<u8> = client_key.as_ref().iter().zip(signature.as_ref()).map(|(a, b)| a ^ b).collect();
+        let signature = hmac::sign(
+            &hmac::Key::new(hmac_alg, stored_key.as_ref()),
+            auth_message.as_bytes(),
+        );
+        let proof: Vec<u8> = client_key
+            .as_ref()
+            .iter()
+            .zip(signature.as_ref())
+            .map(|(a, b)| a ^ b)
+            .collect();
         self.pending = Some((auth_message, salted));
         Ok(format!("{without_proof},p={}", B64.encode(proof)))
     }
@@ -138,7 +157,10 @@ impl Scram {
         let (auth_message, salted) = self.pending.as_ref().ok_or("SCRAM exchange out of order")?;
         let (_, hmac_alg, _, _) = self.algorithms();
         let server_key = hmac::sign(&hmac::Key::new(hmac_alg, salted), b"Server Key");
-        let expected = hmac::sign(&hmac::Key::new(hmac_alg, server_key.as_ref()), auth_message.as_bytes());
+        let expected = hmac::sign(
+            &hmac::Key::new(hmac_alg, server_key.as_ref()),
+            auth_message.as_bytes(),
+        );
         let got = server_final
             .strip_prefix("v=")
             .and_then(|v| B64.decode(v).ok())
@@ -149,10 +171,27 @@ impl Scram {
         Ok(())
     }
 
-    fn algorithms(&self) -> (pbkdf2::Algorithm, hmac::Algorithm, &'static digest::Algorithm, usize) {
+    fn algorithms(
+        &self,
+    ) -> (
+        pbkdf2::Algorithm,
+        hmac::Algorithm,
+        &'static digest::Algorithm,
+        usize,
+    ) {
         match self.mech {
-            Mechanism::ScramSha512 => (pbkdf2::PBKDF2_HMAC_SHA512, hmac::HMAC_SHA512, &digest::SHA512, 64),
-            _ => (pbkdf2::PBKDF2_HMAC_SHA256, hmac::HMAC_SHA256, &digest::SHA256, 32),
+            Mechanism::ScramSha512 => (
+                pbkdf2::PBKDF2_HMAC_SHA512,
+                hmac::HMAC_SHA512,
+                &digest::SHA512,
+                64,
+            ),
+            _ => (
+                pbkdf2::PBKDF2_HMAC_SHA256,
+                hmac::HMAC_SHA256,
+                &digest::SHA256,
+                32,
+            ),
         }
     }
 }
@@ -163,14 +202,20 @@ mod tests {
 
     #[test]
     fn scram_sha_256_matches_the_rfc_7677_example() {
-        let mut s = Scram::new(Mechanism::ScramSha256, "user", "pencil", "rOprNGfwEbeRWgbNEkqO");
+        let mut s = Scram::new(
+            Mechanism::ScramSha256,
+            "user",
+            "pencil",
+            "rOprNGfwEbeRWgbNEkqO",
+        );
         assert_eq!(s.client_first(), "n,,n=user,r=rOprNGfwEbeRWgbNEkqO");
         let server_first = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
         assert_eq!(
             s.client_final(server_first).unwrap(),
             "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
         );
-        s.verify_server_final("v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=").unwrap();
+        s.verify_server_final("v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
+            .unwrap();
         assert!(s.verify_server_final("v=AAAA").is_err());
         assert!(s.verify_server_final("e=invalid-proof").is_err());
     }
@@ -184,6 +229,9 @@ mod tests {
 
     #[test]
     fn usernames_are_escaped() {
-        assert_eq!(Scram::new(Mechanism::ScramSha256, "a=b,c", "p", "n").client_first(), "n,,n=a=3Db=2Cc,r=n");
+        assert_eq!(
+            Scram::new(Mechanism::ScramSha256, "a=b,c", "p", "n").client_first(),
+            "n,,n=a=3Db=2Cc,r=n"
+        );
     }
 }

@@ -30,7 +30,9 @@ async fn read_frame(s: &mut TcpStream) -> Option<Bytes> {
 }
 
 async fn write_frame(s: &mut TcpStream, body: &[u8]) {
-    s.write_all(&(body.len() as u32).to_be_bytes()).await.unwrap();
+    s.write_all(&(body.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
     s.write_all(body).await.unwrap();
 }
 
@@ -48,7 +50,9 @@ fn response<M: Encodable>(key: ApiKey, version: i16, correlation: i32, m: &M) ->
 /// tokens after a v0 handshake are answered with "server:" + token.
 async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Bytes>>>) {
     loop {
-        let Ok((mut s, _)) = listener.accept().await else { return };
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
         let tokens = tokens.clone();
         tokio::spawn(async move {
             let mut raw = false;
@@ -63,38 +67,61 @@ async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Byt
                 }
                 let key = ApiKey::try_from((&frame[..2]).get_i16()).unwrap();
                 let version = (&frame[2..4]).get_i16();
-                let header = RequestHeader::decode(&mut frame, key.request_header_version(version)).unwrap();
+                let header =
+                    RequestHeader::decode(&mut frame, key.request_header_version(version)).unwrap();
                 let c = header.correlation_id;
                 let out = match key {
                     ApiKey::ApiVersions => {
                         let keys = [(18, 0, 3), (3, 0, 12), (17, 0, 1), (36, 0, 2)]
                             .iter()
-                            .map(|&(k, lo, hi)| ApiVersion::default().with_api_key(k).with_min_version(lo).with_max_version(hi))
+                            .map(|&(k, lo, hi)| {
+                                ApiVersion::default()
+                                    .with_api_key(k)
+                                    .with_min_version(lo)
+                                    .with_max_version(hi)
+                            })
                             .collect();
-                        response(key, 0.max(version.min(3)), c, &ApiVersionsResponse::default().with_api_keys(keys))
+                        response(
+                            key,
+                            0.max(version.min(3)),
+                            c,
+                            &ApiVersionsResponse::default().with_api_keys(keys),
+                        )
                     }
                     ApiKey::Metadata => response(
                         key,
                         version,
                         c,
-                        &MetadataResponse::default().with_brokers(vec![MetadataResponseBroker::default()
-                            .with_node_id(BrokerId(1))
-                            .with_host(StrBytes::from_static_str("127.0.0.1"))
-                            .with_port(port as i32)]),
+                        &MetadataResponse::default().with_brokers(vec![
+                            MetadataResponseBroker::default()
+                                .with_node_id(BrokerId(1))
+                                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                                .with_port(port as i32),
+                        ]),
                     ),
                     ApiKey::SaslHandshake => {
                         raw = version == 0;
-                        response(key, version, c, &SaslHandshakeResponse::default()
-                            .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]))
+                        response(
+                            key,
+                            version,
+                            c,
+                            &SaslHandshakeResponse::default()
+                                .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]),
+                        )
                     }
                     ApiKey::SaslAuthenticate => {
                         let req = SaslAuthenticateRequest::decode(&mut frame, version).unwrap();
                         tokens.lock().unwrap().push(req.auth_bytes.clone());
                         let mut reply = b"server:".to_vec();
                         reply.extend_from_slice(&req.auth_bytes);
-                        response(key, version, c, &SaslAuthenticateResponse::default()
-                            .with_auth_bytes(Bytes::from(reply))
-                            .with_session_lifetime_ms(60_000))
+                        response(
+                            key,
+                            version,
+                            c,
+                            &SaslAuthenticateResponse::default()
+                                .with_auth_bytes(Bytes::from(reply))
+                                .with_session_lifetime_ms(60_000),
+                        )
                     }
                     _ => return,
                 };
@@ -128,18 +155,33 @@ async fn start_proxy() -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
     start_proxy_with("").await
 }
 
-async fn start_proxy_with(upstream_extra: &str) -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
+async fn start_proxy_with(
+    upstream_extra: &str,
+) -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
     let broker = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let broker_port = broker.local_addr().unwrap().port();
     let tokens = Arc::new(Mutex::new(Vec::new()));
     tokio::spawn(mock_broker(broker, broker_port, tokens.clone()));
-    let proxy_port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
-    let base = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port() - 1;
+    let proxy_port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        - 1;
     let yaml = format!(
         "listen:\n  bootstrap: 127.0.0.1:{proxy_port}\n  broker_port_base: {base}\nupstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n{upstream_extra}"
     );
     let config = Config::parse(&yaml, Path::new("test.yaml")).unwrap();
-    let shared = proxy::start(config, PolicySet::load(&[]).unwrap()).await.unwrap();
+    let shared = proxy::start(config, PolicySet::load(&[]).unwrap())
+        .await
+        .unwrap();
     (shared, proxy_port, tokens)
 }
 
@@ -156,7 +198,10 @@ async fn raw_sasl_tokens_after_a_v0_handshake_are_relayed_untouched() {
     // A PLAIN token whose first bytes happen to look like api key 65.
     let token = b"\0Alice\0secret";
     write_frame(&mut c, token).await;
-    let reply = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut c)).await.unwrap().unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut c))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(&reply[..], b"server:\0Alice\0secret");
     assert_eq!(tokens.lock().unwrap()[0], Bytes::from_static(token));
 
@@ -172,7 +217,9 @@ async fn sasl_authenticate_and_kip_368_reauthentication_pass_through_in_order() 
     let (shared, port, tokens) = start_proxy().await;
     let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN"));
-    let auth = |t: &'static [u8]| SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(t));
+    let auth = |t: &'static [u8]| {
+        SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(t))
+    };
 
     write_frame(&mut c, &request(1, 1, &hs)).await;
     write_frame(&mut c, &request(2, 2, &auth(b"\0bob\0pw1"))).await;
@@ -199,7 +246,10 @@ async fn the_proxys_own_connections_authenticate_with_sasl_plain() {
         start_proxy_with("  sasl: { mechanism: PLAIN, username: svc, password: pw }\n").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !shared.ready.load(std::sync::atomic::Ordering::SeqCst) {
-        assert!(tokio::time::Instant::now() < deadline, "metadata never fetched");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metadata never fetched"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(tokens.lock().unwrap()[0], Bytes::from_static(b"\0svc\0pw"));

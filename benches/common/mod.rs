@@ -70,7 +70,11 @@ pub fn trigger(i: usize, poison: bool) -> Trigger {
     Trigger {
         device_id: format!("device-{:08}-a1b2c3d4e5f6", i % 100_000),
         geofence_id: format!("fence-{:05}-warehouse-north", i % 5_000),
-        lat: if poison { 91.5 } else { 48.0 + (i % 1000) as f64 * 0.001_234 },
+        lat: if poison {
+            91.5
+        } else {
+            48.0 + (i % 1000) as f64 * 0.001_234
+        },
         lon: 2.0 + (i % 777) as f64 * 0.003_21,
         transition: i % 3,
         speed_mps: (i % 40) as f64 * 0.75,
@@ -82,7 +86,14 @@ pub fn trigger(i: usize, poison: bool) -> Trigger {
 pub fn json_value(t: &Trigger) -> Bytes {
     Bytes::from(format!(
         r#"{{"device_id":"{}","geofence_id":"{}","lat":{},"lon":{},"transition":"{}","speed_mps":{},"event_time_ms":{},"accuracy_m":{}}}"#,
-        t.device_id, t.geofence_id, t.lat, t.lon, TRANSITIONS[t.transition], t.speed_mps, t.event_time_ms, t.accuracy_m
+        t.device_id,
+        t.geofence_id,
+        t.lat,
+        t.lon,
+        TRANSITIONS[t.transition],
+        t.speed_mps,
+        t.event_time_ms,
+        t.accuracy_m
     ))
 }
 
@@ -145,7 +156,10 @@ pub fn new_record(i: usize, value: Bytes) -> NewRecord {
         timestamp: NOW_MS - 500 + (i % 100) as i64,
         key: Some(Bytes::from(format!("device-{:08}", i % 100_000))),
         value: Some(value),
-        headers: vec![("idempotency-key".into(), Some(Bytes::from(format!("k-{i:012}"))))],
+        headers: vec![(
+            "idempotency-key".into(),
+            Some(Bytes::from(format!("k-{i:012}"))),
+        )],
     }
 }
 
@@ -160,7 +174,12 @@ pub fn is_poison(i: usize, every: usize) -> bool {
 
 /// A records section: `batches` JSON batches of `per_batch` records each,
 /// consecutive offsets, poison one in `poison_every`.
-pub fn json_section(batches: usize, per_batch: usize, poison_every: usize, codec: Compression) -> Bytes {
+pub fn json_section(
+    batches: usize,
+    per_batch: usize,
+    poison_every: usize,
+    codec: Compression,
+) -> Bytes {
     let mut out = BytesMut::new();
     for b in 0..batches {
         let records: Vec<NewRecord> = (0..per_batch)
@@ -169,7 +188,8 @@ pub fn json_section(batches: usize, per_batch: usize, poison_every: usize, codec
                 new_record(i, json_value(&trigger(i, is_poison(i, poison_every))))
             })
             .collect();
-        let batch = build_batch(&records, &BuildOptions::default().compression(codec)).expect("build");
+        let batch =
+            build_batch(&records, &BuildOptions::default().compression(codec)).expect("build");
         // build_batch writes baseOffset 0: place the batch at its offset.
         let mut batch = BytesMut::from(&batch[..]);
         batch[..8].copy_from_slice(&((b * per_batch) as i64).to_be_bytes());

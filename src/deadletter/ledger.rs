@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{Ledger, LedgerKey, H_OFFSET, H_PARTITION, H_TOPIC};
-use crate::client::{Cluster, ClientError, Endpoint};
+use crate::client::{ClientError, Cluster, Endpoint};
 use crate::config::HostPort;
 use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
@@ -51,10 +51,26 @@ where
                         .with_partition(partition)
                         .with_fetch_offset(offset)
                         .with_partition_max_bytes(8 << 20)])]);
-            let resp = cluster.leader(topic, partition).await?.send(req, 4, 12).await?;
-            let Some(p) = resp.responses.iter().flat_map(|t| t.partitions.iter()).next() else { break };
+            let resp = cluster
+                .leader(topic, partition)
+                .await?
+                .send(req, 4, 12)
+                .await?;
+            let Some(p) = resp
+                .responses
+                .iter()
+                .flat_map(|t| t.partitions.iter())
+                .next()
+            else {
+                break;
+            };
             if p.error_code != 0 {
-                warn!(topic, partition, error_code = p.error_code, "reading topic: fetch error");
+                warn!(
+                    topic,
+                    partition,
+                    error_code = p.error_code,
+                    "reading topic: fetch error"
+                );
                 break;
             }
             let end = *end.get_or_insert(p.high_watermark);
@@ -72,7 +88,9 @@ where
                             f(partition, &r);
                         }
                     }
-                    Err(e) => warn!(topic, partition, base_offset = b.base_offset(), error = %e, "reading topic: bad batch"),
+                    Err(e) => {
+                        warn!(topic, partition, base_offset = b.base_offset(), error = %e, "reading topic: bad batch")
+                    }
                 }
             }
             if next <= offset || next >= end {
@@ -86,7 +104,11 @@ where
 
 /// The original (topic, partition, offset) a DLT record names, if it names one.
 pub fn origin_of(r: &Record<'_>) -> Option<LedgerKey> {
-    let text = |k| r.header(k).flatten().and_then(|v| std::str::from_utf8(v).ok());
+    let text = |k| {
+        r.header(k)
+            .flatten()
+            .and_then(|v| std::str::from_utf8(v).ok())
+    };
     let topic = text(H_TOPIC)?;
     let partition = text(H_PARTITION)?.parse().ok()?;
     let offset = text(H_OFFSET)?.parse().ok()?;
@@ -127,8 +149,11 @@ async fn rebuild_once(
     ledger: &Ledger,
 ) -> Result<(usize, u64), ClientError> {
     let meta = cluster.metadata(None).await?;
-    let existing: std::collections::HashSet<String> =
-        meta.topics.iter().filter_map(|t| t.name.as_ref().map(|n| n.to_string())).collect();
+    let existing: std::collections::HashSet<String> = meta
+        .topics
+        .iter()
+        .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+        .collect();
     let mut dlts = std::collections::BTreeSet::new();
     for topic in &existing {
         if let Some(p) = policies.for_topic(topic) {

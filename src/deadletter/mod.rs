@@ -55,7 +55,13 @@ pub struct Diversion {
 }
 
 impl Diversion {
-    pub fn new(policy: &Policy, topic: &Arc<str>, partition: i32, record: &Record<'_>, invalid: &Invalid) -> Self {
+    pub fn new(
+        policy: &Policy,
+        topic: &Arc<str>,
+        partition: i32,
+        record: &Record<'_>,
+        invalid: &Invalid,
+    ) -> Self {
         Diversion {
             dlt_topic: policy.dead_letter_topic(topic, invalid.class),
             origin_topic: topic.clone(),
@@ -67,7 +73,12 @@ impl Diversion {
             headers: record
                 .headers
                 .iter()
-                .map(|h| (Bytes::copy_from_slice(h.key), h.value.map(Bytes::copy_from_slice)))
+                .map(|h| {
+                    (
+                        Bytes::copy_from_slice(h.key),
+                        h.value.map(Bytes::copy_from_slice),
+                    )
+                })
                 .collect(),
             invalid: invalid.clone(),
             policy: Arc::from(policy.name.as_str()),
@@ -75,7 +86,11 @@ impl Diversion {
     }
 
     fn ledger_key(&self) -> LedgerKey {
-        (self.origin_topic.clone(), self.origin_partition, self.origin_offset)
+        (
+            self.origin_topic.clone(),
+            self.origin_partition,
+            self.origin_offset,
+        )
     }
 
     /// The record written to the DLT: original key, value and headers, plus
@@ -131,7 +146,10 @@ pub struct Ledger {
 impl Ledger {
     /// The record is in its DLT.
     fn done(&self, key: LedgerKey) {
-        self.by_partition.entry((key.0.clone(), key.1)).or_default().insert(key.2);
+        self.by_partition
+            .entry((key.0.clone(), key.1))
+            .or_default()
+            .insert(key.2);
         self.slots.insert(key, Slot::Done);
     }
 
@@ -185,9 +203,19 @@ impl DeadLetter {
         if policies.is_empty() {
             let _ = loaded_tx.send(true);
         } else {
-            tokio::spawn(ledger::rebuild(bootstrap, endpoint, policies, ledger.clone(), loaded_tx));
+            tokio::spawn(ledger::rebuild(
+                bootstrap,
+                endpoint,
+                policies,
+                ledger.clone(),
+                loaded_tx,
+            ));
         }
-        Arc::new(DeadLetter { ledger, jobs, loaded })
+        Arc::new(DeadLetter {
+            ledger,
+            jobs,
+            loaded,
+        })
     }
 
     /// Whether the ledger has been rebuilt from the DLTs.
@@ -198,7 +226,11 @@ impl DeadLetter {
     /// Wait until the ledger has been rebuilt from the DLTs (at start).
     pub async fn ready(&self) -> Result<(), DivertError> {
         let mut loaded = self.loaded.clone();
-        loaded.wait_for(|l| *l).await.map(|_| ()).map_err(|_| DivertError::Stopped)
+        loaded
+            .wait_for(|l| *l)
+            .await
+            .map(|_| ())
+            .map_err(|_| DivertError::Stopped)
     }
 
     /// Queue `d` for writing, or join a write of the same record already
@@ -207,14 +239,22 @@ impl DeadLetter {
     pub fn submit(&self, d: &Diversion) -> Result<Ticket, DivertError> {
         let rx = match self.ledger.slots.entry(d.ledger_key()) {
             Entry::Occupied(e) => match e.get() {
-                Slot::Done => return Ok(Ticket { rx: None, what: String::new() }),
+                Slot::Done => {
+                    return Ok(Ticket {
+                        rx: None,
+                        what: String::new(),
+                    })
+                }
                 Slot::InFlight(rx) => rx.clone(),
             },
             Entry::Vacant(v) => {
                 let (tx, rx) = watch::channel(None);
                 v.insert(Slot::InFlight(rx.clone()));
                 self.jobs
-                    .send(Job { diversion: d.clone(), done: tx })
+                    .send(Job {
+                        diversion: d.clone(),
+                        done: tx,
+                    })
                     .map_err(|_| DivertError::Stopped)?;
                 rx
             }
@@ -261,4 +301,3 @@ impl Ticket {
         }
     }
 }
-

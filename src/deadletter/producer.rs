@@ -97,25 +97,38 @@ impl Producer {
         let mut jobs: Vec<&Job> = jobs.iter().collect();
         jobs.sort_by(|a, b| {
             let (a, b) = (&a.diversion, &b.diversion);
-            (&a.origin_topic, a.origin_partition, a.origin_offset).cmp(&(&b.origin_topic, b.origin_partition, b.origin_offset))
+            (&a.origin_topic, a.origin_partition, a.origin_offset).cmp(&(
+                &b.origin_topic,
+                b.origin_partition,
+                b.origin_offset,
+            ))
         });
         // Group by DLT topic, then DLT partition, keeping arrival order.
         let mut by_topic: BTreeMap<String, Vec<&Job>> = BTreeMap::new();
         for j in jobs {
-            by_topic.entry(j.diversion.dlt_topic.clone()).or_default().push(j);
+            by_topic
+                .entry(j.diversion.dlt_topic.clone())
+                .or_default()
+                .push(j);
         }
         let mut batches: Vec<(String, i32, Vec<&Job>)> = Vec::new();
         for (topic, jobs) in by_topic {
             let n = self.ensure_topic(&topic).await? as i32;
             let mut by_part: BTreeMap<i32, Vec<&Job>> = BTreeMap::new();
             for j in jobs {
-                by_part.entry(j.diversion.origin_partition.rem_euclid(n)).or_default().push(j);
+                by_part
+                    .entry(j.diversion.origin_partition.rem_euclid(n))
+                    .or_default()
+                    .push(j);
             }
             batches.extend(by_part.into_iter().map(|(p, js)| (topic.clone(), p, js)));
         }
         self.ensure_pid().await;
         for (topic, partition, jobs) in batches {
-            let records: Vec<_> = jobs.iter().map(|j| j.diversion.to_record(failed_at)).collect();
+            let records: Vec<_> = jobs
+                .iter()
+                .map(|j| j.diversion.to_record(failed_at))
+                .collect();
             let started = std::time::Instant::now();
             let result = self.produce(&topic, partition, &records).await;
             crate::metrics::global().dlt_write(result.is_ok(), started.elapsed());
@@ -127,12 +140,21 @@ impl Producer {
     /// Make sure `topic` exists (creating it if needed); its partition count.
     async fn ensure_topic(&mut self, topic: &str) -> Result<usize, String> {
         for attempt in 0..20 {
-            match self.cluster.partitions(topic).await.map_err(|e| e.to_string())? {
+            match self
+                .cluster
+                .partitions(topic)
+                .await
+                .map_err(|e| e.to_string())?
+            {
                 Some(n) if n > 0 => return Ok(n),
                 _ => {}
             }
             if self.created.insert(topic.to_string()) {
-                info!(topic, partitions = self.cfg.partitions, "creating dead-letter topic");
+                info!(
+                    topic,
+                    partitions = self.cfg.partitions,
+                    "creating dead-letter topic"
+                );
                 self.cluster
                     .create_topic(topic, self.cfg.partitions, self.cfg.replication_factor)
                     .await
@@ -157,9 +179,15 @@ impl Producer {
         match result {
             Ok(r) if r.error_code == 0 => {
                 self.pid = (r.producer_id.0, r.producer_epoch);
-                info!(producer_id = self.pid.0, "dead-letter producer is idempotent");
+                info!(
+                    producer_id = self.pid.0,
+                    "dead-letter producer is idempotent"
+                );
             }
-            Ok(r) => warn!(error_code = r.error_code, "InitProducerId refused; producing without idempotence"),
+            Ok(r) => warn!(
+                error_code = r.error_code,
+                "InitProducerId refused; producing without idempotence"
+            ),
             Err(e) => warn!(error = %e, "InitProducerId failed; producing without idempotence"),
         }
         self.pid_known = true;
@@ -168,11 +196,20 @@ impl Producer {
 
     /// Produce one batch to one partition with acks=all, retrying network
     /// errors with the same bytes.
-    async fn produce(&mut self, topic: &str, partition: i32, records: &[crate::kafka::builder::NewRecord]) -> Result<(), String> {
+    async fn produce(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        records: &[crate::kafka::builder::NewRecord],
+    ) -> Result<(), String> {
         let seq_key = (topic.to_string(), partition);
         let mut rebuilt_for_new_pid = false;
         loop {
-            let seq = if self.pid.0 >= 0 { *self.sequences.get(&seq_key).unwrap_or(&0) } else { -1 };
+            let seq = if self.pid.0 >= 0 {
+                *self.sequences.get(&seq_key).unwrap_or(&0)
+            } else {
+                -1
+            };
             let opts = BuildOptions::default().idempotent(self.pid.0, self.pid.1, seq);
             let batch = build_batch(records, &opts).map_err(|e| e.to_string())?;
             let mut last_err = String::new();
@@ -190,15 +227,20 @@ impl Producer {
                     }
                 }
             }
-            let Some(code) = outcome else { return Err(last_err) };
+            let Some(code) = outcome else {
+                return Err(last_err);
+            };
             match code {
                 0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
                     if self.pid.0 >= 0 {
-                        self.sequences.insert(seq_key, seq.wrapping_add(records.len() as i32));
+                        self.sequences
+                            .insert(seq_key, seq.wrapping_add(records.len() as i32));
                     }
                     return Ok(());
                 }
-                errors::OUT_OF_ORDER_SEQUENCE_NUMBER | errors::UNKNOWN_PRODUCER_ID | errors::INVALID_PRODUCER_EPOCH
+                errors::OUT_OF_ORDER_SEQUENCE_NUMBER
+                | errors::UNKNOWN_PRODUCER_ID
+                | errors::INVALID_PRODUCER_EPOCH
                     if !rebuilt_for_new_pid =>
                 {
                     // Our sequence state no longer matches the broker's: start over.
@@ -206,9 +248,13 @@ impl Producer {
                     self.ensure_pid().await;
                     rebuilt_for_new_pid = true;
                 }
-                errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE | errors::UNKNOWN_TOPIC_OR_PARTITION => {
+                errors::NOT_LEADER_OR_FOLLOWER
+                | errors::LEADER_NOT_AVAILABLE
+                | errors::UNKNOWN_TOPIC_OR_PARTITION => {
                     self.cluster.reset();
-                    return Err(format!("{topic}-{partition}: leader not available (error {code})"));
+                    return Err(format!(
+                        "{topic}-{partition}: leader not available (error {code})"
+                    ));
                 }
                 other => return Err(format!("{topic}-{partition}: produce error {other}")),
             }
@@ -216,7 +262,12 @@ impl Producer {
     }
 
     /// One Produce request; the partition's error code, or a network error.
-    async fn send_once(&mut self, topic: &str, partition: i32, batch: Bytes) -> Result<i16, String> {
+    async fn send_once(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        batch: Bytes,
+    ) -> Result<i16, String> {
         let req = ProduceRequest::default()
             .with_acks(-1)
             .with_timeout_ms(10_000)
@@ -225,7 +276,11 @@ impl Producer {
                 .with_partition_data(vec![PartitionProduceData::default()
                     .with_index(partition)
                     .with_records(Some(batch))])]);
-        let conn = self.cluster.leader(topic, partition).await.map_err(|e| e.to_string())?;
+        let conn = self
+            .cluster
+            .leader(topic, partition)
+            .await
+            .map_err(|e| e.to_string())?;
         let resp = conn.send(req, 3, 9).await.map_err(|e| e.to_string())?;
         resp.responses
             .iter()

@@ -126,7 +126,12 @@ impl Interceptor {
         let mut changed = rewrite::rewrite_fetch_endpoints(&mut resp, &shared.addrs, &mut seen);
         shared.learn(seen).await;
 
-        if version >= 13 && resp.responses.iter().any(|t| !shared.topic_names.contains_key(&t.topic_id)) {
+        if version >= 13
+            && resp
+                .responses
+                .iter()
+                .any(|t| !shared.topic_names.contains_key(&t.topic_id))
+        {
             // Fetch v13+ names topics by id: learn ids we have not seen yet.
             let _ = crate::proxy::refresh_metadata(shared).await;
         }
@@ -134,20 +139,30 @@ impl Interceptor {
         let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
             let name = if version >= 13 {
-                shared.topic_names.get(&topic.topic_id).map(|n| n.to_string())
+                shared
+                    .topic_names
+                    .get(&topic.topic_id)
+                    .map(|n| n.to_string())
             } else {
                 Some(topic.topic.0.to_string())
             };
-        let Some(name) = name else { continue };
+            let Some(name) = name else { continue };
             // A glob may also cover a dead-letter topic: never police those.
             if policies.is_dead_letter_topic(&name) {
                 continue;
             }
-            let Some(policy) = policies.for_topic(&name) else { continue };
+            let Some(policy) = policies.for_topic(&name) else {
+                continue;
+            };
             let topic_name: Arc<str> = Arc::from(name.as_str());
             for (pi, p) in topic.partitions.iter().enumerate() {
-                let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else { continue };
-                let vis = Visibility::new(isolation == READ_COMMITTED, p.aborted_transactions.as_deref());
+                let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
+                    continue;
+                };
+                let vis = Visibility::new(
+                    isolation == READ_COMMITTED,
+                    p.aborted_transactions.as_deref(),
+                );
                 let ledger = self.dead_letter.ledger();
                 let partition = p.partition_index;
                 let plan = plan::plan_partition_with(
@@ -204,8 +219,16 @@ impl Interceptor {
     async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let dl = &self.dead_letter;
-        let all_failed = || plans.iter().map(|(_, _, p)| p.diversions.first().map(|d| d.origin_offset)).collect();
-        if tokio::time::timeout_at(deadline, dl.ready()).await.map_or(true, |r| r.is_err()) {
+        let all_failed = || {
+            plans
+                .iter()
+                .map(|(_, _, p)| p.diversions.first().map(|d| d.origin_offset))
+                .collect()
+        };
+        if tokio::time::timeout_at(deadline, dl.ready())
+            .await
+            .map_or(true, |r| r.is_err())
+        {
             return all_failed();
         }
         // Submit in offset order (synchronously), then wait for all at once.
@@ -284,13 +307,37 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
         .collect();
     let held_back = (plan.diversions.len() - diverted.len()) as u64;
     let invalid = plan.diversions.len() as u64 + plan.not_diverted.len() as u64;
-    m.record_validated(topic, partition, policy, plan.stats.judged.saturating_sub(held_back));
-    m.record_passed(topic, partition, policy, plan.stats.judged.saturating_sub(invalid));
+    m.record_validated(
+        topic,
+        partition,
+        policy,
+        plan.stats.judged.saturating_sub(held_back),
+    );
+    m.record_passed(
+        topic,
+        partition,
+        policy,
+        plan.stats.judged.saturating_sub(invalid),
+    );
     for d in diverted {
-        m.record_invalid(topic, partition, policy, d.invalid.class, &d.invalid.rule, InvalidAction::Diverted);
+        m.record_invalid(
+            topic,
+            partition,
+            policy,
+            d.invalid.class,
+            &d.invalid.rule,
+            InvalidAction::Diverted,
+        );
     }
     for (action, inv) in &plan.not_diverted {
-        m.record_invalid(topic, partition, policy, inv.class, &inv.rule, (*action).into());
+        m.record_invalid(
+            topic,
+            partition,
+            policy,
+            inv.class,
+            &inv.rule,
+            (*action).into(),
+        );
     }
     m.set_held(topic, partition, held_from.is_some());
 }

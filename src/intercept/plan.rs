@@ -34,7 +34,10 @@ impl Visibility {
             .map(|a| (a.producer_id.0, a.first_offset))
             .collect();
         aborted.sort_by_key(|a| a.1);
-        Visibility { read_committed, aborted }
+        Visibility {
+            read_committed,
+            aborted,
+        }
     }
 }
 
@@ -48,7 +51,11 @@ struct AbortTracker<'a> {
 
 impl<'a> AbortTracker<'a> {
     fn new(vis: &'a Visibility) -> Self {
-        AbortTracker { vis, next: 0, open: Vec::new() }
+        AbortTracker {
+            vis,
+            next: 0,
+            open: Vec::new(),
+        }
     }
 
     /// Whether the client will drop `batch` as part of an aborted transaction.
@@ -79,7 +86,11 @@ enum SegmentPlan {
     /// Forwarded as the bytes that arrived.
     Keep { bytes: Bytes, base: i64 },
     /// Rebuilt without the records whose `keep` is false.
-    Splice { batch: Batch, decoded: DecodedBatch, keep: Vec<bool> },
+    Splice {
+        batch: Batch,
+        decoded: DecodedBatch,
+        keep: Vec<bool>,
+    },
 }
 
 /// The plan for one partition of one Fetch response.
@@ -113,7 +124,9 @@ pub struct PlanStats {
 impl PartitionPlan {
     /// Whether the records section must be rebuilt.
     pub fn changes_anything(&self) -> bool {
-        self.segments.iter().any(|s| matches!(s, SegmentPlan::Splice { .. }))
+        self.segments
+            .iter()
+            .any(|s| matches!(s, SegmentPlan::Splice { .. }))
     }
 
     /// Build the new records section. `held_from`: the lowest offset whose
@@ -132,7 +145,11 @@ impl PartitionPlan {
                     }
                     out.extend_from_slice(bytes);
                 }
-                SegmentPlan::Splice { batch, decoded, keep } => {
+                SegmentPlan::Splice {
+                    batch,
+                    decoded,
+                    keep,
+                } => {
                     let base = batch.base_offset();
                     if held_from.is_some() && base >= cut {
                         break;
@@ -160,7 +177,16 @@ pub fn plan_partition(
     now_ms: i64,
     cache: &VerdictCache,
 ) -> PartitionPlan {
-    plan_partition_with(policy, topic, partition, records, vis, now_ms, cache, &|_, _| Vec::new())
+    plan_partition_with(
+        policy,
+        topic,
+        partition,
+        records,
+        vis,
+        now_ms,
+        cache,
+        &|_, _| Vec::new(),
+    )
 }
 
 /// Offsets in `from..to` already in a dead-letter topic.
@@ -195,12 +221,18 @@ pub fn plan_partition_with(
         let batch = match seg {
             Segment::Batch(b) => b,
             Segment::Legacy(bytes) => {
-                let base = bytes.get(..8).map(|b| i64::from_be_bytes(b.try_into().unwrap_or([0; 8]))).unwrap_or(0);
+                let base = bytes
+                    .get(..8)
+                    .map(|b| i64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+                    .unwrap_or(0);
                 plan.segments.push(SegmentPlan::Keep { bytes, base });
                 continue;
             }
             Segment::Partial(bytes) => {
-                plan.segments.push(SegmentPlan::Keep { bytes, base: i64::MAX });
+                plan.segments.push(SegmentPlan::Keep {
+                    bytes,
+                    base: i64::MAX,
+                });
                 continue;
             }
         };
@@ -236,7 +268,8 @@ pub fn plan_partition_with(
             Some(v) => (v, true),
             None => {
                 plan.stats.judged += decoded.len() as u64;
-                let (v, judged_here) = cache.judge(policy, topic, partition, &batch, &decoded, now_ms);
+                let (v, judged_here) =
+                    cache.judge(policy, topic, partition, &batch, &decoded, now_ms);
                 if judged_here {
                     plan.stats.validated += decoded.len() as u64;
                 } else {
@@ -251,13 +284,18 @@ pub fn plan_partition_with(
         }
         let mut keep_mask = vec![true; decoded.len()];
         for (i, k) in keep_mask.iter_mut().enumerate() {
-            if decoded.offset(i).is_some_and(|o| earlier.binary_search(&o).is_ok()) {
+            if decoded
+                .offset(i)
+                .is_some_and(|o| earlier.binary_search(&o).is_ok())
+            {
                 *k = false;
             }
         }
         let mut divert = vec![None; decoded.len()];
         for (index, verdict) in invalid.iter() {
-            let Some(k) = keep_mask.get_mut(*index) else { continue };
+            let Some(k) = keep_mask.get_mut(*index) else {
+                continue;
+            };
             match policy.on_invalid {
                 Action::Pass => {
                     plan.stats.passed_invalid += 1;
@@ -285,21 +323,29 @@ pub fn plan_partition_with(
             for (record, verdict) in decoded.records().zip(&divert) {
                 if let Some(verdict) = verdict {
                     plan.stats.diverted += 1;
-                    plan.diversions.push(Diversion::new(policy, topic, partition, &record, verdict));
+                    plan.diversions
+                        .push(Diversion::new(policy, topic, partition, &record, verdict));
                 }
             }
         }
         if keep_mask.iter().all(|k| *k) {
             plan.segments.push(keep(&batch));
         } else {
-            plan.segments.push(SegmentPlan::Splice { batch, decoded, keep: keep_mask });
+            plan.segments.push(SegmentPlan::Splice {
+                batch,
+                decoded,
+                keep: keep_mask,
+            });
         }
     }
     plan
 }
 
 fn keep(batch: &Batch) -> SegmentPlan {
-    SegmentPlan::Keep { bytes: batch.bytes().clone(), base: batch.base_offset() }
+    SegmentPlan::Keep {
+        bytes: batch.bytes().clone(),
+        base: batch.base_offset(),
+    }
 }
 
 #[cfg(test)]
@@ -322,16 +368,29 @@ mod tests {
     }
 
     /// A batch at `base` whose records are valid unless their index is in `poison`.
-    fn batch(base: i64, n: usize, poison: &[usize], codec: Compression, pid: i64, transactional: bool) -> Vec<u8> {
+    fn batch(
+        base: i64,
+        n: usize,
+        poison: &[usize],
+        codec: Compression,
+        pid: i64,
+        transactional: bool,
+    ) -> Vec<u8> {
         let records: Vec<NewRecord> = (0..n)
             .map(|i| NewRecord {
                 timestamp: 1_000 + i as i64,
                 key: Some(format!("k{i}").into_bytes().into()),
-                value: Some(if poison.contains(&i) { r#"{"lat":91.5,"lon":4}"#.into() } else { r#"{"lat":52,"lon":4}"#.into() }),
+                value: Some(if poison.contains(&i) {
+                    r#"{"lat":91.5,"lon":4}"#.into()
+                } else {
+                    r#"{"lat":52,"lon":4}"#.into()
+                }),
                 headers: vec![],
             })
             .collect();
-        let opts = BuildOptions::default().compression(codec).idempotent(pid, 0, 0);
+        let opts = BuildOptions::default()
+            .compression(codec)
+            .idempotent(pid, 0, 0);
         let mut b = build_batch(&records, &opts).unwrap().to_vec();
         b[..8].copy_from_slice(&base.to_be_bytes());
         if transactional {
@@ -345,7 +404,15 @@ mod tests {
 
     fn plan(section: Vec<u8>, action: &str, vis: &Visibility) -> PartitionPlan {
         let cache = VerdictCache::new(16);
-        plan_partition(&policy(action), &Arc::from("t"), 0, &Bytes::from(section), vis, 0, &cache)
+        plan_partition(
+            &policy(action),
+            &Arc::from("t"),
+            0,
+            &Bytes::from(section),
+            vis,
+            0,
+            &cache,
+        )
     }
 
     fn offsets(section: &Bytes) -> Vec<(i64, Vec<i64>, i64)> {
@@ -354,7 +421,11 @@ mod tests {
             .filter_map(|s| match s {
                 Segment::Batch(b) => {
                     let d = b.decode().unwrap();
-                    Some((b.base_offset(), d.records().map(|r| r.offset).collect(), b.next_offset()))
+                    Some((
+                        b.base_offset(),
+                        d.records().map(|r| r.offset).collect(),
+                        b.next_offset(),
+                    ))
                 }
                 _ => None,
             })
@@ -367,7 +438,11 @@ mod tests {
 
     #[test]
     fn a_clean_section_is_left_alone() {
-        let p = plan(batch(0, 5, &[], Compression::None, -1, false), "divert", &uncommitted());
+        let p = plan(
+            batch(0, 5, &[], Compression::None, -1, false),
+            "divert",
+            &uncommitted(),
+        );
         assert!(!p.changes_anything());
         assert!(p.diversions.is_empty());
         assert_eq!(p.stats.validated, 5);
@@ -380,7 +455,11 @@ mod tests {
             section.extend(batch(5, 3, &[0, 1, 2], codec, -1, false));
             let p = plan(section, "divert", &uncommitted());
             let out = p.apply(None).unwrap();
-            assert_eq!(offsets(&out), vec![(0, vec![1, 3], 5), (5, vec![], 8)], "{codec:?}");
+            assert_eq!(
+                offsets(&out),
+                vec![(0, vec![1, 3], 5), (5, vec![], 8)],
+                "{codec:?}"
+            );
             let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
             assert_eq!(diverted, vec![0, 2, 4, 5, 6, 7]);
             assert_eq!(p.diversions[0].invalid.rule, "coordinates");
@@ -393,21 +472,35 @@ mod tests {
         section.extend(batch(5, 3, &[], Compression::None, -1, false));
         let p = plan(section, "divert", &uncommitted());
         // Records 0-2 are delivered; the client fetches offset 3 next.
-        assert_eq!(offsets(&p.apply(Some(3)).unwrap()), vec![(0, vec![0, 1, 2], 3)]);
+        assert_eq!(
+            offsets(&p.apply(Some(3)).unwrap()),
+            vec![(0, vec![0, 1, 2], 3)]
+        );
         // A hold at a batch's first offset withholds that batch and the rest.
         let mut section = batch(0, 2, &[], Compression::None, -1, false);
         section.extend(batch(2, 2, &[0], Compression::None, -1, false));
         let p = plan(section, "divert", &uncommitted());
-        assert_eq!(offsets(&p.apply(Some(2)).unwrap()), vec![(0, vec![0, 1], 2)]);
+        assert_eq!(
+            offsets(&p.apply(Some(2)).unwrap()),
+            vec![(0, vec![0, 1], 2)]
+        );
     }
 
     #[test]
     fn drop_removes_without_diverting_and_pass_delivers() {
-        let p = plan(batch(0, 3, &[1], Compression::None, -1, false), "drop", &uncommitted());
+        let p = plan(
+            batch(0, 3, &[1], Compression::None, -1, false),
+            "drop",
+            &uncommitted(),
+        );
         assert!(p.diversions.is_empty());
         assert_eq!(p.stats.dropped, 1);
         assert_eq!(offsets(&p.apply(None).unwrap()), vec![(0, vec![0, 2], 3)]);
-        let p = plan(batch(0, 3, &[1], Compression::None, -1, false), "pass", &uncommitted());
+        let p = plan(
+            batch(0, 3, &[1], Compression::None, -1, false),
+            "pass",
+            &uncommitted(),
+        );
         assert!(!p.changes_anything());
         assert_eq!(p.stats.passed_invalid, 1);
     }
@@ -415,12 +508,29 @@ mod tests {
     #[test]
     fn aborted_records_are_not_dead_lettered_under_read_committed() {
         let section = batch(0, 3, &[1], Compression::None, 42, true);
-        let aborted = [AbortedTransaction::default().with_producer_id(ProducerId(42)).with_first_offset(0)];
-        let p = plan(section.clone(), "divert", &Visibility::new(true, Some(&aborted)));
+        let aborted = [AbortedTransaction::default()
+            .with_producer_id(ProducerId(42))
+            .with_first_offset(0)];
+        let p = plan(
+            section.clone(),
+            "divert",
+            &Visibility::new(true, Some(&aborted)),
+        );
         assert!(p.diversions.is_empty() && !p.changes_anything());
         // Another producer's abort does not hide this batch.
-        let other = [AbortedTransaction::default().with_producer_id(ProducerId(7)).with_first_offset(0)];
-        assert_eq!(plan(section.clone(), "divert", &Visibility::new(true, Some(&other))).diversions.len(), 1);
+        let other = [AbortedTransaction::default()
+            .with_producer_id(ProducerId(7))
+            .with_first_offset(0)];
+        assert_eq!(
+            plan(
+                section.clone(),
+                "divert",
+                &Visibility::new(true, Some(&other))
+            )
+            .diversions
+            .len(),
+            1
+        );
         // read_uncommitted consumers see aborted records, so they are judged.
         assert_eq!(plan(section, "divert", &uncommitted()).diversions.len(), 1);
     }
@@ -429,10 +539,31 @@ mod tests {
     fn a_record_diverted_earlier_stays_out_even_when_now_valid() {
         let cache = VerdictCache::new(16);
         let section = Bytes::from(batch(10, 4, &[], Compression::None, -1, false));
-        let already = |from: i64, to: i64| if (from..to).contains(&12) { vec![12] } else { vec![] };
-        let p = plan_partition_with(&policy("divert"), &Arc::from("t"), 0, &section, &uncommitted(), 0, &cache, &already);
-        assert!(p.diversions.is_empty(), "already in its DLT: not written again");
-        assert_eq!(offsets(&p.apply(None).unwrap()), vec![(10, vec![10, 11, 13], 14)]);
+        let already = |from: i64, to: i64| {
+            if (from..to).contains(&12) {
+                vec![12]
+            } else {
+                vec![]
+            }
+        };
+        let p = plan_partition_with(
+            &policy("divert"),
+            &Arc::from("t"),
+            0,
+            &section,
+            &uncommitted(),
+            0,
+            &cache,
+            &already,
+        );
+        assert!(
+            p.diversions.is_empty(),
+            "already in its DLT: not written again"
+        );
+        assert_eq!(
+            offsets(&p.apply(None).unwrap()),
+            vec![(10, vec![10, 11, 13], 14)]
+        );
     }
 
     #[test]
@@ -454,7 +585,10 @@ mod tests {
         let first = plan_partition(&pol, &t, 0, &section, &uncommitted(), 0, &cache);
         let second = plan_partition(&pol, &t, 0, &section, &uncommitted(), 0, &cache);
         assert_eq!((first.stats.validated, first.stats.cached_batches), (4, 0));
-        assert_eq!((second.stats.validated, second.stats.cached_batches), (0, 1));
+        assert_eq!(
+            (second.stats.validated, second.stats.cached_batches),
+            (0, 1)
+        );
         assert_eq!(second.diversions.len(), 1);
     }
 }

@@ -45,19 +45,34 @@ pub struct VerdictCache {
 
 impl Entry {
     fn new(batch: &Batch, policy: &Arc<Policy>) -> Self {
-        Entry { crc: batch.crc(), policy: policy.clone(), invalid: OnceLock::new() }
+        Entry {
+            crc: batch.crc(),
+            policy: policy.clone(),
+            invalid: OnceLock::new(),
+        }
     }
 }
 
 impl VerdictCache {
     pub fn new(capacity: usize) -> Self {
-        VerdictCache { map: DashMap::new(), capacity }
+        VerdictCache {
+            map: DashMap::new(),
+            capacity,
+        }
     }
 
     /// The invalid records of `batch` (index in the batch, verdict) if it
     /// was judged before under `policy`; needs no decoding.
-    pub fn lookup(&self, policy: &Arc<Policy>, topic: &Arc<str>, partition: i32, batch: &Batch) -> Option<Verdicts> {
-        let e = self.map.get(&(topic.clone(), partition, batch.base_offset()))?;
+    pub fn lookup(
+        &self,
+        policy: &Arc<Policy>,
+        topic: &Arc<str>,
+        partition: i32,
+        batch: &Batch,
+    ) -> Option<Verdicts> {
+        let e = self
+            .map
+            .get(&(topic.clone(), partition, batch.base_offset()))?;
         if e.matches(batch, policy) {
             e.invalid.get().cloned()
         } else {
@@ -82,7 +97,10 @@ impl VerdictCache {
             if self.map.len() >= self.capacity {
                 self.map.clear();
             }
-            let mut slot = self.map.entry(key).or_insert_with(|| Arc::new(Entry::new(batch, policy)));
+            let mut slot = self
+                .map
+                .entry(key)
+                .or_insert_with(|| Arc::new(Entry::new(batch, policy)));
             if !slot.matches(batch, policy) {
                 *slot = Arc::new(Entry::new(batch, policy));
             }

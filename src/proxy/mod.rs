@@ -9,9 +9,9 @@
 //! connection and a `relay`.
 
 pub mod frame;
-pub mod reload;
 pub mod net;
 pub mod relay;
+pub mod reload;
 pub mod rewrite;
 pub mod tls;
 pub mod versions;
@@ -33,10 +33,10 @@ use uuid::Uuid;
 
 use crate::admin;
 use crate::client::{self, Connection};
-use crate::metrics;
 use crate::config::{Config, HostPort};
 use crate::deadletter::DeadLetter;
 use crate::intercept::Interceptor;
+use crate::metrics;
 use crate::policy::PolicySet;
 use rewrite::{Addresses, Seen};
 
@@ -46,7 +46,10 @@ pub enum StartError {
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Admin(admin::AdminError),
 }
@@ -84,13 +87,20 @@ impl Shared {
     /// policies are loaded (so it needs a tokio runtime).
     pub fn new(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
         let acceptor = config.listen.tls.as_ref().map(tls::acceptor).transpose()?;
-        let addrs = Addresses::new(config.listen.advertised_host(), config.listen.broker_port_base);
+        let addrs = Addresses::new(
+            config.listen.advertised_host(),
+            config.listen.broker_port_base,
+        );
         let upstream = client::Endpoint::upstream(&config)?;
         let dlt = &config.dead_letter;
         let dlt_endpoint = client::Endpoint::dead_letter(&config)?;
         let policies = Arc::new(policies);
-        let dead_letter =
-            DeadLetter::start(dlt, &config.upstream.bootstrap_servers, dlt_endpoint, policies.clone());
+        let dead_letter = DeadLetter::start(
+            dlt,
+            &config.upstream.bootstrap_servers,
+            dlt_endpoint,
+            policies.clone(),
+        );
         let interceptor = Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout));
         Ok(Arc::new(Shared {
             config,
@@ -133,7 +143,11 @@ impl Shared {
             return;
         }
         let Some(port) = self.addrs.port_for(node) else {
-            warn!(node, base = self.addrs.port_base, "broker node id does not map to a port; it cannot be served");
+            warn!(
+                node,
+                base = self.addrs.port_base,
+                "broker node id does not map to a port; it cannot be served"
+            );
             return;
         };
         let host = &self.config.listen.bootstrap.host;
@@ -141,7 +155,8 @@ impl Shared {
             Ok(listener) => {
                 open.insert(node);
                 info!(node, addr = %format!("{host}:{port}"), "serving broker");
-                self.tasks.spawn(accept_loop(self.clone(), listener, Target::Broker(node)));
+                self.tasks
+                    .spawn(accept_loop(self.clone(), listener, Target::Broker(node)));
             }
             Err(e) => warn!(node, port, error = %e, "cannot open the listener for broker"),
         }
@@ -171,7 +186,10 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
     let bootstrap = shared.config.listen.bootstrap.to_string();
     let listener = TcpListener::bind(&bootstrap)
         .await
-        .map_err(|source| StartError::Bind { addr: bootstrap.clone(), source })?;
+        .map_err(|source| StartError::Bind {
+            addr: bootstrap.clone(),
+            source,
+        })?;
     info!(addr = %bootstrap, "serving bootstrap");
     if let Some(addr) = &shared.config.admin.listen {
         let admin = admin::bind(addr).await.map_err(StartError::Admin)?;
@@ -182,7 +200,9 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
             shared.shutdown.clone(),
         ));
     }
-    shared.tasks.spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
+    shared
+        .tasks
+        .spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
     shared.tasks.spawn(metadata_loop(shared.clone()));
     tokio::spawn(reload::watch(shared.clone()));
     Ok(shared)
@@ -194,14 +214,20 @@ pub async fn stop(shared: &Shared) {
     shared.shutdown.cancel();
     shared.tasks.close();
     let grace = shared.config.limits.shutdown_grace;
-    if tokio::time::timeout(grace, shared.tasks.wait()).await.is_err() {
+    if tokio::time::timeout(grace, shared.tasks.wait())
+        .await
+        .is_err()
+    {
         warn!(?grace, "shutdown grace elapsed with connections still open");
     }
 }
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
         (Ok(mut int), Ok(mut term)) => {
             tokio::select! {
                 _ = int.recv() => {}
@@ -222,7 +248,10 @@ async fn metadata_loop(shared: Arc<Shared>) {
         match refresh_metadata(&shared).await {
             Ok(()) => {
                 if !shared.ready.swap(true, Ordering::SeqCst) {
-                    info!(brokers = shared.brokers.len(), "upstream metadata fetched; ready");
+                    info!(
+                        brokers = shared.brokers.len(),
+                        "upstream metadata fetched; ready"
+                    );
                 }
                 delay = shared.config.upstream.metadata_refresh;
             }
@@ -242,11 +271,19 @@ async fn metadata_loop(shared: Arc<Shared>) {
 /// Ask a bootstrap server for the brokers and topics; learn them.
 pub async fn refresh_metadata(shared: &Arc<Shared>) -> Result<(), client::ClientError> {
     let mut conn = connect_any(shared, &shared.config.upstream.bootstrap_servers).await?;
-    let resp = conn.send(MetadataRequest::default().with_topics(None), 1, 12).await?;
+    let resp = conn
+        .send(MetadataRequest::default().with_topics(None), 1, 12)
+        .await?;
     let mut seen = Seen::default();
     for b in &resp.brokers {
         if let Ok(port) = u16::try_from(b.port) {
-            seen.brokers.push((b.node_id.0, HostPort { host: b.host.to_string(), port }));
+            seen.brokers.push((
+                b.node_id.0,
+                HostPort {
+                    host: b.host.to_string(),
+                    port,
+                },
+            ));
         }
     }
     for t in &resp.topics {
@@ -261,7 +298,10 @@ pub async fn refresh_metadata(shared: &Arc<Shared>) -> Result<(), client::Client
 }
 
 /// The first of `servers` that accepts a connection.
-async fn connect_any(shared: &Shared, servers: &[HostPort]) -> Result<Connection, client::ClientError> {
+async fn connect_any(
+    shared: &Shared,
+    servers: &[HostPort],
+) -> Result<Connection, client::ClientError> {
     let mut last = None;
     for addr in servers {
         match Connection::connect(addr, &shared.upstream).await {
@@ -270,7 +310,10 @@ async fn connect_any(shared: &Shared, servers: &[HostPort]) -> Result<Connection
         }
     }
     Err(last.unwrap_or_else(|| client::ClientError::Protocol {
-        addr: HostPort { host: "-".into(), port: 0 },
+        addr: HostPort {
+            host: "-".into(),
+            port: 0,
+        },
         msg: "no bootstrap servers configured".into(),
     }))
 }
@@ -295,7 +338,9 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
         match accepted {
             Ok((tcp, peer)) => {
                 let span = tracing::info_span!("conn", %peer, ?target);
-                shared.tasks.spawn(serve(shared.clone(), tcp, peer, target).instrument(span));
+                shared
+                    .tasks
+                    .spawn(serve(shared.clone(), tcp, peer, target).instrument(span));
             }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
@@ -335,7 +380,13 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Ta
     match relay::relay(shared, client, broker).await {
         Ok(()) => debug!("connection closed"),
         Err(e) => {
-            if matches!(e, relay::RelayError::BrokerFrame(_) | relay::RelayError::BadResponse(_) | relay::RelayError::BrokerClosed(_) | relay::RelayError::BrokerWrite(_)) {
+            if matches!(
+                e,
+                relay::RelayError::BrokerFrame(_)
+                    | relay::RelayError::BadResponse(_)
+                    | relay::RelayError::BrokerClosed(_)
+                    | relay::RelayError::BrokerWrite(_)
+            ) {
                 metrics::global().upstream_error("relay");
             }
             warn!(error = %e, "connection closed")

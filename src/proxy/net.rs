@@ -25,7 +25,12 @@ pub async fn connect(
     let target = (addr.host.as_str(), addr.port);
     let tcp = tokio::time::timeout(timeout, TcpStream::connect(target))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {addr} timed out")))??;
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connecting to {addr} timed out"),
+            )
+        })??;
     tcp.set_nodelay(true)?;
     match tls {
         None => Ok(Box::new(tcp)),
@@ -35,7 +40,12 @@ pub async fn connect(
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
             let stream = tokio::time::timeout(timeout, t.connector.connect(name, tcp))
                 .await
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("TLS handshake with {addr} timed out")))??;
+                .map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("TLS handshake with {addr} timed out"),
+                    )
+                })??;
             Ok(Box::new(stream))
         }
     }

@@ -116,7 +116,10 @@ where
             }
         }
         if forward {
-            broker.write_all(&frame).await.map_err(RelayError::BrokerWrite)?;
+            broker
+                .write_all(&frame)
+                .await
+                .map_err(RelayError::BrokerWrite)?;
             // A no-op on TCP; on TLS it pushes the record out now.
             broker.flush().await.map_err(RelayError::BrokerWrite)?;
         }
@@ -131,23 +134,39 @@ fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
         r.i32()?; // replica_id (a tagged field from v15)
     }
     r.skip(12)?; // max_wait_ms, min_bytes, max_bytes
-    if version >= 4 { r.i8() } else { Some(0) }
+    if version >= 4 {
+        r.i8()
+    } else {
+        Some(0)
+    }
 }
 
 /// Decide what the response to `frame` will need; `None` if no response
 /// will come (Produce with acks=0).
-fn classify(frame: &Bytes, raw_sasl: &mut bool, intercepting: bool) -> Result<Option<Pending>, RelayError> {
+fn classify(
+    frame: &Bytes,
+    raw_sasl: &mut bool,
+    intercepting: bool,
+) -> Result<Option<Pending>, RelayError> {
     let head = frame::peek_request(frame).filter(|h| is_known_request(h.api_key, h.api_version));
     let Some(head) = head else {
         if *raw_sasl {
-            return Ok(Some(Pending { correlation_id: None, version: 0, handling: Handling::Forward }));
+            return Ok(Some(Pending {
+                correlation_id: None,
+                version: 0,
+                handling: Handling::Forward,
+            }));
         }
         return Err(RelayError::BadRequest(match frame::peek_request(frame) {
             Some(h) => format!("unknown api key {} version {}", h.api_key, h.api_version),
-            None => format!("a {}-byte frame is too short for a request header", frame.len()),
+            None => format!(
+                "a {}-byte frame is too short for a request header",
+                frame.len()
+            ),
         }));
     };
-    let key = ApiKey::try_from(head.api_key).map_err(|_| RelayError::BadRequest("unknown api key".into()))?;
+    let key = ApiKey::try_from(head.api_key)
+        .map_err(|_| RelayError::BadRequest("unknown api key".into()))?;
     let v = head.api_version;
     let handling = match key {
         ApiKey::ApiVersions if v > versions::max_api_versions_version() => {
@@ -168,7 +187,11 @@ fn classify(frame: &Bytes, raw_sasl: &mut bool, intercepting: bool) -> Result<Op
         k if rewrite::carries_addresses(k, v) => Handling::Addresses(k),
         _ => Handling::Forward,
     };
-    Ok(Some(Pending { correlation_id: Some(head.correlation_id), version: v, handling }))
+    Ok(Some(Pending {
+        correlation_id: Some(head.correlation_id),
+        version: v,
+        handling,
+    }))
 }
 
 /// Whether a header names an API key and version the proxy knows; used to
@@ -239,7 +262,10 @@ where
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
         };
-        client.write_all(&out).await.map_err(RelayError::ClientWrite)?;
+        client
+            .write_all(&out)
+            .await
+            .map_err(RelayError::ClientWrite)?;
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
@@ -282,8 +308,14 @@ async fn respond(
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse(format!("{key:?} response header")))?;
             let mut seen = Seen::default();
-            let body = rewrite::rewrite_body(key, version, frame.slice(header_end..), &shared.addrs, &mut seen)
-                .map_err(bad)?;
+            let body = rewrite::rewrite_body(
+                key,
+                version,
+                frame.slice(header_end..),
+                &shared.addrs,
+                &mut seen,
+            )
+            .map_err(bad)?;
             // Listeners for newly seen brokers open before the client can
             // learn their ports.
             shared.learn(seen).await;
@@ -331,7 +363,10 @@ mod tests {
         b.extend_from_slice(&version.to_be_bytes());
         b.extend_from_slice(&7i32.to_be_bytes());
         b.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
-        if ApiKey::try_from(key).map(|k| k.request_header_version(version) >= 2).unwrap_or(false) {
+        if ApiKey::try_from(key)
+            .map(|k| k.request_header_version(version) >= 2)
+            .unwrap_or(false)
+        {
             b.push(0); // no tagged fields
         }
         b.extend_from_slice(body);
@@ -342,9 +377,15 @@ mod tests {
     fn produce_with_acks_zero_expects_no_response() {
         let mut raw = false;
         // v3: transactional_id null (-1), acks 0
-        assert!(classify(&request(0, 3, &[0xff, 0xff, 0, 0]), &mut raw, false).unwrap().is_none());
+        assert!(
+            classify(&request(0, 3, &[0xff, 0xff, 0, 0]), &mut raw, false)
+                .unwrap()
+                .is_none()
+        );
         // v9 (flexible): compact null transactional id (0), acks -1
-        assert!(classify(&request(0, 9, &[0, 0xff, 0xff]), &mut raw, false).unwrap().is_some());
+        assert!(classify(&request(0, 9, &[0, 0xff, 0xff]), &mut raw, false)
+            .unwrap()
+            .is_some());
         assert_eq!(produce_acks(&request(0, 2, &[0, 1]), 2), Some(1));
     }
 
@@ -366,10 +407,14 @@ mod tests {
     fn metadata_and_coordinator_responses_are_marked_for_rewriting() {
         let mut raw = false;
         for key in [3i16, 10, 60] {
-            let p = classify(&request(key, 1, &[]), &mut raw, false).unwrap().unwrap();
+            let p = classify(&request(key, 1, &[]), &mut raw, false)
+                .unwrap()
+                .unwrap();
             assert!(matches!(p.handling, Handling::Addresses(_)), "key {key}");
         }
-        let p = classify(&request(1, 12, &[]), &mut raw, false).unwrap().unwrap();
+        let p = classify(&request(1, 12, &[]), &mut raw, false)
+            .unwrap()
+            .unwrap();
         assert!(matches!(p.handling, Handling::Forward));
     }
 }

@@ -24,7 +24,11 @@ const POLL: Duration = Duration::from_secs(1);
 fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     let mut out = Vec::new();
     for p in paths {
-        let root = if p.is_dir() { p.as_path() } else { p.parent().unwrap_or(Path::new(".")) };
+        let root = if p.is_dir() {
+            p.as_path()
+        } else {
+            p.parent().unwrap_or(Path::new("."))
+        };
         walk(root, 0, &mut out);
     }
     out.sort();
@@ -37,7 +41,9 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime
     if depth > 4 || out.len() > 10_000 {
         return;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let path = e.path();
         let Ok(meta) = e.metadata() else { continue };
@@ -61,7 +67,11 @@ pub fn reload(shared: &Shared, why: &str) -> bool {
             for e in &errors {
                 error!("{e}");
             }
-            warn!(why, errors = errors.len(), "policy reload rejected; the running policies stay in force");
+            warn!(
+                why,
+                errors = errors.len(),
+                "policy reload rejected; the running policies stay in force"
+            );
             false
         }
     }

@@ -46,7 +46,13 @@ impl Addresses {
             return; // "no coordinator" and similar placeholders carry no address
         }
         if let Ok(real_port) = u16::try_from(*port) {
-            seen.brokers.push((node_id.0, HostPort { host: host.to_string(), port: real_port }));
+            seen.brokers.push((
+                node_id.0,
+                HostPort {
+                    host: host.to_string(),
+                    port: real_port,
+                },
+            ));
         }
         *host = self.host.clone();
         // A node id that cannot be mapped to a port gets an address no
@@ -169,10 +175,11 @@ mod tests {
     fn metadata_brokers_point_at_the_proxy_at_every_version() {
         let addrs = Addresses::new("proxy.example", 29100);
         for v in 0..=13 {
-            let m = MetadataResponse::default().with_brokers(vec![MetadataResponseBroker::default()
-                .with_node_id(BrokerId(111))
-                .with_host(StrBytes::from_static_str("10.1.2.3"))
-                .with_port(9092)]);
+            let m =
+                MetadataResponse::default().with_brokers(vec![MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(111))
+                    .with_host(StrBytes::from_static_str("10.1.2.3"))
+                    .with_port(9092)]);
             let mut seen = Seen::default();
             let out = rewrite_body(ApiKey::Metadata, v, encode(&m, v), &addrs, &mut seen)
                 .unwrap()

@@ -28,7 +28,10 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| TlsError(format!("{}: cannot read certificates: {e}", path.display())))?;
     if certs.is_empty() {
-        return Err(TlsError(format!("{}: no PEM certificate found", path.display())));
+        return Err(TlsError(format!(
+            "{}: no PEM certificate found",
+            path.display()
+        )));
     }
     Ok(certs)
 }
@@ -55,9 +58,10 @@ pub fn acceptor(cfg: &ServerTls) -> Result<TlsAcceptor, TlsError> {
         .map_err(|e| TlsError(e.to_string()))?;
     let builder = match &cfg.client_ca {
         Some(ca) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                .build()
-                .map_err(|e| TlsError(format!("{}: {e}", ca.display())))?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                    .build()
+                    .map_err(|e| TlsError(format!("{}: {e}", ca.display())))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -122,7 +126,10 @@ pub fn check(cfg: &crate::config::Config) -> Vec<String> {
             errors.push(format!("listen.tls: {e}"));
         }
     }
-    for (name, t) in [("upstream.tls", &cfg.upstream.tls), ("dead_letter.tls", &cfg.dead_letter.tls)] {
+    for (name, t) in [
+        ("upstream.tls", &cfg.upstream.tls),
+        ("dead_letter.tls", &cfg.dead_letter.tls),
+    ] {
         if let Some(t) = t {
             if let Err(e) = connector(t) {
                 errors.push(format!("{name}: {e}"));

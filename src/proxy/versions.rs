@@ -34,7 +34,11 @@ pub fn proxy_range(key: ApiKey) -> Option<(i16, i16)> {
 fn intersect(v: &ApiVersion) -> Option<ApiVersion> {
     let key = ApiKey::try_from(v.api_key).ok()?;
     let (min, max) = proxy_range(key)?;
-    let lo = if key == ApiKey::Produce { v.min_version } else { v.min_version.max(min) };
+    let lo = if key == ApiKey::Produce {
+        v.min_version
+    } else {
+        v.min_version.max(min)
+    };
     let hi = v.max_version.min(max);
     (lo <= hi).then(|| v.clone().with_min_version(lo).with_max_version(hi))
 }
@@ -82,7 +86,12 @@ mod tests {
     fn response(keys: &[(i16, i16, i16)], v: i16) -> Bytes {
         let m = ApiVersionsResponse::default().with_api_keys(
             keys.iter()
-                .map(|&(k, lo, hi)| ApiVersion::default().with_api_key(k).with_min_version(lo).with_max_version(hi))
+                .map(|&(k, lo, hi)| {
+                    ApiVersion::default()
+                        .with_api_key(k)
+                        .with_min_version(lo)
+                        .with_max_version(hi)
+                })
                 .collect(),
         );
         let mut b = BytesMut::new();
@@ -92,16 +101,37 @@ mod tests {
 
     fn keys(body: BytesMut, v: i16) -> Vec<(i16, i16, i16)> {
         let m = ApiVersionsResponse::decode(&mut body.freeze(), v).unwrap();
-        m.api_keys.iter().map(|k| (k.api_key, k.min_version, k.max_version)).collect()
+        m.api_keys
+            .iter()
+            .map(|k| (k.api_key, k.min_version, k.max_version))
+            .collect()
     }
 
     #[test]
     fn intersection_keeps_produce_min_and_sasl_and_drops_unknown_and_share_keys() {
-        let body = response(&[(0, 0, 99), (1, 0, 99), (17, 0, 1), (36, 0, 2), (78, 0, 1), (999, 0, 3)], 3);
+        let body = response(
+            &[
+                (0, 0, 99),
+                (1, 0, 99),
+                (17, 0, 1),
+                (36, 0, 2),
+                (78, 0, 1),
+                (999, 0, 3),
+            ],
+            3,
+        );
         let got = keys(rewrite(body, 3).unwrap(), 3);
         let fetch_max = ApiKey::Fetch.valid_versions().max;
         let produce_max = ApiKey::Produce.valid_versions().max;
-        assert_eq!(got, vec![(0, 0, produce_max), (1, 4, fetch_max), (17, 0, 1), (36, 0, 2)]);
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, produce_max),
+                (1, 4, fetch_max),
+                (17, 0, 1),
+                (36, 0, 2)
+            ]
+        );
     }
 
     #[test]
