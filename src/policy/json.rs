@@ -33,6 +33,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde_json::{Map, Number, Value};
 
 use super::rules::{Doc, Field, Pointer};
+use super::shape::{Member, Seen, Shape, ShapeNode};
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;
@@ -58,21 +59,39 @@ pub(crate) fn capture<'de>(
     max_depth: usize,
     plan: &Plan,
 ) -> Result<Captures<'de>, String> {
+    run(bytes, max_depth, plan).map_err(|e| explain(bytes, max_depth, &e))
+}
+
+/// [`capture`] for a policy with a JSON Schema compiled to a shape: the
+/// captures if the document is valid JSON and surely meets the schema;
+/// `None` when the full path must judge it (and word the reason).
+pub(crate) fn capture_shaped<'de>(
+    bytes: &'de [u8],
+    max_depth: usize,
+    plan: &Plan,
+) -> Option<Captures<'de>> {
+    plan.shape.as_ref()?;
+    run(bytes, max_depth, plan).ok()
+}
+
+fn run<'de>(
+    bytes: &'de [u8],
+    max_depth: usize,
+    plan: &Plan,
+) -> Result<Captures<'de>, serde_json::Error> {
     let mut caps = Captures::new(plan.slots);
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = At {
+    At {
         plan,
-        node: 0,
+        node: Some(0),
+        shape: plan.shape.as_ref().map(Shape::root),
         depth: 0,
         max: max_depth,
         caps: &mut caps,
     }
     .deserialize(&mut de)
-    .and_then(|()| de.end());
-    match parsed {
-        Ok(()) => Ok(caps),
-        Err(e) => Err(explain(bytes, max_depth, &e)),
-    }
+    .and_then(|()| de.end())?;
+    Ok(caps)
 }
 
 /// The reason for a parse error, as the scan-then-parse decoder gave it.
@@ -175,6 +194,8 @@ pub(crate) struct Plan {
     /// One pointer per slot, for resolving pointers below a captured
     /// array or object.
     pointers: Vec<Pointer>,
+    /// The policy's JSON Schema, when it compiles to the fast subset.
+    shape: Option<Shape>,
 }
 
 #[derive(Debug, Default)]
@@ -191,7 +212,7 @@ struct Node {
 
 impl Plan {
     /// `pointers[i]` must have slot `i` (see `rules::assign_slots`).
-    pub(crate) fn new(pointers: Vec<Pointer>) -> Plan {
+    pub(crate) fn new(pointers: Vec<Pointer>, shape: Option<Shape>) -> Plan {
         let mut nodes = vec![Node::default()];
         for (slot, p) in pointers.iter().enumerate() {
             let mut cur = 0usize;
@@ -222,6 +243,7 @@ impl Plan {
             nodes,
             slots: pointers.len(),
             pointers,
+            shape,
         }
     }
 }
@@ -301,24 +323,40 @@ impl Doc for Captures<'_> {
     }
 }
 
-/// Visits the value at trie node `node`, capturing what the plan wants.
+/// Visits the value at trie node `node` (`None`: no rule reads at or below
+/// it), capturing what the plan wants and checking it against `shape`
+/// (`None`: no schema constraint here).
 struct At<'p, 'c, 'de> {
     plan: &'p Plan,
-    node: usize,
+    node: Option<usize>,
+    shape: Option<&'p ShapeNode>,
     depth: usize,
     max: usize,
     caps: &'c mut Captures<'de>,
 }
 
-impl<'de> At<'_, '_, 'de> {
-    fn node(&self) -> Option<&Node> {
-        self.plan.nodes.get(self.node)
+/// The error a visitor raises when the shape rejects (or cannot decide).
+fn mismatch<E: de::Error>() -> E {
+    E::custom("value does not meet the schema's fast subset")
+}
+
+impl<'p, 'de> At<'p, '_, 'de> {
+    fn node(&self) -> Option<&'p Node> {
+        self.node.and_then(|n| self.plan.nodes.get(n))
     }
 
-    fn scalar(self, v: Captured<'de>) {
-        if let Some(slot) = self.node().and_then(|n| n.slot) {
-            self.caps.set(slot, v);
+    fn scalar<E: de::Error>(
+        self,
+        seen: Seen<'_>,
+        v: impl FnOnce() -> Captured<'de>,
+    ) -> Result<(), E> {
+        if self.shape.is_some_and(|s| !s.scalar(seen)) {
+            return Err(mismatch());
         }
+        if let Some(slot) = self.node().and_then(|n| n.slot) {
+            self.caps.set(slot, v());
+        }
+        Ok(())
     }
 
     fn inner<E: de::Error>(&self) -> Result<usize, E> {
@@ -328,11 +366,17 @@ impl<'de> At<'_, '_, 'de> {
         Ok(self.depth + 1)
     }
 
-    /// A pointer ends at this array or object: build it in full, and resolve
-    /// the pointers that continue below it from the built value.
-    fn whole(self, v: Value) {
-        let Some(node) = self.plan.nodes.get(self.node) else {
-            return;
+    /// A pointer ends at this array or object: build it in full, check it
+    /// against the shape, and resolve the pointers that continue below it
+    /// from the built value.
+    fn whole<E: de::Error>(self, v: Value) -> Result<(), E> {
+        if let (Some(s), Some(shape)) = (self.shape, &self.plan.shape) {
+            if !shape.accepts(s, &v) {
+                return Err(mismatch());
+            }
+        }
+        let Some(node) = self.node() else {
+            return Ok(());
         };
         for &slot in node.below.iter().filter(|&&s| Some(s) != node.slot) {
             let found = self
@@ -352,6 +396,24 @@ impl<'de> At<'_, '_, 'de> {
         if let Some(slot) = node.slot {
             self.caps.set(slot, Captured::Value(v));
         }
+        Ok(())
+    }
+
+    /// The visitor for a child: trie node `node`, schema `shape`.
+    fn child<'c2>(
+        &'c2 mut self,
+        node: Option<usize>,
+        shape: Option<&'p ShapeNode>,
+        depth: usize,
+    ) -> At<'p, 'c2, 'de> {
+        At {
+            plan: self.plan,
+            node,
+            shape,
+            depth,
+            max: self.max,
+            caps: &mut *self.caps,
+        }
     }
 }
 
@@ -360,8 +422,8 @@ impl<'de> DeserializeSeed<'de> for At<'_, '_, 'de> {
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         // A repeated object key replaces the earlier value (as in a
         // `serde_json::Value`): forget what was captured under it.
-        if let Some(n) = self.plan.nodes.get(self.node) {
-            if self.node != 0 {
+        if let Some(n) = self.node() {
+            if self.node != Some(0) {
                 for &slot in &n.below {
                     self.caps.set(slot, Captured::Missing);
                 }
@@ -376,138 +438,161 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
-        self.scalar(Captured::Bool(v));
-        Ok(())
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.scalar(Seen::Bool(v), || Captured::Bool(v))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
-        self.scalar(Captured::Number(v.into()));
-        Ok(())
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.scalar(Seen::I64(v), || Captured::Number(v.into()))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
-        self.scalar(Captured::Number(v.into()));
-        Ok(())
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.scalar(Seen::U64(v), || Captured::Number(v.into()))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
-        self.scalar(Number::from_f64(v).map_or(Captured::Null, Captured::Number));
-        Ok(())
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.scalar(Seen::F64(v), || {
+            Number::from_f64(v).map_or(Captured::Null, Captured::Number)
+        })
     }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<(), E> {
-        self.scalar(Captured::Str(Cow::Borrowed(v)));
-        Ok(())
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        self.scalar(Seen::Str(v), || Captured::Str(Cow::Borrowed(v)))
     }
-    fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        if self.node().is_some_and(|n| n.slot.is_some()) {
-            self.scalar(Captured::Str(Cow::Owned(v.to_string())));
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.scalar(Seen::Str(v), || Captured::Str(Cow::Owned(v.to_string())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<(), E> {
+        if self.shape.is_some_and(|s| !s.scalar(Seen::Str(&v))) {
+            return Err(mismatch());
+        }
+        if let Some(slot) = self.node().and_then(|n| n.slot) {
+            self.caps.set(slot, Captured::Str(Cow::Owned(v)));
         }
         Ok(())
     }
-    fn visit_string<E>(self, v: String) -> Result<(), E> {
-        self.scalar(Captured::Str(Cow::Owned(v)));
-        Ok(())
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.scalar(Seen::Null, || Captured::Null)
     }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        self.scalar(Captured::Null);
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(mut self, seq: A) -> Result<(), A::Error> {
         let depth = self.inner()?;
-        let Some(node) = self.plan.nodes.get(self.node) else {
-            return skip_seq(seq, depth, self.max);
-        };
-        if node.slot.is_some() {
+        if self.shape.is_some_and(|s| !s.open_array()) {
+            return Err(mismatch());
+        }
+        let node = self.node();
+        if node.is_some_and(|n| n.slot.is_some()) {
             let v = BuildValue {
                 depth: self.depth,
                 max: self.max,
             }
             .visit_seq(seq)?;
-            self.whole(v);
-            return Ok(());
+            return self.whole(v);
         }
-        if node.children.iter().all(|c| c.1.is_none()) {
+        let indexed = node.is_some_and(|n| n.children.iter().any(|c| c.1.is_some()));
+        let (shape, items) = match (self.shape, &self.plan.shape) {
+            (Some(s), Some(all)) => (Some(s), all.items(s)),
+            _ => (None, None),
+        };
+        if !indexed && shape.is_none() {
             return skip_seq(seq, depth, self.max);
         }
         let mut seq = seq;
         let mut i = 0usize;
         loop {
-            let child = node.children.iter().find(|c| c.1 == Some(i)).map(|c| c.2);
-            let more = match child {
-                Some(child) => seq
-                    .next_element_seed(At {
-                        plan: self.plan,
-                        node: child,
-                        depth,
-                        max: self.max,
-                        caps: &mut *self.caps,
-                    })?
-                    .is_some(),
-                None => seq
-                    .next_element_seed(Skip {
-                        depth,
-                        max: self.max,
-                    })?
-                    .is_some(),
+            let child = node
+                .and_then(|n| n.children.iter().find(|c| c.1 == Some(i)))
+                .map(|c| c.2);
+            let more = if child.is_none() && items.is_none() {
+                seq.next_element_seed(Skip {
+                    depth,
+                    max: self.max,
+                })?
+                .is_some()
+            } else {
+                seq.next_element_seed(self.child(child, items, depth))?
+                    .is_some()
             };
             if !more {
-                return Ok(());
+                break;
             }
             i += 1;
         }
+        if shape.is_some_and(|s| !s.items_ok(i as u64)) {
+            return Err(mismatch());
+        }
+        Ok(())
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(mut self, map: A) -> Result<(), A::Error> {
         let depth = self.inner()?;
-        let Some(node) = self.plan.nodes.get(self.node) else {
-            return skip_map(map, depth, self.max);
-        };
-        if node.slot.is_some() {
+        if self.shape.is_some_and(|s| !s.open_object()) {
+            return Err(mismatch());
+        }
+        let node = self.node();
+        if node.is_some_and(|n| n.slot.is_some()) {
             let v = BuildValue {
                 depth: self.depth,
                 max: self.max,
             }
             .visit_map(map)?;
-            self.whole(v);
-            return Ok(());
+            return self.whole(v);
         }
-        if node.children.is_empty() {
+        let children: &[_] = node.map_or(&[], |n| &n.children);
+        let shape = match (self.shape, &self.plan.shape) {
+            (Some(s), Some(all)) => Some((s, all)),
+            _ => None,
+        };
+        if children.is_empty() && shape.is_none() {
             return skip_map(map, depth, self.max);
         }
         let mut map = map;
-        while let Some(child) = map.next_key_seed(Key(&node.children))? {
-            match child {
-                Some(child) => map.next_value_seed(At {
-                    plan: self.plan,
-                    node: child,
+        let mut seen = 0u64;
+        while let Some((child, member)) = map.next_key_seed(Key {
+            children,
+            shape: shape.map(|s| s.0),
+        })? {
+            let sub = match (shape, member) {
+                (Some((s, all)), Some(m)) => {
+                    seen |= s.bit(m);
+                    all.member(s, m).map_err(|()| mismatch::<A::Error>())?
+                }
+                _ => None,
+            };
+            if child.is_none() && sub.is_none() {
+                map.next_value_seed(Skip {
                     depth,
                     max: self.max,
-                    caps: &mut *self.caps,
-                })?,
-                None => map.next_value_seed(Skip {
-                    depth,
-                    max: self.max,
-                })?,
+                })?;
+            } else {
+                map.next_value_seed(self.child(child, sub, depth))?;
             }
+        }
+        if shape.is_some_and(|(s, _)| !s.complete(seen)) {
+            return Err(mismatch());
         }
         Ok(())
     }
 }
 
-/// An object key, looked up among a node's children (no allocation).
-struct Key<'n>(&'n [(String, Option<usize>, usize)]);
+/// An object key, looked up among a trie node's children and a shape's
+/// named keys (no allocation).
+struct Key<'n> {
+    children: &'n [(String, Option<usize>, usize)],
+    shape: Option<&'n ShapeNode>,
+}
 
 impl<'de> DeserializeSeed<'de> for Key<'_> {
-    type Value = Option<usize>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+    type Value = (Option<usize>, Option<Member>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_str(self)
     }
 }
 
 impl<'de> Visitor<'de> for Key<'_> {
-    type Value = Option<usize>;
+    type Value = (Option<usize>, Option<Member>);
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an object key")
     }
-    fn visit_str<E>(self, v: &str) -> Result<Option<usize>, E> {
-        Ok(self.0.iter().find(|c| c.0 == v).map(|c| c.2))
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok((
+            self.children.iter().find(|c| c.0 == v).map(|c| c.2),
+            self.shape.map(|s| s.key(v)),
+        ))
     }
 }
 
@@ -571,7 +656,13 @@ fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A, depth: usize, max: usize) -> Res
 
 /// Skip the members of an object whose own depth is `depth`.
 fn skip_map<'de, A: MapAccess<'de>>(mut map: A, depth: usize, max: usize) -> Result<(), A::Error> {
-    while map.next_key_seed(Key(&[]))?.is_some() {
+    while map
+        .next_key_seed(Key {
+            children: &[],
+            shape: None,
+        })?
+        .is_some()
+    {
         map.next_value_seed(Skip { depth, max })?;
     }
     Ok(())

@@ -1,7 +1,8 @@
 //! Property tests: the JSON fast path (no `serde_json::Value`, used by
-//! policies without a JSON Schema) gives exactly the verdict of the decoder
-//! it replaced (scan for depth, build a `Value`, rules on the `Value`):
-//! same class, rule and reason, on generated and mutated documents.
+//! policies without a JSON Schema or with one in the shape subset) gives
+//! exactly the verdict of the decoder it replaced (scan for depth, build a
+//! `Value`, the `jsonschema` validator and the rules on the `Value`): same
+//! class, rule and reason, on generated and mutated documents.
 
 use std::path::Path;
 
@@ -78,6 +79,93 @@ fn policies() -> PolicySet {
     }
 }
 
+/// Policies with JSON Schemas in the fast subset (and one outside it),
+/// over the same keys as [`POLICIES`]: types, integer vs float, bounds of
+/// both kinds, lengths in code points, enums, required, additional
+/// properties, item counts, boolean schemas, and a rule reading a whole
+/// object the schema also constrains.
+const SCHEMA_POLICIES: &str = r#"
+policies:
+  - name: reference-schema
+    topics: [s1]
+    value: {format: json, schema: trigger.schema.json}
+    rules:
+      - coordinates: { lat: /lat, lon: /lon, reject_null_island: true }
+      - field: /transition
+        one_of: [ENTER, EXIT, DWELL]
+  - name: loose-schema
+    topics: [s2]
+    value: {format: json, schema: loose.schema.json, max_depth: 5}
+    rules:
+      - coordinates: { lat: /lat, lon: /lon }
+      - field: /p
+        one_of: [{lat: 1, lon: 2}, {lat: 1}]
+        optional: true
+      - field: /a/0
+        min: 0
+        optional: true
+  - name: array-schema
+    topics: [s3]
+    value: {format: json, schema: array.schema.json}
+    rules:
+      - field: /0
+        min: 0
+        optional: true
+  - name: outside-the-subset
+    topics: [s4]
+    value: {format: json, schema: pattern.schema.json}
+"#;
+
+const SCHEMAS: &[(&str, &str)] = &[
+    (
+        "loose.schema.json",
+        r#"{
+          "type": "object",
+          "required": ["lat", "lon"],
+          "properties": {
+            "lat": {"type": "number", "minimum": -90, "maximum": 90},
+            "lon": {"type": ["number", "null"], "exclusiveMinimum": -180, "exclusiveMaximum": 180.5},
+            "transition": {"enum": ["ENTER", "EXIT", "DWELL", null]},
+            "p": {"type": "object", "properties": {"lat": {"type": "integer"}},
+                  "additionalProperties": {"type": "integer", "maximum": 3}},
+            "a": {"type": "array", "items": {"type": ["integer", "string", "object"], "maxLength": 1},
+                  "minItems": 1, "maxItems": 3},
+            "x": {"type": "string", "minLength": 1, "maxLength": 2},
+            "t": {"const": true},
+            "0": false,
+            "k": {"type": "null"},
+            "event_time_ms": {"type": "integer", "minimum": 1764459000000}
+          }
+        }"#,
+    ),
+    (
+        "array.schema.json",
+        r#"{"type": "array", "items": {"type": "number", "maximum": 1e300}, "maxItems": 4}"#,
+    ),
+    (
+        "pattern.schema.json",
+        r#"{"type": "object", "properties": {"x": {"type": "string", "pattern": "^E"}}}"#,
+    ),
+];
+
+/// Loaded once: the schemas are written to a temporary directory.
+fn schema_policies() -> &'static PolicySet {
+    static SET: std::sync::OnceLock<PolicySet> = std::sync::OnceLock::new();
+    SET.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reference =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/schemas/trigger.schema.json");
+        std::fs::copy(reference, dir.path().join("trigger.schema.json")).expect("copy schema");
+        for (name, text) in SCHEMAS {
+            std::fs::write(dir.path().join(name), text).expect("write schema");
+        }
+        match PolicySet::parse(SCHEMA_POLICIES, &dir.path().join("schemas.yaml")) {
+            Ok(s) => s,
+            Err(e) => panic!("{e:#?}"),
+        }
+    })
+}
+
 fn record(value: &[u8]) -> Record<'_> {
     Record {
         offset: 0,
@@ -91,9 +179,10 @@ fn record(value: &[u8]) -> Record<'_> {
     }
 }
 
-/// Fast path and reference agree on `doc` under every policy.
+/// Fast path and reference agree on `doc` under every policy of `set` and
+/// of the schema policies.
 fn agree(set: &PolicySet, doc: &[u8]) -> Result<(), TestCaseError> {
-    for p in set.policies() {
+    for p in set.policies().iter().chain(schema_policies().policies()) {
         let r = record(doc);
         let fast = p.inner.judge(&r, NOW);
         let reference = p.inner.judge_reference(&r, NOW);
@@ -183,6 +272,14 @@ fn trigger(lat: f64, lon: f64, speed: f64, age_ms: i64) -> String {
     )
 }
 
+/// A trigger exactly as the reference schema describes it.
+fn reference_trigger(lat: f64, lon: f64, speed: f64, age_ms: i64, transition: &str) -> String {
+    format!(
+        r#"{{"device_id": "dev-1", "geofence_id": "fence-42", "lat": {lat}, "lon": {lon}, "transition": "{transition}", "speed_mps": {speed}, "event_time_ms": {}, "accuracy_m": 3}}"#,
+        NOW - age_ms
+    )
+}
+
 /// Byte edits that make near-miss documents.
 #[derive(Debug, Clone)]
 enum Edit {
@@ -262,6 +359,30 @@ proptest! {
     }
 
     #[test]
+    fn documents_with_the_required_keys_agree(
+        lat in prop_oneof![scalar(), (-95.0f64..95.0).prop_map(|x| x.to_string())],
+        lon in prop_oneof![scalar(), (-185i64..185).prop_map(|x| x.to_string())],
+        members in proptest::collection::vec((key(), prop_oneof![3 => scalar(), 1 => doc()]), 0..3),
+    ) {
+        let rest: String = members.iter().map(|(k, v)| format!(", \"{k}\": {v}")).collect();
+        let d = format!("{{\"lat\": {lat}, \"lon\": {lon}{rest}}}");
+        agree(&policies(), d.as_bytes())?;
+    }
+
+    #[test]
+    fn mutated_reference_triggers_agree(
+        lat in -100.0f64..100.0,
+        lon in -200.0f64..200.0,
+        speed in -10.0f64..200.0,
+        age in 0i64..2_000_000,
+        transition in prop_oneof![Just("ENTER"), Just("EXIT"), Just("x")],
+        edits in proptest::collection::vec(edit(), 0..3),
+    ) {
+        let doc = apply(reference_trigger(lat, lon, speed, age, transition).into_bytes(), &edits);
+        agree(&policies(), &doc)?;
+    }
+
+    #[test]
     fn mutated_generated_documents_agree(
         d in doc(),
         edits in proptest::collection::vec(edit(), 1..3),
@@ -271,15 +392,30 @@ proptest! {
 }
 
 #[test]
-fn fast_path_is_used_without_a_schema_only() {
+fn fast_path_is_used_unless_the_schema_is_outside_the_subset() {
     for p in policies().policies() {
         assert!(p.inner.uses_fast_path(), "{}", p.name);
     }
+    for p in schema_policies().policies() {
+        assert_eq!(
+            p.inner.uses_fast_path(),
+            p.name != "outside-the-subset",
+            "{}",
+            p.name
+        );
+    }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
     let reference = PolicySet::load(&[dir]).expect("reference policies load");
-    for p in reference.policies() {
-        assert!(!p.inner.uses_fast_path(), "{}", p.name);
-    }
+    let json = reference
+        .for_topic("geofence.triggers")
+        .expect("the JSON reference policy");
+    assert!(json.inner.uses_fast_path());
+    // A valid trigger is accepted by the shape, not only by the fallback.
+    let doc = reference_trigger(52.1, 4.3, 3.5, 1_000, "ENTER");
+    assert!(json.inner.shape_accepts(doc.as_bytes()));
+    assert!(json.judge(&record(doc.as_bytes()), NOW).is_valid());
+    let wrong_type = doc.replace("\"accuracy_m\": 3", "\"accuracy_m\": \"3\"");
+    assert!(!json.inner.shape_accepts(wrong_type.as_bytes()));
 }
 
 #[test]

@@ -24,6 +24,7 @@ use super::glob;
 use super::json;
 use super::protobuf::{self, ProtoDecoder};
 use super::rules::{self, fmt_num, Coordinates, Doc, MaxAge, Pointer, Rule, TimeUnit};
+use super::shape::Shape;
 use super::wire::Wire;
 use super::{Action, Invalid, Policy, PolicyError};
 use crate::kafka::record::Record;
@@ -297,11 +298,14 @@ struct DeadLetterDoc {
 #[derive(Debug)]
 enum Decoder {
     Bytes,
-    /// `fast`: set when the policy has no JSON Schema, so no
-    /// `serde_json::Value` is built (see [`json::capture`]).
+    /// `fast`: set when the policy has no JSON Schema or its schema
+    /// compiles to a [`Shape`] (`shape`, moved into the plan when it is
+    /// built), so no `serde_json::Value` is built for a valid record (see
+    /// [`json::capture`], [`json::capture_shaped`]).
     Json {
         max_depth: usize,
         fast: Option<json::Plan>,
+        shape: Option<Shape>,
     },
     Avro(AvroDecoder),
     Protobuf(ProtoDecoder),
@@ -330,12 +334,23 @@ impl Compiled {
             Decoder::Json {
                 max_depth,
                 fast: Some(plan),
+                ..
             } if self.schema.is_none() => {
                 let caps = json::capture(bytes, *max_depth, plan)
                     .map_err(|r| Invalid::poison("decode", r))?;
                 return self.check_rules(&caps, now_ms);
             }
-            Decoder::Json { max_depth, .. } => {
+            Decoder::Json {
+                max_depth, fast, ..
+            } => {
+                // A schema in the fast subset: a record that surely meets
+                // it skips the `Value`; any other is judged in full below.
+                if let Some(caps) = fast
+                    .as_ref()
+                    .and_then(|plan| json::capture_shaped(bytes, *max_depth, plan))
+                {
+                    return self.check_rules(&caps, now_ms);
+                }
                 json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
             }
             Decoder::Avro(d) => d.decode(bytes)?,
@@ -421,7 +436,21 @@ impl Compiled {
     /// Whether records are judged without building a `serde_json::Value`.
     #[cfg(test)]
     pub(crate) fn uses_fast_path(&self) -> bool {
-        matches!(self.decoder, Decoder::Json { fast: Some(_), .. }) && self.schema.is_none()
+        matches!(self.decoder, Decoder::Json { fast: Some(_), .. })
+    }
+
+    /// Whether the fast path's shape alone accepts `bytes` (for tests that
+    /// valid records do not fall back to the full path).
+    #[cfg(test)]
+    pub(crate) fn shape_accepts(&self, bytes: &[u8]) -> bool {
+        match &self.decoder {
+            Decoder::Json {
+                max_depth,
+                fast: Some(plan),
+                ..
+            } => json::capture_shaped(bytes, *max_depth, plan).is_some(),
+            _ => false,
+        }
     }
 
     /// Judge as the code before the fast path did: a `serde_json::Value`
@@ -609,9 +638,9 @@ impl LoadState {
         }
 
         let pointers = rules::assign_slots(&mut rules, &mut stale);
-        if let Decoder::Json { fast, .. } = &mut decoder {
-            if schema.is_none() {
-                *fast = Some(json::Plan::new(pointers));
+        if let Decoder::Json { fast, shape, .. } = &mut decoder {
+            if schema.is_none() || shape.is_some() {
+                *fast = Some(json::Plan::new(pointers, shape.take()));
             }
         }
 
@@ -775,14 +804,18 @@ fn compile_value(
                     )])
                 }
             };
-            let schema = match &v.schema {
-                None => None,
-                Some(s) => Some(load_json_schema(base, s).map_err(|e| vec![e])?),
+            let (schema, shape) = match &v.schema {
+                None => (None, None),
+                Some(s) => {
+                    let (validator, doc) = load_json_schema(base, s).map_err(|e| vec![e])?;
+                    (Some(validator), Shape::compile(&doc))
+                }
             };
             Ok((
                 Decoder::Json {
                     max_depth,
                     fast: None,
+                    shape,
                 },
                 schema,
             ))
@@ -886,13 +919,17 @@ fn compile_value(
     }
 }
 
-fn load_json_schema(base: &Path, s: &Located<PathBuf>) -> Result<jsonschema::Validator, At> {
+/// The validator and the schema document it was built from.
+fn load_json_schema(
+    base: &Path,
+    s: &Located<PathBuf>,
+) -> Result<(jsonschema::Validator, serde_json::Value), At> {
     let p = schema_path(base, s, "value.schema", "json")?;
     let text =
         std::fs::read(&p).map_err(|e| at(s, format!("value.schema: {}: {e}", p.display())))?;
     let doc: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| at(s, format!("value.schema: {}: not JSON: {e}", p.display())))?;
-    jsonschema::validator_for(&doc).map_err(|e| {
+    let validator = jsonschema::validator_for(&doc).map_err(|e| {
         at(
             s,
             format!(
@@ -901,7 +938,8 @@ fn load_json_schema(base: &Path, s: &Located<PathBuf>) -> Result<jsonschema::Val
                 e.instance_path()
             ),
         )
-    })
+    })?;
+    Ok((validator, doc))
 }
 
 fn pointer(l: &Located<String>, key: &str) -> Result<Pointer, At> {

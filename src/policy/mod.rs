@@ -71,6 +71,7 @@ mod json_proptests;
 mod load;
 mod protobuf;
 mod rules;
+mod shape;
 #[cfg(test)]
 mod tests;
 mod wire;

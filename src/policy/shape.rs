@@ -1,0 +1,502 @@
+//! The JSON Schema subset the fast path checks while it parses.
+//!
+//! Most record schemas only say which fields exist, their types, lengths,
+//! bounds and allowed strings. Such a schema is compiled at load into a
+//! [`Shape`] (a tree following `properties` and `items`), and
+//! `json::capture_shaped` checks it during the one streaming parse that
+//! also captures the rules' values, so no `serde_json::Value` is built.
+//!
+//! The shape is a one-sided filter: when it accepts a document, the full
+//! validator (the `jsonschema` crate) accepts it too; when it rejects, or
+//! cannot decide cheaply (e.g. `1.0` against `"type": "integer"`, or a
+//! bound compared across integer and float beyond 2^53), the record is
+//! judged again on the full path, which gives the verdict and its wording.
+//! A schema using any keyword outside the subset compiles to no shape at
+//! all and every record takes the full path. Property tests check that the
+//! two paths agree (`json_proptests.rs`).
+//!
+//! Subset: boolean schemas; `type` (string or list); `properties`,
+//! `required`, `additionalProperties` (boolean or schema); `items` (one
+//! schema), `minItems`, `maxItems`; `minLength`, `maxLength`; `minimum`,
+//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers); `enum` and
+//! `const` of strings, booleans and null; annotations (`title`,
+//! `description`, `$schema`, `$id`, `$comment`, `default`, `examples`,
+//! `deprecated`, `readOnly`, `writeOnly`).
+
+use std::cmp::Ordering;
+
+use serde_json::{Map, Number, Value};
+
+const NULL: u8 = 1;
+const BOOL: u8 = 2;
+/// A number parsed as an integer (`serde_json` gave i64 or u64).
+const INT: u8 = 4;
+/// A number parsed as a float: meets `"type": "number"` only (a float with
+/// no fraction is left to the full validator).
+const FLOAT: u8 = 8;
+const STR: u8 = 16;
+const ARR: u8 = 32;
+const OBJ: u8 = 64;
+const ANY: u8 = 127;
+
+/// Required properties tracked per object (a bit each).
+const MAX_REQUIRED: usize = 64;
+
+/// A compiled schema: node 0 is the document.
+#[derive(Debug)]
+pub(crate) struct Shape {
+    nodes: Vec<ShapeNode>,
+}
+
+/// What `additionalProperties` allows for keys not in `properties`.
+#[derive(Debug, Clone, Copy, Default)]
+enum Additional {
+    #[default]
+    Any,
+    Never,
+    Node(usize),
+}
+
+/// One schema object.
+#[derive(Debug)]
+pub(crate) struct ShapeNode {
+    types: u8,
+    min_len: Option<u64>,
+    max_len: Option<u64>,
+    /// (`value.cmp(limit)` must be one of these, limit)
+    bounds: Vec<(&'static [Ordering], Number)>,
+    /// `enum` and `const` lists; a value must be in each.
+    allowed: Vec<Vec<Scalar>>,
+    /// Keys named by `properties` or `required`: (name, schema node, bit).
+    keys: Vec<(String, Option<usize>, Option<u32>)>,
+    required: u64,
+    additional: Additional,
+    items: Option<usize>,
+    min_items: Option<u64>,
+    max_items: Option<u64>,
+}
+
+impl Default for ShapeNode {
+    fn default() -> Self {
+        ShapeNode {
+            types: ANY,
+            min_len: None,
+            max_len: None,
+            bounds: Vec::new(),
+            allowed: Vec::new(),
+            keys: Vec::new(),
+            required: 0,
+            additional: Additional::Any,
+            items: None,
+            min_items: None,
+            max_items: None,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Scalar {
+    Null,
+    Bool(bool),
+    Str(String),
+}
+
+/// A scalar as the parser reports it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Seen<'a> {
+    Null,
+    Bool(bool),
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(&'a str),
+}
+
+/// Which key an object member is, for [`ShapeNode::member`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Member {
+    /// One of `keys`, by index.
+    Key(usize),
+    /// Not among `keys`.
+    Other,
+}
+
+impl Shape {
+    /// Compile `schema`, or `None` if it uses anything outside the subset.
+    pub(crate) fn compile(schema: &Value) -> Option<Shape> {
+        let mut shape = Shape { nodes: Vec::new() };
+        shape.node(schema)?;
+        Some(shape)
+    }
+
+    fn node(&mut self, schema: &Value) -> Option<usize> {
+        let id = self.nodes.len();
+        self.nodes.push(ShapeNode::default());
+        let n = match schema {
+            Value::Bool(true) => ShapeNode::default(),
+            Value::Bool(false) => ShapeNode {
+                types: 0,
+                ..ShapeNode::default()
+            },
+            Value::Object(m) => self.object(m)?,
+            _ => return None,
+        };
+        self.nodes[id] = n;
+        Some(id)
+    }
+
+    fn object(&mut self, m: &Map<String, Value>) -> Option<ShapeNode> {
+        let mut n = ShapeNode::default();
+        for (k, v) in m {
+            match k.as_str() {
+                "$schema" | "$id" | "$comment" | "title" | "description" | "default"
+                | "examples" | "deprecated" | "readOnly" | "writeOnly" => {}
+                "type" => n.types = types(v)?,
+                "minLength" => n.min_len = Some(v.as_u64()?),
+                "maxLength" => n.max_len = Some(v.as_u64()?),
+                "minItems" => n.min_items = Some(v.as_u64()?),
+                "maxItems" => n.max_items = Some(v.as_u64()?),
+                "minimum" => n
+                    .bounds
+                    .push((&[Ordering::Greater, Ordering::Equal], number(v)?)),
+                "maximum" => n
+                    .bounds
+                    .push((&[Ordering::Less, Ordering::Equal], number(v)?)),
+                "exclusiveMinimum" => n.bounds.push((&[Ordering::Greater], number(v)?)),
+                "exclusiveMaximum" => n.bounds.push((&[Ordering::Less], number(v)?)),
+                "enum" => n
+                    .allowed
+                    .push(v.as_array()?.iter().map(scalar).collect::<Option<_>>()?),
+                "const" => n.allowed.push(vec![scalar(v)?]),
+                "items" => n.items = Some(self.node(v)?),
+                "additionalProperties" => {
+                    n.additional = match v {
+                        Value::Bool(true) => Additional::Any,
+                        Value::Bool(false) => Additional::Never,
+                        v => Additional::Node(self.node(v)?),
+                    }
+                }
+                "properties" => {
+                    for (name, sub) in v.as_object()? {
+                        let child = self.node(sub)?;
+                        match n.keys.iter_mut().find(|k| k.0 == *name) {
+                            Some(k) => k.1 = Some(child),
+                            None => n.keys.push((name.clone(), Some(child), None)),
+                        }
+                    }
+                }
+                "required" => {
+                    let mut bits = 0u32;
+                    for name in v.as_array()? {
+                        let name = name.as_str()?;
+                        let i = match n.keys.iter().position(|k| k.0 == name) {
+                            Some(i) => i,
+                            None => {
+                                n.keys.push((name.to_string(), None, None));
+                                n.keys.len() - 1
+                            }
+                        };
+                        if n.keys[i].2.is_none() {
+                            if bits as usize >= MAX_REQUIRED {
+                                return None;
+                            }
+                            n.keys[i].2 = Some(bits);
+                            n.required |= 1 << bits;
+                            bits += 1;
+                        }
+                    }
+                }
+                _ => return None,
+            }
+        }
+        Some(n)
+    }
+
+    pub(crate) fn root(&self) -> &ShapeNode {
+        &self.nodes[0]
+    }
+
+    fn get(&self, i: usize) -> Option<&ShapeNode> {
+        self.nodes.get(i)
+    }
+
+    /// The schema for a member of an object checked by `node`; `Err` when
+    /// the member is not allowed at all.
+    pub(crate) fn member(&self, node: &ShapeNode, m: Member) -> Result<Option<&ShapeNode>, ()> {
+        let additional = match m {
+            Member::Key(i) => match node.keys.get(i).and_then(|k| k.1) {
+                Some(child) => return Ok(self.get(child)),
+                None => node.additional,
+            },
+            Member::Other => node.additional,
+        };
+        match additional {
+            Additional::Any => Ok(None),
+            Additional::Never => Err(()),
+            Additional::Node(child) => Ok(self.get(child)),
+        }
+    }
+
+    /// The schema for the elements of an array checked by `node`.
+    pub(crate) fn items(&self, node: &ShapeNode) -> Option<&ShapeNode> {
+        node.items.and_then(|i| self.get(i))
+    }
+
+    /// Whether `node` surely accepts a built value (used where the fast path
+    /// builds a container the rules need in full).
+    pub(crate) fn accepts(&self, node: &ShapeNode, v: &Value) -> bool {
+        match v {
+            Value::Null => node.scalar(Seen::Null),
+            Value::Bool(b) => node.scalar(Seen::Bool(*b)),
+            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => node.scalar(Seen::I64(i)),
+                (_, Some(u), _) => node.scalar(Seen::U64(u)),
+                (_, _, Some(f)) => node.scalar(Seen::F64(f)),
+                _ => false,
+            },
+            Value::String(s) => node.scalar(Seen::Str(s)),
+            Value::Array(items) => {
+                node.open(ARR)
+                    && node.items_ok(items.len() as u64)
+                    && items
+                        .iter()
+                        .all(|x| self.items(node).is_none_or(|s| self.accepts(s, x)))
+            }
+            Value::Object(members) => {
+                let mut seen = 0u64;
+                node.open(OBJ)
+                    && members.iter().all(|(k, x)| {
+                        let m = node.key(k);
+                        seen |= node.bit(m);
+                        match self.member(node, m) {
+                            Ok(s) => s.is_none_or(|s| self.accepts(s, x)),
+                            Err(()) => false,
+                        }
+                    })
+                    && node.complete(seen)
+            }
+        }
+    }
+}
+
+impl ShapeNode {
+    /// Whether a scalar surely meets this schema.
+    pub(crate) fn scalar(&self, v: Seen<'_>) -> bool {
+        let kind = match v {
+            Seen::Null => NULL,
+            Seen::Bool(_) => BOOL,
+            Seen::I64(_) | Seen::U64(_) => INT,
+            Seen::F64(_) => FLOAT,
+            Seen::Str(_) => STR,
+        };
+        if self.types & kind == 0 {
+            return false;
+        }
+        match v {
+            Seen::Str(s) => {
+                if self.min_len.is_some() || self.max_len.is_some() {
+                    let n = s.chars().count() as u64;
+                    if self.min_len.is_some_and(|m| n < m) || self.max_len.is_some_and(|m| n > m) {
+                        return false;
+                    }
+                }
+            }
+            Seen::I64(_) | Seen::U64(_) | Seen::F64(_) => {
+                for (ok, limit) in &self.bounds {
+                    match compare(v, limit) {
+                        Some(o) if ok.contains(&o) => {}
+                        _ => return false,
+                    }
+                }
+            }
+            Seen::Null | Seen::Bool(_) => {}
+        }
+        self.allowed.iter().all(|list| {
+            list.iter().any(|a| match (a, v) {
+                (Scalar::Null, Seen::Null) => true,
+                (Scalar::Bool(a), Seen::Bool(b)) => *a == b,
+                (Scalar::Str(a), Seen::Str(b)) => a == b,
+                _ => false,
+            })
+        })
+    }
+
+    /// Whether an array or object (`kind`) may start here.
+    pub(crate) fn open(&self, kind: u8) -> bool {
+        // `enum`/`const` hold scalars only, so no container is in them.
+        self.types & kind != 0 && self.allowed.is_empty()
+    }
+
+    pub(crate) fn open_array(&self) -> bool {
+        self.open(ARR)
+    }
+
+    pub(crate) fn open_object(&self) -> bool {
+        self.open(OBJ)
+    }
+
+    /// Whether an array of `len` elements has an allowed length.
+    pub(crate) fn items_ok(&self, len: u64) -> bool {
+        !(self.min_items.is_some_and(|m| len < m) || self.max_items.is_some_and(|m| len > m))
+    }
+
+    /// Which of this object's named keys `name` is.
+    pub(crate) fn key(&self, name: &str) -> Member {
+        match self.keys.iter().position(|k| k.0 == name) {
+            Some(i) => Member::Key(i),
+            None => Member::Other,
+        }
+    }
+
+    /// The required-property bit of a member (0 if not required).
+    pub(crate) fn bit(&self, m: Member) -> u64 {
+        match m {
+            Member::Key(i) => self.keys.get(i).and_then(|k| k.2).map_or(0, |b| 1 << b),
+            Member::Other => 0,
+        }
+    }
+
+    /// Whether the members seen (their bits) include every required one.
+    pub(crate) fn complete(&self, seen: u64) -> bool {
+        seen & self.required == self.required
+    }
+}
+
+/// `v` compared with `limit`, when it can be decided exactly.
+fn compare(v: Seen<'_>, limit: &Number) -> Option<Ordering> {
+    const EXACT: i128 = 1 << 53;
+    let whole = match v {
+        Seen::I64(i) => Some(i128::from(i)),
+        Seen::U64(u) => Some(i128::from(u)),
+        _ => None,
+    };
+    let limit_whole = limit
+        .as_i64()
+        .map(i128::from)
+        .or(limit.as_u64().map(i128::from));
+    match (whole, limit_whole, v) {
+        (Some(a), Some(b), _) => Some(a.cmp(&b)),
+        (None, Some(b), Seen::F64(f)) if b.abs() <= EXACT => f.partial_cmp(&(b as f64)),
+        (Some(a), None, _) if a.abs() <= EXACT => (a as f64).partial_cmp(&limit.as_f64()?),
+        (None, None, Seen::F64(f)) => f.partial_cmp(&limit.as_f64()?),
+        _ => None,
+    }
+}
+
+fn types(v: &Value) -> Option<u8> {
+    let one = |t: &Value| {
+        Some(match t.as_str()? {
+            "null" => NULL,
+            "boolean" => BOOL,
+            "integer" => INT,
+            "number" => INT | FLOAT,
+            "string" => STR,
+            "array" => ARR,
+            "object" => OBJ,
+            _ => return None,
+        })
+    };
+    match v {
+        Value::Array(list) => list.iter().try_fold(0, |acc, t| Some(acc | one(t)?)),
+        t => one(t),
+    }
+}
+
+fn number(v: &Value) -> Option<Number> {
+    match v {
+        Value::Number(n) => Some(n.clone()),
+        _ => None,
+    }
+}
+
+fn scalar(v: &Value) -> Option<Scalar> {
+    Some(match v {
+        Value::Null => Scalar::Null,
+        Value::Bool(b) => Scalar::Bool(*b),
+        Value::String(s) => Scalar::Str(s.clone()),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reference() -> Value {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/policies/schemas/trigger.schema.json"
+        );
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn reference_schema_compiles() {
+        assert!(Shape::compile(&reference()).is_some());
+    }
+
+    #[test]
+    fn keywords_outside_the_subset_give_no_shape() {
+        for s in [
+            json!({"type": "string", "pattern": "^a"}),
+            json!({"properties": {"a": {"$ref": "#/$defs/x"}}}),
+            json!({"anyOf": [{"type": "string"}]}),
+            json!({"enum": [1, 2]}),
+            json!({"items": [{"type": "string"}]}),
+            json!({"exclusiveMinimum": true}),
+            json!({"type": "string", "format": "email"}),
+            json!({"minLength": 1.5}),
+            json!(3),
+        ] {
+            assert!(Shape::compile(&s).is_none(), "{s}");
+        }
+    }
+
+    #[test]
+    fn shape_decides_what_it_can() {
+        let s = Shape::compile(&json!({
+            "type": "object",
+            "required": ["a", "b"],
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "exclusiveMaximum": 10},
+                "b": {"type": "string", "maxLength": 2, "enum": ["é😀", "x", "xyz"]},
+                "c": {"type": "array", "items": {"type": ["number", "null"]}, "maxItems": 2}
+            },
+            "additionalProperties": false
+        }))
+        .unwrap();
+        let ok = |v: Value| s.accepts(s.root(), &v);
+        assert!(ok(json!({"a": 0, "b": "é😀"})));
+        assert!(ok(json!({"a": 9, "b": "x", "c": [1.5, null]})));
+        assert!(!ok(json!({"a": 10, "b": "x"})));
+        assert!(!ok(json!({"a": -1, "b": "x"})));
+        assert!(!ok(json!({"a": 1.5, "b": "x"})));
+        assert!(!ok(json!({"a": 1, "b": "xyz"})), "too long");
+        assert!(!ok(json!({"a": 1, "b": "y"})), "not in enum");
+        assert!(!ok(json!({"a": 1})), "b is required");
+        assert!(
+            !ok(json!({"a": 1, "b": "x", "d": 1})),
+            "no additional properties"
+        );
+        assert!(!ok(json!({"a": 1, "b": "x", "c": [1, 2, 3]})));
+        assert!(!ok(json!({"a": 1, "b": "x", "c": ["s"]})));
+        assert!(!ok(json!([1])));
+    }
+
+    #[test]
+    fn bounds_compare_exactly_or_not_at_all() {
+        let max = |n: Value| Shape::compile(&json!({"maximum": n})).unwrap();
+        let below = |s: &Shape, v: Seen<'_>| s.root().scalar(v);
+        let s = max(json!(9007199254740993u64));
+        assert!(below(&s, Seen::U64(9007199254740993)));
+        assert!(!below(&s, Seen::U64(9007199254740994)));
+        // A float against an integer limit beyond 2^53: undecided, so no.
+        assert!(!below(&s, Seen::F64(1.0)));
+        let s = max(json!(1.5));
+        assert!(below(&s, Seen::I64(1)));
+        assert!(!below(&s, Seen::I64(2)));
+        assert!(below(&s, Seen::F64(1.5)));
+        assert!(!below(&s, Seen::I64(i64::MAX)), "undecided beyond 2^53");
+    }
+}
