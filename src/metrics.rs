@@ -35,6 +35,8 @@ use dashmap::DashMap;
 pub mod names {
     pub const VALIDATED: &str = "antidote_records_validated_total";
     pub const PASSED: &str = "antidote_records_passed_total";
+    pub const EVALUATED: &str = "antidote_records_evaluated_total";
+    pub const FETCH_REWRITE_CPU: &str = "antidote_fetch_rewrite_cpu_seconds_total";
     pub const INVALID: &str = "antidote_records_invalid_total";
     pub const DLT_WRITES: &str = "antidote_dlt_writes_total";
     pub const DLT_WRITE_SECONDS: &str = "antidote_dlt_write_duration_seconds";
@@ -423,6 +425,9 @@ fn format_float(v: f64) -> String {
 /// Every metric the proxy exports. Share one instance ([`global`]).
 pub struct Metrics {
     validated: CounterFamily,
+    evaluated: CounterFamily,
+    /// Nanoseconds; exported in seconds.
+    fetch_rewrite_cpu_ns: AtomicU64,
     passed: CounterFamily,
     invalid: CounterFamily,
     dlt_writes: CounterFamily,
@@ -447,6 +452,12 @@ impl Metrics {
         const TPP: &[&str] = &["topic", "partition", "policy"];
         Metrics {
             validated: CounterFamily::new(VALIDATED, "Records judged against a policy.", TPP),
+            evaluated: CounterFamily::new(
+                EVALUATED,
+                "Records run through a policy's validator (verdict cache misses).",
+                &["policy"],
+            ),
+            fetch_rewrite_cpu_ns: AtomicU64::new(0),
             passed: CounterFamily::new(PASSED, "Records judged valid and delivered to the consumer.", TPP),
             invalid: CounterFamily::new(
                 INVALID,
@@ -497,6 +508,29 @@ impl Metrics {
     pub fn record_validated(&self, topic: &str, partition: i32, policy: &str, n: u64) {
         self.validated
             .add(&[topic, &partition.to_string(), policy], n);
+    }
+
+    /// `n` records were run through `policy`'s validator, i.e. judged
+    /// without a verdict from the `VerdictCache`. With several consumer
+    /// groups reading the same records, this stays near one group's
+    /// `antidote_records_validated_total`.
+    ///
+    /// Call site: `Interceptor::rewrite`, with `PlanStats::validated`.
+    pub fn record_evaluated(&self, policy: &str, n: u64) {
+        if n > 0 {
+            self.evaluated.add(&[policy], n);
+        }
+    }
+
+    /// CPU time (of the calling thread) spent decoding, judging, splicing
+    /// and re-encoding one Fetch response, the dead-letter wait excluded.
+    ///
+    /// Call site: `Interceptor::rewrite`, around its synchronous parts.
+    pub fn fetch_rewrite_cpu(&self, d: Duration) {
+        self.fetch_rewrite_cpu_ns.fetch_add(
+            d.as_nanos().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// `n` valid records of `topic`/`partition` were delivered.
@@ -657,6 +691,23 @@ impl Metrics {
             &format_float(self.start_time),
         );
         self.validated.render(&mut out);
+        self.evaluated.render(&mut out);
+        header(
+            &mut out,
+            names::FETCH_REWRITE_CPU,
+            "CPU seconds spent decoding, judging, splicing and re-encoding Fetch responses.",
+            "counter",
+        );
+        let cpu = self.fetch_rewrite_cpu_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        sample(
+            &mut out,
+            names::FETCH_REWRITE_CPU,
+            "",
+            &[],
+            &[],
+            None,
+            &format_float(cpu),
+        );
         self.passed.render(&mut out);
         self.invalid.render(&mut out);
         self.dlt_writes.render(&mut out);

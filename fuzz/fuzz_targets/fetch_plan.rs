@@ -2,11 +2,13 @@
 //! under the reference JSON policy, plan, apply. Never panics; the rebuilt
 //! section splits into the same batches (same base offsets, same next fetch
 //! offsets, no more records than before), a held partition stops at the cut.
+//! Fetched again once its diversions are acknowledged (batches resent as
+//! spliced before, from the verdict cache), the section comes out the same.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
 
-use antidote::intercept::plan::{plan_partition, Visibility};
+use antidote::intercept::plan::{plan_partition, plan_partition_with, Visibility};
 use antidote::intercept::VerdictCache;
 use antidote::kafka::batch::{segments, Segment};
 use antidote::policy::{Policy, PolicySet};
@@ -31,6 +33,19 @@ fn batches(section: &Bytes) -> Vec<(i64, i64, i32)> {
             _ => None,
         })
         .collect()
+}
+
+/// Whether every record offset is unique and inside its batch's range, as
+/// on a real broker (hostile sections may repeat offsets across batches,
+/// and a ledger keyed by offset then removes both copies on a re-fetch).
+fn offsets_are_sane(section: &Bytes) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    segments(section).iter().all(|s| match s {
+        Segment::Batch(b) => b.decode().map_or(true, |d| {
+            d.records().all(|r| (b.base_offset()..b.next_offset()).contains(&r.offset) && seen.insert(r.offset))
+        }),
+        _ => true,
+    })
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -81,6 +96,17 @@ fuzz_target!(|data: &[u8]| {
             }
             if strict_partial && partial_in {
                 assert!(segments(&out).iter().any(|s| matches!(s, Segment::Partial(_))), "trailing partial batch dropped");
+            }
+            if offsets_are_sane(&section) {
+                let mut done: Vec<i64> = plan.diversions.iter().map(|d| d.origin_offset).collect();
+                done.sort_unstable();
+                let ledger = |from: i64, to: i64| -> Vec<i64> {
+                    done.iter().copied().filter(|o| (from..to).contains(o)).collect()
+                };
+                let again = plan_partition_with(policy(), &topic, 0, &section, &vis, 1_780_000_000_000, &cache, &ledger);
+                assert!(again.diversions.is_empty(), "an acknowledged diversion was planned again");
+                let resent = again.apply(None).expect("apply on a re-fetch");
+                assert_eq!(&resent[..], &out[..], "a re-fetch after the diversions came out different");
             }
         }
         Some(cut) => {

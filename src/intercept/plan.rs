@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::deadletter::Diversion;
-use crate::intercept::verdicts::VerdictCache;
+use crate::intercept::verdicts::{Known, VerdictCache};
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::policy::{Action, Policy};
 
@@ -85,12 +85,18 @@ impl<'a> AbortTracker<'a> {
 enum SegmentPlan {
     /// Forwarded as the bytes that arrived.
     Keep { bytes: Bytes, base: i64 },
-    /// Rebuilt without the records whose `keep` is false.
+    /// Rebuilt without the records whose `keep` is false. `cache`: where
+    /// to keep the result for later fetches, when `keep` removes exactly
+    /// what the verdicts remove.
     Splice {
         batch: Batch,
         decoded: DecodedBatch,
         keep: Vec<bool>,
+        cache: Option<Known>,
     },
+    /// Spliced by an earlier fetch (nothing in it left to divert); `next`
+    /// is the batch's next offset.
+    Spliced { bytes: Bytes, next: i64 },
 }
 
 /// The plan for one partition of one Fetch response.
@@ -103,6 +109,10 @@ pub struct PartitionPlan {
     pub diversions: Vec<Diversion>,
     /// Invalid records dropped or passed (not diverted), for counting.
     pub not_diverted: Vec<(Action, crate::policy::Invalid)>,
+    /// Invalid records removed because an earlier fetch diverted them and
+    /// nothing is left to write (batches resent as spliced before); counted
+    /// as diverted, like a diversion the ledger finds done.
+    pub already_diverted: Vec<crate::policy::Invalid>,
     /// Counts for logs and metrics.
     pub stats: PlanStats,
 }
@@ -149,6 +159,7 @@ impl PartitionPlan {
                     batch,
                     decoded,
                     keep,
+                    cache: slot,
                 } => {
                     let base = batch.base_offset();
                     if held_from.is_some() && base >= cut {
@@ -160,6 +171,17 @@ impl PartitionPlan {
                     if within {
                         break;
                     }
+                    if let Some(known) = slot {
+                        known.keep_spliced(spliced);
+                    }
+                }
+                SegmentPlan::Spliced { bytes, next } => {
+                    // Holds are at records still to divert, never in here;
+                    // should one be, the batch waits whole for the refetch.
+                    if held_from.is_some() && cut < *next {
+                        break;
+                    }
+                    out.extend_from_slice(bytes);
                 }
             }
         }
@@ -212,6 +234,7 @@ pub fn plan_partition_with(
         partition,
         policy: policy.clone(),
         not_diverted: Vec::new(),
+        already_diverted: Vec::new(),
         segments: Vec::new(),
         diversions: Vec::new(),
         stats: PlanStats::default(),
@@ -241,14 +264,22 @@ pub fn plan_partition_with(
             continue;
         }
         // A batch judged before (another consumer group, a re-fetch) with
-        // nothing to remove passes without even being decoded.
+        // nothing to remove passes without even being decoded; one whose
+        // removals are all done may be sent as spliced before.
         let earlier = already(batch.base_offset(), batch.next_offset());
         let known = cache.lookup(policy, topic, partition, &batch);
-        if let Some(v) = &known {
+        if let Some(k) = &known {
             plan.stats.cached_batches += 1;
             plan.stats.judged += batch.records_count().max(0) as u64;
-            if v.is_empty() && earlier.is_empty() {
+            if k.verdicts().is_empty() && earlier.is_empty() {
                 plan.segments.push(keep(&batch));
+                continue;
+            }
+            if let Some(bytes) = resend_spliced(&mut plan, k, &earlier) {
+                plan.segments.push(SegmentPlan::Spliced {
+                    bytes,
+                    next: batch.next_offset(),
+                });
                 continue;
             }
         }
@@ -264,20 +295,21 @@ pub fn plan_partition_with(
                 continue;
             }
         };
-        let (invalid, cached) = match known {
-            Some(v) => (v, true),
+        let (known, cached) = match known {
+            Some(k) => (k, true),
             None => {
                 plan.stats.judged += decoded.len() as u64;
-                let (v, judged_here) =
+                let (k, judged_here) =
                     cache.judge(policy, topic, partition, &batch, &decoded, now_ms);
                 if judged_here {
                     plan.stats.validated += decoded.len() as u64;
                 } else {
                     plan.stats.cached_batches += 1;
                 }
-                (v, !judged_here)
+                (k, !judged_here)
             }
         };
+        let invalid = known.verdicts().clone();
         if invalid.is_empty() && earlier.is_empty() {
             plan.segments.push(keep(&batch));
             continue;
@@ -292,30 +324,31 @@ pub fn plan_partition_with(
             }
         }
         let mut divert = vec![None; decoded.len()];
-        for (index, verdict) in invalid.iter() {
-            let Some(k) = keep_mask.get_mut(*index) else {
+        for j in invalid.iter() {
+            let Some(k) = keep_mask.get_mut(j.index) else {
                 continue;
             };
             match policy.on_invalid {
                 Action::Pass => {
                     plan.stats.passed_invalid += 1;
-                    plan.not_diverted.push((Action::Pass, verdict.clone()));
+                    plan.not_diverted.push((Action::Pass, j.invalid.clone()));
                 }
                 Action::Drop => {
                     plan.stats.dropped += 1;
-                    plan.not_diverted.push((Action::Drop, verdict.clone()));
+                    plan.not_diverted.push((Action::Drop, j.invalid.clone()));
                     *k = false;
                 }
                 Action::Divert => {
                     *k = false;
-                    divert[*index] = Some(verdict);
+                    divert[j.index] = Some(&j.invalid);
                 }
             }
         }
         if !cached && policy.on_invalid != Action::Divert {
-            for (index, verdict) in invalid.iter() {
-                tracing::info!(%topic, partition, offset = decoded.offset(*index).unwrap_or(-1),
-                    class = verdict.class.as_str(), rule = %verdict.rule, reason = %verdict.reason,
+            for j in invalid.iter() {
+                let v = &j.invalid;
+                tracing::info!(%topic, partition, offset = j.offset,
+                    class = v.class.as_str(), rule = %v.rule, reason = %v.reason,
                     action = ?policy.on_invalid, "invalid record not diverted");
             }
         }
@@ -331,14 +364,60 @@ pub fn plan_partition_with(
         if keep_mask.iter().all(|k| *k) {
             plan.segments.push(keep(&batch));
         } else {
+            // Worth keeping for later fetches only if it removes exactly
+            // what the verdicts remove (not also records diverted under an
+            // earlier policy).
+            let exact = policy.on_invalid != Action::Pass
+                && earlier
+                    .iter()
+                    .all(|o| invalid.iter().any(|j| j.offset == *o));
             plan.segments.push(SegmentPlan::Splice {
                 batch,
                 decoded,
                 keep: keep_mask,
+                cache: exact.then_some(known),
             });
         }
     }
     plan
+}
+
+/// The batch of `known` as spliced by an earlier fetch, if this fetch
+/// would splice it the same way and has nothing left to divert in it:
+/// every invalid record removed (and, when diverted, already in its DLT),
+/// nothing else removed. Counts what it stands for as the full path does.
+fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> Option<Bytes> {
+    let invalid = known.verdicts();
+    let action = plan.policy.on_invalid;
+    let removes_exactly = match action {
+        Action::Pass => false,
+        Action::Drop => earlier
+            .iter()
+            .all(|o| invalid.iter().any(|j| j.offset == *o)),
+        Action::Divert => {
+            invalid.len() == earlier.len()
+                && invalid
+                    .iter()
+                    .all(|j| earlier.binary_search(&j.offset).is_ok())
+        }
+    };
+    if !removes_exactly {
+        return None;
+    }
+    let bytes = known.spliced()?;
+    for j in invalid.iter() {
+        match action {
+            Action::Divert => {
+                plan.stats.diverted += 1;
+                plan.already_diverted.push(j.invalid.clone());
+            }
+            _ => {
+                plan.stats.dropped += 1;
+                plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+            }
+        }
+    }
+    Some(bytes)
 }
 
 fn keep(batch: &Batch) -> SegmentPlan {
@@ -590,5 +669,157 @@ mod tests {
             (0, 1)
         );
         assert_eq!(second.diversions.len(), 1);
+    }
+
+    /// Plan `section` under `pol` with the ledger saying `done` are diverted.
+    fn replan(
+        pol: &Arc<Policy>,
+        section: &Bytes,
+        cache: &VerdictCache,
+        done: &[i64],
+    ) -> PartitionPlan {
+        let already = |from: i64, to: i64| {
+            done.iter()
+                .copied()
+                .filter(|o| (from..to).contains(o))
+                .collect()
+        };
+        plan_partition_with(
+            pol,
+            &Arc::from("t"),
+            0,
+            section,
+            &uncommitted(),
+            0,
+            cache,
+            &already,
+        )
+    }
+
+    fn is_resent(p: &PartitionPlan) -> Vec<bool> {
+        p.segments
+            .iter()
+            .map(|s| matches!(s, SegmentPlan::Spliced { .. }))
+            .collect()
+    }
+
+    #[test]
+    fn a_spliced_batch_is_resent_once_its_poison_is_in_the_dlt() {
+        let cache = VerdictCache::new(16);
+        let mut raw = batch(0, 4, &[1], Compression::Lz4, -1, false);
+        raw.extend(batch(4, 3, &[], Compression::None, -1, false));
+        raw.extend(batch(7, 3, &[0, 2], Compression::None, -1, false));
+        let section = Bytes::from(raw);
+        let pol = policy("divert");
+        let first = replan(&pol, &section, &cache, &[]);
+        assert_eq!(first.diversions.len(), 3);
+        let sent = first.apply(None).unwrap();
+
+        // Diversions not acknowledged yet: judged from the cache, but
+        // decoded and diverted again (joining the write under way).
+        let pending = replan(&pol, &section, &cache, &[]);
+        assert_eq!(pending.diversions.len(), 3);
+        assert_eq!(is_resent(&pending), [false, false, false]);
+
+        // All in the DLT: the spliced bytes are resent, nothing decoded.
+        let later = replan(&pol, &section, &cache, &[1, 7, 9]);
+        assert_eq!(is_resent(&later), [true, false, true]);
+        assert!(later.diversions.is_empty());
+        assert_eq!(later.already_diverted.len(), 3);
+        assert_eq!((later.stats.diverted, later.stats.validated), (3, 0));
+        assert_eq!(later.apply(None).unwrap(), sent);
+        assert_eq!(
+            offsets(&sent),
+            vec![
+                (0, vec![0, 2, 3], 4),
+                (4, vec![4, 5, 6], 7),
+                (7, vec![8], 10)
+            ]
+        );
+
+        // Only some in the DLT (the others' writes failed): full path.
+        let partly = replan(&pol, &section, &cache, &[1]);
+        assert_eq!(is_resent(&partly), [true, false, false]);
+        assert_eq!(partly.diversions.len(), 2);
+    }
+
+    #[test]
+    fn a_batch_spliced_differently_is_not_kept() {
+        // Offset 2 was diverted under an earlier policy; this one finds only
+        // 1 invalid. The splice removes both, which the verdicts alone do not
+        // say, so it is not kept for resending.
+        let cache = VerdictCache::new(16);
+        let section = Bytes::from(batch(0, 4, &[1], Compression::None, -1, false));
+        let pol = policy("divert");
+        replan(&pol, &section, &cache, &[2]).apply(None).unwrap();
+        let again = replan(&pol, &section, &cache, &[1, 2]);
+        assert_eq!(is_resent(&again), [false]);
+        assert_eq!(
+            offsets(&again.apply(None).unwrap()),
+            vec![(0, vec![0, 3], 4)]
+        );
+    }
+
+    #[test]
+    fn dropped_records_are_resent_spliced_and_counted() {
+        let cache = VerdictCache::new(16);
+        let section = Bytes::from(batch(0, 4, &[1], Compression::Zstd, -1, false));
+        let pol = policy("drop");
+        let sent = replan(&pol, &section, &cache, &[]).apply(None).unwrap();
+        let again = replan(&pol, &section, &cache, &[]);
+        assert_eq!(is_resent(&again), [true]);
+        assert_eq!((again.stats.dropped, again.not_diverted.len()), (1, 1));
+        assert_eq!(again.apply(None).unwrap(), sent);
+    }
+
+    #[test]
+    fn passed_records_are_never_spliced() {
+        let cache = VerdictCache::new(16);
+        let section = Bytes::from(batch(0, 4, &[1], Compression::None, -1, false));
+        let pol = policy("pass");
+        replan(&pol, &section, &cache, &[]).apply(None).unwrap();
+        let again = replan(&pol, &section, &cache, &[]);
+        assert!(!again.changes_anything());
+        assert_eq!(cache.spliced_bytes(), 0);
+    }
+
+    #[test]
+    fn spliced_batches_stay_within_their_budget_oldest_dropped_first() {
+        let first = Bytes::from(batch(0, 4, &[1], Compression::None, -1, false));
+        let second = Bytes::from(batch(4, 4, &[1], Compression::None, -1, false));
+        let pol = policy("drop");
+        let one = replan(&pol, &first, &VerdictCache::new(16), &[])
+            .apply(None)
+            .unwrap()
+            .len();
+        let cache = VerdictCache::with_spliced_budget(16, one + one / 2);
+        replan(&pol, &first, &cache, &[]).apply(None).unwrap();
+        assert_eq!(cache.spliced_bytes(), one);
+        replan(&pol, &second, &cache, &[]).apply(None).unwrap();
+        assert_eq!(
+            cache.spliced_bytes(),
+            one,
+            "the first was dropped for the second"
+        );
+        assert_eq!(is_resent(&replan(&pol, &first, &cache, &[])), [false]);
+        assert_eq!(is_resent(&replan(&pol, &second, &cache, &[])), [true]);
+        cache.clear();
+        assert_eq!(cache.spliced_bytes(), 0);
+    }
+
+    #[test]
+    fn a_hold_inside_a_resent_batch_stops_before_it() {
+        let cache = VerdictCache::new(16);
+        let mut raw = batch(0, 3, &[], Compression::None, -1, false);
+        raw.extend(batch(3, 3, &[1], Compression::None, -1, false));
+        let section = Bytes::from(raw);
+        let pol = policy("divert");
+        replan(&pol, &section, &cache, &[]).apply(None).unwrap();
+        let again = replan(&pol, &section, &cache, &[4]);
+        assert_eq!(is_resent(&again), [false, true]);
+        assert_eq!(
+            offsets(&again.apply(Some(5)).unwrap()),
+            vec![(0, vec![0, 1, 2], 3)]
+        );
     }
 }

@@ -11,9 +11,16 @@
 //! fetch the same batch at the same moment (several groups reading in step)
 //! share one validation: the first computes, the others wait for it. The
 //! cache is bounded; when full it is cleared, costing only re-validation.
+//!
+//! An entry may also hold the batch as it is sent once its invalid records
+//! are removed ([`Known::spliced`]), so a later fetch whose invalid records
+//! are all dead-lettered already gets it without decoding or splicing. Those
+//! bytes are bounded separately ([`SPLICED_BUDGET`]), oldest dropped first.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use bytes::Bytes;
 use dashmap::DashMap;
 
 use crate::kafka::batch::{Batch, DecodedBatch};
@@ -21,26 +28,28 @@ use crate::policy::{Invalid, Policy, Verdict};
 
 type Key = (Arc<str>, i32, i64);
 
-/// The invalid records of one batch: (index in the batch, verdict).
-pub type Verdicts = Arc<Vec<(usize, Invalid)>>;
+/// One invalid record of a batch.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    /// Index in the batch.
+    pub index: usize,
+    pub offset: i64,
+    pub invalid: Invalid,
+}
+
+/// The invalid records of one batch, in batch order.
+pub type Verdicts = Arc<Vec<Judged>>;
+
+/// Bytes of spliced batches kept across all entries.
+pub const SPLICED_BUDGET: usize = 64 << 20;
 
 struct Entry {
     crc: u32,
     policy: Arc<Policy>,
     /// Set once, by whichever fetch judges the batch first.
     invalid: OnceLock<Verdicts>,
-}
-
-impl Entry {
-    fn matches(&self, batch: &Batch, policy: &Arc<Policy>) -> bool {
-        self.crc == batch.crc() && Arc::ptr_eq(&self.policy, policy)
-    }
-}
-
-/// Per-batch verdicts, shared by all connections.
-pub struct VerdictCache {
-    map: DashMap<Key, Arc<Entry>>,
-    capacity: usize,
+    /// The batch without its removed records (see [`Known::spliced`]).
+    spliced: Mutex<Option<Bytes>>,
 }
 
 impl Entry {
@@ -49,35 +58,117 @@ impl Entry {
             crc: batch.crc(),
             policy: policy.clone(),
             invalid: OnceLock::new(),
+            spliced: Mutex::new(None),
+        }
+    }
+
+    fn matches(&self, batch: &Batch, policy: &Arc<Policy>) -> bool {
+        self.crc == batch.crc() && Arc::ptr_eq(&self.policy, policy)
+    }
+}
+
+/// Spliced batches held by entries, oldest first, with their total size.
+#[derive(Default)]
+struct SplicedStore {
+    budget: usize,
+    bytes: usize,
+    order: VecDeque<(Weak<Entry>, usize)>,
+}
+
+/// Per-batch verdicts, shared by all connections.
+pub struct VerdictCache {
+    map: DashMap<Key, Arc<Entry>>,
+    capacity: usize,
+    spliced: Arc<Mutex<SplicedStore>>,
+}
+
+/// A batch's cache entry, judged.
+#[derive(Clone)]
+pub struct Known {
+    entry: Arc<Entry>,
+    verdicts: Verdicts,
+    store: Arc<Mutex<SplicedStore>>,
+}
+
+impl Known {
+    pub fn verdicts(&self) -> &Verdicts {
+        &self.verdicts
+    }
+
+    /// The batch as sent once the records its verdicts remove are removed
+    /// (every invalid record, unless the policy passes them), if a fetch
+    /// spliced it so before.
+    pub fn spliced(&self) -> Option<Bytes> {
+        self.entry.spliced.lock().ok()?.clone()
+    }
+
+    /// Keep `bytes` as this batch spliced, dropping the oldest kept
+    /// batches past the cache's budget.
+    pub fn keep_spliced(&self, bytes: Bytes) {
+        let len = bytes.len();
+        let Ok(mut store) = self.store.lock() else {
+            return;
+        };
+        if len > store.budget {
+            return;
+        }
+        match self.entry.spliced.lock() {
+            Ok(mut s) if s.is_none() => *s = Some(bytes),
+            _ => return,
+        }
+        store.bytes += len;
+        store.order.push_back((Arc::downgrade(&self.entry), len));
+        while store.bytes > store.budget {
+            let Some((old, n)) = store.order.pop_front() else {
+                break;
+            };
+            store.bytes -= n;
+            if let Some(e) = old.upgrade() {
+                if let Ok(mut s) = e.spliced.lock() {
+                    *s = None;
+                }
+            }
         }
     }
 }
 
 impl VerdictCache {
     pub fn new(capacity: usize) -> Self {
+        Self::with_spliced_budget(capacity, SPLICED_BUDGET)
+    }
+
+    pub fn with_spliced_budget(capacity: usize, spliced_budget: usize) -> Self {
         VerdictCache {
             map: DashMap::new(),
             capacity,
+            spliced: Arc::new(Mutex::new(SplicedStore {
+                budget: spliced_budget,
+                ..SplicedStore::default()
+            })),
         }
     }
 
-    /// The invalid records of `batch` (index in the batch, verdict) if it
-    /// was judged before under `policy`; needs no decoding.
+    /// The entry of `batch` if it was judged before under `policy`; needs
+    /// no decoding.
     pub fn lookup(
         &self,
         policy: &Arc<Policy>,
         topic: &Arc<str>,
         partition: i32,
         batch: &Batch,
-    ) -> Option<Verdicts> {
+    ) -> Option<Known> {
         let e = self
             .map
             .get(&(topic.clone(), partition, batch.base_offset()))?;
-        if e.matches(batch, policy) {
-            e.invalid.get().cloned()
-        } else {
-            None
+        if !e.matches(batch, policy) {
+            return None;
         }
+        let verdicts = e.invalid.get()?.clone();
+        Some(Known {
+            entry: e.clone(),
+            verdicts,
+            store: self.spliced.clone(),
+        })
     }
 
     /// The verdicts of a decoded batch: judged now, or taken from (or
@@ -91,11 +182,11 @@ impl VerdictCache {
         batch: &Batch,
         decoded: &DecodedBatch,
         now_ms: i64,
-    ) -> (Verdicts, bool) {
+    ) -> (Known, bool) {
         let key = (topic.clone(), partition, batch.base_offset());
         let entry = {
             if self.map.len() >= self.capacity {
-                self.map.clear();
+                self.clear();
             }
             let mut slot = self
                 .map
@@ -107,7 +198,7 @@ impl VerdictCache {
             slot.clone()
         }; // the map's shard lock is released before judging
         let mut judged_here = false;
-        let invalid = entry
+        let verdicts = entry
             .invalid
             .get_or_init(|| {
                 judged_here = true;
@@ -115,19 +206,40 @@ impl VerdictCache {
                     decoded
                         .records()
                         .enumerate()
-                        .filter_map(|(i, r)| match policy.judge(&r, now_ms) {
+                        .filter_map(|(index, r)| match policy.judge(&r, now_ms) {
                             Verdict::Valid => None,
-                            Verdict::Invalid(inv) => Some((i, inv)),
+                            Verdict::Invalid(invalid) => Some(Judged {
+                                index,
+                                offset: r.offset,
+                                invalid,
+                            }),
                         })
                         .collect(),
                 )
             })
             .clone();
-        (invalid, judged_here)
+        let store = self.spliced.clone();
+        (
+            Known {
+                entry,
+                verdicts,
+                store,
+            },
+            judged_here,
+        )
+    }
+
+    /// Bytes of spliced batches currently accounted for.
+    pub fn spliced_bytes(&self) -> usize {
+        self.spliced.lock().map_or(0, |s| s.bytes)
     }
 
     /// Forget everything (after a policy reload, to free memory early).
     pub fn clear(&self) {
         self.map.clear();
+        if let Ok(mut s) = self.spliced.lock() {
+            s.bytes = 0;
+            s.order.clear();
+        }
     }
 }
