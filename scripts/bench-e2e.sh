@@ -92,10 +92,12 @@ grep -q 'latency\.\*' "$WORK/policy-c.yaml" || { log "could not adapt policies/g
 sed -e 's#topics: \["geofence.triggers"\]#topics: ["some.other.topic"]#' \
     -e "s#schema: schemas/#schema: $ROOT/policies/schemas/#" policies/geofence.yaml >"$WORK/policy-b.yaml"
 
-start_antidote() { # name index policyfile|"" -> sets PROXY_PID, PROXY_BOOT
+start_antidote() { # name index policyfile|"" -> sets PROXY_PID, PROXY_BOOT, PROXY_ADMIN
   local name=$1 idx=$2 pol=$3
   local boot=$((BASE + 10 + idx)) pbase=$((BASE + 200 + idx * 200))
+  PROXY_ADMIN="127.0.0.1:$((BASE + 20 + idx))"
   {
+    echo "admin:"; echo "  listen: $PROXY_ADMIN"
     echo "listen:"; echo "  bootstrap: 127.0.0.1:$boot"; echo "  advertised_host: 127.0.0.1"
     echo "  broker_port_base: $pbase"
     echo "upstream:"; echo "  bootstrap_servers:"; echo "    - 127.0.0.1:$BP"
@@ -106,7 +108,20 @@ start_antidote() { # name index policyfile|"" -> sets PROXY_PID, PROXY_BOOT
   wait_port "$boot" 15 "$PROXY_PID"
   PROXY_BOOT="127.0.0.1:$boot"
 }
+# Sum of the samples of one metric on the proxy's admin endpoint (0 if absent).
+metric() { # admin name
+  "$PY" - "$1" "$2" <<'PYEOF'
+import sys, urllib.request
+try:
+    text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+except Exception:
+    print(0); sys.exit()
+print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+          if l.startswith(sys.argv[2]) and l[len(sys.argv[2]):len(sys.argv[2]) + 1] in ("{", " ")))
+PYEOF
+}
 start_tansu_proxy() {
+  PROXY_ADMIN=""
   local port=$((BASE + 5))
   "$TANSU" proxy --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
     --origin-url "tcp://127.0.0.1:$BP" >"$WORK/tansu-proxy.log" 2>&1 &
@@ -131,6 +146,7 @@ consume() { # path bootstrap expected group
 
 run_path() { # path
   local path=$1 boot pid="" cpu0=0 cpu1 r lat expected=$N
+  PROXY_ADMIN=""
   case $path in
     a) boot="127.0.0.1:$BP"; pid=$TANSU_PID ;;
     b0) start_antidote b0 0 ""; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
@@ -141,6 +157,11 @@ run_path() { # path
   esac
   local bcpu0; bcpu0="$(cpu_s "$TANSU_PID")"
   cpu0="$(cpu_s "$pid")"
+  local rw0=0 ev0=0 rw1=0 ev1=0
+  if [[ -n $PROXY_ADMIN ]]; then
+    rw0="$(metric "$PROXY_ADMIN" antidote_fetch_rewrite_cpu_seconds_total)"
+    ev0="$(metric "$PROXY_ADMIN" antidote_records_evaluated_total)"
+  fi
   log "path $path: consuming via $boot (expect $expected)"
   if [[ $path == c3 ]]; then
     local f
@@ -157,10 +178,17 @@ run_path() { # path
   fi
   cpu1="$(cpu_s "$pid")"
   local bcpu1; bcpu1="$(cpu_s "$TANSU_PID")"
+  if [[ -n $PROXY_ADMIN ]]; then
+    rw1="$(metric "$PROXY_ADMIN" antidote_fetch_rewrite_cpu_seconds_total)"
+    ev1="$(metric "$PROXY_ADMIN" antidote_records_evaluated_total)"
+  fi
+  local rewrite_cpu evaluated
+  rewrite_cpu="$(awk -v a="$rw0" -v b="$rw1" 'BEGIN { printf "%.3f", b - a }')"
+  evaluated="$(awk -v a="$ev0" -v b="$ev1" 'BEGIN { printf "%d", b - a }')"
   local proxy_cpu broker_cpu
   proxy_cpu="$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')"
   broker_cpu="$(awk -v a="$bcpu0" -v b="$bcpu1" 'BEGIN { printf "%.2f", b - a }')"
-  log "path $path: $r proxy_cpu=$proxy_cpu broker_cpu=$broker_cpu"
+  log "path $path: $r proxy_cpu=$proxy_cpu broker_cpu=$broker_cpu rewrite_cpu=$rewrite_cpu evaluated=$evaluated"
   lat=null
   if [[ $path != c3 && "${LAT_SECS}" != 0 ]]; then
     log "path $path: latency at $LAT_RATE msg/s for $LAT_SECS s"
@@ -169,7 +197,7 @@ run_path() { # path
   fi
   local hwm=null total_cpu=null
   if [[ $path != a ]]; then hwm="$(hwm_kb "$pid")"; total_cpu="$(cpu_s "$pid")"; fi
-  record "{\"phase\":\"path\",\"path\":\"$path\",\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
+  record "{\"phase\":\"path\",\"path\":\"$path\",\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
   if [[ $path != a ]]; then stop "$pid"; fi
 }
 

@@ -75,6 +75,13 @@ if "c" in paths and "c3" in paths:
     c1, c3 = paths["c"]["proxy_cpu_s"], paths["c3"]["proxy_cpu_s"]
     checks.append(("c3 proxy CPU <= 1.3 x c (raw, includes relaying 3x bytes)", c3 / c1 if c1 else float("nan"),
                    c1 > 0 and c3 <= 1.3 * c1))
+    r1, r3 = paths["c"].get("rewrite_cpu_s"), paths["c3"].get("rewrite_cpu_s")
+    if r1 and r3 is not None:
+        checks.append(("c3 validation CPU <= 1.3 x c (antidote_fetch_rewrite_cpu_seconds_total: decode, judge, splice, encode)",
+                       r3 / r1, r3 <= 1.3 * r1))
+    e1, e3 = paths["c"].get("records_evaluated"), paths["c3"].get("records_evaluated")
+    if e1 and e3 is not None:
+        print(f"records run through the validator: c {e1}, c3 {e3} ({e3 / e1:.3f} x; three groups read {3 * e1})")
     if "b" in paths:
         b1 = paths["b"]["proxy_cpu_s"]
         v1, v3 = c1 - b1, c3 - 3 * b1

@@ -275,7 +275,7 @@ pub fn plan_partition_with(
                 plan.segments.push(keep(&batch));
                 continue;
             }
-            if let Some(bytes) = resend_spliced(&mut plan, k, &earlier) {
+            if let Some(bytes) = resend_spliced(&mut plan, &batch, k, &earlier) {
                 plan.segments.push(SegmentPlan::Spliced {
                     bytes,
                     next: batch.next_offset(),
@@ -386,7 +386,15 @@ pub fn plan_partition_with(
 /// would splice it the same way and has nothing left to divert in it:
 /// every invalid record removed (and, when diverted, already in its DLT),
 /// nothing else removed. Counts what it stands for as the full path does.
-fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> Option<Bytes> {
+/// The batch's CRC is checked first: the cache matches on the stored CRC,
+/// and a corrupt copy must go out as it came (as the full path sends an
+/// undecodable batch), not be replaced by the good one.
+fn resend_spliced(
+    plan: &mut PartitionPlan,
+    batch: &Batch,
+    known: &Known,
+    earlier: &[i64],
+) -> Option<Bytes> {
     let invalid = known.verdicts();
     let action = plan.policy.on_invalid;
     let removes_exactly = match action {
@@ -405,6 +413,9 @@ fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> O
         return None;
     }
     let bytes = known.spliced()?;
+    if !batch.crc_valid() {
+        return None;
+    }
     for j in invalid.iter() {
         match action {
             Action::Divert => {
@@ -821,5 +832,23 @@ mod tests {
             offsets(&again.apply(Some(5)).unwrap()),
             vec![(0, vec![0, 1, 2], 3)]
         );
+    }
+
+    #[test]
+    fn a_corrupt_copy_of_a_spliced_batch_is_not_replaced_by_the_good_one() {
+        let cache = VerdictCache::new(16);
+        let good = batch(0, 4, &[1], Compression::None, -1, false);
+        let pol = policy("drop");
+        replan(&pol, &Bytes::from(good.clone()), &cache, &[])
+            .apply(None)
+            .unwrap();
+        let mut corrupt = good;
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 0x55; // same stored CRC, different body
+        let corrupt = Bytes::from(corrupt);
+        let again = replan(&pol, &corrupt, &cache, &[]);
+        assert_eq!(is_resent(&again), [false]);
+        assert_eq!(again.stats.undecodable_batches, 1);
+        assert_eq!(again.apply(None).unwrap(), corrupt);
     }
 }
