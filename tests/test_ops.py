@@ -24,7 +24,8 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from clients import Endpoint, Rec, ck_consume_assign, ck_create_topic, ck_produce
+from clients import (Endpoint, Rec, ck_consume_assign, ck_create_topic, ck_produce,
+                     kp_consume_assign)
 from harness import ANTIDOTE_BIN, HOST, Antidote, free_port
 
 # Valid while -90 <= lat <= 90 (the "broken" policy the proxy runs with) ...
@@ -86,6 +87,9 @@ def ops(workdir, broker) -> Setup:
     fixed.write_text(POLICY.format(topic=topic, max_lat=100))
     proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
                         admin_port=free_port(), name=f"ops-{topic}")
+    # Written before the proxy starts: a new .yaml next to its policy would
+    # make it reload (and forget its verdicts) mid-test.
+    fixed_config = write_config(workdir, proxy, f"ops-fixed-{topic}", fixed)
     proxy.start()
     try:
         ep = Endpoint(broker.bootstrap)
@@ -96,8 +100,7 @@ def ops(workdir, broker) -> Setup:
         ])
         got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 2, timeout=60)
         assert [r.key for r in got] == [b"k1", b"k3"], f"poison record was not removed: {got}"
-        yield Setup(proxy, topic, f"{topic}.dlt", proxy.config_path,
-                    write_config(workdir, proxy, f"ops-fixed-{topic}", fixed))
+        yield Setup(proxy, topic, f"{topic}.dlt", proxy.config_path, fixed_config)
     finally:
         proxy.stop_and_check()
 
@@ -177,6 +180,40 @@ def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
     validated = [line for line in text.splitlines()
                  if line.startswith("antidote_records_validated_total{") and ops.topic in line]
     assert validated and float(validated[0].rsplit(" ", 1)[1]) >= 3, text
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name):len(name) + 1] not in ("{", " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_more_readers_of_the_same_records_reuse_verdicts_and_spliced_batches(ops):
+    """The fixture read the topic once. Two more readers (librdkafka and
+    kafka-python, as other consumer groups would) get the same records; the
+    validator does not run again (antidote_records_evaluated_total), the
+    poison stays out (its batch is resent as spliced the first time), and
+    each read still counts as judged and diverted."""
+    _, before = http_get(ops.proxy.admin_port, "/metrics")
+    evaluated = metric(before, "antidote_records_evaluated_total", policy="ops-geo")
+    assert evaluated == 3, before
+    ep = Endpoint(ops.proxy.bootstrap, "proxy")
+    for read in (ck_consume_assign, kp_consume_assign):
+        got = read(ep, ops.topic, [0], 2, timeout=30)
+        assert [r.key for r in got] == [b"k1", b"k3"], f"{read.__name__}: {got}"
+    _, after = http_get(ops.proxy.admin_port, "/metrics")
+    assert metric(after, "antidote_records_evaluated_total", policy="ops-geo") == evaluated, after
+    judged = metric(after, "antidote_records_validated_total", topic=ops.topic)
+    assert judged >= metric(before, "antidote_records_validated_total", topic=ops.topic) + 6, after
+    diverted = metric(after, "antidote_records_invalid_total", topic=ops.topic, action="diverted")
+    assert diverted >= metric(before, "antidote_records_invalid_total", topic=ops.topic,
+                              action="diverted") + 2, after
+    assert metric(after, "antidote_fetch_rewrite_cpu_seconds_total") > 0, after
 
 
 # ---------------------------------------------------------------------------

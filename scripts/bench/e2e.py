@@ -7,6 +7,8 @@
   latency   BOOTSTRAP PRODUCE_BOOTSTRAP TOPIC PARTS RATE SECONDS
                                                 produce at RATE msg/s (child process, straight to
                                                 the broker) while consuming via BOOTSTRAP; p50/p99
+            and, at the same time, via PRODUCE_BOOTSTRAP directly (paired baseline): the
+            same records, the same broker delays, so the difference is the path's own
 """
 import json, os, sys, time, multiprocessing as mp
 
@@ -14,6 +16,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
 
 BASE_TS_MS = int(time.time() * 1000)
 TRANSITIONS = ("ENTER", "EXIT", "DWELL")
+
+
+POISON_MARK = b'"lat":91.500000'
 
 
 def value(i: int, poison: bool) -> bytes:
@@ -81,7 +86,7 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
     t_first = t_last = None
     count = nbytes = 0
     first_batch = 0
-    errors = 0
+    errors = poison_seen = 0
     last_progress = time.time()
     batch_n = int(os.environ.get("BENCH_CONSUME_BATCH", "10000"))
     while count < expected:
@@ -96,7 +101,10 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
                 errors += 1
                 continue
             count += 1
-            nbytes += len(m.value() or b"")
+            v = m.value() or b""
+            nbytes += len(v)
+            if POISON_MARK in v:
+                poison_seen += 1
         if t_first is None:
             t_first = now
             first_batch = count
@@ -113,7 +121,9 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
                       # From the first batch received to the last: excludes connection set-up.
                       "steady_records_per_s": round((count - first_batch) / steady) if steady > 0 else 0,
                       "steady_mb_per_s": round(nbytes * (count - first_batch) / max(count, 1) / steady / 1e6, 2) if steady > 0 else 0,
-                      "consumer_cpu_s": round(cpu.user + cpu.system, 2), "errors": errors}))
+                      "consumer_cpu_s": round(cpu.user + cpu.system, 2), "errors": errors,
+                      # Records carrying the poison marker that reached this consumer.
+                      "poison_seen": poison_seen}))
     return 0 if count == expected else 1
 
 
@@ -144,54 +154,109 @@ def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
     acks_out.put([acks[int(q * (len(acks) - 1))] for q in (0.5, 0.99)] if acks else [None, None])
 
 
-def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmup_s="1"):
-    """Consume via `bootstrap` (the path under test); produce via
-    `produce_bootstrap` (the broker itself, so only the Fetch path differs)."""
-    parts, rate, seconds, warmup_s = int(parts), float(rate), float(seconds), float(warmup_s)
-    c = consumer(bootstrap, "lat-%d" % os.getpid())
+def _latency_consumer(bootstrap, topic, parts, expected, ready, go, out):
+    """Receive times (ns) by record sequence number, sent back through `out`."""
+    c = consumer(bootstrap, "lat-%d" % os.getpid(),
+                 **{"fetch.wait.max.ms": int(os.environ.get("BENCH_LAT_FETCH_WAIT_MS", "5"))})
     c.assign([TopicPartition(topic, p, OFFSET_END) for p in range(parts)])
-    # Make sure the consumer has resolved its positions before producing.
+    # Resolve the positions before anything is produced.
     t_end = time.time() + 10
     while time.time() < t_end:
         c.consume(num_messages=100, timeout=0.2)
         pos = c.position([TopicPartition(topic, p) for p in range(parts)])
         if all(tp.offset >= 0 for tp in pos):
             break
-    ready = mp.Event()
-    acks_q = mp.Queue()
-    prod = mp.Process(target=_paced_producer, args=(produce_bootstrap, topic, parts, rate, seconds, ready, acks_q))
-    prod.start()
     ready.set()
-    expected = int(rate * seconds)
-    lat = []
-    t0 = time.time()
+    go.wait(30)
+    got = {}
     last = time.time()
-    while len(lat) < expected and time.time() - last < 10:
+    while len(got) < expected and time.time() - last < 10:
         msgs = c.consume(num_messages=1, timeout=0.2)
         now_ns = time.time_ns()
         for m in msgs:
             if m.error():
                 continue
-            for k, v in m.headers() or []:
-                if k == "bench-ts-ns":
-                    lat.append((now_ns - int(v)) / 1e6)
+            h = dict(m.headers() or [])
+            if "bench-seq" in h:
+                got[int(h["bench-seq"])] = (now_ns, int(h["bench-ts-ns"]))
             last = time.time()
+    c.close()
+    out.put(got)
+
+
+def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
+    p = producer(bootstrap, **{"linger.ms": int(os.environ.get("BENCH_LAT_LINGER_MS", "1")), "batch.size": 65536})
+    ready.wait(30)
+    n = int(rate * seconds)
+    acks = []
+    def on_ack(err, _msg, sent_ns):
+        if err is None:
+            acks.append((time.time_ns() - sent_ns) / 1e6)
+    t0 = time.perf_counter()
+    for i in range(n):
+        target = t0 + i / rate
+        while True:
+            d = target - time.perf_counter()
+            if d <= 0:
+                break
+            if d > 0.001:
+                p.poll(min(d - 0.0005, 0.005))
+        sent = time.time_ns()
+        p.produce(topic, value(i, False), partition=i % parts,
+                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(sent).encode()),
+                           ("bench-seq", str(i).encode())],
+                  on_delivery=lambda err, msg, sent=sent: on_ack(err, msg, sent))
+        p.poll(0)
+    p.flush(30)
+    acks.sort()
+    acks_out.put([acks[int(q * (len(acks) - 1))] for q in (0.5, 0.99)] if acks else [None, None])
+
+
+def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmup_s="1"):
+    """Consume via `bootstrap` (the path under test) and, at the same time,
+    straight from the broker (`produce_bootstrap`, the paired baseline);
+    produce straight to the broker, so only the Fetch path differs."""
+    parts, rate, seconds, warmup_s = int(parts), float(rate), float(seconds), float(warmup_s)
+    expected = int(rate * seconds)
+    go = mp.Event()
+    procs, outs, readies = [], [], []
+    for bs in (bootstrap, produce_bootstrap):
+        ready, out = mp.Event(), mp.Queue()
+        pr = mp.Process(target=_latency_consumer, args=(bs, topic, parts, expected, ready, go, out))
+        pr.start()
+        procs.append(pr); outs.append(out); readies.append(ready)
+    for r in readies:
+        r.wait(30)
+    acks_q = mp.Queue()
+    prod = mp.Process(target=_paced_producer, args=(produce_bootstrap, topic, parts, rate, seconds, go, acks_q))
+    prod.start()
+    go.set()
+    got_path, got_direct = (o.get(timeout=seconds + 60) for o in outs)
     try:
         ack_p50, ack_p99 = acks_q.get(timeout=30)
     except Exception:
         ack_p50 = ack_p99 = None
-    prod.join(30)
-    c.close()
-    skip = int(rate * warmup_s)
-    steady = sorted(lat[skip:]) if len(lat) > skip else sorted(lat)
-    def pct(q):
-        return round(steady[min(len(steady) - 1, int(q * len(steady)))], 3) if steady else None
-    print(json.dumps({"received": len(lat), "expected": expected, "rate": rate, "warmup_skipped": skip,
-                      "p50_ms": pct(0.50), "p99_ms": pct(0.99), "p999_ms": pct(0.999),
-                      "max_ms": round(steady[-1], 3) if steady else None,
+    for pr in procs + [prod]:
+        pr.join(30)
+    skip = int(rate * warmup_s)  # the first second: connections and fetch sessions settle
+    def pct(xs, q):
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+    def e2e(got):
+        return sorted((r - s) / 1e6 for seq, (r, s) in got.items() if seq >= skip)
+    path, direct = e2e(got_path), e2e(got_direct)
+    both = sorted((got_path[k][0] - got_direct[k][0]) / 1e6 for k in got_path.keys() & got_direct.keys() if k >= skip)
+    print(json.dumps({"received": len(got_path), "expected": expected, "rate": rate, "warmup_skipped": skip,
+                      "p50_ms": pct(path, 0.50), "p99_ms": pct(path, 0.99), "p999_ms": pct(path, 0.999),
+                      "max_ms": round(path[-1], 3) if path else None,
+                      # The direct consumer reading the same records at the same time.
+                      "direct_received": len(got_direct),
+                      "direct_p50_ms": pct(direct, 0.50), "direct_p99_ms": pct(direct, 0.99),
+                      # Per record: received via the path minus received directly.
+                      "paired_diff_p50_ms": pct(both, 0.50), "paired_diff_p99_ms": pct(both, 0.99),
+                      "added_p99_ms": round(pct(path, 0.99) - pct(direct, 0.99), 3) if path and direct else None,
                       # produce() -> delivery report (broker ack), same clock: the producer's share.
                       "produce_ack_p50_ms": ack_p50 and round(ack_p50, 3), "produce_ack_p99_ms": ack_p99 and round(ack_p99, 3)}))
-    return 0 if len(lat) == expected else 1
+    return 0 if len(got_path) == expected else 1
 
 
 if __name__ == "__main__":

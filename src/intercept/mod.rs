@@ -70,7 +70,7 @@ pub struct Interceptor {
     /// The running policies; replaced whole on reload. A response is
     /// handled under the snapshot it started with.
     policies: RwLock<Arc<PolicySet>>,
-    pub verdicts: VerdictCache,
+    pub verdicts: Arc<VerdictCache>,
     pub dead_letter: Arc<DeadLetter>,
     /// How long a response waits for its diversions to be acknowledged.
     pub timeout: Duration,
@@ -80,7 +80,7 @@ impl Interceptor {
     pub fn new(policies: Arc<PolicySet>, dead_letter: Arc<DeadLetter>, timeout: Duration) -> Self {
         Interceptor {
             policies: RwLock::new(policies),
-            verdicts: VerdictCache::new(100_000),
+            verdicts: Arc::new(VerdictCache::new(100_000)),
             dead_letter,
             timeout,
         }
@@ -121,10 +121,12 @@ impl Interceptor {
         isolation: i8,
     ) -> anyhow::Result<Option<BytesMut>> {
         let policies = self.policies();
-        let cpu = ThreadCpu::start();
-        let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
         let mut seen = Seen::default();
-        let mut changed = rewrite::rewrite_fetch_endpoints(&mut resp, &shared.addrs, &mut seen);
+        let (mut resp, mut changed) = timed(|| -> anyhow::Result<_> {
+            let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
+            let changed = rewrite::rewrite_fetch_endpoints(&mut resp, &shared.addrs, &mut seen);
+            Ok((resp, changed))
+        })?;
         shared.learn(seen).await;
 
         if version >= 13
@@ -136,8 +138,7 @@ impl Interceptor {
             // Fetch v13+ names topics by id: learn ids we have not seen yet.
             let _ = crate::proxy::refresh_metadata(shared).await;
         }
-        let now_ms = now_ms();
-        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
+        let mut jobs = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
             let name = if version >= 13 {
                 shared
@@ -160,28 +161,26 @@ impl Interceptor {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
                     continue;
                 };
-                let vis = Visibility::new(
-                    isolation == READ_COMMITTED,
-                    p.aborted_transactions.as_deref(),
-                );
-                let ledger = self.dead_letter.ledger();
-                let partition = p.partition_index;
-                let plan = plan::plan_partition_with(
-                    policy,
-                    &topic_name,
-                    partition,
-                    records,
-                    &vis,
-                    now_ms,
-                    &self.verdicts,
-                    &|from, to| ledger.diverted_in(&topic_name, partition, from, to),
-                );
-                metrics::global().record_evaluated(&policy.name, plan.stats.validated);
-                if plan.changes_anything() {
-                    plans.push((ti, pi, plan));
-                } else {
-                    count(&plan, None);
-                }
+                jobs.push(Job {
+                    at: (ti, pi),
+                    policy: policy.clone(),
+                    topic: topic_name.clone(),
+                    partition: p.partition_index,
+                    records: records.clone(),
+                    vis: Visibility::new(
+                        isolation == READ_COMMITTED,
+                        p.aborted_transactions.as_deref(),
+                    ),
+                });
+            }
+        }
+        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
+        for (at, plan) in self.plan_all(jobs, now_ms()).await? {
+            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
+            if plan.changes_anything() {
+                plans.push((at.0, at.1, plan));
+            } else {
+                count(&plan, None);
             }
         }
         if version >= 13 {
@@ -189,37 +188,76 @@ impl Interceptor {
             changed |= self.hold_unresolved(shared, &mut resp);
         }
         if plans.is_empty() {
-            let out = changed.then(|| encode(&resp, version)).transpose();
-            cpu.stop();
-            return out;
+            return timed(|| changed.then(|| encode(&resp, version)).transpose());
         }
-        cpu.stop();
 
         // Divert everything first, concurrently, then apply the outcome.
         let outcomes = self.divert_all(&plans).await;
-        let cpu = ThreadCpu::start();
-        for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
-            count(&plan, failed_from);
-            let p = &mut resp.responses[ti].partitions[pi];
-            p.records = Some(match failed_from {
-                None => {
-                    holds.release(&plan.topic, plan.partition);
-                    plan.apply(None)?
-                }
-                Some(offset) => {
-                    warn!(topic = %plan.topic, partition = p.partition_index, offset,
-                        "dead-letter write failed: partition held before this offset");
-                    if holds.hold(&plan.topic, plan.partition, offset) {
-                        plan.apply(Some(offset))?
-                    } else {
-                        Bytes::new()
+        timed(|| {
+            for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
+                count(&plan, failed_from);
+                let p = &mut resp.responses[ti].partitions[pi];
+                p.records = Some(match failed_from {
+                    None => {
+                        holds.release(&plan.topic, plan.partition);
+                        plan.apply(None)?
                     }
-                }
-            });
+                    Some(offset) => {
+                        warn!(topic = %plan.topic, partition = p.partition_index, offset,
+                            "dead-letter write failed: partition held before this offset");
+                        if holds.hold(&plan.topic, plan.partition, offset) {
+                            plan.apply(Some(offset))?
+                        } else {
+                            Bytes::new()
+                        }
+                    }
+                });
+            }
+            Ok(Some(encode(&resp, version)?))
+        })
+    }
+
+    /// Plan every partition, in order. When several partitions carry at
+    /// least [`PARALLEL_MIN_BYTES`] in all, all but the first are planned
+    /// on blocking threads while this task plans the first, so one Fetch
+    /// response can use more than one core.
+    async fn plan_all(
+        &self,
+        mut jobs: Vec<Job>,
+        now_ms: i64,
+    ) -> anyhow::Result<Vec<((usize, usize), PartitionPlan)>> {
+        let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
+        if jobs.len() < 2 || bytes < PARALLEL_MIN_BYTES {
+            return Ok(jobs
+                .iter()
+                .map(|j| {
+                    (
+                        j.at,
+                        timed(|| j.plan(now_ms, &self.verdicts, &self.dead_letter)),
+                    )
+                })
+                .collect());
         }
-        let out = encode(&resp, version)?;
-        cpu.stop();
-        Ok(Some(out))
+        let rest: Vec<_> = jobs
+            .drain(1..)
+            .map(|j| {
+                let (verdicts, dl) = (self.verdicts.clone(), self.dead_letter.clone());
+                tokio::task::spawn_blocking(move || {
+                    (j.at, timed(|| j.plan(now_ms, &verdicts, &dl)))
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(rest.len() + 1);
+        for j in &jobs {
+            out.push((
+                j.at,
+                timed(|| j.plan(now_ms, &self.verdicts, &self.dead_letter)),
+            ));
+        }
+        for handle in rest {
+            out.push(handle.await?);
+        }
+        Ok(out)
     }
 
     /// Write every planned diversion; for each plan, the lowest offset whose
@@ -361,20 +399,45 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
     m.set_held(topic, partition, held_from.is_some());
 }
 
-/// Measures the CPU time of a synchronous stretch of code on this thread
-/// (no `.await` in between, so the task cannot move to another thread) and
-/// adds it to `antidote_fetch_rewrite_cpu_seconds_total`. A stretch cut
-/// short by `?` is not counted.
-struct ThreadCpu(Duration);
+/// Responses with less than this much record data across partitions are
+/// planned on the connection's task alone (a thread hand-off costs more).
+const PARALLEL_MIN_BYTES: usize = 256 * 1024;
 
-impl ThreadCpu {
-    fn start() -> Self {
-        ThreadCpu(thread_cpu_time())
-    }
+/// One partition of a Fetch response to plan.
+struct Job {
+    /// (topic index, partition index) in the response.
+    at: (usize, usize),
+    policy: Arc<crate::policy::Policy>,
+    topic: Arc<str>,
+    partition: i32,
+    records: Bytes,
+    vis: Visibility,
+}
 
-    fn stop(self) {
-        metrics::global().fetch_rewrite_cpu(thread_cpu_time().saturating_sub(self.0));
+impl Job {
+    fn plan(&self, now_ms: i64, verdicts: &VerdictCache, dl: &DeadLetter) -> PartitionPlan {
+        let ledger = dl.ledger();
+        plan::plan_partition_with(
+            &self.policy,
+            &self.topic,
+            self.partition,
+            &self.records,
+            &self.vis,
+            now_ms,
+            verdicts,
+            &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
+        )
     }
+}
+
+/// Run `f` and add the CPU time it took on this thread to
+/// `antidote_fetch_rewrite_cpu_seconds_total`. `f` is synchronous, so the
+/// task cannot move to another thread while it runs.
+fn timed<R>(f: impl FnOnce() -> R) -> R {
+    let start = thread_cpu_time();
+    let out = f();
+    metrics::global().fetch_rewrite_cpu(thread_cpu_time().saturating_sub(start));
+    out
 }
 
 fn thread_cpu_time() -> Duration {

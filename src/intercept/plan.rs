@@ -136,7 +136,7 @@ impl PartitionPlan {
     pub fn changes_anything(&self) -> bool {
         self.segments
             .iter()
-            .any(|s| matches!(s, SegmentPlan::Splice { .. }))
+            .any(|s| !matches!(s, SegmentPlan::Keep { .. }))
     }
 
     /// Build the new records section. `held_from`: the lowest offset whose
@@ -735,6 +735,10 @@ mod tests {
         // All in the DLT: the spliced bytes are resent, nothing decoded.
         let later = replan(&pol, &section, &cache, &[1, 7, 9]);
         assert_eq!(is_resent(&later), [true, false, true]);
+        assert!(
+            later.changes_anything(),
+            "resent batches replace the originals"
+        );
         assert!(later.diversions.is_empty());
         assert_eq!(later.already_diverted.len(), 3);
         assert_eq!((later.stats.diverted, later.stats.validated), (3, 0));
@@ -779,6 +783,7 @@ mod tests {
         let sent = replan(&pol, &section, &cache, &[]).apply(None).unwrap();
         let again = replan(&pol, &section, &cache, &[]);
         assert_eq!(is_resent(&again), [true]);
+        assert!(again.changes_anything());
         assert_eq!((again.stats.dropped, again.not_diverted.len()), (1, 1));
         assert_eq!(again.apply(None).unwrap(), sent);
     }

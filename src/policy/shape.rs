@@ -294,7 +294,12 @@ impl ShapeNode {
         }
         match v {
             Seen::Str(s) => {
-                if self.min_len.is_some() || self.max_len.is_some() {
+                // A string of b bytes has between ceil(b / 4) and b code
+                // points: count them only when that range straddles a limit.
+                let bytes = s.len() as u64;
+                let surely = self.min_len.is_none_or(|m| bytes.div_ceil(4) >= m)
+                    && self.max_len.is_none_or(|m| bytes <= m);
+                if !surely {
                     let n = s.chars().count() as u64;
                     if self.min_len.is_some_and(|m| n < m) || self.max_len.is_some_and(|m| n > m) {
                         return false;
@@ -342,7 +347,7 @@ impl ShapeNode {
 
     /// Which of this object's named keys `name` is.
     pub(crate) fn key(&self, name: &str) -> Member {
-        match self.keys.iter().position(|k| k.0 == name) {
+        match self.keys.iter().position(|k| same_key(&k.0, name)) {
             Some(i) => Member::Key(i),
             None => Member::Other,
         }
@@ -360,6 +365,13 @@ impl ShapeNode {
     pub(crate) fn complete(&self, seen: u64) -> bool {
         seen & self.required == self.required
     }
+}
+
+/// `a == b`, cheaper for short keys that differ: lengths and first bytes
+/// are compared before the bytes.
+#[inline]
+pub(crate) fn same_key(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.as_bytes().first() == b.as_bytes().first() && a == b
 }
 
 /// `v` compared with `limit`, when it can be decided exactly.
@@ -482,6 +494,19 @@ mod tests {
         assert!(!ok(json!({"a": 1, "b": "x", "c": [1, 2, 3]})));
         assert!(!ok(json!({"a": 1, "b": "x", "c": ["s"]})));
         assert!(!ok(json!([1])));
+    }
+
+    #[test]
+    fn lengths_count_code_points() {
+        let s = Shape::compile(&json!({"minLength": 2, "maxLength": 3})).unwrap();
+        let ok = |v: &str| s.root().scalar(Seen::Str(v));
+        assert!(!ok("é"), "1 code point in 2 bytes");
+        assert!(ok("éé"));
+        assert!(ok("ab"));
+        assert!(ok("😀😀😀"), "3 code points in 12 bytes");
+        assert!(!ok("😀😀😀😀"));
+        assert!(!ok("abcd"));
+        assert!(!ok("a"));
     }
 
     #[test]

@@ -15,12 +15,18 @@ use tracing::{error, info, warn};
 use crate::policy::PolicySet;
 use crate::proxy::Shared;
 
+/// Extensions of policy and schema files.
+const WATCHED: &[&str] = &["yaml", "yml", "json", "avsc", "proto"];
+
 /// How often policy files are checked for changes.
 const POLL: Duration = Duration::from_secs(1);
 
 /// A cheap picture of the policy files: every file's path, size and
 /// modification time. A policy file's own folder is included, since schema
-/// files usually sit next to (or below) the policies that name them.
+/// files usually sit next to (or below) the policies that name them; only
+/// files with a policy or schema extension count ([`WATCHED`]), so logs or
+/// other files written next to the policies do not cause reloads (each
+/// reload also empties the verdict cache).
 fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     let mut out = Vec::new();
     for p in paths {
@@ -49,7 +55,11 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime
         let Ok(meta) = e.metadata() else { continue };
         if meta.is_dir() {
             walk(&path, depth + 1, out);
-        } else {
+        } else if path
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| WATCHED.contains(&x))
+        {
             out.push((path, meta.len(), meta.modified().ok()));
         }
     }
@@ -112,5 +122,25 @@ pub async fn watch(shared: Arc<Shared>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_policy_and_schema_files_count_as_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(&policy, "policies: []\n").unwrap();
+        std::fs::write(dir.path().join("proxy.log"), "a").unwrap();
+        std::fs::create_dir(dir.path().join("schemas")).unwrap();
+        let paths = vec![policy];
+        let before = fingerprint(&paths);
+        std::fs::write(dir.path().join("proxy.log"), "a longer log line").unwrap();
+        assert_eq!(fingerprint(&paths), before, "a log file is not a policy");
+        std::fs::write(dir.path().join("schemas/x.avsc"), "{}").unwrap();
+        assert_ne!(fingerprint(&paths), before, "a new schema file is");
     }
 }
