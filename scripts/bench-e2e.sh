@@ -12,8 +12,14 @@
 #   For each path: records/s, MB/s, ratio to a, the proxy's CPU seconds and
 #   peak RSS; then produce->consume latency at BENCH_LAT_RATE msg/s.
 #
+# The paths are read in BENCH_ROUNDS rounds (a b0 b c c3 d, a b0 b c c3 d,
+# ...) so that drift on a shared machine hits every path alike; the report
+# uses each path's median. Latency is measured in round 1 only. Path c diverts
+# afresh each round (its DLT is named per round); c3 reads with round 1's DLT
+# in place, as later consumer groups would.
+#
 # Env: BENCH_RECORDS (1000000), BENCH_POISON_EVERY (1000), BENCH_LAT_RATE
-# (10000), BENCH_LAT_SECONDS (10), BENCH_PATHS ("a b0 b c c3 d"),
+# (10000), BENCH_LAT_SECONDS (10), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 b c c3 d"),
 # BENCH_COMPRESSION (none|lz4|zstd|...), BENCH_PORT (base port, random),
 # BENCH_SKIP_BUILD=1, BENCH_OUT (results JSON file).
 set -euo pipefail
@@ -25,6 +31,7 @@ POISON_EVERY="${BENCH_POISON_EVERY:-1000}"
 LAT_RATE="${BENCH_LAT_RATE:-10000}"
 LAT_SECS="${BENCH_LAT_SECONDS:-10}"
 PATHS="${BENCH_PATHS:-a b0 b c c3 d}"
+ROUNDS="${BENCH_ROUNDS:-3}"
 BASE="${BENCH_PORT:-$((20000 + RANDOM % 20000))}"
 TOPIC=geofence.triggers
 PY="$ROOT/.venv/bin/python"
@@ -88,6 +95,12 @@ log "tansu up on $BP (pid $TANSU_PID)"
 sed -e 's#topics: \["geofence.triggers"\]#topics: ["geofence.triggers", "latency.*"]#' \
     -e "s#schema: schemas/#schema: $ROOT/policies/schemas/#" policies/geofence.yaml >"$WORK/policy-c.yaml"
 grep -q 'latency\.\*' "$WORK/policy-c.yaml" || { log "could not adapt policies/geofence.yaml"; exit 1; }
+grep -q 'topic: "{topic}.dlt"' "$WORK/policy-c.yaml" || { log "policies/geofence.yaml has no {topic}.dlt"; exit 1; }
+for r in $(seq 2 "$ROUNDS"); do
+  sed -e "s#topic: \"{topic}.dlt\"#topic: \"{topic}.dlt-r$r\"#" "$WORK/policy-c.yaml" >"$WORK/policy-c-r$r.yaml"
+done
+policy_c() { if [[ $1 == 1 ]]; then echo "$WORK/policy-c.yaml"; else echo "$WORK/policy-c-r$1.yaml"; fi; }
+dlt_c() { if [[ $1 == 1 ]]; then echo "$TOPIC.dlt"; else echo "$TOPIC.dlt-r$1"; fi; }
 # b: the same policy, but on a topic nobody reads.
 sed -e 's#topics: \["geofence.triggers"\]#topics: ["some.other.topic"]#' \
     -e "s#schema: schemas/#schema: $ROOT/policies/schemas/#" policies/geofence.yaml >"$WORK/policy-b.yaml"
@@ -144,14 +157,14 @@ consume() { # path bootstrap expected group
   echo "$r"
 }
 
-run_path() { # path
-  local path=$1 boot pid="" cpu0=0 cpu1 r lat expected=$N
+run_path() { # path round
+  local path=$1 round=$2 boot pid="" cpu0=0 cpu1 r lat expected=$N
   PROXY_ADMIN=""
   case $path in
     a) boot="127.0.0.1:$BP"; pid=$TANSU_PID ;;
     b0) start_antidote b0 0 ""; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
     b) start_antidote b 1 "$WORK/policy-b.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
-    c) start_antidote c 2 "$WORK/policy-c.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
+    c) start_antidote c 2 "$(policy_c "$round")"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
     c3) start_antidote c3 3 "$WORK/policy-c.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
     d) start_tansu_proxy; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
   esac
@@ -162,11 +175,11 @@ run_path() { # path
     rw0="$(metric "$PROXY_ADMIN" antidote_fetch_rewrite_cpu_seconds_total)"
     ev0="$(metric "$PROXY_ADMIN" antidote_records_evaluated_total)"
   fi
-  log "path $path: consuming via $boot (expect $expected)"
+  log "path $path (round $round): consuming via $boot (expect $expected)"
   if [[ $path == c3 ]]; then
     local f
     for g in 1 2 3; do
-      "$PY" "$HELPER" consume "$boot" "$TOPIC" 3 "$expected" "bench-$path-g$g" >"$WORK/c3-$g.json" &
+      "$PY" "$HELPER" consume "$boot" "$TOPIC" 3 "$expected" "bench-$path-r$round-g$g" >"$WORK/c3-$g.json" &
       f+=" $!"
     done
     local ok=1
@@ -174,7 +187,7 @@ run_path() { # path
     r="[$(cat "$WORK"/c3-{1,2,3}.json | paste -sd,)]"
     [[ $ok == 1 ]] || { log "c3: a consumer did not get all records: $r"; }
   else
-    r="$(consume "$path" "$boot" "$expected" "bench-$path")" || return 1
+    r="$(consume "$path" "$boot" "$expected" "bench-$path-r$round")" || return 1
   fi
   cpu1="$(cpu_s "$pid")"
   local bcpu1; bcpu1="$(cpu_s "$TANSU_PID")"
@@ -190,14 +203,14 @@ run_path() { # path
   broker_cpu="$(awk -v a="$bcpu0" -v b="$bcpu1" 'BEGIN { printf "%.2f", b - a }')"
   log "path $path: $r proxy_cpu=$proxy_cpu broker_cpu=$broker_cpu rewrite_cpu=$rewrite_cpu evaluated=$evaluated"
   lat=null
-  if [[ $path != c3 && "${LAT_SECS}" != 0 ]]; then
+  if [[ $path != c3 && $round == 1 && "${LAT_SECS}" != 0 ]]; then
     log "path $path: latency at $LAT_RATE msg/s for $LAT_SECS s"
     lat="$("$PY" "$HELPER" latency "$boot" "127.0.0.1:$BP" "latency.$path" 3 "$LAT_RATE" "$LAT_SECS")" || log "latency via $path incomplete: $lat"
     log "path $path: latency $lat"
   fi
   local hwm=null total_cpu=null
   if [[ $path != a ]]; then hwm="$(hwm_kb "$pid")"; total_cpu="$(cpu_s "$pid")"; fi
-  record "{\"phase\":\"path\",\"path\":\"$path\",\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
+  record "{\"phase\":\"path\",\"path\":\"$path\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
   if [[ $path != a ]]; then stop "$pid"; fi
 }
 
@@ -205,18 +218,22 @@ run_path() { # path
 consume warmup "127.0.0.1:$BP" "$N" bench-warmup >/dev/null || true
 # Direct first, then the proxies, then direct again (drift check).
 fail=0
-for p in $PATHS; do run_path "$p" || fail=1; done
+for round in $(seq 1 "$ROUNDS"); do
+  for p in $PATHS; do run_path "$p" "$round" || fail=1; done
+done
 if [[ " $PATHS " == *" a "* ]]; then
   log "path a (again, drift check)"
   r="$(consume a2 "127.0.0.1:$BP" "$N" bench-a2)" && record "{\"phase\":\"path\",\"path\":\"a2\",\"consume\":$r}" || fail=1
 fi
 # The poison must be in the dead-letter topic, once each.
 if [[ " $PATHS " == *" c "* ]]; then
-  r="$("$PY" "$HELPER" consume "127.0.0.1:$BP" "$TOPIC.dlt" 1 "$POISON" bench-dlt 5)" || { log "DLT check failed: $r"; fail=1; }
-  record "{\"phase\":\"dlt\",\"result\":${r:-null}}"
+  for round in $(seq 1 "$ROUNDS"); do
+    r="$("$PY" "$HELPER" consume "127.0.0.1:$BP" "$(dlt_c "$round")" 1 "$POISON" "bench-dlt-r$round" 5)" || { log "DLT check failed: $r"; fail=1; }
+    record "{\"phase\":\"dlt\",\"round\":$round,\"result\":${r:-null}}"
+  done
 fi
 
-machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)\",\"records\":$N,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
+machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)\",\"records\":$N,\"rounds\":$ROUNDS,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
 record "{\"phase\":\"machine\",\"result\":$machine}"
 "$PY" "$ROOT/scripts/bench/report.py" "$RESULTS" | tee "${OUT%.json}.txt"
 cp "$RESULTS" "$OUT"
