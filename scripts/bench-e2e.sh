@@ -170,10 +170,15 @@ run_path() { # path round
   esac
   local bcpu0; bcpu0="$(cpu_s "$TANSU_PID")"
   cpu0="$(cpu_s "$pid")"
-  local rw0=0 ev0=0 rw1=0 ev1=0
+  # Counters read before and after the read, from the proxy's /metrics.
+  local counters=(antidote_fetch_rewrite_cpu_seconds_total antidote_records_evaluated_total
+    antidote_fetch_rewrite_duration_seconds_sum antidote_fetch_rewrite_duration_seconds_count
+    antidote_dlt_write_duration_seconds_sum antidote_dlt_write_duration_seconds_count)
+  local -A m0=() m1=()
+  local k
+  for k in "${counters[@]}"; do m0[$k]=0; m1[$k]=0; done
   if [[ -n $PROXY_ADMIN ]]; then
-    rw0="$(metric "$PROXY_ADMIN" antidote_fetch_rewrite_cpu_seconds_total)"
-    ev0="$(metric "$PROXY_ADMIN" antidote_records_evaluated_total)"
+    for k in "${counters[@]}"; do m0[$k]="$(metric "$PROXY_ADMIN" "$k")"; done
   fi
   log "path $path (round $round): consuming via $boot (expect $expected)"
   if [[ $path == c3 ]]; then
@@ -192,12 +197,16 @@ run_path() { # path round
   cpu1="$(cpu_s "$pid")"
   local bcpu1; bcpu1="$(cpu_s "$TANSU_PID")"
   if [[ -n $PROXY_ADMIN ]]; then
-    rw1="$(metric "$PROXY_ADMIN" antidote_fetch_rewrite_cpu_seconds_total)"
-    ev1="$(metric "$PROXY_ADMIN" antidote_records_evaluated_total)"
+    for k in "${counters[@]}"; do m1[$k]="$(metric "$PROXY_ADMIN" "$k")"; done
   fi
-  local rewrite_cpu evaluated
-  rewrite_cpu="$(awk -v a="$rw0" -v b="$rw1" 'BEGIN { printf "%.3f", b - a }')"
-  evaluated="$(awk -v a="$ev0" -v b="$ev1" 'BEGIN { printf "%d", b - a }')"
+  delta() { awk -v a="${m0[$1]}" -v b="${m1[$1]}" -v f="$2" 'BEGIN { printf f, b - a }'; }
+  local rewrite_cpu evaluated rewrites rewrite_wall dlt_writes dlt_wall
+  rewrite_cpu="$(delta antidote_fetch_rewrite_cpu_seconds_total %.3f)"
+  evaluated="$(delta antidote_records_evaluated_total %d)"
+  rewrites="$(delta antidote_fetch_rewrite_duration_seconds_count %d)"
+  rewrite_wall="$(delta antidote_fetch_rewrite_duration_seconds_sum %.3f)"
+  dlt_writes="$(delta antidote_dlt_write_duration_seconds_count %d)"
+  dlt_wall="$(delta antidote_dlt_write_duration_seconds_sum %.3f)"
   local proxy_cpu broker_cpu
   proxy_cpu="$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')"
   broker_cpu="$(awk -v a="$bcpu0" -v b="$bcpu1" 'BEGIN { printf "%.2f", b - a }')"
@@ -210,7 +219,7 @@ run_path() { # path round
   fi
   local hwm=null total_cpu=null
   if [[ $path != a ]]; then hwm="$(hwm_kb "$pid")"; total_cpu="$(cpu_s "$pid")"; fi
-  record "{\"phase\":\"path\",\"path\":\"$path\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
+  record "{\"phase\":\"path\",\"path\":\"$path\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"rewrites\":$rewrites,\"rewrite_wall_s\":$rewrite_wall,\"dlt_writes\":$dlt_writes,\"dlt_write_wall_s\":$dlt_wall,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
   if [[ $path != a ]]; then stop "$pid"; fi
 }
 

@@ -127,33 +127,6 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
     return 0 if count == expected else 1
 
 
-def _paced_producer(bootstrap, topic, parts, rate, seconds, ready, acks_out):
-    p = producer(bootstrap, **{"linger.ms": int(os.environ.get("BENCH_LAT_LINGER_MS", "1")), "batch.size": 65536})
-    ready.wait(30)
-    n = int(rate * seconds)
-    acks = []
-    def on_ack(err, _msg, sent_ns):
-        if err is None:
-            acks.append((time.time_ns() - sent_ns) / 1e6)
-    t0 = time.perf_counter()
-    for i in range(n):
-        target = t0 + i / rate
-        while True:
-            d = target - time.perf_counter()
-            if d <= 0:
-                break
-            if d > 0.001:
-                p.poll(min(d - 0.0005, 0.005))
-        sent = time.time_ns()
-        p.produce(topic, value(i, False), partition=i % parts,
-                  headers=[("idempotency-key", b"k-%012d" % i), ("bench-ts-ns", str(sent).encode())],
-                  on_delivery=lambda err, msg, sent=sent: on_ack(err, msg, sent))
-        p.poll(0)
-    p.flush(30)
-    acks.sort()
-    acks_out.put([acks[int(q * (len(acks) - 1))] for q in (0.5, 0.99)] if acks else [None, None])
-
-
 def _latency_consumer(bootstrap, topic, parts, expected, ready, go, out):
     """Receive times (ns) by record sequence number, sent back through `out`."""
     c = consumer(bootstrap, "lat-%d" % os.getpid(),

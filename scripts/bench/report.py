@@ -69,6 +69,21 @@ for p in order[1:-1]:
         print(f"  {p:5} {v:>9.0f} {v / ra if ra else float('nan'):>6.2f} "
               f"{median(p, lambda r: r.get('proxy_cpu_s')) or 0:>9.2f} {median(p, lambda r: r.get('rewrite_cpu_s')) or 0:>10.3f}")
 print()
+print("where the proxy's time goes (per run): Fetch responses inspected, mean wall ms each (from the response"
+      " arriving to it being ready to send, DLT wait included), mean CPU ms each (decode, judge, splice, encode),"
+      " DLT produce requests and their mean ms; share = inspected wall time / read time")
+for p in ("b", "c", "c3"):
+    for r in runs.get(p, []):
+        n = r.get("rewrites")
+        if not n:
+            continue
+        secs = consume(r).get("seconds") or 0
+        dn = r.get("dlt_writes") or 0
+        dlt_ms = f"{1000 * r['dlt_write_wall_s'] / dn:.1f}" if dn else "-"
+        print(f"  {p:3} round {r.get('round')}: {n} responses, {1000 * r['rewrite_wall_s'] / n:.1f} ms wall, "
+              f"{1000 * r['rewrite_cpu_s'] / n:.1f} ms CPU; {dn} DLT writes, {dlt_ms} ms; "
+              f"share {r['rewrite_wall_s'] / secs if secs else 0:.2f}")
+print()
 for d in dlts:
     res = d.get("result") or {}
     print(f"dead-letter topic, round {d.get('round', 1)}: {res.get('records')} records (expected {res.get('expected')})")

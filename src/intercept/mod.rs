@@ -366,17 +366,9 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
         policy,
         plan.stats.judged.saturating_sub(invalid),
     );
-    for d in diverted {
-        m.record_invalid(
-            topic,
-            partition,
-            policy,
-            d.invalid.class,
-            &d.invalid.rule,
-            InvalidAction::Diverted,
-        );
-    }
-    for inv in &plan.already_diverted {
+    // Diverted now, or by an earlier fetch (batches resent as spliced).
+    let diverted = diverted.into_iter().map(|d| &d.invalid);
+    for inv in diverted.chain(&plan.already_diverted) {
         m.record_invalid(
             topic,
             partition,
