@@ -33,7 +33,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde_json::{Map, Number, Value};
 
 use super::rules::{Doc, Field, Pointer};
-use super::shape::{same_key, Member, Seen, Shape, ShapeNode};
+use super::shape::{Member, Seen, Shape, ShapeNode};
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;
@@ -590,10 +590,7 @@ impl<'de> Visitor<'de> for Key<'_> {
     }
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
         Ok((
-            self.children
-                .iter()
-                .find(|c| same_key(&c.0, v))
-                .map(|c| c.2),
+            self.children.iter().find(|c| c.0 == v).map(|c| c.2),
             self.shape.map(|s| s.key(v)),
         ))
     }

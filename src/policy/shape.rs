@@ -294,12 +294,7 @@ impl ShapeNode {
         }
         match v {
             Seen::Str(s) => {
-                // A string of b bytes has between ceil(b / 4) and b code
-                // points: count them only when that range straddles a limit.
-                let bytes = s.len() as u64;
-                let surely = self.min_len.is_none_or(|m| bytes.div_ceil(4) >= m)
-                    && self.max_len.is_none_or(|m| bytes <= m);
-                if !surely {
+                if self.min_len.is_some() || self.max_len.is_some() {
                     let n = s.chars().count() as u64;
                     if self.min_len.is_some_and(|m| n < m) || self.max_len.is_some_and(|m| n > m) {
                         return false;
@@ -347,7 +342,7 @@ impl ShapeNode {
 
     /// Which of this object's named keys `name` is.
     pub(crate) fn key(&self, name: &str) -> Member {
-        match self.keys.iter().position(|k| same_key(&k.0, name)) {
+        match self.keys.iter().position(|k| k.0 == name) {
             Some(i) => Member::Key(i),
             None => Member::Other,
         }
@@ -365,13 +360,6 @@ impl ShapeNode {
     pub(crate) fn complete(&self, seen: u64) -> bool {
         seen & self.required == self.required
     }
-}
-
-/// `a == b`, cheaper for short keys that differ: lengths and first bytes
-/// are compared before the bytes.
-#[inline]
-pub(crate) fn same_key(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.as_bytes().first() == b.as_bytes().first() && a == b
 }
 
 /// `v` compared with `limit`, when it can be decided exactly.
