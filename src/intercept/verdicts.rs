@@ -41,7 +41,7 @@ pub struct Judged {
 pub type Verdicts = Arc<Vec<Judged>>;
 
 /// Bytes of spliced batches kept across all entries.
-pub const SPLICED_BUDGET: usize = 64 << 20;
+pub const SPLICED_BUDGET: usize = 32 << 20;
 
 struct Entry {
     crc: u32,
