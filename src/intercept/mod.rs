@@ -10,8 +10,10 @@
 //! client fetches it again later; nothing past it is delivered, other
 //! partitions flow on.
 //!
-//! Planning (`plan`) is pure; this module only adds the awaiting of
-//! diversions and the re-encoding of the response.
+//! Planning (`plan`) is pure; this module adds running it for the
+//! partitions of a response (in parallel when there is enough data), the
+//! awaiting of diversions, the re-encoding of the response, and the
+//! accounting of the CPU all that takes.
 
 pub mod plan;
 mod verdicts;
