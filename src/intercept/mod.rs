@@ -368,27 +368,19 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
         policy,
         plan.stats.judged.saturating_sub(invalid),
     );
-    // Diverted now, or by an earlier fetch (batches resent as spliced).
-    let diverted = diverted.into_iter().map(|d| &d.invalid);
-    for inv in diverted.chain(&plan.already_diverted) {
-        m.record_invalid(
-            topic,
-            partition,
-            policy,
-            inv.class,
-            &inv.rule,
-            InvalidAction::Diverted,
-        );
-    }
-    for (action, inv) in &plan.not_diverted {
-        m.record_invalid(
-            topic,
-            partition,
-            policy,
-            inv.class,
-            &inv.rule,
-            (*action).into(),
-        );
+    // Diverted now or by an earlier fetch (batches resent as spliced),
+    // dropped, or passed.
+    let outcomes = diverted
+        .into_iter()
+        .map(|d| (&d.invalid, InvalidAction::Diverted))
+        .chain(
+            plan.already_diverted
+                .iter()
+                .map(|i| (i, InvalidAction::Diverted)),
+        )
+        .chain(plan.not_diverted.iter().map(|(a, i)| (i, (*a).into())));
+    for (inv, action) in outcomes {
+        m.record_invalid(topic, partition, policy, inv.class, &inv.rule, action);
     }
     m.set_held(topic, partition, held_from.is_some());
 }
