@@ -91,17 +91,52 @@ fn key(values: &[&str]) -> LabelValues {
     values.iter().map(|v| v.to_string()).collect()
 }
 
-/// A family of monotonically increasing counters with the same label names.
-struct CounterFamily {
+/// What a family's series hold: `AtomicU64` for counters, `AtomicI64` for
+/// gauges.
+trait Cell: Default {
+    type Value: Copy + Ord + std::fmt::Display;
+    /// The Prometheus type name.
+    const KIND: &'static str;
+    fn add(&self, v: Self::Value);
+    fn load(&self) -> Self::Value;
+}
+
+impl Cell for AtomicU64 {
+    type Value = u64;
+    const KIND: &'static str = "counter";
+    fn add(&self, v: u64) {
+        self.fetch_add(v, Ordering::Relaxed);
+    }
+    fn load(&self) -> u64 {
+        AtomicU64::load(self, Ordering::Relaxed)
+    }
+}
+
+impl Cell for AtomicI64 {
+    type Value = i64;
+    const KIND: &'static str = "gauge";
+    fn add(&self, v: i64) {
+        self.fetch_add(v, Ordering::Relaxed);
+    }
+    fn load(&self) -> i64 {
+        AtomicI64::load(self, Ordering::Relaxed)
+    }
+}
+
+/// A family of counters (only go up) or gauges (go up and down).
+struct Family<C: Cell> {
     name: &'static str,
     help: &'static str,
     labels: &'static [&'static str],
-    series: DashMap<LabelValues, AtomicU64>,
+    series: DashMap<LabelValues, C>,
 }
 
-impl CounterFamily {
+type CounterFamily = Family<AtomicU64>;
+type GaugeFamily = Family<AtomicI64>;
+
+impl<C: Cell> Family<C> {
     fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
-        CounterFamily {
+        Family {
             name,
             help,
             labels,
@@ -109,28 +144,30 @@ impl CounterFamily {
         }
     }
 
-    fn add(&self, values: &[&str], n: u64) {
+    /// Run `f` on the series of `values`, creating it at zero if new.
+    fn with<R>(&self, values: &[&str], f: impl FnOnce(&C) -> R) -> R {
         debug_assert_eq!(values.len(), self.labels.len(), "{}", self.name);
         let k = key(values);
         if let Some(c) = self.series.get(&k) {
-            c.fetch_add(n, Ordering::Relaxed);
-            return;
+            return f(&c);
         }
-        self.series
-            .entry(k)
-            .or_insert_with(|| AtomicU64::new(0))
-            .fetch_add(n, Ordering::Relaxed);
+        let c = self.series.entry(k).or_default();
+        f(&c)
     }
 
-    fn get(&self, values: &[&str]) -> u64 {
+    fn add(&self, values: &[&str], v: C::Value) {
+        self.with(values, |c| c.add(v));
+    }
+
+    fn get(&self, values: &[&str]) -> C::Value {
         self.series
             .get(&key(values))
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+            .map_or_else(|| C::default().load(), |c| c.load())
     }
 
     fn render(&self, out: &mut String) {
-        header(out, self.name, self.help, "counter");
-        for (labels, v) in sorted(&self.series, |c| c.load(Ordering::Relaxed)) {
+        header(out, self.name, self.help, C::KIND);
+        for (labels, v) in sorted(&self.series, |c| c.load()) {
             sample(
                 out,
                 self.name,
@@ -142,63 +179,11 @@ impl CounterFamily {
             );
         }
     }
-}
-
-/// A family of gauges (values that go up and down).
-struct GaugeFamily {
-    name: &'static str,
-    help: &'static str,
-    labels: &'static [&'static str],
-    series: DashMap<LabelValues, AtomicI64>,
 }
 
 impl GaugeFamily {
-    fn new(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Self {
-        GaugeFamily {
-            name,
-            help,
-            labels,
-            series: DashMap::new(),
-        }
-    }
-
-    fn with<R>(&self, values: &[&str], f: impl FnOnce(&AtomicI64) -> R) -> R {
-        debug_assert_eq!(values.len(), self.labels.len(), "{}", self.name);
-        let k = key(values);
-        if let Some(g) = self.series.get(&k) {
-            return f(&g);
-        }
-        let g = self.series.entry(k).or_insert_with(|| AtomicI64::new(0));
-        f(&g)
-    }
-
     fn set(&self, values: &[&str], v: i64) {
         self.with(values, |g| g.store(v, Ordering::Relaxed));
-    }
-
-    fn add(&self, values: &[&str], d: i64) {
-        self.with(values, |g| g.fetch_add(d, Ordering::Relaxed));
-    }
-
-    fn get(&self, values: &[&str]) -> i64 {
-        self.series
-            .get(&key(values))
-            .map_or(0, |g| g.load(Ordering::Relaxed))
-    }
-
-    fn render(&self, out: &mut String) {
-        header(out, self.name, self.help, "gauge");
-        for (labels, v) in sorted(&self.series, |g| g.load(Ordering::Relaxed)) {
-            sample(
-                out,
-                self.name,
-                "",
-                self.labels,
-                &labels,
-                None,
-                &v.to_string(),
-            );
-        }
     }
 }
 
