@@ -359,18 +359,37 @@ impl<'p, 'de> At<'p, '_, 'de> {
         Ok(())
     }
 
-    fn inner<E: de::Error>(&self) -> Result<usize, E> {
+    /// Entering an array or object: checks depth and that the shape allows
+    /// it (`opens`). `Some(depth of its members)` to visit them one by one,
+    /// `None` when a rule needs it whole (build it with [`Self::builder`]).
+    fn enter<E: de::Error>(&self, opens: fn(&ShapeNode) -> bool) -> Result<Option<usize>, E> {
         if self.depth >= self.max {
             return Err(too_deep(self.max));
         }
-        Ok(self.depth + 1)
+        if self.shape.is_some_and(|s| !opens(s)) {
+            return Err(mismatch());
+        }
+        let whole = self.node().is_some_and(|n| n.slot.is_some());
+        Ok((!whole).then_some(self.depth + 1))
+    }
+
+    fn builder(&self) -> BuildValue {
+        BuildValue {
+            depth: self.depth,
+            max: self.max,
+        }
+    }
+
+    /// This value's schema node with the whole shape it belongs to.
+    fn shapes(&self) -> Option<(&'p ShapeNode, &'p Shape)> {
+        Some((self.shape?, self.plan.shape.as_ref()?))
     }
 
     /// A pointer ends at this array or object: build it in full, check it
     /// against the shape, and resolve the pointers that continue below it
     /// from the built value.
     fn whole<E: de::Error>(self, v: Value) -> Result<(), E> {
-        if let (Some(s), Some(shape)) = (self.shape, &self.plan.shape) {
+        if let Some((s, shape)) = self.shapes() {
             if !shape.accepts(s, &v) {
                 return Err(mismatch());
             }
@@ -471,23 +490,15 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
         self.scalar(Seen::Null, || Captured::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(mut self, seq: A) -> Result<(), A::Error> {
-        let depth = self.inner()?;
-        if self.shape.is_some_and(|s| !s.open_array()) {
-            return Err(mismatch());
-        }
-        let node = self.node();
-        if node.is_some_and(|n| n.slot.is_some()) {
-            let v = BuildValue {
-                depth: self.depth,
-                max: self.max,
-            }
-            .visit_seq(seq)?;
+        let Some(depth) = self.enter(ShapeNode::open_array)? else {
+            let v = self.builder().visit_seq(seq)?;
             return self.whole(v);
-        }
+        };
+        let node = self.node();
         let indexed = node.is_some_and(|n| n.children.iter().any(|c| c.1.is_some()));
-        let (shape, items) = match (self.shape, &self.plan.shape) {
-            (Some(s), Some(all)) => (Some(s), all.items(s)),
-            _ => (None, None),
+        let (shape, items) = match self.shapes() {
+            Some((s, all)) => (Some(s), all.items(s)),
+            None => (None, None),
         };
         if !indexed && shape.is_none() {
             return skip_seq(seq, depth, self.max);
@@ -519,24 +530,12 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(mut self, map: A) -> Result<(), A::Error> {
-        let depth = self.inner()?;
-        if self.shape.is_some_and(|s| !s.open_object()) {
-            return Err(mismatch());
-        }
-        let node = self.node();
-        if node.is_some_and(|n| n.slot.is_some()) {
-            let v = BuildValue {
-                depth: self.depth,
-                max: self.max,
-            }
-            .visit_map(map)?;
+        let Some(depth) = self.enter(ShapeNode::open_object)? else {
+            let v = self.builder().visit_map(map)?;
             return self.whole(v);
-        }
-        let children: &[_] = node.map_or(&[], |n| &n.children);
-        let shape = match (self.shape, &self.plan.shape) {
-            (Some(s), Some(all)) => Some((s, all)),
-            _ => None,
         };
+        let children: &[_] = self.node().map_or(&[], |n| &n.children);
+        let shape = self.shapes();
         if children.is_empty() && shape.is_none() {
             return skip_map(map, depth, self.max);
         }
