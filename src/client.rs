@@ -8,7 +8,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, RequestHeader};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::produce_response::PartitionProduceResponse;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ProduceRequest, RequestHeader, TopicName,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
@@ -502,6 +506,36 @@ impl Cluster {
                 msg: format!("no leader for {topic}-{partition}"),
             })?;
         self.node(node).await
+    }
+
+    /// Write `batch` to `topic`/`partition` on its leader with acks=all;
+    /// the partition's part of the response (its error code, base offset).
+    pub async fn produce(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        batch: Bytes,
+    ) -> Result<PartitionProduceResponse, ClientError> {
+        let req = ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(10_000)
+            .with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partition_data(vec![PartitionProduceData::default()
+                    .with_index(partition)
+                    .with_records(Some(batch))])]);
+        let resp = self.leader(topic, partition).await?.send(req, 3, 9).await?;
+        resp.responses
+            .into_iter()
+            .flat_map(|t| t.partition_responses)
+            .find(|p| p.index == partition)
+            .ok_or_else(|| ClientError::Protocol {
+                addr: HostPort {
+                    host: "-".into(),
+                    port: 0,
+                },
+                msg: format!("{topic}-{partition}: no partition in the produce response"),
+            })
     }
 
     /// A connection to broker `node`.

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::InitProducerIdRequest;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -268,25 +266,10 @@ impl Producer {
         partition: i32,
         batch: Bytes,
     ) -> Result<i16, String> {
-        let req = ProduceRequest::default()
-            .with_acks(-1)
-            .with_timeout_ms(10_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![PartitionProduceData::default()
-                    .with_index(partition)
-                    .with_records(Some(batch))])]);
-        let conn = self
-            .cluster
-            .leader(topic, partition)
+        self.cluster
+            .produce(topic, partition, batch)
             .await
-            .map_err(|e| e.to_string())?;
-        let resp = conn.send(req, 3, 9).await.map_err(|e| e.to_string())?;
-        resp.responses
-            .iter()
-            .flat_map(|t| t.partition_responses.iter())
-            .find(|p| p.index == partition)
             .map(|p| p.error_code)
-            .ok_or_else(|| format!("{topic}-{partition}: no partition in produce response"))
+            .map_err(|e| e.to_string())
     }
 }

@@ -37,9 +37,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{ProduceRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
 
 use super::{
     read_dlt, Context, DltError, DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM,
@@ -471,29 +468,7 @@ async fn produce(
         .map_err(|e| DltError::Produce(e.to_string()))?;
     let mut last = String::new();
     for attempt in 0..3u32 {
-        let req = ProduceRequest::default()
-            .with_acks(-1)
-            .with_timeout_ms(10_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![PartitionProduceData::default()
-                    .with_index(partition)
-                    .with_records(Some(batch.clone()))])]);
-        let resp = cluster
-            .leader(topic, partition)
-            .await?
-            .send(req, 3, 9)
-            .await?;
-        let p = resp
-            .responses
-            .iter()
-            .flat_map(|t| t.partition_responses.iter())
-            .find(|p| p.index == partition)
-            .ok_or_else(|| {
-                DltError::Produce(format!(
-                    "{topic}-{partition}: no partition in the produce response"
-                ))
-            })?;
+        let p = cluster.produce(topic, partition, batch.clone()).await?;
         match p.error_code {
             0 => return Ok(p.base_offset),
             code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
