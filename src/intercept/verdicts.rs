@@ -164,11 +164,7 @@ impl VerdictCache {
             return None;
         }
         let verdicts = e.invalid.get()?.clone();
-        Some(Known {
-            entry: e.clone(),
-            verdicts,
-            store: self.spliced.clone(),
-        })
+        Some(self.known(e.clone(), verdicts))
     }
 
     /// The verdicts of a decoded batch: judged now, or taken from (or
@@ -218,15 +214,15 @@ impl VerdictCache {
                 )
             })
             .clone();
-        let store = self.spliced.clone();
-        (
-            Known {
-                entry,
-                verdicts,
-                store,
-            },
-            judged_here,
-        )
+        (self.known(entry, verdicts), judged_here)
+    }
+
+    fn known(&self, entry: Arc<Entry>, verdicts: Verdicts) -> Known {
+        Known {
+            entry,
+            verdicts,
+            store: self.spliced.clone(),
+        }
     }
 
     /// Bytes of spliced batches currently accounted for.
