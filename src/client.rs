@@ -369,13 +369,7 @@ impl Cluster {
                 }
             }
             if self.bootstrap_conn.is_none() {
-                return Err(last.unwrap_or_else(|| ClientError::Protocol {
-                    addr: HostPort {
-                        host: "-".into(),
-                        port: 0,
-                    },
-                    msg: "no bootstrap servers".into(),
-                }));
+                return Err(last.unwrap_or_else(|| no_broker("no bootstrap servers".into())));
             }
         }
         self.bootstrap_conn.as_mut().ok_or_else(unreachable_conn)
@@ -498,13 +492,7 @@ impl Cluster {
             .get(topic)
             .and_then(|l| l.get(partition as usize).copied())
             .filter(|&n| n >= 0)
-            .ok_or_else(|| ClientError::Protocol {
-                addr: HostPort {
-                    host: "-".into(),
-                    port: 0,
-                },
-                msg: format!("no leader for {topic}-{partition}"),
-            })?;
+            .ok_or_else(|| no_broker(format!("no leader for {topic}-{partition}")))?;
         self.node(node).await
     }
 
@@ -529,12 +517,10 @@ impl Cluster {
             .into_iter()
             .flat_map(|t| t.partition_responses)
             .find(|p| p.index == partition)
-            .ok_or_else(|| ClientError::Protocol {
-                addr: HostPort {
-                    host: "-".into(),
-                    port: 0,
-                },
-                msg: format!("{topic}-{partition}: no partition in the produce response"),
+            .ok_or_else(|| {
+                no_broker(format!(
+                    "{topic}-{partition}: no partition in the produce response"
+                ))
             })
     }
 
@@ -545,13 +531,7 @@ impl Cluster {
                 .brokers
                 .get(&node)
                 .cloned()
-                .ok_or_else(|| ClientError::Protocol {
-                    addr: HostPort {
-                        host: "-".into(),
-                        port: 0,
-                    },
-                    msg: format!("broker {node} unknown"),
-                })?;
+                .ok_or_else(|| no_broker(format!("broker {node} unknown")))?;
             let conn = Connection::connect(&addr, &self.ep).await?;
             self.conns.insert(node, conn);
         }
@@ -567,11 +547,17 @@ impl Cluster {
 }
 
 fn unreachable_conn() -> ClientError {
+    no_broker("no connection".into())
+}
+
+/// An error that belongs to no one broker (no leader known, no bootstrap
+/// server answered, ...).
+fn no_broker(msg: String) -> ClientError {
     ClientError::Protocol {
         addr: HostPort {
             host: "-".into(),
             port: 0,
         },
-        msg: "no connection".into(),
+        msg,
     }
 }
