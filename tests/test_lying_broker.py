@@ -1,0 +1,299 @@
+"""A broker that lies: responses whose arrays and strings claim billions of
+elements. tansu cannot send such bytes, so a small relay in front of it
+(`LyingFront`) forwards everything and replaces the next response of a
+chosen API with a lie. antidote must end that one connection (the broker's
+bytes cannot be decoded) and keep running and serving every other
+connection; before the bounded decoder (vendor/kafka-protocol) a 7-byte
+ApiVersions body aborted the process.
+
+tansu advertises the front's port, so every broker connection of the proxy
+(bootstrap, per-broker listeners, its own metadata and DLT traffic) passes
+through the front."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+import uuid
+from typing import Optional
+
+import pytest
+
+import fault_support as fs
+import harness as h
+from clients import Endpoint, Rec, ck_consume_assign, ck_create_topic, ck_produce
+
+# Bodies (after the correlation id and any response-header tagged fields)
+# whose first array or string claims ~2^31 or ~2^32 elements.
+HUGE_COMPACT = b"\xff\xff\xff\xff\x0f"
+HUGE_I32 = b"\x7f\xff\xff\xff"
+LIES = {
+    # ApiVersions v0 (classic array): error code, then the api_keys count.
+    (18, 0): b"\x00\x00" + HUGE_I32,
+    # ApiVersions v3 (compact array): the issue's 7 bytes.
+    (18, 3): b"\x00\x00" + HUGE_COMPACT,
+    # Metadata v1: brokers count.
+    (3, 1): HUGE_I32,
+    # Metadata v12 (flexible): throttle, then brokers compact count.
+    (3, 12): b"\x00\x00\x00\x00" + HUGE_COMPACT,
+    # FindCoordinator v1: throttle, error, then an error-message length of 32767
+    # with nothing behind it.
+    (10, 1): b"\x00\x00\x00\x00\x00\x00\x7f\xff",
+    # Fetch v11: throttle, error, session id, then the responses count.
+    (1, 11): b"\x00" * 10 + HUGE_I32,
+}
+# Response header v1 (one tagged-fields byte) for these flexible versions.
+FLEXIBLE = {(3, 12)}
+
+
+class LyingFront:
+    """Relays 127.0.0.1:port to a broker; `lie_next(key, version)` replaces the
+    next response to that request with `LIES[(key, version)]`, or
+    `lie_always(key)` every response to `key` at any listed version."""
+
+    def __init__(self, port: int, target_port: int):
+        self.port, self.target = port, target_port
+        self._lock = threading.Lock()
+        self._once: set[tuple[int, int]] = set()
+        self._always: set[int] = set()
+        self.lies_told = 0
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((h.HOST, port))
+        self._sock.listen(64)
+        self._stop = threading.Event()
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def lie_next(self, key: int, version: int) -> None:
+        with self._lock:
+            self._once.add((key, version))
+
+    def lie_always(self, key: int) -> None:
+        with self._lock:
+            self._always.add(key)
+
+    def truth(self) -> None:
+        with self._lock:
+            self._once.clear()
+            self._always.clear()
+
+    def _take_lie(self, key: int, version: int) -> Optional[bytes]:
+        with self._lock:
+            if (key, version) not in LIES:
+                return None
+            if key in self._always or (key, version) in self._once:
+                self._once.discard((key, version))
+                self.lies_told += 1
+                return LIES[(key, version)]
+        return None
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                c, _ = self._sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            try:
+                b = socket.create_connection((h.HOST, self.target), timeout=5)
+            except OSError:
+                c.close()
+                continue
+            self._conns += [c, b]
+            pending: list[tuple[int, int, int]] = []
+            cond = threading.Condition()
+            threading.Thread(target=self._requests, args=(c, b, pending, cond), daemon=True).start()
+            threading.Thread(target=self._responses, args=(c, b, pending, cond), daemon=True).start()
+
+    @staticmethod
+    def _frame(s: socket.socket) -> Optional[bytes]:
+        try:
+            size = struct.unpack(">i", h.recv_exact(s, 4))[0]
+            return h.recv_exact(s, size)
+        except (ConnectionError, OSError, struct.error):
+            return None
+
+    def _requests(self, c, b, pending, cond) -> None:
+        while (f := self._frame(c)) is not None:
+            key, version, corr = struct.unpack(">hhi", f[:8])
+            with cond:
+                pending.append((key, version, corr))
+                cond.notify()
+            try:
+                b.sendall(struct.pack(">i", len(f)) + f)
+            except OSError:
+                break
+        for s in (c, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _responses(self, c, b, pending, cond) -> None:
+        while (f := self._frame(b)) is not None:
+            with cond:
+                cond.wait_for(lambda: pending, timeout=5)
+                if not pending:
+                    break
+                key, version, corr = pending.pop(0)
+            lie = self._take_lie(key, version)
+            if lie is not None:
+                header = struct.pack(">i", corr) + (b"\x00" if (key, version) in FLEXIBLE else b"")
+                f = header + lie
+            try:
+                c.sendall(struct.pack(">i", len(f)) + f)
+            except OSError:
+                break
+        for s in (c, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        for s in self._conns:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+class RefreshingAntidote(fs.PolicyAntidote):
+    """PolicyAntidote whose own metadata refresh runs every second."""
+
+    def config_yaml(self) -> str:
+        y = super().config_yaml()
+        return y.replace("upstream:\n", "upstream:\n  metadata_refresh: 1s\n", 1)
+
+
+@pytest.fixture(scope="module")
+def lying(tmp_path_factory):
+    """tansu advertising a LyingFront's port, and antidote in front of both,
+    with a pass-through bytes policy on every topic (so Fetch responses are
+    decoded)."""
+    d = tmp_path_factory.mktemp("lying")
+    front_port = h.free_port()
+    t = h.Tansu(d, advertised_port=front_port).start()
+    front = LyingFront(front_port, t.port)
+    policy = fs.write_bytes_policy(d / "policies", ["lying-*"])
+    p = RefreshingAntidote(d, upstream=[f"{h.HOST}:{front_port}"],
+                           policy_paths=[str(policy)]).start()
+    yield t, front, p
+    front.truth()
+    p.stop_and_check()
+    front.stop()
+    t.stop()
+
+
+def closed_without_answer(sock: socket.socket, timeout: float = 10) -> bool:
+    """Whether the peer closes `sock` (EOF or reset) without sending a frame."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(4) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection((h.HOST, port), timeout=10)
+
+
+def roundtrip_ok(port: int) -> bool:
+    with connect(port) as s:
+        return 0 in h.api_versions(s)
+
+
+def metadata_v1_body() -> bytes:
+    return struct.pack(">i", -1)  # all topics
+
+
+def find_coordinator_v1_body(group: str) -> bytes:
+    return h.kstr(group) + b"\x00"
+
+
+@pytest.mark.parametrize("key,version,body", [
+    (18, 0, b""),
+    (3, 1, metadata_v1_body()),
+    (10, 1, find_coordinator_v1_body("lying-group")),
+], ids=["ApiVersions-v0", "Metadata-v1", "FindCoordinator-v1"])
+def test_a_lying_response_ends_only_its_connection(lying, key, version, body):
+    _, front, p = lying
+    bystander = connect(p.bootstrap_port)
+    assert 0 in h.api_versions(bystander)
+    front.lie_next(key, version)
+    told = front.lies_told
+    with connect(p.bootstrap_port) as victim:
+        victim.sendall(h.request_frame(key, version, 7, body))
+        assert closed_without_answer(victim), "the proxy relayed or hung on an undecodable response"
+    assert front.lies_told == told + 1, "the lie was never sent: the test proved nothing"
+    p.assert_running()
+    # The connection opened before the lie keeps working, and so do new ones.
+    assert 0 in h.api_versions(bystander)
+    bystander.close()
+    assert roundtrip_ok(p.bootstrap_port)
+
+
+def test_the_issue_seven_byte_api_versions_body_does_not_kill_the_proxy(lying):
+    """ApiVersions v3 from a real client (librdkafka asks v3+): the 7-byte body."""
+    _, front, p = lying
+    front.lie_next(18, 3)
+    told = front.lies_told
+    from confluent_kafka.admin import AdminClient
+    a = AdminClient({"bootstrap.servers": p.bootstrap, "socket.timeout.ms": 3000,
+                     "api.version.request.timeout.ms": 3000})
+    try:
+        a.list_topics(timeout=8)  # retries past the lied-to connection
+    except Exception:
+        pass
+    assert front.lies_told > told, "librdkafka never asked ApiVersions v3: the test proved nothing"
+    p.assert_running()
+    assert roundtrip_ok(p.bootstrap_port)
+
+
+def test_a_lying_fetch_response_ends_its_connection_and_others_consume(lying):
+    _, front, p = lying
+    topic = f"lying-fetch-{uuid.uuid4().hex[:8]}"
+    ck_create_topic(Endpoint(p.bootstrap, "proxy"), topic, 1)
+    recs = [Rec(0, i, b"k%d" % i, b"v%d" % i) for i in range(5)]
+    ck_produce(Endpoint(p.bootstrap, "proxy"), topic, recs)
+    front.lie_next(1, 11)
+    told = front.lies_told
+    with connect(p.broker_port()) as victim:
+        victim.sendall(fs.fetch_request(topic, 9, 1 << 20))
+        assert closed_without_answer(victim)
+    assert front.lies_told == told + 1
+    p.assert_running()
+    got = ck_consume_assign(Endpoint(p.bootstrap, "proxy"), topic, [0], len(recs), timeout=60)
+    assert [r.value for r in got] == [r.value for r in recs]
+
+
+def test_lying_metadata_on_the_proxys_own_refresh_is_survived(lying):
+    """The proxy's own client refreshes metadata every second through the
+    front; while every Metadata answer is a lie it keeps running and keeps
+    relaying, and it recovers when the broker tells the truth again."""
+    _, front, p = lying
+    told = front.lies_told
+    front.lie_always(3)
+    try:
+        deadline = time.monotonic() + 20
+        while front.lies_told < told + 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert front.lies_told >= told + 3, "the proxy's refresh never met the lie"
+        p.assert_running()
+        assert roundtrip_ok(p.bootstrap_port)
+    finally:
+        front.truth()
+    topic = f"lying-after-{uuid.uuid4().hex[:8]}"
+    ep = Endpoint(p.bootstrap, "proxy")
+    ck_create_topic(ep, topic, 1)
+    recs = [Rec(0, i, None, b"x%d" % i) for i in range(3)]
+    ck_produce(ep, topic, recs)
+    got = ck_consume_assign(ep, topic, [0], len(recs), timeout=60)
+    assert [r.value for r in got] == [r.value for r in recs]
