@@ -16,7 +16,8 @@ mod common;
 
 use std::sync::Arc;
 
-use antidote::intercept::plan::{plan_partition, plan_partition_with, Visibility};
+use antidote::intercept::budget::DecodeBudget;
+use antidote::intercept::plan::{plan_partition, plan_partition_with, Env, Visibility};
 use antidote::intercept::VerdictCache;
 use antidote::kafka::batch::{segments, splice, Segment};
 use antidote::kafka::compression::Compression;
@@ -134,6 +135,7 @@ fn bench_filter(c: &mut Criterion) {
                     .filter(|o| (from..to).contains(o))
                     .collect()
             };
+            let budget = DecodeBudget::unlimited();
             group.bench_with_input(BenchmarkId::new("cached", &id), &section, |b, section| {
                 b.iter(|| {
                     let plan = plan_partition_with(
@@ -143,8 +145,11 @@ fn bench_filter(c: &mut Criterion) {
                         section,
                         &vis,
                         common::NOW_MS,
-                        &cache,
-                        &ledger,
+                        &Env {
+                            verdicts: &cache,
+                            budget: &budget,
+                            already: &ledger,
+                        },
                     );
                     assert_eq!(plan.stats.cached_batches as usize, BATCHES);
                     assert!(plan.diversions.is_empty());

@@ -17,7 +17,17 @@ SECS="${FUZZ_SECONDS:-20}"
 export RUSTC_BOOTSTRAP=1
 command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: cargo install cargo-fuzz" >&2; exit 2; }
 
-if [[ $# -gt 0 ]]; then targets=("$@"); else mapfile -t targets < <(cargo fuzz list --fuzz-dir fuzz); fi
+# The targets are the [[bin]] entries of fuzz/Cargo.toml; cargo fuzz must list
+# every one of them (a listing that fails or comes back short is an error,
+# not a smoke run over nothing).
+expected="$(grep -A1 '^\[\[bin\]\]' fuzz/Cargo.toml | sed -n 's/^name = "\(.*\)"$/\1/p' | sort)"
+listed="$(cargo fuzz list --fuzz-dir fuzz | sort)"
+if [[ -z "$expected" || "$listed" != "$expected" ]]; then
+  printf '[fuzz-smoke] cargo fuzz list does not match fuzz/Cargo.toml\nlisted:\n%s\nexpected:\n%s\n' \
+    "$listed" "$expected" >&2
+  exit 2
+fi
+if [[ $# -gt 0 ]]; then targets=("$@"); else mapfile -t targets <<<"$expected"; fi
 FLAGS=(--fuzz-dir fuzz --sanitizer none --debug-assertions --release)
 echo "[fuzz-smoke] building ${#targets[@]} targets" >&2
 cargo fuzz build "${FLAGS[@]}" >&2

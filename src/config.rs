@@ -122,6 +122,10 @@ pub struct Limits {
     /// How long shutdown waits for in-flight responses.
     #[serde(default = "default_shutdown_grace", deserialize_with = "de_duration")]
     pub shutdown_grace: Duration,
+    /// Decompressed record bytes that all Fetch rewrites in flight may hold
+    /// together (`intercept::budget`).
+    #[serde(default = "default_decode_budget")]
+    pub decode_budget: usize,
 }
 
 impl Default for Limits {
@@ -129,6 +133,7 @@ impl Default for Limits {
         Limits {
             max_frame_bytes: default_max_frame_bytes(),
             shutdown_grace: default_shutdown_grace(),
+            decode_budget: default_decode_budget(),
         }
     }
 }
@@ -192,6 +197,11 @@ fn default_connect_timeout() -> Duration {
 fn default_metadata_refresh() -> Duration {
     Duration::from_secs(30)
 }
+/// Four batches at the per-batch decompression cap (64 MiB).
+fn default_decode_budget() -> usize {
+    256 * 1024 * 1024
+}
+
 fn default_max_frame_bytes() -> u32 {
     100 * 1024 * 1024
 }
@@ -401,6 +411,9 @@ impl Config {
         }
         if self.limits.max_frame_bytes < 1024 {
             return Err("limits.max_frame_bytes: must be at least 1024".into());
+        }
+        if self.limits.decode_budget < 1024 * 1024 {
+            return Err("limits.decode_budget: must be at least 1048576 (1 MiB)".into());
         }
         Ok(())
     }

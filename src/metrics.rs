@@ -41,6 +41,7 @@ pub mod names {
     pub const DLT_WRITES: &str = "antidote_dlt_writes_total";
     pub const DLT_WRITE_SECONDS: &str = "antidote_dlt_write_duration_seconds";
     pub const HELD_PARTITIONS: &str = "antidote_held_partitions";
+    pub const HELD_BATCHES: &str = "antidote_held_batches_total";
     pub const FETCH_REWRITE_SECONDS: &str = "antidote_fetch_rewrite_duration_seconds";
     pub const CONNECTIONS_OPEN: &str = "antidote_connections_open";
     pub const CONNECTIONS_ACCEPTED: &str = "antidote_connections_accepted_total";
@@ -418,6 +419,7 @@ pub struct Metrics {
     dlt_writes: CounterFamily,
     dlt_write_seconds: HistogramFamily,
     held: GaugeFamily,
+    held_batches: CounterFamily,
     fetch_rewrite_seconds: HistogramFamily,
     connections_open: GaugeFamily,
     connections_accepted: CounterFamily,
@@ -459,6 +461,11 @@ impl Metrics {
                 HELD_PARTITIONS,
                 "1 while a partition is held because a diversion failed, else 0.",
                 &["topic", "partition"],
+            ),
+            held_batches: CounterFamily::new(
+                HELD_BATCHES,
+                "Fetch responses in which a batch could not be judged and its partition was held there, by reason (undecodable, legacy, budget).",
+                &["topic", "partition", "reason"],
             ),
             fetch_rewrite_seconds: HistogramFamily::new(
                 FETCH_REWRITE_SECONDS,
@@ -577,6 +584,15 @@ impl Metrics {
     pub fn set_held(&self, topic: &str, partition: i32, held: bool) {
         self.held
             .set(&[topic, &partition.to_string()], i64::from(held));
+    }
+
+    /// A batch of `topic`/`partition` could not be judged (`reason`:
+    /// `undecodable`, `legacy` or `budget`), so the partition was held at it.
+    ///
+    /// Call site: `Interceptor::rewrite`, once per response per held partition.
+    pub fn held_batch(&self, topic: &str, partition: i32, reason: &str) {
+        self.held_batches
+            .add(&[topic, &partition.to_string(), reason], 1);
     }
 
     /// Add `delta` (+1 / -1) to the held gauge of `topic`/`partition`, for
@@ -698,6 +714,7 @@ impl Metrics {
         self.dlt_writes.render(&mut out);
         self.dlt_write_seconds.render(&mut out);
         self.held.render(&mut out);
+        self.held_batches.render(&mut out);
         self.fetch_rewrite_seconds.render(&mut out);
         self.connections_open.render(&mut out);
         self.connections_accepted.render(&mut out);

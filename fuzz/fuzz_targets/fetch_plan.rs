@@ -2,13 +2,15 @@
 //! under the reference JSON policy, plan, apply. Never panics; the rebuilt
 //! section splits into the same batches (same base offsets, same next fetch
 //! offsets, no more records than before), a held partition stops at the cut.
+//! A batch that cannot be judged holds the partition there, never passes.
 //! Fetched again once its diversions are acknowledged (batches resent as
 //! spliced before, from the verdict cache), the section comes out the same.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
 
-use antidote::intercept::plan::{plan_partition, plan_partition_with, Visibility};
+use antidote::intercept::budget::DecodeBudget;
+use antidote::intercept::plan::{plan_partition, plan_partition_with, Env, Visibility};
 use antidote::intercept::VerdictCache;
 use antidote::kafka::batch::{segments, Segment};
 use antidote::policy::{Policy, PolicySet};
@@ -52,38 +54,30 @@ fuzz_target!(|data: &[u8]| {
     // Byte 0: flags (bit 0 read_committed, bit 1 hold at a cut, bit 2 one aborted txn).
     let (flags, section) = data.split_first().map(|(f, s)| (*f, s)).unwrap_or((0, &[][..]));
     let section = Bytes::copy_from_slice(section);
-    // `PartitionPlan::apply` uses i64::MAX as "no cut", so a segment whose
-    // baseOffset is i64::MAX is dropped (fuzz/artifacts-found/
-    // fetch_plan-base-offset-i64max). No broker writes such an offset: skip.
-    if segments(&section).iter().any(|s| s.bytes().get(..8) == Some(&i64::MAX.to_be_bytes()[..])) {
-        return;
-    }
     let aborted = vec![AbortedTransaction::default().with_producer_id(ProducerId(1)).with_first_offset(0)];
     let vis = Visibility::new(flags & 1 == 1, (flags & 4 == 4).then_some(&aborted[..]));
     let topic: Arc<str> = Arc::from("geofence.triggers");
     let cache = VerdictCache::new(64);
     let plan = plan_partition(policy(), &topic, 0, &section, &vis, 1_780_000_000_000, &cache);
     let before = batches(&section);
-    let held = (flags & 2 == 2).then(|| plan.diversions.first().map(|d| d.origin_offset)).flatten();
+    let failed = (flags & 2 == 2).then(|| plan.diversions.first().map(|d| d.origin_offset)).flatten();
+    let held = plan.held_from(failed);
     let out = match plan.apply(held) {
         Ok(out) => out,
         Err(e) => panic!("apply failed on a planned section: {e}"),
     };
-    // Trailing bytes that are not a complete batch: protocol-notes §2 says
-    // they pass through verbatim. `apply` currently drops them (see
-    // BENCHMARKS.md, fuzzing findings); checked only when
-    // ANTIDOTE_FUZZ_STRICT_PARTIAL is set so the target keeps exploring.
-    let strict_partial = std::env::var_os("ANTIDOTE_FUZZ_STRICT_PARTIAL").is_some();
+    // Trailing bytes that are not a complete batch pass through verbatim
+    // (protocol-notes §2).
     let partial_in = segments(&section).iter().any(|s| matches!(s, Segment::Partial(_)));
     if !plan.changes_anything() {
-        // The interceptor forwards the original bytes then; apply must agree
-        // up to the trailing partial batch.
-        if strict_partial || !partial_in {
-            assert_eq!(&out[..], &section[..], "apply changed a section with nothing to change");
-        } else {
-            assert!(section.starts_with(&out), "apply changed a section with nothing to change");
-        }
+        // The interceptor forwards the original bytes then; apply must agree.
+        assert_eq!(&out[..], &section[..], "apply changed a section with nothing to change");
         return;
+    }
+    if let Some(h) = &plan.held {
+        // Nothing that could not be judged is delivered: only whole batches
+        // before it, and never a legacy or partial segment after it.
+        assert!(batches(&out).iter().all(|a| a.0 < h.offset), "a batch at or past an unjudged one was delivered");
     }
     let after = batches(&out);
     match held {
@@ -94,7 +88,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(a.1, b.1, "next fetch offset changed");
                 assert!(a.2 <= b.2, "records appeared");
             }
-            if strict_partial && partial_in {
+            if partial_in {
                 assert!(segments(&out).iter().any(|s| matches!(s, Segment::Partial(_))), "trailing partial batch dropped");
             }
             if offsets_are_sane(&section) {
@@ -103,7 +97,8 @@ fuzz_target!(|data: &[u8]| {
                 let ledger = |from: i64, to: i64| -> Vec<i64> {
                     done.iter().copied().filter(|o| (from..to).contains(o)).collect()
                 };
-                let again = plan_partition_with(policy(), &topic, 0, &section, &vis, 1_780_000_000_000, &cache, &ledger);
+                let env = Env { verdicts: &cache, budget: &DecodeBudget::unlimited(), already: &ledger };
+                let again = plan_partition_with(policy(), &topic, 0, &section, &vis, 1_780_000_000_000, &env);
                 assert!(again.diversions.is_empty(), "an acknowledged diversion was planned again");
                 // What the interceptor sends: the rebuilt section, or the
                 // original when the plan changes nothing.

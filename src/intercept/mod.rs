@@ -15,6 +15,7 @@
 //! awaiting of diversions, the re-encoding of the response, and the
 //! accounting of the CPU all that takes.
 
+pub mod budget;
 pub mod plan;
 mod verdicts;
 
@@ -32,6 +33,7 @@ use crate::metrics::{self, InvalidAction};
 use crate::policy::PolicySet;
 use crate::proxy::rewrite::{self, Seen};
 use crate::proxy::Shared;
+use budget::DecodeBudget;
 use plan::{PartitionPlan, Visibility};
 pub use verdicts::VerdictCache;
 
@@ -76,15 +78,23 @@ pub struct Interceptor {
     pub dead_letter: Arc<DeadLetter>,
     /// How long a response waits for its diversions to be acknowledged.
     pub timeout: Duration,
+    /// Decompressed bytes all responses in flight may hold together.
+    pub budget: Arc<DecodeBudget>,
 }
 
 impl Interceptor {
-    pub fn new(policies: Arc<PolicySet>, dead_letter: Arc<DeadLetter>, timeout: Duration) -> Self {
+    pub fn new(
+        policies: Arc<PolicySet>,
+        dead_letter: Arc<DeadLetter>,
+        timeout: Duration,
+        decode_budget: usize,
+    ) -> Self {
         Interceptor {
             policies: RwLock::new(policies),
             verdicts: Arc::new(VerdictCache::new(100_000)),
             dead_letter,
             timeout,
+            budget: DecodeBudget::new(decode_budget),
         }
     }
 
@@ -197,16 +207,16 @@ impl Interceptor {
         let outcomes = self.divert_all(&plans).await;
         timed(|| {
             for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
-                count(&plan, failed_from);
+                let held_from = plan.held_from(failed_from);
+                count(&plan, held_from);
+                log_hold(&plan, failed_from);
                 let p = &mut resp.responses[ti].partitions[pi];
-                p.records = Some(match failed_from {
+                p.records = Some(match held_from {
                     None => {
                         holds.release(&plan.topic, plan.partition);
                         plan.apply(None)?
                     }
                     Some(offset) => {
-                        warn!(topic = %plan.topic, partition = p.partition_index, offset,
-                            "dead-letter write failed: partition held before this offset");
                         if holds.hold(&plan.topic, plan.partition, offset) {
                             plan.apply(Some(offset))?
                         } else {
@@ -235,7 +245,7 @@ impl Interceptor {
                 .map(|j| {
                     (
                         j.at,
-                        timed(|| j.plan(now_ms, &self.verdicts, &self.dead_letter)),
+                        timed(|| j.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter)),
                     )
                 })
                 .collect());
@@ -244,8 +254,9 @@ impl Interceptor {
             .drain(1..)
             .map(|j| {
                 let (verdicts, dl) = (self.verdicts.clone(), self.dead_letter.clone());
+                let budget = self.budget.clone();
                 tokio::task::spawn_blocking(move || {
-                    (j.at, timed(|| j.plan(now_ms, &verdicts, &dl)))
+                    (j.at, timed(|| j.plan(now_ms, &verdicts, &budget, &dl)))
                 })
             })
             .collect();
@@ -253,7 +264,7 @@ impl Interceptor {
         for j in &jobs {
             out.push((
                 j.at,
-                timed(|| j.plan(now_ms, &self.verdicts, &self.dead_letter)),
+                timed(|| j.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter)),
             ));
         }
         for handle in rest {
@@ -343,6 +354,21 @@ impl Interceptor {
     }
 }
 
+/// Say why a partition is held: a batch that could not be judged (counted
+/// by reason) or a diversion that was not acknowledged in time.
+fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>) {
+    let (topic, partition) = (&*plan.topic, plan.partition);
+    if let Some(h) = &plan.held {
+        metrics::global().held_batch(topic, partition, h.reason.as_str());
+        warn!(topic, partition, offset = h.offset, reason = %h.reason,
+            "batch cannot be judged: partition held at it");
+    }
+    if let Some(offset) = failed_from {
+        warn!(topic, partition, offset,
+            "dead-letter write failed: partition held before this offset");
+    }
+}
+
 /// Count what a plan judged. Diversions count once acknowledged; those
 /// at or past a hold are judged again on the next fetch.
 fn count(plan: &PartitionPlan, held_from: Option<i64>) {
@@ -401,8 +427,19 @@ struct Job {
 }
 
 impl Job {
-    fn plan(&self, now_ms: i64, verdicts: &VerdictCache, dl: &DeadLetter) -> PartitionPlan {
+    fn plan(
+        &self,
+        now_ms: i64,
+        verdicts: &VerdictCache,
+        budget: &Arc<DecodeBudget>,
+        dl: &DeadLetter,
+    ) -> PartitionPlan {
         let ledger = dl.ledger();
+        let env = plan::Env {
+            verdicts,
+            budget,
+            already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
+        };
         plan::plan_partition_with(
             &self.policy,
             &self.topic,
@@ -410,8 +447,7 @@ impl Job {
             &self.records,
             &self.vis,
             now_ms,
-            verdicts,
-            &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
+            &env,
         )
     }
 }

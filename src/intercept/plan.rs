@@ -2,6 +2,13 @@
 //! lose records, and which records go to a dead-letter topic. Pure: no I/O,
 //! so it is unit-tested and fuzzed without sockets.
 //!
+//! Fail closed: a batch that cannot be judged (it does not decode, it is a
+//! legacy magic 0/1 message set, or the decode budget is spent) is never
+//! forwarded unjudged. The plan stops there and holds the partition at that
+//! batch's base offset: the client gets the records before it and fetches
+//! it again. Undecodable and legacy batches stay held until an operator acts
+//! (the `antidote_held_partitions` alert); a budget hold clears by itself.
+//!
 //! Visibility comes first (protocol-notes §4): under READ_COMMITTED a
 //! transactional batch of an aborted transaction is never surfaced to the
 //! client, so it is neither judged nor dead-lettered; it is forwarded as it
@@ -12,8 +19,10 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::deadletter::Diversion;
+use crate::intercept::budget::{DecodeBudget, Reservation};
 use crate::intercept::verdicts::{Known, VerdictCache};
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
+use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
 use crate::policy::{Action, Policy};
 
 /// Which transactional batches the requesting consumer will see.
@@ -93,6 +102,8 @@ enum SegmentPlan {
         decoded: DecodedBatch,
         keep: Vec<bool>,
         cache: Option<Known>,
+        /// The decode budget held by `decoded` until the plan is dropped.
+        _memory: Option<Reservation>,
     },
     /// Spliced by an earlier fetch (nothing in it left to divert); `next`
     /// is the batch's next offset.
@@ -115,6 +126,50 @@ pub struct PartitionPlan {
     pub already_diverted: Vec<crate::policy::Invalid>,
     /// Counts for logs and metrics.
     pub stats: PlanStats,
+    /// The first batch that could not be judged: nothing from it on is
+    /// delivered in this response.
+    pub held: Option<Hold>,
+}
+
+/// Where and why a partition is held because a batch could not be judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The base offset of the batch that could not be judged.
+    pub offset: i64,
+    pub reason: HoldReason,
+}
+
+/// Why a batch could not be judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldReason {
+    /// Corrupt (CRC), unknown codec, malformed records, or decompressing
+    /// past the per-batch cap.
+    Undecodable(String),
+    /// A magic 0/1 message set: the proxy does not judge the legacy format.
+    Legacy,
+    /// The decode budget is spent by other responses in flight.
+    Budget,
+}
+
+impl HoldReason {
+    /// The `reason` label of `antidote_held_batches_total`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HoldReason::Undecodable(_) => "undecodable",
+            HoldReason::Legacy => "legacy",
+            HoldReason::Budget => "budget",
+        }
+    }
+}
+
+impl std::fmt::Display for HoldReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HoldReason::Undecodable(e) => write!(f, "batch cannot be decoded: {e}"),
+            HoldReason::Legacy => f.write_str("legacy (magic 0/1) message set"),
+            HoldReason::Budget => f.write_str("decode budget spent by responses in flight"),
+        }
+    }
 }
 
 /// What a plan found, for counting.
@@ -134,9 +189,20 @@ pub struct PlanStats {
 impl PartitionPlan {
     /// Whether the records section must be rebuilt.
     pub fn changes_anything(&self) -> bool {
-        self.segments
-            .iter()
-            .any(|s| !matches!(s, SegmentPlan::Keep { .. }))
+        self.held.is_some()
+            || self
+                .segments
+                .iter()
+                .any(|s| !matches!(s, SegmentPlan::Keep { .. }))
+    }
+
+    /// Where delivery must stop: the lower of this plan's own hold and
+    /// `failed_from` (the first diversion that did not succeed).
+    pub fn held_from(&self, failed_from: Option<i64>) -> Option<i64> {
+        match (self.held.as_ref().map(|h| h.offset), failed_from) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Build the new records section. `held_from`: the lowest offset whose
@@ -160,6 +226,7 @@ impl PartitionPlan {
                     decoded,
                     keep,
                     cache: slot,
+                    ..
                 } => {
                     let base = batch.base_offset();
                     if held_from.is_some() && base >= cut {
@@ -199,26 +266,29 @@ pub fn plan_partition(
     now_ms: i64,
     cache: &VerdictCache,
 ) -> PartitionPlan {
-    plan_partition_with(
-        policy,
-        topic,
-        partition,
-        records,
-        vis,
-        now_ms,
-        cache,
-        &|_, _| Vec::new(),
-    )
+    let env = Env {
+        verdicts: cache,
+        budget: &DecodeBudget::unlimited(),
+        already: &|_, _| Vec::new(),
+    };
+    plan_partition_with(policy, topic, partition, records, vis, now_ms, &env)
 }
 
 /// Offsets in `from..to` already in a dead-letter topic.
 pub type AlreadyDiverted<'a> = &'a dyn Fn(i64, i64) -> Vec<i64>;
 
+/// What planning consults besides the records: verdicts reached before, the
+/// shared decode budget, and the ledger of records already diverted.
+pub struct Env<'a> {
+    pub verdicts: &'a VerdictCache,
+    pub budget: &'a Arc<DecodeBudget>,
+    pub already: AlreadyDiverted<'a>,
+}
+
 /// `plan_partition`, also removing records diverted earlier even if the
 /// current policy finds them valid: once a record is in its DLT, that is its
 /// home (a fixed copy comes back through `dlt replay`), so a policy fix does
 /// not make the original reappear next to its replayed copy.
-#[allow(clippy::too_many_arguments)]
 pub fn plan_partition_with(
     policy: &Arc<Policy>,
     topic: &Arc<str>,
@@ -226,9 +296,9 @@ pub fn plan_partition_with(
     records: &Bytes,
     vis: &Visibility,
     now_ms: i64,
-    cache: &VerdictCache,
-    already: AlreadyDiverted<'_>,
+    env: &Env<'_>,
 ) -> PartitionPlan {
+    let (cache, already) = (env.verdicts, env.already);
     let mut plan = PartitionPlan {
         topic: topic.clone(),
         partition,
@@ -238,18 +308,23 @@ pub fn plan_partition_with(
         segments: Vec::new(),
         diversions: Vec::new(),
         stats: PlanStats::default(),
+        held: None,
     };
     let mut aborts = AbortTracker::new(vis);
     for seg in batch::segments(records) {
         let batch = match seg {
             Segment::Batch(b) => b,
             Segment::Legacy(bytes) => {
+                // A magic 0/1 message set starts with its first offset.
                 let base = bytes
                     .get(..8)
-                    .map(|b| i64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
-                    .unwrap_or(0);
-                plan.segments.push(SegmentPlan::Keep { bytes, base });
-                continue;
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, i64::from_be_bytes);
+                plan.held = Some(Hold {
+                    offset: base,
+                    reason: HoldReason::Legacy,
+                });
+                break;
             }
             Segment::Partial(bytes) => {
                 plan.segments.push(SegmentPlan::Keep {
@@ -283,16 +358,18 @@ pub fn plan_partition_with(
                 continue;
             }
         }
-        let decoded = match batch.decode() {
+        let (decoded, memory) = match decode_within(&batch, env.budget) {
             Ok(d) => d,
-            Err(e) => {
-                // A batch the proxy cannot read is forwarded: the client
-                // would fail on it too, but dropping it would lose records.
-                tracing::warn!(%topic, partition, base_offset = batch.base_offset(), error = %e,
-                    "batch cannot be decoded; forwarded unfiltered");
-                plan.stats.undecodable_batches += 1;
-                plan.segments.push(keep(&batch));
-                continue;
+            Err(reason) => {
+                // Never forwarded unjudged, never dropped: held here.
+                if matches!(reason, HoldReason::Undecodable(_)) {
+                    plan.stats.undecodable_batches += 1;
+                }
+                plan.held = Some(Hold {
+                    offset: batch.base_offset(),
+                    reason,
+                });
+                break;
             }
         };
         let (known, cached) = match known {
@@ -376,6 +453,7 @@ pub fn plan_partition_with(
                 decoded,
                 keep: keep_mask,
                 cache: exact.then_some(known),
+                _memory: memory,
             });
         }
     }
@@ -429,6 +507,42 @@ fn resend_spliced(
         }
     }
     Some(bytes)
+}
+
+/// Decompressed bytes first reserved for a compressed batch, as a multiple
+/// of its compressed size; one that expands further is decoded again under
+/// the per-batch cap.
+const EXPANSION_GUESS: usize = 32;
+
+/// Decode `batch`, holding its decompressed bytes against `budget` (a
+/// reservation is `None` for uncompressed batches, whose records are a
+/// slice of the response).
+fn decode_within(
+    batch: &Batch,
+    budget: &Arc<DecodeBudget>,
+) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {
+    let undecodable = |e: BatchError| HoldReason::Undecodable(e.to_string());
+    if batch.compression() == Some(Compression::None) || batch.compression().is_none() {
+        return batch.decode().map(|d| (d, None)).map_err(undecodable);
+    }
+    let cap = DEFAULT_MAX_DECOMPRESSED;
+    let guess = batch
+        .bytes()
+        .len()
+        .saturating_mul(EXPANSION_GUESS)
+        .clamp(1 << 20, cap);
+    let mut limit = guess;
+    loop {
+        let mut memory = budget.try_reserve(limit).ok_or(HoldReason::Budget)?;
+        match batch.decode_with_limit(limit) {
+            Ok(d) => {
+                memory.shrink_to(d.memory());
+                return Ok((d, Some(memory)));
+            }
+            Err(BatchError::TooLarge { .. }) if limit < cap => limit = cap,
+            Err(e) => return Err(undecodable(e)),
+        }
+    }
 }
 
 fn keep(batch: &Batch) -> SegmentPlan {
@@ -643,8 +757,11 @@ mod tests {
             &section,
             &uncommitted(),
             0,
-            &cache,
-            &already,
+            &Env {
+                verdicts: &cache,
+                budget: &DecodeBudget::unlimited(),
+                already: &already,
+            },
         );
         assert!(
             p.diversions.is_empty(),
@@ -702,8 +819,11 @@ mod tests {
             section,
             &uncommitted(),
             0,
-            cache,
-            &already,
+            &Env {
+                verdicts: cache,
+                budget: &DecodeBudget::unlimited(),
+                already: &already,
+            },
         )
     }
 
@@ -852,8 +972,81 @@ mod tests {
         corrupt[last] ^= 0x55; // same stored CRC, different body
         let corrupt = Bytes::from(corrupt);
         let again = replan(&pol, &corrupt, &cache, &[]);
-        assert_eq!(is_resent(&again), [false]);
+        assert!(is_resent(&again).is_empty(), "held before it, not resent");
         assert_eq!(again.stats.undecodable_batches, 1);
-        assert_eq!(again.apply(None).unwrap(), corrupt);
+        assert_eq!(again.held.as_ref().map(|h| h.offset), Some(0));
+        assert_eq!(again.apply(again.held_from(None)).unwrap(), Bytes::new());
+    }
+
+    /// `batch` with its last byte flipped: the stored CRC no longer matches.
+    fn corrupt(mut b: Vec<u8>) -> Vec<u8> {
+        let last = b.len() - 1;
+        b[last] ^= 0x55;
+        b
+    }
+
+    #[test]
+    fn an_undecodable_batch_holds_the_partition_after_the_valid_batches_before_it() {
+        let mut raw = batch(0, 3, &[1], Compression::None, -1, false);
+        raw.extend(corrupt(batch(3, 2, &[], Compression::None, -1, false)));
+        raw.extend(batch(5, 2, &[], Compression::None, -1, false));
+        let p = plan(raw, "divert", &uncommitted());
+        let held = p.held.clone().expect("held at the corrupt batch");
+        assert_eq!(held.offset, 3);
+        assert!(matches!(held.reason, HoldReason::Undecodable(_)));
+        assert!(p.changes_anything());
+        assert_eq!(p.diversions.len(), 1, "the poison before the hold is still diverted");
+        let out = p.apply(p.held_from(None)).unwrap();
+        assert_eq!(offsets(&out), vec![(0, vec![0, 2], 3)], "nothing at or after offset 3");
+    }
+
+    #[test]
+    fn an_unknown_codec_is_held_not_forwarded() {
+        let mut b = batch(0, 2, &[], Compression::None, -1, false);
+        let attrs = i16::from_be_bytes([b[21], b[22]]) | 7; // codec id 7 does not exist
+        b[21..23].copy_from_slice(&attrs.to_be_bytes());
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        let p = plan(b, "divert", &uncommitted());
+        assert_eq!(p.held.as_ref().map(|h| h.offset), Some(0));
+        assert_eq!(p.apply(p.held_from(None)).unwrap(), Bytes::new());
+    }
+
+    #[test]
+    fn a_legacy_message_set_is_held_not_forwarded_unjudged() {
+        let mut raw = batch(0, 2, &[], Compression::None, -1, false);
+        // A magic 1 message at offset 2: offset i64, size i32, crc, magic 1, ...
+        let mut legacy = Vec::new();
+        legacy.extend(2i64.to_be_bytes());
+        let msg = [&[0u8; 4][..], &[1, 0], &0i64.to_be_bytes(), &(-1i32).to_be_bytes(),
+            &3i32.to_be_bytes(), b"bad"].concat();
+        legacy.extend((msg.len() as i32).to_be_bytes());
+        legacy.extend(msg);
+        raw.extend(legacy);
+        let p = plan(raw, "divert", &uncommitted());
+        let held = p.held.clone().expect("held at the legacy set");
+        assert_eq!((held.offset, held.reason), (2, HoldReason::Legacy));
+        assert_eq!(offsets(&p.apply(p.held_from(None)).unwrap()), vec![(0, vec![0, 1], 2)]);
+    }
+
+    #[test]
+    fn a_spent_budget_holds_a_compressed_batch_and_a_free_one_decodes_it() {
+        let raw = Bytes::from(batch(0, 4, &[2], Compression::Zstd, -1, false));
+        let budget = DecodeBudget::new(1);
+        let other = budget.try_reserve(1).expect("first reservation always fits");
+        let cache = VerdictCache::new(16);
+        let env = Env { verdicts: &cache, budget: &budget, already: &|_, _| Vec::new() };
+        let pol = policy("divert");
+        let t: Arc<str> = Arc::from("t");
+        let p = plan_partition_with(&pol, &t, 0, &raw, &uncommitted(), 0, &env);
+        assert_eq!(p.held.as_ref().map(|h| h.reason.clone()), Some(HoldReason::Budget));
+        assert!(p.diversions.is_empty());
+        drop(other);
+        let p = plan_partition_with(&pol, &t, 0, &raw, &uncommitted(), 0, &env);
+        assert!(p.held.is_none());
+        assert_eq!(p.diversions.len(), 1);
+        assert!(budget.used() > 0, "the decoded batch holds its bytes while the plan lives");
+        drop(p);
+        assert_eq!(budget.used(), 0, "and gives them back when it is dropped");
     }
 }

@@ -471,6 +471,18 @@ impl DecodedBatch {
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+    /// Bytes this decoded batch holds beyond the batch itself: the
+    /// decompressed records (0 when uncompressed: they are a slice of the
+    /// batch) and the index of records and headers.
+    pub fn memory(&self) -> usize {
+        let buf = if self.compression == Compression::None {
+            0
+        } else {
+            self.buf.len()
+        };
+        buf + self.entries.len() * std::mem::size_of::<Entry>()
+            + self.headers.len() * std::mem::size_of::<HeaderEntry>()
+    }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -101,7 +101,12 @@ impl Shared {
             dlt_endpoint,
             policies.clone(),
         );
-        let interceptor = Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout));
+        let interceptor = Arc::new(Interceptor::new(
+            policies,
+            dead_letter,
+            dlt.timeout,
+            config.limits.decode_budget,
+        ));
         Ok(Arc::new(Shared {
             config,
             addrs,
