@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.request
 import uuid
 from typing import Optional
 
@@ -58,6 +59,8 @@ class LyingFront:
         self._lock = threading.Lock()
         self._once: set[tuple[int, int]] = set()
         self._always: set[int] = set()
+        self._corrupt_fetches = 0
+        self.corrupted = 0
         self.lies_told = 0
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -74,6 +77,20 @@ class LyingFront:
     def lie_always(self, key: int) -> None:
         with self._lock:
             self._always.add(key)
+
+    def corrupt_next_fetch(self) -> None:
+        """Flip the last byte of the next Fetch response: the body of the
+        last record batch in it, so that batch's CRC no longer matches."""
+        with self._lock:
+            self._corrupt_fetches += 1
+
+    def _take_corruption(self, key: int) -> bool:
+        with self._lock:
+            if key == 1 and self._corrupt_fetches:
+                self._corrupt_fetches -= 1
+                self.corrupted += 1
+                return True
+        return False
 
     def truth(self) -> None:
         with self._lock:
@@ -140,7 +157,9 @@ class LyingFront:
                     break
                 key, version, corr = pending.pop(0)
             lie = self._take_lie(key, version)
-            if lie is not None:
+            if self._take_corruption(key):
+                f = f[:-1] + bytes([f[-1] ^ 0x55])
+            elif lie is not None:
                 header = struct.pack(">i", corr) + (b"\x00" if (key, version) in FLEXIBLE else b"")
                 f = header + lie
             try:
@@ -164,11 +183,19 @@ class LyingFront:
 
 
 class RefreshingAntidote(fs.PolicyAntidote):
-    """PolicyAntidote whose own metadata refresh runs every second."""
+    """PolicyAntidote whose own metadata refresh runs every second, with an
+    admin listener."""
+    admin_port: int = 0
 
     def config_yaml(self) -> str:
         y = super().config_yaml()
-        return y.replace("upstream:\n", "upstream:\n  metadata_refresh: 1s\n", 1)
+        y = y.replace("upstream:\n", "upstream:\n  metadata_refresh: 1s\n", 1)
+        return y + f"admin:\n  listen: {h.HOST}:{self.admin_port}\n"
+
+
+def admin_metrics(p: RefreshingAntidote) -> str:
+    with urllib.request.urlopen(f"http://{h.HOST}:{p.admin_port}/metrics", timeout=5) as r:
+        return r.read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +209,9 @@ def lying(tmp_path_factory):
     front = LyingFront(front_port, t.port)
     policy = fs.write_bytes_policy(d / "policies", ["lying-*"])
     p = RefreshingAntidote(d, upstream=[f"{h.HOST}:{front_port}"],
-                           policy_paths=[str(policy)]).start()
+                           policy_paths=[str(policy)])
+    p.admin_port = h.free_port()
+    p.start()
     yield t, front, p
     front.truth()
     p.stop_and_check()
@@ -297,3 +326,33 @@ def test_lying_metadata_on_the_proxys_own_refresh_is_survived(lying):
     ck_produce(ep, topic, recs)
     got = ck_consume_assign(ep, topic, [0], len(recs), timeout=60)
     assert [r.value for r in got] == [r.value for r in recs]
+
+
+def test_a_corrupt_batch_on_a_policy_topic_holds_the_partition_instead_of_passing(lying):
+    """A batch whose CRC does not match cannot be judged: the records before
+    it are delivered, it and everything after it are not (fail closed; on
+    005719a it was forwarded unfiltered). The next, uncorrupted fetch
+    delivers it."""
+    _, front, p = lying
+    topic = f"lying-corrupt-{uuid.uuid4().hex[:8]}"
+    ep = Endpoint(p.bootstrap, "proxy")
+    ck_create_topic(ep, topic, 1)
+    for i in range(3):  # three flushes: three batches
+        ck_produce(ep, topic, [Rec(0, i, None, b"batch-%d" % i)], **{"linger.ms": 0})
+    front.corrupt_next_fetch()
+    with connect(p.broker_port()) as s:
+        body = h.roundtrip(s, 1, 11, 21, h.fetch_v11_body(topic, 0, 0))
+    assert front.corrupted == 1
+    err, topics = h.parse_fetch_v11(body)
+    assert err == 0
+    [part] = topics[topic]
+    got = [r.value for r in h.decode_uncompressed_batches(part.records or b"")]
+    assert got == [b"batch-0", b"batch-1"], f"the corrupt last batch was relayed: {got}"
+    metrics = admin_metrics(p)
+    assert f'antidote_held_batches_total{{topic="{topic}",partition="0",reason="undecodable"}} 1' in metrics
+    # The broker tells the truth again: the held batch is delivered.
+    with connect(p.broker_port()) as s:
+        body = h.roundtrip(s, 1, 11, 22, h.fetch_v11_body(topic, 0, 2))
+    _, topics = h.parse_fetch_v11(body)
+    got = [r.value for r in h.decode_uncompressed_batches(topics[topic][0].records or b"")]
+    assert got == [b"batch-2"]
