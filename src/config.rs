@@ -36,6 +36,9 @@ pub struct Config {
     /// The admin HTTP listener (metrics and health).
     #[serde(default)]
     pub admin: Admin,
+    /// What logs may contain.
+    #[serde(default)]
+    pub logging: Logging,
     /// Where this config was read from; paths in it are relative to its folder.
     #[serde(skip)]
     pub source: PathBuf,
@@ -172,6 +175,17 @@ impl Default for DeadLetter {
             replication_factor: 1,
         }
     }
+}
+
+/// What logs may contain.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logging {
+    /// Log the reasons of invalid records, which quote field values (record
+    /// contents, possibly personal data). Off by default: logs then name
+    /// the class, the rule and the offset only.
+    #[serde(default)]
+    pub record_contents: bool,
 }
 
 /// The admin HTTP listener.

@@ -99,6 +99,7 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    antidote::policy::set_log_record_contents(config.logging.record_contents);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -425,7 +425,7 @@ pub fn plan_partition_with(
             for j in invalid.iter() {
                 let v = &j.invalid;
                 tracing::info!(%topic, partition, offset = j.offset,
-                    class = v.class.as_str(), rule = %v.rule, reason = %v.reason,
+                    class = v.class.as_str(), rule = %v.rule, reason = %v.log_reason(),
                     action = ?policy.on_invalid, "invalid record not diverted");
             }
         }

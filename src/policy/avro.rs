@@ -2,13 +2,14 @@
 //! `confluent`-framed datums decoded with the writer schema named by the
 //! schema id (`schema_ids`), resolved to `schema` as the reader schema when
 //! one is given. The decoded value becomes a `serde_json::Value` (unions
-//! unwrapped, enums as their symbol, bytes as arrays of numbers).
+//! unwrapped, enums as their symbol, bytes and fixed as base64 text).
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Once;
 
 use apache_avro::Schema;
+use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use serde_json::Value;
 
 use super::wire::{confluent_header, unknown_id, Wire};
@@ -89,14 +90,52 @@ impl AvroDecoder {
                 ),
             ));
         }
-        Value::try_from(value)
+        to_json(value)
             .map_err(|e| Invalid::poison("decode", format!("Avro value cannot be judged: {e}")))
     }
+}
+
+/// An Avro value as JSON, with `bytes` and `fixed` as base64 text: the
+/// crate's own conversion makes them arrays of numbers, ~32 bytes of memory
+/// per input byte.
+fn to_json(v: apache_avro::types::Value) -> Result<Value, apache_avro::Error> {
+    use apache_avro::types::Value as A;
+    Ok(match v {
+        A::Bytes(b) | A::Fixed(_, b) => Value::String(BASE64.encode(b)),
+        A::Union(_, inner) => to_json(*inner)?,
+        A::Array(items) => Value::Array(items.into_iter().map(to_json).collect::<Result<_, _>>()?),
+        A::Map(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| Ok((k, to_json(v)?)))
+                .collect::<Result<_, apache_avro::Error>>()?,
+        ),
+        A::Record(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| Ok((k, to_json(v)?)))
+                .collect::<Result<_, apache_avro::Error>>()?,
+        ),
+        other => Value::try_from(other)?,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_and_fixed_become_base64_text_not_arrays_of_numbers() {
+        use apache_avro::types::Value as A;
+        let v = A::Record(vec![
+            ("b".into(), A::Bytes(vec![1, 2, 3])),
+            ("f".into(), A::Union(1, Box::new(A::Fixed(2, vec![255, 0])))),
+            ("n".into(), A::Array(vec![A::Int(7)])),
+        ]);
+        assert_eq!(
+            to_json(v).expect("converts"),
+            serde_json::json!({"b": "AQID", "f": "/wA=", "n": [7]})
+        );
+    }
 
     #[test]
     fn recursive_schemas_are_refused() {

@@ -236,6 +236,20 @@ fn yes() -> bool {
     true
 }
 
+/// Largest value a decoding policy judges when `max_bytes` is not set: four
+/// times Kafka's default `max.message.bytes` (1 MiB). Decoding costs a few
+/// times the value's size in memory, so a policy that decodes is always
+/// bounded; a larger value is poison (rule `max_bytes`) unless the policy
+/// raises the limit. `bytes` policies do not decode, so they have none.
+pub(crate) const DEFAULT_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+fn default_max_bytes(format: &Format) -> Option<usize> {
+    match format {
+        Format::Bytes => None,
+        Format::Json | Format::Avro | Format::Protobuf => Some(DEFAULT_MAX_BYTES),
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RuleDoc {
@@ -612,7 +626,7 @@ impl LoadState {
         let (decoder, schema, allow_null, max_bytes) = match &p.value {
             None => (Decoder::Bytes, None, true, None),
             Some(v) => match compile_value(v, base) {
-                Ok((d, s)) => (d, s, v.allow_null, v.max_bytes),
+                Ok((d, s)) => (d, s, v.allow_null, v.max_bytes.or(default_max_bytes(&v.format.v))),
                 Err(mut e) => {
                     errs.append(&mut e);
                     (Decoder::Bytes, None, true, None)

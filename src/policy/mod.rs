@@ -78,6 +78,7 @@ mod wire;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::kafka::record::Record;
@@ -155,7 +156,25 @@ pub struct Invalid {
     pub reason: String,
 }
 
+/// Whether logs may quote record contents (`logging.record_contents`).
+static LOG_RECORD_CONTENTS: AtomicBool = AtomicBool::new(false);
+
+/// Allow (or forbid, the default) reasons in logs; set once at start.
+pub fn set_log_record_contents(on: bool) {
+    LOG_RECORD_CONTENTS.store(on, Ordering::Relaxed);
+}
+
 impl Invalid {
+    /// The reason as logs may show it: the reason itself only when the
+    /// operator opted in, since reasons quote field values.
+    pub fn log_reason(&self) -> &str {
+        if LOG_RECORD_CONTENTS.load(Ordering::Relaxed) {
+            &self.reason
+        } else {
+            "(withheld: logging.record_contents is off)"
+        }
+    }
+
     pub(crate) fn poison(rule: impl Into<String>, reason: impl Into<String>) -> Self {
         Invalid {
             class: Class::Poison,
