@@ -61,6 +61,7 @@ class LyingFront:
         self._always: set[int] = set()
         self._corrupt_fetches = 0
         self.corrupted = 0
+        self.fetch_body: Optional[bytes] = None  # replaces every Fetch response body
         self.lies_told = 0
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -157,7 +158,9 @@ class LyingFront:
                     break
                 key, version, corr = pending.pop(0)
             lie = self._take_lie(key, version)
-            if self._take_corruption(key):
+            if key == 1 and self.fetch_body is not None:
+                f = struct.pack(">i", corr) + self.fetch_body
+            elif self._take_corruption(key):
                 f = f[:-1] + bytes([f[-1] ^ 0x55])
             elif lie is not None:
                 header = struct.pack(">i", corr) + (b"\x00" if (key, version) in FLEXIBLE else b"")
@@ -356,3 +359,103 @@ def test_a_corrupt_batch_on_a_policy_topic_holds_the_partition_instead_of_passin
     _, topics = h.parse_fetch_v11(body)
     got = [r.value for r in h.decode_uncompressed_batches(topics[topic][0].records or b"")]
     assert got == [b"batch-2"]
+
+
+# ---------------------------------------------------------------------------
+# Decompression bombs
+# ---------------------------------------------------------------------------
+
+BOMB_RECORDS = 200_000       # ~100 bytes each: ~20 MB decompressed per batch
+BOMB_PARTITIONS = 8
+BOMB_BUDGET = 64 << 20       # limits.decode_budget of the proxy under test
+
+
+def bomb_batch() -> bytes:
+    """A zstd batch of BOMB_RECORDS small records that compresses ~100x,
+    with one 70 KB record (over the policy's max_bytes: diverted), so the
+    batch is spliced and its decoded form held until the response is sent."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=4, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=1 << 30)
+    small = b"z" * 90
+    for i in range(BOMB_RECORDS):
+        value = b"p" * 70_000 if i == 7 else small
+        b.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
+    return bytes(b.build())
+
+
+def fetch_v11_response(topic: str, sections: list[bytes]) -> bytes:
+    """A Fetch v11 response body: one topic, partition i carrying sections[i]."""
+    out = struct.pack(">ihi", 0, 0, 0) + struct.pack(">i", 1) + h.kstr(topic)
+    out += struct.pack(">i", len(sections))
+    for i, records in enumerate(sections):
+        out += struct.pack(">ihqqqii", i, 0, 1 << 40, 1 << 40, 0, -1, -1)
+        out += struct.pack(">i", len(records)) + records
+    return out
+
+
+def with_base_offset(batch: bytes, base: int) -> bytes:
+    """The same batch at another base offset (outside the CRC), so the
+    verdict cache never recognises it."""
+    return struct.pack(">q", base) + batch[8:]
+
+
+def test_decompression_bombs_are_bounded_by_the_decode_budget(lying, tmp_path):
+    """Two connections fetch, round after round, responses of 8 partitions
+    each holding a fresh ~200 KB zstd batch that expands to ~20 MB (plus its
+    record index): unbounded, one round holds ~0.5 GB decoded at once. With
+    limits.decode_budget at 64 MiB the proxy's peak RSS stays within the
+    budget plus one batch plus its baseline; partitions over budget are held
+    (counted as reason="budget"), never passed unjudged."""
+    t, front, _ = lying
+    bomb = bomb_batch()
+    policy = fs.write_bytes_policy(tmp_path / "policies", ["lying-*"])
+    p = RefreshingAntidote(tmp_path, upstream=[f"{h.HOST}:{front.port}"],
+                           policy_paths=[str(policy)], limits={"decode_budget": BOMB_BUDGET},
+                           name="bomb")
+    p.admin_port = h.free_port()
+    p.start()
+    topic = f"lying-bomb-{uuid.uuid4().hex[:8]}"
+    try:
+        assert roundtrip_ok(p.bootstrap_port)
+        baseline_kb = fs.rss_kb(p.proc.pid)
+        errors: list[str] = []
+
+        def fetcher(conn: int) -> None:
+            try:
+                with connect(p.broker_port()) as s:
+                    s.settimeout(60)
+                    for r in range(3):
+                        h.roundtrip(s, 1, 11, 100 * conn + r, h.fetch_v11_body(topic, 0, 0))
+            except Exception as e:  # reported below
+                errors.append(f"connection {conn}: {e!r}")
+
+        with fs.RssSampler(p.proc.pid, interval=0.01) as rss:
+            for rnd in range(2):
+                base = (rnd + 1) << 32
+                front.fetch_body = fetch_v11_response(
+                    topic, [with_base_offset(bomb, base + i * BOMB_RECORDS)
+                            for i in range(BOMB_PARTITIONS)])
+                threads = [threading.Thread(target=fetcher, args=(c,)) for c in range(2)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join(120)
+        front.fetch_body = None
+        assert not errors, errors
+        p.assert_running()
+        growth_mb = (rss.peak_kb - baseline_kb) / 1024
+        print(f"decompression bombs: baseline {baseline_kb / 1024:.0f} MB, "
+              f"peak {rss.peak_kb / 1024:.0f} MB, growth {growth_mb:.0f} MB "
+              f"(budget {BOMB_BUDGET >> 20} MiB)")
+        # Budget + one batch at the 64 MiB cap + the response frames and
+        # allocator slack. Measured: 93 MB with the budget; 784 MB with
+        # decode_budget at 64 GiB (unbounded).
+        assert growth_mb < (BOMB_BUDGET >> 20) + 64 + 96, f"peak RSS grew {growth_mb:.0f} MB"
+        metrics = admin_metrics(p)
+        assert f'antidote_held_batches_total{{topic="{topic}",partition="' in metrics
+        assert 'reason="budget"' in metrics, "no partition was ever over budget: the test proved nothing"
+    finally:
+        front.fetch_body = None
+        p.stop_and_check()
