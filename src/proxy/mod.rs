@@ -10,6 +10,7 @@
 
 pub mod frame;
 pub mod net;
+pub mod produce;
 pub mod relay;
 pub mod reload;
 pub mod rewrite;

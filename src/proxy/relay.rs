@@ -9,18 +9,20 @@
 //! (ApiVersions, broker addresses). A malformed or oversized frame from
 //! either side ends this connection only, with one log line.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tracing::debug;
 
 use crate::intercept::Holds;
 use crate::proxy::frame::{self, FrameError, FrameReader, Reader};
 use crate::proxy::net::BoxIo;
 use crate::proxy::rewrite::{self, Seen};
-use crate::proxy::{versions, Shared};
+use crate::proxy::{produce, versions, Shared};
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,10 @@ enum Handling {
     Local(Bytes),
     /// A Fetch response to inspect for poison records.
     Fetch { isolation: i8 },
+    /// A SaslHandshake v0 answer: if it accepts, raw SASL tokens follow.
+    SaslHandshakeV0,
+    /// A Produce answer into which refused dead-letter partitions are merged.
+    Produce(produce::Refused),
 }
 
 #[derive(Debug)]
@@ -61,6 +67,54 @@ struct Pending {
     correlation_id: Option<i32>,
     version: i16,
     handling: Handling,
+}
+
+/// What the request pump sends to the broker for one client frame.
+#[derive(Debug)]
+enum Send {
+    /// The frame as it arrived.
+    Original,
+    /// A rewritten frame (a Produce without its dead-letter topics).
+    Replaced(Bytes),
+    /// Nothing: the proxy answers (or, for acks=0, drops) it itself.
+    Nothing,
+}
+
+/// One client frame, classified.
+#[derive(Debug)]
+struct Classified {
+    pending: Option<Pending>,
+    send: Send,
+}
+
+impl Classified {
+    fn forward(pending: Option<Pending>) -> Self {
+        let send = match pending.as_ref().map(|p| &p.handling) {
+            Some(Handling::Local(_)) => Send::Nothing,
+            _ => Send::Original,
+        };
+        Classified { pending, send }
+    }
+}
+
+/// What classifying a request needs to know about the connection and the proxy.
+struct Context<'a> {
+    /// The broker accepted a SaslHandshake v0: unparseable frames are tokens.
+    raw_sasl: bool,
+    intercepting: bool,
+    /// Set while client Produce to dead-letter topics is refused.
+    dead_letters: Option<&'a dyn produce::Topics>,
+}
+
+/// State the two pumps of one connection share.
+#[derive(Default)]
+struct ConnState {
+    /// Set from the response side, when the broker accepts a SaslHandshake
+    /// v0 (the client sends no token before it has seen that answer).
+    raw_sasl: AtomicBool,
+    /// Requests whose answers have not yet been written to the client; the
+    /// idle timeout never closes a connection with one pending.
+    in_flight: AtomicUsize,
 }
 
 /// Pipelined requests allowed in flight per connection before the proxy
@@ -74,8 +128,9 @@ pub async fn relay(shared: Arc<Shared>, client: BoxIo, broker: BoxIo) -> Result<
     let (cr, cw) = tokio::io::split(client);
     let (br, bw) = tokio::io::split(broker);
     let (tx, rx) = mpsc::channel(MAX_PENDING);
-    let requests = request_pump(&shared, FrameReader::new(cr, max), bw, tx);
-    let responses = response_pump(&shared, FrameReader::new(br, max), cw, rx);
+    let state = ConnState::default();
+    let requests = request_pump(&shared, &state, FrameReader::new(cr, max), bw, tx);
+    let responses = response_pump(&shared, &state, FrameReader::new(br, max), cw, rx);
     tokio::pin!(requests, responses);
     tokio::select! {
         r = &mut responses => r,
@@ -87,8 +142,34 @@ pub async fn relay(shared: Arc<Shared>, client: BoxIo, broker: BoxIo) -> Result<
     }
 }
 
+/// The next client frame; `None` at a clean end, at shutdown, or once the
+/// connection has been idle (no request, no answer pending) for
+/// `limits.idle_timeout`.
+async fn next_request<R: tokio::io::AsyncRead + Unpin>(
+    shared: &Shared,
+    state: &ConnState,
+    client: &mut FrameReader<R>,
+) -> Result<Option<Bytes>, RelayError> {
+    let idle = shared.config.limits.idle_timeout;
+    loop {
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return Ok(None),
+            // FrameReader::next keeps partial frames in its buffer, so
+            // abandoning it for the timer loses nothing.
+            f = client.next() => return f.map_err(RelayError::ClientFrame),
+            _ = tokio::time::sleep(idle) => {
+                if state.in_flight.load(Ordering::SeqCst) == 0 {
+                    debug!(?idle, "closing idle client connection");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
 async fn request_pump<R, W>(
     shared: &Arc<Shared>,
+    state: &ConnState,
     mut client: FrameReader<R>,
     mut broker: W,
     pending: mpsc::Sender<Pending>,
@@ -97,32 +178,69 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    // After a SaslHandshake v0, SASL tokens travel as bare length-prefixed
-    // blobs, each answered by one blob (protocol-notes §7).
-    let mut raw_sasl = false;
     loop {
-        let frame = tokio::select! {
-            _ = shared.shutdown.cancelled() => return Ok(()),
-            f = client.next() => match f.map_err(RelayError::ClientFrame)? {
-                Some(f) => f,
-                None => return Ok(()),
-            },
+        let Some(frame) = next_request(shared, state, &mut client).await? else {
+            return Ok(());
         };
-        let p = classify(&frame, &mut raw_sasl, shared.intercepting())?;
-        let forward = !matches!(p.as_ref().map(|p| &p.handling), Some(Handling::Local(_)));
-        if let Some(p) = p {
+        let c = classify_with_policies(shared, state, &frame)?;
+        if let Some(p) = c.pending {
+            if matches!(p.handling, Handling::SaslHandshakeV0) {
+                // Until the broker accepts it, frames are still requests.
+                state.raw_sasl.store(false, Ordering::SeqCst);
+            }
+            state.in_flight.fetch_add(1, Ordering::SeqCst);
             if pending.send(p).await.is_err() {
                 return Ok(()); // response side is gone; its error is reported there
             }
         }
-        if forward {
-            broker
-                .write_all(&frame)
-                .await
-                .map_err(RelayError::BrokerWrite)?;
-            // A no-op on TCP; on TLS it pushes the record out now.
-            broker.flush().await.map_err(RelayError::BrokerWrite)?;
-        }
+        let out = match c.send {
+            Send::Original => frame,
+            Send::Replaced(f) => f,
+            Send::Nothing => continue,
+        };
+        broker
+            .write_all(&out)
+            .await
+            .map_err(RelayError::BrokerWrite)?;
+        // A no-op on TCP; on TLS it pushes the record out now.
+        broker.flush().await.map_err(RelayError::BrokerWrite)?;
+    }
+}
+
+/// Classify one frame under the current policies (read per request, so a
+/// reload applies to open connections too).
+fn classify_with_policies(
+    shared: &Shared,
+    state: &ConnState,
+    frame: &Bytes,
+) -> Result<Classified, RelayError> {
+    let policies = shared.interceptor.policies();
+    let guard = DeadLetterTopics {
+        shared,
+        policies: &policies,
+    };
+    let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
+    let ctx = Context {
+        raw_sasl: state.raw_sasl.load(Ordering::SeqCst),
+        intercepting: shared.intercepting(),
+        dead_letters: refuse_dlt.then_some(&guard as &dyn produce::Topics),
+    };
+    classify(frame, &ctx)
+}
+
+/// Dead-letter topics as the Produce check sees them: the policies this
+/// connection started with, topic ids resolved through the proxy's metadata.
+struct DeadLetterTopics<'a> {
+    shared: &'a Shared,
+    policies: &'a crate::policy::PolicySet,
+}
+
+impl produce::Topics for DeadLetterTopics<'_> {
+    fn is_dead_letter(&self, name: &str) -> bool {
+        self.policies.is_dead_letter_topic(name)
+    }
+    fn name_of(&self, id: &uuid::Uuid) -> Option<String> {
+        self.shared.topic_names.get(id).map(|n| n.to_string())
     }
 }
 
@@ -141,21 +259,14 @@ fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
     }
 }
 
-/// Decide what the response to `frame` will need; `None` if no response
-/// will come (Produce with acks=0).
-fn classify(
-    frame: &Bytes,
-    raw_sasl: &mut bool,
-    intercepting: bool,
-) -> Result<Option<Pending>, RelayError> {
+/// Decide what the response to `frame` will need and what goes to the
+/// broker; a request the proxy refuses outright is an error (the
+/// connection closes).
+fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, RelayError> {
     let head = frame::peek_request(frame).filter(|h| is_known_request(h.api_key, h.api_version));
     let Some(head) = head else {
-        if *raw_sasl {
-            return Ok(Some(Pending {
-                correlation_id: None,
-                version: 0,
-                handling: Handling::Forward,
-            }));
+        if ctx.raw_sasl {
+            return Ok(Classified::forward(Some(raw_token())));
         }
         return Err(RelayError::BadRequest(match frame::peek_request(frame) {
             Some(h) => format!("unknown api key {} version {}", h.api_key, h.api_version),
@@ -168,30 +279,118 @@ fn classify(
     let key = ApiKey::try_from(head.api_key)
         .map_err(|_| RelayError::BadRequest("unknown api key".into()))?;
     let v = head.api_version;
+    let pending = |handling| Pending {
+        correlation_id: Some(head.correlation_id),
+        version: v,
+        handling,
+    };
     let handling = match key {
         ApiKey::ApiVersions if v > versions::max_api_versions_version() => {
             let body = versions::unsupported_version_body()
                 .map_err(|e| RelayError::BadRequest(e.to_string()))?;
             Handling::Local(response_frame(head.correlation_id, &[], &body))
         }
-        ApiKey::ApiVersions => Handling::ApiVersions,
-        ApiKey::Produce if produce_acks(frame, v) == Some(0) => return Ok(None),
-        ApiKey::SaslHandshake => {
-            *raw_sasl = v == 0;
-            Handling::Forward
+        // Raw tokens that happen to look like a request are still tokens.
+        _ if !versions::in_proxy_range(key, v) && ctx.raw_sasl => {
+            return Ok(Classified::forward(Some(raw_token())))
         }
-        ApiKey::Fetch if intercepting => Handling::Fetch {
+        _ if !versions::in_proxy_range(key, v) => Handling::Local(refusal(key, head)?),
+        ApiKey::ApiVersions => Handling::ApiVersions,
+        ApiKey::Produce if ctx.dead_letters.is_some() => {
+            return classify_produce(frame, head, ctx.dead_letters)
+        }
+        ApiKey::Produce if produce_acks(frame, v) == Some(0) => {
+            return Ok(Classified::forward(None))
+        }
+        ApiKey::SaslHandshake if v == 0 => Handling::SaslHandshakeV0,
+        ApiKey::Fetch if ctx.intercepting => Handling::Fetch {
             isolation: fetch_isolation(frame, v)
                 .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
         },
         k if rewrite::carries_addresses(k, v) => Handling::Addresses(k),
         _ => Handling::Forward,
     };
-    Ok(Some(Pending {
-        correlation_id: Some(head.correlation_id),
-        version: v,
-        handling,
-    }))
+    Ok(Classified::forward(Some(pending(handling))))
+}
+
+/// A raw SASL token: answered by one raw blob, no correlation id.
+fn raw_token() -> Pending {
+    Pending {
+        correlation_id: None,
+        version: 0,
+        handling: Handling::Forward,
+    }
+}
+
+/// The UNSUPPORTED_VERSION answer to a request outside the advertised
+/// ranges, or an error (closing the connection, as a broker does) when the
+/// API has no top-level error code to carry it.
+fn refusal(key: ApiKey, head: frame::RequestHead) -> Result<Bytes, RelayError> {
+    let v = head.api_version;
+    let body = versions::refusal(key, v).ok_or_else(|| {
+        RelayError::BadRequest(format!(
+            "{key:?} v{v} is outside the versions the proxy offers"
+        ))
+    })?;
+    Ok(response_frame(
+        head.correlation_id,
+        response_tags(key, v),
+        &body,
+    ))
+}
+
+/// The tagged-field bytes of an empty response header for `key`/`version`.
+fn response_tags(key: ApiKey, version: i16) -> &'static [u8] {
+    if key.response_header_version(version) >= 1 {
+        &[0]
+    } else {
+        &[]
+    }
+}
+
+/// A Produce while writes to dead-letter topics are refused.
+fn classify_produce(
+    frame: &Bytes,
+    head: frame::RequestHead,
+    topics: Option<&dyn produce::Topics>,
+) -> Result<Classified, RelayError> {
+    let v = head.api_version;
+    let pending = |handling| {
+        Some(Pending {
+            correlation_id: Some(head.correlation_id),
+            version: v,
+            handling,
+        })
+    };
+    let decision = match topics {
+        Some(t) => produce::check(frame, v, t).map_err(|e| RelayError::BadRequest(e.to_string()))?,
+        None => produce::Decision::Untouched,
+    };
+    Ok(match decision {
+        produce::Decision::Untouched => match produce_acks(frame, v) {
+            Some(0) => Classified::forward(None),
+            _ => Classified::forward(pending(Handling::Forward)),
+        },
+        produce::Decision::Split {
+            request,
+            refused,
+            acks,
+        } => Classified {
+            pending: if acks == 0 {
+                None
+            } else {
+                pending(Handling::Produce(refused))
+            },
+            send: Send::Replaced(request),
+        },
+        produce::Decision::AllRefused { body } => Classified {
+            pending: body.and_then(|b| {
+                let out = response_frame(head.correlation_id, response_tags(ApiKey::Produce, v), &b);
+                pending(Handling::Local(out))
+            }),
+            send: Send::Nothing,
+        },
+    })
 }
 
 /// Whether a header names an API key and version the proxy knows; used to
@@ -219,6 +418,7 @@ fn produce_acks(frame: &[u8], version: i16) -> Option<i16> {
 
 async fn response_pump<R, W>(
     shared: &Arc<Shared>,
+    state: &ConnState,
     mut broker: FrameReader<R>,
     mut client: W,
     mut pending: mpsc::Receiver<Pending>,
@@ -259,6 +459,14 @@ where
                         )));
                     }
                 }
+                if matches!(handling, Handling::SaslHandshakeV0) {
+                    // Set before the client sees the answer, hence before
+                    // its first token can arrive.
+                    state.raw_sasl.store(
+                        handshake_accepted(&frame).unwrap_or(false),
+                        Ordering::SeqCst,
+                    );
+                }
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
         };
@@ -269,6 +477,7 @@ where
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
+        state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -282,7 +491,15 @@ async fn respond(
 ) -> Result<Bytes, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
-        Handling::Forward | Handling::Local(_) => Ok(frame),
+        Handling::Forward | Handling::Local(_) | Handling::SaslHandshakeV0 => Ok(frame),
+        Handling::Produce(refused) => {
+            let key = ApiKey::Produce;
+            let header_end = response_header_end(&frame, key, version)
+                .ok_or_else(|| RelayError::BadResponse("Produce response header".into()))?;
+            let body = produce::merge(frame.slice(header_end..), version, &refused)
+                .map_err(|e| RelayError::BadResponse(e.to_string()))?;
+            Ok(response_frame_raw(&frame[4..header_end], &body))
+        }
         Handling::ApiVersions => {
             // The ApiVersions response header is always v0: the correlation id alone.
             let body = versions::rewrite(frame.slice(8..), version).map_err(bad)?;
@@ -325,6 +542,12 @@ async fn respond(
             })
         }
     }
+}
+
+/// Whether a SaslHandshake v0 answer (v0 header, then error_code) accepts
+/// the mechanism.
+fn handshake_accepted(frame: &[u8]) -> Option<bool> {
+    Reader::new(frame, 8).i16().map(|code| code == 0)
 }
 
 /// Where a response's body starts (length prefix included in the offset).
@@ -373,48 +596,86 @@ mod tests {
         frame::with_length_prefix(&b)
     }
 
+    fn ctx(raw_sasl: bool) -> Context<'static> {
+        Context {
+            raw_sasl,
+            intercepting: false,
+            dead_letters: None,
+        }
+    }
+
+    fn pending(frame: &Bytes, raw_sasl: bool) -> Option<Pending> {
+        classify(frame, &ctx(raw_sasl)).unwrap().pending
+    }
+
     #[test]
     fn produce_with_acks_zero_expects_no_response() {
-        let mut raw = false;
         // v3: transactional_id null (-1), acks 0
-        assert!(
-            classify(&request(0, 3, &[0xff, 0xff, 0, 0]), &mut raw, false)
-                .unwrap()
-                .is_none()
-        );
+        assert!(pending(&request(0, 3, &[0xff, 0xff, 0, 0]), false).is_none());
         // v9 (flexible): compact null transactional id (0), acks -1
-        assert!(classify(&request(0, 9, &[0, 0xff, 0xff]), &mut raw, false)
-            .unwrap()
-            .is_some());
+        assert!(pending(&request(0, 9, &[0, 0xff, 0xff]), false).is_some());
         assert_eq!(produce_acks(&request(0, 2, &[0, 1]), 2), Some(1));
     }
 
     #[test]
-    fn raw_sasl_tokens_are_relayed_only_after_a_v0_handshake() {
+    fn raw_sasl_tokens_are_relayed_only_in_raw_mode() {
         let token = frame::with_length_prefix(b"\0admin\0secret");
-        let mut raw = false;
-        assert!(classify(&token, &mut raw, false).is_err());
-        classify(&request(17, 0, &[]), &mut raw, false).unwrap();
-        assert!(raw);
-        let p = classify(&token, &mut raw, false).unwrap().unwrap();
+        assert!(classify(&token, &ctx(false)).is_err());
+        let p = pending(&token, true).unwrap();
         assert_eq!(p.correlation_id, None);
-        // A v1 handshake means tokens travel in SaslAuthenticate requests.
-        classify(&request(17, 1, &[]), &mut raw, false).unwrap();
-        assert!(classify(&token, &mut raw, false).is_err());
+        // The handshake v0 itself does not switch modes: its answer does.
+        let p = pending(&request(17, 0, &[]), false).unwrap();
+        assert!(matches!(p.handling, Handling::SaslHandshakeV0));
+        let p = pending(&request(17, 1, &[]), false).unwrap();
+        assert!(matches!(p.handling, Handling::Forward));
+    }
+
+    #[test]
+    fn a_handshake_answer_switches_to_raw_mode_only_when_it_accepts() {
+        let answer = |code: i16| {
+            let mut b = 9i32.to_be_bytes().to_vec();
+            b.extend_from_slice(&code.to_be_bytes());
+            b.extend_from_slice(&0i32.to_be_bytes()); // no mechanisms
+            frame::with_length_prefix(&b)
+        };
+        assert_eq!(handshake_accepted(&answer(0)), Some(true));
+        assert_eq!(handshake_accepted(&answer(33)), Some(false));
+        assert_eq!(handshake_accepted(&[0, 0, 0, 4, 0, 0, 0, 9]), None);
+    }
+
+    #[test]
+    fn requests_outside_the_offered_versions_are_refused() {
+        // ShareFetch v1: answered locally with UNSUPPORTED_VERSION.
+        let c = classify(&request(78, 1, &[]), &ctx(false)).unwrap();
+        assert!(matches!(c.send, Send::Nothing));
+        let Some(Pending {
+            handling: Handling::Local(out),
+            ..
+        }) = c.pending
+        else {
+            panic!("expected a local answer");
+        };
+        assert_eq!(frame::peek_correlation_id(&out), Some(7));
+        // Flexible response header: one empty tagged-field byte, then
+        // throttle_time_ms, then error_code.
+        assert_eq!(&out[9..13], &[0, 0, 0, 0]);
+        assert_eq!(&out[13..15], &35i16.to_be_bytes());
+        // Fetch v3 has no top-level error code: the connection closes.
+        assert!(classify(&request(1, 3, &[]), &ctx(false)).is_err());
+        // In raw SASL mode such a frame is a token.
+        assert!(pending(&request(1, 3, &[]), true)
+            .unwrap()
+            .correlation_id
+            .is_none());
     }
 
     #[test]
     fn metadata_and_coordinator_responses_are_marked_for_rewriting() {
-        let mut raw = false;
         for key in [3i16, 10, 60] {
-            let p = classify(&request(key, 1, &[]), &mut raw, false)
-                .unwrap()
-                .unwrap();
+            let p = pending(&request(key, 1, &[]), false).unwrap();
             assert!(matches!(p.handling, Handling::Addresses(_)), "key {key}");
         }
-        let p = classify(&request(1, 12, &[]), &mut raw, false)
-            .unwrap()
-            .unwrap();
+        let p = pending(&request(1, 12, &[]), false).unwrap();
         assert!(matches!(p.handling, Handling::Forward));
     }
 }
