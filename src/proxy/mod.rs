@@ -9,6 +9,7 @@
 //! connection and a `relay`.
 
 pub mod frame;
+pub mod limits;
 pub mod net;
 pub mod produce;
 pub mod relay;
@@ -81,6 +82,8 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// Fetch interception (idle while no policy is loaded).
     pub interceptor: Arc<Interceptor>,
+    /// Client connections served at once (`limits.max_connections`).
+    pub connections: limits::ConnectionLimit,
 }
 
 impl Shared {
@@ -103,6 +106,7 @@ impl Shared {
             policies.clone(),
         );
         let interceptor = Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout));
+        let config_max_connections = config.limits.max_connections;
         Ok(Arc::new(Shared {
             config,
             addrs,
@@ -115,6 +119,7 @@ impl Shared {
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
             interceptor,
+            connections: limits::ConnectionLimit::new(config_max_connections),
         }))
     }
 
@@ -338,10 +343,20 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
         };
         match accepted {
             Ok((tcp, peer)) => {
+                let Some(slot) = shared.connections.try_acquire() else {
+                    refuse(&shared, tcp);
+                    continue;
+                };
                 let span = tracing::info_span!("conn", %peer, ?target);
-                shared
-                    .tasks
-                    .spawn(serve(shared.clone(), tcp, peer, target).instrument(span));
+                let conn = shared.clone();
+                shared.tasks.spawn(
+                    async move {
+                        // Held for the connection's life: frees its place.
+                        let _slot = slot;
+                        serve(conn, tcp, peer, target).await
+                    }
+                    .instrument(span),
+                );
             }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
@@ -349,6 +364,20 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// Close a connection over `limits.max_connections` at once (dropping it
+/// resets nothing the client could wait on); count it, warn now and then.
+fn refuse(shared: &Shared, tcp: TcpStream) {
+    drop(tcp);
+    metrics::global().connection_refused();
+    if let Some(n) = shared.connections.refused(std::time::Instant::now()) {
+        warn!(
+            refused = n,
+            max = shared.config.limits.max_connections,
+            "connection limit reached: new client connections are closed at once"
+        );
     }
 }
 
