@@ -71,6 +71,10 @@ pub struct Shared {
     pub addrs: Addresses,
     acceptor: Option<TlsAcceptor>,
     pub upstream: client::Endpoint,
+    /// TLS for relayed client connections (no client certificate unless
+    /// `upstream.tls.relay_client_cert`); the proxy's own connections use
+    /// `upstream`.
+    relay_tls: Option<tls::Upstream>,
     /// Node id -> the broker's real address.
     pub brokers: DashMap<i32, HostPort>,
     /// Topic id -> name, for Fetch v13+ (which names topics by id).
@@ -96,6 +100,12 @@ impl Shared {
             config.listen.broker_port_base,
         );
         let upstream = client::Endpoint::upstream(&config)?;
+        let relay_tls = config
+            .upstream
+            .tls
+            .as_ref()
+            .map(tls::relay_connector)
+            .transpose()?;
         let dlt = &config.dead_letter;
         let dlt_endpoint = client::Endpoint::dead_letter(&config)?;
         let policies = Arc::new(policies);
@@ -112,6 +122,7 @@ impl Shared {
             addrs,
             acceptor,
             upstream,
+            relay_tls,
             brokers: DashMap::new(),
             topic_names: DashMap::new(),
             listening: tokio::sync::Mutex::new(HashSet::new()),
@@ -445,7 +456,7 @@ async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Resu
     };
     let mut last = None;
     for addr in &addrs {
-        match net::connect(addr, shared.upstream.tls.as_ref(), shared.upstream.timeout).await {
+        match net::connect(addr, shared.relay_tls.as_ref(), shared.upstream.timeout).await {
             Ok(io) => return Ok(io),
             Err(e) => last = Some(std::io::Error::new(e.kind(), format!("{addr}: {e}"))),
         }
