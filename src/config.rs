@@ -537,6 +537,22 @@ mod tests {
     }
 
     #[test]
+    fn passwords_never_appear_in_debug_output() {
+        let text = MINIMAL.replace(
+            "  bootstrap_servers: [127.0.0.1:9092]\n",
+            "  bootstrap_servers: [127.0.0.1:9092]\n  sasl: { mechanism: PLAIN, username: svc, password: hunter2-s3cret }\n",
+        ) + "dead_letter:\n  sasl: { mechanism: SCRAM-SHA-512, username: dlt, password: other-s3cret }\n";
+        let c = Config::parse(&text, Path::new("c.yaml")).unwrap();
+        let printed = format!("{c:?} {c:#?}");
+        assert!(!printed.contains("hunter2-s3cret"), "{printed}");
+        assert!(!printed.contains("other-s3cret"), "{printed}");
+        assert!(printed.contains("<redacted>"));
+        // The secret itself is still there for the exchange.
+        let sasl = c.upstream.sasl.as_ref().unwrap();
+        assert_eq!(sasl.password().unwrap(), "hunter2-s3cret");
+    }
+
+    #[test]
     fn durations_parse() {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));

@@ -19,7 +19,7 @@ pub struct SaslConfig {
     pub username: String,
     /// The password, or use `password_env` to read it from the environment.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Name of an environment variable holding the password.
     #[serde(default)]
     pub password_env: Option<String>,
@@ -29,11 +29,35 @@ impl SaslConfig {
     /// The password, from the config or the named environment variable.
     pub fn password(&self) -> Result<String, String> {
         match (&self.password, &self.password_env) {
-            (Some(p), _) => Ok(p.clone()),
+            (Some(p), _) => Ok(p.expose().to_string()),
             (None, Some(var)) => std::env::var(var)
                 .map_err(|_| format!("sasl: environment variable {var} is not set")),
             (None, None) => Err("sasl: `password` or `password_env` is required".into()),
         }
+    }
+}
+
+/// A secret from the config: prints as `"<redacted>"` in `{:?}`, so a
+/// logged or debug-printed config never shows it (threat model: passwords
+/// never appear in logs or Debug output).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The secret itself, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
     }
 }
 
@@ -88,7 +112,8 @@ fn salted_password(
     salted
 }
 
-/// A SCRAM exchange in progress (client side).
+/// A SCRAM exchange in progress (client side). No `Debug`: it holds the
+/// password and, later, the salted password.
 pub struct Scram {
     mech: Mechanism,
     password: String,
