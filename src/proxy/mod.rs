@@ -16,6 +16,7 @@ pub mod relay;
 pub mod reload;
 pub mod rewrite;
 pub mod tls;
+pub mod topics;
 pub mod versions;
 
 use std::collections::HashSet;
@@ -88,6 +89,8 @@ pub struct Shared {
     pub interceptor: Arc<Interceptor>,
     /// Client connections served at once (`limits.max_connections`).
     pub connections: limits::ConnectionLimit,
+    /// Single-flight, negatively cached lookups of unknown topic ids.
+    topic_resolver: topics::TopicResolver,
 }
 
 impl Shared {
@@ -117,6 +120,8 @@ impl Shared {
         );
         let interceptor = Arc::new(Interceptor::new(policies, dead_letter, dlt.timeout));
         let config_max_connections = config.limits.max_connections;
+        // The background refresh learns new topics at this pace anyway.
+        let negative_ttl = config.upstream.metadata_refresh;
         Ok(Arc::new(Shared {
             config,
             addrs,
@@ -131,12 +136,31 @@ impl Shared {
             ready: AtomicBool::new(false),
             interceptor,
             connections: limits::ConnectionLimit::new(config_max_connections),
+            topic_resolver: topics::TopicResolver::new(negative_ttl),
         }))
     }
 
     /// Whether Fetch responses are inspected.
     pub fn intercepting(&self) -> bool {
         self.interceptor.active()
+    }
+
+    /// Learn the names of `ids` not known yet: at most one metadata request
+    /// in flight (others wait for it), and an id still unknown after one is
+    /// not looked up again for `upstream.metadata_refresh` (`topics`).
+    pub async fn resolve_topic_ids(self: &Arc<Self>, ids: &[Uuid]) {
+        self.topic_resolver
+            .resolve(
+                ids,
+                |id| self.topic_names.contains_key(id),
+                || async {
+                    if let Err(e) = refresh_metadata(self).await {
+                        metrics::global().upstream_error("metadata");
+                        warn!(error = %e, "looking up unknown topic ids failed");
+                    }
+                },
+            )
+            .await
     }
 
     /// Record what a response revealed; open listeners for new brokers.

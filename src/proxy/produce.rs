@@ -110,6 +110,22 @@ pub fn check(frame: &Bytes, version: i16, topics: &dyn Topics) -> Result<Decisio
     })
 }
 
+/// The topic ids a Produce v13+ request names (empty for older versions or
+/// a malformed request, which `check` then reports).
+pub fn topic_ids(frame: &Bytes, version: i16) -> Vec<Uuid> {
+    if version < 13 {
+        return Vec::new();
+    }
+    let flexible = ApiKey::Produce.request_header_version(version) >= 2;
+    let Some(start) = frame::request_body_offset(frame, flexible) else {
+        return Vec::new();
+    };
+    match ProduceRequest::decode(&mut frame.slice(start..), version) {
+        Ok(req) => req.topic_data.iter().map(|t| t.topic_id).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Add the refused partitions to the broker's Produce response body.
 pub fn merge(body: Bytes, version: i16, refused: &Refused) -> Result<BytesMut, ProduceError> {
     let resp = ProduceResponse::decode(&mut body.clone(), version)
@@ -270,6 +286,7 @@ mod tests {
         ));
         let f = frame(13, -1, vec![topic("", 8, &[0])]);
         assert!(matches!(check(&f, 13, &Names).unwrap(), Decision::Untouched));
+        assert_eq!(topic_ids(&f, 13), vec![Uuid::from_u128(8)]);
     }
 
     #[test]

@@ -182,6 +182,7 @@ where
         let Some(frame) = next_request(shared, state, &mut client).await? else {
             return Ok(());
         };
+        learn_produce_topic_ids(shared, &frame).await;
         let c = classify_with_policies(shared, state, &frame)?;
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshakeV0) {
@@ -204,6 +205,27 @@ where
             .map_err(RelayError::BrokerWrite)?;
         // A no-op on TCP; on TLS it pushes the record out now.
         broker.flush().await.map_err(RelayError::BrokerWrite)?;
+    }
+}
+
+/// Produce v13+ names topics by id: before checking it for dead-letter
+/// topics, look up ids the proxy has not seen (a topic created since the
+/// last metadata refresh). Ids still unknown are not dead-letter topics the
+/// proxy knows of; the broker answers for them.
+async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
+    let Some(head) = frame::peek_request(frame) else {
+        return;
+    };
+    if head.api_key != ApiKey::Produce as i16
+        || head.api_version < 13
+        || shared.config.dead_letter.allow_client_produce
+        || !shared.intercepting()
+    {
+        return;
+    }
+    let ids = produce::topic_ids(frame, head.api_version);
+    if ids.iter().any(|id| !shared.topic_names.contains_key(id)) {
+        shared.resolve_topic_ids(&ids).await;
     }
 }
 
