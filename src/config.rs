@@ -129,11 +129,17 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// Client connections served at once (all listeners); more are
     /// accepted and closed at once. Each one also holds a broker connection.
-    #[serde(default = "default_max_connections", deserialize_with = "de_nonzero_u32")]
+    #[serde(
+        default = "default_max_connections",
+        deserialize_with = "de_nonzero_u32"
+    )]
     pub max_connections: u32,
     /// A client connection with no request (and no answer pending) for
     /// this long is closed.
-    #[serde(default = "default_idle_timeout", deserialize_with = "de_nonzero_duration")]
+    #[serde(
+        default = "default_idle_timeout",
+        deserialize_with = "de_nonzero_duration"
+    )]
     pub idle_timeout: Duration,
 }
 

@@ -326,7 +326,8 @@ mod tests {
         }
     }
 
-    const RFC_FIRST: &str = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
+    const RFC_FIRST: &str =
+        "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
 
     #[test]
     fn iteration_counts_outside_kafkas_bounds_are_refused() {
@@ -335,7 +336,10 @@ mod tests {
             let err = s
                 .client_final(&format!("r=abcdef,s=AAAA,i={i}"))
                 .unwrap_err();
-            assert!(err.contains("outside Kafka's bounds 4096..=16384"), "{i}: {err}");
+            assert!(
+                err.contains("outside Kafka's bounds 4096..=16384"),
+                "{i}: {err}"
+            );
         }
         for i in [4096u32, 16384] {
             let mut s = Scram::new(Mechanism::ScramSha256, "u", "p", "abc");
@@ -348,7 +352,12 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let mut s = Scram::new(Mechanism::ScramSha256, "user", "pencil", "rOprNGfwEbeRWgbNEkqO");
+        let mut s = Scram::new(
+            Mechanism::ScramSha256,
+            "user",
+            "pencil",
+            "rOprNGfwEbeRWgbNEkqO",
+        );
         let runtime_thread = std::thread::current().id();
         let got = rt.block_on(s.client_final_off_runtime(RFC_FIRST)).unwrap();
         // Other tests derive on their own threads, never on this one.

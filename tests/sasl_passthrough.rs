@@ -242,7 +242,10 @@ async fn after_a_refused_v0_handshake_frames_are_requests_again() {
         .expect("the proxy must close the connection");
     assert!(closed.is_none());
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(tokens.lock().unwrap().is_empty(), "the token reached the broker");
+    assert!(
+        tokens.lock().unwrap().is_empty(),
+        "the token reached the broker"
+    );
     proxy::stop(&shared).await;
 }
 

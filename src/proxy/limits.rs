@@ -102,6 +102,9 @@ mod tests {
         assert_eq!(limit.refused(t0), Some(1));
         assert_eq!(limit.refused(t0 + Duration::from_secs(1)), None);
         assert_eq!(limit.refused(t0 + Duration::from_secs(2)), None);
-        assert_eq!(limit.refused(t0 + LOG_EVERY + Duration::from_secs(1)), Some(3));
+        assert_eq!(
+            limit.refused(t0 + LOG_EVERY + Duration::from_secs(1)),
+            Some(3)
+        );
     }
 }

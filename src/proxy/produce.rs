@@ -87,7 +87,9 @@ pub fn check(frame: &Bytes, version: i16, topics: &dyn Topics) -> Result<Decisio
         let dlt = name.as_deref().is_some_and(|n| topics.is_dead_letter(n));
         if dlt {
             let partitions = t.partition_data.iter().map(|p| p.index).collect();
-            refused.topics.push((t.name.clone(), t.topic_id, partitions));
+            refused
+                .topics
+                .push((t.name.clone(), t.topic_id, partitions));
         }
         !dlt
     });
@@ -235,8 +237,17 @@ mod tests {
 
     #[test]
     fn dead_letter_partitions_are_cut_out_and_merged_back_refused() {
-        let f = frame(9, -1, vec![topic("orders", 1, &[0]), topic("orders.dlt", 2, &[0, 1])]);
-        let Decision::Split { request, refused, acks } = check(&f, 9, &Names).unwrap() else {
+        let f = frame(
+            9,
+            -1,
+            vec![topic("orders", 1, &[0]), topic("orders.dlt", 2, &[0, 1])],
+        );
+        let Decision::Split {
+            request,
+            refused,
+            acks,
+        } = check(&f, 9, &Names).unwrap()
+        else {
             panic!("expected a split");
         };
         assert_eq!(acks, -1);
@@ -285,7 +296,10 @@ mod tests {
             Decision::AllRefused { body: Some(_) }
         ));
         let f = frame(13, -1, vec![topic("", 8, &[0])]);
-        assert!(matches!(check(&f, 13, &Names).unwrap(), Decision::Untouched));
+        assert!(matches!(
+            check(&f, 13, &Names).unwrap(),
+            Decision::Untouched
+        ));
         assert_eq!(topic_ids(&f, 13), vec![Uuid::from_u128(8)]);
     }
 

@@ -385,7 +385,9 @@ fn classify_produce(
         })
     };
     let decision = match topics {
-        Some(t) => produce::check(frame, v, t).map_err(|e| RelayError::BadRequest(e.to_string()))?,
+        Some(t) => {
+            produce::check(frame, v, t).map_err(|e| RelayError::BadRequest(e.to_string()))?
+        }
         None => produce::Decision::Untouched,
     };
     Ok(match decision {
@@ -407,7 +409,8 @@ fn classify_produce(
         },
         produce::Decision::AllRefused { body } => Classified {
             pending: body.and_then(|b| {
-                let out = response_frame(head.correlation_id, response_tags(ApiKey::Produce, v), &b);
+                let out =
+                    response_frame(head.correlation_id, response_tags(ApiKey::Produce, v), &b);
                 pending(Handling::Local(out))
             }),
             send: Send::Nothing,

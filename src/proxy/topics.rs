@@ -117,7 +117,11 @@ mod tests {
 
     impl Cluster {
         async fn refresh(&self) {
-            assert_eq!(self.busy.fetch_add(1, Ordering::SeqCst), 0, "two refreshes in flight");
+            assert_eq!(
+                self.busy.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two refreshes in flight"
+            );
             self.refreshes.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(50)).await;
             for id in &self.exists {
@@ -176,7 +180,9 @@ mod tests {
     async fn the_negative_cache_is_bounded() {
         let cluster = Cluster::default();
         let r = TopicResolver::new(Duration::from_secs(60));
-        let ids: Vec<Uuid> = (0..(MAX_UNKNOWN as u128 + 10)).map(Uuid::from_u128).collect();
+        let ids: Vec<Uuid> = (0..(MAX_UNKNOWN as u128 + 10))
+            .map(Uuid::from_u128)
+            .collect();
         cluster.resolve(&r, &ids[..MAX_UNKNOWN]).await;
         assert_eq!(r.lock_unknown().len(), MAX_UNKNOWN);
         cluster.resolve(&r, &ids[MAX_UNKNOWN..]).await;
