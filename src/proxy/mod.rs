@@ -8,6 +8,7 @@
 //! out the same ports. Each accepted connection gets its own upstream
 //! connection and a `relay`.
 
+mod classify;
 pub mod frame;
 pub mod limits;
 pub mod net;
