@@ -79,9 +79,56 @@ impl ConnectionLimit {
     }
 }
 
+/// File descriptors each served connection holds: the client's socket and
+/// the broker connection dialled for it.
+const FDS_PER_CONNECTION: u64 = 2;
+
+/// Descriptors kept for listeners, the proxy's own connections and files.
+const FDS_RESERVED: u64 = 128;
+
+/// A warning when `max_connections` cannot be reached under the process's
+/// open-file limit: accepts would then fail with EMFILE before the cap.
+pub fn fd_limit_warning(max_connections: u32) -> Option<String> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    check_fd_limit(max_connections, soft_open_files(&limits)?)
+}
+
+fn check_fd_limit(max_connections: u32, soft: u64) -> Option<String> {
+    let needed = u64::from(max_connections) * FDS_PER_CONNECTION + FDS_RESERVED;
+    (needed > soft).then(|| {
+        format!(
+            "limits.max_connections {max_connections} needs about {needed} open files but the \
+             limit is {soft}: raise it (ulimit -n) or lower limits.max_connections"
+        )
+    })
+}
+
+/// The soft "Max open files" of a `/proc/<pid>/limits` text.
+fn soft_open_files(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line
+        .trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?;
+    soft.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cap_beyond_the_open_file_limit_is_reported() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units\n\
+                    Max open files            1024                 4096                 files\n";
+        assert_eq!(soft_open_files(text), Some(1024));
+        assert!(check_fd_limit(10_000, 1024).unwrap().contains("ulimit -n"));
+        assert!(check_fd_limit(400, 1024).is_none());
+        assert_eq!(
+            soft_open_files("Max open files unlimited unlimited files\n"),
+            None
+        );
+    }
 
     #[test]
     fn slots_are_capped_and_freed_on_drop() {

@@ -233,6 +233,9 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
             source,
         })?;
     info!(addr = %bootstrap, "serving bootstrap");
+    if let Some(w) = limits::fd_limit_warning(shared.config.limits.max_connections) {
+        warn!("{w}");
+    }
     if let Some(addr) = &shared.config.admin.listen {
         let admin = admin::bind(addr).await.map_err(StartError::Admin)?;
         shared.tasks.spawn(admin::serve_listener(
