@@ -95,6 +95,8 @@ async fn next_request<R: tokio::io::AsyncRead + Unpin>(
     let idle = shared.config.limits.idle_timeout;
     loop {
         tokio::select! {
+            // A frame that is ready wins over a timer that fired with it.
+            biased;
             _ = shared.shutdown.cancelled() => return Ok(None),
             // FrameReader::next keeps partial frames in its buffer, so
             // abandoning it for the timer loses nothing.
