@@ -29,8 +29,9 @@ pub(super) enum Handling {
     Local(Bytes),
     /// A Fetch response to inspect for poison records.
     Fetch { isolation: i8 },
-    /// A SaslHandshake v0 answer: if it accepts, raw SASL tokens follow.
-    SaslHandshakeV0,
+    /// A SaslHandshake answer: raw SASL tokens follow only when a v0
+    /// handshake is accepted (with v1 they travel in SaslAuthenticate).
+    SaslHandshake,
     /// A Produce answer into which refused dead-letter partitions are merged.
     Produce(produce::Refused),
 }
@@ -79,8 +80,8 @@ pub(super) struct Context<'a> {
     pub dead_letters: Option<&'a dyn produce::Topics>,
 }
 
-/// Dead-letter topics as the Produce check sees them: the policies this
-/// connection started with, topic ids resolved through the proxy's metadata.
+/// Dead-letter topics as the Produce check sees them: those of the current
+/// policies, topic ids resolved through the proxy's metadata.
 pub(super) struct DeadLetterTopics<'a> {
     pub shared: &'a Shared,
     pub policies: &'a PolicySet,
@@ -153,7 +154,7 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
         ApiKey::Produce if produce_acks(frame, v) == Some(0) => {
             return Ok(Classified::forward(None))
         }
-        ApiKey::SaslHandshake if v == 0 => Handling::SaslHandshakeV0,
+        ApiKey::SaslHandshake => Handling::SaslHandshake,
         ApiKey::Fetch if ctx.intercepting => Handling::Fetch {
             isolation: fetch_isolation(frame, v)
                 .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
@@ -317,11 +318,11 @@ mod tests {
         assert!(classify(&token, &ctx(false)).is_err());
         let p = pending(&token, true).unwrap();
         assert_eq!(p.correlation_id, None);
-        // The handshake v0 itself does not switch modes: its answer does.
-        let p = pending(&request(17, 0, &[]), false).unwrap();
-        assert!(matches!(p.handling, Handling::SaslHandshakeV0));
-        let p = pending(&request(17, 1, &[]), false).unwrap();
-        assert!(matches!(p.handling, Handling::Forward));
+        // The handshake itself does not switch modes: its answer does.
+        for v in [0, 1] {
+            let p = pending(&request(17, v, &[]), false).unwrap();
+            assert!(matches!(p.handling, Handling::SaslHandshake));
+        }
     }
 
     #[test]

@@ -129,7 +129,7 @@ where
         learn_produce_topic_ids(shared, &frame).await;
         let c = classify_with_policies(shared, state, &frame)?;
         if let Some(p) = c.pending {
-            if matches!(p.handling, Handling::SaslHandshakeV0) {
+            if matches!(p.handling, Handling::SaslHandshake) {
                 // Until the broker accepts it, frames are still requests.
                 state.raw_sasl.store(false, Ordering::SeqCst);
             }
@@ -237,13 +237,11 @@ where
                         )));
                     }
                 }
-                if matches!(handling, Handling::SaslHandshakeV0) {
+                if matches!(handling, Handling::SaslHandshake) {
                     // Set before the client sees the answer, hence before
                     // its first token can arrive.
-                    state.raw_sasl.store(
-                        handshake_accepted(&frame).unwrap_or(false),
-                        Ordering::SeqCst,
-                    );
+                    let raw = p.version == 0 && handshake_accepted(&frame).unwrap_or(false);
+                    state.raw_sasl.store(raw, Ordering::SeqCst);
                 }
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
@@ -269,7 +267,7 @@ async fn respond(
 ) -> Result<Bytes, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
-        Handling::Forward | Handling::Local(_) | Handling::SaslHandshakeV0 => Ok(frame),
+        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake => Ok(frame),
         Handling::Produce(refused) => {
             let key = ApiKey::Produce;
             let header_end = response_header_end(&frame, key, version)
