@@ -10,7 +10,8 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 
 import confluent_kafka as ck
 import pytest
@@ -24,9 +25,16 @@ from test_robustness import closed_by_peer
 @dataclass
 class LimitedProxy(h.Antidote):
     limits: str = ""          # YAML lines under `limits:`
+    admin_port: int = field(default_factory=h.free_port)
 
     def config_yaml(self) -> str:
-        return h.Antidote.config_yaml(self) + "limits:\n" + self.limits
+        return (h.Antidote.config_yaml(self) + "limits:\n" + self.limits
+                + f"admin:\n  listen: {h.HOST}:{self.admin_port}\n")
+
+    def metrics(self) -> str:
+        url = f"http://{h.HOST}:{self.admin_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
 
 
 def start_limited(workdir, broker, name: str, limits: str) -> LimitedProxy:
@@ -99,6 +107,7 @@ def test_over_max_connections_new_ones_are_closed_and_existing_ones_keep_working
             s.close()
     log = h.read_log(capped.log)
     assert log.count("connection limit reached") == 1, "refusals must be logged once per interval"
+    assert "antidote_connections_refused_total 1\n" in capped.metrics()
 
 
 @pytest.fixture
