@@ -193,7 +193,8 @@ impl Connection {
                 }
                 let server_first = String::from_utf8_lossy(&r.auth_bytes).into_owned();
                 let client_final = scram
-                    .client_final(&server_first)
+                    .client_final_off_runtime(&server_first)
+                    .await
                     .map_err(|e| self.protocol(&e))?;
                 let r = self.send(step(client_final.into_bytes()), 0, 2).await?;
                 if r.error_code != 0 {

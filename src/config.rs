@@ -113,6 +113,11 @@ pub struct ClientTls {
     /// Name to verify the brokers' certificates against (default: the host connected to).
     #[serde(default)]
     pub server_name: Option<String>,
+    /// Present `cert` on relayed client connections too. Off by default:
+    /// otherwise every client would act with the proxy's own principal;
+    /// client identity reaches brokers through SASL passthrough instead.
+    #[serde(default)]
+    pub relay_client_cert: bool,
 }
 
 /// Limits that protect the process from its peers.
@@ -129,6 +134,20 @@ pub struct Limits {
     /// together (`intercept::budget`).
     #[serde(default = "default_decode_budget")]
     pub decode_budget: usize,
+    /// Client connections served at once (all listeners); more are
+    /// accepted and closed at once. Each one also holds a broker connection.
+    #[serde(
+        default = "default_max_connections",
+        deserialize_with = "de_nonzero_u32"
+    )]
+    pub max_connections: u32,
+    /// A client connection with no request (and no answer pending) for
+    /// this long is closed.
+    #[serde(
+        default = "default_idle_timeout",
+        deserialize_with = "de_nonzero_duration"
+    )]
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -137,6 +156,8 @@ impl Default for Limits {
             max_frame_bytes: default_max_frame_bytes(),
             shutdown_grace: default_shutdown_grace(),
             decode_budget: default_decode_budget(),
+            max_connections: default_max_connections(),
+            idle_timeout: default_idle_timeout(),
         }
     }
 }
@@ -162,6 +183,11 @@ pub struct DeadLetter {
     /// Replication factor of a dead-letter topic the proxy creates.
     #[serde(default = "one_i16")]
     pub replication_factor: i16,
+    /// Relay client Produce requests to dead-letter topics. Off by default:
+    /// whoever writes to a DLT can forge the `x-original-*` headers the
+    /// once-only ledger is rebuilt from.
+    #[serde(default)]
+    pub allow_client_produce: bool,
 }
 
 impl Default for DeadLetter {
@@ -173,6 +199,7 @@ impl Default for DeadLetter {
             timeout: default_dlt_timeout(),
             partitions: 1,
             replication_factor: 1,
+            allow_client_produce: false,
         }
     }
 }
@@ -221,6 +248,16 @@ fn default_max_frame_bytes() -> u32 {
 }
 fn default_shutdown_grace() -> Duration {
     Duration::from_secs(10)
+}
+/// Kafka's own default `max.connections` is unbounded; this bounds memory
+/// (two sockets and two frame buffers per connection) yet leaves room for
+/// large consumer fleets.
+fn default_max_connections() -> u32 {
+    10_000
+}
+/// Kafka's `connections.max.idle.ms` default.
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(600)
 }
 fn default_dlt_timeout() -> Duration {
     Duration::from_secs(5)
@@ -333,6 +370,23 @@ pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
         Raw::Num(n) => parse_duration(&n.to_string()).map_err(de::Error::custom),
         Raw::Text(t) => parse_duration(&t).map_err(de::Error::custom),
     }
+}
+
+/// serde helper: a count that must be at least 1 (reported at its position).
+fn de_nonzero_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match u32::deserialize(d)? {
+        0 => Err(de::Error::custom("must be at least 1")),
+        n => Ok(n),
+    }
+}
+
+/// serde helper: a duration that must not be zero (reported at its position).
+fn de_nonzero_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let t = de_duration(d)?;
+    if t.is_zero() {
+        return Err(de::Error::custom("must be longer than 0s"));
+    }
+    Ok(t)
 }
 
 /// Format a serde_yaml error as `file:line:column: message`.
@@ -488,6 +542,47 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.admin.listen.unwrap().host, "0.0.0.0");
+    }
+
+    #[test]
+    fn connection_limits_have_defaults_and_bad_values_name_their_position() {
+        let c = Config::parse(MINIMAL, Path::new("c.yaml")).unwrap();
+        assert_eq!(c.limits.max_connections, 10_000);
+        assert_eq!(c.limits.idle_timeout, Duration::from_secs(600));
+        assert!(!c.dead_letter.allow_client_produce);
+        let text = format!("{MINIMAL}limits:\n  max_connections: 3\n  idle_timeout: 2s\n");
+        let c = Config::parse(&text, Path::new("c.yaml")).unwrap();
+        assert_eq!(c.limits.max_connections, 3);
+        assert_eq!(c.limits.idle_timeout, Duration::from_secs(2));
+        for (bad, line) in [
+            ("  max_connections: 0\n", 7),
+            ("  max_connections: -4\n", 7),
+            ("  idle_timeout: 0s\n", 7),
+            ("  idle_timeout: soon\n", 7),
+        ] {
+            let text = format!("{MINIMAL}limits:\n{bad}");
+            let err = Config::parse(&text, Path::new("c.yaml")).unwrap_err().0;
+            assert!(err.starts_with(&format!("c.yaml:{line}:")), "{bad}: {err}");
+        }
+        let text = format!("{MINIMAL}dead_letter:\n  allow_client_produce: maybe\n");
+        let err = Config::parse(&text, Path::new("c.yaml")).unwrap_err().0;
+        assert!(err.starts_with("c.yaml:7:"), "{err}");
+    }
+
+    #[test]
+    fn passwords_never_appear_in_debug_output() {
+        let text = MINIMAL.replace(
+            "  bootstrap_servers: [127.0.0.1:9092]\n",
+            "  bootstrap_servers: [127.0.0.1:9092]\n  sasl: { mechanism: PLAIN, username: svc, password: hunter2-s3cret }\n",
+        ) + "dead_letter:\n  sasl: { mechanism: SCRAM-SHA-512, username: dlt, password: other-s3cret }\n";
+        let c = Config::parse(&text, Path::new("c.yaml")).unwrap();
+        let printed = format!("{c:?} {c:#?}");
+        assert!(!printed.contains("hunter2-s3cret"), "{printed}");
+        assert!(!printed.contains("other-s3cret"), "{printed}");
+        assert!(printed.contains("<redacted>"));
+        // The secret itself is still there for the exchange.
+        let sasl = c.upstream.sasl.as_ref().unwrap();
+        assert_eq!(sasl.password().unwrap(), "hunter2-s3cret");
     }
 
     #[test]

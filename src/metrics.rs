@@ -46,6 +46,7 @@ pub mod names {
     pub const CONNECTIONS_OPEN: &str = "antidote_connections_open";
     pub const CONNECTIONS_ACCEPTED: &str = "antidote_connections_accepted_total";
     pub const UPSTREAM_ERRORS: &str = "antidote_upstream_errors_total";
+    pub const CONNECTIONS_REFUSED: &str = "antidote_connections_refused_total";
     pub const BUILD_INFO: &str = "antidote_build_info";
     pub const START_TIME: &str = "antidote_process_start_time_seconds";
 }
@@ -424,6 +425,7 @@ pub struct Metrics {
     connections_open: GaugeFamily,
     connections_accepted: CounterFamily,
     upstream_errors: CounterFamily,
+    connections_refused: CounterFamily,
     start_time: f64,
 }
 
@@ -482,6 +484,11 @@ impl Metrics {
                 UPSTREAM_ERRORS,
                 "Errors talking to upstream brokers, by kind (connect, tls, io, protocol, timeout, ...).",
                 &["kind"],
+            ),
+            connections_refused: CounterFamily::new(
+                CONNECTIONS_REFUSED,
+                "Client connections closed at once because limits.max_connections was reached.",
+                &[],
             ),
             start_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -642,6 +649,11 @@ impl Metrics {
         self.upstream_errors.add(&[kind], 1);
     }
 
+    /// A client connection closed at once: `limits.max_connections` reached.
+    pub fn connection_refused(&self) {
+        self.connections_refused.add(&[], 1);
+    }
+
     /// Counter value, for tests and the `dlt` commands' summaries.
     pub fn validated(&self, topic: &str, partition: i32, policy: &str) -> u64 {
         self.validated.get(&[topic, &partition.to_string(), policy])
@@ -719,6 +731,7 @@ impl Metrics {
         self.connections_open.render(&mut out);
         self.connections_accepted.render(&mut out);
         self.upstream_errors.render(&mut out);
+        self.connections_refused.render(&mut out);
         out
     }
 }

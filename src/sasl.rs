@@ -19,7 +19,7 @@ pub struct SaslConfig {
     pub username: String,
     /// The password, or use `password_env` to read it from the environment.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Name of an environment variable holding the password.
     #[serde(default)]
     pub password_env: Option<String>,
@@ -29,11 +29,35 @@ impl SaslConfig {
     /// The password, from the config or the named environment variable.
     pub fn password(&self) -> Result<String, String> {
         match (&self.password, &self.password_env) {
-            (Some(p), _) => Ok(p.clone()),
+            (Some(p), _) => Ok(p.expose().to_string()),
             (None, Some(var)) => std::env::var(var)
                 .map_err(|_| format!("sasl: environment variable {var} is not set")),
             (None, None) => Err("sasl: `password` or `password_env` is required".into()),
         }
+    }
+}
+
+/// A secret from the config: prints as `"<redacted>"` in `{:?}`, so a
+/// logged or debug-printed config never shows it (threat model: passwords
+/// never appear in logs or Debug output).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The secret itself, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
     }
 }
 
@@ -63,7 +87,33 @@ pub fn plain_token(user: &str, password: &str) -> Vec<u8> {
     format!("\0{user}\0{password}").into_bytes()
 }
 
-/// A SCRAM exchange in progress (client side).
+/// Kafka's bounds on SCRAM iterations (`ScramMechanism`: 4096 to 16384).
+pub const SCRAM_ITERATIONS: std::ops::RangeInclusive<u32> = 4096..=16384;
+
+/// What the client needs from a checked server-first message.
+struct ServerFirst {
+    nonce: String,
+    salt: Vec<u8>,
+    iterations: std::num::NonZeroU32,
+}
+
+/// PBKDF2 of the password: the expensive step of SCRAM.
+fn salted_password(
+    alg: pbkdf2::Algorithm,
+    len: usize,
+    iterations: std::num::NonZeroU32,
+    salt: &[u8],
+    password: &str,
+) -> Vec<u8> {
+    #[cfg(test)]
+    tests::record_derive_thread();
+    let mut salted = vec![0u8; len];
+    pbkdf2::derive(alg, iterations, salt, password.as_bytes(), &mut salted);
+    salted
+}
+
+/// A SCRAM exchange in progress (client side). No `Debug`: it holds the
+/// password and, later, the salted password.
 pub struct Scram {
     mech: Mechanism,
     password: String,
@@ -98,8 +148,36 @@ impl Scram {
         format!("n,,{}", self.client_first_bare)
     }
 
-    /// Answer the server-first message with the client-final message.
+    /// Answer the server-first message with the client-final message,
+    /// deriving the salted password on the calling thread (tests, tools).
     pub fn client_final(&mut self, server_first: &str) -> Result<String, String> {
+        let first = self.parse_server_first(server_first)?;
+        let (alg, len) = self.pbkdf2_algorithm();
+        let salted = salted_password(alg, len, first.iterations, &first.salt, &self.password);
+        Ok(self.finish(server_first, &first.nonce, salted))
+    }
+
+    /// `client_final`, with PBKDF2 (up to 16384 HMAC rounds) run on a
+    /// blocking thread so that it never stalls a runtime worker that is
+    /// relaying other connections.
+    pub async fn client_final_off_runtime(&mut self, server_first: &str) -> Result<String, String> {
+        let first = self.parse_server_first(server_first)?;
+        let (alg, len) = self.pbkdf2_algorithm();
+        let password = self.password.clone();
+        let salt = first.salt;
+        let iterations = first.iterations;
+        let salted = tokio::task::spawn_blocking(move || {
+            salted_password(alg, len, iterations, &salt, &password)
+        })
+        .await
+        .map_err(|e| format!("SCRAM key derivation failed: {e}"))?;
+        Ok(self.finish(server_first, &first.nonce, salted))
+    }
+
+    /// Check a server-first message: our nonce extended, a salt, and an
+    /// iteration count within Kafka's bounds (a hostile server could
+    /// otherwise ask for billions of rounds, or a weak handful).
+    fn parse_server_first(&self, server_first: &str) -> Result<ServerFirst, String> {
         let mut nonce = None;
         let mut salt = None;
         let mut iterations = None;
@@ -114,23 +192,29 @@ impl Scram {
             }
         }
         let (Some(nonce), Some(salt), Some(iterations)) = (nonce, salt, iterations) else {
-            return Err(format!(
-                "malformed SCRAM server-first message: {server_first}"
-            ));
+            return Err("malformed SCRAM server-first message".into());
         };
-        if !nonce.starts_with(&self.nonce) || iterations == 0 {
-            return Err("SCRAM server nonce or iteration count is invalid".into());
+        if !nonce.starts_with(&self.nonce) {
+            return Err("SCRAM server nonce does not extend the client nonce".into());
         }
-        let (pbkdf, hmac_alg, digest_alg, len) = self.algorithms();
-        let mut salted = vec![0u8; len];
+        if !SCRAM_ITERATIONS.contains(&iterations) {
+            return Err(format!(
+                "SCRAM iteration count {iterations} from the server is outside Kafka's bounds {}..={}",
+                SCRAM_ITERATIONS.start(),
+                SCRAM_ITERATIONS.end()
+            ));
+        }
         let iterations = std::num::NonZeroU32::new(iterations).ok_or("SCRAM iterations")?;
-        pbkdf2::derive(
-            pbkdf,
+        Ok(ServerFirst {
+            nonce: nonce.to_string(),
+            salt,
             iterations,
-            &salt,
-            self.password.as_bytes(),
-            &mut salted,
-        );
+        })
+    }
+
+    /// The client-final message, given the salted password.
+    fn finish(&mut self, server_first: &str, nonce: &str, salted: Vec<u8>) -> String {
+        let (_, hmac_alg, digest_alg, _) = self.algorithms();
         let client_key = hmac::sign(&hmac::Key::new(hmac_alg, &salted), b"Client Key");
         let stored_key = digest::digest(digest_alg, client_key.as_ref());
         let without_proof = format!("c=biws,r={nonce}");
@@ -146,7 +230,12 @@ impl Scram {
             .map(|(a, b)| a ^ b)
             .collect();
         self.pending = Some((auth_message, salted));
-        Ok(format!("{without_proof},p={}", B64.encode(proof)))
+        format!("{without_proof},p={}", B64.encode(proof))
+    }
+
+    fn pbkdf2_algorithm(&self) -> (pbkdf2::Algorithm, usize) {
+        let (alg, _, _, len) = self.algorithms();
+        (alg, len)
     }
 
     /// Check the server-final message (the server proves it knows the password too).
@@ -225,6 +314,62 @@ mod tests {
         let mut s = Scram::new(Mechanism::ScramSha512, "u", "p", "abc");
         assert!(s.client_final("r=xyz,s=AAAA,i=4096").is_err());
         assert!(s.client_final("garbage").is_err());
+    }
+
+    /// Every thread PBKDF2 ran on, in this test process.
+    static DERIVE_THREADS: std::sync::Mutex<Vec<std::thread::ThreadId>> =
+        std::sync::Mutex::new(Vec::new());
+
+    pub(super) fn record_derive_thread() {
+        if let Ok(mut t) = DERIVE_THREADS.lock() {
+            t.push(std::thread::current().id());
+        }
+    }
+
+    const RFC_FIRST: &str =
+        "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
+
+    #[test]
+    fn iteration_counts_outside_kafkas_bounds_are_refused() {
+        for i in [0u32, 1, 4095, 16385, 1_000_000_000] {
+            let mut s = Scram::new(Mechanism::ScramSha256, "u", "p", "abc");
+            let err = s
+                .client_final(&format!("r=abcdef,s=AAAA,i={i}"))
+                .unwrap_err();
+            assert!(
+                err.contains("outside Kafka's bounds 4096..=16384"),
+                "{i}: {err}"
+            );
+        }
+        for i in [4096u32, 16384] {
+            let mut s = Scram::new(Mechanism::ScramSha256, "u", "p", "abc");
+            assert!(s.client_final(&format!("r=abcdef,s=AAAA,i={i}")).is_ok());
+        }
+    }
+
+    #[test]
+    fn pbkdf2_runs_off_the_runtime_thread_with_the_same_result() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut s = Scram::new(
+            Mechanism::ScramSha256,
+            "user",
+            "pencil",
+            "rOprNGfwEbeRWgbNEkqO",
+        );
+        let runtime_thread = std::thread::current().id();
+        let got = rt.block_on(s.client_final_off_runtime(RFC_FIRST)).unwrap();
+        // Other tests derive on their own threads, never on this one.
+        let threads = DERIVE_THREADS.lock().unwrap().clone();
+        assert!(!threads.is_empty());
+        assert!(
+            !threads.contains(&runtime_thread),
+            "PBKDF2 ran on the runtime thread"
+        );
+        assert!(got.ends_with("p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="));
+        s.verify_server_final("v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
+            .unwrap();
     }
 
     #[test]

@@ -65,7 +65,11 @@ async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Byt
                     raw = false;
                     continue;
                 }
-                let key = ApiKey::try_from((&frame[..2]).get_i16()).unwrap();
+                let Ok(key) = ApiKey::try_from((&frame[..2]).get_i16()) else {
+                    // Not a request: record what reached the broker, hang up.
+                    tokens.lock().unwrap().push(frame.clone());
+                    return;
+                };
                 let version = (&frame[2..4]).get_i16();
                 let header =
                     RequestHeader::decode(&mut frame, key.request_header_version(version)).unwrap();
@@ -100,12 +104,17 @@ async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Byt
                         ]),
                     ),
                     ApiKey::SaslHandshake => {
-                        raw = version == 0;
+                        let req = SaslHandshakeRequest::decode(&mut frame, version).unwrap();
+                        // Only PLAIN is offered: anything else is refused
+                        // (UNSUPPORTED_SASL_MECHANISM) and no token follows.
+                        let ok = req.mechanism.as_str() == "PLAIN";
+                        raw = version == 0 && ok;
                         response(
                             key,
                             version,
                             c,
                             &SaslHandshakeResponse::default()
+                                .with_error_code(if ok { 0 } else { 33 })
                                 .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]),
                         )
                     }
@@ -209,6 +218,34 @@ async fn raw_sasl_tokens_after_a_v0_handshake_are_relayed_untouched() {
     write_frame(&mut c, &request(2, 1, &MetadataRequest::default())).await;
     let md = decode::<MetadataRequest>(read_frame(&mut c).await.unwrap(), 1, 2);
     assert_eq!(md.brokers[0].port, shared.addrs.port_for(1).unwrap() as i32);
+    proxy::stop(&shared).await;
+}
+
+#[tokio::test]
+async fn after_a_refused_v0_handshake_frames_are_requests_again() {
+    let (shared, port, tokens) = start_proxy().await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("GSSAPI"));
+    write_frame(&mut c, &request(1, 0, &hs)).await;
+    let resp = decode::<SaslHandshakeRequest>(read_frame(&mut c).await.unwrap(), 0, 1);
+    assert_eq!(resp.error_code, 33);
+
+    // Requests still flow in Kafka framing.
+    write_frame(&mut c, &request(2, 1, &MetadataRequest::default())).await;
+    decode::<MetadataRequest>(read_frame(&mut c).await.unwrap(), 1, 2);
+
+    // A frame that is no request is not relayed as a raw token: the proxy
+    // ends the connection and the broker never sees it.
+    write_frame(&mut c, b"\0alice\0secret").await;
+    let closed = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut c))
+        .await
+        .expect("the proxy must close the connection");
+    assert!(closed.is_none());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        tokens.lock().unwrap().is_empty(),
+        "the token reached the broker"
+    );
     proxy::stop(&shared).await;
 }
 

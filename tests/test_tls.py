@@ -10,13 +10,15 @@ proxy path:  the client speaks TLS to antidote (listen.tls), or antidote speaks
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 import clients as c
 from conftest import start_proxy
-from harness import Tansu, TlsTerminator, free_port
+from harness import Tansu, TlsTerminator, free_port, read_log
 
 CLIENTS = ["librdkafka", "kafka-python"]
 
@@ -140,7 +142,31 @@ def test_upstream_tls_to_broker_is_transparent_to_plaintext_client(kind, mutual,
         # The client itself speaks TLS to the terminator: validates the upstream side.
         ep = direct_ep
     else:
+        # Relayed connections present the proxy's certificate only when asked.
+        relay = {"relay_client_cert": "true"} if mutual else {}
         p = proxy_factory(upstream=[f"127.0.0.1:{term.port}"],
-                          upstream_tls={"ca": certs.ca, **client_cert})
+                          upstream_tls={"ca": certs.ca, **client_cert, **relay})
         ep = c.Endpoint(p.bootstrap, path)
     roundtrip_both_ways(kind, ep, topic)
+
+
+def test_relayed_client_connections_present_no_client_certificate_by_default(
+        certs, mtls_broker, proxy_factory):
+    """With a client certificate configured for the proxy's own connections,
+    the proxy still fetches metadata from an mTLS-only broker, but a client's
+    relayed connection presents no certificate and is refused there: clients
+    never inherit the proxy's principal."""
+    _tansu, term = mtls_broker
+    p = proxy_factory(upstream=[f"127.0.0.1:{term.port}"],
+                      upstream_tls={"ca": certs.ca, "cert": str(certs.client_cert),
+                                    "key": str(certs.client_key)})
+    deadline = time.monotonic() + 15
+    while "upstream metadata fetched; ready" not in read_log(p.log):
+        assert time.monotonic() < deadline, "the proxy's own connection was refused"
+        time.sleep(0.1)
+    assert rejected(c.Endpoint(p.bootstrap, "proxy")), \
+        "a relayed client connection reached the mTLS broker with the proxy's certificate"
+    # TLS 1.3: the broker refuses the certificate-less client after the
+    # handshake, so the proxy sees the broker hang up.
+    log = read_log(p.log)
+    assert "cannot reach upstream" in log or "error=broker: i/o" in log, log[-2000:]

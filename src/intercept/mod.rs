@@ -141,14 +141,11 @@ impl Interceptor {
         })?;
         shared.learn(seen).await;
 
-        if version >= 13
-            && resp
-                .responses
-                .iter()
-                .any(|t| !shared.topic_names.contains_key(&t.topic_id))
-        {
-            // Fetch v13+ names topics by id: learn ids we have not seen yet.
-            let _ = crate::proxy::refresh_metadata(shared).await;
+        if version >= 13 {
+            // Fetch v13+ names topics by id: learn ids we have not seen yet
+            // (single-flight, negatively cached).
+            let ids: Vec<_> = resp.responses.iter().map(|t| t.topic_id).collect();
+            shared.resolve_topic_ids(&ids).await;
         }
         let mut jobs = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {

@@ -207,6 +207,23 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A response frame with a v0 header (correlation id) or a flexible header
+/// whose tagged fields are `tags`.
+pub fn response_frame(correlation_id: i32, tags: &[u8], body: &[u8]) -> Bytes {
+    let mut header = correlation_id.to_be_bytes().to_vec();
+    header.extend_from_slice(tags);
+    response_frame_raw(&header, body)
+}
+
+/// Length prefix + the original header bytes + a new body.
+pub fn response_frame_raw(header: &[u8], body: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(4 + header.len() + body.len());
+    out.extend_from_slice(&((header.len() + body.len()) as u32).to_be_bytes());
+    out.extend_from_slice(header);
+    out.extend_from_slice(body);
+    out.freeze()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,12 +8,16 @@
 //! out the same ports. Each accepted connection gets its own upstream
 //! connection and a `relay`.
 
+mod classify;
 pub mod frame;
+pub mod limits;
 pub mod net;
+pub mod produce;
 pub mod relay;
 pub mod reload;
 pub mod rewrite;
 pub mod tls;
+pub mod topics;
 pub mod versions;
 
 use std::collections::HashSet;
@@ -69,6 +73,10 @@ pub struct Shared {
     pub addrs: Addresses,
     acceptor: Option<TlsAcceptor>,
     pub upstream: client::Endpoint,
+    /// TLS for relayed client connections (no client certificate unless
+    /// `upstream.tls.relay_client_cert`); the proxy's own connections use
+    /// `upstream`.
+    relay_tls: Option<tls::Upstream>,
     /// Node id -> the broker's real address.
     pub brokers: DashMap<i32, HostPort>,
     /// Topic id -> name, for Fetch v13+ (which names topics by id).
@@ -80,6 +88,10 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// Fetch interception (idle while no policy is loaded).
     pub interceptor: Arc<Interceptor>,
+    /// Client connections served at once (`limits.max_connections`).
+    pub connections: limits::ConnectionLimit,
+    /// Single-flight, negatively cached lookups of unknown topic ids.
+    topic_resolver: topics::TopicResolver,
 }
 
 impl Shared {
@@ -92,6 +104,12 @@ impl Shared {
             config.listen.broker_port_base,
         );
         let upstream = client::Endpoint::upstream(&config)?;
+        let relay_tls = config
+            .upstream
+            .tls
+            .as_ref()
+            .map(tls::relay_connector)
+            .transpose()?;
         let dlt = &config.dead_letter;
         let dlt_endpoint = client::Endpoint::dead_letter(&config)?;
         let policies = Arc::new(policies);
@@ -107,11 +125,15 @@ impl Shared {
             dlt.timeout,
             config.limits.decode_budget,
         ));
+        let config_max_connections = config.limits.max_connections;
+        // The background refresh learns new topics at this pace anyway.
+        let negative_ttl = config.upstream.metadata_refresh;
         Ok(Arc::new(Shared {
             config,
             addrs,
             acceptor,
             upstream,
+            relay_tls,
             brokers: DashMap::new(),
             topic_names: DashMap::new(),
             listening: tokio::sync::Mutex::new(HashSet::new()),
@@ -119,12 +141,32 @@ impl Shared {
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
             interceptor,
+            connections: limits::ConnectionLimit::new(config_max_connections),
+            topic_resolver: topics::TopicResolver::new(negative_ttl),
         }))
     }
 
     /// Whether Fetch responses are inspected.
     pub fn intercepting(&self) -> bool {
         self.interceptor.active()
+    }
+
+    /// Learn the names of `ids` not known yet: at most one metadata request
+    /// in flight (others wait for it), and an id still unknown after one is
+    /// not looked up again for `upstream.metadata_refresh` (`topics`).
+    pub async fn resolve_topic_ids(self: &Arc<Self>, ids: &[Uuid]) {
+        self.topic_resolver
+            .resolve(
+                ids,
+                |id| self.topic_names.contains_key(id),
+                || async {
+                    if let Err(e) = refresh_metadata(self).await {
+                        metrics::global().upstream_error("metadata");
+                        warn!(error = %e, "looking up unknown topic ids failed");
+                    }
+                },
+            )
+            .await
     }
 
     /// Record what a response revealed; open listeners for new brokers.
@@ -196,6 +238,9 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
             source,
         })?;
     info!(addr = %bootstrap, "serving bootstrap");
+    if let Some(w) = limits::fd_limit_warning(shared.config.limits.max_connections) {
+        warn!("{w}");
+    }
     if let Some(addr) = &shared.config.admin.listen {
         let admin = admin::bind(addr).await.map_err(StartError::Admin)?;
         shared.tasks.spawn(admin::serve_listener(
@@ -342,10 +387,20 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
         };
         match accepted {
             Ok((tcp, peer)) => {
+                let Some(slot) = shared.connections.try_acquire() else {
+                    refuse(&shared, tcp);
+                    continue;
+                };
                 let span = tracing::info_span!("conn", %peer, ?target);
-                shared
-                    .tasks
-                    .spawn(serve(shared.clone(), tcp, peer, target).instrument(span));
+                let conn = shared.clone();
+                shared.tasks.spawn(
+                    async move {
+                        // Held for the connection's life: frees its place.
+                        let _slot = slot;
+                        serve(conn, tcp, peer, target).await
+                    }
+                    .instrument(span),
+                );
             }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
@@ -353,6 +408,20 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// Close a connection over `limits.max_connections` at once (dropping it
+/// resets nothing the client could wait on); count it, warn now and then.
+fn refuse(shared: &Shared, tcp: TcpStream) {
+    drop(tcp);
+    metrics::global().connection_refused();
+    if let Some(n) = shared.connections.refused(std::time::Instant::now()) {
+        warn!(
+            refused = n,
+            max = shared.config.limits.max_connections,
+            "connection limit reached: new client connections are closed at once"
+        );
     }
 }
 
@@ -420,7 +489,7 @@ async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Resu
     };
     let mut last = None;
     for addr in &addrs {
-        match net::connect(addr, shared.upstream.tls.as_ref(), shared.upstream.timeout).await {
+        match net::connect(addr, shared.relay_tls.as_ref(), shared.upstream.timeout).await {
             Ok(io) => return Ok(io),
             Err(e) => last = Some(std::io::Error::new(e.kind(), format!("{addr}: {e}"))),
         }

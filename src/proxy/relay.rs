@@ -1,26 +1,33 @@
 //! One client connection and its upstream broker connection.
 //!
 //! Two pumps share an in-order queue of pending responses. The request pump
-//! reads client frames, peeks each header (api key, version, correlation id)
-//! and records what the matching response will need, then forwards the
-//! frame's bytes unchanged. The response pump pairs each broker frame with
+//! reads client frames, has each classified (`classify`: what the matching
+//! response will need, and what goes to the broker), then forwards the
+//! frame's bytes unchanged (or a Produce without its dead-letter topics, or
+//! nothing when the proxy answers itself). It closes a connection idle for
+//! `limits.idle_timeout` with no answer pending. The response pump pairs each broker frame with
 //! the head of that queue (Kafka answers a connection's requests in order)
 //! and either forwards the bytes as they arrived or hands them to a rewrite
 //! (ApiVersions, broker addresses). A malformed or oversized frame from
 //! either side ends this connection only, with one log line.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tracing::debug;
 
 use crate::intercept::Holds;
-use crate::proxy::frame::{self, FrameError, FrameReader, Reader};
+use crate::proxy::classify::{
+    classify, Classified, Context, DeadLetterTopics, Handling, Pending, Send,
+};
+use crate::proxy::frame::{self, response_frame_raw, FrameError, FrameReader, Reader};
 use crate::proxy::net::BoxIo;
 use crate::proxy::rewrite::{self, Seen};
-use crate::proxy::{versions, Shared};
+use crate::proxy::{produce, versions, Shared};
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -41,26 +48,15 @@ pub enum RelayError {
     BrokerWrite(std::io::Error),
 }
 
-/// What the response to one request needs on its way back.
-#[derive(Debug)]
-enum Handling {
-    /// Forward the broker's bytes untouched.
-    Forward,
-    /// Intersect the broker's API versions with the proxy's.
-    ApiVersions,
-    /// Rewrite the broker addresses it carries.
-    Addresses(ApiKey),
-    /// Answer from the proxy without asking the broker.
-    Local(Bytes),
-    /// A Fetch response to inspect for poison records.
-    Fetch { isolation: i8 },
-}
-
-#[derive(Debug)]
-struct Pending {
-    correlation_id: Option<i32>,
-    version: i16,
-    handling: Handling,
+/// State the two pumps of one connection share.
+#[derive(Default)]
+struct ConnState {
+    /// Set from the response side, when the broker accepts a SaslHandshake
+    /// v0 (the client sends no token before it has seen that answer).
+    raw_sasl: AtomicBool,
+    /// Requests whose answers have not yet been written to the client; the
+    /// idle timeout never closes a connection with one pending.
+    in_flight: AtomicUsize,
 }
 
 /// Pipelined requests allowed in flight per connection before the proxy
@@ -74,8 +70,9 @@ pub async fn relay(shared: Arc<Shared>, client: BoxIo, broker: BoxIo) -> Result<
     let (cr, cw) = tokio::io::split(client);
     let (br, bw) = tokio::io::split(broker);
     let (tx, rx) = mpsc::channel(MAX_PENDING);
-    let requests = request_pump(&shared, FrameReader::new(cr, max), bw, tx);
-    let responses = response_pump(&shared, FrameReader::new(br, max), cw, rx);
+    let state = ConnState::default();
+    let requests = request_pump(&shared, &state, FrameReader::new(cr, max), bw, tx);
+    let responses = response_pump(&shared, &state, FrameReader::new(br, max), cw, rx);
     tokio::pin!(requests, responses);
     tokio::select! {
         r = &mut responses => r,
@@ -87,8 +84,36 @@ pub async fn relay(shared: Arc<Shared>, client: BoxIo, broker: BoxIo) -> Result<
     }
 }
 
+/// The next client frame; `None` at a clean end, at shutdown, or once the
+/// connection has been idle (no request, no answer pending) for
+/// `limits.idle_timeout`.
+async fn next_request<R: tokio::io::AsyncRead + Unpin>(
+    shared: &Shared,
+    state: &ConnState,
+    client: &mut FrameReader<R>,
+) -> Result<Option<Bytes>, RelayError> {
+    let idle = shared.config.limits.idle_timeout;
+    loop {
+        tokio::select! {
+            // A frame that is ready wins over a timer that fired with it.
+            biased;
+            _ = shared.shutdown.cancelled() => return Ok(None),
+            // FrameReader::next keeps partial frames in its buffer, so
+            // abandoning it for the timer loses nothing.
+            f = client.next() => return f.map_err(RelayError::ClientFrame),
+            _ = tokio::time::sleep(idle) => {
+                if state.in_flight.load(Ordering::SeqCst) == 0 {
+                    debug!(?idle, "closing idle client connection");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
 async fn request_pump<R, W>(
     shared: &Arc<Shared>,
+    state: &ConnState,
     mut client: FrameReader<R>,
     mut broker: W,
     pending: mpsc::Sender<Pending>,
@@ -97,128 +122,81 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    // After a SaslHandshake v0, SASL tokens travel as bare length-prefixed
-    // blobs, each answered by one blob (protocol-notes §7).
-    let mut raw_sasl = false;
     loop {
-        let frame = tokio::select! {
-            _ = shared.shutdown.cancelled() => return Ok(()),
-            f = client.next() => match f.map_err(RelayError::ClientFrame)? {
-                Some(f) => f,
-                None => return Ok(()),
-            },
+        let Some(frame) = next_request(shared, state, &mut client).await? else {
+            return Ok(());
         };
-        let p = classify(&frame, &mut raw_sasl, shared.intercepting())?;
-        let forward = !matches!(p.as_ref().map(|p| &p.handling), Some(Handling::Local(_)));
-        if let Some(p) = p {
+        learn_produce_topic_ids(shared, &frame).await;
+        let c = classify_with_policies(shared, state, &frame)?;
+        if let Some(p) = c.pending {
+            if matches!(p.handling, Handling::SaslHandshake) {
+                // Until the broker accepts it, frames are still requests.
+                state.raw_sasl.store(false, Ordering::SeqCst);
+            }
+            state.in_flight.fetch_add(1, Ordering::SeqCst);
             if pending.send(p).await.is_err() {
                 return Ok(()); // response side is gone; its error is reported there
             }
         }
-        if forward {
-            broker
-                .write_all(&frame)
-                .await
-                .map_err(RelayError::BrokerWrite)?;
-            // A no-op on TCP; on TLS it pushes the record out now.
-            broker.flush().await.map_err(RelayError::BrokerWrite)?;
-        }
+        let out = match c.send {
+            Send::Original => frame,
+            Send::Replaced(f) => f,
+            Send::Nothing => continue,
+        };
+        broker
+            .write_all(&out)
+            .await
+            .map_err(RelayError::BrokerWrite)?;
+        // A no-op on TCP; on TLS it pushes the record out now.
+        broker.flush().await.map_err(RelayError::BrokerWrite)?;
     }
 }
 
-/// The isolation level of a Fetch request (v4+), found by hand.
-fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
-    let flexible = ApiKey::Fetch.request_header_version(version) >= 2;
-    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
-    if version < 15 {
-        r.i32()?; // replica_id (a tagged field from v15)
+/// Produce v13+ names topics by id: before checking it for dead-letter
+/// topics, look up ids the proxy has not seen (a topic created since the
+/// last metadata refresh). Ids still unknown are not dead-letter topics the
+/// proxy knows of; the broker answers for them.
+async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
+    let Some(head) = frame::peek_request(frame) else {
+        return;
+    };
+    if head.api_key != ApiKey::Produce as i16
+        || head.api_version < 13
+        || shared.config.dead_letter.allow_client_produce
+        || !shared.intercepting()
+    {
+        return;
     }
-    r.skip(12)?; // max_wait_ms, min_bytes, max_bytes
-    if version >= 4 {
-        r.i8()
-    } else {
-        Some(0)
+    let ids = produce::topic_ids(frame, head.api_version);
+    if ids.iter().any(|id| !shared.topic_names.contains_key(id)) {
+        shared.resolve_topic_ids(&ids).await;
     }
 }
 
-/// Decide what the response to `frame` will need; `None` if no response
-/// will come (Produce with acks=0).
-fn classify(
+/// Classify one frame under the current policies (read per request, so a
+/// reload applies to open connections too).
+fn classify_with_policies(
+    shared: &Shared,
+    state: &ConnState,
     frame: &Bytes,
-    raw_sasl: &mut bool,
-    intercepting: bool,
-) -> Result<Option<Pending>, RelayError> {
-    let head = frame::peek_request(frame).filter(|h| is_known_request(h.api_key, h.api_version));
-    let Some(head) = head else {
-        if *raw_sasl {
-            return Ok(Some(Pending {
-                correlation_id: None,
-                version: 0,
-                handling: Handling::Forward,
-            }));
-        }
-        return Err(RelayError::BadRequest(match frame::peek_request(frame) {
-            Some(h) => format!("unknown api key {} version {}", h.api_key, h.api_version),
-            None => format!(
-                "a {}-byte frame is too short for a request header",
-                frame.len()
-            ),
-        }));
+) -> Result<Classified, RelayError> {
+    let policies = shared.interceptor.policies();
+    let guard = DeadLetterTopics {
+        shared,
+        policies: &policies,
     };
-    let key = ApiKey::try_from(head.api_key)
-        .map_err(|_| RelayError::BadRequest("unknown api key".into()))?;
-    let v = head.api_version;
-    let handling = match key {
-        ApiKey::ApiVersions if v > versions::max_api_versions_version() => {
-            let body = versions::unsupported_version_body()
-                .map_err(|e| RelayError::BadRequest(e.to_string()))?;
-            Handling::Local(response_frame(head.correlation_id, &[], &body))
-        }
-        ApiKey::ApiVersions => Handling::ApiVersions,
-        ApiKey::Produce if produce_acks(frame, v) == Some(0) => return Ok(None),
-        ApiKey::SaslHandshake => {
-            *raw_sasl = v == 0;
-            Handling::Forward
-        }
-        ApiKey::Fetch if intercepting => Handling::Fetch {
-            isolation: fetch_isolation(frame, v)
-                .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
-        },
-        k if rewrite::carries_addresses(k, v) => Handling::Addresses(k),
-        _ => Handling::Forward,
+    let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
+    let ctx = Context {
+        raw_sasl: state.raw_sasl.load(Ordering::SeqCst),
+        intercepting: shared.intercepting(),
+        dead_letters: refuse_dlt.then_some(&guard as &dyn produce::Topics),
     };
-    Ok(Some(Pending {
-        correlation_id: Some(head.correlation_id),
-        version: v,
-        handling,
-    }))
-}
-
-/// Whether a header names an API key and version the proxy knows; used to
-/// tell requests from raw SASL tokens, which never look like one.
-fn is_known_request(key: i16, version: i16) -> bool {
-    ApiKey::try_from(key)
-        .map(|k| {
-            let r = k.valid_versions();
-            // ApiVersions may legitimately be newer than we know (KIP-511).
-            version >= 0 && (version <= r.max || k == ApiKey::ApiVersions && version < 100)
-        })
-        .unwrap_or(false)
-}
-
-/// The `acks` field of a Produce request, found by hand so that produce
-/// traffic is never decoded.
-fn produce_acks(frame: &[u8], version: i16) -> Option<i16> {
-    let flexible = ApiKey::Produce.request_header_version(version) >= 2;
-    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
-    if version >= 3 {
-        r.skip_nullable_string(version >= 9)?; // transactional_id
-    }
-    r.i16()
+    classify(frame, &ctx)
 }
 
 async fn response_pump<R, W>(
     shared: &Arc<Shared>,
+    state: &ConnState,
     mut broker: FrameReader<R>,
     mut client: W,
     mut pending: mpsc::Receiver<Pending>,
@@ -259,6 +237,12 @@ where
                         )));
                     }
                 }
+                if matches!(handling, Handling::SaslHandshake) {
+                    // Set before the client sees the answer, hence before
+                    // its first token can arrive.
+                    let raw = p.version == 0 && handshake_accepted(&frame).unwrap_or(false);
+                    state.raw_sasl.store(raw, Ordering::SeqCst);
+                }
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
         };
@@ -269,6 +253,7 @@ where
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
+        state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -282,7 +267,15 @@ async fn respond(
 ) -> Result<Bytes, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
-        Handling::Forward | Handling::Local(_) => Ok(frame),
+        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake => Ok(frame),
+        Handling::Produce(refused) => {
+            let key = ApiKey::Produce;
+            let header_end = response_header_end(&frame, key, version)
+                .ok_or_else(|| RelayError::BadResponse("Produce response header".into()))?;
+            let body = produce::merge(frame.slice(header_end..), version, &refused)
+                .map_err(|e| RelayError::BadResponse(e.to_string()))?;
+            Ok(response_frame_raw(&frame[4..header_end], &body))
+        }
         Handling::ApiVersions => {
             // The ApiVersions response header is always v0: the correlation id alone.
             let body = versions::rewrite(frame.slice(8..), version).map_err(bad)?;
@@ -327,6 +320,12 @@ async fn respond(
     }
 }
 
+/// Whether a SaslHandshake v0 answer (v0 header, then error_code) accepts
+/// the mechanism.
+fn handshake_accepted(frame: &[u8]) -> Option<bool> {
+    Reader::new(frame, 8).i16().map(|code| code == 0)
+}
+
 /// Where a response's body starts (length prefix included in the offset).
 fn response_header_end(frame: &[u8], key: ApiKey, version: i16) -> Option<usize> {
     let mut r = Reader::new(frame, 8);
@@ -336,85 +335,20 @@ fn response_header_end(frame: &[u8], key: ApiKey, version: i16) -> Option<usize>
     Some(r.pos)
 }
 
-/// A response frame with a v0 header (correlation id) or a flexible header
-/// whose tagged fields are `tags`.
-fn response_frame(correlation_id: i32, tags: &[u8], body: &[u8]) -> Bytes {
-    let mut header = correlation_id.to_be_bytes().to_vec();
-    header.extend_from_slice(tags);
-    response_frame_raw(&header, body)
-}
-
-/// Length prefix + the original header bytes + a new body.
-fn response_frame_raw(header: &[u8], body: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(4 + header.len() + body.len());
-    out.extend_from_slice(&((header.len() + body.len()) as u32).to_be_bytes());
-    out.extend_from_slice(header);
-    out.extend_from_slice(body);
-    out.freeze()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn request(key: i16, version: i16, body: &[u8]) -> Bytes {
-        let mut b = vec![];
-        b.extend_from_slice(&key.to_be_bytes());
-        b.extend_from_slice(&version.to_be_bytes());
-        b.extend_from_slice(&7i32.to_be_bytes());
-        b.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
-        if ApiKey::try_from(key)
-            .map(|k| k.request_header_version(version) >= 2)
-            .unwrap_or(false)
-        {
-            b.push(0); // no tagged fields
-        }
-        b.extend_from_slice(body);
-        frame::with_length_prefix(&b)
-    }
-
     #[test]
-    fn produce_with_acks_zero_expects_no_response() {
-        let mut raw = false;
-        // v3: transactional_id null (-1), acks 0
-        assert!(
-            classify(&request(0, 3, &[0xff, 0xff, 0, 0]), &mut raw, false)
-                .unwrap()
-                .is_none()
-        );
-        // v9 (flexible): compact null transactional id (0), acks -1
-        assert!(classify(&request(0, 9, &[0, 0xff, 0xff]), &mut raw, false)
-            .unwrap()
-            .is_some());
-        assert_eq!(produce_acks(&request(0, 2, &[0, 1]), 2), Some(1));
-    }
-
-    #[test]
-    fn raw_sasl_tokens_are_relayed_only_after_a_v0_handshake() {
-        let token = frame::with_length_prefix(b"\0admin\0secret");
-        let mut raw = false;
-        assert!(classify(&token, &mut raw, false).is_err());
-        classify(&request(17, 0, &[]), &mut raw, false).unwrap();
-        assert!(raw);
-        let p = classify(&token, &mut raw, false).unwrap().unwrap();
-        assert_eq!(p.correlation_id, None);
-        // A v1 handshake means tokens travel in SaslAuthenticate requests.
-        classify(&request(17, 1, &[]), &mut raw, false).unwrap();
-        assert!(classify(&token, &mut raw, false).is_err());
-    }
-
-    #[test]
-    fn metadata_and_coordinator_responses_are_marked_for_rewriting() {
-        let mut raw = false;
-        for key in [3i16, 10, 60] {
-            let p = classify(&request(key, 1, &[]), &mut raw, false)
-                .unwrap()
-                .unwrap();
-            assert!(matches!(p.handling, Handling::Addresses(_)), "key {key}");
-        }
-        let p = classify(&request(1, 12, &[]), &mut raw, false)
-            .unwrap()
-            .unwrap();
-        assert!(matches!(p.handling, Handling::Forward));
+    fn a_handshake_answer_switches_to_raw_mode_only_when_it_accepts() {
+        let answer = |code: i16| {
+            let mut b = 9i32.to_be_bytes().to_vec();
+            b.extend_from_slice(&code.to_be_bytes());
+            b.extend_from_slice(&0i32.to_be_bytes()); // no mechanisms
+            frame::with_length_prefix(&b)
+        };
+        assert_eq!(handshake_accepted(&answer(0)), Some(true));
+        assert_eq!(handshake_accepted(&answer(33)), Some(false));
+        assert_eq!(handshake_accepted(&[0, 0, 0, 4, 0, 0, 0, 9]), None);
     }
 }

@@ -1,7 +1,8 @@
 //! TLS on both sides of the proxy, independently: a rustls server config for
 //! client connections (optionally verifying client certificates, mTLS) and a
 //! rustls client config for broker connections (a CA bundle, optionally a
-//! client certificate). Errors name the file that could not be used.
+//! client certificate, which relayed client connections do not present
+//! unless configured). Errors name the file that could not be used.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -114,6 +115,22 @@ pub fn connector(cfg: &ClientTls) -> Result<Upstream, TlsError> {
     Ok(Upstream {
         connector: TlsConnector::from(Arc::new(config)),
         server_name,
+    })
+}
+
+/// The connector for relayed client connections: no client certificate
+/// unless `relay_client_cert` is set. Presenting the proxy's own
+/// certificate would give every client the proxy's principal at the
+/// brokers (its rights on DLTs, CreateTopics...); client identity reaches
+/// brokers through SASL passthrough instead.
+pub fn relay_connector(cfg: &ClientTls) -> Result<Upstream, TlsError> {
+    if cfg.relay_client_cert {
+        return connector(cfg);
+    }
+    connector(&ClientTls {
+        cert: None,
+        key: None,
+        ..cfg.clone()
     })
 }
 

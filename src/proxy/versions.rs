@@ -10,10 +10,19 @@
 //! client asking for a newer ApiVersions than the broker knows gets the
 //! broker's UNSUPPORTED_VERSION answer in v0 form (KIP-511), which is
 //! decoded at v0 here.
+//!
+//! A request outside these ranges is refused, never relayed blind (the
+//! broker would answer with addresses the proxy does not rewrite):
+//! `refusal` builds the UNSUPPORTED_VERSION answer when the response has a
+//! top-level error code the crate can encode; otherwise the relay closes
+//! the connection, as a Kafka broker does.
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsResponse, DescribeQuorumResponse, ShareAcknowledgeResponse,
+    ShareFetchResponse,
+};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
 /// The versions of `key` the proxy relays, or `None` if it must not be offered.
@@ -27,6 +36,36 @@ pub fn proxy_range(key: ApiKey) -> Option<(i16, i16)> {
         // decoded, and the crate decodes those.
         ApiKey::Produce => Some((0, r.max)),
         _ => Some((r.min, r.max)),
+    }
+}
+
+/// Whether a request for `key` at `version` may be relayed.
+pub fn in_proxy_range(key: ApiKey, version: i16) -> bool {
+    proxy_range(key).is_some_and(|(lo, hi)| (lo..=hi).contains(&version))
+}
+
+/// The body of an UNSUPPORTED_VERSION answer to a refused `key`/`version`,
+/// for the APIs whose responses carry a top-level error code; `None` when
+/// the crate cannot encode one at that version (the caller then closes the
+/// connection).
+pub fn refusal(key: ApiKey, version: i16) -> Option<BytesMut> {
+    fn encode<M: Encodable>(m: M, version: i16) -> Option<BytesMut> {
+        let mut out = BytesMut::new();
+        m.encode(&mut out, version).ok()?;
+        Some(out)
+    }
+    let code = UNSUPPORTED_VERSION;
+    match key {
+        ApiKey::ShareFetch => encode(ShareFetchResponse::default().with_error_code(code), version),
+        ApiKey::ShareAcknowledge => encode(
+            ShareAcknowledgeResponse::default().with_error_code(code),
+            version,
+        ),
+        ApiKey::DescribeQuorum => encode(
+            DescribeQuorumResponse::default().with_error_code(code),
+            version,
+        ),
+        _ => None,
     }
 }
 
@@ -132,6 +171,24 @@ mod tests {
                 (36, 0, 2)
             ]
         );
+    }
+
+    #[test]
+    fn requests_outside_the_proxy_range_are_refused_with_a_top_level_error() {
+        assert!(!in_proxy_range(ApiKey::ShareFetch, 1));
+        assert!(!in_proxy_range(ApiKey::DescribeQuorum, 2));
+        assert!(in_proxy_range(ApiKey::DescribeQuorum, 1));
+        assert!(in_proxy_range(ApiKey::Produce, 0));
+        assert!(!in_proxy_range(ApiKey::Fetch, 3));
+        let body = refusal(ApiKey::DescribeQuorum, 2).unwrap();
+        let m = DescribeQuorumResponse::decode(&mut body.freeze(), 2).unwrap();
+        assert_eq!(m.error_code, UNSUPPORTED_VERSION);
+        let body = refusal(ApiKey::ShareFetch, 1).unwrap();
+        let m = ShareFetchResponse::decode(&mut body.freeze(), 1).unwrap();
+        assert_eq!(m.error_code, UNSUPPORTED_VERSION);
+        // No top-level error code the crate can encode: the caller closes.
+        assert!(refusal(ApiKey::Fetch, 3).is_none());
+        assert!(refusal(ApiKey::ShareFetch, 0).is_none());
     }
 
     #[test]

@@ -1,0 +1,363 @@
+//! Classifying client requests: what each one's answer will need on its
+//! way back, and what goes to the broker.
+//!
+//! Requests are peeked by hand (api key, version, correlation id, a few
+//! fields), never decoded, except a Produce while client writes to
+//! dead-letter topics are refused (`produce`). A request outside the
+//! versions the proxy offers is answered UNSUPPORTED_VERSION locally or
+//! ends the connection; after a SaslHandshake v0 the broker accepted,
+//! frames that are no request are raw SASL tokens.
+
+use bytes::Bytes;
+use kafka_protocol::messages::ApiKey;
+
+use crate::policy::PolicySet;
+use crate::proxy::frame::{self, response_frame, Reader};
+use crate::proxy::relay::RelayError;
+use crate::proxy::{produce, rewrite, versions, Shared};
+
+/// What the response to one request needs on its way back.
+#[derive(Debug)]
+pub(super) enum Handling {
+    /// Forward the broker's bytes untouched.
+    Forward,
+    /// Intersect the broker's API versions with the proxy's.
+    ApiVersions,
+    /// Rewrite the broker addresses it carries.
+    Addresses(ApiKey),
+    /// Answer from the proxy without asking the broker.
+    Local(Bytes),
+    /// A Fetch response to inspect for poison records.
+    Fetch { isolation: i8 },
+    /// A SaslHandshake answer: raw SASL tokens follow only when a v0
+    /// handshake is accepted (with v1 they travel in SaslAuthenticate).
+    SaslHandshake,
+    /// A Produce answer into which refused dead-letter partitions are merged.
+    Produce(produce::Refused),
+}
+
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub correlation_id: Option<i32>,
+    pub version: i16,
+    pub handling: Handling,
+}
+
+/// What the request pump sends to the broker for one client frame.
+#[derive(Debug)]
+pub(super) enum Send {
+    /// The frame as it arrived.
+    Original,
+    /// A rewritten frame (a Produce without its dead-letter topics).
+    Replaced(Bytes),
+    /// Nothing: the proxy answers (or, for acks=0, drops) it itself.
+    Nothing,
+}
+
+/// One client frame, classified.
+#[derive(Debug)]
+pub(super) struct Classified {
+    pub pending: Option<Pending>,
+    pub send: Send,
+}
+
+impl Classified {
+    fn forward(pending: Option<Pending>) -> Self {
+        let send = match pending.as_ref().map(|p| &p.handling) {
+            Some(Handling::Local(_)) => Send::Nothing,
+            _ => Send::Original,
+        };
+        Classified { pending, send }
+    }
+}
+
+/// What classifying a request needs to know about the connection and the proxy.
+pub(super) struct Context<'a> {
+    /// The broker accepted a SaslHandshake v0: unparseable frames are tokens.
+    pub raw_sasl: bool,
+    pub intercepting: bool,
+    /// Set while client Produce to dead-letter topics is refused.
+    pub dead_letters: Option<&'a dyn produce::Topics>,
+}
+
+/// Dead-letter topics as the Produce check sees them: those of the current
+/// policies, topic ids resolved through the proxy's metadata.
+pub(super) struct DeadLetterTopics<'a> {
+    pub shared: &'a Shared,
+    pub policies: &'a PolicySet,
+}
+
+impl produce::Topics for DeadLetterTopics<'_> {
+    fn is_dead_letter(&self, name: &str) -> bool {
+        self.policies.is_dead_letter_topic(name)
+    }
+    fn name_of(&self, id: &uuid::Uuid) -> Option<String> {
+        self.shared.topic_names.get(id).map(|n| n.to_string())
+    }
+}
+
+/// The isolation level of a Fetch request (v4+), found by hand.
+fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
+    let flexible = ApiKey::Fetch.request_header_version(version) >= 2;
+    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
+    if version < 15 {
+        r.i32()?; // replica_id (a tagged field from v15)
+    }
+    r.skip(12)?; // max_wait_ms, min_bytes, max_bytes
+    if version >= 4 {
+        r.i8()
+    } else {
+        Some(0)
+    }
+}
+
+/// Decide what the response to `frame` will need and what goes to the
+/// broker; a request the proxy refuses outright is an error (the
+/// connection closes).
+pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, RelayError> {
+    let head = frame::peek_request(frame).filter(|h| is_known_request(h.api_key, h.api_version));
+    let Some(head) = head else {
+        if ctx.raw_sasl {
+            return Ok(Classified::forward(Some(raw_token())));
+        }
+        return Err(RelayError::BadRequest(match frame::peek_request(frame) {
+            Some(h) => format!("unknown api key {} version {}", h.api_key, h.api_version),
+            None => format!(
+                "a {}-byte frame is too short for a request header",
+                frame.len()
+            ),
+        }));
+    };
+    let key = ApiKey::try_from(head.api_key)
+        .map_err(|_| RelayError::BadRequest("unknown api key".into()))?;
+    let v = head.api_version;
+    let pending = |handling| Pending {
+        correlation_id: Some(head.correlation_id),
+        version: v,
+        handling,
+    };
+    let handling = match key {
+        ApiKey::ApiVersions if v > versions::max_api_versions_version() => {
+            let body = versions::unsupported_version_body()
+                .map_err(|e| RelayError::BadRequest(e.to_string()))?;
+            Handling::Local(response_frame(head.correlation_id, &[], &body))
+        }
+        // Raw tokens that happen to look like a request are still tokens.
+        _ if !versions::in_proxy_range(key, v) && ctx.raw_sasl => {
+            return Ok(Classified::forward(Some(raw_token())))
+        }
+        _ if !versions::in_proxy_range(key, v) => Handling::Local(refusal(key, head)?),
+        ApiKey::ApiVersions => Handling::ApiVersions,
+        ApiKey::Produce if ctx.dead_letters.is_some() => {
+            return classify_produce(frame, head, ctx.dead_letters)
+        }
+        ApiKey::Produce if produce_acks(frame, v) == Some(0) => {
+            return Ok(Classified::forward(None))
+        }
+        ApiKey::SaslHandshake => Handling::SaslHandshake,
+        ApiKey::Fetch if ctx.intercepting => Handling::Fetch {
+            isolation: fetch_isolation(frame, v)
+                .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
+        },
+        k if rewrite::carries_addresses(k, v) => Handling::Addresses(k),
+        _ => Handling::Forward,
+    };
+    Ok(Classified::forward(Some(pending(handling))))
+}
+
+/// A raw SASL token: answered by one raw blob, no correlation id.
+fn raw_token() -> Pending {
+    Pending {
+        correlation_id: None,
+        version: 0,
+        handling: Handling::Forward,
+    }
+}
+
+/// The UNSUPPORTED_VERSION answer to a request outside the advertised
+/// ranges, or an error (closing the connection, as a broker does) when the
+/// API has no top-level error code to carry it.
+fn refusal(key: ApiKey, head: frame::RequestHead) -> Result<Bytes, RelayError> {
+    let v = head.api_version;
+    let body = versions::refusal(key, v).ok_or_else(|| {
+        RelayError::BadRequest(format!(
+            "{key:?} v{v} is outside the versions the proxy offers"
+        ))
+    })?;
+    Ok(response_frame(
+        head.correlation_id,
+        response_tags(key, v),
+        &body,
+    ))
+}
+
+/// The tagged-field bytes of an empty response header for `key`/`version`.
+fn response_tags(key: ApiKey, version: i16) -> &'static [u8] {
+    if key.response_header_version(version) >= 1 {
+        &[0]
+    } else {
+        &[]
+    }
+}
+
+/// A Produce while writes to dead-letter topics are refused.
+fn classify_produce(
+    frame: &Bytes,
+    head: frame::RequestHead,
+    topics: Option<&dyn produce::Topics>,
+) -> Result<Classified, RelayError> {
+    let v = head.api_version;
+    let pending = |handling| {
+        Some(Pending {
+            correlation_id: Some(head.correlation_id),
+            version: v,
+            handling,
+        })
+    };
+    let decision = match topics {
+        Some(t) => {
+            produce::check(frame, v, t).map_err(|e| RelayError::BadRequest(e.to_string()))?
+        }
+        None => produce::Decision::Untouched,
+    };
+    Ok(match decision {
+        produce::Decision::Untouched => match produce_acks(frame, v) {
+            Some(0) => Classified::forward(None),
+            _ => Classified::forward(pending(Handling::Forward)),
+        },
+        produce::Decision::Split {
+            request,
+            refused,
+            acks,
+        } => Classified {
+            pending: if acks == 0 {
+                None
+            } else {
+                pending(Handling::Produce(refused))
+            },
+            send: Send::Replaced(request),
+        },
+        produce::Decision::AllRefused { body } => Classified {
+            pending: body.and_then(|b| {
+                let out =
+                    response_frame(head.correlation_id, response_tags(ApiKey::Produce, v), &b);
+                pending(Handling::Local(out))
+            }),
+            send: Send::Nothing,
+        },
+    })
+}
+
+/// Whether a header names an API key and version the proxy knows; used to
+/// tell requests from raw SASL tokens, which never look like one.
+fn is_known_request(key: i16, version: i16) -> bool {
+    ApiKey::try_from(key)
+        .map(|k| {
+            let r = k.valid_versions();
+            // ApiVersions may legitimately be newer than we know (KIP-511).
+            version >= 0 && (version <= r.max || k == ApiKey::ApiVersions && version < 100)
+        })
+        .unwrap_or(false)
+}
+
+/// The `acks` field of a Produce request, found by hand so that produce
+/// traffic is never decoded.
+fn produce_acks(frame: &[u8], version: i16) -> Option<i16> {
+    let flexible = ApiKey::Produce.request_header_version(version) >= 2;
+    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
+    if version >= 3 {
+        r.skip_nullable_string(version >= 9)?; // transactional_id
+    }
+    r.i16()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(key: i16, version: i16, body: &[u8]) -> Bytes {
+        let mut b = vec![];
+        b.extend_from_slice(&key.to_be_bytes());
+        b.extend_from_slice(&version.to_be_bytes());
+        b.extend_from_slice(&7i32.to_be_bytes());
+        b.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+        if ApiKey::try_from(key)
+            .map(|k| k.request_header_version(version) >= 2)
+            .unwrap_or(false)
+        {
+            b.push(0); // no tagged fields
+        }
+        b.extend_from_slice(body);
+        frame::with_length_prefix(&b)
+    }
+
+    fn ctx(raw_sasl: bool) -> Context<'static> {
+        Context {
+            raw_sasl,
+            intercepting: false,
+            dead_letters: None,
+        }
+    }
+
+    fn pending(frame: &Bytes, raw_sasl: bool) -> Option<Pending> {
+        classify(frame, &ctx(raw_sasl)).unwrap().pending
+    }
+
+    #[test]
+    fn produce_with_acks_zero_expects_no_response() {
+        // v3: transactional_id null (-1), acks 0
+        assert!(pending(&request(0, 3, &[0xff, 0xff, 0, 0]), false).is_none());
+        // v9 (flexible): compact null transactional id (0), acks -1
+        assert!(pending(&request(0, 9, &[0, 0xff, 0xff]), false).is_some());
+        assert_eq!(produce_acks(&request(0, 2, &[0, 1]), 2), Some(1));
+    }
+
+    #[test]
+    fn raw_sasl_tokens_are_relayed_only_in_raw_mode() {
+        let token = frame::with_length_prefix(b"\0admin\0secret");
+        assert!(classify(&token, &ctx(false)).is_err());
+        let p = pending(&token, true).unwrap();
+        assert_eq!(p.correlation_id, None);
+        // The handshake itself does not switch modes: its answer does.
+        for v in [0, 1] {
+            let p = pending(&request(17, v, &[]), false).unwrap();
+            assert!(matches!(p.handling, Handling::SaslHandshake));
+        }
+    }
+
+    #[test]
+    fn requests_outside_the_offered_versions_are_refused() {
+        // ShareFetch v1: answered locally with UNSUPPORTED_VERSION.
+        let c = classify(&request(78, 1, &[]), &ctx(false)).unwrap();
+        assert!(matches!(c.send, Send::Nothing));
+        let Some(Pending {
+            handling: Handling::Local(out),
+            ..
+        }) = c.pending
+        else {
+            panic!("expected a local answer");
+        };
+        assert_eq!(frame::peek_correlation_id(&out), Some(7));
+        // Flexible response header: one empty tagged-field byte, then
+        // throttle_time_ms, then error_code.
+        assert_eq!(&out[9..13], &[0, 0, 0, 0]);
+        assert_eq!(&out[13..15], &35i16.to_be_bytes());
+        // Fetch v3 has no top-level error code: the connection closes.
+        assert!(classify(&request(1, 3, &[]), &ctx(false)).is_err());
+        // In raw SASL mode such a frame is a token.
+        assert!(pending(&request(1, 3, &[]), true)
+            .unwrap()
+            .correlation_id
+            .is_none());
+    }
+
+    #[test]
+    fn metadata_and_coordinator_responses_are_marked_for_rewriting() {
+        for key in [3i16, 10, 60] {
+            let p = pending(&request(key, 1, &[]), false).unwrap();
+            assert!(matches!(p.handling, Handling::Addresses(_)), "key {key}");
+        }
+        let p = pending(&request(1, 12, &[]), false).unwrap();
+        assert!(matches!(p.handling, Handling::Forward));
+    }
+}

@@ -1,0 +1,146 @@
+"""Connection limits: `limits.max_connections` and `limits.idle_timeout`.
+
+Over the cap, a new client connection is accepted and closed at once while
+the connections already served (a real librdkafka consumer among them) keep
+working; a connection with no request for `idle_timeout` is closed, but never
+while an answer is pending (a long-polling Fetch)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import confluent_kafka as ck
+import pytest
+
+import clients as c
+import harness as h
+from conftest import _PROXIES
+from test_robustness import closed_by_peer
+
+
+@dataclass
+class LimitedProxy(h.Antidote):
+    limits: str = ""          # YAML lines under `limits:`
+    admin_port: int = field(default_factory=h.free_port)
+
+    def config_yaml(self) -> str:
+        return (h.Antidote.config_yaml(self) + "limits:\n" + self.limits
+                + f"admin:\n  listen: {h.HOST}:{self.admin_port}\n")
+
+    def metrics(self) -> str:
+        url = f"http://{h.HOST}:{self.admin_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
+
+
+def start_limited(workdir, broker, name: str, limits: str) -> LimitedProxy:
+    p = LimitedProxy(workdir, upstream=[broker.bootstrap], name=name, limits=limits)
+    _PROXIES.append(p)
+    return p.start()
+
+
+def api_versions_on(s: socket.socket) -> bool:
+    try:
+        return 0 in h.api_versions(s)
+    except (ConnectionError, OSError, AssertionError):
+        return False
+
+
+def fetch_body(topic: str, max_wait_ms: int) -> bytes:
+    """Fetch v11 for partition 0 from offset 0, waiting up to `max_wait_ms`."""
+    body = h.fetch_v11_body(topic, 0, 0)
+    return body[:4] + struct.pack(">i", max_wait_ms) + body[8:]
+
+
+@pytest.fixture
+def capped(workdir, broker):
+    p = start_limited(workdir, broker, "antidote-capped", "  max_connections: 5\n")
+    yield p
+    p.stop_and_check()
+
+
+def test_over_max_connections_new_ones_are_closed_and_existing_ones_keep_working(
+        capped, broker, broker_endpoint, new_topic):
+    topic = new_topic(1)
+    first = c.sample_records(5, tag="before")
+    c.ck_produce(broker_endpoint, topic, first)
+    consumer = ck.Consumer(c.Endpoint(capped.bootstrap, "proxy").ck(
+        **{"group.id": "edge-cap", "enable.auto.commit": False}))
+    socks: list[socket.socket] = []
+    try:
+        consumer.assign([ck.TopicPartition(topic, 0, 0)])
+        got = c._ck_poll(consumer, 5, 30)
+        assert [r.value for r in got] == [r.value for r in first]
+        # Fill the remaining places with raw connections until one is refused.
+        refused = None
+        for _ in range(6):
+            s = socket.create_connection((h.HOST, capped.bootstrap_port), timeout=5)
+            s.settimeout(5)
+            if api_versions_on(s):
+                socks.append(s)
+            else:
+                refused = s
+                break
+        assert refused is not None, "no connection was refused over the cap"
+        assert closed_by_peer(refused, 2)
+        refused.close()
+        assert 1 <= len(socks) <= 4, f"{len(socks)} raw connections served next to the consumer"
+        # Everyone already connected keeps working.
+        assert all(api_versions_on(s) for s in socks)
+        more = c.sample_records(5, tag="after")
+        c.ck_produce(broker_endpoint, topic, more)
+        got = c._ck_poll(consumer, 5, 30)
+        assert [r.value for r in got] == [r.value for r in more]
+        # A freed place is served again.
+        socks.pop().close()
+        time.sleep(0.3)
+        with socket.create_connection((h.HOST, capped.bootstrap_port), timeout=5) as s:
+            s.settimeout(5)
+            assert api_versions_on(s)
+    finally:
+        consumer.close()
+        for s in socks:
+            s.close()
+    log = h.read_log(capped.log)
+    assert log.count("connection limit reached") == 1, "refusals must be logged once per interval"
+    assert "antidote_connections_refused_total 1\n" in capped.metrics()
+
+
+@pytest.fixture
+def idle_proxy(workdir, broker):
+    p = start_limited(workdir, broker, "antidote-idle", "  idle_timeout: 2s\n")
+    yield p
+    p.stop_and_check()
+
+
+def test_an_idle_connection_is_closed_after_idle_timeout(idle_proxy):
+    with socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=5) as s:
+        s.settimeout(5)
+        assert api_versions_on(s)
+        t0 = time.monotonic()
+        assert closed_by_peer(s, 6), "idle connection was not closed"
+        waited = time.monotonic() - t0
+        assert 1.5 <= waited <= 4.5, f"closed after {waited:.1f}s, idle_timeout is 2s"
+
+
+def test_a_connection_waiting_for_an_answer_is_not_idle(idle_proxy, new_topic):
+    topic = new_topic(1)
+    with socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=10) as s:
+        s.settimeout(10)
+        assert api_versions_on(s)
+        # Metadata first, so the per-broker listener exists; then a Fetch that
+        # long-polls an empty partition for longer than idle_timeout.
+        h.roundtrip(s, 3, 1, 2, struct.pack(">i", 1) + h.kstr(topic))
+    with socket.create_connection((h.HOST, idle_proxy.broker_port()), timeout=10) as s:
+        s.settimeout(10)
+        t0 = time.monotonic()
+        body = h.roundtrip(s, 1, 11, 3, fetch_body(topic, 3500))
+        waited = time.monotonic() - t0
+        assert waited > 2.5, f"the broker answered in {waited:.1f}s: not a long poll"
+        assert struct.unpack(">i", body[:4])[0] >= 0  # throttle_time_ms: a real answer
+        # Answered; now idle, it is closed.
+        assert closed_by_peer(s, 6)
