@@ -154,6 +154,37 @@ pub struct DeadLetter {
     /// Replication factor of a dead-letter topic the proxy creates.
     #[serde(default = "one_i16")]
     pub replication_factor: i16,
+    /// Codec of the batches written to dead-letter topics.
+    #[serde(default)]
+    pub compression: DltCompression,
+}
+
+/// `dead_letter.compression`. gzip by default: it is the one codec every
+/// Kafka client reads without an optional library (kafkajs ships only
+/// gzip; kafka-python needs extra packages for snappy, lz4 and zstd), and
+/// tansu and Kafka brokers accept it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DltCompression {
+    None,
+    #[default]
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl DltCompression {
+    pub fn codec(self) -> crate::kafka::compression::Compression {
+        use crate::kafka::compression::Compression;
+        match self {
+            DltCompression::None => Compression::None,
+            DltCompression::Gzip => Compression::Gzip,
+            DltCompression::Snappy => Compression::Snappy,
+            DltCompression::Lz4 => Compression::Lz4,
+            DltCompression::Zstd => Compression::Zstd,
+        }
+    }
 }
 
 impl Default for DeadLetter {
@@ -165,6 +196,7 @@ impl Default for DeadLetter {
             timeout: default_dlt_timeout(),
             partitions: 1,
             replication_factor: 1,
+            compression: DltCompression::default(),
         }
     }
 }
@@ -428,6 +460,18 @@ mod tests {
             err.starts_with("cfg.yaml:6:1: unknown field `polices`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn dead_letter_compression_is_gzip_by_default_and_checked() {
+        let c = Config::parse(MINIMAL, Path::new("cfg.yaml")).unwrap();
+        assert_eq!(c.dead_letter.compression, DltCompression::Gzip);
+        let text = format!("{MINIMAL}dead_letter:\n  compression: lz4\n");
+        let c = Config::parse(&text, Path::new("cfg.yaml")).unwrap();
+        assert_eq!(c.dead_letter.compression, DltCompression::Lz4);
+        let text = format!("{MINIMAL}dead_letter:\n  compression: brotli\n");
+        let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
+        assert!(err.starts_with("cfg.yaml:7:16: unknown variant `brotli`"), "{err}");
     }
 
     #[test]

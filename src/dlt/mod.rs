@@ -20,7 +20,11 @@ use bytes::Bytes;
 
 use crate::client::{ClientError, Cluster, Endpoint};
 use crate::config::Config;
-use crate::deadletter::{H_OFFSET, H_PARTITION, H_TIMESTAMP, H_TOPIC};
+// The DLT record format is defined once, beside the code that writes it.
+pub use crate::deadletter::{
+    CONTEXT_HEADERS, H_ATTEMPT, H_CLASS, H_ERROR, H_FAILED_AT, H_OFFSET, H_PARTITION, H_POLICY,
+    H_REPLAYED_FROM, H_RULE, H_TIMESTAMP, H_TOPIC,
+};
 use crate::kafka::record::Record;
 use crate::policy::PolicySet;
 use crate::proxy::tls;
@@ -46,31 +50,6 @@ pub enum DltError {
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
-
-/// Context headers the proxy adds to a DLT record (plus the replay headers);
-/// replay strips exactly these, and keeps every other header, `x-` or not.
-pub const CONTEXT_HEADERS: &[&str] = &[
-    H_TOPIC,
-    H_PARTITION,
-    H_OFFSET,
-    H_TIMESTAMP,
-    H_CLASS,
-    H_ERROR,
-    H_RULE,
-    H_POLICY,
-    H_FAILED_AT,
-    H_REPLAYED_FROM,
-    H_ATTEMPT,
-];
-pub const H_CLASS: &str = "x-error-class";
-pub const H_ERROR: &str = "x-error";
-pub const H_RULE: &str = "x-error-rule";
-pub const H_POLICY: &str = "x-policy";
-pub const H_FAILED_AT: &str = "x-failed-at";
-/// `<dlt-topic>/<partition>/<offset>` of the DLT record a replay came from.
-pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
-/// How many times this record has been replayed (1 on the first replay).
-pub const H_ATTEMPT: &str = "x-attempt";
 
 /// One DLT record, owned, with its context headers parsed.
 #[derive(Debug, Clone)]

@@ -23,9 +23,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
 use kafka_protocol::messages::FetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::deadletter::DeadLetter;
 use crate::metrics::{self, InvalidAction};
@@ -106,6 +107,7 @@ impl Interceptor {
     /// are dropped now to free memory.
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
+        self.dead_letter.policies_changed(new.clone());
         match self.policies.write() {
             Ok(mut p) => *p = new,
             Err(poisoned) => *poisoned.into_inner() = new,
@@ -141,6 +143,7 @@ impl Interceptor {
             let _ = crate::proxy::refresh_metadata(shared).await;
         }
         let mut jobs = Vec::new();
+        let mut unloaded = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
             let name = if version >= 13 {
                 shared
@@ -158,6 +161,12 @@ impl Interceptor {
             let Some(policy) = policies.for_topic(&name) else {
                 continue;
             };
+            // Until its DLTs are read back, the ledger cannot say which
+            // records were diverted before: hold the topic's records.
+            if !self.dead_letter.is_loaded_for(policy, &name) {
+                unloaded.push(ti);
+                continue;
+            }
             let topic_name: Arc<str> = Arc::from(name.as_str());
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
@@ -175,6 +184,9 @@ impl Interceptor {
                     ),
                 });
             }
+        }
+        for ti in unloaded {
+            changed |= hold_topic(&mut resp.responses[ti]);
         }
         let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
         for (at, plan) in self.plan_all(jobs, now_ms()).await? {
@@ -341,6 +353,19 @@ impl Interceptor {
         }
         changed
     }
+}
+
+/// Withhold every partition's records of `topic` (its DLT is not loaded).
+fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
+    let mut changed = false;
+    for p in topic.partitions.iter_mut() {
+        if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+            debug!(partition = p.partition_index, "dead-letter ledger not loaded yet: records withheld");
+            p.records = Some(Bytes::new());
+            changed = true;
+        }
+    }
+    changed
 }
 
 /// Count what a plan judged. Diversions count once acknowledged; those
