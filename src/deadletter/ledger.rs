@@ -210,6 +210,11 @@ impl Ledger {
         true
     }
 
+    /// `dlt` must be read again (its trusted origins changed).
+    pub fn unload(&self, dlt: &str) {
+        self.dlts.insert(dlt.to_string(), false);
+    }
+
     /// `dlt` has been read back whole.
     pub fn loaded(&self, dlt: &str) {
         self.dlts.insert(dlt.to_string(), true);

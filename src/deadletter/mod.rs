@@ -20,6 +20,8 @@ mod ledger;
 mod mock_broker;
 mod producer;
 mod rebuild;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -200,6 +202,7 @@ impl DeadLetter {
             policies: policies_rx,
             wake: wake_rx,
             started: started_tx,
+            mapped: Default::default(),
         };
         tokio::spawn(loader.run());
         Arc::new(DeadLetter {

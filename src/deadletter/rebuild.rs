@@ -12,7 +12,7 @@
 //! errors are retried with a bounded, jittered backoff, never skipped, and
 //! a DLT counts as loaded only once every partition was read to its end.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,6 +184,10 @@ pub(super) struct Loader {
     pub wake: mpsc::UnboundedReceiver<()>,
     /// Set once the DLTs known at start are loaded.
     pub started: watch::Sender<bool>,
+    /// (origin topic, DLT) pairs already accounted for: a pair new to an
+    /// already loaded DLT (a reload made a topic write there) means its
+    /// records were read untrusted, so the DLT is read again.
+    pub mapped: HashSet<(String, String)>,
 }
 
 impl Loader {
@@ -251,7 +255,12 @@ impl Loader {
             }
             let Some(p) = policies.for_topic(&name) else { continue };
             for class in Class::ALL {
-                self.ledger.want(&p.dead_letter_topic(&name, class));
+                let dlt = p.dead_letter_topic(&name, class);
+                if self.mapped.insert((name.clone(), dlt.clone())) && self.ledger.is_loaded(&dlt) {
+                    self.ledger.unload(&dlt);
+                } else {
+                    self.ledger.want(&dlt);
+                }
             }
             if !t.topic_id.is_nil() {
                 self.ledger.observe_topic_id(&Arc::from(name.as_str()), t.topic_id);
