@@ -140,3 +140,26 @@ def test_a_reload_that_adds_a_topic_loads_its_dlt_into_the_ledger(workdir, broke
         wait_for_log(proxy, f"dlt={added}.dlt")
     finally:
         proxy.stop_and_check()
+
+
+def test_dlt_inspect_escapes_terminal_control_sequences(workdir, broker, broker_endpoint):
+    from test_ops import POLICY, OpsAntidote, cli, ok
+    topic = f"insp-{uuid.uuid4().hex[:8]}"
+    dlt = f"{topic}.dlt"
+    for t in (topic, dlt):
+        c.ck_create_topic(broker_endpoint, t, 1)
+    esc = b"\x1b]2;owned\x07\x1b[2J"
+    c.ck_produce(broker_endpoint, dlt, [c.Rec(0, -1, b"k" + esc, b'{"lat": 95}' + esc, (
+        ("note", b"n" + esc), ("x-original-topic", topic.encode()),
+        ("x-original-partition", b"0"), ("x-original-offset", b"4"),
+        ("x-error-class", b"poison"), ("x-error", b"/lat " + esc),
+        ("x-error-rule", b"range:/lat")), 1_700_000_000_000)])
+    policy = workdir / f"{topic}.policy.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    cfg = OpsAntidote(workdir, upstream=[broker.bootstrap], name=f"insp-{topic}",
+                      policy_files=(str(policy),))
+    cfg.config_path.write_text(cfg.config_yaml())
+    for extra in ([], ["--json"], ["--summary"]):
+        out = ok(cli("dlt", "inspect", "--config", str(cfg.config_path), "--topic", dlt, *extra))
+        assert "\x1b" not in out and "\x07" not in out, repr(out)
+        assert "\\u{1b}" in out, out

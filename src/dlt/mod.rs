@@ -413,18 +413,42 @@ pub fn format_time(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
 }
 
-/// Bytes as text for humans: UTF-8 as is, anything else as `0x…` hex.
+/// Bytes as text for humans: UTF-8 (control characters escaped, see
+/// [`escape_controls`]), anything else as `0x…` hex.
 pub fn show_bytes(b: Option<&[u8]>) -> String {
     match b {
         None => "null".into(),
         Some(b) => match std::str::from_utf8(b) {
-            Ok(s) => s.to_string(),
+            Ok(s) => escape_controls(s).into_owned(),
             Err(_) => format!(
                 "0x{}",
                 b.iter().map(|x| format!("{x:02x}")).collect::<String>()
             ),
         },
     }
+}
+
+/// `s` with every character that can drive a terminal written as `\u{..}`:
+/// C0 and C1 controls, DEL, and the bidirectional overrides that reorder
+/// what is shown. DLT contents come from any producer: printed raw, an ESC
+/// sequence in a key or value could rewrite the operator's screen (or the
+/// title, the clipboard, ...). The records themselves are untouched.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    let risky = |c: char| {
+        c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(risky) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if risky(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -537,5 +561,15 @@ mod tests {
         assert_eq!(show_bytes(Some(b"abc")), "abc");
         assert_eq!(show_bytes(Some(&[0xff, 0x00])), "0xff00");
         assert_eq!(show_bytes(None), "null");
+    }
+
+    #[test]
+    fn terminal_control_characters_are_escaped() {
+        assert_eq!(
+            show_bytes(Some(b"a\x1b]0;pwned\x07b\x1b[2J")),
+            "a\\u{1b}]0;pwned\\u{7}b\\u{1b}[2J"
+        );
+        assert_eq!(escape_controls("x\u{9b}31m\u{202e}y\u{7f}"), "x\\u{9b}31m\\u{202e}y\\u{7f}");
+        assert!(matches!(escape_controls("plain é"), std::borrow::Cow::Borrowed(_)));
     }
 }
