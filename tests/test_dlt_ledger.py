@@ -1,8 +1,10 @@
 """Dead-letter writes and the once-only ledger against tansu with real clients:
-compressed DLT batches read back by kafka-python and librdkafka; DLT records
+compressed DLT batches read back by kafka-python and librdkafka, in DLTs
+created with a `max.message.bytes` that fits; DLT records
 that must not count (forged into another topic's DLT, or naming an earlier
 incarnation of the topic by its id) are ignored after a restart; a policy
-reload that adds a topic reads that topic's DLT into the ledger.
+reload that adds a topic reads that topic's DLT into the ledger; `dlt inspect`
+never prints a raw control character.
 
 What tansu cannot produce (a batch refused as too large, one failed DLT
 partition, retention moving a log start) is covered by the Rust unit tests
@@ -26,6 +28,12 @@ def _ids(recs):
 def _dlt_codecs(broker_port: int, dlt: str) -> set[int]:
     p = ps.fetch_partition(broker_port, dlt, 0, 0)
     return {b.attributes & 7 for b in ps.split_batches(p.records)}
+
+
+def _topic_config(ep, topic) -> dict:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    fs = AdminClient(ep.ck()).describe_configs([ConfigResource("topic", topic)])
+    return {k: v.value for f in fs.values() for k, v in f.result(15).items()}
 
 
 def _broker_port(broker) -> int:
@@ -55,6 +63,10 @@ def test_dlt_batches_are_gzip_by_default_and_lz4_when_configured_and_clients_rea
         topic, poison = _divert_two(workdir, broker, broker_endpoint, policy_file, name, dead_letter)
         dlt = f"{topic}.dlt"
         assert _dlt_codecs(_broker_port(broker), dlt) == {codec}
+        # Created by the proxy with a max.message.bytes that fits what it
+        # frames (limits.max_frame_bytes, default 100 MiB). tansu stores the
+        # config (DescribeConfigs shows it) but does not enforce it.
+        assert _topic_config(broker_endpoint, dlt)["max.message.bytes"] == str(100 * 1024 * 1024)
         # kafka-python and librdkafka, straight from the broker.
         kp = ps.read_dlt(broker_endpoint, dlt)
         ck = c.ck_consume_assign(broker_endpoint, dlt, [0], 2, timeout=30)

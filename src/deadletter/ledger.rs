@@ -109,6 +109,8 @@ pub struct Ledger {
     topic_ids: DashMap<Arc<str>, Uuid>,
     /// DLTs read back into the ledger (true) or waiting to be (false).
     dlts: DashMap<String, bool>,
+    /// Woken whenever a DLT has been read back.
+    loads: tokio::sync::Notify,
 }
 
 /// What `Ledger::claim` found.
@@ -218,6 +220,24 @@ impl Ledger {
     /// `dlt` has been read back whole.
     pub fn loaded(&self, dlt: &str) {
         self.dlts.insert(dlt.to_string(), true);
+        self.loads.notify_waiters();
+    }
+
+    /// Wait until `is_loaded(dlt)` for every DLT of `dlts`, or `deadline`;
+    /// whether they all are.
+    pub async fn wait_loaded(&self, dlts: &[String], deadline: tokio::time::Instant) -> bool {
+        loop {
+            let notified = self.loads.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a load in between is not missed.
+            notified.as_mut().enable();
+            if dlts.iter().all(|d| self.is_loaded(d)) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// DLTs still waiting to be read back.

@@ -240,6 +240,22 @@ impl DeadLetter {
             .all(|&c| self.is_loaded(&policy.dead_letter_topic(topic, c)))
     }
 
+    /// Like [`DeadLetter::is_loaded_for`], but a DLT not loaded yet is given
+    /// up to `wait` to load (a topic created since the start has a DLT
+    /// nobody asked about: reading it, or learning it does not exist, takes
+    /// a metadata round trip or two).
+    pub async fn wait_loaded_for(&self, policy: &Policy, topic: &str, wait: Duration) -> bool {
+        if self.is_loaded_for(policy, topic) {
+            return true;
+        }
+        let dlts: Vec<String> = Class::ALL
+            .iter()
+            .map(|&c| policy.dead_letter_topic(topic, c))
+            .collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        self.ledger.wait_loaded(&dlts, deadline).await
+    }
+
     /// New policies are in force: load the DLTs they add.
     pub fn policies_changed(&self, policies: Arc<PolicySet>) {
         self.policies.send_replace(policies);

@@ -195,20 +195,11 @@ impl Producer {
     /// Wait (up to `dead_letter.timeout`) until `topic` is read back into the
     /// ledger, so a record already in it is not written twice.
     async fn wait_loaded(&mut self, topic: &str) -> bool {
-        let deadline = Instant::now() + self.cfg.timeout;
-        let (ledger, wake) = (self.ledger.clone(), self.wake.clone());
-        loop {
-            if ledger.is_loaded(topic) {
-                return true;
-            }
-            if ledger.want(topic) {
-                let _ = wake.send(());
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if self.ledger.want(topic) {
+            let _ = self.wake.send(());
         }
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
+        self.ledger.wait_loaded(&[topic.to_string()], deadline).await
     }
 
     /// The current ids of the origin topics of `jobs` (upstream metadata);

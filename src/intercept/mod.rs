@@ -163,7 +163,7 @@ impl Interceptor {
             };
             // Until its DLTs are read back, the ledger cannot say which
             // records were diverted before: hold the topic's records.
-            if !self.dead_letter.is_loaded_for(policy, &name) {
+            if !self.dead_letter.wait_loaded_for(policy, &name, self.timeout).await {
                 unloaded.push(ti);
                 continue;
             }
