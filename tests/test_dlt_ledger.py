@@ -32,7 +32,8 @@ def _dlt_codecs(broker_port: int, dlt: str) -> set[int]:
 
 def _topic_config(ep, topic) -> dict:
     from confluent_kafka.admin import AdminClient, ConfigResource
-    fs = AdminClient(ep.ck()).describe_configs([ConfigResource("topic", topic)])
+    admin = AdminClient(ep.ck())  # kept alive until the futures resolve
+    fs = admin.describe_configs([ConfigResource("topic", topic)])
     return {k: v.value for f in fs.values() for k, v in f.result(15).items()}
 
 

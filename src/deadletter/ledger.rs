@@ -184,7 +184,7 @@ impl Ledger {
     /// entries name records that no longer exist, so they are dropped (else
     /// valid records at those offsets of the new topic would be hidden).
     pub fn observe_topic_id(&self, topic: &Arc<str>, id: Uuid) {
-        if id.is_nil() {
+        if id.is_nil() || self.topic_ids.get(topic).is_some_and(|known| *known == id) {
             return;
         }
         let old = self.topic_ids.insert(topic.clone(), id);
@@ -315,22 +315,54 @@ mod tests {
         assert!(l.diverted_in(&t, 0, 0, 10).is_empty());
     }
 
-    /// Bytes per diversion at 10 M diversions (run with `--ignored
-    /// --nocapture`): heap bytes of the offset lists and the process's RSS
-    /// growth, over 100 partitions with one diversion every 7 offsets.
+    fn rss_kb() -> usize {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// The layout this module replaced (one map entry with an `Arc<str>`
+    /// topic per diversion, plus a `BTreeSet` index), for comparison: RSS
+    /// growth per diversion at 10 M diversions. Run alone (RSS is per
+    /// process): `cargo test --lib measure_old_layout -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn measure_old_layout_bytes_per_diversion_at_10m() {
+        #[allow(dead_code)]
+        enum Slot {
+            Done,
+            InFlight(watch::Receiver<Option<bool>>),
+        }
+        let before = rss_kb();
+        let slots: DashMap<LedgerKey, Slot> = DashMap::new();
+        let index: DashMap<(Arc<str>, i32), std::collections::BTreeSet<i64>> = DashMap::new();
+        let topic: Arc<str> = Arc::from("geofence.triggers");
+        const N: i64 = 10_000_000;
+        for i in 0..N {
+            let (p, o) = ((i % 100) as i32, (i / 100) * 7);
+            index.entry((topic.clone(), p)).or_default().insert(o);
+            slots.insert((topic.clone(), p, o), Slot::Done);
+        }
+        let grown = rss_kb().saturating_sub(before);
+        println!(
+            "old ledger layout: {} diversions, RSS growth {grown} KiB = {:.1} B/diversion",
+            slots.len(),
+            grown as f64 * 1024.0 / N as f64
+        );
+    }
+
+    /// Bytes per diversion at 10 M diversions (run alone, see above:
+    /// `cargo test --lib measure_bytes_per_diversion -- --ignored --nocapture`):
+    /// heap bytes of the offset lists and the process's RSS growth, over 100
+    /// partitions with one diversion every 7 offsets.
     #[test]
     #[ignore]
     fn measure_bytes_per_diversion_at_10m() {
-        fn rss_kb() -> usize {
-            std::fs::read_to_string("/proc/self/status")
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find(|l| l.starts_with("VmRSS:"))
-                        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-                })
-                .unwrap_or(0)
-        }
         let before = rss_kb();
         let l = Ledger::default();
         let topic: Arc<str> = Arc::from("geofence.triggers");

@@ -209,6 +209,8 @@ impl Loader {
             match self.load_once().await {
                 Ok(()) => {
                     self.ledger.shrink();
+                    let (entries, bytes) = self.ledger.footprint();
+                    info!(entries, bytes, "dead-letter ledger rebuilt from the DLTs");
                     return;
                 }
                 Err(e) => {

@@ -168,6 +168,10 @@ impl Interceptor {
                 continue;
             }
             let topic_name: Arc<str> = Arc::from(name.as_str());
+            if version >= 13 {
+                // A new id for a known name: the topic was recreated.
+                self.dead_letter.ledger().observe_topic_id(&topic_name, topic.topic_id);
+            }
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
                     continue;
@@ -310,7 +314,9 @@ impl Interceptor {
                             Ok(Ok(())) => break true,
                             Err(_) => break false, // deadline
                             Ok(Err(_)) => {
-                                let retry_at = tokio::time::Instant::now() + RETRY_BACKOFF;
+                                // Jittered, so held diversions do not retry in step.
+                                let pause = crate::deadletter::backoff(0, RETRY_BACKOFF * 2, RETRY_BACKOFF * 2);
+                                let retry_at = tokio::time::Instant::now() + pause;
                                 if retry_at >= deadline {
                                     tokio::time::sleep_until(deadline).await;
                                     break false;
