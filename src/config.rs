@@ -471,7 +471,10 @@ mod tests {
         assert_eq!(c.dead_letter.compression, DltCompression::Lz4);
         let text = format!("{MINIMAL}dead_letter:\n  compression: brotli\n");
         let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
-        assert!(err.starts_with("cfg.yaml:7:16: unknown variant `brotli`"), "{err}");
+        assert!(
+            err.starts_with("cfg.yaml:7:16: dead_letter.compression: unknown variant `brotli`"),
+            "{err}"
+        );
     }
 
     #[test]
