@@ -451,7 +451,9 @@ impl Cluster {
         replication: i16,
         configs: &[(&str, String)],
     ) -> Result<(), ClientError> {
-        use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+        use kafka_protocol::messages::create_topics_request::{
+            CreatableTopic, CreatableTopicConfig,
+        };
         use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
         let configs = configs
             .iter()
@@ -491,7 +493,9 @@ impl Cluster {
     /// where reading it from the beginning starts once retention has
     /// deleted its first segments.
     pub async fn log_start(&mut self, topic: &str, partition: i32) -> Result<i64, ClientError> {
-        use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+        use kafka_protocol::messages::list_offsets_request::{
+            ListOffsetsPartition, ListOffsetsTopic,
+        };
         use kafka_protocol::messages::ListOffsetsRequest;
         const EARLIEST: i64 = -2;
         let req = ListOffsetsRequest::default()
@@ -509,7 +513,9 @@ impl Cluster {
             .iter()
             .flat_map(|t| t.partitions.iter())
             .find(|p| p.partition_index == partition)
-            .ok_or_else(|| no_broker(format!("{topic}-{partition}: no partition in ListOffsets")))?;
+            .ok_or_else(|| {
+                no_broker(format!("{topic}-{partition}: no partition in ListOffsets"))
+            })?;
         if p.error_code != 0 {
             return Err(ClientError::Protocol {
                 addr,

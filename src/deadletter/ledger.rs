@@ -256,9 +256,9 @@ impl Ledger {
 
     /// Entries recorded, and heap bytes of their offset lists.
     pub fn footprint(&self) -> (usize, usize) {
-        self.done.iter().fold((0, 0), |(n, b), s| {
-            (n + s.len(), b + s.list_bytes())
-        })
+        self.done
+            .iter()
+            .fold((0, 0), |(n, b), s| (n + s.len(), b + s.list_bytes()))
     }
 }
 

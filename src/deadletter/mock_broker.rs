@@ -135,24 +135,26 @@ fn answer(mut body: Bytes, st: &Arc<Mutex<State>>, me: &HostPort) -> Option<Byte
     rh.encode(&mut out, hv).ok()?;
     match key {
         ApiKey::ApiVersions => api_versions().encode(&mut out, v).ok()?,
-        ApiKey::Metadata => {
-            metadata(&st, MetadataRequest::decode(&mut body, v).ok()?, me).encode(&mut out, v).ok()?
-        }
-        ApiKey::CreateTopics => {
-            create(&mut st, CreateTopicsRequest::decode(&mut body, v).ok()?).encode(&mut out, v).ok()?
-        }
+        ApiKey::Metadata => metadata(&st, MetadataRequest::decode(&mut body, v).ok()?, me)
+            .encode(&mut out, v)
+            .ok()?,
+        ApiKey::CreateTopics => create(&mut st, CreateTopicsRequest::decode(&mut body, v).ok()?)
+            .encode(&mut out, v)
+            .ok()?,
         ApiKey::InitProducerId => InitProducerIdResponse::default()
             .with_producer_id(ProducerId(4000))
             .with_producer_epoch(0)
             .encode(&mut out, v)
             .ok()?,
-        ApiKey::Produce => {
-            produce(&mut st, ProduceRequest::decode(&mut body, v).ok()?).encode(&mut out, v).ok()?
-        }
-        ApiKey::ListOffsets => {
-            list_offsets(&st, ListOffsetsRequest::decode(&mut body, v).ok()?).encode(&mut out, v).ok()?
-        }
-        ApiKey::Fetch => fetch(&mut st, FetchRequest::decode(&mut body, v).ok()?).encode(&mut out, v).ok()?,
+        ApiKey::Produce => produce(&mut st, ProduceRequest::decode(&mut body, v).ok()?)
+            .encode(&mut out, v)
+            .ok()?,
+        ApiKey::ListOffsets => list_offsets(&st, ListOffsetsRequest::decode(&mut body, v).ok()?)
+            .encode(&mut out, v)
+            .ok()?,
+        ApiKey::Fetch => fetch(&mut st, FetchRequest::decode(&mut body, v).ok()?)
+            .encode(&mut out, v)
+            .ok()?,
         _ => return None,
     }
     Some(out)
@@ -180,13 +182,17 @@ fn api_versions() -> ApiVersionsResponse {
 fn metadata(st: &State, req: MetadataRequest, me: &HostPort) -> MetadataResponse {
     use metadata_response::*;
     let names: Vec<String> = match req.topics {
-        Some(ts) => ts.iter().filter_map(|t| t.name.as_ref().map(|n| n.to_string())).collect(),
+        Some(ts) => ts
+            .iter()
+            .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+            .collect(),
         None => st.topics.keys().cloned().collect(),
     };
     let topics = names
         .into_iter()
         .map(|n| {
-            let t = MetadataResponseTopic::default().with_name(Some(TopicName(StrBytes::from_string(n.clone()))));
+            let t = MetadataResponseTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_string(n.clone()))));
             match st.topics.get(&n) {
                 None => t.with_error_code(3),
                 Some((id, logs)) => t.with_topic_id(*id).with_partitions(
@@ -220,7 +226,12 @@ fn create(st: &mut State, req: CreateTopicsRequest) -> CreateTopicsResponse {
         let configs = t
             .configs
             .iter()
-            .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()).unwrap_or_default()))
+            .map(|c| {
+                (
+                    c.name.to_string(),
+                    c.value.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+                )
+            })
             .collect();
         st.created.push((name.clone(), configs));
         let code = if st.topics.contains_key(&name) { 36 } else { 0 };
@@ -228,7 +239,11 @@ fn create(st: &mut State, req: CreateTopicsRequest) -> CreateTopicsResponse {
         st.topics
             .entry(name.clone())
             .or_insert_with(|| (id, vec![Log::default(); t.num_partitions.max(1) as usize]));
-        results.push(CreatableTopicResult::default().with_name(t.name).with_error_code(code));
+        results.push(
+            CreatableTopicResult::default()
+                .with_name(t.name)
+                .with_error_code(code),
+        );
     }
     CreateTopicsResponse::default().with_topics(results)
 }
@@ -241,7 +256,11 @@ fn produce(st: &mut State, req: ProduceRequest) -> ProduceResponse {
         let mut parts = Vec::new();
         for p in t.partition_data {
             let batch = p.records.unwrap_or_default();
-            let count = if batch.len() >= 61 { i32::from_be_bytes([batch[57], batch[58], batch[59], batch[60]]) } else { 0 };
+            let count = if batch.len() >= 61 {
+                i32::from_be_bytes([batch[57], batch[58], batch[59], batch[60]])
+            } else {
+                0
+            };
             let code = if let Some(&c) = st.fail.get(&(name.clone(), p.index)) {
                 c
             } else if st.max_batch_bytes.is_some_and(|m| batch.len() > m) {
@@ -251,15 +270,28 @@ fn produce(st: &mut State, req: ProduceRequest) -> ProduceResponse {
             };
             let mut base = -1;
             if code == 0 {
-                match st.topics.get_mut(&name).and_then(|(_, l)| l.get_mut(p.index as usize)) {
+                match st
+                    .topics
+                    .get_mut(&name)
+                    .and_then(|(_, l)| l.get_mut(p.index as usize))
+                {
                     Some(log) => base = store(log, batch),
                     None => continue,
                 }
             }
             st.produced.push((name.clone(), p.index, count, code));
-            parts.push(PartitionProduceResponse::default().with_index(p.index).with_error_code(code).with_base_offset(base));
+            parts.push(
+                PartitionProduceResponse::default()
+                    .with_index(p.index)
+                    .with_error_code(code)
+                    .with_base_offset(base),
+            );
         }
-        topics.push(TopicProduceResponse::default().with_name(t.name).with_partition_responses(parts));
+        topics.push(
+            TopicProduceResponse::default()
+                .with_name(t.name)
+                .with_partition_responses(parts),
+        );
     }
     ProduceResponse::default().with_responses(topics)
 }
@@ -275,14 +307,21 @@ fn list_offsets(st: &State, req: ListOffsetsRequest) -> ListOffsetsResponse {
                 .partitions
                 .iter()
                 .map(|p| {
-                    let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+                    let r = ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index);
                     match logs.and_then(|l| l.get(p.partition_index as usize)) {
                         None => r.with_error_code(3),
-                        Some(log) => r.with_offset(if p.timestamp == -2 { log.log_start } else { log.next }),
+                        Some(log) => r.with_offset(if p.timestamp == -2 {
+                            log.log_start
+                        } else {
+                            log.next
+                        }),
                     }
                 })
                 .collect();
-            ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(parts)
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name)
+                .with_partitions(parts)
         })
         .collect();
     ListOffsetsResponse::default().with_topics(topics)
@@ -309,7 +348,9 @@ fn fetch(st: &mut State, req: FetchRequest) -> FetchResponse {
                     errors += 1;
                     return r.with_error_code(3);
                 };
-                let r = r.with_high_watermark(log.next).with_log_start_offset(log.log_start);
+                let r = r
+                    .with_high_watermark(log.next)
+                    .with_log_start_offset(log.log_start);
                 if p.fetch_offset < log.log_start || p.fetch_offset > log.next {
                     errors += 1;
                     return r.with_error_code(1);
@@ -324,7 +365,11 @@ fn fetch(st: &mut State, req: FetchRequest) -> FetchResponse {
                 r.with_records(Some(records.freeze()))
             })
             .collect();
-        topics.push(FetchableTopicResponse::default().with_topic(t.topic).with_partitions(parts));
+        topics.push(
+            FetchableTopicResponse::default()
+                .with_topic(t.topic)
+                .with_partitions(parts),
+        );
     }
     st.fetch_errors += errors;
     st.fail_fetches = fail_fetches;

@@ -103,7 +103,6 @@ impl Diversion {
         )
     }
 
-
     /// The record written to the DLT: original key, value and headers, plus
     /// the context headers an operator needs to act on it. `topic_id` is
     /// the origin topic's id, when metadata knows it.

@@ -148,8 +148,13 @@ impl Producer {
         failed_at: i64,
     ) -> bool {
         if !self.wait_loaded(topic).await {
-            warn!(dlt = topic, records = jobs.len(), "dead-letter write postponed: the DLT is not loaded into the ledger yet");
-            jobs.into_iter().for_each(|j| finish(&self.ledger, j, false));
+            warn!(
+                dlt = topic,
+                records = jobs.len(),
+                "dead-letter write postponed: the DLT is not loaded into the ledger yet"
+            );
+            jobs.into_iter()
+                .for_each(|j| finish(&self.ledger, j, false));
             return false;
         }
         // Read back from the DLT meanwhile (written before a restart or a
@@ -157,7 +162,9 @@ impl Producer {
         let (already, jobs): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
             .partition(|j| self.ledger.contains(&j.diversion.ledger_key()));
-        already.into_iter().for_each(|j| finish(&self.ledger, j, true));
+        already
+            .into_iter()
+            .for_each(|j| finish(&self.ledger, j, true));
         if jobs.is_empty() {
             return true;
         }
@@ -165,7 +172,8 @@ impl Producer {
             Ok(n) => n as i32,
             Err(e) => {
                 warn!(error = %e, records = jobs.len(), "dead-letter write failed");
-                jobs.into_iter().for_each(|j| finish(&self.ledger, j, false));
+                jobs.into_iter()
+                    .for_each(|j| finish(&self.ledger, j, false));
                 return false;
             }
         };
@@ -181,7 +189,10 @@ impl Producer {
         for (partition, jobs) in by_part {
             let records: Vec<NewRecord> = jobs
                 .iter()
-                .map(|j| j.diversion.to_record(failed_at, ids.get(&j.diversion.origin_topic).copied()))
+                .map(|j| {
+                    j.diversion
+                        .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
+                })
                 .collect();
             let ok = self.send_split(topic, partition, &records).await;
             all_ok &= ok.iter().all(|&o| o);
@@ -199,7 +210,9 @@ impl Producer {
             let _ = self.wake.send(());
         }
         let deadline = tokio::time::Instant::now() + self.cfg.timeout;
-        self.ledger.wait_loaded(&[topic.to_string()], deadline).await
+        self.ledger
+            .wait_loaded(&[topic.to_string()], deadline)
+            .await
     }
 
     /// The current ids of the origin topics of `jobs` (upstream metadata);
@@ -207,7 +220,10 @@ impl Producer {
     /// when metadata is unavailable: records are then written without
     /// `x-original-topic-id`, which the ledger accepts.
     async fn origin_ids(&mut self, jobs: &[Job]) -> HashMap<Arc<str>, Uuid> {
-        let mut topics: Vec<Arc<str>> = jobs.iter().map(|j| j.diversion.origin_topic.clone()).collect();
+        let mut topics: Vec<Arc<str>> = jobs
+            .iter()
+            .map(|j| j.diversion.origin_topic.clone())
+            .collect();
         topics.dedup();
         let names: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
         let meta = match self.upstream.metadata(Some(&names)).await {
@@ -219,8 +235,16 @@ impl Producer {
             }
         };
         let mut ids = HashMap::new();
-        for t in meta.topics.iter().filter(|t| t.error_code == 0 && !t.topic_id.is_nil()) {
-            let Some(topic) = t.name.as_ref().and_then(|n| topics.iter().find(|x| ***x == *n.as_str())) else {
+        for t in meta
+            .topics
+            .iter()
+            .filter(|t| t.error_code == 0 && !t.topic_id.is_nil())
+        {
+            let Some(topic) = t
+                .name
+                .as_ref()
+                .and_then(|n| topics.iter().find(|x| ***x == *n.as_str()))
+            else {
                 continue;
             };
             self.ledger.observe_topic_id(topic, t.topic_id);
@@ -232,7 +256,12 @@ impl Producer {
     /// Send `records` to `topic`/`partition`: in batches of at most
     /// [`MAX_BATCH_BYTES`], each split in halves while the broker refuses it
     /// as too large. Whether each record was acknowledged.
-    async fn send_split(&mut self, topic: &str, partition: i32, records: &[NewRecord]) -> Vec<bool> {
+    async fn send_split(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        records: &[NewRecord],
+    ) -> Vec<bool> {
         let mut ok = vec![false; records.len()];
         // Ranges still to send, the next one last (so they go in order).
         let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
@@ -246,7 +275,12 @@ impl Producer {
                 }
                 Err(ProduceError::TooLarge(..)) if r.len() > 1 => {
                     let mid = r.start + r.len() / 2;
-                    debug!(dlt = topic, partition, records = r.len(), "batch too large for the DLT: splitting");
+                    debug!(
+                        dlt = topic,
+                        partition,
+                        records = r.len(),
+                        "batch too large for the DLT: splitting"
+                    );
                     todo.push(mid..r.end);
                     todo.push(r.start..mid);
                 }
@@ -289,7 +323,12 @@ impl Producer {
     /// writes; a broker that refuses the config gets a plain create.
     async fn create_topic(&mut self, topic: &str) -> Result<(), String> {
         let (p, rf) = (self.cfg.partitions, self.cfg.replication_factor);
-        info!(topic, partitions = p, max_message_bytes = self.max_message_bytes, "creating dead-letter topic");
+        info!(
+            topic,
+            partitions = p,
+            max_message_bytes = self.max_message_bytes,
+            "creating dead-letter topic"
+        );
         let configs = [("max.message.bytes", self.max_message_bytes.to_string())];
         match self.cluster.create_topic(topic, p, rf, &configs).await {
             Ok(()) => Ok(()),
@@ -316,11 +355,17 @@ impl Producer {
         match result {
             Ok(r) if r.error_code == 0 => {
                 self.pid = (r.producer_id.0, r.producer_epoch);
-                info!(producer_id = self.pid.0, "dead-letter producer is idempotent");
+                info!(
+                    producer_id = self.pid.0,
+                    "dead-letter producer is idempotent"
+                );
             }
             Ok(r) => {
                 self.pid = (-1, -1);
-                warn!(error_code = r.error_code, "InitProducerId refused; producing without idempotence")
+                warn!(
+                    error_code = r.error_code,
+                    "InitProducerId refused; producing without idempotence"
+                )
             }
             Err(e) => {
                 self.pid = (-1, -1);
@@ -333,7 +378,12 @@ impl Producer {
 
     /// Produce one batch to one partition with acks=all, retrying network
     /// errors (jittered backoff) with the same bytes.
-    async fn produce(&mut self, topic: &str, partition: i32, records: &[NewRecord]) -> Result<(), ProduceError> {
+    async fn produce(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        records: &[NewRecord],
+    ) -> Result<(), ProduceError> {
         let seq_key = (topic.to_string(), partition);
         let what = || format!("{topic}-{partition}");
         let mut rebuilt_for_new_pid = false;
@@ -346,12 +396,14 @@ impl Producer {
             let opts = BuildOptions::default()
                 .compression(self.cfg.compression.codec())
                 .idempotent(self.pid.0, self.pid.1, seq);
-            let batch = build_batch(records, &opts).map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
+            let batch = build_batch(records, &opts)
+                .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
             let code = self.send_retrying(topic, partition, batch).await?;
             match code {
                 0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
                     if self.pid.0 >= 0 {
-                        self.sequences.insert(seq_key, seq.wrapping_add(records.len() as i32));
+                        self.sequences
+                            .insert(seq_key, seq.wrapping_add(records.len() as i32));
                     }
                     return Ok(());
                 }
@@ -372,16 +424,29 @@ impl Producer {
                 | errors::LEADER_NOT_AVAILABLE
                 | errors::UNKNOWN_TOPIC_OR_PARTITION => {
                     self.cluster.reset();
-                    return Err(ProduceError::Failed(format!("{}: leader not available (error {code})", what())));
+                    return Err(ProduceError::Failed(format!(
+                        "{}: leader not available (error {code})",
+                        what()
+                    )));
                 }
-                other => return Err(ProduceError::Failed(format!("{}: produce error {other}", what()))),
+                other => {
+                    return Err(ProduceError::Failed(format!(
+                        "{}: produce error {other}",
+                        what()
+                    )))
+                }
             }
         }
     }
 
     /// One Produce request, retried on network errors; the partition's
     /// error code.
-    async fn send_retrying(&mut self, topic: &str, partition: i32, batch: Bytes) -> Result<i16, ProduceError> {
+    async fn send_retrying(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        batch: Bytes,
+    ) -> Result<i16, ProduceError> {
         let mut last_err = String::new();
         for attempt in 0..3u32 {
             match self.cluster.produce(topic, partition, batch.clone()).await {
@@ -389,7 +454,12 @@ impl Producer {
                 Err(e) => {
                     last_err = e.to_string();
                     self.cluster.reset();
-                    tokio::time::sleep(backoff(attempt, Duration::from_millis(100), Duration::from_secs(1))).await;
+                    tokio::time::sleep(backoff(
+                        attempt,
+                        Duration::from_millis(100),
+                        Duration::from_secs(1),
+                    ))
+                    .await;
                 }
             }
         }
@@ -403,7 +473,10 @@ fn chunks(records: &[NewRecord], max_bytes: usize) -> Vec<Range<usize>> {
     let size = |r: &NewRecord| {
         r.key.as_ref().map_or(0, Bytes::len)
             + r.value.as_ref().map_or(0, Bytes::len)
-            + r.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len) + 8).sum::<usize>()
+            + r.headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len) + 8)
+                .sum::<usize>()
             + 24
     };
     let mut out = Vec::new();

@@ -77,7 +77,11 @@ async fn fetch(
         .flat_map(|t| t.partitions)
         .next()
         .ok_or_else(|| no_broker(format!("{topic}-{partition}: empty fetch response")))?;
-    Ok((p.error_code, p.high_watermark, p.records.unwrap_or_default()))
+    Ok((
+        p.error_code,
+        p.high_watermark,
+        p.records.unwrap_or_default(),
+    ))
 }
 
 /// Read `topic`/`partition` from its log start to the high watermark of the
@@ -149,12 +153,7 @@ where
 /// diversion: `dlt` must be the DLT `origin.topic`'s policy writes to, and
 /// its topic id (when the record names one and the topic exists) must be
 /// the topic's current id.
-pub fn trusted(
-    policies: &PolicySet,
-    dlt: &str,
-    origin: &Origin,
-    current_id: Option<Uuid>,
-) -> bool {
+pub fn trusted(policies: &PolicySet, dlt: &str, origin: &Origin, current_id: Option<Uuid>) -> bool {
     let topic = &*origin.topic;
     if policies.is_dead_letter_topic(topic) {
         return false;
@@ -162,7 +161,10 @@ pub fn trusted(
     let Some(p) = policies.for_topic(topic) else {
         return false;
     };
-    if !Class::ALL.iter().any(|&c| p.dead_letter_topic(topic, c) == dlt) {
+    if !Class::ALL
+        .iter()
+        .any(|&c| p.dead_letter_topic(topic, c) == dlt)
+    {
         return false;
     }
     match (origin.topic_id, current_id) {
@@ -217,7 +219,12 @@ impl Loader {
                     warn!(error = %e, "loading the dead-letter ledger failed; retrying");
                     self.dlt.reset();
                     self.upstream.reset();
-                    tokio::time::sleep(backoff(attempt, Duration::from_millis(200), Duration::from_secs(5))).await;
+                    tokio::time::sleep(backoff(
+                        attempt,
+                        Duration::from_millis(200),
+                        Duration::from_secs(5),
+                    ))
+                    .await;
                     attempt = attempt.saturating_add(1);
                 }
             }
@@ -247,15 +254,22 @@ impl Loader {
 
     /// The current ids of the upstream's policy topics; marks the DLTs of
     /// those topics as wanted.
-    async fn origin_topics(&mut self, policies: &PolicySet) -> Result<HashMap<String, Uuid>, ClientError> {
+    async fn origin_topics(
+        &mut self,
+        policies: &PolicySet,
+    ) -> Result<HashMap<String, Uuid>, ClientError> {
         let meta = self.upstream.metadata(None).await?;
         let mut ids = HashMap::new();
         for t in meta.topics.iter().filter(|t| t.error_code == 0) {
-            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else { continue };
+            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
+                continue;
+            };
             if policies.is_dead_letter_topic(&name) {
                 continue;
             }
-            let Some(p) = policies.for_topic(&name) else { continue };
+            let Some(p) = policies.for_topic(&name) else {
+                continue;
+            };
             for class in Class::ALL {
                 let dlt = p.dead_letter_topic(&name, class);
                 if self.mapped.insert((name.clone(), dlt.clone())) && self.ledger.is_loaded(&dlt) {
@@ -265,7 +279,8 @@ impl Loader {
                 }
             }
             if !t.topic_id.is_nil() {
-                self.ledger.observe_topic_id(&Arc::from(name.as_str()), t.topic_id);
+                self.ledger
+                    .observe_topic_id(&Arc::from(name.as_str()), t.topic_id);
                 ids.insert(name, t.topic_id);
             }
         }
@@ -298,7 +313,9 @@ impl Loader {
 }
 
 /// Names of the topics that exist on `cluster`.
-async fn existing_topics(cluster: &mut Cluster) -> Result<std::collections::HashSet<String>, ClientError> {
+async fn existing_topics(
+    cluster: &mut Cluster,
+) -> Result<std::collections::HashSet<String>, ClientError> {
     let meta = cluster.metadata(None).await?;
     Ok(meta
         .topics

@@ -33,7 +33,8 @@ fn config(partitions: i32, compression: DltCompression) -> DeadLetterConfig {
 }
 
 fn policies(topics: &str) -> Arc<PolicySet> {
-    let text = format!("policies:\n  - name: p\n    topics: [{topics}]\n    value: {{ format: json }}\n");
+    let text =
+        format!("policies:\n  - name: p\n    topics: [{topics}]\n    value: {{ format: json }}\n");
     Arc::new(PolicySet::parse(&text, Path::new("p.yaml")).expect("policy"))
 }
 
@@ -44,7 +45,9 @@ fn start(mock: &MockBroker, cfg: &DeadLetterConfig, pols: Arc<PolicySet>) -> Arc
 /// A poison record of `topic`/`partition`@`offset` with a value of `len`
 /// bytes that do not compress much.
 fn diversion(topic: &str, partition: i32, offset: i64, len: usize) -> Diversion {
-    let value: Vec<u8> = (0..len).map(|i| (i * 7919 % 251) as u8 ^ (offset as u8)).collect();
+    let value: Vec<u8> = (0..len)
+        .map(|i| (i * 7919 % 251) as u8 ^ (offset as u8))
+        .collect();
     Diversion {
         dlt_topic: format!("{topic}.dlt"),
         origin_topic: Arc::from(topic),
@@ -105,11 +108,20 @@ async fn a_batch_refused_as_too_large_is_split_down_to_single_records() {
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [0, 1, 2, 4, 5, 6, 7]);
     let st = mock.state();
-    assert!(st.produced.iter().any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 == 1));
-    assert!(st.produced.iter().any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 > 1));
+    assert!(st
+        .produced
+        .iter()
+        .any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 == 1));
+    assert!(st
+        .produced
+        .iter()
+        .any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 > 1));
     drop(st);
     let failed = dl.submit(&ds[3]).expect("submit").wait().await;
-    assert!(failed.is_err(), "a record too large keeps failing (its partition stays held)");
+    assert!(
+        failed.is_err(),
+        "a record too large keeps failing (its partition stays held)"
+    );
 }
 
 #[tokio::test]
@@ -140,7 +152,10 @@ async fn dlt_batches_are_compressed_and_topics_created_with_max_message_bytes() 
     let created = mock.state().created.clone();
     assert_eq!(
         created,
-        [("t.dlt".to_string(), vec![("max.message.bytes".to_string(), (1u32 << 20).to_string())])]
+        [(
+            "t.dlt".to_string(),
+            vec![("max.message.bytes".to_string(), (1u32 << 20).to_string())]
+        )]
     );
 }
 
@@ -181,8 +196,15 @@ async fn the_ledger_is_read_from_each_partitions_log_start() {
     }
     let dl = start(&mock, &config(1, DltCompression::Gzip), policies("t"));
     wait_ready(&dl).await;
-    assert_eq!(dl.ledger().diverted_in(&Arc::from("t"), 0, 0, 1000), [100, 101, 102, 103, 104]);
-    assert_eq!(mock.state().fetch_errors, 0, "never fetched below the log start");
+    assert_eq!(
+        dl.ledger().diverted_in(&Arc::from("t"), 0, 0, 1000),
+        [100, 101, 102, 103, 104]
+    );
+    assert_eq!(
+        mock.state().fetch_errors,
+        0,
+        "never fetched below the log start"
+    );
 }
 
 #[tokio::test]
@@ -210,10 +232,18 @@ async fn only_records_from_the_topics_own_dlt_with_its_current_id_count() {
     mock.append(
         "t.dlt",
         0,
-        dlt_batch(&[("t", 1, Some(t_id)), ("t", 2, Some(Uuid::from_u128(99))), ("t", 3, None)]),
+        dlt_batch(&[
+            ("t", 1, Some(t_id)),
+            ("t", 2, Some(Uuid::from_u128(99))),
+            ("t", 3, None),
+        ]),
     );
     // Forged into u's DLT, naming t.
-    mock.append("u.dlt", 0, dlt_batch(&[("t", 7, Some(t_id)), ("u", 5, None)]));
+    mock.append(
+        "u.dlt",
+        0,
+        dlt_batch(&[("t", 7, Some(t_id)), ("u", 5, None)]),
+    );
     let dl = start(&mock, &config(1, DltCompression::Gzip), policies("t, u"));
     wait_ready(&dl).await;
     assert_eq!(dl.ledger().diverted_in(&Arc::from("t"), 0, 0, 100), [1, 3]);
@@ -247,7 +277,11 @@ async fn a_reload_loads_the_dlts_it_adds_and_they_read_as_not_loaded_until_then(
 async fn a_dlt_first_asked_about_later_is_loaded_on_demand() {
     let mock = MockBroker::start().await;
     mock.add_topic("t", 1);
-    let dl = start(&mock, &config(1, DltCompression::Gzip), policies("t, \"v*\""));
+    let dl = start(
+        &mock,
+        &config(1, DltCompression::Gzip),
+        policies("t, \"v*\""),
+    );
     wait_ready(&dl).await;
     // v1 and its DLT appear after the start.
     mock.add_topic("v1", 1);
@@ -268,10 +302,16 @@ fn x_error_is_bounded_in_the_written_record() {
     let mut d = diversion("t", 0, 1, 10);
     d.invalid.reason = format!("/payload: {} is not valid", "é".repeat(100_000));
     let r = d.to_record(1, None);
-    let (_, v) = r.headers.iter().find(|(k, _)| k == H_ERROR).expect("x-error");
+    let (_, v) = r
+        .headers
+        .iter()
+        .find(|(k, _)| k == H_ERROR)
+        .expect("x-error");
     let v = v.as_ref().expect("value");
     assert!(v.len() <= MAX_ERROR_BYTES, "{}", v.len());
-    assert!(std::str::from_utf8(v).expect("utf-8").ends_with("[truncated]"));
+    assert!(std::str::from_utf8(v)
+        .expect("utf-8")
+        .ends_with("[truncated]"));
 }
 
 #[test]
@@ -279,7 +319,12 @@ fn backoff_is_jittered_within_its_bounds() {
     let base = Duration::from_millis(100);
     let cap = Duration::from_secs(1);
     let draws: Vec<_> = (0..50).map(|_| backoff(2, base, cap)).collect();
-    assert!(draws.iter().all(|d| *d >= Duration::from_millis(200) && *d <= Duration::from_millis(400)));
-    assert!(draws.iter().any(|d| *d != draws[0]), "not jittered: {draws:?}");
+    assert!(draws
+        .iter()
+        .all(|d| *d >= Duration::from_millis(200) && *d <= Duration::from_millis(400)));
+    assert!(
+        draws.iter().any(|d| *d != draws[0]),
+        "not jittered: {draws:?}"
+    );
     assert!(backoff(30, base, cap) <= cap);
 }

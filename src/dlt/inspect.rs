@@ -368,7 +368,8 @@ mod tests {
         let mut r = rec(5, "poison", "schema", &format!("bad {esc}"), 2);
         r.key = Some(Bytes::from(format!("k{esc}")));
         r.value = Some(Bytes::from(format!("v{esc}")));
-        r.headers.push((format!("h{esc}"), Some(Bytes::from(format!("x{esc}")))));
+        r.headers
+            .push((format!("h{esc}"), Some(Bytes::from(format!("x{esc}")))));
         r.origin_topic = Some(format!("geo{esc}"));
         let mut table = Vec::new();
         write_table(&mut table, &[r.clone()]).unwrap();
@@ -376,7 +377,12 @@ mod tests {
         Summary::of(&[r.clone()]).write_table(&mut summary).unwrap();
         let json = record_json(&r).to_string();
         let summary_json = Summary::of(&[r]).to_json().to_string();
-        for out in [String::from_utf8(table).unwrap(), String::from_utf8(summary).unwrap(), json, summary_json] {
+        for out in [
+            String::from_utf8(table).unwrap(),
+            String::from_utf8(summary).unwrap(),
+            json,
+            summary_json,
+        ] {
             assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
             assert!(!out.contains("\\u001b") && !out.contains('\u{9b}'), "{out}");
         }

@@ -435,7 +435,8 @@ pub fn show_bytes(b: Option<&[u8]>) -> String {
 /// title, the clipboard, ...). The records themselves are untouched.
 pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
     let risky = |c: char| {
-        c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
     };
     if !s.chars().any(risky) {
         return std::borrow::Cow::Borrowed(s);
@@ -569,7 +570,13 @@ mod tests {
             show_bytes(Some(b"a\x1b]0;pwned\x07b\x1b[2J")),
             "a\\u{1b}]0;pwned\\u{7}b\\u{1b}[2J"
         );
-        assert_eq!(escape_controls("x\u{9b}31m\u{202e}y\u{7f}"), "x\\u{9b}31m\\u{202e}y\\u{7f}");
-        assert!(matches!(escape_controls("plain é"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            escape_controls("x\u{9b}31m\u{202e}y\u{7f}"),
+            "x\\u{9b}31m\\u{202e}y\\u{7f}"
+        );
+        assert!(matches!(
+            escape_controls("plain é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }

@@ -163,14 +163,20 @@ impl Interceptor {
             };
             // Until its DLTs are read back, the ledger cannot say which
             // records were diverted before: hold the topic's records.
-            if !self.dead_letter.wait_loaded_for(policy, &name, self.timeout).await {
+            if !self
+                .dead_letter
+                .wait_loaded_for(policy, &name, self.timeout)
+                .await
+            {
                 unloaded.push(ti);
                 continue;
             }
             let topic_name: Arc<str> = Arc::from(name.as_str());
             if version >= 13 {
                 // A new id for a known name: the topic was recreated.
-                self.dead_letter.ledger().observe_topic_id(&topic_name, topic.topic_id);
+                self.dead_letter
+                    .ledger()
+                    .observe_topic_id(&topic_name, topic.topic_id);
             }
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
@@ -315,7 +321,11 @@ impl Interceptor {
                             Err(_) => break false, // deadline
                             Ok(Err(_)) => {
                                 // Jittered, so held diversions do not retry in step.
-                                let pause = crate::deadletter::backoff(0, RETRY_BACKOFF * 2, RETRY_BACKOFF * 2);
+                                let pause = crate::deadletter::backoff(
+                                    0,
+                                    RETRY_BACKOFF * 2,
+                                    RETRY_BACKOFF * 2,
+                                );
                                 let retry_at = tokio::time::Instant::now() + pause;
                                 if retry_at >= deadline {
                                     tokio::time::sleep_until(deadline).await;
@@ -366,7 +376,10 @@ fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
     let mut changed = false;
     for p in topic.partitions.iter_mut() {
         if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
-            debug!(partition = p.partition_index, "dead-letter ledger not loaded yet: records withheld");
+            debug!(
+                partition = p.partition_index,
+                "dead-letter ledger not loaded yet: records withheld"
+            );
             p.records = Some(Bytes::new());
             changed = true;
         }
