@@ -201,7 +201,7 @@ impl DeadLetter {
             policies: policies_rx,
             wake: wake_rx,
             started: started_tx,
-            mapped: Default::default(),
+            previous: None,
         };
         tokio::spawn(loader.run());
         Arc::new(DeadLetter {

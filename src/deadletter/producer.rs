@@ -42,6 +42,8 @@ const MAX_JOBS_PER_ROUND: usize = 1000;
 /// Kafka's default `max.message.bytes` (1 MiB), so a DLT created by someone
 /// else with defaults rarely needs a split.
 const MAX_BATCH_BYTES: usize = 900 * 1024;
+/// How long an origin topic's id is used before it is looked up again.
+const ID_TTL: Duration = Duration::from_secs(30);
 
 /// Why one batch was not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +70,8 @@ pub struct Producer {
     pid_known: bool,
     sequences: HashMap<(String, i32), i32>,
     created: HashSet<String>,
+    /// Origin topic ids and when they were looked up.
+    ids: HashMap<Arc<str>, (Uuid, Instant)>,
 }
 
 impl Producer {
@@ -90,6 +94,7 @@ impl Producer {
             pid_known: false,
             sequences: HashMap::new(),
             created: HashSet::new(),
+            ids: HashMap::new(),
         }
     }
 
@@ -215,9 +220,10 @@ impl Producer {
             .await
     }
 
-    /// The current ids of the origin topics of `jobs` (upstream metadata);
-    /// a topic whose id changed has its old ledger entries dropped. Empty
-    /// when metadata is unavailable: records are then written without
+    /// The ids of the origin topics of `jobs`, from upstream metadata at
+    /// most [`ID_TTL`] old (a lookup per write would add a round trip to
+    /// every diversion); a topic whose id changed has its old ledger
+    /// entries dropped. A topic whose id is unknown is written without
     /// `x-original-topic-id`, which the ledger accepts.
     async fn origin_ids(&mut self, jobs: &[Job]) -> HashMap<Arc<str>, Uuid> {
         let mut topics: Vec<Arc<str>> = jobs
@@ -225,32 +231,40 @@ impl Producer {
             .map(|j| j.diversion.origin_topic.clone())
             .collect();
         topics.dedup();
-        let names: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
-        let meta = match self.upstream.metadata(Some(&names)).await {
-            Ok(m) => m,
-            Err(e) => {
-                debug!(error = %e, "origin topic ids unavailable");
-                self.upstream.reset();
-                return HashMap::new();
-            }
-        };
-        let mut ids = HashMap::new();
-        for t in meta
-            .topics
+        let stale: Vec<String> = topics
             .iter()
-            .filter(|t| t.error_code == 0 && !t.topic_id.is_nil())
-        {
-            let Some(topic) = t
-                .name
-                .as_ref()
-                .and_then(|n| topics.iter().find(|x| ***x == *n.as_str()))
-            else {
-                continue;
-            };
-            self.ledger.observe_topic_id(topic, t.topic_id);
-            ids.insert(topic.clone(), t.topic_id);
+            .filter(|t| self.ids.get(*t).is_none_or(|(_, at)| at.elapsed() > ID_TTL))
+            .map(|t| t.to_string())
+            .collect();
+        if !stale.is_empty() {
+            match self.upstream.metadata(Some(&stale)).await {
+                Ok(meta) => {
+                    for t in meta
+                        .topics
+                        .iter()
+                        .filter(|t| t.error_code == 0 && !t.topic_id.is_nil())
+                    {
+                        let Some(topic) = t
+                            .name
+                            .as_ref()
+                            .and_then(|n| topics.iter().find(|x| ***x == *n.as_str()))
+                        else {
+                            continue;
+                        };
+                        self.ledger.observe_topic_id(topic, t.topic_id);
+                        self.ids.insert(topic.clone(), (t.topic_id, Instant::now()));
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "origin topic ids unavailable");
+                    self.upstream.reset();
+                }
+            }
         }
-        ids
+        topics
+            .into_iter()
+            .filter_map(|t| self.ids.get(&t).map(|(id, _)| (t.clone(), *id)))
+            .collect()
     }
 
     /// Send `records` to `topic`/`partition`: in batches of at most

@@ -12,7 +12,7 @@
 //! errors are retried with a bounded, jittered backoff, never skipped, and
 //! a DLT counts as loaded only once every partition was read to its end.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -186,10 +186,20 @@ pub(super) struct Loader {
     pub wake: mpsc::UnboundedReceiver<()>,
     /// Set once the DLTs known at start are loaded.
     pub started: watch::Sender<bool>,
-    /// (origin topic, DLT) pairs already accounted for: a pair new to an
-    /// already loaded DLT (a reload made a topic write there) means its
-    /// records were read untrusted, so the DLT is read again.
-    pub mapped: HashSet<(String, String)>,
+    /// The policies of the last complete load. A topic that writes to an
+    /// already loaded DLT under the new policies but did not under these
+    /// had its records in that DLT read as untrusted: the DLT is read again.
+    pub previous: Option<Arc<PolicySet>>,
+}
+
+/// Whether `policies` send records of `topic` to `dlt`.
+fn writes_to(policies: &PolicySet, topic: &str, dlt: &str) -> bool {
+    !policies.is_dead_letter_topic(topic)
+        && policies.for_topic(topic).is_some_and(|p| {
+            Class::ALL
+                .iter()
+                .any(|&c| p.dead_letter_topic(topic, c) == dlt)
+        })
 }
 
 impl Loader {
@@ -239,6 +249,7 @@ impl Loader {
         let ids = self.origin_topics(&policies).await?;
         let pending = self.ledger.pending();
         if pending.is_empty() {
+            self.previous = Some(policies);
             return Ok(());
         }
         let existing = existing_topics(&mut self.dlt).await?;
@@ -249,6 +260,7 @@ impl Loader {
             }
             self.ledger.loaded(&dlt);
         }
+        self.previous = Some(policies);
         Ok(())
     }
 
@@ -272,7 +284,11 @@ impl Loader {
             };
             for class in Class::ALL {
                 let dlt = p.dead_letter_topic(&name, class);
-                if self.mapped.insert((name.clone(), dlt.clone())) && self.ledger.is_loaded(&dlt) {
+                let newly = self
+                    .previous
+                    .as_ref()
+                    .is_some_and(|old| !writes_to(old, &name, &dlt));
+                if newly && self.ledger.is_loaded(&dlt) {
                     self.ledger.unload(&dlt);
                 } else {
                     self.ledger.want(&dlt);

@@ -274,6 +274,36 @@ async fn a_reload_loads_the_dlts_it_adds_and_they_read_as_not_loaded_until_then(
 }
 
 #[tokio::test]
+async fn a_reload_that_makes_a_topic_write_to_a_loaded_shared_dlt_reads_it_again() {
+    let shared = |topics: &str| {
+        let text = format!(
+            "policies:\n  - name: p\n    topics: [{topics}]\n    value: {{ format: json }}\n    dead_letter: {{ topic: all.dlt }}\n"
+        );
+        Arc::new(PolicySet::parse(&text, Path::new("p.yaml")).expect("policy"))
+    };
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    mock.add_topic("u", 1);
+    mock.add_topic("all.dlt", 1);
+    mock.append("all.dlt", 0, dlt_batch(&[("t", 1, None), ("u", 4, None)]));
+    let dl = start(&mock, &config(1, DltCompression::Gzip), shared("t"));
+    wait_ready(&dl).await;
+    let u: Arc<str> = Arc::from("u");
+    assert!(
+        dl.ledger().diverted_in(&u, 0, 0, 100).is_empty(),
+        "u is not policed yet"
+    );
+    dl.policies_changed(shared("t, u"));
+    for _ in 0..200 {
+        if !dl.ledger().diverted_in(&u, 0, 0, 100).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(dl.ledger().diverted_in(&u, 0, 0, 100), [4]);
+}
+
+#[tokio::test]
 async fn a_dlt_first_asked_about_later_is_loaded_on_demand() {
     let mock = MockBroker::start().await;
     mock.add_topic("t", 1);
