@@ -176,3 +176,42 @@ def test_dlt_inspect_escapes_terminal_control_sequences(workdir, broker, broker_
         out = ok(cli("dlt", "inspect", "--config", str(cfg.config_path), "--topic", dlt, *extra))
         assert "\x1b" not in out and "\x07" not in out, repr(out)
         assert "\\u{1b}" in out, out
+
+
+def test_a_policy_topic_is_withheld_until_its_dlt_is_loaded_other_topics_flow(
+        workdir, broker, broker_endpoint, tmp_path):
+    """The dead-letter cluster answers nothing at start (a black hole): the
+    ledger cannot be loaded, so the policy topic's records are withheld,
+    fetch after fetch, while a topic without a policy flows. Once the
+    cluster is up the ledger loads and the records are delivered."""
+    import fault_support as fs
+    policed, free = (f"hold-{tag}-{uuid.uuid4().hex[:8]}" for tag in ("p", "f"))
+    for t in (policed, free):
+        c.ck_create_topic(broker_endpoint, t, 1)
+        c.ck_produce(broker_endpoint, t, [c.Rec(0, i, f"k{i}".encode(), f'{{"i": {i}}}'.encode())
+                                          for i in range(3)])
+    policy = fs.write_json_policy(tmp_path / "hold", [policed])
+    dlt_port = h.free_port()
+    hole = fs.BlackHole(dlt_port).start()
+    proxy = ps.start_policy_proxy(workdir, upstream=[broker.bootstrap], policies=[policy],
+                                  dead_letter={"bootstrap_servers": [f"{h.HOST}:{dlt_port}"],
+                                               "timeout": "1s"},
+                                  name="antidote-hold-unloaded")
+    dlt = None
+    try:
+        port = proxy.broker_port()
+        assert len(h.decode_uncompressed_batches(ps.fetch_partition(port, free).records)) == 3
+        for _ in range(3):
+            assert ps.fetch_partition(port, policed).records == b""
+        hole.stop()
+        dlt = h.Tansu(workdir, port=dlt_port).start()
+        deadline = time.monotonic() + 30
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = h.decode_uncompressed_batches(ps.fetch_partition(port, policed).records)
+        assert [r.offset for r in got] == [0, 1, 2]
+    finally:
+        proxy.stop_and_check()
+        hole.stop()
+        if dlt:
+            dlt.stop()
