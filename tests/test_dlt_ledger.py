@@ -13,12 +13,32 @@ in src/deadletter/tests.rs against a mock broker."""
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 import uuid
+from dataclasses import dataclass
 
 import clients as c
 import harness as h
 import poison_support as ps
 from test_reload_replay import wait_for_log
+
+
+@dataclass
+class AdminPolicyProxy(ps.PolicyProxy):
+    """The policy proxy with an admin listener (for /readyz)."""
+    admin_port: int = 0
+
+    def config_yaml(self) -> str:
+        return super().config_yaml() + f"admin:\n  listen: {h.HOST}:{self.admin_port}\n"
+
+
+def _readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{h.HOST}:{port}/readyz", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def _ids(recs):
@@ -182,8 +202,9 @@ def test_a_policy_topic_is_withheld_until_its_dlt_is_loaded_other_topics_flow(
         workdir, broker, broker_endpoint, tmp_path):
     """The dead-letter cluster answers nothing at start (a black hole): the
     ledger cannot be loaded, so the policy topic's records are withheld,
-    fetch after fetch, while a topic without a policy flows. Once the
-    cluster is up the ledger loads and the records are delivered."""
+    fetch after fetch, while a topic without a policy flows, and /readyz
+    answers 503. Once the cluster is up the ledger loads, the records are
+    delivered and /readyz answers 200."""
     import fault_support as fs
     policed, free = (f"hold-{tag}-{uuid.uuid4().hex[:8]}" for tag in ("p", "f"))
     for t in (policed, free):
@@ -193,16 +214,21 @@ def test_a_policy_topic_is_withheld_until_its_dlt_is_loaded_other_topics_flow(
     policy = fs.write_json_policy(tmp_path / "hold", [policed])
     dlt_port = h.free_port()
     hole = fs.BlackHole(dlt_port).start()
-    proxy = ps.start_policy_proxy(workdir, upstream=[broker.bootstrap], policies=[policy],
-                                  dead_letter={"bootstrap_servers": [f"{h.HOST}:{dlt_port}"],
-                                               "timeout": "1s"},
-                                  name="antidote-hold-unloaded")
+    import conftest
+    admin = h.free_port()
+    proxy = AdminPolicyProxy(workdir, upstream=[broker.bootstrap], policies=[policy],
+                             dead_letter={"bootstrap_servers": [f"{h.HOST}:{dlt_port}"],
+                                          "timeout": "1s"},
+                             name="antidote-hold-unloaded", admin_port=admin)
+    conftest._PROXIES.append(proxy)
+    proxy.start()
     dlt = None
     try:
         port = proxy.broker_port()
         assert len(h.decode_uncompressed_batches(ps.fetch_partition(port, free).records)) == 3
         for _ in range(3):
             assert ps.fetch_partition(port, policed).records == b""
+        assert _readyz(admin) == 503
         hole.stop()
         dlt = h.Tansu(workdir, port=dlt_port).start()
         deadline = time.monotonic() + 30
@@ -210,6 +236,7 @@ def test_a_policy_topic_is_withheld_until_its_dlt_is_loaded_other_topics_flow(
         while not got and time.monotonic() < deadline:
             got = h.decode_uncompressed_batches(ps.fetch_partition(port, policed).records)
         assert [r.offset for r in got] == [0, 1, 2]
+        assert _readyz(admin) == 200
     finally:
         proxy.stop_and_check()
         hole.stop()
