@@ -335,10 +335,10 @@ pub struct Cluster {
 pub mod errors {
     pub const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-    pub const MESSAGE_TOO_LARGE: i16 = 10;
-    pub const RECORD_LIST_TOO_LARGE: i16 = 18;
     pub const LEADER_NOT_AVAILABLE: i16 = 5;
     pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+    pub const MESSAGE_TOO_LARGE: i16 = 10;
+    pub const RECORD_LIST_TOO_LARGE: i16 = 18;
     pub const TOPIC_ALREADY_EXISTS: i16 = 36;
     pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;

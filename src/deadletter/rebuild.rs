@@ -220,7 +220,11 @@ impl Loader {
         loop {
             match self.load_once().await {
                 Ok(()) => {
-                    self.ledger.shrink();
+                    if !*self.started.borrow() {
+                        // Once, after the start: later loads add little,
+                        // and shrinking then would only make appends regrow.
+                        self.ledger.shrink();
+                    }
                     let (entries, bytes) = self.ledger.footprint();
                     info!(entries, bytes, "dead-letter ledger rebuilt from the DLTs");
                     return;
