@@ -37,7 +37,7 @@ fn bench_dlt(c: &mut Criterion) {
     let diversion = Diversion::new(&policy, &topic, 2, &record, &invalid);
     // Sanity: the encoded batch parses and carries the original value.
     let batch = build_batch(
-        &[diversion.to_record(common::NOW_MS)],
+        &[diversion.to_record(common::NOW_MS, None)],
         &BuildOptions::default(),
     )
     .unwrap();
@@ -62,7 +62,7 @@ fn bench_dlt(c: &mut Criterion) {
     });
     group.bench_function("to_record+build_batch/1", |b| {
         b.iter(|| {
-            let r = black_box(&diversion).to_record(common::NOW_MS);
+            let r = black_box(&diversion).to_record(common::NOW_MS, None);
             black_box(build_batch(std::slice::from_ref(&r), &BuildOptions::default()).unwrap())
         })
     });
@@ -70,7 +70,7 @@ fn bench_dlt(c: &mut Criterion) {
     group.bench_function("to_record+build_batch/100", |b| {
         b.iter(|| {
             let rs: Vec<_> = (0..100)
-                .map(|_| black_box(&diversion).to_record(common::NOW_MS))
+                .map(|_| black_box(&diversion).to_record(common::NOW_MS, None))
                 .collect();
             black_box(build_batch(&rs, &BuildOptions::default()).unwrap())
         })

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ProduceRequest, RequestHeader, TopicName,
+    ApiKey, ApiVersionsRequest, BrokerId, ProduceRequest, RequestHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
@@ -334,9 +334,12 @@ pub struct Cluster {
 
 /// Error codes the proxy's own client reacts to.
 pub mod errors {
+    pub const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
     pub const LEADER_NOT_AVAILABLE: i16 = 5;
     pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+    pub const MESSAGE_TOO_LARGE: i16 = 10;
+    pub const RECORD_LIST_TOO_LARGE: i16 = 18;
     pub const TOPIC_ALREADY_EXISTS: i16 = 36;
     pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
@@ -440,21 +443,34 @@ impl Cluster {
         Ok(self.leaders.get(topic).map(Vec::len))
     }
 
-    /// Create `topic`; an already existing topic is not an error.
+    /// Create `topic` with topic `configs` (e.g. `max.message.bytes`); an
+    /// already existing topic is not an error.
     pub async fn create_topic(
         &mut self,
         topic: &str,
         partitions: i32,
         replication: i16,
+        configs: &[(&str, String)],
     ) -> Result<(), ClientError> {
-        use kafka_protocol::messages::create_topics_request::CreatableTopic;
+        use kafka_protocol::messages::create_topics_request::{
+            CreatableTopic, CreatableTopicConfig,
+        };
         use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
+        let configs = configs
+            .iter()
+            .map(|(k, v)| {
+                CreatableTopicConfig::default()
+                    .with_name(StrBytes::from_string(k.to_string()))
+                    .with_value(Some(StrBytes::from_string(v.clone())))
+            })
+            .collect();
         let req = CreateTopicsRequest::default()
             .with_timeout_ms(10_000)
             .with_topics(vec![CreatableTopic::default()
                 .with_name(TopicName(StrBytes::from_string(topic.to_string())))
                 .with_num_partitions(partitions)
-                .with_replication_factor(replication)]);
+                .with_replication_factor(replication)
+                .with_configs(configs)]);
         let conn = self.any().await?;
         let addr = conn.addr().clone();
         let resp = conn.send(req, 0, 7).await?;
@@ -472,6 +488,42 @@ impl Cluster {
         }
         self.leaders.remove(topic);
         Ok(())
+    }
+
+    /// The log start offset of `topic`/`partition` (ListOffsets, earliest):
+    /// where reading it from the beginning starts once retention has
+    /// deleted its first segments.
+    pub async fn log_start(&mut self, topic: &str, partition: i32) -> Result<i64, ClientError> {
+        use kafka_protocol::messages::list_offsets_request::{
+            ListOffsetsPartition, ListOffsetsTopic,
+        };
+        use kafka_protocol::messages::ListOffsetsRequest;
+        const EARLIEST: i64 = -2;
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partitions(vec![ListOffsetsPartition::default()
+                    .with_partition_index(partition)
+                    .with_timestamp(EARLIEST)])]);
+        let conn = self.leader(topic, partition).await?;
+        let addr = conn.addr().clone();
+        let resp = conn.send(req, 1, 7).await?;
+        let p = resp
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .find(|p| p.partition_index == partition)
+            .ok_or_else(|| {
+                no_broker(format!("{topic}-{partition}: no partition in ListOffsets"))
+            })?;
+        if p.error_code != 0 {
+            return Err(ClientError::Protocol {
+                addr,
+                msg: format!("{topic}-{partition}: ListOffsets error {}", p.error_code),
+            });
+        }
+        Ok(p.offset)
     }
 
     /// A connection to the leader of `topic`/`partition`.
@@ -553,7 +605,7 @@ fn unreachable_conn() -> ClientError {
 
 /// An error that belongs to no one broker (no leader known, no bootstrap
 /// server answered, ...).
-fn no_broker(msg: String) -> ClientError {
+pub fn no_broker(msg: String) -> ClientError {
     ClientError::Protocol {
         addr: HostPort {
             host: "-".into(),

@@ -188,6 +188,37 @@ pub struct DeadLetter {
     /// once-only ledger is rebuilt from.
     #[serde(default)]
     pub allow_client_produce: bool,
+    /// Codec of the batches written to dead-letter topics.
+    #[serde(default)]
+    pub compression: DltCompression,
+}
+
+/// `dead_letter.compression`. gzip by default: it is the one codec every
+/// Kafka client reads without an optional library (kafkajs ships only
+/// gzip; kafka-python needs extra packages for snappy, lz4 and zstd), and
+/// tansu and Kafka brokers accept it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DltCompression {
+    None,
+    #[default]
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl DltCompression {
+    pub fn codec(self) -> crate::kafka::compression::Compression {
+        use crate::kafka::compression::Compression;
+        match self {
+            DltCompression::None => Compression::None,
+            DltCompression::Gzip => Compression::Gzip,
+            DltCompression::Snappy => Compression::Snappy,
+            DltCompression::Lz4 => Compression::Lz4,
+            DltCompression::Zstd => Compression::Zstd,
+        }
+    }
 }
 
 impl Default for DeadLetter {
@@ -200,6 +231,7 @@ impl Default for DeadLetter {
             partitions: 1,
             replication_factor: 1,
             allow_client_produce: false,
+            compression: DltCompression::default(),
         }
     }
 }
@@ -507,6 +539,21 @@ mod tests {
         let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
         assert!(
             err.starts_with("cfg.yaml:6:1: unknown field `polices`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn dead_letter_compression_is_gzip_by_default_and_checked() {
+        let c = Config::parse(MINIMAL, Path::new("cfg.yaml")).unwrap();
+        assert_eq!(c.dead_letter.compression, DltCompression::Gzip);
+        let text = format!("{MINIMAL}dead_letter:\n  compression: lz4\n");
+        let c = Config::parse(&text, Path::new("cfg.yaml")).unwrap();
+        assert_eq!(c.dead_letter.compression, DltCompression::Lz4);
+        let text = format!("{MINIMAL}dead_letter:\n  compression: brotli\n");
+        let err = Config::parse(&text, Path::new("cfg.yaml")).unwrap_err().0;
+        assert!(
+            err.starts_with("cfg.yaml:7:16: dead_letter.compression: unknown variant `brotli`"),
             "{err}"
         );
     }

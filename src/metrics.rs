@@ -578,7 +578,12 @@ impl Metrics {
     /// `produce(topic, partition, records)` call (one per DLT batch),
     /// measured from the first attempt to the final outcome.
     pub fn dlt_write(&self, ok: bool, latency: Duration) {
-        let result = if ok { "ok" } else { "error" };
+        self.dlt_write_result(if ok { "ok" } else { "error" }, latency);
+    }
+
+    /// Like [`Metrics::dlt_write`] with a named result: `too_large` when the
+    /// broker refused a single record as too large (it cannot be split).
+    pub fn dlt_write_result(&self, result: &str, latency: Duration) {
         self.dlt_writes.add(&[result], 1);
         self.dlt_write_seconds.observe(&[result], latency);
     }

@@ -322,7 +322,7 @@ def hdict(rec: c.Rec) -> dict[str, bytes]:
     return {k: v for k, v in rec.headers}
 
 
-CONTEXT_HEADERS = ("x-original-topic", "x-original-partition", "x-original-offset",
+CONTEXT_HEADERS = ("x-original-topic", "x-original-topic-id", "x-original-partition", "x-original-offset",
                    "x-original-timestamp", "x-error-class", "x-error", "x-error-rule",
                    "x-policy", "x-failed-at")
 
@@ -337,6 +337,7 @@ def check_dlt_record(dlt: c.Rec, orig: c.Rec, topic: str, policy: str, rule: str
     ctx = dict(dlt.headers[n:])
     assert sorted(k for k, _ in dlt.headers[n:]) == sorted(CONTEXT_HEADERS), dlt.headers[n:]
     assert ctx["x-original-topic"] == topic.encode()
+    assert uuid.UUID(ctx["x-original-topic-id"].decode()).int != 0  # the broker's topic id
     assert ctx["x-original-partition"] == str(orig.partition).encode()
     assert ctx["x-original-offset"] == str(orig.offset).encode()
     assert ctx["x-original-timestamp"] == str(orig.timestamp).encode()

@@ -4,31 +4,41 @@
 //! `DeadLetter::divert` returns only when the record is safely in the DLT
 //! (the broker acknowledged it with acks=all), or fails; the interception
 //! layer holds a partition on failure rather than skip the record. A ledger
-//! of (topic, partition, offset) already diverted makes a record fetched
-//! again (another consumer group, a restart of the consumer, a fetch that
-//! starts mid-batch) reach the DLT only once; concurrent diversions of the
-//! same record share one write. At start the ledger is rebuilt from the
-//! DLTs' own `x-original-*` headers, so a restarted proxy does not write a
-//! record again. Writes go through the proxy's own producer (`producer`).
+//! of (topic, partition, offset) already diverted (`ledger`) makes a record
+//! fetched again (another consumer group, a restart of the consumer, a
+//! fetch that starts mid-batch) reach the DLT only once; concurrent
+//! diversions of the same record share one write. The ledger is read back
+//! from the DLTs themselves (`rebuild`) at start, after a policy reload and
+//! for a DLT first asked about later; until a topic's DLT is loaded,
+//! `is_loaded` says so and the interception holds that topic. Writes go
+//! through the proxy's own producer (`producer`); the DLT record format
+//! (header names, bounds) is defined once, in `headers`.
 
+mod headers;
 mod ledger;
+#[cfg(test)]
+mod mock_broker;
 mod producer;
+mod rebuild;
+#[cfg(test)]
+mod tests;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
 use tokio::sync::{mpsc, watch};
+use uuid::Uuid;
 
-use crate::client;
+use crate::client::{self, Cluster};
 use crate::config::{DeadLetter as DeadLetterConfig, HostPort};
 use crate::kafka::builder::NewRecord;
 use crate::kafka::record::Record;
-use crate::policy::{Invalid, Policy, PolicySet};
+use crate::policy::{Class, Invalid, Policy, PolicySet};
 
-pub use ledger::read_topic;
+pub use headers::*;
+pub use ledger::{Ledger, LedgerKey, OffsetSet};
+pub use rebuild::{read_partition, read_topic, trusted};
 
 /// Why a diversion did not complete.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -94,8 +104,9 @@ impl Diversion {
     }
 
     /// The record written to the DLT: original key, value and headers, plus
-    /// the context headers an operator needs to act on it.
-    pub fn to_record(&self, failed_at_ms: i64) -> NewRecord {
+    /// the context headers an operator needs to act on it. `topic_id` is
+    /// the origin topic's id, when metadata knows it.
+    pub fn to_record(&self, failed_at_ms: i64, topic_id: Option<Uuid>) -> NewRecord {
         let mut headers: Vec<(String, Option<Bytes>)> = self
             .headers
             .iter()
@@ -103,14 +114,17 @@ impl Diversion {
             .collect();
         let mut add = |k: &str, v: String| headers.push((k.to_string(), Some(Bytes::from(v))));
         add(H_TOPIC, self.origin_topic.to_string());
+        if let Some(id) = topic_id.filter(|id| !id.is_nil()) {
+            add(H_TOPIC_ID, id.to_string());
+        }
         add(H_PARTITION, self.origin_partition.to_string());
         add(H_OFFSET, self.origin_offset.to_string());
         add(H_TIMESTAMP, self.origin_timestamp.to_string());
-        add("x-error-class", self.invalid.class.as_str().to_string());
-        add("x-error", self.invalid.reason.clone());
-        add("x-error-rule", self.invalid.rule.clone());
-        add("x-policy", self.policy.to_string());
-        add("x-failed-at", failed_at_ms.to_string());
+        add(H_CLASS, self.invalid.class.as_str().to_string());
+        add(H_ERROR, bound_reason(&self.invalid.reason).into_owned());
+        add(H_RULE, self.invalid.rule.clone());
+        add(H_POLICY, self.policy.to_string());
+        add(H_FAILED_AT, failed_at_ms.to_string());
         NewRecord {
             timestamp: self.origin_timestamp,
             key: self.key.clone(),
@@ -120,54 +134,18 @@ impl Diversion {
     }
 }
 
-pub const H_TOPIC: &str = "x-original-topic";
-pub const H_PARTITION: &str = "x-original-partition";
-pub const H_OFFSET: &str = "x-original-offset";
-pub const H_TIMESTAMP: &str = "x-original-timestamp";
-
-/// (original topic, partition, offset).
-pub type LedgerKey = (Arc<str>, i32, i64);
-
-enum Slot {
-    Done,
-    /// Being written; resolves to Some(true) on success, Some(false) on failure.
-    InFlight(watch::Receiver<Option<bool>>),
-}
-
-/// Every record diverted (or being diverted), by origin coordinates, plus an
-/// index of diverted offsets per partition so that a batch can be checked
-/// against it cheaply.
-#[derive(Default)]
-pub struct Ledger {
-    slots: DashMap<LedgerKey, Slot>,
-    by_partition: DashMap<(Arc<str>, i32), BTreeSet<i64>>,
-}
-
-impl Ledger {
-    /// The record is in its DLT.
-    fn done(&self, key: LedgerKey) {
-        self.by_partition
-            .entry((key.0.clone(), key.1))
-            .or_default()
-            .insert(key.2);
-        self.slots.insert(key, Slot::Done);
-    }
-
-    /// The write failed: forget it so the next fetch tries again.
-    fn failed(&self, key: &LedgerKey) {
-        self.slots.remove(key);
-    }
-
-    /// Offsets in `from..to` of `topic`/`partition` already in a DLT.
-    pub fn diverted_in(&self, topic: &Arc<str>, partition: i32, from: i64, to: i64) -> Vec<i64> {
-        if self.by_partition.is_empty() || from >= to {
-            return Vec::new();
-        }
-        match self.by_partition.get(&(topic.clone(), partition)) {
-            Some(set) => set.range(from..to).copied().collect(),
-            None => Vec::new(),
-        }
-    }
+/// A pause of about `base * 2^attempt` (at most `cap`), drawn from its upper
+/// half at random, so that retries of independent writes (and of several
+/// proxies) do not fall in step.
+pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let full = base.saturating_mul(1u32 << attempt.min(16)).min(cap);
+    // RandomState is seeded per instance: enough randomness for jitter.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let half = full / 2;
+    half + Duration::from_nanos(r % (half.as_nanos() as u64 + 1))
 }
 
 /// A write request for the producer task.
@@ -180,14 +158,21 @@ struct Job {
 pub struct DeadLetter {
     ledger: Arc<Ledger>,
     jobs: mpsc::UnboundedSender<Job>,
-    loaded: watch::Receiver<bool>,
+    /// True once the DLTs known at start are loaded.
+    started: watch::Receiver<bool>,
+    policies: watch::Sender<Arc<PolicySet>>,
+    /// Tells the loader that a DLT was asked about.
+    wake: mpsc::UnboundedSender<()>,
 }
 
 impl DeadLetter {
-    /// Start the producer and the ledger rebuild for the DLTs of `policies`.
+    /// Start the producer and the ledger loader for the DLTs of `policies`.
+    /// `upstream` reaches the cluster of the origin topics (their ids),
+    /// `endpoint` the dead-letter cluster.
     pub fn start(
         cfg: &DeadLetterConfig,
         upstream_bootstrap: &[HostPort],
+        upstream: client::Endpoint,
         endpoint: client::Endpoint,
         policies: Arc<PolicySet>,
     ) -> Arc<DeadLetter> {
@@ -197,36 +182,88 @@ impl DeadLetter {
             .unwrap_or_else(|| upstream_bootstrap.to_vec());
         let ledger = Arc::new(Ledger::default());
         let (jobs, rx) = mpsc::unbounded_channel();
-        let (loaded_tx, loaded) = watch::channel(false);
-        let producer = producer::Producer::new(bootstrap.clone(), endpoint.clone(), cfg.clone());
-        tokio::spawn(producer.run(rx, ledger.clone()));
-        if policies.is_empty() {
-            let _ = loaded_tx.send(true);
-        } else {
-            tokio::spawn(ledger::rebuild(
-                bootstrap,
-                endpoint,
-                policies,
-                ledger.clone(),
-                loaded_tx,
-            ));
-        }
+        let (started_tx, started) = watch::channel(false);
+        let (policies_tx, policies_rx) = watch::channel(policies);
+        let (wake, wake_rx) = mpsc::unbounded_channel();
+        let producer = producer::Producer::new(
+            Cluster::new(bootstrap.clone(), endpoint.clone()),
+            Cluster::new(upstream_bootstrap.to_vec(), upstream.clone()),
+            cfg.clone(),
+            endpoint.max_frame,
+            ledger.clone(),
+            wake.clone(),
+        );
+        tokio::spawn(producer.run(rx));
+        let loader = rebuild::Loader {
+            dlt: Cluster::new(bootstrap, endpoint),
+            upstream: Cluster::new(upstream_bootstrap.to_vec(), upstream),
+            ledger: ledger.clone(),
+            policies: policies_rx,
+            wake: wake_rx,
+            started: started_tx,
+            previous: None,
+        };
+        tokio::spawn(loader.run());
         Arc::new(DeadLetter {
             ledger,
             jobs,
-            loaded,
+            started,
+            policies: policies_tx,
+            wake,
         })
     }
 
-    /// Whether the ledger has been rebuilt from the DLTs.
+    /// Whether every DLT known to the policies has been read back into the
+    /// ledger (for /readyz).
     pub fn is_ready(&self) -> bool {
-        *self.loaded.borrow()
+        *self.started.borrow() && self.ledger.pending().is_empty()
     }
 
-    /// Wait until the ledger has been rebuilt from the DLTs (at start).
+    /// Whether `dlt` has been read back into the ledger. Cheap; a DLT not
+    /// heard of before (a topic created since) is queued for loading, and
+    /// until then this says false: hold the topics that write to it.
+    pub fn is_loaded(&self, dlt: &str) -> bool {
+        if self.ledger.is_loaded(dlt) {
+            return true;
+        }
+        if self.ledger.want(dlt) {
+            let _ = self.wake.send(());
+        }
+        false
+    }
+
+    /// Whether every DLT `policy` writes `topic`'s records to is loaded.
+    pub fn is_loaded_for(&self, policy: &Policy, topic: &str) -> bool {
+        Class::ALL
+            .iter()
+            .all(|&c| self.is_loaded(&policy.dead_letter_topic(topic, c)))
+    }
+
+    /// Like [`DeadLetter::is_loaded_for`], but a DLT not loaded yet is given
+    /// up to `wait` to load (a topic created since the start has a DLT
+    /// nobody asked about: reading it, or learning it does not exist, takes
+    /// a metadata round trip or two).
+    pub async fn wait_loaded_for(&self, policy: &Policy, topic: &str, wait: Duration) -> bool {
+        if self.is_loaded_for(policy, topic) {
+            return true;
+        }
+        let dlts: Vec<String> = Class::ALL
+            .iter()
+            .map(|&c| policy.dead_letter_topic(topic, c))
+            .collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        self.ledger.wait_loaded(&dlts, deadline).await
+    }
+
+    /// New policies are in force: load the DLTs they add.
+    pub fn policies_changed(&self, policies: Arc<PolicySet>) {
+        self.policies.send_replace(policies);
+    }
+
+    /// Wait until the DLTs known at start are loaded.
     pub async fn ready(&self) -> Result<(), DivertError> {
-        let mut loaded = self.loaded.clone();
-        loaded
+        let mut started = self.started.clone();
+        started
             .wait_for(|l| *l)
             .await
             .map(|_| ())
@@ -237,25 +274,24 @@ impl DeadLetter {
     /// under way. Submitting is synchronous, so records queued in offset
     /// order reach the DLT in that order. Call after `ready`.
     pub fn submit(&self, d: &Diversion) -> Result<Ticket, DivertError> {
-        let rx = match self.ledger.slots.entry(d.ledger_key()) {
-            Entry::Occupied(e) => match e.get() {
-                Slot::Done => {
-                    return Ok(Ticket {
-                        rx: None,
-                        what: String::new(),
-                    })
+        let key = d.ledger_key();
+        let rx = match self.ledger.claim(key.clone()) {
+            ledger::Claim::Done => {
+                return Ok(Ticket {
+                    rx: None,
+                    what: String::new(),
+                })
+            }
+            ledger::Claim::InFlight(rx) => rx,
+            ledger::Claim::Mine(done, rx) => {
+                let job = Job {
+                    diversion: d.clone(),
+                    done,
+                };
+                if self.jobs.send(job).is_err() {
+                    self.ledger.finish(&key, false);
+                    return Err(DivertError::Stopped);
                 }
-                Slot::InFlight(rx) => rx.clone(),
-            },
-            Entry::Vacant(v) => {
-                let (tx, rx) = watch::channel(None);
-                v.insert(Slot::InFlight(rx.clone()));
-                self.jobs
-                    .send(Job {
-                        diversion: d.clone(),
-                        done: tx,
-                    })
-                    .map_err(|_| DivertError::Stopped)?;
                 rx
             }
         };
@@ -274,7 +310,7 @@ impl DeadLetter {
 
     /// Whether this record is known to be in its DLT already.
     pub fn is_diverted(&self, key: &LedgerKey) -> bool {
-        matches!(self.ledger.slots.get(key).as_deref(), Some(Slot::Done))
+        self.ledger.contains(key)
     }
 
     /// The ledger, for checking batches against what was diverted before.

@@ -2,97 +2,119 @@
 //! broker supports InitProducerId, one Produce in flight at a time.
 //!
 //! Jobs queue up while a write is under way and go out together in the next
-//! request, one batch per DLT partition. A record of origin partition P goes
-//! to DLT partition P mod (DLT partitions), keeping one origin partition's
-//! diversions in order. A request that fails on the network is retried with
-//! the same batch bytes (same producer id and sequence, so the broker can
-//! drop a duplicate) until the job's attempt budget runs out; then the jobs
-//! fail, the ledger forgets them, and the interception layer holds their
-//! partitions until a later fetch tries again.
+//! round, one batch (or a few, see below) per DLT partition. A record of
+//! origin partition P goes to DLT partition P mod (DLT partitions), keeping
+//! one origin partition's diversions in order.
+//!
+//! Every DLT partition has its own outcome: a partition the broker
+//! acknowledged is never failed or written again because another one failed.
+//! A batch refused as too large (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE) is
+//! split in halves and re-sent, down to single records; a single record
+//! still too large fails only its own job (logged as an error, counted as
+//! `antidote_dlt_writes_total{result="too_large"}`). Any other refusal fails
+//! that partition's remaining jobs, so that a partition's diversions stay
+//! in order; the interception layer holds their origin partitions and a
+//! later fetch tries again. Batches are compressed with
+//! `dead_letter.compression`, and a DLT the proxy creates gets a
+//! `max.message.bytes` of `limits.max_frame_bytes`, so a batch the proxy can
+//! frame is one the topic accepts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::InitProducerIdRequest;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
 
-use super::{Job, Ledger};
-use crate::client::{errors, Cluster, Endpoint};
-use crate::config::{DeadLetter as DeadLetterConfig, HostPort};
+use super::{backoff, Job, Ledger};
+use crate::client::{errors, Cluster};
+use crate::config::DeadLetter as DeadLetterConfig;
 use crate::intercept::now_ms;
-use crate::kafka::builder::{build_batch, BuildOptions};
+use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
-/// Most jobs sent in one Produce request.
-const MAX_JOBS_PER_REQUEST: usize = 1000;
+/// Most jobs taken into one round.
+const MAX_JOBS_PER_ROUND: usize = 1000;
+/// Most record bytes (before compression) put in one batch up front: under
+/// Kafka's default `max.message.bytes` (1 MiB), so a DLT created by someone
+/// else with defaults rarely needs a split.
+const MAX_BATCH_BYTES: usize = 900 * 1024;
+/// How long an origin topic's id is used before it is looked up again.
+const ID_TTL: Duration = Duration::from_secs(30);
+
+/// Why one batch was not acknowledged.
+#[derive(Debug, thiserror::Error)]
+enum ProduceError {
+    #[error("{0}: the broker refused the batch as too large (error {1})")]
+    TooLarge(String, i16),
+    #[error("{0}")]
+    Failed(String),
+}
 
 pub struct Producer {
+    /// The dead-letter cluster.
     cluster: Cluster,
+    /// The upstream cluster, for the origin topics' ids.
+    upstream: Cluster,
     cfg: DeadLetterConfig,
+    /// `max.message.bytes` given to the DLTs the proxy creates.
+    max_message_bytes: u32,
+    ledger: Arc<Ledger>,
+    /// Asks the ledger loader to load a DLT it has not heard of.
+    wake: mpsc::UnboundedSender<()>,
     /// (producer id, epoch); (-1, -1) when the broker has no idempotence.
     pid: (i64, i16),
     pid_known: bool,
     sequences: HashMap<(String, i32), i32>,
-    created: std::collections::HashSet<String>,
+    created: HashSet<String>,
+    /// Origin topic ids and when they were looked up.
+    ids: HashMap<Arc<str>, (Uuid, Instant)>,
 }
 
 impl Producer {
-    pub fn new(bootstrap: Vec<HostPort>, ep: Endpoint, cfg: DeadLetterConfig) -> Self {
+    pub fn new(
+        cluster: Cluster,
+        upstream: Cluster,
+        cfg: DeadLetterConfig,
+        max_message_bytes: u32,
+        ledger: Arc<Ledger>,
+        wake: mpsc::UnboundedSender<()>,
+    ) -> Self {
         Producer {
-            cluster: Cluster::new(bootstrap, ep),
+            cluster,
+            upstream,
             cfg,
+            max_message_bytes,
+            ledger,
+            wake,
             pid: (-1, -1),
             pid_known: false,
             sequences: HashMap::new(),
-            created: Default::default(),
+            created: HashSet::new(),
+            ids: HashMap::new(),
         }
     }
 
-    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>, ledger: Arc<Ledger>) {
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
         while let Some(first) = rx.recv().await {
             let mut jobs = vec![first];
-            while jobs.len() < MAX_JOBS_PER_REQUEST {
+            while jobs.len() < MAX_JOBS_PER_ROUND {
                 match rx.try_recv() {
                     Ok(j) => jobs.push(j),
                     Err(_) => break,
                 }
             }
-            let started = std::time::Instant::now();
-            let result = self.write(&jobs).await;
-            let ok = result.is_ok();
-            if let Err(e) = &result {
-                warn!(error = %e, records = jobs.len(), "dead-letter write failed");
-                // Start from scratch next time: the cluster may have been
-                // replaced (topics, producer ids and sequences gone).
-                self.cluster.reset();
-                self.created.clear();
-                self.pid_known = false;
-            } else {
-                debug!(records = jobs.len(), elapsed = ?started.elapsed(), "dead-letter write acknowledged");
-            }
-            for job in jobs {
-                let d = &job.diversion;
-                let key = d.ledger_key();
-                if ok {
-                    info!(topic = %d.origin_topic, partition = d.origin_partition, offset = d.origin_offset,
-                        class = d.invalid.class.as_str(), rule = %d.invalid.rule, dlt = %d.dlt_topic,
-                        reason = %d.invalid.reason, "record diverted");
-                    ledger.done(key);
-                } else {
-                    ledger.failed(&key);
-                }
-                let _ = job.done.send(Some(ok));
-            }
+            self.round(jobs).await;
         }
     }
 
-    /// Write every job's record; Ok only if all were acknowledged.
-    async fn write(&mut self, jobs: &[Job]) -> Result<(), String> {
+    /// Write one round of jobs, each DLT partition on its own.
+    async fn round(&mut self, mut jobs: Vec<Job>) {
         let failed_at = now_ms();
         // Diversions arrive from concurrent tasks: write them in origin order.
-        let mut jobs: Vec<&Job> = jobs.iter().collect();
         jobs.sort_by(|a, b| {
             let (a, b) = (&a.diversion, &b.diversion);
             (&a.origin_topic, a.origin_partition, a.origin_offset).cmp(&(
@@ -101,38 +123,193 @@ impl Producer {
                 b.origin_offset,
             ))
         });
-        // Group by DLT topic, then DLT partition, keeping arrival order.
-        let mut by_topic: BTreeMap<String, Vec<&Job>> = BTreeMap::new();
+        let ids = self.origin_ids(&jobs).await;
+        let mut by_topic: BTreeMap<String, Vec<Job>> = BTreeMap::new();
         for j in jobs {
             by_topic
                 .entry(j.diversion.dlt_topic.clone())
                 .or_default()
                 .push(j);
         }
-        let mut batches: Vec<(String, i32, Vec<&Job>)> = Vec::new();
+        let mut any_failed = false;
         for (topic, jobs) in by_topic {
-            let n = self.ensure_topic(&topic).await? as i32;
-            let mut by_part: BTreeMap<i32, Vec<&Job>> = BTreeMap::new();
-            for j in jobs {
-                by_part
-                    .entry(j.diversion.origin_partition.rem_euclid(n))
-                    .or_default()
-                    .push(j);
+            any_failed |= !self.write_topic(&topic, jobs, &ids, failed_at).await;
+        }
+        if any_failed {
+            // Start from scratch next time: the cluster may have been
+            // replaced (topics, producer ids and sequences gone).
+            self.cluster.reset();
+            self.created.clear();
+            self.pid_known = false;
+        }
+    }
+
+    /// Write `jobs` to DLT `topic`; false if any failed.
+    async fn write_topic(
+        &mut self,
+        topic: &str,
+        jobs: Vec<Job>,
+        ids: &HashMap<Arc<str>, Uuid>,
+        failed_at: i64,
+    ) -> bool {
+        if !self.wait_loaded(topic).await {
+            warn!(
+                dlt = topic,
+                records = jobs.len(),
+                "dead-letter write postponed: the DLT is not loaded into the ledger yet"
+            );
+            jobs.into_iter()
+                .for_each(|j| finish(&self.ledger, j, false));
+            return false;
+        }
+        // Read back from the DLT meanwhile (written before a restart or a
+        // reload): acknowledged without a second write.
+        let (already, jobs): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|j| self.ledger.contains(&j.diversion.ledger_key()));
+        already
+            .into_iter()
+            .for_each(|j| finish(&self.ledger, j, true));
+        if jobs.is_empty() {
+            return true;
+        }
+        let n = match self.ensure_topic(topic).await {
+            Ok(n) => n as i32,
+            Err(e) => {
+                warn!(error = %e, records = jobs.len(), "dead-letter write failed");
+                jobs.into_iter()
+                    .for_each(|j| finish(&self.ledger, j, false));
+                return false;
             }
-            batches.extend(by_part.into_iter().map(|(p, js)| (topic.clone(), p, js)));
-        }
+        };
         self.ensure_pid().await;
-        for (topic, partition, jobs) in batches {
-            let records: Vec<_> = jobs
-                .iter()
-                .map(|j| j.diversion.to_record(failed_at))
-                .collect();
-            let started = std::time::Instant::now();
-            let result = self.produce(&topic, partition, &records).await;
-            crate::metrics::global().dlt_write(result.is_ok(), started.elapsed());
-            result?;
+        let mut by_part: BTreeMap<i32, Vec<Job>> = BTreeMap::new();
+        for j in jobs {
+            by_part
+                .entry(j.diversion.origin_partition.rem_euclid(n))
+                .or_default()
+                .push(j);
         }
-        Ok(())
+        let mut all_ok = true;
+        for (partition, jobs) in by_part {
+            let records: Vec<NewRecord> = jobs
+                .iter()
+                .map(|j| {
+                    j.diversion
+                        .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
+                })
+                .collect();
+            let ok = self.send_split(topic, partition, &records).await;
+            all_ok &= ok.iter().all(|&o| o);
+            for (job, ok) in jobs.into_iter().zip(ok) {
+                finish(&self.ledger, job, ok);
+            }
+        }
+        all_ok
+    }
+
+    /// Wait (up to `dead_letter.timeout`) until `topic` is read back into the
+    /// ledger, so a record already in it is not written twice.
+    async fn wait_loaded(&mut self, topic: &str) -> bool {
+        if self.ledger.want(topic) {
+            let _ = self.wake.send(());
+        }
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
+        self.ledger
+            .wait_loaded(&[topic.to_string()], deadline)
+            .await
+    }
+
+    /// The ids of the origin topics of `jobs`, from upstream metadata at
+    /// most [`ID_TTL`] old (a lookup per write would add a round trip to
+    /// every diversion); a topic whose id changed has its old ledger
+    /// entries dropped. A topic whose id is unknown is written without
+    /// `x-original-topic-id`, which the ledger accepts.
+    async fn origin_ids(&mut self, jobs: &[Job]) -> HashMap<Arc<str>, Uuid> {
+        let mut topics: Vec<Arc<str>> = jobs
+            .iter()
+            .map(|j| j.diversion.origin_topic.clone())
+            .collect();
+        topics.dedup();
+        let stale: Vec<String> = topics
+            .iter()
+            .filter(|t| self.ids.get(*t).is_none_or(|(_, at)| at.elapsed() > ID_TTL))
+            .map(|t| t.to_string())
+            .collect();
+        if !stale.is_empty() {
+            match self.upstream.metadata(Some(&stale)).await {
+                Ok(meta) => {
+                    for t in meta
+                        .topics
+                        .iter()
+                        .filter(|t| t.error_code == 0 && !t.topic_id.is_nil())
+                    {
+                        let Some(topic) = t
+                            .name
+                            .as_ref()
+                            .and_then(|n| topics.iter().find(|x| ***x == *n.as_str()))
+                        else {
+                            continue;
+                        };
+                        self.ledger.observe_topic_id(topic, t.topic_id);
+                        self.ids.insert(topic.clone(), (t.topic_id, Instant::now()));
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "origin topic ids unavailable");
+                    self.upstream.reset();
+                }
+            }
+        }
+        topics
+            .into_iter()
+            .filter_map(|t| self.ids.get(&t).map(|(id, _)| (t.clone(), *id)))
+            .collect()
+    }
+
+    /// Send `records` to `topic`/`partition`: in batches of at most
+    /// [`MAX_BATCH_BYTES`], each split in halves while the broker refuses it
+    /// as too large. Whether each record was acknowledged.
+    async fn send_split(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        records: &[NewRecord],
+    ) -> Vec<bool> {
+        let mut ok = vec![false; records.len()];
+        // Ranges still to send, the next one last (so they go in order).
+        let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
+        todo.reverse();
+        while let Some(r) = todo.pop() {
+            let started = Instant::now();
+            match self.produce(topic, partition, &records[r.clone()]).await {
+                Ok(()) => {
+                    crate::metrics::global().dlt_write(true, started.elapsed());
+                    ok[r].fill(true);
+                }
+                Err(ProduceError::TooLarge(..)) if r.len() > 1 => {
+                    let mid = r.start + r.len() / 2;
+                    debug!(
+                        dlt = topic,
+                        partition,
+                        records = r.len(),
+                        "batch too large for the DLT: splitting"
+                    );
+                    todo.push(mid..r.end);
+                    todo.push(r.start..mid);
+                }
+                Err(e @ ProduceError::TooLarge(..)) => {
+                    crate::metrics::global().dlt_write_result("too_large", started.elapsed());
+                    error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
+                }
+                Err(e) => {
+                    crate::metrics::global().dlt_write(false, started.elapsed());
+                    warn!(error = %e, dlt = topic, partition, records = todo.iter().map(|r| r.len()).sum::<usize>() + r.len(), "dead-letter write failed");
+                    break;
+                }
+            }
+        }
+        ok
     }
 
     /// Make sure `topic` exists (creating it if needed); its partition count.
@@ -148,20 +325,35 @@ impl Producer {
                 _ => {}
             }
             if self.created.insert(topic.to_string()) {
-                info!(
-                    topic,
-                    partitions = self.cfg.partitions,
-                    "creating dead-letter topic"
-                );
-                self.cluster
-                    .create_topic(topic, self.cfg.partitions, self.cfg.replication_factor)
-                    .await
-                    .map_err(|e| format!("cannot create dead-letter topic {topic}: {e}"))?;
+                self.create_topic(topic).await?;
             }
             tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
             let _ = self.cluster.metadata(Some(&[topic.to_string()])).await;
         }
         Err(format!("dead-letter topic {topic} has no partitions"))
+    }
+
+    /// Create `topic` with a `max.message.bytes` that fits what the proxy
+    /// writes; a broker that refuses the config gets a plain create.
+    async fn create_topic(&mut self, topic: &str) -> Result<(), String> {
+        let (p, rf) = (self.cfg.partitions, self.cfg.replication_factor);
+        info!(
+            topic,
+            partitions = p,
+            max_message_bytes = self.max_message_bytes,
+            "creating dead-letter topic"
+        );
+        let configs = [("max.message.bytes", self.max_message_bytes.to_string())];
+        match self.cluster.create_topic(topic, p, rf, &configs).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                warn!(topic, error = %e, "creating the dead-letter topic with max.message.bytes failed; creating it without");
+                self.cluster
+                    .create_topic(topic, p, rf, &[])
+                    .await
+                    .map_err(|e| format!("cannot create dead-letter topic {topic}: {e}"))
+            }
+        }
     }
 
     /// Ask for a producer id once; brokers without idempotence get -1.
@@ -182,25 +374,32 @@ impl Producer {
                     "dead-letter producer is idempotent"
                 );
             }
-            Ok(r) => warn!(
-                error_code = r.error_code,
-                "InitProducerId refused; producing without idempotence"
-            ),
-            Err(e) => warn!(error = %e, "InitProducerId failed; producing without idempotence"),
+            Ok(r) => {
+                self.pid = (-1, -1);
+                warn!(
+                    error_code = r.error_code,
+                    "InitProducerId refused; producing without idempotence"
+                )
+            }
+            Err(e) => {
+                self.pid = (-1, -1);
+                warn!(error = %e, "InitProducerId failed; producing without idempotence")
+            }
         }
         self.pid_known = true;
         self.sequences.clear();
     }
 
     /// Produce one batch to one partition with acks=all, retrying network
-    /// errors with the same bytes.
+    /// errors (jittered backoff) with the same bytes.
     async fn produce(
         &mut self,
         topic: &str,
         partition: i32,
-        records: &[crate::kafka::builder::NewRecord],
-    ) -> Result<(), String> {
+        records: &[NewRecord],
+    ) -> Result<(), ProduceError> {
         let seq_key = (topic.to_string(), partition);
+        let what = || format!("{topic}-{partition}");
         let mut rebuilt_for_new_pid = false;
         loop {
             let seq = if self.pid.0 >= 0 {
@@ -208,26 +407,12 @@ impl Producer {
             } else {
                 -1
             };
-            let opts = BuildOptions::default().idempotent(self.pid.0, self.pid.1, seq);
-            let batch = build_batch(records, &opts).map_err(|e| e.to_string())?;
-            let mut last_err = String::new();
-            let mut outcome = None;
-            for attempt in 0..3u32 {
-                match self.send_once(topic, partition, batch.clone()).await {
-                    Ok(code) => {
-                        outcome = Some(code);
-                        break;
-                    }
-                    Err(e) => {
-                        last_err = e;
-                        self.cluster.reset();
-                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                    }
-                }
-            }
-            let Some(code) = outcome else {
-                return Err(last_err);
-            };
+            let opts = BuildOptions::default()
+                .compression(self.cfg.compression.codec())
+                .idempotent(self.pid.0, self.pid.1, seq);
+            let batch = build_batch(records, &opts)
+                .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
+            let code = self.send_retrying(topic, partition, batch).await?;
             match code {
                 0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
                     if self.pid.0 >= 0 {
@@ -235,6 +420,9 @@ impl Producer {
                             .insert(seq_key, seq.wrapping_add(records.len() as i32));
                     }
                     return Ok(());
+                }
+                errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
+                    return Err(ProduceError::TooLarge(what(), code))
                 }
                 errors::OUT_OF_ORDER_SEQUENCE_NUMBER
                 | errors::UNKNOWN_PRODUCER_ID
@@ -250,26 +438,108 @@ impl Producer {
                 | errors::LEADER_NOT_AVAILABLE
                 | errors::UNKNOWN_TOPIC_OR_PARTITION => {
                     self.cluster.reset();
-                    return Err(format!(
-                        "{topic}-{partition}: leader not available (error {code})"
-                    ));
+                    return Err(ProduceError::Failed(format!(
+                        "{}: leader not available (error {code})",
+                        what()
+                    )));
                 }
-                other => return Err(format!("{topic}-{partition}: produce error {other}")),
+                other => {
+                    return Err(ProduceError::Failed(format!(
+                        "{}: produce error {other}",
+                        what()
+                    )))
+                }
             }
         }
     }
 
-    /// One Produce request; the partition's error code, or a network error.
-    async fn send_once(
+    /// One Produce request, retried on network errors; the partition's
+    /// error code.
+    async fn send_retrying(
         &mut self,
         topic: &str,
         partition: i32,
         batch: Bytes,
-    ) -> Result<i16, String> {
-        self.cluster
-            .produce(topic, partition, batch)
-            .await
-            .map(|p| p.error_code)
-            .map_err(|e| e.to_string())
+    ) -> Result<i16, ProduceError> {
+        let mut last_err = String::new();
+        for attempt in 0..3u32 {
+            match self.cluster.produce(topic, partition, batch.clone()).await {
+                Ok(p) => return Ok(p.error_code),
+                Err(e) => {
+                    last_err = e.to_string();
+                    self.cluster.reset();
+                    tokio::time::sleep(backoff(
+                        attempt,
+                        Duration::from_millis(100),
+                        Duration::from_secs(1),
+                    ))
+                    .await;
+                }
+            }
+        }
+        Err(ProduceError::Failed(last_err))
+    }
+}
+
+/// Consecutive ranges of `records` of at most `max_bytes` each (by value,
+/// key and header sizes); a record larger than that gets a range of its own.
+fn chunks(records: &[NewRecord], max_bytes: usize) -> Vec<Range<usize>> {
+    let size = |r: &NewRecord| {
+        r.key.as_ref().map_or(0, Bytes::len)
+            + r.value.as_ref().map_or(0, Bytes::len)
+            + r.headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len) + 8)
+                .sum::<usize>()
+            + 24
+    };
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, r) in records.iter().enumerate() {
+        let s = size(r);
+        if i > start && bytes + s > max_bytes {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += s;
+    }
+    if start < records.len() {
+        out.push(start..records.len());
+    }
+    out
+}
+
+/// Report a job's outcome: the ledger first (so a new claim sees it), then
+/// whoever waits.
+fn finish(ledger: &Ledger, job: Job, ok: bool) {
+    let d = &job.diversion;
+    if ok {
+        info!(topic = %d.origin_topic, partition = d.origin_partition, offset = d.origin_offset,
+            class = d.invalid.class.as_str(), rule = %d.invalid.rule, dlt = %d.dlt_topic,
+            reason = %d.invalid.reason, "record diverted");
+    }
+    ledger.finish(&d.ledger_key(), ok);
+    let _ = job.done.send(Some(ok));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(value_len: usize) -> NewRecord {
+        NewRecord {
+            timestamp: 1,
+            key: None,
+            value: Some(Bytes::from(vec![b'x'; value_len])),
+            headers: vec![],
+        }
+    }
+
+    #[test]
+    fn chunks_bound_bytes_and_keep_order() {
+        let recs: Vec<_> = [10, 10, 100, 10, 500, 10].iter().map(|&n| rec(n)).collect();
+        assert_eq!(chunks(&recs, 200), [0..3, 3..4, 4..5, 5..6]);
+        assert_eq!(chunks(&recs, 10_000), [0..6]);
+        assert!(chunks(&[], 10).is_empty());
     }
 }

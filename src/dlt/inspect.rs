@@ -11,7 +11,10 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::{format_time, read_dlt, show_bytes, Context, DltError, DltRecord, Filters};
+use super::{
+    escape_controls as esc, format_time, read_dlt, show_bytes, Context, DltError, DltRecord,
+    Filters,
+};
 
 /// Arguments of `antidote dlt inspect`.
 #[derive(Debug, Clone, clap::Args)]
@@ -85,20 +88,20 @@ pub fn record_json(r: &DltRecord) -> Value {
         .headers
         .iter()
         .filter(|(k, _)| !super::CONTEXT_HEADERS.contains(&k.as_str()) || k == super::H_ATTEMPT)
-        .map(|(k, v)| json!({"key": k, "value": v.as_deref().map(|v| show_bytes(Some(v)))}))
+        .map(|(k, v)| json!({"key": esc(k), "value": v.as_deref().map(|v| show_bytes(Some(v)))}))
         .collect();
     json!({
         "dlt_topic": r.dlt_topic,
         "dlt_partition": r.dlt_partition,
         "dlt_offset": r.dlt_offset,
-        "origin_topic": r.origin_topic,
+        "origin_topic": r.origin_topic.as_deref().map(esc),
         "origin_partition": r.origin_partition,
         "origin_offset": r.origin_offset,
         "origin_timestamp": r.origin_timestamp,
-        "class": r.class,
-        "rule": r.rule,
-        "reason": r.reason,
-        "policy": r.policy,
+        "class": esc(&r.class),
+        "rule": esc(&r.rule),
+        "reason": esc(&r.reason),
+        "policy": esc(&r.policy),
         "failed_at": r.failed_at.map(format_time),
         "failed_at_ms": r.failed_at,
         "attempt": r.attempt,
@@ -125,7 +128,7 @@ const COLUMNS: [&str; 10] = [
 const MAX_CELL: usize = 40;
 
 fn cut(s: &str, max: usize) -> String {
-    let s = s.replace(['\n', '\r', '\t'], " ");
+    let s = esc(&s.replace(['\n', '\r', '\t'], " ")).into_owned();
     if s.chars().count() <= max {
         s
     } else {
@@ -145,7 +148,7 @@ pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Resul
                 r.dlt_partition.to_string(),
                 r.dlt_offset.to_string(),
                 cut(&r.origin(), MAX_CELL),
-                r.class.clone(),
+                cut(&r.class, MAX_CELL),
                 cut(&r.rule, MAX_CELL),
                 cut(&r.policy, MAX_CELL),
                 r.failed_at.map(format_time).unwrap_or_else(|| "-".into()),
@@ -215,15 +218,15 @@ impl Summary {
         let mut s = Summary::default();
         for r in records {
             s.total += 1;
-            *s.by_class.entry(r.class.clone()).or_default() += 1;
-            *s.by_rule.entry(r.rule.clone()).or_default() += 1;
-            *s.by_reason.entry(r.reason.clone()).or_default() += 1;
+            *s.by_class.entry(esc(&r.class).into_owned()).or_default() += 1;
+            *s.by_rule.entry(esc(&r.rule).into_owned()).or_default() += 1;
+            *s.by_reason.entry(esc(&r.reason).into_owned()).or_default() += 1;
             let origin = match (&r.origin_topic, r.origin_partition) {
-                (Some(t), Some(p)) => format!("{t}-{p}"),
+                (Some(t), Some(p)) => format!("{}-{p}", esc(t)),
                 _ => "-".into(),
             };
             *s.by_origin_partition.entry(origin).or_default() += 1;
-            *s.by_dlt.entry(r.dlt_topic.clone()).or_default() += 1;
+            *s.by_dlt.entry(esc(&r.dlt_topic).into_owned()).or_default() += 1;
             if let Some(at) = r.failed_at {
                 s.first_failed_at = Some(s.first_failed_at.map_or(at, |f| f.min(at)));
                 s.last_failed_at = Some(s.last_failed_at.map_or(at, |l| l.max(at)));
@@ -357,5 +360,31 @@ mod tests {
         assert_eq!(j["key"], "k");
         assert_eq!(j["headers"][0]["key"], "idempotency-key");
         assert!(j["failed_at"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn no_output_form_carries_a_raw_control_character() {
+        let esc = "\x1b]2;owned\x07\x1b[2J\u{9b}1m";
+        let mut r = rec(5, "poison", "schema", &format!("bad {esc}"), 2);
+        r.key = Some(Bytes::from(format!("k{esc}")));
+        r.value = Some(Bytes::from(format!("v{esc}")));
+        r.headers
+            .push((format!("h{esc}"), Some(Bytes::from(format!("x{esc}")))));
+        r.origin_topic = Some(format!("geo{esc}"));
+        let mut table = Vec::new();
+        write_table(&mut table, &[r.clone()]).unwrap();
+        let mut summary = Vec::new();
+        Summary::of(&[r.clone()]).write_table(&mut summary).unwrap();
+        let json = record_json(&r).to_string();
+        let summary_json = Summary::of(&[r]).to_json().to_string();
+        for out in [
+            String::from_utf8(table).unwrap(),
+            String::from_utf8(summary).unwrap(),
+            json,
+            summary_json,
+        ] {
+            assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+            assert!(!out.contains("\\u001b") && !out.contains('\u{9b}'), "{out}");
+        }
     }
 }

@@ -20,7 +20,11 @@ use bytes::Bytes;
 
 use crate::client::{ClientError, Cluster, Endpoint};
 use crate::config::Config;
-use crate::deadletter::{H_OFFSET, H_PARTITION, H_TIMESTAMP, H_TOPIC};
+// The DLT record format is defined once, beside the code that writes it.
+pub use crate::deadletter::{
+    CONTEXT_HEADERS, H_ATTEMPT, H_CLASS, H_ERROR, H_FAILED_AT, H_OFFSET, H_PARTITION, H_POLICY,
+    H_REPLAYED_FROM, H_RULE, H_TIMESTAMP, H_TOPIC,
+};
 use crate::kafka::record::Record;
 use crate::policy::PolicySet;
 use crate::proxy::tls;
@@ -46,31 +50,6 @@ pub enum DltError {
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
-
-/// Context headers the proxy adds to a DLT record (plus the replay headers);
-/// replay strips exactly these, and keeps every other header, `x-` or not.
-pub const CONTEXT_HEADERS: &[&str] = &[
-    H_TOPIC,
-    H_PARTITION,
-    H_OFFSET,
-    H_TIMESTAMP,
-    H_CLASS,
-    H_ERROR,
-    H_RULE,
-    H_POLICY,
-    H_FAILED_AT,
-    H_REPLAYED_FROM,
-    H_ATTEMPT,
-];
-pub const H_CLASS: &str = "x-error-class";
-pub const H_ERROR: &str = "x-error";
-pub const H_RULE: &str = "x-error-rule";
-pub const H_POLICY: &str = "x-policy";
-pub const H_FAILED_AT: &str = "x-failed-at";
-/// `<dlt-topic>/<partition>/<offset>` of the DLT record a replay came from.
-pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
-/// How many times this record has been replayed (1 on the first replay).
-pub const H_ATTEMPT: &str = "x-attempt";
 
 /// One DLT record, owned, with its context headers parsed.
 #[derive(Debug, Clone)]
@@ -434,18 +413,43 @@ pub fn format_time(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
 }
 
-/// Bytes as text for humans: UTF-8 as is, anything else as `0x…` hex.
+/// Bytes as text for humans: UTF-8 (control characters escaped, see
+/// [`escape_controls`]), anything else as `0x…` hex.
 pub fn show_bytes(b: Option<&[u8]>) -> String {
     match b {
         None => "null".into(),
         Some(b) => match std::str::from_utf8(b) {
-            Ok(s) => s.to_string(),
+            Ok(s) => escape_controls(s).into_owned(),
             Err(_) => format!(
                 "0x{}",
                 b.iter().map(|x| format!("{x:02x}")).collect::<String>()
             ),
         },
     }
+}
+
+/// `s` with every character that can drive a terminal written as `\u{..}`:
+/// C0 and C1 controls, DEL, and the bidirectional overrides that reorder
+/// what is shown. DLT contents come from any producer: printed raw, an ESC
+/// sequence in a key or value could rewrite the operator's screen (or the
+/// title, the clipboard, ...). The records themselves are untouched.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    let risky = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(risky) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if risky(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -558,5 +562,21 @@ mod tests {
         assert_eq!(show_bytes(Some(b"abc")), "abc");
         assert_eq!(show_bytes(Some(&[0xff, 0x00])), "0xff00");
         assert_eq!(show_bytes(None), "null");
+    }
+
+    #[test]
+    fn terminal_control_characters_are_escaped() {
+        assert_eq!(
+            show_bytes(Some(b"a\x1b]0;pwned\x07b\x1b[2J")),
+            "a\\u{1b}]0;pwned\\u{7}b\\u{1b}[2J"
+        );
+        assert_eq!(
+            escape_controls("x\u{9b}31m\u{202e}y\u{7f}"),
+            "x\\u{9b}31m\\u{202e}y\\u{7f}"
+        );
+        assert!(matches!(
+            escape_controls("plain é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }

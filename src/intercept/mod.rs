@@ -24,9 +24,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
 use kafka_protocol::messages::FetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::deadletter::DeadLetter;
 use crate::metrics::{self, InvalidAction};
@@ -116,6 +117,7 @@ impl Interceptor {
     /// are dropped now to free memory.
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
+        self.dead_letter.policies_changed(new.clone());
         match self.policies.write() {
             Ok(mut p) => *p = new,
             Err(poisoned) => *poisoned.into_inner() = new,
@@ -148,6 +150,7 @@ impl Interceptor {
             shared.resolve_topic_ids(&ids).await;
         }
         let mut jobs = Vec::new();
+        let mut unloaded = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
             let name = if version >= 13 {
                 shared
@@ -165,7 +168,23 @@ impl Interceptor {
             let Some(policy) = policies.for_topic(&name) else {
                 continue;
             };
+            // Until its DLTs are read back, the ledger cannot say which
+            // records were diverted before: hold the topic's records.
+            if !self
+                .dead_letter
+                .wait_loaded_for(policy, &name, self.timeout)
+                .await
+            {
+                unloaded.push(ti);
+                continue;
+            }
             let topic_name: Arc<str> = Arc::from(name.as_str());
+            if version >= 13 {
+                // A new id for a known name: the topic was recreated.
+                self.dead_letter
+                    .ledger()
+                    .observe_topic_id(&topic_name, topic.topic_id);
+            }
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
                     continue;
@@ -182,6 +201,9 @@ impl Interceptor {
                     ),
                 });
             }
+        }
+        for ti in unloaded {
+            changed |= hold_topic(&mut resp.responses[ti]);
         }
         let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
         for (at, plan) in self.plan_all(jobs, now_ms()).await? {
@@ -306,7 +328,13 @@ impl Interceptor {
                             Ok(Ok(())) => break true,
                             Err(_) => break false, // deadline
                             Ok(Err(_)) => {
-                                let retry_at = tokio::time::Instant::now() + RETRY_BACKOFF;
+                                // Jittered, so held diversions do not retry in step.
+                                let pause = crate::deadletter::backoff(
+                                    0,
+                                    RETRY_BACKOFF * 2,
+                                    RETRY_BACKOFF * 2,
+                                );
+                                let retry_at = tokio::time::Instant::now() + pause;
                                 if retry_at >= deadline {
                                     tokio::time::sleep_until(deadline).await;
                                     break false;
@@ -364,6 +392,22 @@ fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>) {
         warn!(topic, partition, offset,
             "dead-letter write failed: partition held before this offset");
     }
+}
+
+/// Withhold every partition's records of `topic` (its DLT is not loaded).
+fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
+    let mut changed = false;
+    for p in topic.partitions.iter_mut() {
+        if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+            debug!(
+                partition = p.partition_index,
+                "dead-letter ledger not loaded yet: records withheld"
+            );
+            p.records = Some(Bytes::new());
+            changed = true;
+        }
+    }
+    changed
 }
 
 /// Count what a plan judged. Diversions count once acknowledged; those

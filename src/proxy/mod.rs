@@ -116,6 +116,7 @@ impl Shared {
         let dead_letter = DeadLetter::start(
             dlt,
             &config.upstream.bootstrap_servers,
+            upstream.clone(),
             dlt_endpoint,
             policies.clone(),
         );
