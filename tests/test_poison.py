@@ -378,6 +378,24 @@ def test_json_policy_diverts_nan_and_out_of_range_coordinates(broker_endpoint, p
         ps.check_dlt_record(d, orig, topic, "pz-json", ps.JSON_RULE[kind])
 
 
+def test_diversion_logs_name_the_rule_but_never_quote_the_value(broker_endpoint, proxy_ep,
+                                                                 pproxy):
+    """Reasons quote field values (record contents, possibly personal data):
+    by default the log names the offset, class and rule, and withholds them;
+    the DLT's x-error still carries the reason."""
+    topic = create(broker_endpoint, ps.unique_topic(ps.JSON_PREFIX, "nolog"))
+    recs = [ps.json_rec("valid", 0), ps.json_rec("lat", 1)]
+    c.ck_produce(broker_endpoint, topic, recs, **{"linger.ms": 100})
+    assert c.kp_consume_assign(proxy_ep, topic, [0], 1, timeout=30) == [recs[0]]
+    [d] = ps.read_dlt(broker_endpoint, f"{topic}.dlt")
+    assert b"91.5" in dict(d.headers)["x-error"], "the DLT keeps the full reason"
+    log = [line for line in h.read_log(pproxy.log, limit=10**7).splitlines() if topic in line]
+    diverted = [line for line in log if "record diverted" in line]
+    assert diverted, f"no diversion logged for {topic}"
+    assert all("91.5" not in line for line in log), diverted
+    assert "withheld" in diverted[0] and "offset=1" in diverted[0], diverted[0]
+
+
 # ---------------------------------------------------------------------------
 # 6. on_invalid: drop and pass
 # ---------------------------------------------------------------------------

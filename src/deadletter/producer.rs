@@ -516,7 +516,7 @@ fn finish(ledger: &Ledger, job: Job, ok: bool) {
     if ok {
         info!(topic = %d.origin_topic, partition = d.origin_partition, offset = d.origin_offset,
             class = d.invalid.class.as_str(), rule = %d.invalid.rule, dlt = %d.dlt_topic,
-            reason = %d.invalid.reason, "record diverted");
+            reason = %d.invalid.log_reason(), "record diverted");
     }
     ledger.finish(&d.ledger_key(), ok);
     let _ = job.done.send(Some(ok));
