@@ -31,15 +31,24 @@ async function main() {
                             retry: { retries: 5 } });
   const admin = kafka.admin();
   await admin.connect();
-  const consumer = kafka.consumer({ groupId: group, readUncommitted: isolation === "read_uncommitted",
-                                    autoCommitInterval: 300 });
+  const consumer = kafka.consumer({ groupId: group, readUncommitted: isolation === "read_uncommitted" });
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
   let seen = 0;
   let all;
   const allSeen = new Promise((resolve) => { all = resolve; });
   if (n === 0) all();
+  if (process.env.TAIL_DEBUG) {
+    const { START_BATCH_PROCESS, COMMIT_OFFSETS } = consumer.events;
+    consumer.on(START_BATCH_PROCESS, (e) => console.error(Date.now(), "batch", JSON.stringify(e.payload)));
+    consumer.on(COMMIT_OFFSETS, (e) => console.error(Date.now(), "commit", JSON.stringify(e.payload)));
+  }
+  // Commit every resolved offset, also those of fetches that deliver no
+  // message (only control records): kafkajs's defaults commit those only
+  // together with the next delivered message.
   consumer.run({
+    autoCommitInterval: 300,
+    autoCommitThreshold: 1,
     eachMessage: async ({ partition, message }) => {
       console.log(JSON.stringify({ partition, offset: Number(message.offset),
                                    key: message.key.toString() }));
@@ -55,6 +64,7 @@ async function main() {
   }
   // Anything delivered late (a re-read) still prints before this line.
   await sleep(500);
+  if (process.env.TAIL_DEBUG) console.error(Date.now(), "disconnect", JSON.stringify(c));
   await consumer.disconnect();
   c = await committed(admin);
   console.log(JSON.stringify({ committed: c }));
