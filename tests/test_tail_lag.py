@@ -203,3 +203,39 @@ def test_group_reaches_the_end_of_partitions_ending_in_diverted_records(
 
     dlt = ps.sorted_by_origin(ps.read_dlt(broker_endpoint, f"{topic}.dlt"))
     assert ps.origin_offsets(dlt) == [(0, 1), (0, 4), (1, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("client", [
+    "librdkafka",
+    "kafka_python",
+    pytest.param("kafkajs", marks=pytest.mark.skipif(not HAVE_KAFKAJS,
+                                                     reason="kafkajs not installed")),
+])
+def test_committed_transaction_ending_in_diverted_records_reads_to_the_end(
+        client, broker_endpoint, proxy_ep):
+    """Our marker (no producer) sits just before the broker's own commit
+    marker: read_committed clients still deliver exactly the valid records
+    of the transaction and end at the high watermark."""
+    topic = ps.unique_topic(ps.JSON_PREFIX, "tailtxn")
+    c.ck_create_topic(broker_endpoint, topic, 1)
+    prod = ck.Producer(broker_endpoint.ck(**{"transactional.id": f"tail-{uuid.uuid4().hex[:8]}"}))
+    prod.init_transactions(30)
+    kinds = ["valid", "valid", "lat"]
+    recs = [ps.json_rec(k, i) for i, k in enumerate(kinds)]
+    prod.begin_transaction()
+    for r in recs:
+        prod.produce(topic, key=r.key, value=r.value, headers=list(r.headers), partition=0,
+                     timestamp=r.timestamp)
+    prod.flush(30)
+    prod.commit_transaction(30)
+    hws = {0: len(kinds) + 1}      # the broker's commit marker takes offset 3
+    assert ps.wait_high_watermark(broker_port(broker_endpoint), topic, 0, hws[0]) == hws[0]
+    want = [r for r, k in zip(recs, kinds) if k == "valid"]
+    group = f"tailtxn-{client}-{uuid.uuid4().hex[:8]}"
+    got, pos, committed = RUNNERS[client](proxy_ep, topic, group, "read_committed", len(want), hws)
+    same_records(got, want, client)
+    if pos is not None:
+        assert pos == hws, f"{client} position {pos}, high watermarks {hws}"
+    assert committed == hws, f"{client} committed {committed}, high watermarks {hws}"
+    dlt = ps.read_dlt(broker_endpoint, f"{topic}.dlt")
+    assert ps.origin_offsets(dlt) == [(0, 2)]
