@@ -58,13 +58,19 @@ def settle(pid: int, want_fds: int, deadline: float, quiet: float = 2.0) -> None
     time.sleep(min(quiet, max(0.0, deadline - time.monotonic())))
 
 
-def open_connections(port: int, n: int, deadline: float) -> list[socket.socket]:
-    """n non-blocking connects in waves of 500; fails if any does not complete."""
+def open_connections(port: int, n: int, deadline: float, pid: int,
+                     base_fds: int) -> list[socket.socket]:
+    """n non-blocking connects in waves of 250; fails if any does not complete.
+    After each wave, waits until the proxy has dialed the broker for every
+    connection so far (two descriptors each): a burst larger than the
+    broker's listen backlog would otherwise sit in SYN retries for tens of
+    seconds and the "idle" figure would miss half the connections."""
     socks: list[socket.socket] = []
     sel = selectors.DefaultSelector()
     while len(socks) < n:
+        settle(pid, base_fds + 2 * len(socks), deadline, quiet=0.0)
         wave = []
-        for _ in range(min(500, n - len(socks))):
+        for _ in range(min(250, n - len(socks))):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setblocking(False)
             s.connect_ex((h.HOST, port))
@@ -133,11 +139,11 @@ def measure(n: int, timeout: float) -> dict:
         pid = proxy.proc.pid
         with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=10) as s:
             h.api_versions(s)          # warm-up: metadata, first connection paths
+        settle(pid, 0, deadline)       # the warm-up's two descriptors close
         base_fds = fds(pid)
-        settle(pid, 0, deadline)
         r = {"connections": n, "rss_kib_before": rss_kib(pid), "fds_before": base_fds}
         t0 = time.monotonic()
-        socks = open_connections(proxy.bootstrap_port, n, deadline)
+        socks = open_connections(proxy.bootstrap_port, n, deadline, pid, base_fds)
         r["connect_seconds"] = round(time.monotonic() - t0, 2)
         settle(pid, base_fds + 2 * n, deadline)
         r.update(rss_kib_idle=rss_kib(pid), fds_idle=fds(pid))
