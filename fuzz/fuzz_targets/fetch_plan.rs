@@ -47,8 +47,9 @@ fn batches_folding_markers(section: &Bytes, before: &[(i64, i64, i32)]) -> Vec<(
         let Segment::Batch(b) = s else { continue };
         let entry = (b.base_offset(), b.next_offset(), b.records_count());
         let marker = b.is_control() && b.producer_id() == -1;
+        let input_end = before.get(out.len().wrapping_sub(1)).map(|x| x.1);
         match out.last_mut() {
-            Some(last) if marker && last.1 == entry.0 && before.get(out.len() - 1).is_some_and(|x| x.1 != last.1) => {
+            Some(last) if marker && last.1 == entry.0 && input_end.is_some_and(|e| e != last.1) => {
                 last.1 = entry.1;
             }
             _ => out.push(entry),
