@@ -2,13 +2,18 @@
 committed offset must reach the high watermark (lag 0), and no client may
 deliver, skip or re-read a valid record on the way (issue 9, item 8).
 
-Without help librdkafka stops one short: it stores "last delivered offset + 1"
-and skips the removed tail silently (rdkafka_queue.c, app position updated
-per delivered message), while kafka-python and kafkajs follow the batch's
-lastOffsetDelta. librdkafka does store the offset of a control record it
-reads (rd_kafka_op_handle_std: "we need to store their offsets", librdkafka
-issue 2539, fixed in 1.4), so the proxy ends a batch that lost its tail with
-a commit marker at the removed tail offset (src/kafka/marker.rs).
+Without help librdkafka stops short: its position and stored offset are
+"last delivered offset + 1" (rdkafka_queue.c, app position updated per
+delivered message), so a removed tail is never counted (measured before the
+fix: position {0: 4, 1: 2} for high watermarks {0: 5, 1: 4}). kafkajs
+resolves offsets from the records it sees too: it crept past a partly
+removed tail one offset per fetch but stayed at 2 of 4 behind a wholly
+emptied last batch. kafka-python follows the batch's lastOffsetDelta.
+librdkafka does store the offset of a control record it reads
+(rd_kafka_op_handle_std: "we need to store their offsets", librdkafka issue
+2539, fixed in 1.4), and kafkajs resolves one, so the proxy ends a batch that
+lost its tail with a commit marker at the removed tail offset
+(src/kafka/marker.rs).
 
 Layout, produced one batch per flush:
   partition 0: [valid, lat] [valid, valid, enum]  -> HW 5, a batch's tail removed
@@ -16,7 +21,9 @@ Layout, produced one batch per flush:
 Each client and isolation level runs two members of one consumer group in
 turn: the first reads the valid records and commits; then more valid records
 are produced and the second must get exactly those (nothing re-read, nothing
-skipped) and reach the new end too.
+skipped) and reach the new end too. Two more: a committed transaction that
+ends in poison (our marker sits just before the broker's own), and
+librdkafka's consume() batch path with its auto-commit timer.
 """
 
 from __future__ import annotations
@@ -239,3 +246,39 @@ def test_committed_transaction_ending_in_diverted_records_reads_to_the_end(
     assert committed == hws, f"{client} committed {committed}, high watermarks {hws}"
     dlt = ps.read_dlt(broker_endpoint, f"{topic}.dlt")
     assert ps.origin_offsets(dlt) == [(0, 2)]
+
+
+def test_librdkafka_auto_commit_with_batch_consume_reaches_the_end(broker_endpoint, proxy_ep):
+    """The other librdkafka paths: consume(num_messages) (control records are
+    served by rd_kafka_q_serve_rkmessages, not the poll path) and the
+    auto-commit timer, which commits the offsets stored as records and
+    control records are served."""
+    topic = ps.unique_topic(ps.JSON_PREFIX, "tailauto")
+    c.ck_create_topic(broker_endpoint, topic, len(LAYOUT))
+    valid = produce_layout(broker_endpoint, topic, LAYOUT, {p: 0 for p in LAYOUT})
+    hws = {p: sum(len(b) for b in LAYOUT[p]) for p in LAYOUT}
+    for p, hw in hws.items():
+        assert ps.wait_high_watermark(broker_port(broker_endpoint), topic, p, hw) == hw
+    want = [r for p in sorted(valid) for r in valid[p]]
+    group = f"tailauto-{uuid.uuid4().hex[:8]}"
+    cons = ck.Consumer(proxy_ep.ck(**{"group.id": group, "enable.auto.commit": True,
+                                      "auto.commit.interval.ms": 200,
+                                      "auto.offset.reset": "earliest"}))
+    tps = [ck.TopicPartition(topic, p) for p in hws]
+    got, committed = [], {}
+    deadline = time.monotonic() + 90
+    try:
+        cons.subscribe([topic])
+        while time.monotonic() < deadline and not (len(got) >= len(want) and committed == hws):
+            for m in cons.consume(num_messages=100, timeout=0.3):
+                if m.error() is None:
+                    got.append(c._ck_rec(m))
+            if len(got) >= len(want):
+                committed = {tp.partition: tp.offset for tp in cons.committed(tps, timeout=10)}
+                deadline = min(deadline, time.monotonic() + SETTLE)
+        pos = {tp.partition: tp.offset for tp in cons.position(tps)}
+    finally:
+        cons.close()
+    same_records(got, want, "librdkafka")
+    assert pos == hws, f"librdkafka position {pos}, high watermarks {hws}"
+    assert committed == hws, f"librdkafka auto-committed {committed}, high watermarks {hws}"
