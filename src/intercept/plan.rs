@@ -559,7 +559,11 @@ mod tests {
         assert_eq!(markers(&held), vec![4]);
         assert_eq!(offsets(&held).last(), Some(&(8, vec![], 9)));
         // Dropped records are gone for good too.
-        let p = plan(batch(0, 2, &[1], Compression::None, -1, false), "drop", &uncommitted());
+        let p = plan(
+            batch(0, 2, &[1], Compression::None, -1, false),
+            "drop",
+            &uncommitted(),
+        );
         assert_eq!(markers(&p.apply(None).unwrap()), vec![1]);
     }
 

@@ -208,10 +208,7 @@ mod tests {
             records: vec![RawRecord::simple(0, "x")],
             ..RawBatch::default()
         };
-        assert_eq!(
-            shape(&run(&raw, &[false])),
-            vec![(true, 42, vec![42], 43)]
-        );
+        assert_eq!(shape(&run(&raw, &[false])), vec![(true, 42, vec![42], 43)]);
     }
 
     #[test]
