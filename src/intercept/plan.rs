@@ -233,7 +233,13 @@ impl PartitionPlan {
                         break;
                     }
                     let within = cut < batch.next_offset();
-                    let spliced = batch::splice(batch, decoded, keep, within.then_some(cut))?;
+                    // Outside a hold a removed tail ends in a commit marker,
+                    // so librdkafka's position reaches the batch's end.
+                    let spliced = if within {
+                        batch::splice(batch, decoded, keep, Some(cut))?
+                    } else {
+                        crate::kafka::marker::splice_marking_tail(batch, decoded, keep)?
+                    };
                     out.extend_from_slice(&spliced);
                     if within {
                         break;
@@ -619,21 +625,60 @@ mod tests {
         )
     }
 
+    /// (baseOffset, record offsets, next fetch offset) per data batch; a
+    /// commit marker after a batch (kafka::marker) only moves its next offset.
     fn offsets(section: &Bytes) -> Vec<(i64, Vec<i64>, i64)> {
+        let mut out: Vec<(i64, Vec<i64>, i64)> = Vec::new();
+        for s in batch::segments(section) {
+            match s {
+                Segment::Batch(b) if b.is_control() => match out.last_mut() {
+                    Some(last) if last.2 == b.base_offset() => last.2 = b.next_offset(),
+                    _ => out.push((b.base_offset(), vec![], b.next_offset())),
+                },
+                Segment::Batch(b) => {
+                    let d = b.decode().unwrap();
+                    let offs = d.records().map(|r| r.offset).collect();
+                    out.push((b.base_offset(), offs, b.next_offset()));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn markers(section: &Bytes) -> Vec<i64> {
         batch::segments(section)
             .into_iter()
             .filter_map(|s| match s {
-                Segment::Batch(b) => {
-                    let d = b.decode().unwrap();
-                    Some((
-                        b.base_offset(),
-                        d.records().map(|r| r.offset).collect(),
-                        b.next_offset(),
-                    ))
-                }
+                Segment::Batch(b) if b.is_control() => Some(b.base_offset()),
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_removed_tail_ends_in_a_marker_but_never_at_a_hold() {
+        let mut section = batch(0, 5, &[1, 4], Compression::None, -1, false);
+        section.extend(batch(5, 3, &[1], Compression::None, -1, false));
+        section.extend(batch(8, 2, &[0, 1], Compression::Zstd, -1, false));
+        let p = plan(section, "divert", &uncommitted());
+        let out = p.apply(None).unwrap();
+        assert_eq!(markers(&out), vec![4, 9], "tail-removed batches only");
+        assert_eq!(
+            offsets(&out),
+            vec![(0, vec![0, 2, 3], 5), (5, vec![5, 7], 8), (8, vec![], 10)]
+        );
+        // Held at 9 (its diversion failed): no marker may step over it.
+        let held = p.apply(Some(9)).unwrap();
+        assert_eq!(markers(&held), vec![4]);
+        assert_eq!(offsets(&held).last(), Some(&(8, vec![], 9)));
+        // Dropped records are gone for good too.
+        let p = plan(
+            batch(0, 2, &[1], Compression::None, -1, false),
+            "drop",
+            &uncommitted(),
+        );
+        assert_eq!(markers(&p.apply(None).unwrap()), vec![1]);
     }
 
     fn uncommitted() -> Visibility {

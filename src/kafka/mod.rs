@@ -1,5 +1,5 @@
 //! Kafka wire formats that the proxy reads and rewrites by hand: record
-//! batches (`batch`, `splice`, `builder`), the records inside them (`record`,
+//! batches (`batch`, `splice`, `builder`, `marker`), the records inside them (`record`,
 //! `varint`) and their codecs (`compression`). Request and response framing
 //! lives in `proxy::frame`; message bodies are decoded with the
 //! `kafka-protocol` crate.
@@ -9,6 +9,7 @@ pub mod builder;
 pub mod compression;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod marker;
 #[cfg(test)]
 mod proptests;
 pub mod record;

@@ -15,6 +15,7 @@ use crate::kafka::batch::{
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::compression::{Compression, SnappyFraming};
 use crate::kafka::fuzz::{check_one, check_splice_invariants};
+use crate::kafka::marker::splice_marking_tail;
 use crate::kafka::testutil::{expected_independent, independent_decode, RawBatch, RawRecord};
 
 fn codec() -> impl Strategy<Value = Compression> {
@@ -149,6 +150,48 @@ proptest! {
             let got = independent_decode(&out).map_err(TestCaseError::fail)?;
             prop_assert_eq!(got, expected_independent(raw.base_offset, raw.base_timestamp, &survivors));
         }
+    }
+
+    #[test]
+    fn a_marked_tail_keeps_survivors_and_next_offset(
+        raw in raw_batch(),
+        mask in proptest::collection::vec(any::<bool>(), 25),
+    ) {
+        let batch = Batch::new(raw.encode()).unwrap();
+        let decoded = batch.decode().unwrap();
+        let keep: Vec<bool> = mask[..decoded.len()].to_vec();
+        let out = splice_marking_tail(&batch, &decoded, &keep).unwrap();
+        let mut parts = Vec::new();
+        for seg in segments(&out) {
+            let Segment::Batch(b) = seg else {
+                return Err(TestCaseError::fail("not a whole batch"));
+            };
+            prop_assert!(b.crc_valid());
+            parts.push(b);
+        }
+        let marked = keep.last() == Some(&false);
+        let (first, last) = (&parts[0], &parts[parts.len() - 1]);
+        prop_assert_eq!(last.is_control(), marked);
+        let cut_data_kept = marked && batch.last_offset_delta() > 0;
+        prop_assert_eq!(parts.len(), if cut_data_kept { 2 } else { 1 });
+        prop_assert_eq!(first.base_offset(), batch.base_offset());
+        prop_assert_eq!(last.next_offset(), batch.next_offset());
+        if parts.len() == 2 {
+            prop_assert_eq!(first.next_offset(), last.base_offset());
+        }
+        if marked {
+            prop_assert_eq!((last.records_count(), last.last_offset_delta()), (1, 0));
+        }
+        let mut got = Vec::new();
+        for b in parts.iter().filter(|b| !b.is_control()) {
+            let d = b.decode().unwrap();
+            got.extend((0..d.len()).map(|i| d.raw_record(i).unwrap().to_vec()));
+        }
+        let want: Vec<Vec<u8>> = (0..decoded.len())
+            .filter(|&i| keep[i])
+            .map(|i| decoded.raw_record(i).unwrap().to_vec())
+            .collect();
+        prop_assert_eq!(got, want);
     }
 
     #[test]
