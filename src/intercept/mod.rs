@@ -389,8 +389,10 @@ fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>) {
             "batch cannot be judged: partition held at it");
     }
     if let Some(offset) = failed_from {
-        warn!(topic, partition, offset,
-            "dead-letter write failed: partition held before this offset");
+        warn!(
+            topic,
+            partition, offset, "dead-letter write failed: partition held before this offset"
+        );
     }
 }
 

@@ -1040,9 +1040,17 @@ mod tests {
         assert_eq!(held.offset, 3);
         assert!(matches!(held.reason, HoldReason::Undecodable(_)));
         assert!(p.changes_anything());
-        assert_eq!(p.diversions.len(), 1, "the poison before the hold is still diverted");
+        assert_eq!(
+            p.diversions.len(),
+            1,
+            "the poison before the hold is still diverted"
+        );
         let out = p.apply(p.held_from(None)).unwrap();
-        assert_eq!(offsets(&out), vec![(0, vec![0, 2], 3)], "nothing at or after offset 3");
+        assert_eq!(
+            offsets(&out),
+            vec![(0, vec![0, 2], 3)],
+            "nothing at or after offset 3"
+        );
     }
 
     #[test]
@@ -1063,34 +1071,56 @@ mod tests {
         // A magic 1 message at offset 2: offset i64, size i32, crc, magic 1, ...
         let mut legacy = Vec::new();
         legacy.extend(2i64.to_be_bytes());
-        let msg = [&[0u8; 4][..], &[1, 0], &0i64.to_be_bytes(), &(-1i32).to_be_bytes(),
-            &3i32.to_be_bytes(), b"bad"].concat();
+        let msg = [
+            &[0u8; 4][..],
+            &[1, 0],
+            &0i64.to_be_bytes(),
+            &(-1i32).to_be_bytes(),
+            &3i32.to_be_bytes(),
+            b"bad",
+        ]
+        .concat();
         legacy.extend((msg.len() as i32).to_be_bytes());
         legacy.extend(msg);
         raw.extend(legacy);
         let p = plan(raw, "divert", &uncommitted());
         let held = p.held.clone().expect("held at the legacy set");
         assert_eq!((held.offset, held.reason), (2, HoldReason::Legacy));
-        assert_eq!(offsets(&p.apply(p.held_from(None)).unwrap()), vec![(0, vec![0, 1], 2)]);
+        assert_eq!(
+            offsets(&p.apply(p.held_from(None)).unwrap()),
+            vec![(0, vec![0, 1], 2)]
+        );
     }
 
     #[test]
     fn a_spent_budget_holds_a_compressed_batch_and_a_free_one_decodes_it() {
         let raw = Bytes::from(batch(0, 4, &[2], Compression::Zstd, -1, false));
         let budget = DecodeBudget::new(1);
-        let other = budget.try_reserve(1).expect("first reservation always fits");
+        let other = budget
+            .try_reserve(1)
+            .expect("first reservation always fits");
         let cache = VerdictCache::new(16);
-        let env = Env { verdicts: &cache, budget: &budget, already: &|_, _| Vec::new() };
+        let env = Env {
+            verdicts: &cache,
+            budget: &budget,
+            already: &|_, _| Vec::new(),
+        };
         let pol = policy("divert");
         let t: Arc<str> = Arc::from("t");
         let p = plan_partition_with(&pol, &t, 0, &raw, &uncommitted(), 0, &env);
-        assert_eq!(p.held.as_ref().map(|h| h.reason.clone()), Some(HoldReason::Budget));
+        assert_eq!(
+            p.held.as_ref().map(|h| h.reason.clone()),
+            Some(HoldReason::Budget)
+        );
         assert!(p.diversions.is_empty());
         drop(other);
         let p = plan_partition_with(&pol, &t, 0, &raw, &uncommitted(), 0, &env);
         assert!(p.held.is_none());
         assert_eq!(p.diversions.len(), 1);
-        assert!(budget.used() > 0, "the decoded batch holds its bytes while the plan lives");
+        assert!(
+            budget.used() > 0,
+            "the decoded batch holds its bytes while the plan lives"
+        );
         drop(p);
         assert_eq!(budget.used(), 0, "and gives them back when it is dropped");
     }

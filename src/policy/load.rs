@@ -626,7 +626,12 @@ impl LoadState {
         let (decoder, schema, allow_null, max_bytes) = match &p.value {
             None => (Decoder::Bytes, None, true, None),
             Some(v) => match compile_value(v, base) {
-                Ok((d, s)) => (d, s, v.allow_null, v.max_bytes.or(default_max_bytes(&v.format.v))),
+                Ok((d, s)) => (
+                    d,
+                    s,
+                    v.allow_null,
+                    v.max_bytes.or(default_max_bytes(&v.format.v)),
+                ),
                 Err(mut e) => {
                     errs.append(&mut e);
                     (Decoder::Bytes, None, true, None)

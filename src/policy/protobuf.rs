@@ -12,10 +12,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use prost_reflect::{
     DescriptorPool, DynamicMessage, FileDescriptor, Kind, MessageDescriptor, ReflectMessage,
 };
-use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use serde_json::{Map, Number, Value};
 
 use super::wire::{confluent_header, read_zigzag, unknown_id, Wire};
