@@ -134,6 +134,15 @@ class LyingFront:
         except (ConnectionError, OSError, struct.error):
             return None
 
+    @staticmethod
+    def _shut(*socks: socket.socket) -> None:
+        """Shut both directions of every socket (either pump may end first)."""
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _requests(self, c, b, pending, cond) -> None:
         while (f := self._frame(c)) is not None:
             key, version, corr = struct.unpack(">hhi", f[:8])
@@ -144,11 +153,7 @@ class LyingFront:
                 b.sendall(struct.pack(">i", len(f)) + f)
             except OSError:
                 break
-        for s in (c, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._shut(c, b)
 
     def _responses(self, c, b, pending, cond) -> None:
         while (f := self._frame(b)) is not None:
@@ -169,11 +174,7 @@ class LyingFront:
                 c.sendall(struct.pack(">i", len(f)) + f)
             except OSError:
                 break
-        for s in (c, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._shut(c, b)
 
     def stop(self) -> None:
         self._stop.set()
