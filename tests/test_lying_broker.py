@@ -460,3 +460,59 @@ def test_decompression_bombs_are_bounded_by_the_decode_budget(lying, tmp_path):
     finally:
         front.fetch_body = None
         p.stop_and_check()
+
+
+DIVERT_WHOLE_POLICY = """\
+policies:
+  - name: lying-divert-whole
+    topics: ["lyingdiv-*"]
+    value:
+      format: bytes
+    on_undecodable: divert
+"""
+
+
+def test_on_undecodable_divert_writes_a_corrupt_batch_whole_to_the_dlt_and_moves_on(lying,
+                                                                                      tmp_path):
+    """With `on_undecodable: divert` a batch that cannot be decoded is not
+    held: its raw bytes go to the DLT as one record (rule `batch`, its offset
+    range in the headers) and the client gets an empty batch and a commit
+    marker in its place, so it moves past it."""
+    t, front, _ = lying
+    (tmp_path / "p").mkdir()
+    policy = tmp_path / "p" / "divert-whole.yaml"
+    policy.write_text(DIVERT_WHOLE_POLICY)
+    p = RefreshingAntidote(tmp_path, upstream=[f"{h.HOST}:{front.port}"],
+                           policy_paths=[str(policy)], name="divert-whole")
+    p.admin_port = h.free_port()
+    p.start()
+    try:
+        topic = f"lyingdiv-{uuid.uuid4().hex[:8]}"
+        ep = Endpoint(p.bootstrap, "proxy")
+        ck_create_topic(ep, topic, 1)
+        for i in range(3):
+            ck_produce(ep, topic, [Rec(0, i, None, b"batch-%d" % i)], **{"linger.ms": 0})
+        front.corrupt_next_fetch()
+        with connect(p.broker_port()) as s:
+            body = h.roundtrip(s, 1, 11, 31, h.fetch_v11_body(topic, 0, 0))
+        _, topics = h.parse_fetch_v11(body)
+        records = topics[topic][0].records or b""
+        # The corrupt batch's offset is covered by a commit marker (a control
+        # batch of 78 bytes, its value the 6-byte end-transaction marker), so
+        # the client's next fetch offset is 3; the records are the two others.
+        marker_at = len(records) - 78
+        base, = struct.unpack_from(">q", records, marker_at)
+        attrs, = struct.unpack_from(">h", records, marker_at + 21)
+        assert (base, attrs & 0x20) == (2, 0x20), (base, attrs)
+        got = [r.value for r in h.decode_uncompressed_batches(records[:marker_at])]
+        assert got == [b"batch-0", b"batch-1"], got
+        direct = Endpoint(f"{h.HOST}:{t.port}", "direct")
+        from poison_support import read_dlt
+        [d] = read_dlt(direct, f"{topic}.dlt")
+        hdr = dict(d.headers)
+        assert (hdr["x-error-rule"], hdr["x-original-offset"], hdr["x-original-last-offset"]) \
+            == (b"batch", b"2", b"2")
+        assert d.value[:8] == struct.pack(">q", 2) and len(d.value) > 61, "the raw batch"
+        assert 'rule="batch",action="diverted"} 1' in admin_metrics(p)
+    finally:
+        p.stop_and_check()

@@ -26,6 +26,11 @@ pub const H_ERROR: &str = "x-error";
 pub const H_RULE: &str = "x-error-rule";
 pub const H_POLICY: &str = "x-policy";
 pub const H_FAILED_AT: &str = "x-failed-at";
+/// The last offset of a whole batch diverted as one record (rule `batch`);
+/// `x-original-offset` is its first.
+pub const H_LAST_OFFSET: &str = "x-original-last-offset";
+/// `x-error-rule` of a whole batch diverted because it cannot be decoded.
+pub const RULE_WHOLE_BATCH: &str = "batch";
 /// `<dlt-topic>/<partition>/<offset>` of the DLT record a replay came from.
 pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
 /// How many times this record has been replayed (1 on the first replay).
@@ -44,6 +49,7 @@ pub const CONTEXT_HEADERS: &[&str] = &[
     H_RULE,
     H_POLICY,
     H_FAILED_AT,
+    H_LAST_OFFSET,
     H_REPLAYED_FROM,
     H_ATTEMPT,
 ];

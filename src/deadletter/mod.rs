@@ -32,6 +32,7 @@ use uuid::Uuid;
 
 use crate::client::{self, Cluster};
 use crate::config::{DeadLetter as DeadLetterConfig, HostPort};
+use crate::kafka::batch::Batch;
 use crate::kafka::builder::NewRecord;
 use crate::kafka::record::Record;
 use crate::policy::{Class, Invalid, Policy, PolicySet};
@@ -91,6 +92,34 @@ impl Diversion {
                 })
                 .collect(),
             invalid: invalid.clone(),
+            policy: Arc::from(policy.name.as_str()),
+        }
+    }
+
+    /// A whole batch whose records cannot be read (`on_undecodable:
+    /// divert`): its raw bytes as the value, class poison, rule `batch`,
+    /// its offset range in `x-original-offset` and `x-original-last-offset`.
+    pub fn whole_batch(
+        policy: &Policy,
+        topic: &Arc<str>,
+        partition: i32,
+        batch: &Batch,
+        reason: String,
+    ) -> Self {
+        let last = batch.next_offset() - 1;
+        Diversion {
+            dlt_topic: policy.dead_letter_topic(topic, Class::Poison),
+            origin_topic: topic.clone(),
+            origin_partition: partition,
+            origin_offset: batch.base_offset(),
+            origin_timestamp: batch.base_timestamp(),
+            key: None,
+            value: Some(batch.bytes().clone()),
+            headers: vec![(
+                Bytes::from_static(H_LAST_OFFSET.as_bytes()),
+                Some(Bytes::from(last.to_string())),
+            )],
+            invalid: Invalid::poison(RULE_WHOLE_BATCH, reason),
             policy: Arc::from(policy.name.as_str()),
         }
     }

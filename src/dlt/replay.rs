@@ -102,6 +102,9 @@ pub enum Decision {
         reason: String,
     },
     RefusedStale,
+    /// A whole batch that could not be decoded (rule `batch`): its value is
+    /// the raw batch, not a record; recover its records by hand.
+    RefusedWholeBatch,
     RefusedMaxAttempts {
         attempts: u32,
     },
@@ -119,6 +122,7 @@ impl Decision {
             Decision::AlreadyReplayed { .. } => "already-replayed",
             Decision::StillInvalid { .. } => "still-invalid",
             Decision::RefusedStale => "refused-stale",
+            Decision::RefusedWholeBatch => "refused-whole-batch",
             Decision::RefusedMaxAttempts { .. } => "refused-max-attempts",
             Decision::NoOrigin => "no-origin",
             Decision::TargetMissing { .. } => "target-missing",
@@ -214,6 +218,9 @@ pub fn decide(
     }
     if r.class == crate::policy::Class::Stale.as_str() && !args.include_stale {
         return Decision::RefusedStale;
+    }
+    if r.rule == crate::deadletter::RULE_WHOLE_BATCH {
+        return Decision::RefusedWholeBatch;
     }
     let Some(n) = partitions(&topic).filter(|&n| n > 0) else {
         return Decision::TargetMissing { topic };
@@ -378,6 +385,13 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
                 writeln!(
                     out,
                     "refused           {coord}: class stale (use --include-stale)"
+                )?;
+            }
+            Decision::RefusedWholeBatch => {
+                report.refused += 1;
+                writeln!(
+                    out,
+                    "refused           {coord}: a whole undecodable batch (raw bytes, not one record)"
                 )?;
             }
             Decision::RefusedMaxAttempts { attempts } => {
@@ -620,6 +634,14 @@ policies:
             0,
         );
         assert_eq!(d, Decision::RefusedMaxAttempts { attempts: 3 });
+    }
+
+    #[test]
+    fn a_whole_undecodable_batch_is_never_replayed_as_a_record() {
+        let mut r = rec(r#"{"lat": 1}"#, "poison", None);
+        r.rule = crate::deadletter::RULE_WHOLE_BATCH.into();
+        let d = decide(&args(), &policies(), &r, |_| Some(3), &HashSet::new(), 0);
+        assert_eq!(d, Decision::RefusedWholeBatch);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::intercept::budget::{DecodeBudget, Reservation};
 use crate::intercept::verdicts::{Known, VerdictCache};
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
-use crate::policy::{Action, Policy};
+use crate::policy::{Action, Policy, Undecodable};
 
 /// Which transactional batches the requesting consumer will see.
 pub struct Visibility {
@@ -367,9 +367,16 @@ pub fn plan_partition_with(
         let (decoded, memory) = match decode_within(&batch, env.budget) {
             Ok(d) => d,
             Err(reason) => {
-                // Never forwarded unjudged, never dropped: held here.
-                if matches!(reason, HoldReason::Undecodable(_)) {
+                // Never forwarded unjudged, never dropped: diverted whole
+                // (if the policy says so) or held here.
+                if let HoldReason::Undecodable(why) = &reason {
                     plan.stats.undecodable_batches += 1;
+                    if policy.on_undecodable == Undecodable::Divert {
+                        if let Some(seg) = divert_whole(&mut plan, &batch, why, &earlier) {
+                            plan.segments.push(seg);
+                            continue;
+                        }
+                    }
                 }
                 plan.held = Some(Hold {
                     offset: batch.base_offset(),
@@ -513,6 +520,34 @@ fn resend_spliced(
         }
     }
     Some(bytes)
+}
+
+/// Plan `batch`, which cannot be decoded, as diverted whole: one DLT record
+/// holding its raw bytes (unless an earlier fetch wrote it: its base offset
+/// is in the ledger), and an empty batch plus a commit marker in its place.
+/// `None` if even its header is unusable for that (then it is held).
+fn divert_whole(
+    plan: &mut PartitionPlan,
+    batch: &Batch,
+    why: &str,
+    earlier: &[i64],
+) -> Option<SegmentPlan> {
+    let bytes = crate::kafka::marker::replace_whole(batch).ok()?;
+    let reason = format!("batch cannot be decoded: {why}");
+    let d = Diversion::whole_batch(&plan.policy, &plan.topic, plan.partition, batch, reason);
+    plan.stats.diverted += 1;
+    if earlier.contains(&batch.base_offset()) {
+        plan.already_diverted.push(d.invalid);
+    } else {
+        tracing::warn!(topic = %plan.topic, partition = plan.partition,
+            base_offset = batch.base_offset(), last_offset = batch.next_offset() - 1,
+            error = why, "batch cannot be decoded: diverted whole");
+        plan.diversions.push(d);
+    }
+    Some(SegmentPlan::Spliced {
+        bytes,
+        next: batch.next_offset(),
+    })
 }
 
 /// Decompressed bytes first reserved for a compressed batch, as a multiple
@@ -1050,6 +1085,45 @@ mod tests {
             offsets(&out),
             vec![(0, vec![0, 2], 3)],
             "nothing at or after offset 3"
+        );
+    }
+
+    #[test]
+    fn on_undecodable_divert_writes_the_raw_batch_once_and_moves_on() {
+        let text = format!("{POLICY}    on_undecodable: divert\n");
+        let set = PolicySet::parse(&text, Path::new("p.yaml")).unwrap();
+        let pol = set.for_topic("t").unwrap().clone();
+        let bad = corrupt(batch(3, 2, &[], Compression::None, -1, false));
+        let mut raw = batch(0, 3, &[], Compression::None, -1, false);
+        raw.extend(&bad);
+        raw.extend(batch(5, 2, &[], Compression::None, -1, false));
+        let section = Bytes::from(raw);
+        let cache = VerdictCache::new(16);
+        let p = replan(&pol, &section, &cache, &[]);
+        assert!(p.held.is_none(), "diverted, not held");
+        let [d] = &p.diversions[..] else {
+            panic!("one diversion: {:?}", p.diversions.len())
+        };
+        assert_eq!((d.origin_offset, d.invalid.rule.as_str()), (3, "batch"));
+        assert_eq!(
+            d.value.as_deref(),
+            Some(&bad[..]),
+            "the raw batch, byte for byte"
+        );
+        let out = p.apply(None).unwrap();
+        assert_eq!(
+            offsets(&out),
+            vec![(0, vec![0, 1, 2], 3), (3, vec![], 5), (5, vec![5, 6], 7)]
+        );
+        assert_eq!(markers(&out), vec![4], "the batch's last offset is carried");
+        // Once in the DLT (the ledger has its base offset): not written again.
+        let again = replan(&pol, &section, &cache, &[3]);
+        assert!(again.diversions.is_empty());
+        assert_eq!(again.apply(None).unwrap(), out);
+        // A failed diversion holds before the batch.
+        assert_eq!(
+            offsets(&p.apply(Some(3)).unwrap()),
+            vec![(0, vec![0, 1, 2], 3)]
         );
     }
 

@@ -24,7 +24,8 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::kafka::batch::{
-    Batch, BatchError, DecodedBatch, ATTRIBUTES, ATTR_CONTROL, ATTR_TRANSACTIONAL, BASE_OFFSET,
+    Batch, BatchError, DecodedBatch, ATTRIBUTES, ATTR_CODEC_MASK, ATTR_CONTROL, ATTR_TRANSACTIONAL,
+    BASE_OFFSET, HEADER_LEN, LAST_OFFSET_DELTA, RECORDS_COUNT,
 };
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::splice::{finish_header, splice};
@@ -58,6 +59,36 @@ pub fn splice_marking_tail(
     let data = splice(batch, decoded, keep, Some(last))?;
     let mut out = BytesMut::with_capacity(data.len() + marker.len());
     out.extend_from_slice(&data);
+    out.extend_from_slice(&marker);
+    Ok(out.freeze())
+}
+
+/// What a client gets in place of a batch removed whole (its records
+/// diverted as one raw DLT record because they cannot be read): an empty
+/// batch over its offsets but the last (its header kept, recordsCount 0,
+/// codec none), then a commit marker at the last offset, so every client's
+/// position passes the batch. Only the header is read, never the records.
+pub fn replace_whole(batch: &Batch) -> Result<Bytes, BatchError> {
+    let base = batch.base_offset();
+    let last = batch.next_offset() - 1;
+    if batch.is_control() || last < base {
+        return Err(BatchError::Invalid(
+            "only a data batch with a sane offset range is replaced".into(),
+        ));
+    }
+    let marker = commit_marker(last, batch.partition_leader_epoch(), batch.max_timestamp())?;
+    if last == base {
+        return Ok(marker);
+    }
+    let delta = i32::try_from(last - 1 - base)
+        .map_err(|_| BatchError::Invalid("offset range too large".into()))?;
+    let mut out = BytesMut::with_capacity(HEADER_LEN + marker.len());
+    out.extend_from_slice(&batch.bytes()[..HEADER_LEN]);
+    let attributes = batch.attributes() & !ATTR_CODEC_MASK;
+    out[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+    out[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4].copy_from_slice(&delta.to_be_bytes());
+    out[RECORDS_COUNT..RECORDS_COUNT + 4].copy_from_slice(&0i32.to_be_bytes());
+    finish_header(&mut out)?;
     out.extend_from_slice(&marker);
     Ok(out.freeze())
 }
@@ -262,5 +293,25 @@ mod tests {
             splice_marking_tail(&batch, &decoded, &[true]).unwrap(),
             marker
         );
+    }
+
+    #[test]
+    fn a_batch_replaced_whole_keeps_its_offsets_and_ends_in_a_marker() {
+        let mut raw = five(Compression::Zstd, 0).encode().to_vec();
+        let last = raw.len() - 1;
+        raw[last] ^= 0x55; // corrupt: only the header is used
+        let batch = Batch::new(Bytes::from(raw)).unwrap();
+        assert!(batch.decode().is_err());
+        let out = replace_whole(&batch).expect("replaced");
+        let segs = segments(&out);
+        let [Segment::Batch(empty), Segment::Batch(marker)] = &segs[..] else {
+            panic!("an empty batch then a marker: {} segments", segs.len());
+        };
+        assert_eq!((empty.base_offset(), empty.records_count()), (1000, 0));
+        assert_eq!(empty.next_offset(), 1009);
+        assert_eq!(empty.compression(), Some(Compression::None));
+        assert!(empty.crc_valid() && marker.crc_valid());
+        assert!(marker.is_control());
+        assert_eq!((marker.base_offset(), marker.next_offset()), (1009, 1010));
     }
 }

@@ -26,7 +26,7 @@ use super::protobuf::{self, ProtoDecoder};
 use super::rules::{self, fmt_num, Coordinates, Doc, MaxAge, Pointer, Rule, TimeUnit};
 use super::shape::Shape;
 use super::wire::Wire;
-use super::{Action, Invalid, Policy, PolicyError};
+use super::{Action, Invalid, Policy, PolicyError, Undecodable};
 use crate::kafka::record::Record;
 
 // ---------------------------------------------------------------- positions
@@ -200,6 +200,8 @@ struct PolicyDoc {
     #[serde(default)]
     on_invalid: ActionDoc,
     #[serde(default)]
+    on_undecodable: UndecodableDoc,
+    #[serde(default)]
     dead_letter: DeadLetterDoc,
 }
 
@@ -297,6 +299,14 @@ enum ActionDoc {
     Divert,
     Drop,
     Pass,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum UndecodableDoc {
+    #[default]
+    Hold,
+    Divert,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -699,6 +709,10 @@ impl LoadState {
                 ActionDoc::Divert => Action::Divert,
                 ActionDoc::Drop => Action::Drop,
                 ActionDoc::Pass => Action::Pass,
+            },
+            on_undecodable: match p.on_undecodable {
+                UndecodableDoc::Hold => Undecodable::Hold,
+                UndecodableDoc::Divert => Undecodable::Divert,
             },
             topics,
             source: file.to_path_buf(),

@@ -54,6 +54,7 @@
 //!     headers:
 //!       required: [idempotency-key]    # present with a non-null value
 //!     on_invalid: divert               # divert (default) | drop | pass
+//!     on_undecodable: hold             # hold (default) | divert: a batch that cannot be read
 //!     dead_letter:
 //!       topic: "{topic}.dlt"           # default; placeholders {topic} and {class}
 //! ```
@@ -146,6 +147,19 @@ pub enum Action {
     Pass,
 }
 
+/// What to do with a batch whose records cannot be read at all (corrupt,
+/// unknown codec, over the decompression cap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undecodable {
+    /// Hold the partition at the batch until an operator acts (default:
+    /// the proxy cannot tell corruption from a transient fault, and a hold
+    /// loses nothing).
+    Hold,
+    /// Write the batch's raw bytes to the DLT as one record (class poison,
+    /// rule `batch`) and deliver an empty batch in its place.
+    Divert,
+}
+
 /// A judgement on one invalid record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
@@ -202,6 +216,7 @@ impl Verdict {
 pub struct Policy {
     pub name: String,
     pub on_invalid: Action,
+    pub on_undecodable: Undecodable,
     /// The `topics` patterns as written (exact names and globs).
     pub topics: Vec<String>,
     /// The file this policy was loaded from.
