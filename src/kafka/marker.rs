@@ -143,18 +143,11 @@ mod tests {
     use crate::kafka::compression::Compression;
     use crate::kafka::testutil::{RawBatch, RawRecord};
 
-    /// Offsets 1000, 1001, 1003, 1004, 1007 (a compacted batch), lastOffsetDelta 9.
+    /// `RawBatch::compacted_five` with a partition leader epoch to carry.
     fn five(codec: Compression, flags: i16) -> RawBatch {
         RawBatch {
-            codec,
-            flags,
             leader_epoch: 7,
-            records: [0, 1, 3, 4, 7]
-                .iter()
-                .map(|&d| RawRecord::simple(d, &format!("value-{d}")))
-                .collect(),
-            last_offset_delta: Some(9),
-            ..RawBatch::default()
+            ..RawBatch::compacted_five(codec, flags)
         }
     }
 

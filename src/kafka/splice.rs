@@ -143,17 +143,7 @@ mod tests {
     ];
 
     fn five(codec: Compression, flags: i16) -> RawBatch {
-        RawBatch {
-            codec,
-            flags,
-            // Offsets 1000, 1001, 1003, 1004, 1007 (a compacted batch), lastOffsetDelta 9.
-            records: [0, 1, 3, 4, 7]
-                .iter()
-                .map(|&d| RawRecord::simple(d, &format!("value-{d}")))
-                .collect(),
-            last_offset_delta: Some(9),
-            ..RawBatch::default()
-        }
+        RawBatch::compacted_five(codec, flags)
     }
 
     /// Splice `raw` and compare against both decoders; returns the output.

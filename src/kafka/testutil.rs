@@ -95,6 +95,21 @@ pub fn encode_record(r: &RawRecord) -> Vec<u8> {
 }
 
 impl RawBatch {
+    /// Five records at offsets 1000, 1001, 1003, 1004, 1007 (a compacted
+    /// batch), lastOffsetDelta 9: the fixture of the splice and marker tests.
+    pub fn compacted_five(codec: Compression, flags: i16) -> RawBatch {
+        RawBatch {
+            codec,
+            flags,
+            records: [0, 1, 3, 4, 7]
+                .iter()
+                .map(|&d| RawRecord::simple(d, &format!("value-{d}")))
+                .collect(),
+            last_offset_delta: Some(9),
+            ..RawBatch::default()
+        }
+    }
+
     pub fn encode(&self) -> Bytes {
         let raw: Vec<u8> = self.records.iter().flat_map(encode_record).collect();
         let section = compress(self.codec, &raw, self.framing).unwrap();
