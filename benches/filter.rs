@@ -16,9 +16,9 @@ mod common;
 
 use std::sync::Arc;
 
-use antidote::intercept::budget::DecodeBudget;
-use antidote::intercept::plan::{plan_partition, plan_partition_with, Env, Visibility};
-use antidote::intercept::VerdictCache;
+use antidote::plan::budget::DecodeBudget;
+use antidote::plan::{plan_partition, plan_partition_with, Env, Visibility};
+use antidote::plan::verdicts::VerdictCache;
 use antidote::kafka::batch::{segments, splice, Segment};
 use antidote::kafka::compression::Compression;
 use bytes::Bytes;

@@ -30,8 +30,9 @@ printf '==== setup ====\n'
 bash scripts/setup.sh
 
 # Debug build only: release builds are too slow for shared 2-core machines.
+stage "module layers" python3 scripts/check-layers.py
 stage "cargo build" cargo build --locked --bin antidote
-stage "cargo test (unit)" cargo test --locked
+stage "cargo test (unit)" cargo test --locked --workspace
 
 # The fuzz targets' release build (~5 min on 2 cores) runs at the lowest
 # priority while the integration suite, which mostly waits on brokers and

@@ -17,9 +17,9 @@ use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::config::HostPort;
-use crate::proxy::frame::{with_length_prefix, FrameReader};
-use crate::proxy::net::{self, BoxIo};
-use crate::proxy::tls;
+use crate::transport::frame::{with_length_prefix, FrameReader};
+use crate::transport::net::{self, BoxIo};
+use crate::transport::tls;
 
 /// Why a request through the proxy's own client failed.
 #[derive(Debug, thiserror::Error)]

@@ -14,6 +14,8 @@ use std::time::Duration;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
+pub use antidote_core::text::{parse_duration, yaml_error};
+
 /// A config file that could not be used; the message starts with `file:line:column`.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -366,30 +368,6 @@ fn de_admin_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HostPort>, 
     }
 }
 
-/// Parse `500ms`, `10s`, `15m`, `1h`, `2d` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration like 500ms, 10s, 15m or 1h"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
-        other => return Err(format!("`{other}` is not a duration unit (ms, s, m, h, d)")),
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("`{s}` is not a duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 /// serde helper: a duration written as text (`10s`) or a number of seconds.
 pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     #[derive(Deserialize)]
@@ -419,29 +397,6 @@ fn de_nonzero_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
         return Err(de::Error::custom("must be longer than 0s"));
     }
     Ok(t)
-}
-
-/// Format a serde_yaml error as `file:line:column: message`.
-pub fn yaml_error(path: &Path, err: &serde_yaml::Error) -> String {
-    match err.location() {
-        Some(loc) => format!(
-            "{}:{}:{}: {}",
-            path.display(),
-            loc.line(),
-            loc.column(),
-            strip_location(&err.to_string())
-        ),
-        None => format!("{}: {}", path.display(), err),
-    }
-}
-
-/// serde_yaml appends " at line L column C" to its messages; we print the
-/// position up front instead, so drop the tail.
-fn strip_location(msg: &str) -> &str {
-    match msg.rfind(" at line ") {
-        Some(i) => &msg[..i],
-        None => msg,
-    }
 }
 
 impl Config {

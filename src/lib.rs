@@ -1,27 +1,38 @@
 //! antidote: a Kafka-protocol proxy that keeps poison records away from consumers.
 //!
-//! The data path is visible from the module tree:
+//! Two crates. `antidote-core` (`crates/core`) decides: record batches,
+//! policies, the Fetch-partition plan, the DLT record format; it does no
+//! I/O. This crate moves bytes: sockets, the Fetch filter around the plan,
+//! the dead-letter writer, operations. Each module depends only on modules
+//! below it in this picture (checked by `scripts/check-layers.py` in CI):
 //!
 //! ```text
-//! client socket -> proxy (frames, routing, addresses, TLS) -> upstream broker
-//! response      -> intercept (Fetch only, policy topics only)
-//!                    -> kafka::batch (split / splice record batches: pure)
-//!                    -> policy (bytes -> verdict: pure, no I/O)
-//!                    -> deadletter (write + await acks, dedup)
-//!               -> client socket
+//! main.rs      CLI: run | check | dlt ...
+//! proxy        listeners, request pumps, classification, broker addresses, reload
+//!   filter     Fetch responses: plan every partition, await diversions, re-encode
+//!   admin      /metrics /healthz /readyz
+//! dlt          `antidote dlt` commands: inspect, replay
+//! deadletter   the DLT writer: producer, acknowledged writes, ledger (once only)
+//! client       the proxy's own Kafka connections (metadata, produce, fetch)
+//! metrics      counters and histograms the admin listener renders
+//! transport    frames, TCP/TLS streams, SASL
+//! config       the config file
+//! ---------------------------------- antidote-core (no I/O)
+//! plan -> policy -> kafka, dlt_record, text, clock
 //! ```
 //!
-//! Pure cores (`kafka::batch`, `policy`) take bytes and return values; I/O lives
-//! in `proxy` and `deadletter` only.
+//! Clean batches pass as their original bytes; only batches that lose
+//! records are rebuilt.
 
 pub mod admin;
 pub mod client;
 pub mod config;
 pub mod deadletter;
 pub mod dlt;
-pub mod intercept;
-pub mod kafka;
+pub mod filter;
 pub mod metrics;
-pub mod policy;
 pub mod proxy;
 pub mod sasl;
+pub mod transport;
+
+pub use antidote_core::{clock, dlt_record, kafka, plan, policy, text};

@@ -80,7 +80,7 @@ fn main() -> ExitCode {
 /// TLS files are all checked, so one run reports everything).
 fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
     let config = Config::load(path).map_err(|e| vec![e.to_string()])?;
-    let mut errors = antidote::proxy::tls::check(&config);
+    let mut errors = antidote::transport::tls::check(&config);
     let policies = PolicySet::load(&config.policies)
         .map_err(|errs| errors.extend(errs.into_iter().map(|e| e.to_string())));
     match policies {

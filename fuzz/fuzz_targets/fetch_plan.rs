@@ -10,9 +10,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use antidote::intercept::budget::DecodeBudget;
-use antidote::intercept::plan::{plan_partition, plan_partition_with, Env, Visibility};
-use antidote::intercept::VerdictCache;
+use antidote::plan::budget::DecodeBudget;
+use antidote::plan::{plan_partition, plan_partition_with, Env, Visibility};
+use antidote::plan::verdicts::VerdictCache;
 use antidote::kafka::batch::{segments, Segment};
 use antidote::policy::{Policy, PolicySet};
 use bytes::Bytes;

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use antidote::proxy::frame::{peek_correlation_id, peek_request, request_body_offset, FrameReader};
+use antidote::transport::frame::{peek_correlation_id, peek_request, request_body_offset, FrameReader};
 use libfuzzer_sys::fuzz_target;
 
 fn rt() -> &'static tokio::runtime::Runtime {

@@ -9,7 +9,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use antidote::proxy::rewrite::{rewrite_body, Addresses, Seen};
+use antidote::proxy::addresses::{rewrite_body, Addresses, Seen};
 use bytes::Bytes;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Decodable;

@@ -14,7 +14,6 @@
 //! through the proxy's own producer (`producer`); the DLT record format
 //! (header names, bounds) is defined once, in `headers`.
 
-mod headers;
 mod ledger;
 #[cfg(test)]
 mod mock_broker;
@@ -26,18 +25,13 @@ mod tests;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
-use uuid::Uuid;
 
 use crate::client::{self, Cluster};
 use crate::config::{DeadLetter as DeadLetterConfig, HostPort};
-use crate::kafka::batch::Batch;
-use crate::kafka::builder::NewRecord;
-use crate::kafka::record::Record;
-use crate::policy::{Class, Invalid, Policy, PolicySet};
+use crate::policy::{Class, Policy, PolicySet};
 
-pub use headers::*;
+pub use antidote_core::dlt_record::*;
 pub use ledger::{Ledger, LedgerKey, OffsetSet};
 pub use rebuild::{read_partition, read_topic, trusted};
 
@@ -50,117 +44,9 @@ pub enum DivertError {
     Stopped,
 }
 
-/// One record on its way to a dead-letter topic, with its context.
-#[derive(Debug, Clone)]
-pub struct Diversion {
-    pub dlt_topic: String,
-    pub origin_topic: Arc<str>,
-    pub origin_partition: i32,
-    pub origin_offset: i64,
-    pub origin_timestamp: i64,
-    pub key: Option<Bytes>,
-    pub value: Option<Bytes>,
-    pub headers: Vec<(Bytes, Option<Bytes>)>,
-    pub invalid: Invalid,
-    pub policy: Arc<str>,
-}
-
-impl Diversion {
-    pub fn new(
-        policy: &Policy,
-        topic: &Arc<str>,
-        partition: i32,
-        record: &Record<'_>,
-        invalid: &Invalid,
-    ) -> Self {
-        Diversion {
-            dlt_topic: policy.dead_letter_topic(topic, invalid.class),
-            origin_topic: topic.clone(),
-            origin_partition: partition,
-            origin_offset: record.offset,
-            origin_timestamp: record.timestamp,
-            key: record.key.map(Bytes::copy_from_slice),
-            value: record.value.map(Bytes::copy_from_slice),
-            headers: record
-                .headers
-                .iter()
-                .map(|h| {
-                    (
-                        Bytes::copy_from_slice(h.key),
-                        h.value.map(Bytes::copy_from_slice),
-                    )
-                })
-                .collect(),
-            invalid: invalid.clone(),
-            policy: Arc::from(policy.name.as_str()),
-        }
-    }
-
-    /// A whole batch whose records cannot be read (`on_undecodable:
-    /// divert`): its raw bytes as the value, class poison, rule `batch`,
-    /// its offset range in `x-original-offset` and `x-original-last-offset`.
-    pub fn whole_batch(
-        policy: &Policy,
-        topic: &Arc<str>,
-        partition: i32,
-        batch: &Batch,
-        reason: String,
-    ) -> Self {
-        let last = batch.next_offset() - 1;
-        Diversion {
-            dlt_topic: policy.dead_letter_topic(topic, Class::Poison),
-            origin_topic: topic.clone(),
-            origin_partition: partition,
-            origin_offset: batch.base_offset(),
-            origin_timestamp: batch.base_timestamp(),
-            key: None,
-            value: Some(batch.bytes().clone()),
-            headers: vec![(
-                Bytes::from_static(H_LAST_OFFSET.as_bytes()),
-                Some(Bytes::from(last.to_string())),
-            )],
-            invalid: Invalid::poison(RULE_WHOLE_BATCH, reason),
-            policy: Arc::from(policy.name.as_str()),
-        }
-    }
-
-    fn ledger_key(&self) -> LedgerKey {
-        (
-            self.origin_topic.clone(),
-            self.origin_partition,
-            self.origin_offset,
-        )
-    }
-
-    /// The record written to the DLT: original key, value and headers, plus
-    /// the context headers an operator needs to act on it. `topic_id` is
-    /// the origin topic's id, when metadata knows it.
-    pub fn to_record(&self, failed_at_ms: i64, topic_id: Option<Uuid>) -> NewRecord {
-        let mut headers: Vec<(String, Option<Bytes>)> = self
-            .headers
-            .iter()
-            .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
-            .collect();
-        let mut add = |k: &str, v: String| headers.push((k.to_string(), Some(Bytes::from(v))));
-        add(H_TOPIC, self.origin_topic.to_string());
-        if let Some(id) = topic_id.filter(|id| !id.is_nil()) {
-            add(H_TOPIC_ID, id.to_string());
-        }
-        add(H_PARTITION, self.origin_partition.to_string());
-        add(H_OFFSET, self.origin_offset.to_string());
-        add(H_TIMESTAMP, self.origin_timestamp.to_string());
-        add(H_CLASS, self.invalid.class.as_str().to_string());
-        add(H_ERROR, bound_reason(&self.invalid.reason).into_owned());
-        add(H_RULE, self.invalid.rule.clone());
-        add(H_POLICY, self.policy.to_string());
-        add(H_FAILED_AT, failed_at_ms.to_string());
-        NewRecord {
-            timestamp: self.origin_timestamp,
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers,
-        }
-    }
+/// The ledger's key of a diversion: its origin (topic, partition, offset).
+fn ledger_key(d: &Diversion) -> LedgerKey {
+    (d.origin_topic.clone(), d.origin_partition, d.origin_offset)
 }
 
 /// A pause of about `base * 2^attempt` (at most `cap`), drawn from its upper
@@ -303,7 +189,7 @@ impl DeadLetter {
     /// under way. Submitting is synchronous, so records queued in offset
     /// order reach the DLT in that order. Call after `ready`.
     pub fn submit(&self, d: &Diversion) -> Result<Ticket, DivertError> {
-        let key = d.ledger_key();
+        let key = ledger_key(d);
         let rx = match self.ledger.claim(key.clone()) {
             ledger::Claim::Done => {
                 return Ok(Ticket {

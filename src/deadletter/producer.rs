@@ -33,7 +33,7 @@ use uuid::Uuid;
 use super::{backoff, Job, Ledger};
 use crate::client::{errors, Cluster};
 use crate::config::DeadLetter as DeadLetterConfig;
-use crate::intercept::now_ms;
+use crate::clock::now_ms;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
 /// Most jobs taken into one round.
@@ -166,7 +166,7 @@ impl Producer {
         // reload): acknowledged without a second write.
         let (already, jobs): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
-            .partition(|j| self.ledger.contains(&j.diversion.ledger_key()));
+            .partition(|j| self.ledger.contains(&super::ledger_key(&j.diversion)));
         already
             .into_iter()
             .for_each(|j| finish(&self.ledger, j, true));
@@ -518,7 +518,7 @@ fn finish(ledger: &Ledger, job: Job, ok: bool) {
             class = d.invalid.class.as_str(), rule = %d.invalid.rule, dlt = %d.dlt_topic,
             reason = %d.invalid.log_reason(), "record diverted");
     }
-    ledger.finish(&d.ledger_key(), ok);
+    ledger.finish(&super::ledger_key(d), ok);
     let _ = job.done.send(Some(ok));
 }
 

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use super::headers::Origin;
+use antidote_core::dlt_record::Origin;
 use super::{backoff, Ledger};
 use crate::client::{errors, no_broker, ClientError, Cluster};
 use crate::kafka::batch::{self, Segment};

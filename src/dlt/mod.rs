@@ -27,7 +27,7 @@ pub use crate::deadletter::{
 };
 use crate::kafka::record::Record;
 use crate::policy::PolicySet;
-use crate::proxy::tls;
+use crate::transport::tls;
 
 pub use inspect::InspectArgs;
 pub use replay::ReplayArgs;
@@ -297,7 +297,7 @@ pub async fn read_dlt(
 /// integer of 11+ digits), or an age such as `90s`, `15m`, `2h`, `7d`
 /// (meaning that long before now). Returns epoch milliseconds.
 pub fn parse_time_arg(s: &str) -> Result<i64, String> {
-    parse_time(s, crate::intercept::now_ms())
+    parse_time(s, crate::clock::now_ms())
 }
 
 fn parse_time(s: &str, now_ms: i64) -> Result<i64, String> {

@@ -320,7 +320,7 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     let mut sent = 0u64;
     for r in &records {
         report.considered += 1;
-        let now = crate::intercept::now_ms();
+        let now = crate::clock::now_ms();
         let d = decide(
             args,
             &ctx.policies,

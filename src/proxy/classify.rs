@@ -12,9 +12,9 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use crate::policy::PolicySet;
-use crate::proxy::frame::{self, response_frame, Reader};
+use crate::transport::frame::{self, response_frame, Reader};
 use crate::proxy::relay::RelayError;
-use crate::proxy::{produce, rewrite, versions, Shared};
+use crate::proxy::{addresses, produce, versions, Shared};
 
 /// What the response to one request needs on its way back.
 #[derive(Debug)]
@@ -159,7 +159,7 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
             isolation: fetch_isolation(frame, v)
                 .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
         },
-        k if rewrite::carries_addresses(k, v) => Handling::Addresses(k),
+        k if addresses::carries_addresses(k, v) => Handling::Addresses(k),
         _ => Handling::Forward,
     };
     Ok(Classified::forward(Some(pending(handling))))

@@ -9,14 +9,11 @@
 //! connection and a `relay`.
 
 mod classify;
-pub mod frame;
 pub mod limits;
-pub mod net;
 pub mod produce;
 pub mod relay;
 pub mod reload;
-pub mod rewrite;
-pub mod tls;
+pub mod addresses;
 pub mod topics;
 pub mod versions;
 
@@ -26,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use kafka_protocol::messages::MetadataRequest;
+use kafka_protocol::messages::{FetchResponse, MetadataRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -36,13 +33,14 @@ use tracing::{debug, info, warn, Instrument};
 use uuid::Uuid;
 
 use crate::admin;
+use crate::transport::{net, tls};
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
 use crate::deadletter::DeadLetter;
-use crate::intercept::Interceptor;
+use crate::filter::{FetchContext, Interceptor};
 use crate::metrics;
 use crate::policy::PolicySet;
-use rewrite::{Addresses, Seen};
+use addresses::{Addresses, Seen};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -497,3 +495,27 @@ async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Resu
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no upstream address")))
 }
+
+/// The Fetch filter's view of the proxy: addresses and topic names.
+impl FetchContext for Arc<Shared> {
+    type Learned = Seen;
+
+    fn rewrite_endpoints(&self, resp: &mut FetchResponse) -> (bool, Seen) {
+        let mut seen = Seen::default();
+        let changed = addresses::rewrite_fetch_endpoints(resp, &self.addrs, &mut seen);
+        (changed, seen)
+    }
+
+    async fn learn(&self, seen: Seen) {
+        Shared::learn(self, seen).await
+    }
+
+    async fn resolve_topic_ids(&self, ids: &[Uuid]) {
+        Shared::resolve_topic_ids(self, ids).await
+    }
+
+    fn topic_name(&self, id: &Uuid) -> Option<String> {
+        self.topic_names.get(id).map(|n| n.to_string())
+    }
+}
+

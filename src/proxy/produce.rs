@@ -20,7 +20,7 @@ use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicNam
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use uuid::Uuid;
 
-use crate::proxy::frame;
+use crate::transport::frame;
 
 /// Kafka's TOPIC_AUTHORIZATION_FAILED.
 pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;

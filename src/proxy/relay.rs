@@ -20,13 +20,13 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::intercept::Holds;
+use crate::filter::Holds;
 use crate::proxy::classify::{
     classify, Classified, Context, DeadLetterTopics, Handling, Pending, Send,
 };
-use crate::proxy::frame::{self, response_frame_raw, FrameError, FrameReader, Reader};
-use crate::proxy::net::BoxIo;
-use crate::proxy::rewrite::{self, Seen};
+use crate::transport::frame::{self, response_frame_raw, FrameError, FrameReader, Reader};
+use crate::transport::net::BoxIo;
+use crate::proxy::addresses::{self, Seen};
 use crate::proxy::{produce, versions, Shared};
 
 /// Why a connection ended abnormally.
@@ -301,7 +301,7 @@ async fn respond(
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse(format!("{key:?} response header")))?;
             let mut seen = Seen::default();
-            let body = rewrite::rewrite_body(
+            let body = addresses::rewrite_body(
                 key,
                 version,
                 frame.slice(header_end..),

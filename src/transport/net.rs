@@ -7,7 +7,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::config::HostPort;
-use crate::proxy::tls;
+use crate::transport::tls;
 
 /// Anything the relay can read frames from and write frames to.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}

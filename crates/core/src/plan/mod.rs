@@ -14,13 +14,16 @@
 //! client, so it is neither judged nor dead-lettered; it is forwarded as it
 //! is and the client drops it, as it would without the proxy.
 
+pub mod budget;
+pub mod verdicts;
+
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::deadletter::Diversion;
-use crate::intercept::budget::{DecodeBudget, Reservation};
-use crate::intercept::verdicts::{Known, VerdictCache};
+use crate::dlt_record::Diversion;
+use crate::plan::budget::{DecodeBudget, Reservation};
+use crate::plan::verdicts::{Known, VerdictCache};
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
 use crate::policy::{Action, Policy, Undecodable};

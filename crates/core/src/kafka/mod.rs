@@ -1,13 +1,13 @@
 //! Kafka wire formats that the proxy reads and rewrites by hand: record
 //! batches (`batch`, `splice`, `builder`, `marker`), the records inside them (`record`,
 //! `varint`) and their codecs (`compression`). Request and response framing
-//! lives in `proxy::frame`; message bodies are decoded with the
+//! lives in the binary crate (`transport::frame`); message bodies are decoded with the
 //! `kafka-protocol` crate.
 
 pub mod batch;
 pub mod builder;
 pub mod compression;
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod marker;
 #[cfg(test)]

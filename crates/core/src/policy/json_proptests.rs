@@ -154,7 +154,7 @@ fn schema_policies() -> &'static PolicySet {
     SET.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let reference =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/schemas/trigger.schema.json");
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/schemas/trigger.schema.json");
         std::fs::copy(reference, dir.path().join("trigger.schema.json")).expect("copy schema");
         for (name, text) in SCHEMAS {
             std::fs::write(dir.path().join(name), text).expect("write schema");
@@ -404,7 +404,7 @@ fn fast_path_is_used_unless_the_schema_is_outside_the_subset() {
             p.name
         );
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     let reference = PolicySet::load(&[dir]).expect("reference policies load");
     let json = reference
         .for_topic("geofence.triggers")

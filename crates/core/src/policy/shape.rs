@@ -426,7 +426,7 @@ mod tests {
     fn reference() -> Value {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/policies/schemas/trigger.schema.json"
+            "/../../policies/schemas/trigger.schema.json"
         );
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
     }

@@ -12,7 +12,7 @@ use crate::kafka::record::{Header, Record};
 const NOW: i64 = 1_764_460_000_000;
 
 fn policies_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies")
 }
 
 fn reference() -> PolicySet {

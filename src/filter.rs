@@ -15,11 +15,8 @@
 //! awaiting of diversions, the re-encoding of the response, and the
 //! accounting of the CPU all that takes.
 
-pub mod budget;
-pub mod plan;
-mod verdicts;
-
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -28,15 +25,15 @@ use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
 use kafka_protocol::messages::FetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tracing::{debug, info, warn};
+use uuid::Uuid;
 
 use crate::deadletter::DeadLetter;
+use crate::clock::now_ms;
 use crate::metrics::{self, InvalidAction};
 use crate::policy::PolicySet;
-use crate::proxy::rewrite::{self, Seen};
-use crate::proxy::Shared;
-use budget::DecodeBudget;
-use plan::{PartitionPlan, Visibility};
-pub use verdicts::VerdictCache;
+use crate::plan::budget::DecodeBudget;
+use crate::plan::{self, PartitionPlan, Visibility};
+pub use crate::plan::verdicts::VerdictCache;
 
 /// Partitions this connection has been answered with a hold, and where.
 ///
@@ -69,6 +66,23 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Fetch isolation levels (request field, v4+).
 pub const READ_COMMITTED: i8 = 1;
+
+/// What the Fetch filter asks of the proxy around it: broker addresses and
+/// topic names. The filter never reaches into the proxy's state, so it
+/// depends only on the layers below it (the proxy implements this).
+pub trait FetchContext: Send + Sync {
+    /// What rewriting a response's endpoints learned about the cluster.
+    type Learned: Send;
+    /// Point the broker endpoints a Fetch v16+ response names (KIP-951) at
+    /// the proxy; whether anything changed, and what was learned.
+    fn rewrite_endpoints(&self, resp: &mut FetchResponse) -> (bool, Self::Learned);
+    /// Record what `rewrite_endpoints` learned (may open broker listeners).
+    fn learn(&self, learned: Self::Learned) -> impl Future<Output = ()> + Send;
+    /// Look up topic ids not known yet (Fetch v13+ names topics by id).
+    fn resolve_topic_ids(&self, ids: &[Uuid]) -> impl Future<Output = ()> + Send;
+    /// The name of topic `id`, if known.
+    fn topic_name(&self, id: &Uuid) -> Option<String>;
+}
 
 /// Everything the interception path needs, shared by all connections.
 pub struct Interceptor {
@@ -126,37 +140,33 @@ impl Interceptor {
     }
 
     /// Rewrite a Fetch response body; `Ok(None)` means forward it unchanged.
-    pub async fn rewrite(
+    pub async fn rewrite<C: FetchContext>(
         &self,
-        shared: &Arc<Shared>,
+        ctx: &C,
         holds: &mut Holds,
         body: Bytes,
         version: i16,
         isolation: i8,
     ) -> anyhow::Result<Option<BytesMut>> {
         let policies = self.policies();
-        let mut seen = Seen::default();
-        let (mut resp, mut changed) = timed(|| -> anyhow::Result<_> {
+        let (mut resp, mut changed, learned) = timed(|| -> anyhow::Result<_> {
             let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
-            let changed = rewrite::rewrite_fetch_endpoints(&mut resp, &shared.addrs, &mut seen);
-            Ok((resp, changed))
+            let (changed, learned) = ctx.rewrite_endpoints(&mut resp);
+            Ok((resp, changed, learned))
         })?;
-        shared.learn(seen).await;
+        ctx.learn(learned).await;
 
         if version >= 13 {
             // Fetch v13+ names topics by id: learn ids we have not seen yet
             // (single-flight, negatively cached).
             let ids: Vec<_> = resp.responses.iter().map(|t| t.topic_id).collect();
-            shared.resolve_topic_ids(&ids).await;
+            ctx.resolve_topic_ids(&ids).await;
         }
         let mut jobs = Vec::new();
         let mut unloaded = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
             let name = if version >= 13 {
-                shared
-                    .topic_names
-                    .get(&topic.topic_id)
-                    .map(|n| n.to_string())
+                ctx.topic_name(&topic.topic_id)
             } else {
                 Some(topic.topic.0.to_string())
             };
@@ -216,7 +226,7 @@ impl Interceptor {
         }
         if version >= 13 {
             // Ids still unknown might name a policy topic: hold them.
-            changed |= self.hold_unresolved(shared, &mut resp);
+            changed |= self.hold_unresolved(ctx, &mut resp);
         }
         if plans.is_empty() {
             return timed(|| changed.then(|| encode(&resp, version)).transpose());
@@ -360,10 +370,10 @@ impl Interceptor {
 
     /// Withhold the records of partitions whose topic id is still unknown
     /// and might be covered by a policy. Returns whether anything changed.
-    fn hold_unresolved(&self, shared: &Shared, resp: &mut FetchResponse) -> bool {
+    fn hold_unresolved(&self, ctx: &impl FetchContext, resp: &mut FetchResponse) -> bool {
         let mut changed = false;
         for topic in &mut resp.responses {
-            if shared.topic_names.contains_key(&topic.topic_id) {
+            if ctx.topic_name(&topic.topic_id).is_some() {
                 continue;
             }
             for p in &mut topic.partitions {
@@ -525,9 +535,3 @@ fn encode(resp: &FetchResponse, version: i16) -> anyhow::Result<BytesMut> {
     Ok(out)
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}

@@ -139,7 +139,7 @@ fn parse_doc(text: &str, fail: Option<(u32, &str)>) -> Result<FileDoc, serde_yam
 }
 
 fn from_yaml(path: &Path, e: &serde_yaml::Error) -> PolicyError {
-    let full = crate::config::yaml_error(path, e);
+    let full = crate::text::yaml_error(path, e);
     match e.location() {
         Some(loc) => {
             let prefix = format!("{}:{}:{}: ", path.display(), loc.line(), loc.column());
@@ -1101,8 +1101,8 @@ fn yaml_num(v: &serde_yaml::Value) -> String {
 
 fn max_age_ms(v: &serde_yaml::Value) -> Result<f64, String> {
     let d = match v {
-        serde_yaml::Value::String(s) => crate::config::parse_duration(s)?,
-        serde_yaml::Value::Number(n) => crate::config::parse_duration(&n.to_string())?,
+        serde_yaml::Value::String(s) => crate::text::parse_duration(s)?,
+        serde_yaml::Value::Number(n) => crate::text::parse_duration(&n.to_string())?,
         _ => return Err("expected a duration like 30s, 15m or 1h".into()),
     };
     if d.is_zero() {

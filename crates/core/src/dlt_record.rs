@@ -1,0 +1,233 @@
+//! The DLT record format: what a diverted record is (`Diversion`), the one
+//! place that names the context headers a dead-letter record carries,
+//! writes them (`Diversion::to_record`) and parses them back (`Origin::of`,
+//! and the `antidote dlt` commands' `DltRecord`, which use these names).
+//!
+//! Must never let one record's context grow without bound: `x-error` is cut
+//! to [`MAX_ERROR_BYTES`], so a reason that quotes a huge value can never
+//! make a DLT record too large for its topic.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+use crate::kafka::batch::Batch;
+use crate::kafka::builder::NewRecord;
+use crate::kafka::record::Record;
+use crate::policy::{Class, Invalid, Policy};
+
+pub const H_TOPIC: &str = "x-original-topic";
+/// The origin topic's id (UUID text) when metadata knew it at write time:
+/// tells a record of a deleted and recreated topic from one of the current.
+pub const H_TOPIC_ID: &str = "x-original-topic-id";
+pub const H_PARTITION: &str = "x-original-partition";
+pub const H_OFFSET: &str = "x-original-offset";
+pub const H_TIMESTAMP: &str = "x-original-timestamp";
+pub const H_CLASS: &str = "x-error-class";
+pub const H_ERROR: &str = "x-error";
+pub const H_RULE: &str = "x-error-rule";
+pub const H_POLICY: &str = "x-policy";
+pub const H_FAILED_AT: &str = "x-failed-at";
+/// The last offset of a whole batch diverted as one record (rule `batch`);
+/// `x-original-offset` is its first.
+pub const H_LAST_OFFSET: &str = "x-original-last-offset";
+/// `x-error-rule` of a whole batch diverted because it cannot be decoded.
+pub const RULE_WHOLE_BATCH: &str = "batch";
+/// `<dlt-topic>/<partition>/<offset>` of the DLT record a replay came from.
+pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
+/// How many times this record has been replayed (1 on the first replay).
+pub const H_ATTEMPT: &str = "x-attempt";
+
+/// Context headers the proxy adds to a DLT record (plus the replay headers);
+/// replay strips exactly these, and keeps every other header, `x-` or not.
+pub const CONTEXT_HEADERS: &[&str] = &[
+    H_TOPIC,
+    H_TOPIC_ID,
+    H_PARTITION,
+    H_OFFSET,
+    H_TIMESTAMP,
+    H_CLASS,
+    H_ERROR,
+    H_RULE,
+    H_POLICY,
+    H_FAILED_AT,
+    H_LAST_OFFSET,
+    H_REPLAYED_FROM,
+    H_ATTEMPT,
+];
+
+/// Longest `x-error` value written, in bytes.
+pub const MAX_ERROR_BYTES: usize = 1024;
+/// Appended to a cut `x-error` so a reader knows the text is incomplete.
+const CUT_MARK: &str = "…[truncated]";
+
+/// `reason` as written to `x-error`: at most [`MAX_ERROR_BYTES`] bytes, cut
+/// on a UTF-8 boundary and marked when cut.
+pub fn bound_reason(reason: &str) -> Cow<'_, str> {
+    if reason.len() <= MAX_ERROR_BYTES {
+        return Cow::Borrowed(reason);
+    }
+    let mut end = MAX_ERROR_BYTES - CUT_MARK.len();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}{CUT_MARK}", &reason[..end]))
+}
+
+/// The origin a DLT record names: where the diverted record came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub topic: Arc<str>,
+    pub partition: i32,
+    pub offset: i64,
+    /// `None` for records written before the header existed, or when the
+    /// id was unknown at write time.
+    pub topic_id: Option<Uuid>,
+}
+
+impl Origin {
+    /// The origin named by `r`'s context headers, if it names a whole one.
+    pub fn of(r: &Record<'_>) -> Option<Origin> {
+        let text = |k| {
+            r.header(k)
+                .flatten()
+                .and_then(|v| std::str::from_utf8(v).ok())
+        };
+        Some(Origin {
+            topic: Arc::from(text(H_TOPIC)?),
+            partition: text(H_PARTITION)?.trim().parse().ok()?,
+            offset: text(H_OFFSET)?.trim().parse().ok()?,
+            topic_id: text(H_TOPIC_ID).and_then(|t| Uuid::parse_str(t.trim()).ok()),
+        })
+    }
+}
+
+/// One record on its way to a dead-letter topic, with its context.
+#[derive(Debug, Clone)]
+pub struct Diversion {
+    pub dlt_topic: String,
+    pub origin_topic: Arc<str>,
+    pub origin_partition: i32,
+    pub origin_offset: i64,
+    pub origin_timestamp: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    pub headers: Vec<(Bytes, Option<Bytes>)>,
+    pub invalid: Invalid,
+    pub policy: Arc<str>,
+}
+
+impl Diversion {
+    pub fn new(
+        policy: &Policy,
+        topic: &Arc<str>,
+        partition: i32,
+        record: &Record<'_>,
+        invalid: &Invalid,
+    ) -> Self {
+        Diversion {
+            dlt_topic: policy.dead_letter_topic(topic, invalid.class),
+            origin_topic: topic.clone(),
+            origin_partition: partition,
+            origin_offset: record.offset,
+            origin_timestamp: record.timestamp,
+            key: record.key.map(Bytes::copy_from_slice),
+            value: record.value.map(Bytes::copy_from_slice),
+            headers: record
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        Bytes::copy_from_slice(h.key),
+                        h.value.map(Bytes::copy_from_slice),
+                    )
+                })
+                .collect(),
+            invalid: invalid.clone(),
+            policy: Arc::from(policy.name.as_str()),
+        }
+    }
+
+    /// A whole batch whose records cannot be read (`on_undecodable:
+    /// divert`): its raw bytes as the value, class poison, rule `batch`,
+    /// its offset range in `x-original-offset` and `x-original-last-offset`.
+    pub fn whole_batch(
+        policy: &Policy,
+        topic: &Arc<str>,
+        partition: i32,
+        batch: &Batch,
+        reason: String,
+    ) -> Self {
+        let last = batch.next_offset() - 1;
+        Diversion {
+            dlt_topic: policy.dead_letter_topic(topic, Class::Poison),
+            origin_topic: topic.clone(),
+            origin_partition: partition,
+            origin_offset: batch.base_offset(),
+            origin_timestamp: batch.base_timestamp(),
+            key: None,
+            value: Some(batch.bytes().clone()),
+            headers: vec![(
+                Bytes::from_static(H_LAST_OFFSET.as_bytes()),
+                Some(Bytes::from(last.to_string())),
+            )],
+            invalid: Invalid::poison(RULE_WHOLE_BATCH, reason),
+            policy: Arc::from(policy.name.as_str()),
+        }
+    }
+
+    /// The record written to the DLT: original key, value and headers, plus
+    /// the context headers an operator needs to act on it. `topic_id` is
+    /// the origin topic's id, when metadata knows it.
+    pub fn to_record(&self, failed_at_ms: i64, topic_id: Option<Uuid>) -> NewRecord {
+        let mut headers: Vec<(String, Option<Bytes>)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+            .collect();
+        let mut add = |k: &str, v: String| headers.push((k.to_string(), Some(Bytes::from(v))));
+        add(H_TOPIC, self.origin_topic.to_string());
+        if let Some(id) = topic_id.filter(|id| !id.is_nil()) {
+            add(H_TOPIC_ID, id.to_string());
+        }
+        add(H_PARTITION, self.origin_partition.to_string());
+        add(H_OFFSET, self.origin_offset.to_string());
+        add(H_TIMESTAMP, self.origin_timestamp.to_string());
+        add(H_CLASS, self.invalid.class.as_str().to_string());
+        add(H_ERROR, bound_reason(&self.invalid.reason).into_owned());
+        add(H_RULE, self.invalid.rule.clone());
+        add(H_POLICY, self.policy.to_string());
+        add(H_FAILED_AT, failed_at_ms.to_string());
+        NewRecord {
+            timestamp: self.origin_timestamp,
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_reason_is_kept_whole() {
+        assert_eq!(bound_reason("/lat: 91 is outside"), "/lat: 91 is outside");
+        let exact = "a".repeat(MAX_ERROR_BYTES);
+        assert_eq!(bound_reason(&exact), exact);
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_on_a_char_boundary_and_marked() {
+        // 3-byte characters, so the cut point falls inside one.
+        let long = "€".repeat(5000);
+        let cut = bound_reason(&long);
+        assert!(cut.len() <= MAX_ERROR_BYTES, "{}", cut.len());
+        assert!(cut.ends_with(CUT_MARK));
+        assert!(cut.trim_end_matches(CUT_MARK).chars().all(|c| c == '€'));
+        assert!(cut.len() > MAX_ERROR_BYTES - 16);
+    }
+}

@@ -1,0 +1,21 @@
+//! antidote-core: everything antidote decides, with no I/O and no async
+//! runtime. Bytes in, values out; unit-tested, property-tested and fuzzed
+//! without sockets.
+//!
+//! ```text
+//! plan        one Fetch partition: which batches pass, which lose records,
+//!   |         which records go to a DLT, where to hold
+//!   +-> policy      record -> verdict (schemas, field rules, classes)
+//!   +-> kafka       record batches: decode, splice, build, compress
+//!   +-> dlt_record  the DLT record format: context headers, written and read
+//! text, clock       leaves: YAML error positions, durations, wall clock
+//! ```
+//!
+//! Each module depends only on modules below it (`scripts/check-layers.py`).
+
+pub mod clock;
+pub mod dlt_record;
+pub mod kafka;
+pub mod plan;
+pub mod policy;
+pub mod text;
