@@ -27,13 +27,13 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::deadletter::DeadLetter;
 use crate::clock::now_ms;
+use crate::deadletter::DeadLetter;
 use crate::metrics::{self, InvalidAction};
-use crate::policy::PolicySet;
 use crate::plan::budget::DecodeBudget;
-use crate::plan::{self, PartitionPlan, Visibility};
 pub use crate::plan::verdicts::VerdictCache;
+use crate::plan::{self, PartitionPlan, Visibility};
+use crate::policy::PolicySet;
 
 /// Partitions this connection has been answered with a hold, and where.
 ///
@@ -494,12 +494,14 @@ impl Job {
             already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
         };
         plan::plan_partition_with(
-            &self.policy,
-            &self.topic,
-            self.partition,
-            &self.records,
-            &self.vis,
-            now_ms,
+            &plan::PartitionInput {
+                policy: &self.policy,
+                topic: &self.topic,
+                partition: self.partition,
+                records: &self.records,
+                visibility: &self.vis,
+                now_ms,
+            },
             &env,
         )
     }
@@ -534,4 +536,3 @@ fn encode(resp: &FetchResponse, version: i16) -> anyhow::Result<BytesMut> {
     resp.encode(&mut out, version)?;
     Ok(out)
 }
-

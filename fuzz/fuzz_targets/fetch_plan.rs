@@ -11,7 +11,7 @@
 use std::sync::{Arc, OnceLock};
 
 use antidote::plan::budget::DecodeBudget;
-use antidote::plan::{plan_partition, plan_partition_with, Env, Visibility};
+use antidote::plan::{plan_partition, plan_partition_with, Env, PartitionInput, Visibility};
 use antidote::plan::verdicts::VerdictCache;
 use antidote::kafka::batch::{segments, Segment};
 use antidote::policy::{Policy, PolicySet};
@@ -81,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
     let vis = Visibility::new(flags & 1 == 1, (flags & 4 == 4).then_some(&aborted[..]));
     let topic: Arc<str> = Arc::from("geofence.triggers");
     let cache = VerdictCache::new(64);
-    let plan = plan_partition(policy(), &topic, 0, &section, &vis, 1_780_000_000_000, &cache);
+    let plan = plan_partition(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &cache);
     let before = batches(&section);
     let failed = (flags & 2 == 2).then(|| plan.diversions.first().map(|d| d.origin_offset)).flatten();
     let held = plan.held_from(failed);
@@ -121,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
                     done.iter().copied().filter(|o| (from..to).contains(o)).collect()
                 };
                 let env = Env { verdicts: &cache, budget: &DecodeBudget::unlimited(), already: &ledger };
-                let again = plan_partition_with(policy(), &topic, 0, &section, &vis, 1_780_000_000_000, &env);
+                let again = plan_partition_with(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &env);
                 assert!(again.diversions.is_empty(), "an acknowledged diversion was planned again");
                 // What the interceptor sends: the rebuilt section, or the
                 // original when the plan changes nothing.

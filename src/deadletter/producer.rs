@@ -32,8 +32,8 @@ use uuid::Uuid;
 
 use super::{backoff, Job, Ledger};
 use crate::client::{errors, Cluster};
-use crate::config::DeadLetter as DeadLetterConfig;
 use crate::clock::now_ms;
+use crate::config::DeadLetter as DeadLetterConfig;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
 /// Most jobs taken into one round.

@@ -23,12 +23,12 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use antidote_core::dlt_record::Origin;
 use super::{backoff, Ledger};
 use crate::client::{errors, no_broker, ClientError, Cluster};
 use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
 use crate::policy::{Class, PolicySet};
+use antidote_core::dlt_record::Origin;
 
 /// Read every record of `topic` from each partition's log start to the high
 /// watermark it had when first fetched, calling `f(partition, record)`.

@@ -12,9 +12,9 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use crate::policy::PolicySet;
-use crate::transport::frame::{self, response_frame, Reader};
 use crate::proxy::relay::RelayError;
 use crate::proxy::{addresses, produce, versions, Shared};
+use crate::transport::frame::{self, response_frame, Reader};
 
 /// What the response to one request needs on its way back.
 #[derive(Debug)]

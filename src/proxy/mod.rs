@@ -8,12 +8,12 @@
 //! out the same ports. Each accepted connection gets its own upstream
 //! connection and a `relay`.
 
+pub mod addresses;
 mod classify;
 pub mod limits;
 pub mod produce;
 pub mod relay;
 pub mod reload;
-pub mod addresses;
 pub mod topics;
 pub mod versions;
 
@@ -33,13 +33,13 @@ use tracing::{debug, info, warn, Instrument};
 use uuid::Uuid;
 
 use crate::admin;
-use crate::transport::{net, tls};
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
 use crate::deadletter::DeadLetter;
 use crate::filter::{FetchContext, Interceptor};
 use crate::metrics;
 use crate::policy::PolicySet;
+use crate::transport::{net, tls};
 use addresses::{Addresses, Seen};
 
 /// Why the proxy could not start.
@@ -518,4 +518,3 @@ impl FetchContext for Arc<Shared> {
         self.topic_names.get(id).map(|n| n.to_string())
     }
 }
-

@@ -21,13 +21,13 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::filter::Holds;
+use crate::proxy::addresses::{self, Seen};
 use crate::proxy::classify::{
     classify, Classified, Context, DeadLetterTopics, Handling, Pending, Send,
 };
+use crate::proxy::{produce, versions, Shared};
 use crate::transport::frame::{self, response_frame_raw, FrameError, FrameReader, Reader};
 use crate::transport::net::BoxIo;
-use crate::proxy::addresses::{self, Seen};
-use crate::proxy::{produce, versions, Shared};
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]

@@ -51,4 +51,3 @@ fn strip_location(msg: &str) -> &str {
         None => msg,
     }
 }
-

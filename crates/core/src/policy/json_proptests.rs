@@ -153,8 +153,8 @@ fn schema_policies() -> &'static PolicySet {
     static SET: std::sync::OnceLock<PolicySet> = std::sync::OnceLock::new();
     SET.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let reference =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/schemas/trigger.schema.json");
+        let reference = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../policies/schemas/trigger.schema.json");
         std::fs::copy(reference, dir.path().join("trigger.schema.json")).expect("copy schema");
         for (name, text) in SCHEMAS {
             std::fs::write(dir.path().join(name), text).expect("write schema");

@@ -1,0 +1,404 @@
+//! The planner: walks one partition's batches in offset order and decides,
+//! batch by batch, keep / splice / resend as spliced / divert whole / hold.
+//! Each step is one function below; `plan_partition_with` only dispatches.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::budget::{DecodeBudget, Reservation};
+use super::verdicts::{Judged, Known, VerdictCache};
+use super::visibility::{AbortTracker, Visibility};
+use super::{Hold, HoldReason, PartitionPlan, SegmentPlan};
+use crate::dlt_record::Diversion;
+use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
+use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
+use crate::policy::{Action, Invalid, Policy, Undecodable};
+
+/// One partition of a Fetch response, as the planner sees it.
+pub struct PartitionInput<'a> {
+    pub policy: &'a Arc<Policy>,
+    pub topic: &'a Arc<str>,
+    pub partition: i32,
+    /// The partition's records section, as the broker sent it.
+    pub records: &'a Bytes,
+    pub visibility: &'a Visibility,
+    /// Wall clock for staleness rules, in milliseconds since the epoch.
+    pub now_ms: i64,
+}
+
+/// Offsets in `from..to` already in a dead-letter topic.
+pub type AlreadyDiverted<'a> = &'a dyn Fn(i64, i64) -> Vec<i64>;
+
+/// What planning consults besides the records: verdicts reached before, the
+/// shared decode budget, and the ledger of records already diverted.
+pub struct Env<'a> {
+    pub verdicts: &'a VerdictCache,
+    pub budget: &'a Arc<DecodeBudget>,
+    pub already: AlreadyDiverted<'a>,
+}
+
+/// Plan one partition: judge (or recall) every visible record of every
+/// batch, with no ledger and no decode budget.
+pub fn plan_partition(input: &PartitionInput<'_>, cache: &VerdictCache) -> PartitionPlan {
+    let env = Env {
+        verdicts: cache,
+        budget: &DecodeBudget::unlimited(),
+        already: &|_, _| Vec::new(),
+    };
+    plan_partition_with(input, &env)
+}
+
+/// `plan_partition`, also removing records diverted earlier even if the
+/// current policy finds them valid: once a record is in its DLT, that is its
+/// home (a fixed copy comes back through `dlt replay`), so a policy fix does
+/// not make the original reappear next to its replayed copy.
+pub fn plan_partition_with(input: &PartitionInput<'_>, env: &Env<'_>) -> PartitionPlan {
+    let mut plan = PartitionPlan::empty(input);
+    let mut aborts = AbortTracker::new(input.visibility);
+    for seg in batch::segments(input.records) {
+        let step = match seg {
+            Segment::Batch(b) if b.is_control() || aborts.is_aborted(&b) => {
+                plan.segments.push(keep(&b));
+                ControlFlow::Continue(())
+            }
+            Segment::Batch(b) => plan_batch(&mut plan, input, env, b),
+            Segment::Legacy(bytes) => {
+                plan.held = Some(legacy_hold(&bytes));
+                ControlFlow::Break(())
+            }
+            Segment::Partial(bytes) => {
+                plan.segments.push(SegmentPlan::Keep {
+                    bytes,
+                    base: i64::MAX,
+                });
+                ControlFlow::Continue(())
+            }
+        };
+        if step.is_break() {
+            break;
+        }
+    }
+    plan
+}
+
+/// A magic 0/1 message set is not judged: hold at its first offset.
+fn legacy_hold(bytes: &Bytes) -> Hold {
+    let base = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, i64::from_be_bytes);
+    Hold {
+        offset: base,
+        reason: HoldReason::Legacy,
+    }
+}
+
+/// Plan one visible data batch. `Break` when the partition is held here.
+fn plan_batch(
+    plan: &mut PartitionPlan,
+    input: &PartitionInput<'_>,
+    env: &Env<'_>,
+    batch: Batch,
+) -> ControlFlow<()> {
+    let (policy, topic, partition) = (input.policy, input.topic, input.partition);
+    // A batch judged before (another consumer group, a re-fetch) with
+    // nothing to remove passes without even being decoded; one whose
+    // removals are all done may be sent as spliced before.
+    let earlier = (env.already)(batch.base_offset(), batch.next_offset());
+    let known = env.verdicts.lookup(policy, topic, partition, &batch);
+    if let Some(k) = &known {
+        if let Some(seg) = plan_from_cache(plan, &batch, k, &earlier) {
+            plan.segments.push(seg);
+            return ControlFlow::Continue(());
+        }
+    }
+    let (decoded, memory) = match decode_within(&batch, env.budget) {
+        Ok(d) => d,
+        Err(reason) => return plan_undecodable(plan, &batch, reason, &earlier),
+    };
+    let (known, cached) = match known {
+        Some(k) => (k, true),
+        None => judge_now(plan, input, env.verdicts, &batch, &decoded),
+    };
+    let invalid = known.verdicts().clone();
+    if invalid.is_empty() && earlier.is_empty() {
+        plan.segments.push(keep(&batch));
+        return ControlFlow::Continue(());
+    }
+    let keep_mask = apply_verdicts(plan, &decoded, &invalid, &earlier, cached);
+    if keep_mask.iter().all(|k| *k) {
+        plan.segments.push(keep(&batch));
+    } else {
+        // Worth keeping for later fetches only if it removes exactly
+        // what the verdicts remove (not also records diverted under an
+        // earlier policy).
+        let exact = policy.on_invalid != Action::Pass
+            && earlier
+                .iter()
+                .all(|o| invalid.iter().any(|j| j.offset == *o));
+        plan.segments.push(SegmentPlan::Splice {
+            batch,
+            decoded,
+            keep: keep_mask,
+            cache: exact.then_some(known),
+            _memory: memory,
+        });
+    }
+    ControlFlow::Continue(())
+}
+
+/// A batch whose verdicts are cached: counted as judged; `Some` when it
+/// needs no decoding (nothing to remove, or resent as spliced before).
+fn plan_from_cache(
+    plan: &mut PartitionPlan,
+    batch: &Batch,
+    known: &Known,
+    earlier: &[i64],
+) -> Option<SegmentPlan> {
+    plan.stats.cached_batches += 1;
+    plan.stats.judged += batch.records_count().max(0) as u64;
+    if known.verdicts().is_empty() && earlier.is_empty() {
+        return Some(keep(batch));
+    }
+    let bytes = resend_spliced(plan, batch, known, earlier)?;
+    Some(SegmentPlan::Spliced {
+        bytes,
+        next: batch.next_offset(),
+    })
+}
+
+/// A batch that cannot be decoded is never forwarded unjudged, never
+/// dropped: diverted whole (if the policy says so) or held here.
+fn plan_undecodable(
+    plan: &mut PartitionPlan,
+    batch: &Batch,
+    reason: HoldReason,
+    earlier: &[i64],
+) -> ControlFlow<()> {
+    if let HoldReason::Undecodable(why) = &reason {
+        plan.stats.undecodable_batches += 1;
+        if plan.policy.on_undecodable == Undecodable::Divert {
+            if let Some(seg) = divert_whole(plan, batch, why, earlier) {
+                plan.segments.push(seg);
+                return ControlFlow::Continue(());
+            }
+        }
+    }
+    plan.held = Some(Hold {
+        offset: batch.base_offset(),
+        reason,
+    });
+    ControlFlow::Break(())
+}
+
+/// Judge a decoded batch (or find another fetch's verdicts reached while
+/// it was decoding). Returns the verdicts and whether they were cached.
+fn judge_now(
+    plan: &mut PartitionPlan,
+    input: &PartitionInput<'_>,
+    cache: &VerdictCache,
+    batch: &Batch,
+    decoded: &DecodedBatch,
+) -> (Known, bool) {
+    plan.stats.judged += decoded.len() as u64;
+    let (k, judged_here) = cache.judge(
+        input.policy,
+        input.topic,
+        input.partition,
+        batch,
+        decoded,
+        input.now_ms,
+    );
+    if judged_here {
+        plan.stats.validated += decoded.len() as u64;
+    } else {
+        plan.stats.cached_batches += 1;
+    }
+    (k, !judged_here)
+}
+
+/// Which records of `decoded` stay: not those diverted earlier, not the
+/// invalid ones the policy drops or diverts. Counts them, queues the
+/// diversions, and logs invalid records not diverted (once, when judged).
+fn apply_verdicts(
+    plan: &mut PartitionPlan,
+    decoded: &DecodedBatch,
+    invalid: &[Judged],
+    earlier: &[i64],
+    cached: bool,
+) -> Vec<bool> {
+    let mut keep_mask: Vec<bool> = (0..decoded.len())
+        .map(|i| {
+            !decoded
+                .offset(i)
+                .is_some_and(|o| earlier.binary_search(&o).is_ok())
+        })
+        .collect();
+    let action = plan.policy.on_invalid;
+    let mut divert: Vec<Option<&Invalid>> = vec![None; decoded.len()];
+    for j in invalid {
+        let Some(k) = keep_mask.get_mut(j.index) else {
+            continue;
+        };
+        match action {
+            Action::Pass => {
+                plan.stats.passed_invalid += 1;
+                plan.not_diverted.push((Action::Pass, j.invalid.clone()));
+            }
+            Action::Drop => {
+                plan.stats.dropped += 1;
+                plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+                *k = false;
+            }
+            Action::Divert => {
+                *k = false;
+                divert[j.index] = Some(&j.invalid);
+            }
+        }
+    }
+    if !cached && action != Action::Divert {
+        log_not_diverted(plan, invalid);
+    }
+    if divert.iter().any(Option::is_some) {
+        for (record, verdict) in decoded.records().zip(&divert) {
+            if let Some(verdict) = verdict {
+                plan.stats.diverted += 1;
+                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, verdict);
+                plan.diversions.push(d);
+            }
+        }
+    }
+    keep_mask
+}
+
+fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {
+    let (topic, partition) = (&plan.topic, plan.partition);
+    for j in invalid {
+        let v = &j.invalid;
+        tracing::info!(%topic, partition, offset = j.offset,
+            class = v.class.as_str(), rule = %v.rule, reason = %v.log_reason(),
+            action = ?plan.policy.on_invalid, "invalid record not diverted");
+    }
+}
+
+/// The batch of `known` as spliced by an earlier fetch, if this fetch
+/// would splice it the same way and has nothing left to divert in it:
+/// every invalid record removed (and, when diverted, already in its DLT),
+/// nothing else removed. Counts what it stands for as the full path does.
+/// The batch's CRC is checked first: the cache matches on the stored CRC,
+/// and a corrupt copy must go out as it came (as the full path sends an
+/// undecodable batch), not be replaced by the good one.
+fn resend_spliced(
+    plan: &mut PartitionPlan,
+    batch: &Batch,
+    known: &Known,
+    earlier: &[i64],
+) -> Option<Bytes> {
+    let invalid = known.verdicts();
+    let action = plan.policy.on_invalid;
+    let removes_exactly = match action {
+        Action::Pass => false,
+        Action::Drop => earlier
+            .iter()
+            .all(|o| invalid.iter().any(|j| j.offset == *o)),
+        Action::Divert => {
+            invalid.len() == earlier.len()
+                && invalid
+                    .iter()
+                    .all(|j| earlier.binary_search(&j.offset).is_ok())
+        }
+    };
+    if !removes_exactly {
+        return None;
+    }
+    let bytes = known.spliced()?;
+    if !batch.crc_valid() {
+        return None;
+    }
+    for j in invalid.iter() {
+        match action {
+            Action::Divert => {
+                plan.stats.diverted += 1;
+                plan.already_diverted.push(j.invalid.clone());
+            }
+            _ => {
+                plan.stats.dropped += 1;
+                plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+            }
+        }
+    }
+    Some(bytes)
+}
+
+/// Plan `batch`, which cannot be decoded, as diverted whole: one DLT record
+/// holding its raw bytes (unless an earlier fetch wrote it: its base offset
+/// is in the ledger), and an empty batch plus a commit marker in its place.
+/// `None` if even its header is unusable for that (then it is held).
+fn divert_whole(
+    plan: &mut PartitionPlan,
+    batch: &Batch,
+    why: &str,
+    earlier: &[i64],
+) -> Option<SegmentPlan> {
+    let bytes = crate::kafka::marker::replace_whole(batch).ok()?;
+    let reason = format!("batch cannot be decoded: {why}");
+    let d = Diversion::whole_batch(&plan.policy, &plan.topic, plan.partition, batch, reason);
+    plan.stats.diverted += 1;
+    if earlier.contains(&batch.base_offset()) {
+        plan.already_diverted.push(d.invalid);
+    } else {
+        tracing::warn!(topic = %plan.topic, partition = plan.partition,
+            base_offset = batch.base_offset(), last_offset = batch.next_offset() - 1,
+            error = why, "batch cannot be decoded: diverted whole");
+        plan.diversions.push(d);
+    }
+    Some(SegmentPlan::Spliced {
+        bytes,
+        next: batch.next_offset(),
+    })
+}
+
+/// Decompressed bytes first reserved for a compressed batch, as a multiple
+/// of its compressed size; one that expands further is decoded again under
+/// the per-batch cap.
+const EXPANSION_GUESS: usize = 32;
+
+/// Decode `batch`, holding its decompressed bytes against `budget` (a
+/// reservation is `None` for uncompressed batches, whose records are a
+/// slice of the response).
+fn decode_within(
+    batch: &Batch,
+    budget: &Arc<DecodeBudget>,
+) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {
+    let undecodable = |e: BatchError| HoldReason::Undecodable(e.to_string());
+    if batch.compression() == Some(Compression::None) || batch.compression().is_none() {
+        return batch.decode().map(|d| (d, None)).map_err(undecodable);
+    }
+    let cap = DEFAULT_MAX_DECOMPRESSED;
+    let guess = batch
+        .bytes()
+        .len()
+        .saturating_mul(EXPANSION_GUESS)
+        .clamp(1 << 20, cap);
+    let mut limit = guess;
+    loop {
+        let mut memory = budget.try_reserve(limit).ok_or(HoldReason::Budget)?;
+        match batch.decode_with_limit(limit) {
+            Ok(d) => {
+                memory.shrink_to(d.memory());
+                return Ok((d, Some(memory)));
+            }
+            Err(BatchError::TooLarge { .. }) if limit < cap => limit = cap,
+            Err(e) => return Err(undecodable(e)),
+        }
+    }
+}
+
+fn keep(batch: &Batch) -> SegmentPlan {
+    SegmentPlan::Keep {
+        bytes: batch.bytes().clone(),
+        base: batch.base_offset(),
+    }
+}
