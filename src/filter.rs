@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use crate::clock::now_ms;
 use crate::deadletter::DeadLetter;
+use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
@@ -85,7 +86,7 @@ pub trait FetchContext: Send + Sync {
 }
 
 /// Everything the interception path needs, shared by all connections.
-pub struct Interceptor {
+pub struct FetchFilter {
     /// The running policies; replaced whole on reload. A response is
     /// handled under the snapshot it started with.
     policies: RwLock<Arc<PolicySet>>,
@@ -97,14 +98,14 @@ pub struct Interceptor {
     pub budget: Arc<DecodeBudget>,
 }
 
-impl Interceptor {
+impl FetchFilter {
     pub fn new(
         policies: Arc<PolicySet>,
         dead_letter: Arc<DeadLetter>,
         timeout: Duration,
         decode_budget: usize,
     ) -> Self {
-        Interceptor {
+        FetchFilter {
             policies: RwLock::new(policies),
             verdicts: Arc::new(VerdictCache::new(100_000)),
             dead_letter,
@@ -139,8 +140,8 @@ impl Interceptor {
         self.verdicts.clear();
     }
 
-    /// Rewrite a Fetch response body; `Ok(None)` means forward it unchanged.
-    pub async fn rewrite<C: FetchContext>(
+    /// Filter a Fetch response body; `Ok(None)` means forward it unchanged.
+    pub async fn filter<C: FetchContext>(
         &self,
         ctx: &C,
         holds: &mut Holds,
@@ -148,20 +149,59 @@ impl Interceptor {
         version: i16,
         isolation: i8,
     ) -> anyhow::Result<Option<BytesMut>> {
-        let policies = self.policies();
         let (mut resp, mut changed, learned) = timed(|| -> anyhow::Result<_> {
             let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
             let (changed, learned) = ctx.rewrite_endpoints(&mut resp);
             Ok((resp, changed, learned))
         })?;
         ctx.learn(learned).await;
-
         if version >= 13 {
             // Fetch v13+ names topics by id: learn ids we have not seen yet
             // (single-flight, negatively cached).
             let ids: Vec<_> = resp.responses.iter().map(|t| t.topic_id).collect();
             ctx.resolve_topic_ids(&ids).await;
         }
+        let (jobs, unloaded) = self.jobs(ctx, &resp, version, isolation).await;
+        for ti in unloaded {
+            changed |= hold_topic(&mut resp.responses[ti]);
+        }
+        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
+        for (at, plan) in self.plan_all(jobs, now_ms()).await? {
+            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
+            if plan.changes_anything() {
+                plans.push((at.0, at.1, plan));
+            } else {
+                count(&plan, None);
+            }
+        }
+        if version >= 13 {
+            // Ids still unknown might name a policy topic: hold them.
+            changed |= self.hold_unresolved(ctx, &mut resp);
+        }
+        if plans.is_empty() {
+            return timed(|| changed.then(|| encode(&resp, version)).transpose());
+        }
+        // Divert everything first, concurrently, then apply the outcome.
+        let outcomes = self.divert_all(&plans).await;
+        timed(|| {
+            for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
+                let p = &mut resp.responses[ti].partitions[pi];
+                p.records = Some(apply_outcome(holds, &plan, failed_from)?);
+            }
+            Ok(Some(encode(&resp, version)?))
+        })
+    }
+
+    /// One planning job per non-empty partition of a policy topic, and the
+    /// indexes of topics held because their DLTs are not read back yet.
+    async fn jobs<C: FetchContext>(
+        &self,
+        ctx: &C,
+        resp: &FetchResponse,
+        version: i16,
+        isolation: i8,
+    ) -> (Vec<Job>, Vec<usize>) {
+        let policies = self.policies();
         let mut jobs = Vec::new();
         let mut unloaded = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
@@ -212,50 +252,7 @@ impl Interceptor {
                 });
             }
         }
-        for ti in unloaded {
-            changed |= hold_topic(&mut resp.responses[ti]);
-        }
-        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
-        for (at, plan) in self.plan_all(jobs, now_ms()).await? {
-            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
-            if plan.changes_anything() {
-                plans.push((at.0, at.1, plan));
-            } else {
-                count(&plan, None);
-            }
-        }
-        if version >= 13 {
-            // Ids still unknown might name a policy topic: hold them.
-            changed |= self.hold_unresolved(ctx, &mut resp);
-        }
-        if plans.is_empty() {
-            return timed(|| changed.then(|| encode(&resp, version)).transpose());
-        }
-
-        // Divert everything first, concurrently, then apply the outcome.
-        let outcomes = self.divert_all(&plans).await;
-        timed(|| {
-            for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
-                let held_from = plan.held_from(failed_from);
-                count(&plan, held_from);
-                log_hold(&plan, failed_from);
-                let p = &mut resp.responses[ti].partitions[pi];
-                p.records = Some(match held_from {
-                    None => {
-                        holds.release(&plan.topic, plan.partition);
-                        plan.apply(None)?
-                    }
-                    Some(offset) => {
-                        if holds.hold(&plan.topic, plan.partition, offset) {
-                            plan.apply(Some(offset))?
-                        } else {
-                            Bytes::new()
-                        }
-                    }
-                });
-            }
-            Ok(Some(encode(&resp, version)?))
-        })
+        (jobs, unloaded)
     }
 
     /// Plan every partition, in order. When several partitions carry at
@@ -386,6 +383,27 @@ impl Interceptor {
             }
         }
         changed
+    }
+}
+
+/// The records section a changed partition gets, once its diversions are
+/// done: everything planned, or (when held, here or by a failed diversion)
+/// what comes before the hold, if this connection may receive it.
+fn apply_outcome(
+    holds: &mut Holds,
+    plan: &PartitionPlan,
+    failed_from: Option<i64>,
+) -> Result<Bytes, BatchError> {
+    let held_from = plan.held_from(failed_from);
+    count(plan, held_from);
+    log_hold(plan, failed_from);
+    match held_from {
+        None => {
+            holds.release(&plan.topic, plan.partition);
+            plan.apply(None)
+        }
+        Some(offset) if holds.hold(&plan.topic, plan.partition, offset) => plan.apply(Some(offset)),
+        Some(_) => Ok(Bytes::new()),
     }
 }
 

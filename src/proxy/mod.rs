@@ -36,7 +36,7 @@ use crate::admin;
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
 use crate::deadletter::DeadLetter;
-use crate::filter::{FetchContext, Interceptor};
+use crate::filter::{FetchContext, FetchFilter};
 use crate::metrics;
 use crate::policy::PolicySet;
 use crate::transport::{net, tls};
@@ -85,7 +85,7 @@ pub struct Shared {
     /// Set once upstream metadata has been fetched.
     pub ready: AtomicBool,
     /// Fetch interception (idle while no policy is loaded).
-    pub interceptor: Arc<Interceptor>,
+    pub fetch_filter: Arc<FetchFilter>,
     /// Client connections served at once (`limits.max_connections`).
     pub connections: limits::ConnectionLimit,
     /// Single-flight, negatively cached lookups of unknown topic ids.
@@ -118,7 +118,7 @@ impl Shared {
             dlt_endpoint,
             policies.clone(),
         );
-        let interceptor = Arc::new(Interceptor::new(
+        let fetch_filter = Arc::new(FetchFilter::new(
             policies,
             dead_letter,
             dlt.timeout,
@@ -139,7 +139,7 @@ impl Shared {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
-            interceptor,
+            fetch_filter,
             connections: limits::ConnectionLimit::new(config_max_connections),
             topic_resolver: topics::TopicResolver::new(negative_ttl),
         }))
@@ -147,7 +147,7 @@ impl Shared {
 
     /// Whether Fetch responses are inspected.
     pub fn intercepting(&self) -> bool {
-        self.interceptor.active()
+        self.fetch_filter.active()
     }
 
     /// Learn the names of `ids` not known yet: at most one metadata request
@@ -213,7 +213,7 @@ impl Shared {
 /// rebuilt (before that, diversions would have to wait).
 impl admin::Readiness for Shared {
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst) && self.interceptor.dead_letter.is_ready()
+        self.ready.load(Ordering::SeqCst) && self.fetch_filter.dead_letter.is_ready()
     }
 }
 

@@ -180,7 +180,7 @@ fn classify_with_policies(
     state: &ConnState,
     frame: &Bytes,
 ) -> Result<Classified, RelayError> {
-    let policies = shared.interceptor.policies();
+    let policies = shared.fetch_filter.policies();
     let guard = DeadLetterTopics {
         shared,
         policies: &policies,
@@ -282,13 +282,13 @@ async fn respond(
             Ok(response_frame_raw(&frame[4..8], &body))
         }
         Handling::Fetch { isolation } => {
-            let interceptor = &shared.interceptor;
+            let fetch_filter = &shared.fetch_filter;
             let key = ApiKey::Fetch;
             let header_end = response_header_end(&frame, key, version)
                 .ok_or_else(|| RelayError::BadResponse("Fetch response header".into()))?;
             let started = std::time::Instant::now();
-            let body = interceptor
-                .rewrite(shared, holds, frame.slice(header_end..), version, isolation)
+            let body = fetch_filter
+                .filter(shared, holds, frame.slice(header_end..), version, isolation)
                 .await
                 .map_err(bad)?;
             crate::metrics::global().fetch_rewrite_latency(started.elapsed());

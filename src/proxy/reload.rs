@@ -70,7 +70,7 @@ pub fn reload(shared: &Shared, why: &str) -> bool {
     match PolicySet::load(&shared.config.policies) {
         Ok(set) => {
             info!(why, policies = set.len(), "policies reloaded");
-            shared.interceptor.replace_policies(set);
+            shared.fetch_filter.replace_policies(set);
             true
         }
         Err(errors) => {
