@@ -64,12 +64,16 @@
 //! field names with int64 as numbers and enums as names.
 
 mod avro;
+mod compile;
 mod deadletter;
+mod document;
 mod glob;
 mod json;
 #[cfg(test)]
 mod json_proptests;
+mod judge;
 mod load;
+mod located;
 mod protobuf;
 mod rules;
 mod shape;
@@ -221,7 +225,7 @@ pub struct Policy {
     pub topics: Vec<String>,
     /// The file this policy was loaded from.
     pub source: PathBuf,
-    pub(crate) inner: load::Compiled,
+    pub(crate) inner: judge::Compiled,
 }
 
 impl Policy {

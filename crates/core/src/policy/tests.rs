@@ -539,9 +539,9 @@ fn a_decoding_policy_without_max_bytes_still_caps_values() {
     let text = "policies:\n  - name: a\n    topics: [x]\n    value: {format: json}\n";
     let set = PolicySet::parse(text, Path::new("p.yaml")).expect("loads");
     let p = set.for_topic("x").expect("policy");
-    let at_cap = format!("\"{}\"", "a".repeat(super::load::DEFAULT_MAX_BYTES - 2));
+    let at_cap = format!("\"{}\"", "a".repeat(super::document::DEFAULT_MAX_BYTES - 2));
     assert!(p.judge(&record(Some(at_cap.as_bytes())), NOW).is_valid());
-    let over = format!("\"{}\"", "a".repeat(super::load::DEFAULT_MAX_BYTES - 1));
+    let over = format!("\"{}\"", "a".repeat(super::document::DEFAULT_MAX_BYTES - 1));
     poison(
         p.judge(&record(Some(over.as_bytes())), NOW),
         "max_bytes",

@@ -1,0 +1,441 @@
+//! Compiling the parts of a policy document: the value's decoder and schema
+//! (JSON Schema, Avro, Protobuf, with or without the Confluent wire format)
+//! and the field rules. Errors carry the position of the value at fault.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::avro::{self, AvroDecoder};
+use super::document::*;
+use super::json;
+use super::judge::Decoder;
+use super::located::{at, At, Located};
+use super::protobuf::{self, ProtoDecoder};
+use super::rules::{fmt_num, Coordinates, MaxAge, Pointer, Rule, TimeUnit};
+use super::shape::Shape;
+use super::wire::Wire;
+
+pub(super) fn ext(p: &Path) -> &str {
+    p.extension().and_then(|e| e.to_str()).unwrap_or("")
+}
+
+/// Check a schema file's extension against the format, then resolve it.
+pub(super) fn schema_path(
+    base: &Path,
+    l: &Located<PathBuf>,
+    key: &str,
+    want: &str,
+) -> Result<PathBuf, At> {
+    let full = base.join(&l.v);
+    if ext(&l.v) != want {
+        return Err(at(
+            l,
+            format!(
+                "{key}: `{}` should be a .{want} file for this format",
+                l.v.display()
+            ),
+        ));
+    }
+    if !full.is_file() {
+        return Err(at(
+            l,
+            format!("{key}: schema file {} does not exist", full.display()),
+        ));
+    }
+    Ok(full)
+}
+
+pub(super) fn no_key<T>(errs: &mut Vec<At>, l: &Option<Located<T>>, msg: &str) {
+    if let Some(l) = l {
+        errs.push(at(l, msg));
+    }
+}
+
+pub(super) fn compile_value(
+    v: &ValueDoc,
+    base: &Path,
+) -> Result<(Decoder, Option<jsonschema::Validator>), Vec<At>> {
+    check_value_keys(v)?;
+    let wire = v.wire.as_ref().map_or(Wire::Raw, |w| w.v);
+    match v.format.v {
+        Format::Bytes => Ok((Decoder::Bytes, None)),
+        Format::Json => compile_json(v, base),
+        Format::Avro => compile_avro(v, base, wire),
+        Format::Protobuf => compile_protobuf(v, base, wire),
+    }
+}
+
+/// Keys that do not apply to the value's format or wire are errors.
+fn check_value_keys(v: &ValueDoc) -> Result<(), Vec<At>> {
+    let mut errs = Vec::new();
+    let wire = v.wire.as_ref().map_or(Wire::Raw, |w| w.v);
+    let format = v.format.v;
+    if format != Format::Json {
+        no_key(
+            &mut errs,
+            &v.max_depth,
+            "value.max_depth: applies to format json only",
+        );
+    }
+    if matches!(format, Format::Json | Format::Bytes) {
+        no_key(
+            &mut errs,
+            &v.wire,
+            "value.wire: applies to formats avro and protobuf only",
+        );
+        no_key(
+            &mut errs,
+            &v.schema_ids,
+            "value.schema_ids: applies to formats avro and protobuf only",
+        );
+    }
+    if format != Format::Protobuf {
+        no_key(
+            &mut errs,
+            &v.message,
+            "value.message: applies to format protobuf only",
+        );
+    }
+    if format == Format::Bytes {
+        no_key(
+            &mut errs,
+            &v.schema,
+            "value.schema: format bytes is not decoded, so it has no schema",
+        );
+    }
+    if wire == Wire::Raw {
+        no_key(
+            &mut errs,
+            &v.schema_ids,
+            "value.schema_ids: needs `wire: confluent` (raw values carry no schema id)",
+        );
+    }
+    if wire == Wire::Confluent && v.schema_ids.as_ref().is_none_or(|m| m.v.is_empty()) {
+        if let Some(w) = &v.wire {
+            errs.push(at(
+                w,
+                "value.wire: `confluent` needs value.schema_ids (schema id: file)",
+            ));
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}
+
+fn compile_json(
+    v: &ValueDoc,
+    base: &Path,
+) -> Result<(Decoder, Option<jsonschema::Validator>), Vec<At>> {
+    let max_depth = match &v.max_depth {
+        None => json::DEFAULT_MAX_DEPTH,
+        Some(d) if (1..=json::MAX_MAX_DEPTH).contains(&d.v) => d.v,
+        Some(d) => {
+            return Err(vec![at(
+                d,
+                format!(
+                    "value.max_depth: {} is outside [1, {}]",
+                    d.v,
+                    json::MAX_MAX_DEPTH
+                ),
+            )])
+        }
+    };
+    let (schema, shape) = match &v.schema {
+        None => (None, None),
+        Some(s) => {
+            let (validator, doc) = load_json_schema(base, s).map_err(|e| vec![e])?;
+            (Some(validator), Shape::compile(&doc))
+        }
+    };
+    Ok((
+        Decoder::Json {
+            max_depth,
+            fast: None,
+            shape,
+        },
+        schema,
+    ))
+}
+
+fn compile_avro(
+    v: &ValueDoc,
+    base: &Path,
+    wire: Wire,
+) -> Result<(Decoder, Option<jsonschema::Validator>), Vec<At>> {
+    let mut errs = Vec::new();
+    let schema = match &v.schema {
+        None if wire == Wire::Raw => {
+            return Err(vec![at(
+                &v.format,
+                "value.schema: format avro with `wire: raw` needs an .avsc schema",
+            )])
+        }
+        None => None,
+        Some(s) => {
+            let p = schema_path(base, s, "value.schema", "avsc").map_err(|e| vec![e])?;
+            Some(avro::load_schema(&p).map_err(|m| vec![at(s, format!("value.schema: {m}"))])?)
+        }
+    };
+    let mut ids = HashMap::new();
+    if let Some(m) = &v.schema_ids {
+        for (id, f) in &m.v {
+            match schema_path(base, f, &format!("value.schema_ids.{id}"), "avsc").and_then(|p| {
+                avro::load_schema(&p).map_err(|m| at(f, format!("value.schema_ids.{id}: {m}")))
+            }) {
+                Ok(s) => {
+                    ids.insert(*id, s);
+                }
+                Err(e) => errs.push(e),
+            }
+        }
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    Ok((Decoder::Avro(AvroDecoder { wire, schema, ids }), None))
+}
+
+fn compile_protobuf(
+    v: &ValueDoc,
+    base: &Path,
+    wire: Wire,
+) -> Result<(Decoder, Option<jsonschema::Validator>), Vec<At>> {
+    let mut errs = Vec::new();
+    let mut pools = Vec::new();
+    if let Some(s) = &v.schema {
+        match schema_path(base, s, "value.schema", "proto")
+            .and_then(|p| protobuf::load_file(&p).map_err(|m| at(s, format!("value.schema: {m}"))))
+        {
+            Ok(pf) => pools.push(pf),
+            Err(e) => errs.push(e),
+        }
+    } else if wire == Wire::Raw {
+        errs.push(at(
+            &v.format,
+            "value.schema: format protobuf with `wire: raw` needs a .proto schema and a message",
+        ));
+    }
+    let mut ids = HashMap::new();
+    if let Some(m) = &v.schema_ids {
+        for (id, f) in &m.v {
+            let key = format!("value.schema_ids.{id}");
+            match schema_path(base, f, &key, "proto")
+                .and_then(|p| protobuf::load_file(&p).map_err(|m| at(f, format!("{key}: {m}"))))
+            {
+                Ok((pool, file)) => {
+                    ids.insert(*id, file.clone());
+                    pools.push((pool, file));
+                }
+                Err(e) => errs.push(e),
+            }
+        }
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    let message = match &v.message {
+        None if wire == Wire::Raw => {
+            return Err(vec![at(
+                &v.format,
+                "value.message: format protobuf with `wire: raw` needs the message type (e.g. `message: geo.Trigger`)",
+            )])
+        }
+        None => None,
+        Some(m) => {
+            let name = m.v.trim_start_matches('.');
+            match pools.iter().find_map(|(pool, _)| pool.get_message_by_name(name)) {
+                Some(d) => Some(d),
+                None => {
+                    return Err(vec![at(
+                        m,
+                        format!(
+                            "value.message: no message `{name}` in the schema (use the full name, package included)"
+                        ),
+                    )])
+                }
+            }
+        }
+    };
+    Ok((Decoder::Protobuf(ProtoDecoder { wire, message, ids }), None))
+}
+
+/// The validator and the schema document it was built from.
+fn load_json_schema(
+    base: &Path,
+    s: &Located<PathBuf>,
+) -> Result<(jsonschema::Validator, serde_json::Value), At> {
+    let p = schema_path(base, s, "value.schema", "json")?;
+    let text =
+        std::fs::read(&p).map_err(|e| at(s, format!("value.schema: {}: {e}", p.display())))?;
+    let doc: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| at(s, format!("value.schema: {}: not JSON: {e}", p.display())))?;
+    let validator = jsonschema::validator_for(&doc).map_err(|e| {
+        at(
+            s,
+            format!(
+                "value.schema: {}: not a valid JSON Schema at `{}`: {e}",
+                p.display(),
+                e.instance_path()
+            ),
+        )
+    })?;
+    Ok((validator, doc))
+}
+
+pub(super) fn pointer(l: &Located<String>, key: &str) -> Result<Pointer, At> {
+    Pointer::parse(&l.v).map_err(|m| at(l, format!("{key}: {m}")))
+}
+
+pub(super) fn compile_rule(
+    r: &Located<RuleDoc>,
+    rules: &mut Vec<Rule>,
+    stale: &mut Vec<MaxAge>,
+) -> Result<(), Vec<At>> {
+    let d = &r.v;
+    let mut errs = Vec::new();
+    if let Some(c) = &d.coordinates {
+        if d.field.is_some()
+            || d.one_of.is_some()
+            || d.min.is_some()
+            || d.max.is_some()
+            || d.max_age.is_some()
+            || d.unit.is_some()
+            || d.optional
+        {
+            return Err(vec![at(
+                r,
+                "rules: a `coordinates` rule takes no other keys; write field rules as separate list items",
+            )]);
+        }
+        let lat = pointer(&c.v.lat, "coordinates.lat");
+        let lon = pointer(&c.v.lon, "coordinates.lon");
+        let bbox = match &c.v.bbox {
+            None => None,
+            Some(b) => match check_bbox(&b.v) {
+                Ok(bb) => Some(bb),
+                Err(m) => {
+                    errs.push(at(b, format!("coordinates.bbox: {m}")));
+                    None
+                }
+            },
+        };
+        match (lat, lon) {
+            (Ok(lat), Ok(lon)) if errs.is_empty() => {
+                rules.push(Rule::Coordinates(Box::new(Coordinates {
+                    lat,
+                    lon,
+                    reject_null_island: c.v.reject_null_island,
+                    bbox,
+                })));
+                return Ok(());
+            }
+            (a, b) => {
+                errs.extend(a.err());
+                errs.extend(b.err());
+                return Err(errs);
+            }
+        }
+    }
+    let Some(field) = &d.field else {
+        return Err(vec![at(
+            r,
+            "rules: a rule needs `coordinates` or `field` (with one_of, min/max or max_age)",
+        )]);
+    };
+    let ptr = pointer(field, "field").map_err(|e| vec![e])?;
+    if d.one_of.is_none() && d.min.is_none() && d.max.is_none() && d.max_age.is_none() {
+        return Err(vec![at(
+            field,
+            format!(
+                "field: `{}` has nothing to check; add one_of, min/max or max_age",
+                field.v
+            ),
+        )]);
+    }
+    if let Some(o) = &d.one_of {
+        if o.v.is_empty() {
+            errs.push(at(o, "one_of: the list of allowed values is empty"));
+        } else {
+            rules.push(Rule::one_of(ptr.clone(), o.v.clone(), d.optional));
+        }
+    }
+    if d.min.is_some() || d.max.is_some() {
+        let lo = d.min.as_ref().map(|m| m.v);
+        let hi = d.max.as_ref().map(|m| m.v);
+        for l in [&d.min, &d.max].into_iter().flatten() {
+            if !l.v.is_finite() {
+                errs.push(at(l, "min/max: must be a finite number"));
+            }
+        }
+        if let (Some(a), Some(b), Some(hl)) = (lo, hi, &d.max) {
+            if a > b {
+                errs.push(at(
+                    hl,
+                    format!("max: {} is below min {}", fmt_num(b), fmt_num(a)),
+                ));
+            }
+        }
+        rules.push(Rule::range(ptr.clone(), lo, hi, d.optional));
+    }
+    match (&d.max_age, &d.unit) {
+        (Some(a), unit) => match max_age_ms(&a.v) {
+            Ok(ms) => {
+                let written = match &a.v {
+                    serde_yaml::Value::String(s) => s.clone(),
+                    other => format!("{}s", yaml_num(other)),
+                };
+                let unit = unit.as_ref().map_or(TimeUnit::Ms, |u| u.v);
+                stale.push(MaxAge::new(ptr, ms, written, unit));
+            }
+            Err(m) => errs.push(at(a, format!("max_age: {m}"))),
+        },
+        (None, Some(u)) => errs.push(at(u, "unit: applies to max_age only")),
+        (None, None) => {}
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}
+
+fn yaml_num(v: &serde_yaml::Value) -> String {
+    match v {
+        serde_yaml::Value::Number(n) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn max_age_ms(v: &serde_yaml::Value) -> Result<f64, String> {
+    let d = match v {
+        serde_yaml::Value::String(s) => crate::text::parse_duration(s)?,
+        serde_yaml::Value::Number(n) => crate::text::parse_duration(&n.to_string())?,
+        _ => return Err("expected a duration like 30s, 15m or 1h".into()),
+    };
+    if d.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(d.as_secs_f64() * 1000.0)
+}
+
+fn check_bbox(b: &[f64]) -> Result<[f64; 4], String> {
+    let [min_lat, min_lon, max_lat, max_lon] = b else {
+        return Err(format!(
+            "expected [min_lat, min_lon, max_lat, max_lon], got {} numbers",
+            b.len()
+        ));
+    };
+    if !(-90.0..=90.0).contains(min_lat) || !(-90.0..=90.0).contains(max_lat) {
+        return Err("latitudes must be within [-90, 90]".into());
+    }
+    if !(-180.0..=180.0).contains(min_lon) || !(-180.0..=180.0).contains(max_lon) {
+        return Err("longitudes must be within [-180, 180]".into());
+    }
+    if min_lat > max_lat || min_lon > max_lon {
+        return Err("min_lat must not exceed max_lat, nor min_lon max_lon".into());
+    }
+    Ok([*min_lat, *min_lon, *max_lat, *max_lon])
+}

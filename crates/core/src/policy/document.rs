@@ -1,0 +1,148 @@
+//! The policy file's YAML shape, as written: every key a policy may have
+//! (unknown keys are errors), with the positions of the values that are
+//! checked after parsing (`Located`). Compiling turns it into a `Policy`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::located::Located;
+use super::rules::TimeUnit;
+use super::wire::Wire;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileDoc {
+    pub(super) policies: Vec<PolicyDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PolicyDoc {
+    pub(super) name: Located<String>,
+    pub(super) topics: Located<Vec<Located<String>>>,
+    #[serde(default)]
+    pub(super) value: Option<ValueDoc>,
+    #[serde(default)]
+    pub(super) rules: Option<Located<Vec<Located<RuleDoc>>>>,
+    #[serde(default)]
+    pub(super) headers: HeadersDoc,
+    #[serde(default)]
+    pub(super) on_invalid: ActionDoc,
+    #[serde(default)]
+    pub(super) on_undecodable: UndecodableDoc,
+    #[serde(default)]
+    pub(super) dead_letter: DeadLetterDoc,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Format {
+    Json,
+    Avro,
+    Protobuf,
+    Bytes,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ValueDoc {
+    pub(super) format: Located<Format>,
+    #[serde(default)]
+    pub(super) schema: Option<Located<PathBuf>>,
+    #[serde(default)]
+    pub(super) schema_ids: Option<Located<BTreeMap<u32, Located<PathBuf>>>>,
+    #[serde(default)]
+    pub(super) message: Option<Located<String>>,
+    #[serde(default)]
+    pub(super) wire: Option<Located<Wire>>,
+    #[serde(default)]
+    pub(super) max_bytes: Option<usize>,
+    #[serde(default = "yes")]
+    pub(super) allow_null: bool,
+    #[serde(default)]
+    pub(super) max_depth: Option<Located<usize>>,
+}
+
+pub(super) fn yes() -> bool {
+    true
+}
+
+/// Largest value a decoding policy judges when `max_bytes` is not set: four
+/// times Kafka's default `max.message.bytes` (1 MiB). Decoding costs a few
+/// times the value's size in memory, so a policy that decodes is always
+/// bounded; a larger value is poison (rule `max_bytes`) unless the policy
+/// raises the limit. `bytes` policies do not decode, so they have none.
+pub(crate) const DEFAULT_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+pub(super) fn default_max_bytes(format: &Format) -> Option<usize> {
+    match format {
+        Format::Bytes => None,
+        Format::Json | Format::Avro | Format::Protobuf => Some(DEFAULT_MAX_BYTES),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RuleDoc {
+    #[serde(default)]
+    pub(super) coordinates: Option<Located<CoordDoc>>,
+    #[serde(default)]
+    pub(super) field: Option<Located<String>>,
+    #[serde(default)]
+    pub(super) one_of: Option<Located<Vec<serde_json::Value>>>,
+    #[serde(default)]
+    pub(super) min: Option<Located<f64>>,
+    #[serde(default)]
+    pub(super) max: Option<Located<f64>>,
+    #[serde(default)]
+    pub(super) max_age: Option<Located<serde_yaml::Value>>,
+    #[serde(default)]
+    pub(super) unit: Option<Located<TimeUnit>>,
+    /// A missing or null field passes `one_of` and `min`/`max` (default false).
+    #[serde(default)]
+    pub(super) optional: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CoordDoc {
+    pub(super) lat: Located<String>,
+    pub(super) lon: Located<String>,
+    #[serde(default)]
+    pub(super) reject_null_island: bool,
+    #[serde(default)]
+    pub(super) bbox: Option<Located<Vec<f64>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HeadersDoc {
+    #[serde(default)]
+    pub(super) required: Vec<Located<String>>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum ActionDoc {
+    #[default]
+    Divert,
+    Drop,
+    Pass,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum UndecodableDoc {
+    #[default]
+    Hold,
+    Divert,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeadLetterDoc {
+    #[serde(default)]
+    pub(super) topic: Option<Located<String>>,
+}

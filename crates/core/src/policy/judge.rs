@@ -1,0 +1,191 @@
+//! The compiled form of a policy and the hot path that judges one record
+//! with it: size and header checks, decoding (bytes, JSON, Avro, Protobuf),
+//! schema validation and field rules. No allocation for a valid JSON record
+//! whose schema compiles to a shape.
+
+use super::avro::AvroDecoder;
+use super::deadletter::DeadLetterTemplate;
+use super::json;
+use super::protobuf::ProtoDecoder;
+use super::rules::{Doc, MaxAge, Rule};
+use super::shape::Shape;
+use super::Invalid;
+use crate::kafka::record::Record;
+
+/// How a value's bytes are decoded for the schema and the rules.
+#[derive(Debug)]
+pub(super) enum Decoder {
+    Bytes,
+    /// `fast`: set when the policy has no JSON Schema or its schema
+    /// compiles to a [`Shape`] (`shape`, moved into the plan when it is
+    /// built), so no `serde_json::Value` is built for a valid record (see
+    /// [`json::capture`], [`json::capture_shaped`]).
+    Json {
+        max_depth: usize,
+        fast: Option<json::Plan>,
+        shape: Option<Shape>,
+    },
+    Avro(AvroDecoder),
+    Protobuf(ProtoDecoder),
+}
+
+/// Everything a policy needs to judge a record, compiled at load.
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    pub(crate) dead_letter: DeadLetterTemplate,
+    pub(super) headers_required: Vec<String>,
+    pub(super) allow_null: bool,
+    pub(super) max_bytes: Option<usize>,
+    pub(super) decoder: Decoder,
+    pub(super) schema: Option<jsonschema::Validator>,
+    pub(super) rules: Vec<Rule>,
+    pub(super) stale: Vec<MaxAge>,
+}
+
+impl Compiled {
+    pub(crate) fn judge(&self, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+        let Some(bytes) = self.before_decode(r)? else {
+            return Ok(());
+        };
+        let value = match &self.decoder {
+            Decoder::Bytes => return Ok(()),
+            Decoder::Json {
+                max_depth,
+                fast: Some(plan),
+                ..
+            } if self.schema.is_none() => {
+                let caps = json::capture(bytes, *max_depth, plan)
+                    .map_err(|r| Invalid::poison("decode", r))?;
+                return self.check_rules(&caps, now_ms);
+            }
+            Decoder::Json {
+                max_depth, fast, ..
+            } => {
+                // A schema in the fast subset: a record that surely meets
+                // it skips the `Value`; any other is judged in full below.
+                if let Some(caps) = fast
+                    .as_ref()
+                    .and_then(|plan| json::capture_shaped(bytes, *max_depth, plan))
+                {
+                    return self.check_rules(&caps, now_ms);
+                }
+                json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
+            }
+            Decoder::Avro(d) => d.decode(bytes)?,
+            Decoder::Protobuf(d) => d.decode(bytes)?,
+        };
+        self.check_value(&value, now_ms)
+    }
+
+    /// Headers, null and size: the value's bytes when they need decoding,
+    /// `None` for a tombstone that passes.
+    fn before_decode<'r>(&self, r: &Record<'r>) -> Result<Option<&'r [u8]>, Invalid> {
+        for h in &self.headers_required {
+            match r.header(h) {
+                Some(Some(_)) => {}
+                Some(None) => {
+                    return Err(Invalid::poison(
+                        "headers.required",
+                        format!("required header {h} is present but null"),
+                    ))
+                }
+                None => {
+                    return Err(Invalid::poison(
+                        "headers.required",
+                        format!("missing required header {h}"),
+                    ))
+                }
+            }
+        }
+        let Some(bytes) = r.value else {
+            return if self.allow_null {
+                Ok(None)
+            } else {
+                Err(Invalid::poison(
+                    "allow_null",
+                    "value is null (a tombstone) and this policy sets allow_null: false",
+                ))
+            };
+        };
+        if let Some(max) = self.max_bytes {
+            if bytes.len() > max {
+                return Err(Invalid::poison(
+                    "max_bytes",
+                    format!("value is {} bytes, over max_bytes {max}", bytes.len()),
+                ));
+            }
+        }
+        Ok(Some(bytes))
+    }
+
+    /// JSON Schema, then the rules.
+    fn check_value(&self, value: &serde_json::Value, now_ms: i64) -> Result<(), Invalid> {
+        if let Some(schema) = &self.schema {
+            if !schema.is_valid(value) {
+                let reason = match schema.validate(value) {
+                    Err(e) => {
+                        let at = e.instance_path().to_string();
+                        let at = if at.is_empty() {
+                            "value".to_string()
+                        } else {
+                            at
+                        };
+                        format!("{at}: {e}")
+                    }
+                    Ok(()) => "value does not match the JSON Schema".to_string(),
+                };
+                return Err(Invalid::poison("schema", reason));
+            }
+        }
+        self.check_rules(value, now_ms)
+    }
+
+    /// Rules in file order, then `max_age` rules.
+    fn check_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
+        for rule in &self.rules {
+            rule.check(value)?;
+        }
+        for s in &self.stale {
+            s.check(value, now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Whether records are judged without building a `serde_json::Value`.
+    #[cfg(test)]
+    pub(crate) fn uses_fast_path(&self) -> bool {
+        matches!(self.decoder, Decoder::Json { fast: Some(_), .. })
+    }
+
+    /// Whether the fast path's shape alone accepts `bytes` (for tests that
+    /// valid records do not fall back to the full path).
+    #[cfg(test)]
+    pub(crate) fn shape_accepts(&self, bytes: &[u8]) -> bool {
+        match &self.decoder {
+            Decoder::Json {
+                max_depth,
+                fast: Some(plan),
+                ..
+            } => json::capture_shaped(bytes, *max_depth, plan).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Judge as the code before the fast path did: a `serde_json::Value`
+    /// from the scan-then-parse decoder, then the rules on it. For tests
+    /// that the fast path agrees with it.
+    #[cfg(test)]
+    pub(crate) fn judge_reference(&self, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+        let Some(bytes) = self.before_decode(r)? else {
+            return Ok(());
+        };
+        match &self.decoder {
+            Decoder::Json { max_depth, .. } => {
+                let value = json::decode_reference(bytes, *max_depth)
+                    .map_err(|r| Invalid::poison("decode", r))?;
+                self.check_value(&value, now_ms)
+            }
+            _ => self.judge(r, now_ms),
+        }
+    }
+}
