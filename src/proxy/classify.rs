@@ -14,7 +14,7 @@ use kafka_protocol::messages::ApiKey;
 use crate::policy::PolicySet;
 use crate::proxy::relay::RelayError;
 use crate::proxy::{addresses, produce, versions, Shared};
-use crate::transport::frame::{self, response_frame, Reader};
+use crate::transport::frame::{self, response_frame, Cursor};
 
 /// What the response to one request needs on its way back.
 #[derive(Debug)]
@@ -99,7 +99,7 @@ impl produce::Topics for DeadLetterTopics<'_> {
 /// The isolation level of a Fetch request (v4+), found by hand.
 fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
     let flexible = ApiKey::Fetch.request_header_version(version) >= 2;
-    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
+    let mut r = Cursor::new(frame, frame::request_body_offset(frame, flexible)?);
     if version < 15 {
         r.i32()?; // replica_id (a tagged field from v15)
     }
@@ -264,7 +264,7 @@ fn is_known_request(key: i16, version: i16) -> bool {
 /// traffic is never decoded.
 fn produce_acks(frame: &[u8], version: i16) -> Option<i16> {
     let flexible = ApiKey::Produce.request_header_version(version) >= 2;
-    let mut r = Reader::new(frame, frame::request_body_offset(frame, flexible)?);
+    let mut r = Cursor::new(frame, frame::request_body_offset(frame, flexible)?);
     if version >= 3 {
         r.skip_nullable_string(version >= 9)?; // transactional_id
     }

@@ -103,7 +103,7 @@ pub fn check(frame: &Bytes, version: i16, topics: &dyn Topics) -> Result<Decisio
         return Ok(Decision::AllRefused { body });
     }
     let mut out = BytesMut::new();
-    out.extend_from_slice(&frame[4..start]);
+    out.extend_from_slice(&frame[frame::LENGTH_PREFIX..start]);
     req.encode(&mut out, version).map_err(bad)?;
     Ok(Decision::Split {
         request: frame::with_length_prefix(&out),

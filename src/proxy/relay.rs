@@ -26,7 +26,9 @@ use crate::proxy::classify::{
     classify, Classified, Context, DeadLetterTopics, Handling, Pending, Send,
 };
 use crate::proxy::{produce, versions, Shared};
-use crate::transport::frame::{self, response_frame_raw, FrameError, FrameReader, Reader};
+use crate::transport::frame::{
+    self, response_frame_raw, Cursor, FrameError, FrameReader, LENGTH_PREFIX, RESPONSE_ID_END,
+};
 use crate::transport::net::BoxIo;
 
 /// Why a connection ended abnormally.
@@ -274,12 +276,15 @@ async fn respond(
                 .ok_or_else(|| RelayError::BadResponse("Produce response header".into()))?;
             let body = produce::merge(frame.slice(header_end..), version, &refused)
                 .map_err(|e| RelayError::BadResponse(e.to_string()))?;
-            Ok(response_frame_raw(&frame[4..header_end], &body))
+            Ok(response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body))
         }
         Handling::ApiVersions => {
             // The ApiVersions response header is always v0: the correlation id alone.
             let body = versions::rewrite(frame.slice(8..), version).map_err(bad)?;
-            Ok(response_frame_raw(&frame[4..8], &body))
+            Ok(response_frame_raw(
+                &frame[LENGTH_PREFIX..RESPONSE_ID_END],
+                &body,
+            ))
         }
         Handling::Fetch { isolation } => {
             let fetch_filter = &shared.fetch_filter;
@@ -293,7 +298,7 @@ async fn respond(
                 .map_err(bad)?;
             crate::metrics::global().fetch_rewrite_latency(started.elapsed());
             Ok(match body {
-                Some(body) => response_frame_raw(&frame[4..header_end], &body),
+                Some(body) => response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body),
                 None => frame,
             })
         }
@@ -313,7 +318,7 @@ async fn respond(
             // learn their ports.
             shared.learn(seen).await;
             Ok(match body {
-                Some(body) => response_frame_raw(&frame[4..header_end], &body),
+                Some(body) => response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body),
                 None => frame,
             })
         }
@@ -323,16 +328,18 @@ async fn respond(
 /// Whether a SaslHandshake v0 answer (v0 header, then error_code) accepts
 /// the mechanism.
 fn handshake_accepted(frame: &[u8]) -> Option<bool> {
-    Reader::new(frame, 8).i16().map(|code| code == 0)
+    Cursor::new(frame, RESPONSE_ID_END)
+        .i16()
+        .map(|code| code == 0)
 }
 
 /// Where a response's body starts (length prefix included in the offset).
 fn response_header_end(frame: &[u8], key: ApiKey, version: i16) -> Option<usize> {
-    let mut r = Reader::new(frame, 8);
+    let mut r = Cursor::new(frame, RESPONSE_ID_END);
     if key.response_header_version(version) >= 1 {
         r.skip_tagged_fields()?;
     }
-    Some(r.pos)
+    Some(r.pos())
 }
 
 #[cfg(test)]

@@ -97,6 +97,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
+pub use antidote_core::kafka::cursor::Cursor;
+
+/// Bytes of a frame's length prefix.
+pub const LENGTH_PREFIX: usize = 4;
+/// End of a request's fixed header part (length prefix, api key, api
+/// version, correlation id); the client id follows.
+pub const REQUEST_HEAD_END: usize = LENGTH_PREFIX + 2 + 2 + 4;
+/// End of a response's correlation id (length prefix included); a flexible
+/// response header's tagged fields follow, then the body.
+pub const RESPONSE_ID_END: usize = LENGTH_PREFIX + 4;
+
 /// The fixed start of every request header (all header versions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHead {
@@ -108,24 +119,24 @@ pub struct RequestHead {
 /// Peek api key, version and correlation id from a request frame
 /// (length prefix included). `None` if the frame is too short to be a request.
 pub fn peek_request(frame: &[u8]) -> Option<RequestHead> {
-    let mut b = frame.get(4..12)?;
+    let mut c = Cursor::new(frame, LENGTH_PREFIX);
     Some(RequestHead {
-        api_key: b.get_i16(),
-        api_version: b.get_i16(),
-        correlation_id: b.get_i32(),
+        api_key: c.i16()?,
+        api_version: c.i16()?,
+        correlation_id: c.i32()?,
     })
 }
 
 /// Peek the correlation id of a response frame (length prefix included).
 pub fn peek_correlation_id(frame: &[u8]) -> Option<i32> {
-    frame.get(4..8).map(|mut b| b.get_i32())
+    Cursor::new(frame, LENGTH_PREFIX).i32()
 }
 
 /// Offset of the request body in a request frame (length prefix included),
 /// given whether the header is flexible (v2: client id then tagged fields).
 /// `None` if the header is malformed.
 pub fn request_body_offset(frame: &[u8], flexible_header: bool) -> Option<usize> {
-    let mut r = Reader::new(frame, 12);
+    let mut r = Cursor::new(frame, REQUEST_HEAD_END);
     let client_id_len = r.i16()?;
     if client_id_len > 0 {
         r.skip(client_id_len as usize)?;
@@ -133,7 +144,7 @@ pub fn request_body_offset(frame: &[u8], flexible_header: bool) -> Option<usize>
     if flexible_header {
         r.skip_tagged_fields()?;
     }
-    Some(r.pos)
+    Some(r.pos())
 }
 
 /// Frame a body: prefix it with its length.
@@ -142,69 +153,6 @@ pub fn with_length_prefix(body: &[u8]) -> Bytes {
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(body);
     out.freeze()
-}
-
-/// A bounds-checked cursor for peeking at request fields by hand. Every read
-/// returns `None` past the end instead of panicking.
-pub struct Reader<'a> {
-    buf: &'a [u8],
-    pub pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub fn new(buf: &'a [u8], pos: usize) -> Self {
-        Reader { buf, pos }
-    }
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.buf.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
-    }
-    pub fn skip(&mut self, n: usize) -> Option<()> {
-        self.take(n).map(|_| ())
-    }
-    pub fn i8(&mut self) -> Option<i8> {
-        self.take(1).map(|b| b[0] as i8)
-    }
-    pub fn i16(&mut self) -> Option<i16> {
-        self.take(2).map(|mut b| b.get_i16())
-    }
-    pub fn i32(&mut self) -> Option<i32> {
-        self.take(4).map(|mut b| b.get_i32())
-    }
-    pub fn uvarint(&mut self) -> Option<u32> {
-        let mut v: u32 = 0;
-        for i in 0..5 {
-            let b = self.take(1)?[0];
-            v |= ((b & 0x7f) as u32) << (7 * i);
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-    /// Skip a nullable string: i16 length, or compact (uvarint length + 1).
-    pub fn skip_nullable_string(&mut self, compact: bool) -> Option<()> {
-        let len = if compact {
-            (self.uvarint()? as i64) - 1
-        } else {
-            self.i16()? as i64
-        };
-        if len > 0 {
-            self.skip(len as usize)?;
-        }
-        Some(())
-    }
-    pub fn skip_tagged_fields(&mut self) -> Option<()> {
-        let n = self.uvarint()?;
-        for _ in 0..n {
-            self.uvarint()?;
-            let size = self.uvarint()?;
-            self.skip(size as usize)?;
-        }
-        Some(())
-    }
 }
 
 /// A response frame with a v0 header (correlation id) or a flexible header

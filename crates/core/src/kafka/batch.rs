@@ -22,8 +22,8 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use crate::kafka::compression::{self, Compression, CompressionError, SnappyFraming};
+use crate::kafka::cursor::Cursor;
 use crate::kafka::record::{Header, Record};
-use crate::kafka::varint::{read_varint, read_varlong};
 
 pub use crate::kafka::splice::splice;
 
@@ -360,54 +360,14 @@ pub struct DecodedBatch {
     headers: Vec<HeaderEntry>,
 }
 
-/// Reads record fields from `buf[..end]`, failing on any overrun.
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    end: usize,
+/// The value of a record-field read, or a `Malformed` error naming the
+/// field and the byte where it failed.
+fn need<T>(v: Option<T>, c: &Cursor, what: &str) -> Result<T, BatchError> {
+    v.ok_or_else(|| malformed(c, what))
 }
 
-impl Cursor<'_> {
-    fn err(&self, what: &str) -> BatchError {
-        BatchError::Malformed(format!("{what} at byte {} of the records", self.pos))
-    }
-    fn varint(&mut self, what: &str) -> Result<i32, BatchError> {
-        let mut p = self.pos;
-        match read_varint(&self.buf[..self.end], &mut p) {
-            Some(v) => {
-                self.pos = p;
-                Ok(v)
-            }
-            None => Err(self.err(what)),
-        }
-    }
-    fn varlong(&mut self, what: &str) -> Result<i64, BatchError> {
-        let mut p = self.pos;
-        match read_varlong(&self.buf[..self.end], &mut p) {
-            Some(v) => {
-                self.pos = p;
-                Ok(v)
-            }
-            None => Err(self.err(what)),
-        }
-    }
-    fn take(&mut self, n: usize, what: &str) -> Result<Range<usize>, BatchError> {
-        if n > self.end - self.pos {
-            return Err(self.err(what));
-        }
-        let r = self.pos..self.pos + n;
-        self.pos += n;
-        Ok(r)
-    }
-    /// A varint length followed by that many bytes; -1 means null.
-    fn nullable(&mut self, what: &str) -> Result<Option<Range<usize>>, BatchError> {
-        let n = self.varint(what)?;
-        match n {
-            -1 => Ok(None),
-            n if n < -1 => Err(self.err(what)),
-            n => self.take(n as usize, what).map(Some),
-        }
-    }
+fn malformed(c: &Cursor, what: &str) -> BatchError {
+    BatchError::Malformed(format!("{what} at byte {} of the records", c.pos()))
 }
 
 impl DecodedBatch {
@@ -415,43 +375,34 @@ impl DecodedBatch {
         let buf = &self.buf[..];
         // Every record takes at least 7 bytes, so this bounds the allocation.
         self.entries.reserve(count.min(buf.len() / 7));
-        let mut c = Cursor {
-            buf,
-            pos: 0,
-            end: buf.len(),
-        };
+        let mut c = Cursor::new(buf, 0);
         for _ in 0..count {
-            let start = c.pos;
-            let len = c.varint("record length")?;
-            let len = usize::try_from(len).map_err(|_| c.err("negative record length"))?;
-            let body = c.take(len, "record runs past the end")?;
-            let mut r = Cursor {
-                buf,
-                pos: body.start,
-                end: body.end,
-            };
-            r.take(1, "record attributes")?;
-            let timestamp_delta = r.varlong("timestampDelta")?;
-            let offset_delta = r.varint("offsetDelta")?;
-            let key = r.nullable("key")?;
-            let value = r.nullable("value")?;
-            let n_headers = r.varint("header count")?;
+            let start = c.pos();
+            let len = need(c.varint(), &c, "record length")?;
+            let len = usize::try_from(len).map_err(|_| malformed(&c, "negative record length"))?;
+            let body = need(c.take(len), &c, "record runs past the end")?;
+            let mut r = Cursor::within(buf, body.clone());
+            need(r.skip(1), &r, "record attributes")?;
+            let timestamp_delta = need(r.varlong(), &r, "timestampDelta")?;
+            let offset_delta = need(r.varint(), &r, "offsetDelta")?;
+            let key = need(r.nullable(), &r, "key")?;
+            let value = need(r.nullable(), &r, "value")?;
+            let n_headers = need(r.varint(), &r, "header count")?;
             let n_headers =
-                usize::try_from(n_headers).map_err(|_| r.err("negative header count"))?;
+                usize::try_from(n_headers).map_err(|_| malformed(&r, "negative header count"))?;
             // Each header takes at least 2 bytes.
-            if n_headers > (r.end - r.pos) / 2 {
-                return Err(r.err("header count larger than the record"));
+            if n_headers > r.remaining() / 2 {
+                return Err(malformed(&r, "header count larger than the record"));
             }
             let h_start = self.headers.len();
             for _ in 0..n_headers {
-                let key = r
-                    .nullable("header key")?
-                    .ok_or_else(|| r.err("null header key"))?;
-                let value = r.nullable("header value")?;
+                let key = need(r.nullable(), &r, "header key")?
+                    .ok_or_else(|| malformed(&r, "null header key"))?;
+                let value = need(r.nullable(), &r, "header value")?;
                 self.headers.push(HeaderEntry { key, value });
             }
-            if r.pos != r.end {
-                return Err(r.err("record length does not match its fields"));
+            if !r.at_end() {
+                return Err(malformed(&r, "record length does not match its fields"));
             }
             self.entries.push(Entry {
                 raw: start..body.end,
@@ -462,8 +413,8 @@ impl DecodedBatch {
                 headers: h_start..self.headers.len(),
             });
         }
-        if c.pos != c.end {
-            return Err(c.err("bytes left after recordsCount records"));
+        if !c.at_end() {
+            return Err(malformed(&c, "bytes left after recordsCount records"));
         }
         Ok(())
     }

@@ -21,6 +21,12 @@ pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Option<i64> {
     Some(((raw >> 1) as i64) ^ -((raw & 1) as i64))
 }
 
+/// Read an unsigned varint (at most 5 bytes), as used in flexible-version
+/// request headers and tagged fields; bits above 32 are ignored.
+pub fn read_uvarint(buf: &[u8], pos: &mut usize) -> Option<u32> {
+    read_unsigned(buf, pos, 5).map(|v| v as u32)
+}
+
 fn read_unsigned(buf: &[u8], pos: &mut usize, max_bytes: usize) -> Option<u64> {
     let mut value: u64 = 0;
     let mut at = *pos;
