@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod deadletter;
 pub mod dlt;
+pub mod envsubst;
 pub mod intercept;
 pub mod kafka;
 pub mod metrics;
