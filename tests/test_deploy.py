@@ -374,6 +374,21 @@ def test_dockerfile_builds_a_stripped_binary_and_runs_it_as_non_root():
     assert "target/" in ignored and ".venv/" in ignored
 
 
+# What gcr.io/distroless/cc-debian12 ships: glibc (libc, libm, libdl, librt,
+# libpthread, the loader) and libgcc_s; no OpenSSL, no libstdc++ guarantees.
+DISTROLESS_CC = {"libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0",
+                 "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "libgcc_s.so.1"}
+
+
+@pytest.mark.skipif(not shutil.which("readelf"), reason="readelf (binutils) not installed")
+def test_the_binary_needs_only_libraries_the_runtime_image_has():
+    assert "distroless/cc-" in dockerfile()["FROM"][-1], "the set below is distroless cc's"
+    out = subprocess.run(["readelf", "-d", str(ANTIDOTE_BIN)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out))
+    assert needed and needed <= DISTROLESS_CC, needed - DISTROLESS_CC
+
+
 def test_the_image_command_line_serves_clients_and_probes(workdir, broker):
     """ENTRYPOINT + CMD exactly as the image runs them, ENV as it sets it,
     the Kubernetes ConfigMaps at the paths the image documents (under a temp
