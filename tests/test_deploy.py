@@ -564,7 +564,7 @@ def test_systemd_unit_is_hardened_and_reloads_with_sighup():
 def test_systemd_analyze_verifies_the_unit(workdir):
     # verify also checks that ExecStart's binary exists: point it at ours.
     copy = workdir / "antidote.service"
-    copy.write_text(UNIT.read_text().replace("/usr/local/bin/antidote", str(ANTIDOTE_BIN)))
+    copy.write_text(UNIT.read_text().replace("/usr/local/bin/antidote", str(ANTIDOTE_BIN.resolve())))
     r = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
