@@ -26,7 +26,7 @@ LAYERS = [
     ["dlt_record"],
     ["plan"],
     # antidote (src): the binary crate.
-    ["sasl"],
+    ["sasl", "envsubst"],
     ["config"],
     ["transport"],
     ["metrics"],

@@ -404,6 +404,8 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        // `${VAR}` from the environment, before YAML sees the text (crate::envsubst).
+        let text = crate::envsubst::expand_file_text(&text, path).map_err(ConfigError)?;
         Self::parse(&text, path)
     }
 

@@ -16,7 +16,7 @@
 //! client       the proxy's own Kafka connections (metadata, produce, fetch)
 //! metrics      counters and histograms the admin listener renders
 //! transport    frames, TCP/TLS streams, SASL
-//! config       the config file
+//! config       the config file (envsubst: ${VAR} in it)
 //! ---------------------------------- antidote-core (no I/O)
 //! plan -> policy -> kafka, dlt_record, text, clock
 //! ```
@@ -29,6 +29,7 @@ pub mod client;
 pub mod config;
 pub mod deadletter;
 pub mod dlt;
+pub mod envsubst;
 pub mod filter;
 pub mod metrics;
 pub mod proxy;

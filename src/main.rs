@@ -31,12 +31,14 @@ enum LogFormat {
 enum Command {
     /// Run the proxy in the foreground until SIGINT or SIGTERM.
     Run {
-        #[arg(long, short)]
+        /// Config file; `ANTIDOTE_CONFIG` when not given.
+        #[arg(long, short, env = "ANTIDOTE_CONFIG")]
         config: PathBuf,
     },
     /// Validate the config and every policy file it names; exit non-zero on any error.
     Check {
-        #[arg(long, short)]
+        /// Config file; `ANTIDOTE_CONFIG` when not given.
+        #[arg(long, short, env = "ANTIDOTE_CONFIG")]
         config: PathBuf,
     },
     /// Dead-letter topics: inspect them, replay records from them.

@@ -52,7 +52,10 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime
     };
     for e in entries.flatten() {
         let path = e.path();
-        let Ok(meta) = e.metadata() else { continue };
+        // Follow symlinks: a policy linked to a file elsewhere changes when
+        // its target does, not the link. (A Kubernetes ConfigMap swaps its
+        // `..data` link: seen either way, through the timestamped folder.)
+        let Ok(meta) = std::fs::metadata(&path) else { continue };
         if meta.is_dir() {
             walk(&path, depth + 1, out);
         } else if path
@@ -142,5 +145,39 @@ mod tests {
         assert_eq!(fingerprint(&paths), before, "a log file is not a policy");
         std::fs::write(dir.path().join("schemas/x.avsc"), "{}").unwrap();
         assert_ne!(fingerprint(&paths), before, "a new schema file is");
+    }
+
+    #[test]
+    fn a_changed_symlink_target_counts_as_a_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("elsewhere.txt");
+        std::fs::write(&target, "policies: []\n").unwrap();
+        let policies = dir.path().join("policies");
+        std::fs::create_dir(&policies).unwrap();
+        std::os::unix::fs::symlink(&target, policies.join("p.yaml")).unwrap();
+        let paths = vec![policies];
+        let before = fingerprint(&paths);
+        std::fs::write(&target, "policies: [] # edited in place\n").unwrap();
+        assert_ne!(fingerprint(&paths), before);
+    }
+
+    #[test]
+    fn a_configmap_data_swap_counts_as_a_change() {
+        // The kubelet's layout: `p.yaml -> ..data/p.yaml`, `..data -> ..<stamp>`;
+        // an update writes a new stamp folder and renames a new `..data` over the old.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount = dir.path();
+        std::fs::create_dir(mount.join("..1")).unwrap();
+        std::fs::write(mount.join("..1/p.yaml"), "policies: []\n").unwrap();
+        std::os::unix::fs::symlink("..1", mount.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/p.yaml", mount.join("p.yaml")).unwrap();
+        let paths = vec![mount.to_path_buf()];
+        let before = fingerprint(&paths);
+        std::fs::create_dir(mount.join("..2")).unwrap();
+        std::fs::write(mount.join("..2/p.yaml"), "policies: []\n").unwrap();
+        std::os::unix::fs::symlink("..2", mount.join("..data_tmp")).unwrap();
+        std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+        std::fs::remove_dir_all(mount.join("..1")).unwrap();
+        assert_ne!(fingerprint(&paths), before, "same content, new data folder");
     }
 }
