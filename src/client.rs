@@ -1,8 +1,12 @@
 //! The proxy's own Kafka client: one connection, typed requests, one request
-//! in flight at a time. Used for the proxy's metadata lookups and, later, by
-//! the dead-letter producer and the `dlt` commands. It negotiates versions
-//! with ApiVersions on connect and picks, per API, the highest version both
-//! sides support within a range the caller names.
+//! in flight at a time. Used for the proxy's metadata lookups, by the
+//! dead-letter producer and ledger loader, and by the `dlt` commands. It
+//! negotiates versions with ApiVersions on connect and picks, per API, the
+//! highest version both sides support within a range the caller names.
+//!
+//! Hand-written on purpose, over `kafka-protocol`'s message types: rdkafka
+//! would bring C code and OpenSSL into the proxy, and rskafka drops
+//! duplicate and null headers, which a DLT record must keep byte for byte.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -34,7 +34,7 @@ pub struct Config {
     pub limits: Limits,
     /// Where diverted records are written; defaults to the upstream cluster.
     #[serde(default)]
-    pub dead_letter: DeadLetter,
+    pub dead_letter: DeadLetterConfig,
     /// The admin HTTP listener (metrics and health).
     #[serde(default)]
     pub admin: Admin,
@@ -167,7 +167,7 @@ impl Default for Limits {
 /// The dead-letter producer's cluster and settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DeadLetter {
+pub struct DeadLetterConfig {
     /// Defaults to the upstream cluster.
     #[serde(default)]
     pub bootstrap_servers: Option<Vec<HostPort>>,
@@ -223,9 +223,9 @@ impl DltCompression {
     }
 }
 
-impl Default for DeadLetter {
+impl Default for DeadLetterConfig {
     fn default() -> Self {
-        DeadLetter {
+        DeadLetterConfig {
             bootstrap_servers: None,
             tls: None,
             sasl: None,

@@ -23,13 +23,28 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvSubstError {
     #[error("{line}:{column}: environment variable {name} is not set (give a default with ${{{name}:-value}})")]
-    Unset { line: usize, column: usize, name: String },
-    #[error("{line}:{column}: unterminated `${{`: no `}}` on this line (write `$$` for a literal `$`)")]
+    Unset {
+        line: usize,
+        column: usize,
+        name: String,
+    },
+    #[error(
+        "{line}:{column}: unterminated `${{`: no `}}` on this line (write `$$` for a literal `$`)"
+    )]
     Unterminated { line: usize, column: usize },
     #[error("{line}:{column}: `${{{text}}}`: expected ${{NAME}} or ${{NAME:-default}}, NAME of letters, digits and _ not starting with a digit")]
-    BadName { line: usize, column: usize, text: String },
+    BadName {
+        line: usize,
+        column: usize,
+        text: String,
+    },
     #[error("{line}:{column}: the value of {name} contains {why}, which would change the YAML structure; such values cannot be substituted")]
-    Unsafe { line: usize, column: usize, name: String, why: &'static str },
+    Unsafe {
+        line: usize,
+        column: usize,
+        name: String,
+        why: &'static str,
+    },
 }
 
 /// Expand `text` with the process environment. On error, every problem is
@@ -96,7 +111,10 @@ fn expand_line(
                         i += len + 3;
                     }
                     _ => {
-                        errors.push(EnvSubstError::Unterminated { line: at.0, column: at.1 });
+                        errors.push(EnvSubstError::Unterminated {
+                            line: at.0,
+                            column: at.1,
+                        });
                         return;
                     }
                 }
@@ -133,7 +151,9 @@ impl Scanner {
                 && self
                     .last_non_space
                     .is_none_or(|p| matches!(p, ':' | '-' | '[' | '{' | ','))
-                && self.prev.is_none_or(|p| p.is_whitespace() || "[{,".contains(p)) =>
+                && self
+                    .prev
+                    .is_none_or(|p| p.is_whitespace() || "[{,".contains(p)) =>
             {
                 self.quote = Some(c)
             }
@@ -157,17 +177,32 @@ fn reference(
         None => (inner, None),
     };
     if !is_name(name) {
-        return Err(EnvSubstError::BadName { line, column, text: inner.to_string() });
+        return Err(EnvSubstError::BadName {
+            line,
+            column,
+            text: inner.to_string(),
+        });
     }
     // Shell semantics: `:-` also replaces a variable that is set but empty.
     let value = match (lookup(name), default) {
         (Some(v), Some(d)) if v.is_empty() => d.to_string(),
         (Some(v), _) => v,
         (None, Some(d)) => d.to_string(),
-        (None, None) => return Err(EnvSubstError::Unset { line, column, name: name.to_string() }),
+        (None, None) => {
+            return Err(EnvSubstError::Unset {
+                line,
+                column,
+                name: name.to_string(),
+            })
+        }
     };
     match unsafe_reason(&value) {
-        Some(why) => Err(EnvSubstError::Unsafe { line, column, name: name.to_string(), why }),
+        Some(why) => Err(EnvSubstError::Unsafe {
+            line,
+            column,
+            name: name.to_string(),
+            why,
+        }),
         None => Ok(value),
     }
 }
@@ -218,8 +253,10 @@ mod tests {
     use super::*;
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: Vec<(String, String)> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
 
@@ -245,15 +282,31 @@ mod tests {
     #[test]
     fn an_unset_variable_names_line_and_column_of_its_dollar() {
         let errs = expand("x: 1\nlisten:\n  bootstrap: ${NOPE}\n", env(&[])).unwrap_err();
-        assert_eq!(errs, vec![EnvSubstError::Unset { line: 3, column: 14, name: "NOPE".into() }]);
-        assert!(errs[0].to_string().starts_with("3:14: environment variable NOPE is not set"));
+        assert_eq!(
+            errs,
+            vec![EnvSubstError::Unset {
+                line: 3,
+                column: 14,
+                name: "NOPE".into()
+            }]
+        );
+        assert!(errs[0]
+            .to_string()
+            .starts_with("3:14: environment variable NOPE is not set"));
     }
 
     #[test]
     fn every_error_of_a_file_is_reported() {
         let errs = expand("a: ${X}\nb: ${1BAD}\nc: ${Y\n", env(&[])).unwrap_err();
         assert_eq!(errs.len(), 3, "{errs:?}");
-        assert!(matches!(errs[1], EnvSubstError::BadName { line: 2, column: 4, .. }));
+        assert!(matches!(
+            errs[1],
+            EnvSubstError::BadName {
+                line: 2,
+                column: 4,
+                ..
+            }
+        ));
         assert_eq!(errs[2], EnvSubstError::Unterminated { line: 3, column: 4 });
     }
 
@@ -261,25 +314,70 @@ mod tests {
     fn bad_names_are_refused() {
         for bad in ["${}", "${A-B}", "${A B}", "${9}", "${A:=x}", "${é}"] {
             let errs = expand(&format!("k: {bad}"), env(&[("A", "v")])).unwrap_err();
-            assert!(matches!(errs[0], EnvSubstError::BadName { line: 1, column: 4, .. }), "{bad}: {errs:?}");
+            assert!(
+                matches!(
+                    errs[0],
+                    EnvSubstError::BadName {
+                        line: 1,
+                        column: 4,
+                        ..
+                    }
+                ),
+                "{bad}: {errs:?}"
+            );
         }
     }
 
     #[test]
     fn an_unterminated_reference_does_not_run_into_the_next_line() {
         let errs = expand("a: ${A\nb: }\n", env(&[("A", "v")])).unwrap_err();
-        assert_eq!(errs, vec![EnvSubstError::Unterminated { line: 1, column: 4 }]);
+        assert_eq!(
+            errs,
+            vec![EnvSubstError::Unterminated { line: 1, column: 4 }]
+        );
     }
 
     #[test]
     fn values_that_would_change_the_yaml_shape_are_refused() {
         for v in [
-            "1\nadmin: {listen: 0.0.0.0:1}", "a: b", "a:", "x #c", "#c", "[1]", "a,b", "{a}",
-            "\"q", "it's", "back\\", " lead", "trail ", "- x", "-", "? k", "*alias", "&anc",
-            "!tag", "|", ">", "%x", "@x", "`x", "tab\there",
+            "1\nadmin: {listen: 0.0.0.0:1}",
+            "a: b",
+            "a:",
+            "x #c",
+            "#c",
+            "[1]",
+            "a,b",
+            "{a}",
+            "\"q",
+            "it's",
+            "back\\",
+            " lead",
+            "trail ",
+            "- x",
+            "-",
+            "? k",
+            "*alias",
+            "&anc",
+            "!tag",
+            "|",
+            ">",
+            "%x",
+            "@x",
+            "`x",
+            "tab\there",
         ] {
             let errs = expand("k: ${V}", env(&[("V", v)])).unwrap_err();
-            assert!(matches!(errs[0], EnvSubstError::Unsafe { line: 1, column: 4, .. }), "{v:?}: {errs:?}");
+            assert!(
+                matches!(
+                    errs[0],
+                    EnvSubstError::Unsafe {
+                        line: 1,
+                        column: 4,
+                        ..
+                    }
+                ),
+                "{v:?}: {errs:?}"
+            );
         }
         // Defaults obey the same rule.
         assert!(expand("k: ${V:-a: b}", env(&[])).is_err());
@@ -287,9 +385,24 @@ mod tests {
 
     #[test]
     fn ordinary_values_are_accepted() {
-        for v in ["29100", "-1", "0.0.0.0:9644", "kafka-0.kafka.svc:9092", "/etc/antidote/x.pem",
-                  "https://registry:8081/a?b=c&d=e", "p#q", "10s", "true", "ünïcode", ""] {
-            assert_eq!(expand("k: ${V}", env(&[("V", v)])).unwrap(), format!("k: {v}"), "{v:?}");
+        for v in [
+            "29100",
+            "-1",
+            "0.0.0.0:9644",
+            "kafka-0.kafka.svc:9092",
+            "/etc/antidote/x.pem",
+            "https://registry:8081/a?b=c&d=e",
+            "p#q",
+            "10s",
+            "true",
+            "ünïcode",
+            "",
+        ] {
+            assert_eq!(
+                expand("k: ${V}", env(&[("V", v)])).unwrap(),
+                format!("k: {v}"),
+                "{v:?}"
+            );
         }
     }
 
@@ -309,8 +422,14 @@ mod tests {
 
     #[test]
     fn file_errors_carry_the_path() {
-        let err = expand_file_text("a: ${ANTIDOTE_TEST_SURELY_UNSET_VAR}\n", std::path::Path::new("/etc/a.yaml"))
-            .unwrap_err();
-        assert!(err.starts_with("/etc/a.yaml:1:4: environment variable ANTIDOTE_TEST_SURELY_UNSET_VAR"), "{err}");
+        let err = expand_file_text(
+            "a: ${ANTIDOTE_TEST_SURELY_UNSET_VAR}\n",
+            std::path::Path::new("/etc/a.yaml"),
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("/etc/a.yaml:1:4: environment variable ANTIDOTE_TEST_SURELY_UNSET_VAR"),
+            "{err}"
+        );
     }
 }

@@ -200,7 +200,7 @@ impl FetchFilter {
         resp: &FetchResponse,
         version: i16,
         isolation: i8,
-    ) -> (Vec<Job>, Vec<usize>) {
+    ) -> (Vec<PartitionJob>, Vec<usize>) {
         let policies = self.policies();
         let mut jobs = Vec::new();
         let mut unloaded = Vec::new();
@@ -239,7 +239,7 @@ impl FetchFilter {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
                     continue;
                 };
-                jobs.push(Job {
+                jobs.push(PartitionJob {
                     at: (ti, pi),
                     policy: policy.clone(),
                     topic: topic_name.clone(),
@@ -261,7 +261,7 @@ impl FetchFilter {
     /// response can use more than one core.
     async fn plan_all(
         &self,
-        mut jobs: Vec<Job>,
+        mut jobs: Vec<PartitionJob>,
         now_ms: i64,
     ) -> anyhow::Result<Vec<((usize, usize), PartitionPlan)>> {
         let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
@@ -487,7 +487,7 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
 const PARALLEL_MIN_BYTES: usize = 256 * 1024;
 
 /// One partition of a Fetch response to plan.
-struct Job {
+struct PartitionJob {
     /// (topic index, partition index) in the response.
     at: (usize, usize),
     policy: Arc<crate::policy::Policy>,
@@ -497,7 +497,7 @@ struct Job {
     vis: Visibility,
 }
 
-impl Job {
+impl PartitionJob {
     fn plan(
         &self,
         now_ms: i64,

@@ -30,10 +30,10 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use super::{backoff, Job, Ledger};
+use super::{backoff, Ledger, PendingWrite};
 use crate::client::{errors, Cluster};
 use crate::clock::now_ms;
-use crate::config::DeadLetter as DeadLetterConfig;
+use crate::config::DeadLetterConfig;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
 /// Most jobs taken into one round.
@@ -98,7 +98,7 @@ impl Producer {
         }
     }
 
-    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Job>) {
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<PendingWrite>) {
         while let Some(first) = rx.recv().await {
             let mut jobs = vec![first];
             while jobs.len() < MAX_JOBS_PER_ROUND {
@@ -112,7 +112,7 @@ impl Producer {
     }
 
     /// Write one round of jobs, each DLT partition on its own.
-    async fn round(&mut self, mut jobs: Vec<Job>) {
+    async fn round(&mut self, mut jobs: Vec<PendingWrite>) {
         let failed_at = now_ms();
         // Diversions arrive from concurrent tasks: write them in origin order.
         jobs.sort_by(|a, b| {
@@ -124,7 +124,7 @@ impl Producer {
             ))
         });
         let ids = self.origin_ids(&jobs).await;
-        let mut by_topic: BTreeMap<String, Vec<Job>> = BTreeMap::new();
+        let mut by_topic: BTreeMap<String, Vec<PendingWrite>> = BTreeMap::new();
         for j in jobs {
             by_topic
                 .entry(j.diversion.dlt_topic.clone())
@@ -148,7 +148,7 @@ impl Producer {
     async fn write_topic(
         &mut self,
         topic: &str,
-        jobs: Vec<Job>,
+        jobs: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
         failed_at: i64,
     ) -> bool {
@@ -164,7 +164,7 @@ impl Producer {
         }
         // Read back from the DLT meanwhile (written before a restart or a
         // reload): acknowledged without a second write.
-        let (already, jobs): (Vec<Job>, Vec<Job>) = jobs
+        let (already, jobs): (Vec<PendingWrite>, Vec<PendingWrite>) = jobs
             .into_iter()
             .partition(|j| self.ledger.contains(&super::ledger_key(&j.diversion)));
         already
@@ -183,7 +183,7 @@ impl Producer {
             }
         };
         self.ensure_pid().await;
-        let mut by_part: BTreeMap<i32, Vec<Job>> = BTreeMap::new();
+        let mut by_part: BTreeMap<i32, Vec<PendingWrite>> = BTreeMap::new();
         for j in jobs {
             by_part
                 .entry(j.diversion.origin_partition.rem_euclid(n))
@@ -225,7 +225,7 @@ impl Producer {
     /// every diversion); a topic whose id changed has its old ledger
     /// entries dropped. A topic whose id is unknown is written without
     /// `x-original-topic-id`, which the ledger accepts.
-    async fn origin_ids(&mut self, jobs: &[Job]) -> HashMap<Arc<str>, Uuid> {
+    async fn origin_ids(&mut self, jobs: &[PendingWrite]) -> HashMap<Arc<str>, Uuid> {
         let mut topics: Vec<Arc<str>> = jobs
             .iter()
             .map(|j| j.diversion.origin_topic.clone())
@@ -511,7 +511,7 @@ fn chunks(records: &[NewRecord], max_bytes: usize) -> Vec<Range<usize>> {
 
 /// Report a job's outcome: the ledger first (so a new claim sees it), then
 /// whoever waits.
-fn finish(ledger: &Ledger, job: Job, ok: bool) {
+fn finish(ledger: &Ledger, job: PendingWrite, ok: bool) {
     let d = &job.diversion;
     if ok {
         info!(topic = %d.origin_topic, partition = d.origin_partition, offset = d.origin_offset,

@@ -55,7 +55,9 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime
         // Follow symlinks: a policy linked to a file elsewhere changes when
         // its target does, not the link. (A Kubernetes ConfigMap swaps its
         // `..data` link: seen either way, through the timestamped folder.)
-        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
         if meta.is_dir() {
             walk(&path, depth + 1, out);
         } else if path

@@ -4,7 +4,7 @@
 //! whose schema compiles to a shape.
 
 use super::avro::AvroDecoder;
-use super::deadletter::DeadLetterTemplate;
+use super::dlt_topic::DeadLetterTemplate;
 use super::json;
 use super::protobuf::ProtoDecoder;
 use super::rules::{Doc, MaxAge, Rule};

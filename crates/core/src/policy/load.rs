@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::compile::{compile_rule, compile_value};
-use super::deadletter::DeadLetterTemplate;
+use super::dlt_topic::DeadLetterTemplate;
 use super::document::*;
 use super::glob;
 use super::json;

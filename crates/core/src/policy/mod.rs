@@ -65,7 +65,7 @@
 
 mod avro;
 mod compile;
-mod deadletter;
+mod dlt_topic;
 mod document;
 mod glob;
 mod json;
@@ -88,7 +88,7 @@ use std::sync::Arc;
 
 use crate::kafka::record::Record;
 
-pub use deadletter::DeadLetterTemplate;
+pub use dlt_topic::DeadLetterTemplate;
 
 /// What went wrong loading policies. Displayed as `file:line:column: message`;
 /// the message names the offending key (e.g. `value.schema: ...`).
