@@ -148,7 +148,7 @@ impl Connection {
     async fn authenticate(&mut self, cfg: &crate::sasl::SaslConfig) -> Result<(), ClientError> {
         use crate::sasl::{plain_token, Mechanism, Scram};
         use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
-        let password = cfg.password().map_err(|e| self.protocol(&e))?;
+        let password = cfg.password().map_err(|e| self.protocol(&e.to_string()))?;
         let hs = self
             .send(
                 SaslHandshakeRequest::default()
@@ -199,14 +199,14 @@ impl Connection {
                 let client_final = scram
                     .client_final_off_runtime(&server_first)
                     .await
-                    .map_err(|e| self.protocol(&e))?;
+                    .map_err(|e| self.protocol(&e.to_string()))?;
                 let r = self.send(step(client_final.into_bytes()), 0, 2).await?;
                 if r.error_code != 0 {
                     return Err(self.protocol(&fail(r.error_code, r.error_message)));
                 }
                 scram
                     .verify_server_final(&String::from_utf8_lossy(&r.auth_bytes))
-                    .map_err(|e| self.protocol(&e))?;
+                    .map_err(|e| self.protocol(&e.to_string()))?;
             }
         }
         Ok(())

@@ -25,14 +25,40 @@ pub struct SaslConfig {
     pub password_env: Option<String>,
 }
 
+/// Why a SASL exchange (or its configuration) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SaslError {
+    #[error("sasl: environment variable {0} is not set")]
+    PasswordEnvUnset(String),
+    #[error("sasl: `password` or `password_env` is required")]
+    NoPassword,
+    #[error("SCRAM key derivation failed: {0}")]
+    KeyDerivation(String),
+    #[error("SCRAM salt: {0}")]
+    Salt(base64::DecodeError),
+    #[error("malformed SCRAM {0} message")]
+    Malformed(&'static str),
+    #[error("SCRAM server nonce does not extend the client nonce")]
+    Nonce,
+    #[error("SCRAM iteration count {0} from the server is outside Kafka's bounds {lo}..={hi}", lo = SCRAM_ITERATIONS.start(), hi = SCRAM_ITERATIONS.end())]
+    Iterations(u32),
+    #[error("SCRAM authentication failed: {0}")]
+    Rejected(String),
+    #[error("SCRAM exchange out of order")]
+    OutOfOrder,
+    #[error("SCRAM server signature does not match: not the expected server")]
+    ServerSignature,
+}
+
 impl SaslConfig {
     /// The password, from the config or the named environment variable.
-    pub fn password(&self) -> Result<String, String> {
+    pub fn password(&self) -> Result<String, SaslError> {
         match (&self.password, &self.password_env) {
             (Some(p), _) => Ok(p.expose().to_string()),
-            (None, Some(var)) => std::env::var(var)
-                .map_err(|_| format!("sasl: environment variable {var} is not set")),
-            (None, None) => Err("sasl: `password` or `password_env` is required".into()),
+            (None, Some(var)) => {
+                std::env::var(var).map_err(|_| SaslError::PasswordEnvUnset(var.clone()))
+            }
+            (None, None) => Err(SaslError::NoPassword),
         }
     }
 }
@@ -150,7 +176,7 @@ impl Scram {
 
     /// Answer the server-first message with the client-final message,
     /// deriving the salted password on the calling thread (tests, tools).
-    pub fn client_final(&mut self, server_first: &str) -> Result<String, String> {
+    pub fn client_final(&mut self, server_first: &str) -> Result<String, SaslError> {
         let first = self.parse_server_first(server_first)?;
         let (alg, len) = self.pbkdf2_algorithm();
         let salted = salted_password(alg, len, first.iterations, &first.salt, &self.password);
@@ -160,7 +186,10 @@ impl Scram {
     /// `client_final`, with PBKDF2 (up to 16384 HMAC rounds) run on a
     /// blocking thread so that it never stalls a runtime worker that is
     /// relaying other connections.
-    pub async fn client_final_off_runtime(&mut self, server_first: &str) -> Result<String, String> {
+    pub async fn client_final_off_runtime(
+        &mut self,
+        server_first: &str,
+    ) -> Result<String, SaslError> {
         let first = self.parse_server_first(server_first)?;
         let (alg, len) = self.pbkdf2_algorithm();
         let password = self.password.clone();
@@ -170,41 +199,36 @@ impl Scram {
             salted_password(alg, len, iterations, &salt, &password)
         })
         .await
-        .map_err(|e| format!("SCRAM key derivation failed: {e}"))?;
+        .map_err(|e| SaslError::KeyDerivation(e.to_string()))?;
         Ok(self.finish(server_first, &first.nonce, salted))
     }
 
     /// Check a server-first message: our nonce extended, a salt, and an
     /// iteration count within Kafka's bounds (a hostile server could
     /// otherwise ask for billions of rounds, or a weak handful).
-    fn parse_server_first(&self, server_first: &str) -> Result<ServerFirst, String> {
+    fn parse_server_first(&self, server_first: &str) -> Result<ServerFirst, SaslError> {
         let mut nonce = None;
         let mut salt = None;
         let mut iterations = None;
         for part in server_first.split(',') {
             match part.split_at_checked(2) {
                 Some(("r=", v)) => nonce = Some(v),
-                Some(("s=", v)) => {
-                    salt = Some(B64.decode(v).map_err(|e| format!("SCRAM salt: {e}"))?)
-                }
+                Some(("s=", v)) => salt = Some(B64.decode(v).map_err(SaslError::Salt)?),
                 Some(("i=", v)) => iterations = v.parse::<u32>().ok(),
                 _ => {}
             }
         }
         let (Some(nonce), Some(salt), Some(iterations)) = (nonce, salt, iterations) else {
-            return Err("malformed SCRAM server-first message".into());
+            return Err(SaslError::Malformed("server-first"));
         };
         if !nonce.starts_with(&self.nonce) {
-            return Err("SCRAM server nonce does not extend the client nonce".into());
+            return Err(SaslError::Nonce);
         }
         if !SCRAM_ITERATIONS.contains(&iterations) {
-            return Err(format!(
-                "SCRAM iteration count {iterations} from the server is outside Kafka's bounds {}..={}",
-                SCRAM_ITERATIONS.start(),
-                SCRAM_ITERATIONS.end()
-            ));
+            return Err(SaslError::Iterations(iterations));
         }
-        let iterations = std::num::NonZeroU32::new(iterations).ok_or("SCRAM iterations")?;
+        let iterations =
+            std::num::NonZeroU32::new(iterations).ok_or(SaslError::Iterations(iterations))?;
         Ok(ServerFirst {
             nonce: nonce.to_string(),
             salt,
@@ -239,11 +263,11 @@ impl Scram {
     }
 
     /// Check the server-final message (the server proves it knows the password too).
-    pub fn verify_server_final(&self, server_final: &str) -> Result<(), String> {
+    pub fn verify_server_final(&self, server_final: &str) -> Result<(), SaslError> {
         if let Some(e) = server_final.strip_prefix("e=") {
-            return Err(format!("SCRAM authentication failed: {e}"));
+            return Err(SaslError::Rejected(e.to_string()));
         }
-        let (auth_message, salted) = self.pending.as_ref().ok_or("SCRAM exchange out of order")?;
+        let (auth_message, salted) = self.pending.as_ref().ok_or(SaslError::OutOfOrder)?;
         let (_, hmac_alg, _, _) = self.algorithms();
         let server_key = hmac::sign(&hmac::Key::new(hmac_alg, salted), b"Server Key");
         let expected = hmac::sign(
@@ -253,9 +277,9 @@ impl Scram {
         let got = server_final
             .strip_prefix("v=")
             .and_then(|v| B64.decode(v).ok())
-            .ok_or("malformed SCRAM server-final message")?;
+            .ok_or(SaslError::Malformed("server-final"))?;
         if got.as_slice() != expected.as_ref() {
-            return Err("SCRAM server signature does not match: not the expected server".into());
+            return Err(SaslError::ServerSignature);
         }
         Ok(())
     }
@@ -337,7 +361,7 @@ mod tests {
                 .client_final(&format!("r=abcdef,s=AAAA,i={i}"))
                 .unwrap_err();
             assert!(
-                err.contains("outside Kafka's bounds 4096..=16384"),
+                err.to_string().contains("outside Kafka's bounds 4096..=16384"),
                 "{i}: {err}"
             );
         }
