@@ -68,6 +68,20 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 /// Fetch isolation levels (request field, v4+).
 pub const READ_COMMITTED: i8 = 1;
 
+/// Why a Fetch response could not be filtered; the relay ends that
+/// connection (the client reconnects and fetches again), never forwards it.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("Fetch response does not decode: {0}")]
+    Decode(anyhow::Error),
+    #[error("Fetch response does not encode: {0}")]
+    Encode(anyhow::Error),
+    #[error("records section cannot be rebuilt: {0}")]
+    Splice(#[from] BatchError),
+    #[error("planning task failed: {0}")]
+    Planner(#[from] tokio::task::JoinError),
+}
+
 /// What the Fetch filter asks of the proxy around it: broker addresses and
 /// topic names. The filter never reaches into the proxy's state, so it
 /// depends only on the layers below it (the proxy implements this).
@@ -148,9 +162,10 @@ impl FetchFilter {
         body: Bytes,
         version: i16,
         isolation: i8,
-    ) -> anyhow::Result<Option<BytesMut>> {
-        let (mut resp, mut changed, learned) = timed(|| -> anyhow::Result<_> {
-            let mut resp = FetchResponse::decode(&mut body.clone(), version)?;
+    ) -> Result<Option<BytesMut>, FilterError> {
+        let (mut resp, mut changed, learned) = timed(|| -> Result<_, FilterError> {
+            let mut resp =
+                FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
             let (changed, learned) = ctx.rewrite_endpoints(&mut resp);
             Ok((resp, changed, learned))
         })?;
@@ -263,7 +278,7 @@ impl FetchFilter {
         &self,
         mut jobs: Vec<PartitionJob>,
         now_ms: i64,
-    ) -> anyhow::Result<Vec<((usize, usize), PartitionPlan)>> {
+    ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
         let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
         if jobs.len() < 2 || bytes < PARALLEL_MIN_BYTES {
             return Ok(jobs
@@ -549,8 +564,9 @@ async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output
     out
 }
 
-fn encode(resp: &FetchResponse, version: i16) -> anyhow::Result<BytesMut> {
-    let mut out = BytesMut::with_capacity(resp.compute_size(version)?);
-    resp.encode(&mut out, version)?;
+fn encode(resp: &FetchResponse, version: i16) -> Result<BytesMut, FilterError> {
+    let size = resp.compute_size(version).map_err(FilterError::Encode)?;
+    let mut out = BytesMut::with_capacity(size);
+    resp.encode(&mut out, version).map_err(FilterError::Encode)?;
     Ok(out)
 }

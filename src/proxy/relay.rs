@@ -42,6 +42,8 @@ pub enum RelayError {
     BadRequest(String),
     #[error("broker sent a malformed response: {0}")]
     BadResponse(String),
+    #[error("Fetch response: {0}")]
+    Filter(#[from] crate::filter::FilterError),
     #[error("broker closed the connection with {0} response(s) pending")]
     BrokerClosed(usize),
     #[error("writing to client: {0}")]
@@ -294,8 +296,7 @@ async fn respond(
             let started = std::time::Instant::now();
             let body = fetch_filter
                 .filter(shared, holds, frame.slice(header_end..), version, isolation)
-                .await
-                .map_err(bad)?;
+                .await?;
             crate::metrics::global().fetch_rewrite_latency(started.elapsed());
             Ok(match body {
                 Some(body) => response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body),
