@@ -21,9 +21,27 @@ use antidote::kafka::compression::Compression;
 use antidote::plan::budget::DecodeBudget;
 use antidote::plan::verdicts::VerdictCache;
 use antidote::plan::{plan_partition, plan_partition_with, Env, PartitionInput, Visibility};
+use antidote::policy::Policy;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
+
+/// Partition 0 of `topic` at the bench clock.
+fn input<'a>(
+    policy: &'a Arc<Policy>,
+    topic: &'a Arc<str>,
+    records: &'a Bytes,
+    visibility: &'a Visibility,
+) -> PartitionInput<'a> {
+    PartitionInput {
+        policy,
+        topic,
+        partition: 0,
+        records,
+        visibility,
+        now_ms: common::NOW_MS,
+    }
+}
 
 const BATCHES: usize = 4;
 const PER_BATCH: usize = 1000;
@@ -33,17 +51,7 @@ fn assert_clean_path_is_zero_copy(section: &Bytes) {
     let topic: Arc<str> = Arc::from("geofence.triggers");
     let cache = VerdictCache::new(1024);
     let vis = Visibility::new(false, None);
-    let plan = plan_partition(
-        &PartitionInput {
-            policy: &policy,
-            topic: &topic,
-            partition: 0,
-            records: section,
-            visibility: &vis,
-            now_ms: common::NOW_MS,
-        },
-        &cache,
-    );
+    let plan = plan_partition(&input(&policy, &topic, section, &vis), &cache);
     assert_eq!(plan.stats.validated as usize, BATCHES * PER_BATCH);
     assert!(plan.diversions.is_empty());
     // Nothing changes: the interceptor forwards the response as it arrived.
@@ -97,17 +105,7 @@ fn bench_filter(c: &mut Criterion) {
             // Sanity: the plan finds exactly the poison records.
             {
                 let cache = VerdictCache::new(1024);
-                let plan = plan_partition(
-                    &PartitionInput {
-                        policy: &policy,
-                        topic: &topic,
-                        partition: 0,
-                        records: &section,
-                        visibility: &vis,
-                        now_ms: common::NOW_MS,
-                    },
-                    &cache,
-                );
+                let plan = plan_partition(&input(&policy, &topic, &section, &vis), &cache);
                 assert_eq!(
                     plan.diversions.len(),
                     expected_invalid,
@@ -129,17 +127,7 @@ fn bench_filter(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new("judge", &id), &section, |b, section| {
                 b.iter(|| {
                     let cache = VerdictCache::new(16);
-                    let plan = plan_partition(
-                        &PartitionInput {
-                            policy: &policy,
-                            topic: &topic,
-                            partition: 0,
-                            records: section,
-                            visibility: &vis,
-                            now_ms: common::NOW_MS,
-                        },
-                        &cache,
-                    );
+                    let plan = plan_partition(&input(&policy, &topic, section, &vis), &cache);
                     let out = if plan.changes_anything() {
                         Some(plan.apply(None).unwrap())
                     } else {
@@ -152,17 +140,7 @@ fn bench_filter(c: &mut Criterion) {
             // diversions were acknowledged: verdicts and spliced batches
             // come from the cache, nothing is judged, decoded or diverted.
             let cache = VerdictCache::new(1024);
-            let first = plan_partition(
-                &PartitionInput {
-                    policy: &policy,
-                    topic: &topic,
-                    partition: 0,
-                    records: &section,
-                    visibility: &vis,
-                    now_ms: common::NOW_MS,
-                },
-                &cache,
-            );
+            let first = plan_partition(&input(&policy, &topic, &section, &vis), &cache);
             let mut diverted: Vec<i64> = first.diversions.iter().map(|d| d.origin_offset).collect();
             diverted.sort_unstable();
             let _ = first.apply(None).unwrap();
@@ -177,14 +155,7 @@ fn bench_filter(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new("cached", &id), &section, |b, section| {
                 b.iter(|| {
                     let plan = plan_partition_with(
-                        &PartitionInput {
-                            policy: &policy,
-                            topic: &topic,
-                            partition: 0,
-                            records: section,
-                            visibility: &vis,
-                            now_ms: common::NOW_MS,
-                        },
+                        &input(&policy, &topic, section, &vis),
                         &Env {
                             verdicts: &cache,
                             budget: &budget,

@@ -567,6 +567,7 @@ async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output
 fn encode(resp: &FetchResponse, version: i16) -> Result<BytesMut, FilterError> {
     let size = resp.compute_size(version).map_err(FilterError::Encode)?;
     let mut out = BytesMut::with_capacity(size);
-    resp.encode(&mut out, version).map_err(FilterError::Encode)?;
+    resp.encode(&mut out, version)
+        .map_err(FilterError::Encode)?;
     Ok(out)
 }

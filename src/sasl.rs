@@ -361,7 +361,8 @@ mod tests {
                 .client_final(&format!("r=abcdef,s=AAAA,i={i}"))
                 .unwrap_err();
             assert!(
-                err.to_string().contains("outside Kafka's bounds 4096..=16384"),
+                err.to_string()
+                    .contains("outside Kafka's bounds 4096..=16384"),
                 "{i}: {err}"
             );
         }

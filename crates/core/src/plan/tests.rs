@@ -13,6 +13,23 @@ use kafka_protocol::messages::fetch_response::AbortedTransaction;
 use kafka_protocol::messages::ProducerId;
 use std::path::Path;
 
+/// Partition 0 of `topic` at the test clock.
+fn input<'a>(
+    policy: &'a Arc<Policy>,
+    topic: &'a Arc<str>,
+    records: &'a Bytes,
+    visibility: &'a Visibility,
+) -> PartitionInput<'a> {
+    PartitionInput {
+        policy,
+        topic,
+        partition: 0,
+        records,
+        visibility,
+        now_ms: 0,
+    }
+}
+
 const POLICY: &str = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n    rules:\n      - coordinates: { lat: /lat, lon: /lon }\n";
 
 fn policy(action: &str) -> Arc<Policy> {
@@ -59,14 +76,7 @@ fn batch(
 fn plan(section: Vec<u8>, action: &str, vis: &Visibility) -> PartitionPlan {
     let cache = VerdictCache::new(16);
     plan_partition(
-        &PartitionInput {
-            policy: &policy(action),
-            topic: &Arc::from("t"),
-            partition: 0,
-            records: &Bytes::from(section),
-            visibility: vis,
-            now_ms: 0,
-        },
+        &input(&policy(action), &Arc::from("t"), &Bytes::from(section), vis),
         &cache,
     )
 }
@@ -242,14 +252,7 @@ fn a_record_diverted_earlier_stays_out_even_when_now_valid() {
         }
     };
     let p = plan_partition_with(
-        &PartitionInput {
-            policy: &policy("divert"),
-            topic: &Arc::from("t"),
-            partition: 0,
-            records: &section,
-            visibility: &uncommitted(),
-            now_ms: 0,
-        },
+        &input(&policy("divert"), &Arc::from("t"), &section, &uncommitted()),
         &Env {
             verdicts: &cache,
             budget: &DecodeBudget::unlimited(),
@@ -282,28 +285,8 @@ fn a_batch_judged_once_is_not_validated_again() {
     let section = Bytes::from(batch(0, 4, &[1], Compression::None, -1, false));
     let pol = policy("divert");
     let t: Arc<str> = Arc::from("t");
-    let first = plan_partition(
-        &PartitionInput {
-            policy: &pol,
-            topic: &t,
-            partition: 0,
-            records: &section,
-            visibility: &uncommitted(),
-            now_ms: 0,
-        },
-        &cache,
-    );
-    let second = plan_partition(
-        &PartitionInput {
-            policy: &pol,
-            topic: &t,
-            partition: 0,
-            records: &section,
-            visibility: &uncommitted(),
-            now_ms: 0,
-        },
-        &cache,
-    );
+    let first = plan_partition(&input(&pol, &t, &section, &uncommitted()), &cache);
+    let second = plan_partition(&input(&pol, &t, &section, &uncommitted()), &cache);
     assert_eq!((first.stats.validated, first.stats.cached_batches), (4, 0));
     assert_eq!(
         (second.stats.validated, second.stats.cached_batches),
@@ -321,14 +304,7 @@ fn replan(pol: &Arc<Policy>, section: &Bytes, cache: &VerdictCache, done: &[i64]
             .collect()
     };
     plan_partition_with(
-        &PartitionInput {
-            policy: pol,
-            topic: &Arc::from("t"),
-            partition: 0,
-            records: section,
-            visibility: &uncommitted(),
-            now_ms: 0,
-        },
+        &input(pol, &Arc::from("t"), section, &uncommitted()),
         &Env {
             verdicts: cache,
             budget: &DecodeBudget::unlimited(),
@@ -611,34 +587,14 @@ fn a_spent_budget_holds_a_compressed_batch_and_a_free_one_decodes_it() {
     };
     let pol = policy("divert");
     let t: Arc<str> = Arc::from("t");
-    let p = plan_partition_with(
-        &PartitionInput {
-            policy: &pol,
-            topic: &t,
-            partition: 0,
-            records: &raw,
-            visibility: &uncommitted(),
-            now_ms: 0,
-        },
-        &env,
-    );
+    let p = plan_partition_with(&input(&pol, &t, &raw, &uncommitted()), &env);
     assert_eq!(
         p.held.as_ref().map(|h| h.reason.clone()),
         Some(HoldReason::Budget)
     );
     assert!(p.diversions.is_empty());
     drop(other);
-    let p = plan_partition_with(
-        &PartitionInput {
-            policy: &pol,
-            topic: &t,
-            partition: 0,
-            records: &raw,
-            visibility: &uncommitted(),
-            now_ms: 0,
-        },
-        &env,
-    );
+    let p = plan_partition_with(&input(&pol, &t, &raw, &uncommitted()), &env);
     assert!(p.held.is_none());
     assert_eq!(p.diversions.len(), 1);
     assert!(
