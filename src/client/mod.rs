@@ -12,18 +12,17 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::produce_response::PartitionProduceResponse;
-use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, BrokerId, ProduceRequest, RequestHeader, TopicName,
-};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, RequestHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::config::HostPort;
+
+mod cluster;
 use crate::transport::frame::{with_length_prefix, FrameReader};
 use crate::transport::net::{self, BoxIo};
 use crate::transport::tls;
+pub use cluster::Cluster;
 
 /// Why a request through the proxy's own client failed.
 #[derive(Debug, thiserror::Error)]
@@ -324,18 +323,6 @@ impl Connection {
     }
 }
 
-/// A cluster seen through the proxy's own client: brokers from metadata,
-/// one connection per broker, partition leaders per topic.
-pub struct Cluster {
-    bootstrap: Vec<HostPort>,
-    ep: Endpoint,
-    brokers: HashMap<i32, HostPort>,
-    conns: HashMap<i32, Connection>,
-    bootstrap_conn: Option<Connection>,
-    /// topic -> leader node id per partition (index = partition).
-    leaders: HashMap<String, Vec<i32>>,
-}
-
 /// Error codes the proxy's own client reacts to.
 pub mod errors {
     pub const OFFSET_OUT_OF_RANGE: i16 = 1;
@@ -349,262 +336,6 @@ pub mod errors {
     pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
     pub const INVALID_PRODUCER_EPOCH: i16 = 47;
     pub const UNKNOWN_PRODUCER_ID: i16 = 59;
-}
-
-impl Cluster {
-    pub fn new(bootstrap: Vec<HostPort>, ep: Endpoint) -> Self {
-        Cluster {
-            bootstrap,
-            ep,
-            brokers: HashMap::new(),
-            conns: HashMap::new(),
-            bootstrap_conn: None,
-            leaders: HashMap::new(),
-        }
-    }
-
-    /// A connection to any broker (the bootstrap connection, kept open).
-    pub async fn any(&mut self) -> Result<&mut Connection, ClientError> {
-        if self.bootstrap_conn.is_none() {
-            let mut last = None;
-            for addr in &self.bootstrap {
-                match Connection::connect(addr, &self.ep).await {
-                    Ok(c) => {
-                        self.bootstrap_conn = Some(c);
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            if self.bootstrap_conn.is_none() {
-                return Err(last.unwrap_or_else(|| no_broker("no bootstrap servers".into())));
-            }
-        }
-        self.bootstrap_conn.as_mut().ok_or_else(unreachable_conn)
-    }
-
-    /// Fetch metadata for `topics` (all topics when `None`) and remember
-    /// brokers and leaders.
-    pub async fn metadata(
-        &mut self,
-        topics: Option<&[String]>,
-    ) -> Result<kafka_protocol::messages::MetadataResponse, ClientError> {
-        use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-        use kafka_protocol::messages::{MetadataRequest, TopicName};
-        let req = MetadataRequest::default()
-            .with_allow_auto_topic_creation(false)
-            .with_topics(topics.map(|ts| {
-                ts.iter()
-                    .map(|t| {
-                        MetadataRequestTopic::default()
-                            .with_name(Some(TopicName(StrBytes::from_string(t.clone()))))
-                    })
-                    .collect()
-            }));
-        let resp = match self.any().await?.send(req, 4, 12).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.bootstrap_conn = None;
-                return Err(e);
-            }
-        };
-        for b in &resp.brokers {
-            if let Ok(port) = u16::try_from(b.port) {
-                self.brokers.insert(
-                    b.node_id.0,
-                    HostPort {
-                        host: b.host.to_string(),
-                        port,
-                    },
-                );
-            }
-        }
-        for t in &resp.topics {
-            let Some(name) = &t.name else { continue };
-            if t.error_code != 0 {
-                self.leaders.remove(name.0.as_str());
-                continue;
-            }
-            let mut leaders = vec![-1; t.partitions.len()];
-            for p in &t.partitions {
-                if let Some(slot) = usize::try_from(p.partition_index)
-                    .ok()
-                    .and_then(|i| leaders.get_mut(i))
-                {
-                    *slot = p.leader_id.0;
-                }
-            }
-            self.leaders.insert(name.to_string(), leaders);
-        }
-        Ok(resp)
-    }
-
-    /// Partition count of `topic`, or `None` if it does not exist.
-    pub async fn partitions(&mut self, topic: &str) -> Result<Option<usize>, ClientError> {
-        if !self.leaders.contains_key(topic) {
-            self.metadata(Some(&[topic.to_string()])).await?;
-        }
-        Ok(self.leaders.get(topic).map(Vec::len))
-    }
-
-    /// Create `topic` with topic `configs` (e.g. `max.message.bytes`); an
-    /// already existing topic is not an error.
-    pub async fn create_topic(
-        &mut self,
-        topic: &str,
-        partitions: i32,
-        replication: i16,
-        configs: &[(&str, String)],
-    ) -> Result<(), ClientError> {
-        use kafka_protocol::messages::create_topics_request::{
-            CreatableTopic, CreatableTopicConfig,
-        };
-        use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
-        let configs = configs
-            .iter()
-            .map(|(k, v)| {
-                CreatableTopicConfig::default()
-                    .with_name(StrBytes::from_string(k.to_string()))
-                    .with_value(Some(StrBytes::from_string(v.clone())))
-            })
-            .collect();
-        let req = CreateTopicsRequest::default()
-            .with_timeout_ms(10_000)
-            .with_topics(vec![CreatableTopic::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_num_partitions(partitions)
-                .with_replication_factor(replication)
-                .with_configs(configs)]);
-        let conn = self.any().await?;
-        let addr = conn.addr().clone();
-        let resp = conn.send(req, 0, 7).await?;
-        for t in &resp.topics {
-            if t.error_code != 0 && t.error_code != errors::TOPIC_ALREADY_EXISTS {
-                return Err(ClientError::Protocol {
-                    addr,
-                    msg: format!(
-                        "creating topic {topic}: error {} {}",
-                        t.error_code,
-                        t.error_message.as_ref().map(|m| m.as_str()).unwrap_or("")
-                    ),
-                });
-            }
-        }
-        self.leaders.remove(topic);
-        Ok(())
-    }
-
-    /// The log start offset of `topic`/`partition` (ListOffsets, earliest):
-    /// where reading it from the beginning starts once retention has
-    /// deleted its first segments.
-    pub async fn log_start(&mut self, topic: &str, partition: i32) -> Result<i64, ClientError> {
-        use kafka_protocol::messages::list_offsets_request::{
-            ListOffsetsPartition, ListOffsetsTopic,
-        };
-        use kafka_protocol::messages::ListOffsetsRequest;
-        const EARLIEST: i64 = -2;
-        let req = ListOffsetsRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_topics(vec![ListOffsetsTopic::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partitions(vec![ListOffsetsPartition::default()
-                    .with_partition_index(partition)
-                    .with_timestamp(EARLIEST)])]);
-        let conn = self.leader(topic, partition).await?;
-        let addr = conn.addr().clone();
-        let resp = conn.send(req, 1, 7).await?;
-        let p = resp
-            .topics
-            .iter()
-            .flat_map(|t| t.partitions.iter())
-            .find(|p| p.partition_index == partition)
-            .ok_or_else(|| {
-                no_broker(format!("{topic}-{partition}: no partition in ListOffsets"))
-            })?;
-        if p.error_code != 0 {
-            return Err(ClientError::Protocol {
-                addr,
-                msg: format!("{topic}-{partition}: ListOffsets error {}", p.error_code),
-            });
-        }
-        Ok(p.offset)
-    }
-
-    /// A connection to the leader of `topic`/`partition`.
-    pub async fn leader(
-        &mut self,
-        topic: &str,
-        partition: i32,
-    ) -> Result<&mut Connection, ClientError> {
-        let known = self
-            .leaders
-            .get(topic)
-            .and_then(|l| l.get(partition as usize))
-            .is_some_and(|&n| n >= 0);
-        if !known {
-            self.metadata(Some(&[topic.to_string()])).await?;
-        }
-        let node = self
-            .leaders
-            .get(topic)
-            .and_then(|l| l.get(partition as usize).copied())
-            .filter(|&n| n >= 0)
-            .ok_or_else(|| no_broker(format!("no leader for {topic}-{partition}")))?;
-        self.node(node).await
-    }
-
-    /// Write `batch` to `topic`/`partition` on its leader with acks=all;
-    /// the partition's part of the response (its error code, base offset).
-    pub async fn produce(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        batch: Bytes,
-    ) -> Result<PartitionProduceResponse, ClientError> {
-        let req = ProduceRequest::default()
-            .with_acks(-1)
-            .with_timeout_ms(10_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![PartitionProduceData::default()
-                    .with_index(partition)
-                    .with_records(Some(batch))])]);
-        let resp = self.leader(topic, partition).await?.send(req, 3, 9).await?;
-        resp.responses
-            .into_iter()
-            .flat_map(|t| t.partition_responses)
-            .find(|p| p.index == partition)
-            .ok_or_else(|| {
-                no_broker(format!(
-                    "{topic}-{partition}: no partition in the produce response"
-                ))
-            })
-    }
-
-    /// A connection to broker `node`.
-    pub async fn node(&mut self, node: i32) -> Result<&mut Connection, ClientError> {
-        if !self.conns.contains_key(&node) {
-            let addr = self
-                .brokers
-                .get(&node)
-                .cloned()
-                .ok_or_else(|| no_broker(format!("broker {node} unknown")))?;
-            let conn = Connection::connect(&addr, &self.ep).await?;
-            self.conns.insert(node, conn);
-        }
-        self.conns.get_mut(&node).ok_or_else(unreachable_conn)
-    }
-
-    /// Drop every connection and cached leader (after an error).
-    pub fn reset(&mut self) {
-        self.conns.clear();
-        self.bootstrap_conn = None;
-        self.leaders.clear();
-    }
-}
-
-fn unreachable_conn() -> ClientError {
-    no_broker("no connection".into())
 }
 
 /// An error that belongs to no one broker (no leader known, no bootstrap
