@@ -287,7 +287,7 @@ fn route<R: Readiness + ?Sized>(req: &RequestLine, metrics: &Metrics, ready: &R)
             response(
                 200,
                 "OK",
-                "text/plain; version=0.0.4; charset=utf-8",
+                crate::metrics::CONTENT_TYPE,
                 body.as_bytes(),
                 head_only,
             )
