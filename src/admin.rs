@@ -180,7 +180,10 @@ fn route<R: Readiness + ?Sized>(
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: upstream metadata not fetched yet\n",
         ),
-        "/" => text(StatusCode::OK, "antidote admin: /metrics /healthz /readyz\n"),
+        "/" => text(
+            StatusCode::OK,
+            "antidote admin: /metrics /healthz /readyz\n",
+        ),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
@@ -267,7 +270,10 @@ mod tests {
         metrics.record_validated("geo", 2, "p", 7);
         let r = raw(addr, b"GET /metrics?x=1 HTTP/1.1\r\nAccept: */*\r\n\r\n").await;
         assert_eq!(status(&r), "200");
-        assert!(r.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{r}");
+        assert!(
+            r.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{r}"
+        );
         assert!(
             r.contains(
                 "antidote_records_validated_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 7\n"
@@ -349,7 +355,10 @@ mod tests {
         };
         let (a, b) = tokio::join!(silent, dripping);
         for t in [a, b] {
-            assert!(t >= READ_TIMEOUT && t < READ_TIMEOUT * 2, "cut off after {t:?}");
+            assert!(
+                t >= READ_TIMEOUT && t < READ_TIMEOUT * 2,
+                "cut off after {t:?}"
+            );
         }
         shutdown.cancel();
     }

@@ -288,7 +288,12 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
-        register(r, BUILD_INFO, "Always 1; the version label says which antidote runs.", build);
+        register(
+            r,
+            BUILD_INFO,
+            "Always 1; the version label says which antidote runs.",
+            build,
+        );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
         start.set(
             std::time::SystemTime::now()
@@ -296,8 +301,18 @@ impl Metrics {
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
         );
-        register(r, START_TIME, "Start time of the process, seconds since the epoch.", start);
-        register(r, VALIDATED, "Records judged against a policy.", self.validated.family.clone());
+        register(
+            r,
+            START_TIME,
+            "Start time of the process, seconds since the epoch.",
+            start,
+        );
+        register(
+            r,
+            VALIDATED,
+            "Records judged against a policy.",
+            self.validated.family.clone(),
+        );
         register(
             r,
             EVALUATED,
@@ -567,7 +582,9 @@ impl Metrics {
         let labels = ListenerLabel {
             listener: listener.to_owned(),
         };
-        self.connections_open.peek(&labels, |g| g.get()).unwrap_or(0)
+        self.connections_open
+            .peek(&labels, |g| g.get())
+            .unwrap_or(0)
     }
 
     /// Everything, in the Prometheus text exposition format (0.0.4), served
@@ -872,8 +889,14 @@ mod tests {
             .collect();
         assert_eq!(got, want, "{text}");
         // Label-less counters are exported from the start, at zero.
-        assert!(text.contains("\nantidote_connections_refused_total 0\n"), "{text}");
-        assert!(text.contains("\nantidote_fetch_rewrite_cpu_seconds_total 0.0\n"), "{text}");
+        assert!(
+            text.contains("\nantidote_connections_refused_total 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nantidote_fetch_rewrite_cpu_seconds_total 0.0\n"),
+            "{text}"
+        );
     }
 
     /// Every `antidote_*` name the README documents is exported, so a
@@ -902,7 +925,10 @@ mod tests {
             documented += 1;
             rest = &rest[i + name.len()..];
         }
-        assert!(documented >= 14, "README metric table not found ({documented} names)");
+        assert!(
+            documented >= 14,
+            "README metric table not found ({documented} names)"
+        );
     }
 
     /// Recording on a known label set goes through the cache: the family
@@ -916,8 +942,8 @@ mod tests {
             m.record_validated("t", 0, "p", 1);
         }
         assert_eq!(m.validated.cache.len(), 1);
-        assert!(m
-            .render()
-            .contains("antidote_records_validated_total{topic=\"t\",partition=\"0\",policy=\"p\"} 11\n"));
+        assert!(m.render().contains(
+            "antidote_records_validated_total{topic=\"t\",partition=\"0\",policy=\"p\"} 11\n"
+        ));
     }
 }
