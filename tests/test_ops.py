@@ -182,6 +182,33 @@ def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
     assert validated and float(validated[0].rsplit(" ", 1)[1]) >= 3, text
 
 
+def documented_metric_names() -> set[str]:
+    """Every `antidote_*` name the README and the shipped alert rules and
+    dashboard use (what operators and their Prometheus depend on)."""
+    import re
+    root = Path(__file__).resolve().parent.parent
+    texts = [root / "README.md", *sorted((root / "ops").iterdir())]
+    return {m for f in texts for m in re.findall(r"\bantidote_[a-z0-9_]+", f.read_text())}
+
+
+def test_every_documented_metric_name_is_served(ops):
+    """A metric the README or ops/ names must be on /metrics (declared by a
+    `# TYPE` line; histograms by their _bucket/_sum/_count series), so a
+    renamed or dropped metric fails here, not in someone's alerting."""
+    status, text = http_get(ops.proxy.admin_port, "/metrics")
+    assert status == 200
+    served = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            served.add(name)
+            if kind == "histogram":
+                served |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    documented = documented_metric_names()
+    assert len(documented) >= 14, documented
+    assert documented <= served, f"documented but not served: {sorted(documented - served)}"
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
     total = 0.0
