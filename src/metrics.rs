@@ -172,14 +172,98 @@ struct VersionLabel {
     version: &'static str,
 }
 
+/// Label values as a call site holds them, matched against the cache
+/// without building the owned label set: on the data path a known series
+/// costs a hash, one shard's read lock and the atomic add, no allocation.
+trait LabelsRef<S>: Hash {
+    fn is(&self, owned: &S) -> bool;
+    fn to_labels(&self) -> S;
+}
+
+impl<S: Clone + Hash + Eq> LabelsRef<S> for S {
+    fn is(&self, owned: &S) -> bool {
+        self == owned
+    }
+    fn to_labels(&self) -> S {
+        self.clone()
+    }
+}
+
+impl LabelsRef<TopicPartitionPolicy> for (&str, i32, &str) {
+    fn is(&self, o: &TopicPartitionPolicy) -> bool {
+        (o.topic.as_str(), o.partition, o.policy.as_str()) == *self
+    }
+    fn to_labels(&self) -> TopicPartitionPolicy {
+        TopicPartitionPolicy {
+            topic: self.0.to_owned(),
+            partition: self.1,
+            policy: self.2.to_owned(),
+        }
+    }
+}
+
+impl LabelsRef<TopicPartition> for (&str, i32) {
+    fn is(&self, o: &TopicPartition) -> bool {
+        (o.topic.as_str(), o.partition) == *self
+    }
+    fn to_labels(&self) -> TopicPartition {
+        TopicPartition {
+            topic: self.0.to_owned(),
+            partition: self.1,
+        }
+    }
+}
+
+/// [`InvalidLabels`], borrowed.
+#[derive(Hash)]
+struct InvalidRef<'a> {
+    topic: &'a str,
+    partition: i32,
+    policy: &'a str,
+    class: &'static str,
+    rule: &'a str,
+    action: &'static str,
+}
+
+impl LabelsRef<InvalidLabels> for InvalidRef<'_> {
+    fn is(&self, o: &InvalidLabels) -> bool {
+        o.topic == self.topic
+            && o.partition == self.partition
+            && o.policy == self.policy
+            && o.class == self.class
+            && o.rule == self.rule
+            && o.action == self.action
+    }
+    fn to_labels(&self) -> InvalidLabels {
+        InvalidLabels {
+            topic: self.topic.to_owned(),
+            partition: self.partition,
+            policy: self.policy.to_owned(),
+            class: self.class,
+            rule: self.rule.to_owned(),
+            action: self.action,
+        }
+    }
+}
+
+/// A stable hash of label values (SipHash with fixed keys), the cache key.
+/// Each family is always looked up through one [`LabelsRef`] type, so one
+/// series always has one hash.
+fn labels_hash(labels: &impl Hash) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    labels.hash(&mut h);
+    std::hash::Hasher::finish(&h)
+}
+
 /// A labelled family plus a cache of its resolved series.
 ///
-/// The family's own lookup takes its single `RwLock` on every call; the
-/// cache is sharded, and holds the same `Arc`-backed handle the family
-/// encodes, so recording through it is seen by the scrape.
+/// The family's own lookup takes its single `RwLock` and needs the owned
+/// label set; the cache is sharded, keyed by [`labels_hash`] (series with
+/// equal hashes share a bucket), and holds the same `Arc`-backed handle the
+/// family encodes, so recording through it is seen by the scrape.
 struct Cached<S, M, C = fn() -> M> {
     family: Family<S, M, C>,
-    cache: DashMap<S, M>,
+    cache: DashMap<u64, Vec<(S, M)>>,
 }
 
 impl<S, M> Cached<S, M>
@@ -209,18 +293,38 @@ where
     }
 
     /// Run `f` on the series of `labels`, creating it if new.
-    fn with<R>(&self, labels: S, f: impl FnOnce(&M) -> R) -> R {
-        if let Some(m) = self.cache.get(&labels) {
-            return f(&m);
+    fn with<R>(&self, labels: &impl LabelsRef<S>, f: impl FnOnce(&M) -> R) -> R {
+        let h = labels_hash(labels);
+        if let Some(bucket) = self.cache.get(&h) {
+            if let Some((_, m)) = bucket.iter().find(|(s, _)| labels.is(s)) {
+                return f(m);
+            }
         }
-        let m = self.family.get_or_create_owned(&labels);
-        let entry = self.cache.entry(labels).or_insert(m);
-        f(&entry)
+        let owned = labels.to_labels();
+        let m = self.family.get_or_create_owned(&owned);
+        let mut bucket = self.cache.entry(h).or_default();
+        // Another thread may have added it between the two locks.
+        let i = match bucket.iter().position(|(s, _)| labels.is(s)) {
+            Some(i) => i,
+            None => {
+                bucket.push((owned, m));
+                bucket.len() - 1
+            }
+        };
+        f(&bucket[i].1)
     }
 
     /// Run `f` on the series of `labels` if it exists.
-    fn peek<R>(&self, labels: &S, f: impl FnOnce(&M) -> R) -> Option<R> {
-        self.cache.get(labels).map(|m| f(&m))
+    fn peek<R>(&self, labels: &impl LabelsRef<S>, f: impl FnOnce(&M) -> R) -> Option<R> {
+        let bucket = self.cache.get(&labels_hash(labels))?;
+        bucket.iter().find(|(s, _)| labels.is(s)).map(|(_, m)| f(m))
+    }
+
+    /// Run `f` on every series.
+    fn for_each(&self, mut f: impl FnMut(&M)) {
+        for bucket in self.cache.iter() {
+            bucket.value().iter().for_each(|(_, m)| f(m));
+        }
     }
 }
 
@@ -427,7 +531,7 @@ impl Metrics {
     /// validation run). Not called for aborted transactional batches.
     pub fn record_validated(&self, topic: &str, partition: i32, policy: &str, n: u64) {
         self.validated
-            .with(tpp(topic, partition, policy), |c| c.inc_by(n));
+            .with(&(topic, partition, policy), |c| c.inc_by(n));
     }
 
     /// `n` records were run through `policy`'s validator, i.e. judged
@@ -441,7 +545,7 @@ impl Metrics {
             let labels = PolicyLabel {
                 policy: policy.to_owned(),
             };
-            self.evaluated.with(labels, |c| c.inc_by(n));
+            self.evaluated.with(&labels, |c| c.inc_by(n));
         }
     }
 
@@ -459,7 +563,7 @@ impl Metrics {
     /// of records whose verdict was `Valid`.
     pub fn record_passed(&self, topic: &str, partition: i32, policy: &str, n: u64) {
         self.passed
-            .with(tpp(topic, partition, policy), |c| c.inc_by(n));
+            .with(&(topic, partition, policy), |c| c.inc_by(n));
     }
 
     /// One record judged invalid (`class`, failing `rule`) and what was done
@@ -479,15 +583,15 @@ impl Metrics {
         rule: &str,
         action: InvalidAction,
     ) {
-        let labels = InvalidLabels {
-            topic: topic.to_owned(),
+        let labels = InvalidRef {
+            topic,
             partition,
-            policy: policy.to_owned(),
+            policy,
             class: class.as_str(),
-            rule: rule.to_owned(),
+            rule,
             action: action.as_str(),
         };
-        self.invalid.with(labels, |c| c.inc());
+        self.invalid.with(&labels, |c| c.inc());
     }
 
     /// One dead-letter Produce request finished (`ok` = acknowledged with
@@ -506,9 +610,9 @@ impl Metrics {
         let labels = ResultLabel {
             result: result.to_owned(),
         };
-        self.dlt_writes.with(labels.clone(), |c| c.inc());
+        self.dlt_writes.with(&labels, |c| c.inc());
         self.dlt_write_seconds
-            .with(labels, |h| h.observe(latency.as_secs_f64()));
+            .with(&labels, |h| h.observe(latency.as_secs_f64()));
     }
 
     /// Set whether `topic`/`partition` is held (a diversion failed).
@@ -518,7 +622,7 @@ impl Metrics {
     /// for the same partition was applied with `failed_from == None`.
     pub fn set_held(&self, topic: &str, partition: i32, held: bool) {
         self.held
-            .with(tp(topic, partition), |g| g.set(i64::from(held)));
+            .with(&(topic, partition), |g| g.set(i64::from(held)));
     }
 
     /// A batch of `topic`/`partition` could not be judged (`reason`:
@@ -531,18 +635,20 @@ impl Metrics {
             partition,
             reason: reason.to_owned(),
         };
-        self.held_batches.with(labels, |c| c.inc());
+        self.held_batches.with(&labels, |c| c.inc());
     }
 
     /// Add `delta` (+1 / -1) to the held gauge of `topic`/`partition`, for
     /// call sites that count holders rather than set a state.
     pub fn held_partitions_add(&self, topic: &str, partition: i32, delta: i64) {
-        self.held.with(tp(topic, partition), |g| g.inc_by(delta));
+        self.held.with(&(topic, partition), |g| g.inc_by(delta));
     }
 
     /// Partitions currently held (sum over the gauge).
     pub fn held_partitions(&self) -> i64 {
-        self.held.cache.iter().map(|g| g.value().get()).sum()
+        let mut sum = 0;
+        self.held.for_each(|g| sum += g.get());
+        sum
     }
 
     /// One Fetch response was inspected and rewritten in `d`.
@@ -565,9 +671,9 @@ impl Metrics {
         };
         if delta > 0 {
             self.connections_accepted
-                .with(labels.clone(), |c| c.inc_by(delta.unsigned_abs()));
+                .with(&labels, |c| c.inc_by(delta.unsigned_abs()));
         }
-        self.connections_open.with(labels, |g| g.inc_by(delta));
+        self.connections_open.with(&labels, |g| g.inc_by(delta));
     }
 
     /// An error talking to an upstream broker, e.g. `connect`, `tls`, `io`,
@@ -580,7 +686,7 @@ impl Metrics {
         let labels = KindLabel {
             kind: kind.to_owned(),
         };
-        self.upstream_errors.with(labels, |c| c.inc());
+        self.upstream_errors.with(&labels, |c| c.inc());
     }
 
     /// A client connection closed at once: `limits.max_connections` reached.
@@ -591,7 +697,7 @@ impl Metrics {
     /// Counter value, for tests and the `dlt` commands' summaries.
     pub fn validated(&self, topic: &str, partition: i32, policy: &str) -> u64 {
         self.validated
-            .peek(&tpp(topic, partition, policy), |c| c.get())
+            .peek(&(topic, partition, policy), |c| c.get())
             .unwrap_or(0)
     }
 
@@ -615,21 +721,6 @@ impl Metrics {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         out
-    }
-}
-
-fn tpp(topic: &str, partition: i32, policy: &str) -> TopicPartitionPolicy {
-    TopicPartitionPolicy {
-        topic: topic.to_owned(),
-        partition,
-        policy: policy.to_owned(),
-    }
-}
-
-fn tp(topic: &str, partition: i32) -> TopicPartition {
-    TopicPartition {
-        topic: topic.to_owned(),
-        partition,
     }
 }
 
@@ -963,5 +1054,50 @@ mod tests {
         assert!(m.render().contains(
             "antidote_records_validated_total{topic=\"t\",partition=\"0\",policy=\"p\"} 11\n"
         ));
+    }
+
+    /// Borrowed label values find the series their owned form created, and
+    /// series whose hashes collide share a bucket without mixing counts.
+    #[test]
+    fn borrowed_lookups_hit_and_collisions_stay_apart() {
+        let m = Metrics::new();
+        for _ in 0..3 {
+            m.record_invalid("t", 1, "p", Class::Poison, "r1", InvalidAction::Diverted);
+        }
+        m.record_invalid("t", 1, "p", Class::Poison, "r2", InvalidAction::Diverted);
+        assert_eq!(m.invalid.cache.len(), 2);
+        let text = m.render();
+        assert!(
+            text.contains("rule=\"r1\",action=\"diverted\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rule=\"r2\",action=\"diverted\"} 1\n"),
+            "{text}"
+        );
+
+        /// A listener name whose hash is always the same.
+        struct Colliding<'a>(&'a str);
+        impl Hash for Colliding<'_> {
+            fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+        }
+        impl LabelsRef<ListenerLabel> for Colliding<'_> {
+            fn is(&self, o: &ListenerLabel) -> bool {
+                o.listener == self.0
+            }
+            fn to_labels(&self) -> ListenerLabel {
+                ListenerLabel {
+                    listener: self.0.to_owned(),
+                }
+            }
+        }
+        let c: Cached<ListenerLabel, Counter> = Cached::new();
+        c.with(&Colliding("a"), |c| c.inc_by(2));
+        c.with(&Colliding("b"), |c| c.inc());
+        c.with(&Colliding("a"), |c| c.inc());
+        assert_eq!(c.cache.len(), 1, "one bucket");
+        assert_eq!(c.peek(&Colliding("a"), |c| c.get()), Some(3));
+        assert_eq!(c.peek(&Colliding("b"), |c| c.get()), Some(1));
+        assert_eq!(c.peek(&Colliding("z"), |c| c.get()), None);
     }
 }

@@ -365,6 +365,50 @@ def dlt_json(ops: Setup, want: int = 2, timeout: float = 15) -> list[dict]:
         time.sleep(0.3)
 
 
+def run_on_a_terminal(*args: str, timeout: float = 60) -> tuple[int, bytes, bytes]:
+    """Run antidote with stderr on a pseudo-terminal (120 columns); exit
+    code, stdout and everything written to the terminal."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    try:
+        p = subprocess.run([str(ANTIDOTE_BIN), *args], stdout=subprocess.PIPE, stderr=slave,
+                           stdin=subprocess.DEVNULL, timeout=timeout)
+        os.close(slave)
+        slave = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        return p.returncode, p.stdout, seen
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+
+
+def test_replay_progress_is_redrawn_in_place_on_a_terminal(ops):
+    """On a terminal the progress line is drawn by indicatif (cursor
+    control, no stream of lines) and ends as the final count; off a
+    terminal (every other test here) it is plain lines."""
+    code, out, tty = run_on_a_terminal("dlt", "replay", "--config", str(ops.fixed_config),
+                                       "--topic", ops.dlt)
+    assert code == 0, (out, tty)
+    assert b"\x1b[" in tty, tty
+    assert b"replay: " in tty and b"considered" in tty, tty
+    plain = cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt)
+    assert "\x1b[" not in plain.stderr and "considered" in plain.stderr, plain.stderr
+
+
 def test_replay_refuses_a_missing_dead_letter_topic(ops):
     p = cli("dlt", "replay", "--config", str(ops.config), "--topic", f"{ops.topic}.nope")
     assert p.returncode != 0 and "does not exist" in p.stderr, p
