@@ -133,7 +133,7 @@ pub struct Limits {
     #[serde(default = "default_shutdown_grace", deserialize_with = "de_duration")]
     pub shutdown_grace: Duration,
     /// Decompressed record bytes that all Fetch rewrites in flight may hold
-    /// together (`intercept::budget`).
+    /// together (`plan::budget`).
     #[serde(default = "default_decode_budget")]
     pub decode_budget: usize,
     /// Client connections served at once (all listeners); more are

@@ -182,6 +182,33 @@ def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
     assert validated and float(validated[0].rsplit(" ", 1)[1]) >= 3, text
 
 
+def documented_metric_names() -> set[str]:
+    """Every `antidote_*` name the README and the shipped alert rules and
+    dashboard use (what operators and their Prometheus depend on)."""
+    import re
+    root = Path(__file__).resolve().parent.parent
+    texts = [root / "README.md", *sorted((root / "ops").iterdir())]
+    return {m for f in texts for m in re.findall(r"\bantidote_[a-z0-9_]+", f.read_text())}
+
+
+def test_every_documented_metric_name_is_served(ops):
+    """A metric the README or ops/ names must be on /metrics (declared by a
+    `# TYPE` line; histograms by their _bucket/_sum/_count series), so a
+    renamed or dropped metric fails here, not in someone's alerting."""
+    status, text = http_get(ops.proxy.admin_port, "/metrics")
+    assert status == 200
+    served = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            served.add(name)
+            if kind == "histogram":
+                served |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    documented = documented_metric_names()
+    assert len(documented) >= 14, documented
+    assert documented <= served, f"documented but not served: {sorted(documented - served)}"
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
     total = 0.0
@@ -336,6 +363,50 @@ def dlt_json(ops: Setup, want: int = 2, timeout: float = 15) -> list[dict]:
             assert len(recs) == want, recs
             return recs
         time.sleep(0.3)
+
+
+def run_on_a_terminal(*args: str, timeout: float = 60) -> tuple[int, bytes, bytes]:
+    """Run antidote with stderr on a pseudo-terminal (120 columns); exit
+    code, stdout and everything written to the terminal."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    try:
+        p = subprocess.run([str(ANTIDOTE_BIN), *args], stdout=subprocess.PIPE, stderr=slave,
+                           stdin=subprocess.DEVNULL, timeout=timeout)
+        os.close(slave)
+        slave = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        return p.returncode, p.stdout, seen
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+
+
+def test_replay_progress_is_redrawn_in_place_on_a_terminal(ops):
+    """On a terminal the progress line is drawn by indicatif (cursor
+    control, no stream of lines) and ends as the final count; off a
+    terminal (every other test here) it is plain lines."""
+    code, out, tty = run_on_a_terminal("dlt", "replay", "--config", str(ops.fixed_config),
+                                       "--topic", ops.dlt)
+    assert code == 0, (out, tty)
+    assert b"\x1b[" in tty, tty
+    assert b"replay: " in tty and b"considered" in tty, tty
+    plain = cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt)
+    assert "\x1b[" not in plain.stderr and "considered" in plain.stderr, plain.stderr
 
 
 def test_replay_refuses_a_missing_dead_letter_topic(ops):

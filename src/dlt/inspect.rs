@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
+use comfy_table::{ContentArrangement, Table};
 use serde_json::{json, Value};
 
 use super::{
@@ -169,32 +170,25 @@ pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Resul
     )
 }
 
+/// `rows` under `head` as a borderless table, columns two spaces apart,
+/// lines without trailing blanks. No wrapping: a cell is cut by [`cut`]
+/// before it gets here, and a pipe has no width to wrap at.
 fn write_aligned<const N: usize>(
     out: &mut dyn Write,
     head: &[&str; N],
     rows: &[[String; N]],
 ) -> std::io::Result<()> {
-    let mut widths: [usize; N] = head.map(|h| h.chars().count());
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
+    let mut table = Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(head.to_vec())
+        .add_rows(rows.iter().map(|r| r.to_vec()));
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
     }
-    let line = |cells: Vec<&str>| -> String {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == N {
-                s.push_str(c);
-            } else {
-                s.push_str(c);
-                s.push_str(&" ".repeat(w - c.chars().count() + 2));
-            }
-        }
-        s.trim_end().to_string()
-    };
-    writeln!(out, "{}", line(head.to_vec()))?;
-    for row in rows {
-        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    for line in table.lines() {
+        writeln!(out, "{}", line.trim_end())?;
     }
     Ok(())
 }

@@ -317,100 +317,32 @@ fn parse_time(s: &str, now_ms: i64) -> Result<i64, String> {
     }
 }
 
+/// RFC 3339 as `jiff` reads it (`T`, `t` or a space between date and time,
+/// `Z` or a numeric offset, up to nanoseconds, a leap second read as :59),
+/// or a bare full-date, meaning midnight UTC. Sub-millisecond digits are
+/// truncated.
 fn parse_rfc3339(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let t = s.get(r)?;
-        if t.bytes().all(|c| c.is_ascii_digit()) && !t.is_empty() {
-            t.parse().ok()
-        } else {
-            None
-        }
-    };
-    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+    if let Ok(ts) = s.parse::<jiff::Timestamp>() {
+        return Some(ts.as_millisecond());
+    }
+    // `Date`'s parser would also take a datetime and drop its time.
+    if s.len() != 10 {
         return None;
     }
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) {
-        return None;
-    }
-    let mut ms = days_from_civil(y, mo, d) * 86_400_000;
-    if b.len() == 10 {
-        return Some(ms);
-    }
-    if !matches!(b[10], b'T' | b't' | b' ') || b.len() < 19 || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    ms += ((h * 60 + mi) * 60 + sec) * 1000;
-    let mut rest = &s[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        let f = &frac[..digits];
-        let millis: String = f.chars().chain("000".chars()).take(3).collect();
-        ms += millis.parse::<i64>().ok()?;
-        rest = &frac[digits..];
-    }
-    match rest {
-        "Z" | "z" => Some(ms),
-        _ if rest.len() == 6
-            && (rest.starts_with('+') || rest.starts_with('-'))
-            && &rest[3..4] == ":" =>
-        {
-            let oh: i64 = rest[1..3].parse().ok()?;
-            let om: i64 = rest[4..6].parse().ok()?;
-            let off = (oh * 60 + om) * 60_000;
-            Some(if rest.starts_with('+') {
-                ms - off
-            } else {
-                ms + off
-            })
-        }
-        _ => None,
-    }
+    let date: jiff::civil::Date = s.parse().ok()?;
+    let midnight = jiff::tz::Offset::UTC
+        .to_timestamp(date.to_datetime(jiff::civil::Time::midnight()))
+        .ok()?;
+    Some(midnight.as_millisecond())
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Epoch milliseconds as `2026-01-31T12:00:00.123Z`.
+/// Epoch milliseconds as `2026-01-31T12:00:00.123Z`; outside jiff's range
+/// (years -9999..=9999) the bare number, so a corrupt header still prints.
 pub fn format_time(ms: i64) -> String {
-    let days = ms.div_euclid(86_400_000);
-    let rem = ms.rem_euclid(86_400_000);
-    let (y, m, d) = civil_from_days(days);
-    let (h, mi, s, milli) = (
-        rem / 3_600_000,
-        rem / 60_000 % 60,
-        rem / 1000 % 60,
-        rem % 1000,
-    );
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+    match jiff::Timestamp::from_millisecond(ms) {
+        Ok(ts) => format!("{ts:.3}"),
+        Err(_) => ms.to_string(),
+    }
 }
 
 /// Bytes as text for humans: UTF-8 (control characters escaped, see
@@ -479,6 +411,39 @@ mod tests {
         assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
         for ms in [-86_400_001, 951_782_400_000, 4_102_444_800_123] {
             assert_eq!(parse_time(&format_time(ms), now).unwrap(), ms);
+        }
+        assert_eq!(format_time(i64::MAX), i64::MAX.to_string());
+    }
+
+    /// What jiff adds, and what it refuses that the hand-written parser let
+    /// through; errors still quote the value.
+    #[test]
+    fn rfc3339_forms_jiff_reads() {
+        let now = 1_800_000_000_000;
+        let want = 1_795_997_596_000;
+        for s in [
+            "2026-11-30t00:13:16z",
+            "2026-11-30 00:13:16Z",
+            "2026-11-30T00:13:16.000000000Z",
+            "2026-11-30T00:13:16.0009Z",
+            "2026-11-30T01:13:16+01:00",
+            "2026-11-29T23:13:16-01:00",
+        ] {
+            assert_eq!(parse_time(s, now), Ok(want), "{s}");
+        }
+        // A leap second is read as :59 of the same minute.
+        assert_eq!(
+            parse_time("2016-12-31T23:59:60Z", now),
+            Ok(1_483_228_799_000)
+        );
+        for bad in [
+            "2026-02-30",
+            "2026-02-30T00:00:00Z",
+            "2026-11-30T24:00:01Z",
+            "2026-11-30T00:13:16",
+        ] {
+            let e = parse_time(bad, now).unwrap_err();
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
         }
     }
 

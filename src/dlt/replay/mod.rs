@@ -30,19 +30,21 @@
 //! Records go to the original partition when the target has it, else to
 //! partition 0; Produce v3..=9, acks=all, one record per request, in DLT
 //! order, at most `--rate` per second.
+//!
+//! The decision is here; running it against the clusters (reading targets,
+//! producing, the progress line) is in `run`.
+
+mod run;
 
 use std::collections::HashSet;
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::{
-    read_dlt, Context, DltError, DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM,
-};
-use crate::client::{errors, Cluster};
-use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+pub use run::run;
+
+use super::{DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM};
+use crate::kafka::builder::NewRecord;
 use crate::kafka::record::{Header, Record};
 use crate::policy::{PolicySet, Verdict};
 
@@ -266,243 +268,6 @@ pub fn decide(
         attempt,
         record,
     }
-}
-
-/// Run `dlt replay`; per-record lines go to `out`, progress to stderr.
-pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltError> {
-    if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
-        return Err(DltError::Usage("--rate must be a positive number".into()));
-    }
-    let ctx = Context::load(&args.config)?;
-    let mut cluster = ctx.dead_letter_cluster()?;
-    if cluster.partitions(&args.topic).await?.is_none() {
-        return Err(DltError::Usage(format!(
-            "dead-letter topic {} does not exist",
-            args.topic
-        )));
-    }
-    let mut records = read_dlt(&mut cluster, &args.topic, |r| selected(args, r)).await?;
-    if let Some(n) = args.limit {
-        records.truncate(n);
-    }
-
-    // Targets live on the upstream cluster; the DLT may live elsewhere
-    // (dead_letter.bootstrap_servers).
-    let mut target_cluster = if ctx.config.dead_letter.bootstrap_servers.is_some() {
-        ctx.upstream_cluster()?
-    } else {
-        cluster
-    };
-    let target_cluster = &mut target_cluster;
-    let mut targets: std::collections::BTreeMap<String, Option<usize>> =
-        std::collections::BTreeMap::new();
-    for r in &records {
-        if let Some(t) = args.to.clone().or_else(|| r.origin_topic.clone()) {
-            targets.entry(t).or_insert(None);
-        }
-    }
-    let mut replayed: HashSet<String> = HashSet::new();
-    for (t, n) in targets.iter_mut() {
-        *n = target_cluster.partitions(t).await?;
-        if n.is_some() {
-            crate::deadletter::read_topic(target_cluster, t, |_, rec| {
-                if let Some(Some(v)) = rec.header(H_REPLAYED_FROM) {
-                    replayed.insert(String::from_utf8_lossy(v).into_owned());
-                }
-            })
-            .await?;
-        }
-    }
-
-    let mut report = Report::default();
-    let progress = Progress::new(args.execute);
-    let started = Instant::now();
-    let mut sent = 0u64;
-    for r in &records {
-        report.considered += 1;
-        let now = crate::clock::now_ms();
-        let d = decide(
-            args,
-            &ctx.policies,
-            r,
-            |t| targets.get(t).copied().flatten(),
-            &replayed,
-            now,
-        );
-        let coord = r.coordinate();
-        match &d {
-            Decision::Replay {
-                topic,
-                partition,
-                attempt,
-                record,
-            } => {
-                if !args.execute {
-                    report.would_replay += 1;
-                    writeln!(
-                        out,
-                        "would replay      {coord} -> {topic}-{partition} (origin {}, attempt {attempt})",
-                        r.origin()
-                    )?;
-                } else {
-                    if let Some(rate) = args.rate {
-                        let due = started + Duration::from_secs_f64(sent as f64 / rate);
-                        tokio::time::sleep_until(due.into()).await;
-                    }
-                    sent += 1;
-                    match produce(target_cluster, topic, *partition, record).await {
-                        Ok(offset) => {
-                            report.replayed += 1;
-                            replayed.insert(coord.clone());
-                            writeln!(
-                                out,
-                                "replayed          {coord} -> {topic}-{partition}@{offset} (origin {}, attempt {attempt})",
-                                r.origin()
-                            )?;
-                        }
-                        Err(e) => {
-                            report.failed += 1;
-                            target_cluster.reset();
-                            writeln!(out, "failed            {coord} -> {topic}-{partition}: {e}")?;
-                        }
-                    }
-                }
-            }
-            Decision::AlreadyReplayed { topic } => {
-                report.already_replayed += 1;
-                writeln!(out, "already replayed  {coord} (a record in {topic} carries {H_REPLAYED_FROM}: {coord})")?;
-            }
-            Decision::StillInvalid {
-                class,
-                rule,
-                reason,
-            } => {
-                report.still_invalid += 1;
-                writeln!(out, "still invalid     {coord}: {class} {rule}: {reason}")?;
-            }
-            Decision::RefusedStale => {
-                report.refused += 1;
-                writeln!(
-                    out,
-                    "refused           {coord}: class stale (use --include-stale)"
-                )?;
-            }
-            Decision::RefusedWholeBatch => {
-                report.refused += 1;
-                writeln!(
-                    out,
-                    "refused           {coord}: a whole undecodable batch (raw bytes, not one record)"
-                )?;
-            }
-            Decision::RefusedMaxAttempts { attempts } => {
-                report.refused += 1;
-                writeln!(out, "refused           {coord}: already replayed {attempts} times (--max-attempts {})", args.max_attempts)?;
-            }
-            Decision::NoOrigin => {
-                report.refused += 1;
-                writeln!(
-                    out,
-                    "refused           {coord}: no {} header; use --to",
-                    crate::deadletter::H_TOPIC
-                )?;
-            }
-            Decision::TargetMissing { topic } => {
-                report.refused += 1;
-                writeln!(
-                    out,
-                    "refused           {coord}: target topic {topic} does not exist"
-                )?;
-            }
-        }
-        tracing::debug!(coordinate = %coord, decision = d.label(), "replay decision");
-        progress.tick(&report, false);
-    }
-    out.flush()?;
-    progress.tick(&report, true);
-    if !args.execute && report.would_replay > 0 {
-        eprintln!("dry run: nothing was written; add --execute to replay");
-    }
-    Ok(report)
-}
-
-impl Context {
-    /// A client for the upstream cluster (the replay targets).
-    fn upstream_cluster(&self) -> Result<Cluster, DltError> {
-        let c = &self.config;
-        let endpoint = crate::client::Endpoint::upstream(&self.config)?;
-        Ok(Cluster::new(c.upstream.bootstrap_servers.clone(), endpoint))
-    }
-}
-
-/// A progress line on stderr: rewritten in place on a terminal, else at most
-/// once a second.
-struct Progress {
-    tty: bool,
-    execute: bool,
-    last: std::cell::Cell<Option<Instant>>,
-}
-
-impl Progress {
-    fn new(execute: bool) -> Self {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-            execute,
-            last: std::cell::Cell::new(None),
-        }
-    }
-
-    fn tick(&self, report: &Report, last: bool) {
-        let due = self
-            .last
-            .get()
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
-        if !(last || due) {
-            return;
-        }
-        self.last.set(Some(Instant::now()));
-        let line = report.line(self.execute);
-        let mut err = std::io::stderr().lock();
-        let _ = if self.tty {
-            write!(err, "\r\x1b[K{line}{}", if last { "\n" } else { "" })
-        } else {
-            writeln!(err, "{line}")
-        };
-    }
-}
-
-/// Produce one record with acks=all; its offset. Retries only errors that
-/// guarantee nothing was written (leader moved or unknown).
-async fn produce(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    record: &NewRecord,
-) -> Result<i64, DltError> {
-    let batch = build_batch(std::slice::from_ref(record), &BuildOptions::default())
-        .map_err(|e| DltError::Produce(e.to_string()))?;
-    let mut last = String::new();
-    for attempt in 0..3u32 {
-        let p = cluster.produce(topic, partition, batch.clone()).await?;
-        match p.error_code {
-            0 => return Ok(p.base_offset),
-            code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
-                last = format!("{topic}-{partition}: leader not available (error {code})");
-                cluster.reset();
-                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-            }
-            code => {
-                let msg = p
-                    .error_message
-                    .as_ref()
-                    .map(|m| m.to_string())
-                    .unwrap_or_default();
-                return Err(DltError::Produce(format!(
-                    "{topic}-{partition}: produce error {code} {msg}"
-                )));
-            }
-        }
-    }
-    Err(DltError::Produce(last))
 }
 
 #[cfg(test)]

@@ -1,0 +1,328 @@
+//! Running `dlt replay` against the clusters: read the chosen DLT records,
+//! learn each target's partitions and what was already replayed into it,
+//! apply [`super::decide`] to each record, produce with acks=all, and
+//! report per record (stdout) and in a progress line (stderr).
+//!
+//! Owns the I/O side of a replay only; every decision is made by the pure
+//! [`super::decide`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::{decide, selected, Decision, ReplayArgs, Report};
+use crate::client::{errors, Cluster};
+use crate::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
+use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+
+/// Partition count of each target topic (`None`: it does not exist).
+type Targets = BTreeMap<String, Option<usize>>;
+
+/// Run `dlt replay`; per-record lines go to `out`, progress to stderr.
+pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltError> {
+    if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        return Err(DltError::Usage("--rate must be a positive number".into()));
+    }
+    let ctx = Context::load(&args.config)?;
+    let mut cluster = ctx.dead_letter_cluster()?;
+    if cluster.partitions(&args.topic).await?.is_none() {
+        return Err(DltError::Usage(format!(
+            "dead-letter topic {} does not exist",
+            args.topic
+        )));
+    }
+    let mut records = read_dlt(&mut cluster, &args.topic, |r| selected(args, r)).await?;
+    if let Some(n) = args.limit {
+        records.truncate(n);
+    }
+    // Targets live on the upstream cluster; the DLT may live elsewhere
+    // (dead_letter.bootstrap_servers).
+    let target_cluster = if ctx.config.dead_letter.bootstrap_servers.is_some() {
+        ctx.upstream_cluster()?
+    } else {
+        cluster
+    };
+    let mut runner = Runner {
+        args,
+        cluster: target_cluster,
+        targets: Targets::new(),
+        replayed: HashSet::new(),
+        report: Report::default(),
+        started: Instant::now(),
+        sent: 0,
+    };
+    runner.load_targets(&records).await?;
+    // `--rate` paces the writes, not the reading of the targets.
+    runner.started = Instant::now();
+    let progress = Progress::new(args.execute);
+    for r in &records {
+        runner.report.considered += 1;
+        let now = crate::clock::now_ms();
+        let targets = &runner.targets;
+        let d = decide(
+            args,
+            &ctx.policies,
+            r,
+            |t| targets.get(t).copied().flatten(),
+            &runner.replayed,
+            now,
+        );
+        runner.apply(r, &d, out).await?;
+        tracing::debug!(coordinate = %r.coordinate(), decision = d.label(), "replay decision");
+        progress.tick(&runner.report);
+    }
+    out.flush()?;
+    progress.finish(&runner.report);
+    if !args.execute && runner.report.would_replay > 0 {
+        eprintln!("dry run: nothing was written; add --execute to replay");
+    }
+    Ok(runner.report)
+}
+
+/// The state of one replay run against its target cluster.
+struct Runner<'a> {
+    args: &'a ReplayArgs,
+    cluster: Cluster,
+    targets: Targets,
+    /// DLT coordinates already found in a target's `x-replayed-from-dlt`.
+    replayed: HashSet<String>,
+    report: Report,
+    started: Instant,
+    /// Records produced so far (for `--rate`).
+    sent: u64,
+}
+
+impl Runner<'_> {
+    /// Learn each target topic's partitions, and read every existing target
+    /// for the DLT coordinates it already holds (no double replays).
+    async fn load_targets(&mut self, records: &[DltRecord]) -> Result<(), DltError> {
+        for r in records {
+            if let Some(t) = self.args.to.clone().or_else(|| r.origin_topic.clone()) {
+                self.targets.entry(t).or_insert(None);
+            }
+        }
+        let replayed = &mut self.replayed;
+        for (t, n) in self.targets.iter_mut() {
+            *n = self.cluster.partitions(t).await?;
+            if n.is_some() {
+                crate::deadletter::read_topic(&mut self.cluster, t, |_, rec| {
+                    if let Some(Some(v)) = rec.header(H_REPLAYED_FROM) {
+                        replayed.insert(String::from_utf8_lossy(v).into_owned());
+                    }
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Carry out decision `d` for record `r` and write its line to `out`.
+    async fn apply(
+        &mut self,
+        r: &DltRecord,
+        d: &Decision,
+        out: &mut dyn Write,
+    ) -> Result<(), DltError> {
+        let coord = r.coordinate();
+        let report = &mut self.report;
+        match d {
+            Decision::Replay {
+                topic,
+                partition,
+                attempt,
+                record,
+            } => {
+                let target = Target {
+                    topic,
+                    partition: *partition,
+                    attempt: *attempt,
+                };
+                return self.replay(r, &target, record, out).await;
+            }
+            Decision::AlreadyReplayed { topic } => {
+                report.already_replayed += 1;
+                writeln!(out, "already replayed  {coord} (a record in {topic} carries {H_REPLAYED_FROM}: {coord})")?;
+            }
+            Decision::StillInvalid {
+                class,
+                rule,
+                reason,
+            } => {
+                report.still_invalid += 1;
+                writeln!(out, "still invalid     {coord}: {class} {rule}: {reason}")?;
+            }
+            refused => {
+                report.refused += 1;
+                let why = refusal(refused, self.args.max_attempts);
+                writeln!(out, "refused           {coord}: {why}")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write (or, in a dry run, report) one replay.
+    async fn replay(
+        &mut self,
+        r: &DltRecord,
+        target: &Target<'_>,
+        record: &NewRecord,
+        out: &mut dyn Write,
+    ) -> Result<(), DltError> {
+        let coord = r.coordinate();
+        let (topic, partition, attempt) = (target.topic, target.partition, target.attempt);
+        if !self.args.execute {
+            self.report.would_replay += 1;
+            writeln!(
+                out,
+                "would replay      {coord} -> {topic}-{partition} (origin {}, attempt {attempt})",
+                r.origin()
+            )?;
+            return Ok(());
+        }
+        if let Some(rate) = self.args.rate {
+            let due = self.started + Duration::from_secs_f64(self.sent as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        self.sent += 1;
+        match produce(&mut self.cluster, topic, partition, record).await {
+            Ok(offset) => {
+                self.report.replayed += 1;
+                self.replayed.insert(coord.clone());
+                writeln!(
+                    out,
+                    "replayed          {coord} -> {topic}-{partition}@{offset} (origin {}, attempt {attempt})",
+                    r.origin()
+                )?;
+            }
+            Err(e) => {
+                self.report.failed += 1;
+                self.cluster.reset();
+                writeln!(out, "failed            {coord} -> {topic}-{partition}: {e}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where one replay goes.
+struct Target<'a> {
+    topic: &'a str,
+    partition: i32,
+    attempt: u32,
+}
+
+/// Why a refused decision was refused, for its `refused` line.
+fn refusal(d: &Decision, max_attempts: u32) -> String {
+    match d {
+        Decision::RefusedStale => "class stale (use --include-stale)".into(),
+        Decision::RefusedWholeBatch => {
+            "a whole undecodable batch (raw bytes, not one record)".into()
+        }
+        Decision::RefusedMaxAttempts { attempts } => {
+            format!("already replayed {attempts} times (--max-attempts {max_attempts})")
+        }
+        Decision::NoOrigin => format!("no {} header; use --to", crate::deadletter::H_TOPIC),
+        Decision::TargetMissing { topic } => format!("target topic {topic} does not exist"),
+        other => other.label().to_string(),
+    }
+}
+
+impl Context {
+    /// A client for the upstream cluster (the replay targets).
+    fn upstream_cluster(&self) -> Result<Cluster, DltError> {
+        let c = &self.config;
+        let endpoint = crate::client::Endpoint::upstream(&self.config)?;
+        Ok(Cluster::new(c.upstream.bootstrap_servers.clone(), endpoint))
+    }
+}
+
+/// The progress line on stderr: an `indicatif` line redrawn in place when
+/// stderr is a terminal; otherwise (a log, a pipe) a plain line at most once
+/// a second and a final one, which scripts read.
+enum Progress {
+    Terminal {
+        bar: ProgressBar,
+        execute: bool,
+    },
+    Plain {
+        execute: bool,
+        last: std::cell::Cell<Option<Instant>>,
+    },
+}
+
+impl Progress {
+    fn new(execute: bool) -> Self {
+        if !std::io::stderr().is_terminal() {
+            return Progress::Plain {
+                execute,
+                last: std::cell::Cell::new(None),
+            };
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("{msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        Progress::Terminal { bar, execute }
+    }
+
+    fn tick(&self, report: &Report) {
+        match self {
+            // indicatif limits redraws itself (20 per second by default).
+            Progress::Terminal { bar, execute } => bar.set_message(report.line(*execute)),
+            Progress::Plain { execute, last } => {
+                let due = last
+                    .get()
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+                if due {
+                    last.set(Some(Instant::now()));
+                    eprintln!("{}", report.line(*execute));
+                }
+            }
+        }
+    }
+
+    fn finish(&self, report: &Report) {
+        match self {
+            Progress::Terminal { bar, execute } => bar.finish_with_message(report.line(*execute)),
+            Progress::Plain { execute, .. } => eprintln!("{}", report.line(*execute)),
+        }
+    }
+}
+
+/// Produce one record with acks=all; its offset. Retries only errors that
+/// guarantee nothing was written (leader moved or unknown).
+async fn produce(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    record: &NewRecord,
+) -> Result<i64, DltError> {
+    let batch = build_batch(std::slice::from_ref(record), &BuildOptions::default())
+        .map_err(|e| DltError::Produce(e.to_string()))?;
+    let mut last = String::new();
+    for attempt in 0..3u32 {
+        let p = cluster.produce(topic, partition, batch.clone()).await?;
+        match p.error_code {
+            0 => return Ok(p.base_offset),
+            code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
+                last = format!("{topic}-{partition}: leader not available (error {code})");
+                cluster.reset();
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+            }
+            code => {
+                let msg = p
+                    .error_message
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default();
+                return Err(DltError::Produce(format!(
+                    "{topic}-{partition}: produce error {code} {msg}"
+                )));
+            }
+        }
+    }
+    Err(DltError::Produce(last))
+}
