@@ -1,0 +1,509 @@
+//! The proxy's metrics: a `prometheus-client` registry with typed methods
+//! for the data path, and nothing else.
+//!
+//! Owns every metric name antidote exports (see [`names`]); the alert rules
+//! in `ops/prometheus-alerts.yaml`, the dashboard in
+//! `ops/grafana-dashboard.json` and the README's metrics table use these
+//! names and must follow them. It never does I/O: the admin listener
+//! (`crate::admin`) serves [`Metrics::render`].
+//!
+//! Exposition: the Prometheus text format 0.0.4 (`prometheus-client`'s
+//! `prometheus_text` encoder), as before the crate was adopted, so every
+//! `# TYPE` line keeps its `_total` name. Counters are registered without
+//! `_total` because the encoder appends it.
+//!
+//! Recording stays an atomic add: each label set is resolved in the
+//! crate's `Family` once and the metric handle is cached in a sharded map
+//! ([`Cached`]), so a hit is a read lock on one shard plus the add; only
+//! the first sighting of a label set takes the family's write lock.
+//!
+//! Cardinality: labels are topic, partition, policy, class, rule (bounded by
+//! the policy files), action, listener and error kind. Topic-partition labels
+//! exist only for policy topics, which is what operators need to find the
+//! partition that is producing poison.
+//!
+//! The DLT rate is derived, not stored:
+//!
+//! ```text
+//! sum(rate(antidote_records_invalid_total{action="diverted"}[5m]))
+//!   / sum(rate(antidote_records_validated_total[5m]))
+//! ```
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+mod series;
+use series::*;
+
+/// Every exported metric name, in one place (as scraped: counters with
+/// their `_total`).
+pub mod names {
+    pub const VALIDATED: &str = "antidote_records_validated_total";
+    pub const PASSED: &str = "antidote_records_passed_total";
+    pub const EVALUATED: &str = "antidote_records_evaluated_total";
+    pub const FETCH_REWRITE_CPU: &str = "antidote_fetch_rewrite_cpu_seconds_total";
+    pub const INVALID: &str = "antidote_records_invalid_total";
+    pub const DLT_WRITES: &str = "antidote_dlt_writes_total";
+    pub const DLT_WRITE_SECONDS: &str = "antidote_dlt_write_duration_seconds";
+    pub const HELD_PARTITIONS: &str = "antidote_held_partitions";
+    pub const HELD_BATCHES: &str = "antidote_held_batches_total";
+    pub const FETCH_REWRITE_SECONDS: &str = "antidote_fetch_rewrite_duration_seconds";
+    pub const CONNECTIONS_OPEN: &str = "antidote_connections_open";
+    pub const CONNECTIONS_ACCEPTED: &str = "antidote_connections_accepted_total";
+    pub const UPSTREAM_ERRORS: &str = "antidote_upstream_errors_total";
+    pub const CONNECTIONS_REFUSED: &str = "antidote_connections_refused_total";
+    pub const BUILD_INFO: &str = "antidote_build_info";
+    pub const START_TIME: &str = "antidote_process_start_time_seconds";
+
+    /// The name a counter is registered under: the encoder adds `_total`.
+    pub(super) fn counter_base(name: &'static str) -> &'static str {
+        name.strip_suffix("_total").unwrap_or(name)
+    }
+}
+
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// What happened to an invalid record (the `action` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidAction {
+    /// Written to its dead-letter topic and removed from the response.
+    Diverted,
+    /// Removed from the response, not written anywhere (`on_invalid: drop`).
+    Dropped,
+    /// Delivered to the consumer although invalid (`on_invalid: pass`).
+    PassedInvalid,
+}
+
+impl InvalidAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvalidAction::Diverted => "diverted",
+            InvalidAction::Dropped => "dropped",
+            InvalidAction::PassedInvalid => "passed_invalid",
+        }
+    }
+}
+
+impl From<crate::policy::Action> for InvalidAction {
+    fn from(a: crate::policy::Action) -> Self {
+        match a {
+            crate::policy::Action::Divert => InvalidAction::Diverted,
+            crate::policy::Action::Drop => InvalidAction::Dropped,
+            crate::policy::Action::Pass => InvalidAction::PassedInvalid,
+        }
+    }
+}
+
+/// Every metric the proxy exports. Share one instance ([`global`]).
+pub struct Metrics {
+    registry: Registry,
+    validated: Cached<TopicPartitionPolicy, Counter>,
+    evaluated: Cached<PolicyLabel, Counter>,
+    fetch_rewrite_cpu: Counter<f64, AtomicU64>,
+    passed: Cached<TopicPartitionPolicy, Counter>,
+    invalid: Cached<InvalidLabels, Counter>,
+    dlt_writes: Cached<ResultLabel, Counter>,
+    dlt_write_seconds: Cached<ResultLabel, Histogram, LatencyCtor>,
+    held: Cached<TopicPartition, Gauge>,
+    held_batches: Cached<HeldBatchLabels, Counter>,
+    fetch_rewrite_seconds: Histogram,
+    connections_open: Cached<ListenerLabel, Gauge>,
+    connections_accepted: Cached<ListenerLabel, Counter>,
+    upstream_errors: Cached<KindLabel, Counter>,
+    connections_refused: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let m = Metrics {
+            registry: Registry::default(),
+            validated: Cached::new(),
+            evaluated: Cached::new(),
+            fetch_rewrite_cpu: Counter::default(),
+            passed: Cached::new(),
+            invalid: Cached::new(),
+            dlt_writes: Cached::new(),
+            dlt_write_seconds: Cached::with_constructor(latency_histogram as LatencyCtor),
+            held: Cached::new(),
+            held_batches: Cached::new(),
+            fetch_rewrite_seconds: latency_histogram(),
+            connections_open: Cached::new(),
+            connections_accepted: Cached::new(),
+            upstream_errors: Cached::new(),
+            connections_refused: Counter::default(),
+        };
+        m.registered()
+    }
+
+    /// Register every metric, in the order the old hand-written exposition
+    /// had (operators diff scrapes).
+    fn registered(mut self) -> Self {
+        use names::*;
+        let r = &mut self.registry;
+        let build: Family<VersionLabel, Gauge> = Family::default();
+        build
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        register(
+            r,
+            BUILD_INFO,
+            "Always 1; the version label says which antidote runs.",
+            build,
+        );
+        let start: Gauge<f64, AtomicU64> = Gauge::default();
+        start.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        );
+        register(
+            r,
+            START_TIME,
+            "Start time of the process, seconds since the epoch.",
+            start,
+        );
+        register(
+            r,
+            VALIDATED,
+            "Records judged against a policy.",
+            self.validated.family.clone(),
+        );
+        register(
+            r,
+            EVALUATED,
+            "Records run through a policy's validator (verdict cache misses).",
+            self.evaluated.family.clone(),
+        );
+        register(
+            r,
+            FETCH_REWRITE_CPU,
+            "CPU seconds spent decoding, judging, splicing and re-encoding Fetch responses.",
+            self.fetch_rewrite_cpu.clone(),
+        );
+        register(
+            r,
+            PASSED,
+            "Records judged valid and delivered to the consumer.",
+            self.passed.family.clone(),
+        );
+        register(
+            r,
+            INVALID,
+            "Records judged invalid, by class, failing rule and action (diverted, dropped, passed_invalid).",
+            self.invalid.family.clone(),
+        );
+        self.register_dlt_and_connections();
+        self
+    }
+
+    fn register_dlt_and_connections(&mut self) {
+        use names::*;
+        let r = &mut self.registry;
+        register(
+            r,
+            DLT_WRITES,
+            "Dead-letter produce requests, by result (ok, error).",
+            self.dlt_writes.family.clone(),
+        );
+        register(
+            r,
+            DLT_WRITE_SECONDS,
+            "Time from a dead-letter write starting to its acks=all acknowledgement (or failure).",
+            self.dlt_write_seconds.family.clone(),
+        );
+        register(
+            r,
+            HELD_PARTITIONS,
+            "1 while a partition is held because a diversion failed, else 0.",
+            self.held.family.clone(),
+        );
+        register(
+            r,
+            HELD_BATCHES,
+            "Fetch responses in which a batch could not be judged and its partition was held there, by reason (undecodable, legacy, budget).",
+            self.held_batches.family.clone(),
+        );
+        register(
+            r,
+            FETCH_REWRITE_SECONDS,
+            "Time spent inspecting and rewriting one Fetch response, diversions included.",
+            self.fetch_rewrite_seconds.clone(),
+        );
+        register(
+            r,
+            CONNECTIONS_OPEN,
+            "Client connections open, by listener.",
+            self.connections_open.family.clone(),
+        );
+        register(
+            r,
+            CONNECTIONS_ACCEPTED,
+            "Client connections accepted, by listener.",
+            self.connections_accepted.family.clone(),
+        );
+        register(
+            r,
+            UPSTREAM_ERRORS,
+            "Errors talking to upstream brokers, by kind (connect, tls, io, protocol, timeout, ...).",
+            self.upstream_errors.family.clone(),
+        );
+        register(
+            r,
+            CONNECTIONS_REFUSED,
+            "Client connections closed at once because limits.max_connections was reached.",
+            self.connections_refused.clone(),
+        );
+    }
+
+    /// `n` records of `topic`/`partition` were judged under `policy`.
+    ///
+    /// Call site: `plan::plan_partition` (or `FetchFilter::filter`
+    /// right after it), once per partition with the number of records judged
+    /// in this response, including those whose verdict came from the
+    /// `VerdictCache` (the DLT rate is per delivered record, not per
+    /// validation run). Not called for aborted transactional batches.
+    pub fn record_validated(&self, topic: &str, partition: i32, policy: &str, n: u64) {
+        self.validated
+            .with(&(topic, partition, policy), |c| c.inc_by(n));
+    }
+
+    /// `n` records were run through `policy`'s validator, i.e. judged
+    /// without a verdict from the `VerdictCache`. With several consumer
+    /// groups reading the same records, this stays near one group's
+    /// `antidote_records_validated_total`.
+    ///
+    /// Call site: `Interceptor::rewrite`, with `PlanStats::validated`.
+    pub fn record_evaluated(&self, policy: &str, n: u64) {
+        if n > 0 {
+            let labels = PolicyLabel {
+                policy: policy.to_owned(),
+            };
+            self.evaluated.with(&labels, |c| c.inc_by(n));
+        }
+    }
+
+    /// CPU time (of the calling thread) spent decoding, judging, splicing
+    /// and re-encoding one Fetch response, the dead-letter wait excluded.
+    ///
+    /// Call site: `Interceptor::rewrite`, around its synchronous parts.
+    pub fn fetch_rewrite_cpu(&self, d: Duration) {
+        self.fetch_rewrite_cpu.inc_by(d.as_secs_f64());
+    }
+
+    /// `n` valid records of `topic`/`partition` were delivered.
+    ///
+    /// Call site: same place as [`Metrics::record_validated`], with the count
+    /// of records whose verdict was `Valid`.
+    pub fn record_passed(&self, topic: &str, partition: i32, policy: &str, n: u64) {
+        self.passed
+            .with(&(topic, partition, policy), |c| c.inc_by(n));
+    }
+
+    /// One record judged invalid (`class`, failing `rule`) and what was done
+    /// with it.
+    ///
+    /// Call site: `Interceptor::rewrite` after `divert_all`, once per invalid
+    /// record of a plan: `Diverted` for diversions that were acknowledged,
+    /// `Dropped` for `on_invalid: drop`, `PassedInvalid` for `on_invalid:
+    /// pass`. A diversion that failed is not counted here (its partition is
+    /// held and the record will be judged again); see [`Metrics::dlt_write`].
+    pub fn record_invalid(
+        &self,
+        topic: &str,
+        partition: i32,
+        policy: &str,
+        class: crate::policy::Class,
+        rule: &str,
+        action: InvalidAction,
+    ) {
+        let labels = InvalidRef {
+            topic,
+            partition,
+            policy,
+            class: class.as_str(),
+            rule,
+            action: action.as_str(),
+        };
+        self.invalid.with(&labels, |c| c.inc());
+    }
+
+    /// One dead-letter Produce request finished (`ok` = acknowledged with
+    /// acks=all), after `latency`.
+    ///
+    /// Call site: `deadletter::producer::Producer`, around each
+    /// `produce(topic, partition, records)` call (one per DLT batch),
+    /// measured from the first attempt to the final outcome.
+    pub fn dlt_write(&self, ok: bool, latency: Duration) {
+        self.dlt_write_result(if ok { "ok" } else { "error" }, latency);
+    }
+
+    /// Like [`Metrics::dlt_write`] with a named result: `too_large` when the
+    /// broker refused a single record as too large (it cannot be split).
+    pub fn dlt_write_result(&self, result: &str, latency: Duration) {
+        let labels = ResultLabel {
+            result: result.to_owned(),
+        };
+        self.dlt_writes.with(&labels, |c| c.inc());
+        self.dlt_write_seconds
+            .with(&labels, |h| h.observe(latency.as_secs_f64()));
+    }
+
+    /// Set whether `topic`/`partition` is held (a diversion failed).
+    ///
+    /// Call site: `Interceptor::rewrite`: `true` where `failed_from` is
+    /// `Some` (the "partition held" warning), `false` when a later response
+    /// for the same partition was applied with `failed_from == None`.
+    pub fn set_held(&self, topic: &str, partition: i32, held: bool) {
+        self.held
+            .with(&(topic, partition), |g| g.set(i64::from(held)));
+    }
+
+    /// A batch of `topic`/`partition` could not be judged (`reason`:
+    /// `undecodable`, `legacy` or `budget`), so the partition was held at it.
+    ///
+    /// Call site: `Interceptor::rewrite`, once per response per held partition.
+    pub fn held_batch(&self, topic: &str, partition: i32, reason: &str) {
+        let labels = HeldBatchLabels {
+            topic: topic.to_owned(),
+            partition,
+            reason: reason.to_owned(),
+        };
+        self.held_batches.with(&labels, |c| c.inc());
+    }
+
+    /// Add `delta` (+1 / -1) to the held gauge of `topic`/`partition`, for
+    /// call sites that count holders rather than set a state.
+    pub fn held_partitions_add(&self, topic: &str, partition: i32, delta: i64) {
+        self.held.with(&(topic, partition), |g| g.inc_by(delta));
+    }
+
+    /// Partitions currently held (sum over the gauge).
+    pub fn held_partitions(&self) -> i64 {
+        let mut sum = 0;
+        self.held.for_each(|g| sum += g.get());
+        sum
+    }
+
+    /// One Fetch response was inspected and rewritten in `d`.
+    ///
+    /// Call site: `proxy::relay::respond`, around `Interceptor::rewrite`
+    /// (only for responses that were actually inspected).
+    pub fn fetch_rewrite_latency(&self, d: Duration) {
+        self.fetch_rewrite_seconds.observe(d.as_secs_f64());
+    }
+
+    /// A client connection on `listener` opened (`+1`) or closed (`-1`).
+    /// `listener` is `bootstrap` or `broker-<node id>`.
+    ///
+    /// Call site: `proxy::serve`: `+1` on entry, `-1` on every exit path
+    /// (a guard that calls `-1` on drop is easiest). `+1` also counts
+    /// `antidote_connections_accepted_total`.
+    pub fn connections_open(&self, listener: &str, delta: i64) {
+        let labels = ListenerLabel {
+            listener: listener.to_owned(),
+        };
+        if delta > 0 {
+            self.connections_accepted
+                .with(&labels, |c| c.inc_by(delta.unsigned_abs()));
+        }
+        self.connections_open.with(&labels, |g| g.inc_by(delta));
+    }
+
+    /// An error talking to an upstream broker, e.g. `connect`, `tls`, `io`,
+    /// `protocol`, `timeout`, `metadata`.
+    ///
+    /// Call sites: `proxy::connect_upstream` (connect failed),
+    /// `proxy::metadata_loop` (refresh failed, kind `metadata`), relay errors
+    /// on the broker side (kind `io`).
+    pub fn upstream_error(&self, kind: &str) {
+        let labels = KindLabel {
+            kind: kind.to_owned(),
+        };
+        self.upstream_errors.with(&labels, |c| c.inc());
+    }
+
+    /// A client connection closed at once: `limits.max_connections` reached.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    /// Counter value, for tests and the `dlt` commands' summaries.
+    pub fn validated(&self, topic: &str, partition: i32, policy: &str) -> u64 {
+        self.validated
+            .peek(&(topic, partition, policy), |c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// Current open connections of `listener`.
+    pub fn open_connections(&self, listener: &str) -> i64 {
+        let labels = ListenerLabel {
+            listener: listener.to_owned(),
+        };
+        self.connections_open
+            .peek(&labels, |g| g.get())
+            .unwrap_or(0)
+    }
+
+    /// Everything, in the Prometheus text exposition format (0.0.4), served
+    /// with [`CONTENT_TYPE`].
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        // Writing into a String cannot fail; an encoder error would mean a
+        // bug in the crate, and a partial page is still worth serving.
+        if let Err(e) = prometheus_text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// Counts one open connection of a listener for as long as it lives:
+/// `+1` when made, `-1` when dropped, whichever way the connection ends.
+///
+/// Call site: `proxy::serve`, first line:
+/// `let _open = ConnectionGuard::new(metrics::global().clone(), listener_name);`
+pub struct ConnectionGuard {
+    metrics: Arc<Metrics>,
+    listener: String,
+}
+
+impl ConnectionGuard {
+    pub fn new(metrics: Arc<Metrics>, listener: impl Into<String>) -> Self {
+        let listener = listener.into();
+        metrics.connections_open(&listener, 1);
+        ConnectionGuard { metrics, listener }
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.metrics.connections_open(&self.listener, -1);
+    }
+}
+
+/// The process-wide registry the data path records into.
+pub fn global() -> &'static Arc<Metrics> {
+    static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
+    GLOBAL.get_or_init(|| Arc::new(Metrics::new()))
+}
+
+#[cfg(test)]
+mod tests;
