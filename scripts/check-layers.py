@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Check that every module depends only on modules below it.
+"""Check the shape of the code: every module depends only on modules below
+it, and no source file is too long to read in one sitting.
 
 The layers, lowest first, are listed in LAYERS; a module may use modules in
 its own layer or lower ones, never higher ones, and the module graph must
@@ -7,6 +8,10 @@ have no cycle. Edges are read from the source: every `crate::m`,
 `antidote_core::m` and `use crate::{m, ..}` in a file of top-level module
 `M` is an edge M -> m (comments are skipped). Prints the edges with
 --print. Exit status 1 on any violation.
+
+Source files (their code before `#[cfg(test)]`) may have at most
+MAX_FILE_LINES lines; test-only files (tests.rs, *proptests.rs,
+testutil.rs, mock_broker.rs) are exempt.
 
 Run by scripts/test.sh; the picture it enforces is drawn in src/lib.rs and
 crates/core/src/lib.rs.
@@ -37,6 +42,8 @@ LAYERS = [
     ["proxy"],
     ["main"],
 ]
+MAX_FILE_LINES = 600
+TEST_FILES = re.compile(r"(^|_)(tests|proptests|testutil|mock_broker)\.rs$")
 CRATES = {"core": ROOT / "crates" / "core" / "src", "antidote": ROOT / "src"}
 ROOT_FILES = {"lib.rs", "mod.rs"}
 
@@ -98,6 +105,19 @@ def edges() -> dict[str, set[str]]:
     return out
 
 
+def long_files() -> list[str]:
+    out = []
+    for crate_root in CRATES.values():
+        for f in sorted(crate_root.rglob("*.rs")):
+            if TEST_FILES.search(f.name):
+                continue
+            code = f.read_text().split("#[cfg(test)]\nmod tests", 1)[0]
+            n = code.count("\n")
+            if n > MAX_FILE_LINES:
+                out.append(f"{f.relative_to(ROOT)} has {n} lines of code (at most {MAX_FILE_LINES}): split it")
+    return out
+
+
 def main() -> int:
     rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
     graph = edges()
@@ -131,6 +151,7 @@ def main() -> int:
     if "--print" in sys.argv:
         for src, dsts in sorted(graph.items(), key=lambda kv: rank.get(kv[0], 99)):
             print(f"{src:11} -> {', '.join(sorted(dsts, key=lambda d: rank.get(d, 99)))}")
+    bad += long_files()
     for b in bad:
         print("check-layers:", b, file=sys.stderr)
     return 1 if bad else 0

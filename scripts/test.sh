@@ -30,7 +30,7 @@ printf '==== setup ====\n'
 bash scripts/setup.sh
 
 # Debug build only: release builds are too slow for shared 2-core machines.
-stage "module layers" python3 scripts/check-layers.py
+stage "module layers and file sizes" python3 scripts/check-layers.py
 stage "cargo build" cargo build --locked --bin antidote
 stage "cargo test (unit)" cargo test --locked --workspace
 
