@@ -1,3 +1,6 @@
+//! The registry against its documented contract: names, types and labels
+//! as the README, the alert rules and the dashboard use them; cached series.
+
 use std::hash::Hash;
 
 use super::series::*;
