@@ -60,6 +60,8 @@ pub enum InvalidAction {
     Dropped,
     /// Delivered to the consumer although invalid (`on_invalid: pass`).
     PassedInvalid,
+    /// Refused at Produce (`on_produce: reject`): never written.
+    Rejected,
 }
 
 impl InvalidAction {
@@ -68,6 +70,7 @@ impl InvalidAction {
             InvalidAction::Diverted => "diverted",
             InvalidAction::Dropped => "dropped",
             InvalidAction::PassedInvalid => "passed_invalid",
+            InvalidAction::Rejected => "rejected",
         }
     }
 }
