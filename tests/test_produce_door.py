@@ -360,3 +360,30 @@ def test_kafkajs_poison_is_refused_and_valid_records_land(door, broker):
     assert [r["ok"] for r in results] == [True, False, True], results
     assert results[1]["type"] == "INVALID_RECORD", results[1]
     assert values(read_back(broker, topic, 0, 2)) == [recs[0].value, recs[2].value]
+
+
+# ---------------------------------------------------------------------------
+# Produce v0-2 (message sets of magic 0/1)
+# ---------------------------------------------------------------------------
+
+def test_produce_v2_ends_its_connection_and_writes_nothing(door, broker):
+    """A v0-2 Produce cannot be checked (legacy message sets): while
+    policies are loaded the proxy ends that connection, as a broker does
+    for a request it cannot serve, and forwards nothing."""
+    import socket
+    import struct
+    topic = new_topic(broker)
+    value = ps.json_value("lat", 0)
+    # One magic-1 message: crc, magic, attributes, timestamp, key, value.
+    body = struct.pack(">bbq", 1, 0, 0) + struct.pack(">i", -1) + struct.pack(">i", len(value)) + value
+    import zlib
+    message = struct.pack(">I", zlib.crc32(body)) + body
+    message_set = struct.pack(">qi", 0, len(message)) + message
+    produce = (struct.pack(">hi", -1, 10_000) + struct.pack(">i", 1) + h.kstr(topic)
+               + struct.pack(">i", 1) + struct.pack(">i", 0)
+               + struct.pack(">i", len(message_set)) + message_set)
+    with socket.create_connection((h.HOST, door.broker_port()), timeout=10) as s:
+        s.sendall(h.request_frame(0, 2, 7, produce))
+        assert s.recv(4) == b"", "expected the proxy to close the connection"
+    assert ps.high_watermark(broker.port, topic) == 0
+    door.assert_running()
