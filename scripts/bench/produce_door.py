@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """End-to-end produce throughput, direct to tansu vs through antidote with
-`on_produce: reject` (every record judged at the door).
+`on_produce: reject` (every record judged at the door), and through a second
+antidote with the same policy but `on_produce: pass` (relay only), which
+separates the door's cost from the relay's.
 
 Starts its own tansu and antidote (ANTIDOTE_BIN, default target/debug/antidote)
 on loopback, then in ROUNDS rounds produces N valid JSON geofence triggers
 (about 250 bytes each, librdkafka, acks=all, lz4, linger 5 ms) once direct and
-once through the proxy, each to a fresh topic, and reports records/s per
-path (median of the rounds), the ratio, and the proxy's CPU seconds per
+once through each proxy, each to a fresh topic, and reports records/s per
+path (median of the rounds), the ratios, and each proxy's CPU seconds per
 record (utime + stime from /proc, over its produce runs). Alternating the
 paths in every round spreads drift over both.
 
@@ -83,39 +85,49 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="produce-door-"))
     (work / "door.yaml").write_text(POLICY)
     broker = h.Tansu(work).start()
+    (work / "pass.yaml").write_text(POLICY.replace("on_produce: reject", "on_produce: pass"))
     proxy = DoorProxy(work, upstream=[broker.bootstrap], policies=[work / "door.yaml"],
                       name="bench-door")
+    relay = DoorProxy(work, upstream=[broker.bootstrap], policies=[work / "pass.yaml"],
+                      name="bench-pass")
     proxy.start()
+    relay.start()
+    procs = {"proxy": proxy, "pass": relay}
     try:
         recs = [ps.json_rec("valid", i) for i in range(n)]
         values = [(r.key, r.value, list(r.headers)) for r in recs]
         size = sum(len(v) for _, v, _ in values) / n
-        rates = {"direct": [], "proxy": []}
-        cpu = 0.0
+        rates = {"direct": [], "pass": [], "proxy": []}
+        cpu = {"pass": 0.0, "proxy": 0.0}
         for rnd in range(rounds):
-            for path in ("direct", "proxy"):
+            for path in ("direct", "pass", "proxy"):
                 topic = ps.unique_topic(PREFIX, f"{path}{rnd}")
                 c.ck_create_topic(c.Endpoint(broker.bootstrap), topic)
-                bootstrap = broker.bootstrap if path == "direct" else proxy.bootstrap
-                before = cpu_seconds(proxy.proc.pid)
+                bootstrap = broker.bootstrap if path == "direct" else procs[path].bootstrap
+                pid = procs[path].proc.pid if path != "direct" else None
+                before = cpu_seconds(pid) if pid else 0.0
                 took = produce(bootstrap, topic, values)
-                if path == "proxy":
-                    cpu += cpu_seconds(proxy.proc.pid) - before
+                if pid:
+                    cpu[path] += cpu_seconds(pid) - before
                 got = ps.wait_high_watermark(broker.port, topic, 0, n)
                 assert got == n, f"{path}: high watermark {got}, expected {n}"
                 rates[path].append(n / took)
                 print(f"round {rnd} {path:6}: {n} records in {took:.2f} s = "
                       f"{n / took:,.0f} rec/s", flush=True)
-        d, p = statistics.median(rates["direct"]), statistics.median(rates["proxy"])
+        med = {k: statistics.median(v) for k, v in rates.items()}
         print(f"records: {n} x {rounds} rounds, {size:.0f}-byte JSON values, lz4, acks=all")
-        print(f"direct median {d:,.0f} rec/s (all: {[round(x) for x in rates['direct']]})")
-        print(f"proxy  median {p:,.0f} rec/s (all: {[round(x) for x in rates['proxy']]})")
-        print(f"proxy/direct ratio {p / d:.2f}")
-        print(f"proxy CPU {cpu:.2f} s for {n * rounds} records = "
-              f"{cpu / (n * rounds) * 1e6:.2f} us/record")
+        for k in ("direct", "pass", "proxy"):
+            print(f"{k:6} median {med[k]:,.0f} rec/s (all: {[round(x) for x in rates[k]]})")
+        print(f"reject/direct ratio {med['proxy'] / med['direct']:.2f}, "
+              f"pass/direct {med['pass'] / med['direct']:.2f}, "
+              f"reject/pass {med['proxy'] / med['pass']:.2f}")
+        for k in ("pass", "proxy"):
+            print(f"{k} CPU {cpu[k]:.2f} s for {n * rounds} records = "
+                  f"{cpu[k] / (n * rounds) * 1e6:.2f} us/record")
         print(f"loadavg at end: {Path('/proc/loadavg').read_text().strip()}")
     finally:
         proxy.stop_and_check()
+        relay.stop_and_check()
         broker.stop()
 
 
