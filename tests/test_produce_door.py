@@ -387,3 +387,21 @@ def test_produce_v2_ends_its_connection_and_writes_nothing(door, broker):
         assert s.recv(4) == b"", "expected the proxy to close the connection"
     assert ps.high_watermark(broker.port, topic) == 0
     door.assert_running()
+
+
+def test_a_large_request_is_judged_off_the_async_workers_with_the_same_verdict(door, broker):
+    """Produce requests of 256 KiB and more are judged on a blocking thread:
+    same verdict, same answer."""
+    topic = new_topic(broker)
+    n = 2500  # about 400 KB uncompressed, one batch
+    clean = [ps.json_rec("valid", i) for i in range(n)]
+    errors = ck_send(proxy_ep(door), topic, clean, flush_each=False,
+                     **{"linger.ms": 300, "batch.size": 4_000_000})
+    assert errors == [None] * n
+    bad = [ps.json_rec("valid", n + i) for i in range(n)]
+    bad[n // 2] = ps.json_rec("lat", n + n // 2)
+    errors = ck_send(proxy_ep(door), topic, bad, flush_each=False,
+                     **{"linger.ms": 300, "batch.size": 4_000_000})
+    assert all(e is not None and e.code() == ck.KafkaError.INVALID_RECORD for e in errors)
+    assert len(read_back(broker, topic, 0, n)) == n
+    assert door_rejections(door, topic) == 1

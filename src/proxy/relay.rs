@@ -5,7 +5,8 @@
 //! response will need, and what goes to the broker), then forwards the
 //! frame's bytes unchanged (or a Produce without the partitions it refuses, or
 //! nothing when the proxy answers itself). It closes a connection idle for
-//! `limits.idle_timeout` with no answer pending. The response pump pairs each broker frame with
+//! `limits.idle_timeout` with no answer pending; large Produce requests are
+//! classified (judged at the door) on a blocking thread. The response pump pairs each broker frame with
 //! the head of that queue (Kafka answers a connection's requests in order)
 //! and either forwards the bytes as they arrived or hands them to a rewrite
 //! (ApiVersions, broker addresses). A malformed or oversized frame from
@@ -131,7 +132,7 @@ where
             return Ok(());
         };
         learn_produce_topic_ids(shared, &frame).await;
-        let c = classify_with_policies(shared, state, &frame)?;
+        let c = classify_request(shared, state, frame.clone()).await?;
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshake) {
                 // Until the broker accepts it, frames are still requests.
@@ -180,11 +181,33 @@ async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
     }
 }
 
+/// Produce frames at least this large are classified (and so judged at the
+/// door) on a blocking thread: judging costs about a microsecond per record,
+/// and a worker thread busy with it stalls every connection it serves.
+const OFFLOAD_BYTES: usize = 256 * 1024;
+
+/// Classify one frame, large Produce requests off the async workers.
+async fn classify_request(
+    shared: &Arc<Shared>,
+    state: &ConnState,
+    frame: Bytes,
+) -> Result<Classified, RelayError> {
+    let raw_sasl = state.raw_sasl.load(Ordering::SeqCst);
+    let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
+    if !(produce && frame.len() >= OFFLOAD_BYTES) {
+        return classify_with_policies(shared, raw_sasl, &frame);
+    }
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || classify_with_policies(&shared, raw_sasl, &frame))
+        .await
+        .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
+}
+
 /// Classify one frame under the current policies (read per request, so a
 /// reload applies to open connections too).
 fn classify_with_policies(
     shared: &Shared,
-    state: &ConnState,
+    raw_sasl: bool,
     frame: &Bytes,
 ) -> Result<Classified, RelayError> {
     let policies = shared.fetch_filter.policies();
@@ -196,7 +219,7 @@ fn classify_with_policies(
     };
     let checked = refuse_dlt || policies.rejects_at_produce();
     let ctx = Context {
-        raw_sasl: state.raw_sasl.load(Ordering::SeqCst),
+        raw_sasl,
         intercepting: shared.intercepting(),
         produce_guard: checked.then_some(&guard as &dyn produce::Topics),
     };
