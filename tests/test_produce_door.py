@@ -310,6 +310,37 @@ def test_kafka_python_poison_is_refused_naming_the_rule(door, broker):
     assert values(read_back(broker, topic, 0, 2)) == [recs[0].value, recs[2].value]
 
 
+def test_kafka_python_sees_record_errors_and_the_error_message_for_a_whole_batch(
+        door, broker, caplog):
+    """One batch, one valid and one poison record: the poison record fails
+    with its KIP-467 record error; the valid one with kafka-python's own
+    "part of a batch which had invalid records"; the partition's
+    error_message (policy, rule, index of the bad record) is what
+    kafka-python logs for the batch."""
+    topic = new_topic(broker)
+    p = kp.KafkaProducer(**proxy_ep(door).kp(linger_ms=300, retries=0))
+    recs = [ps.json_rec("valid", 0), ps.json_rec("lat", 1)]
+    try:
+        with caplog.at_level("WARNING", logger="kafka.producer"):
+            futs = [p.send(topic, value=r.value, key=r.key, headers=list(r.headers))
+                    for r in recs]
+            p.flush(30)
+        texts = []
+        for f in futs:
+            with pytest.raises(kerr.KafkaError) as refused:
+                f.get(timeout=30)
+            texts.append(str(refused.value))
+    finally:
+        p.close(10)
+    assert "part of a batch which had one more more invalid records" in texts[0], texts[0]
+    assert isinstance(refused.value, kerr.InvalidRecordError)
+    assert f"policy {POLICY}, rule coordinates (poison): /lat: 91.5" in texts[1], texts[1]
+    logged = f"antidote: policy {POLICY} rejected the batch: 1 of 2 records invalid; record 1: " \
+             "rule coordinates (poison)"
+    assert any(logged in r.getMessage() for r in caplog.records), caplog.text
+    assert read_back(broker, topic, 0, 0) == []
+
+
 def test_kafka_python_idempotent_producer_treats_a_refusal_as_fatal(door, broker):
     """kafka-python 3.0 classifies any non-retriable error of a
     non-transactional idempotent producer as fatal (its

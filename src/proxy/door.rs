@@ -99,7 +99,7 @@ fn rejection(policy: &Policy, r: &Rejection) -> Refusal {
 }
 
 fn unjudgeable(policy: &Policy, topic: &str, partition: i32, reason: HoldReason) -> Refusal {
-    let (name, code) = (&policy.name, INVALID_RECORD);
+    let name = &policy.name;
     if reason == HoldReason::Budget {
         debug!(%topic, partition, policy = %name, "Produce batch refused for now: decode budget spent");
         return Refusal {
@@ -118,7 +118,7 @@ fn unjudgeable(policy: &Policy, topic: &str, partition: i32, reason: HoldReason)
         InvalidAction::Rejected,
     );
     Refusal {
-        code,
+        code: INVALID_RECORD,
         message: cut(format!(
             "antidote: policy {name} cannot judge the batch ({reason}); rejected"
         )),
