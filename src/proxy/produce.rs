@@ -169,7 +169,11 @@ fn cut_refused(req: &mut ProduceRequest, version: i16, topics: &dyn Topics) -> R
         for p in std::mem::take(&mut t.partition_data) {
             let refusal = match &name {
                 Some(n) if dlt => Some(Refusal::dead_letter(n)),
-                _ => topics.at_door(name.as_deref(), p.index, p.records.as_ref().unwrap_or(&empty)),
+                _ => topics.at_door(
+                    name.as_deref(),
+                    p.index,
+                    p.records.as_ref().unwrap_or(&empty),
+                ),
             };
             refused.slots.push(Slot {
                 name: t.name.clone(),
@@ -321,7 +325,8 @@ mod tests {
     }
 
     fn topic(name: &str, id: u128, partitions: &[i32]) -> TopicProduceData {
-        let records: Vec<(i32, &'static [u8])> = partitions.iter().map(|&i| (i, &b"batch"[..])).collect();
+        let records: Vec<(i32, &'static [u8])> =
+            partitions.iter().map(|&i| (i, &b"batch"[..])).collect();
         topic_with(name, id, &records)
     }
 
@@ -487,9 +492,20 @@ mod tests {
         let sent: Vec<(String, i32)> = req
             .topic_data
             .iter()
-            .flat_map(|t| t.partition_data.iter().map(move |p| (t.name.0.to_string(), p.index)))
+            .flat_map(|t| {
+                t.partition_data
+                    .iter()
+                    .map(move |p| (t.name.0.to_string(), p.index))
+            })
             .collect();
-        assert_eq!(sent, vec![("door.a".into(), 0), ("door.a".into(), 2), ("plain".into(), 0)]);
+        assert_eq!(
+            sent,
+            vec![
+                ("door.a".into(), 0),
+                ("door.a".into(), 2),
+                ("plain".into(), 0)
+            ]
+        );
         let broker = broker_ok(9, &[("door.a", &[0, 2]), ("plain", &[0])]);
         let merged = merge(broker, 9, &refused).unwrap();
         assert_eq!(
@@ -512,7 +528,10 @@ mod tests {
         assert_eq!(p.record_errors.len(), 1);
         assert_eq!(p.record_errors[0].batch_index, 2);
         assert_eq!(
-            p.record_errors[0].batch_index_error_message.as_ref().map(|m| m.as_str()),
+            p.record_errors[0]
+                .batch_index_error_message
+                .as_ref()
+                .map(|m| m.as_str()),
             Some("rule r: reason")
         );
     }
@@ -534,7 +553,10 @@ mod tests {
         let f = frame(
             9,
             0,
-            vec![topic_with("door.a", 0, &[(0, b"bad")]), topic("plain", 0, &[0])],
+            vec![
+                topic_with("door.a", 0, &[(0, b"bad")]),
+                topic("plain", 0, &[0]),
+            ],
         );
         let Decision::Split { request, acks, .. } = check(&f, 9, &Names).unwrap() else {
             panic!("expected a split");
@@ -553,7 +575,11 @@ mod tests {
 
     #[test]
     fn valid_batches_at_the_door_leave_the_request_untouched() {
-        let f = frame(9, -1, vec![topic_with("door.a", 0, &[(0, b"good"), (1, b"good")])]);
+        let f = frame(
+            9,
+            -1,
+            vec![topic_with("door.a", 0, &[(0, b"good"), (1, b"good")])],
+        );
         assert!(matches!(check(&f, 9, &Names).unwrap(), Decision::Untouched));
     }
 
