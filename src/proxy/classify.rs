@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
-use crate::policy::{OnProduce, PolicySet};
+use crate::policy::PolicySet;
 use crate::proxy::relay::RelayError;
 use crate::proxy::{addresses, door, produce, versions, Shared};
 use crate::transport::frame::{self, response_frame, Cursor};
@@ -105,22 +105,20 @@ impl produce::Topics for ProduceGuard<'_> {
         partition: i32,
         records: &Bytes,
     ) -> Option<produce::Refusal> {
-        // An unknown id may name a policy topic: fail closed, retriably.
-        let Some(topic) = topic else {
-            return self
-                .policies
-                .rejects_at_produce()
-                .then(door::unknown_topic_id);
-        };
-        if self.policies.is_dead_letter_topic(topic) {
-            return None; // never policed, like on fetch
+        match door::gate(self.policies, topic) {
+            door::Gate::Open => None,
+            door::Gate::UnknownTopic => Some(door::unknown_topic_id()),
+            door::Gate::Judge(policy) => {
+                let budget = &self.shared.fetch_filter.budget;
+                door::judge(
+                    policy,
+                    topic.unwrap_or_default(),
+                    partition,
+                    records,
+                    budget,
+                )
+            }
         }
-        let policy = self
-            .policies
-            .for_topic(topic)
-            .filter(|p| p.on_produce == OnProduce::Reject)?;
-        let budget = &self.shared.fetch_filter.budget;
-        door::judge(policy, topic, partition, records, budget)
     }
 }
 

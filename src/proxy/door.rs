@@ -22,7 +22,7 @@ use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
 use crate::plan::produce::{judge_produce, DoorVerdict, Rejection};
 use crate::plan::HoldReason;
-use crate::policy::{Class, Policy};
+use crate::policy::{Class, OnProduce, Policy, PolicySet};
 use crate::proxy::produce::{Refusal, INVALID_RECORD};
 
 /// Kafka's NOT_ENOUGH_REPLICAS: retriable and "not written", which is what
@@ -35,6 +35,36 @@ pub const UNKNOWN_TOPIC_ID: i16 = 100;
 /// Longest text of one record error or error message, in bytes: reasons
 /// can quote a whole value.
 const MAX_TEXT: usize = 1024;
+
+/// What the door does with one topic of a Produce request.
+#[derive(Debug)]
+pub(super) enum Gate<'p> {
+    /// No policy rejects at Produce for it (or it is a dead-letter topic,
+    /// never policed): forward.
+    Open,
+    /// A topic id the proxy cannot resolve while some policy rejects at
+    /// Produce: it may be a policy topic, so refuse retriably.
+    UnknownTopic,
+    /// Judge its records under this policy.
+    Judge(&'p Arc<Policy>),
+}
+
+/// The gate for `topic` (`None`: a Produce v13+ topic id not known).
+pub(super) fn gate<'p>(policies: &'p PolicySet, topic: Option<&str>) -> Gate<'p> {
+    let Some(topic) = topic else {
+        return match policies.rejects_at_produce() {
+            true => Gate::UnknownTopic,
+            false => Gate::Open,
+        };
+    };
+    if policies.is_dead_letter_topic(topic) {
+        return Gate::Open; // never policed, like on fetch
+    }
+    match policies.for_topic(topic) {
+        Some(p) if p.on_produce == OnProduce::Reject => Gate::Judge(p),
+        _ => Gate::Open,
+    }
+}
 
 /// Judge one partition's records under `policy`; `None` when they may be
 /// forwarded.
@@ -170,6 +200,36 @@ fn cut(mut text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn policies() -> PolicySet {
+        let text = "policies:\n  - name: door\n    topics: [\"geo.*\"]\n    on_produce: reject\n  - name: fetch-only\n    topics: [orders]\n";
+        PolicySet::parse(text, std::path::Path::new("/tmp/p.yaml")).expect("policies")
+    }
+
+    #[test]
+    fn only_topics_of_policies_that_reject_at_produce_are_judged() {
+        let set = policies();
+        assert!(matches!(gate(&set, Some("geo.x")), Gate::Judge(p) if p.name == "door"));
+        assert!(matches!(gate(&set, Some("orders")), Gate::Open));
+        assert!(matches!(gate(&set, Some("other")), Gate::Open));
+    }
+
+    #[test]
+    fn dead_letter_topics_are_never_judged_even_under_a_glob() {
+        assert!(matches!(gate(&policies(), Some("geo.x.dlt")), Gate::Open));
+    }
+
+    #[test]
+    fn an_unknown_topic_id_is_refused_only_while_a_policy_rejects_at_produce() {
+        assert!(matches!(gate(&policies(), None), Gate::UnknownTopic));
+        let none = PolicySet::parse(
+            "policies:\n  - name: f\n    topics: [orders]\n",
+            std::path::Path::new("/tmp/p.yaml"),
+        )
+        .expect("policies");
+        assert!(matches!(gate(&none, None), Gate::Open));
+        assert_eq!(unknown_topic_id().code, UNKNOWN_TOPIC_ID);
+    }
 
     #[test]
     fn long_texts_are_cut_on_a_character_boundary() {
