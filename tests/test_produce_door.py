@@ -436,3 +436,25 @@ def test_a_large_request_is_judged_off_the_async_workers_with_the_same_verdict(d
     assert all(e is not None and e.code() == ck.KafkaError.INVALID_RECORD for e in errors)
     assert len(read_back(broker, topic, 0, n)) == n
     assert door_rejections(door, topic) == 1
+
+
+@dataclass
+class ContentsProxy(DoorProxy):
+    def config_yaml(self) -> str:
+        return DoorProxy.config_yaml(self) + "logging:\n  record_contents: true\n"
+
+
+def test_the_reason_is_logged_when_record_contents_are_allowed(workdir, broker, door):
+    p = ContentsProxy(workdir, upstream=[broker.bootstrap], policies=door.policies,
+                      admin_port=h.free_port(), name="antidote-door-contents")
+    import conftest
+    conftest._PROXIES.append(p)
+    p.start()
+    try:
+        topic = new_topic(broker)
+        ck_send(c.Endpoint(p.bootstrap, "proxy"), topic, [ps.json_rec("lat", 0)])
+        lines = [line for line in h.read_log(p.log, limit=10_000_000).splitlines()
+                 if topic in line and "rejected at the door" in line]
+        assert len(lines) == 1 and "91.5" in lines[0], lines
+    finally:
+        p.stop_and_check()
