@@ -81,6 +81,8 @@ pub enum InvalidAction {
     Dropped,
     /// Delivered to the consumer although invalid (`on_invalid: pass`).
     PassedInvalid,
+    /// Refused at Produce (`on_produce: reject`): never written.
+    Rejected,
 }
 
 impl InvalidAction {
@@ -89,6 +91,7 @@ impl InvalidAction {
             InvalidAction::Diverted => "diverted",
             InvalidAction::Dropped => "dropped",
             InvalidAction::PassedInvalid => "passed_invalid",
+            InvalidAction::Rejected => "rejected",
         }
     }
 }
@@ -207,7 +210,7 @@ impl Metrics {
         register(
             r,
             INVALID,
-            "Records judged invalid, by class, failing rule and action (diverted, dropped, passed_invalid).",
+            "Records judged invalid, by class, failing rule and action (diverted, dropped, passed_invalid, rejected).",
             self.invalid.family.clone(),
         );
         self.register_dlt_and_connections();

@@ -3,7 +3,8 @@
 //!
 //! Requests are peeked by hand (api key, version, correlation id, a few
 //! fields), never decoded, except a Produce while client writes to
-//! dead-letter topics are refused (`produce`). A request outside the
+//! dead-letter topics are refused or a policy judges Produce
+//! (`on_produce: reject`): see `produce` and `door`. A request outside the
 //! versions the proxy offers is answered UNSUPPORTED_VERSION locally or
 //! ends the connection; after a SaslHandshake v0 the broker accepted,
 //! frames that are no request are raw SASL tokens.
@@ -13,7 +14,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::policy::PolicySet;
 use crate::proxy::relay::RelayError;
-use crate::proxy::{addresses, produce, versions, Shared};
+use crate::proxy::{addresses, door, produce, versions, Shared};
 use crate::transport::frame::{self, response_frame, Cursor};
 
 /// What the response to one request needs on its way back.
@@ -32,7 +33,8 @@ pub(super) enum Handling {
     /// A SaslHandshake answer: raw SASL tokens follow only when a v0
     /// handshake is accepted (with v1 they travel in SaslAuthenticate).
     SaslHandshake,
-    /// A Produce answer into which refused dead-letter partitions are merged.
+    /// A Produce answer into which the partitions the proxy refused
+    /// (dead-letter topics, the door) are merged.
     Produce(produce::Refused),
 }
 
@@ -48,7 +50,7 @@ pub(super) struct Pending {
 pub(super) enum Send {
     /// The frame as it arrived.
     Original,
-    /// A rewritten frame (a Produce without its dead-letter topics).
+    /// A rewritten frame (a Produce without the partitions refused).
     Replaced(Bytes),
     /// Nothing: the proxy answers (or, for acks=0, drops) it itself.
     Nothing,
@@ -76,23 +78,47 @@ pub(super) struct Context<'a> {
     /// The broker accepted a SaslHandshake v0: unparseable frames are tokens.
     pub raw_sasl: bool,
     pub intercepting: bool,
-    /// Set while client Produce to dead-letter topics is refused.
-    pub dead_letters: Option<&'a dyn produce::Topics>,
+    /// Set while client Produce requests are checked (writes to
+    /// dead-letter topics refused, or a policy with `on_produce: reject`).
+    pub produce_guard: Option<&'a dyn produce::Topics>,
 }
 
-/// Dead-letter topics as the Produce check sees them: those of the current
-/// policies, topic ids resolved through the proxy's metadata.
-pub(super) struct DeadLetterTopics<'a> {
+/// Produce requests as the current policies see them: dead-letter topics
+/// (when client writes to them are refused) and the door; topic ids are
+/// resolved through the proxy's metadata.
+pub(super) struct ProduceGuard<'a> {
     pub shared: &'a Shared,
     pub policies: &'a PolicySet,
+    pub refuse_dead_letters: bool,
 }
 
-impl produce::Topics for DeadLetterTopics<'_> {
+impl produce::Topics for ProduceGuard<'_> {
     fn is_dead_letter(&self, name: &str) -> bool {
-        self.policies.is_dead_letter_topic(name)
+        self.refuse_dead_letters && self.policies.is_dead_letter_topic(name)
     }
     fn name_of(&self, id: &uuid::Uuid) -> Option<String> {
         self.shared.topic_names.get(id).map(|n| n.to_string())
+    }
+    fn at_door(
+        &self,
+        topic: Option<&str>,
+        partition: i32,
+        records: &Bytes,
+    ) -> Option<produce::Refusal> {
+        match door::gate(self.policies, topic) {
+            door::Gate::Open => None,
+            door::Gate::UnknownTopic => Some(door::unknown_topic_id()),
+            door::Gate::Judge(policy) => {
+                let budget = &self.shared.fetch_filter.budget;
+                door::judge(
+                    policy,
+                    topic.unwrap_or_default(),
+                    partition,
+                    records,
+                    budget,
+                )
+            }
+        }
     }
 }
 
@@ -148,8 +174,8 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
         }
         _ if !versions::in_proxy_range(key, v) => Handling::Local(refusal(key, head)?),
         ApiKey::ApiVersions => Handling::ApiVersions,
-        ApiKey::Produce if ctx.dead_letters.is_some() => {
-            return classify_produce(frame, head, ctx.dead_letters)
+        ApiKey::Produce if ctx.produce_guard.is_some() => {
+            return classify_produce(frame, head, ctx.produce_guard)
         }
         ApiKey::Produce if produce_acks(frame, v) == Some(0) => {
             return Ok(Classified::forward(None))
@@ -200,7 +226,8 @@ fn response_tags(key: ApiKey, version: i16) -> &'static [u8] {
     }
 }
 
-/// A Produce while writes to dead-letter topics are refused.
+/// A Produce while writes to dead-letter topics are refused or a policy
+/// judges Produce.
 fn classify_produce(
     frame: &Bytes,
     head: frame::RequestHead,
@@ -223,6 +250,9 @@ fn classify_produce(
     Ok(match decision {
         produce::Decision::Untouched => match produce_acks(frame, v) {
             Some(0) => Classified::forward(None),
+            _ if addresses::carries_addresses(ApiKey::Produce, v) => {
+                Classified::forward(pending(Handling::Addresses(ApiKey::Produce)))
+            }
             _ => Classified::forward(pending(Handling::Forward)),
         },
         produce::Decision::Split {
@@ -295,7 +325,7 @@ mod tests {
         Context {
             raw_sasl,
             intercepting: false,
-            dead_letters: None,
+            produce_guard: None,
         }
     }
 

@@ -10,6 +10,7 @@
 
 pub mod addresses;
 mod classify;
+mod door;
 pub mod limits;
 pub mod produce;
 pub mod relay;

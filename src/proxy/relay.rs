@@ -3,9 +3,10 @@
 //! Two pumps share an in-order queue of pending responses. The request pump
 //! reads client frames, has each classified (`classify`: what the matching
 //! response will need, and what goes to the broker), then forwards the
-//! frame's bytes unchanged (or a Produce without its dead-letter topics, or
+//! frame's bytes unchanged (or a Produce without the partitions it refuses, or
 //! nothing when the proxy answers itself). It closes a connection idle for
-//! `limits.idle_timeout` with no answer pending. The response pump pairs each broker frame with
+//! `limits.idle_timeout` with no answer pending; large Produce requests are
+//! classified (judged at the door) on a blocking thread. The response pump pairs each broker frame with
 //! the head of that queue (Kafka answers a connection's requests in order)
 //! and either forwards the bytes as they arrived or hands them to a rewrite
 //! (ApiVersions, broker addresses). A malformed or oversized frame from
@@ -14,7 +15,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -23,7 +24,7 @@ use tracing::debug;
 use crate::filter::Holds;
 use crate::proxy::addresses::{self, Seen};
 use crate::proxy::classify::{
-    classify, Classified, Context, DeadLetterTopics, Handling, Pending, Send,
+    classify, Classified, Context, Handling, Pending, ProduceGuard, Send,
 };
 use crate::proxy::{produce, versions, Shared};
 use crate::transport::frame::{
@@ -131,7 +132,7 @@ where
             return Ok(());
         };
         learn_produce_topic_ids(shared, &frame).await;
-        let c = classify_with_policies(shared, state, &frame)?;
+        let c = classify_request(shared, state, frame.clone()).await?;
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshake) {
                 // Until the broker accepts it, frames are still requests.
@@ -157,16 +158,19 @@ where
 }
 
 /// Produce v13+ names topics by id: before checking it for dead-letter
-/// topics, look up ids the proxy has not seen (a topic created since the
-/// last metadata refresh). Ids still unknown are not dead-letter topics the
-/// proxy knows of; the broker answers for them.
+/// topics and at the door, look up ids the proxy has not seen (a topic
+/// created since the last metadata refresh). Ids still unknown are not
+/// dead-letter topics the proxy knows of (the broker answers for them);
+/// the door refuses them retriably (UNKNOWN_TOPIC_ID).
 async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
     let Some(head) = frame::peek_request(frame) else {
         return;
     };
+    let checked = !shared.config.dead_letter.allow_client_produce
+        || shared.fetch_filter.policies().rejects_at_produce();
     if head.api_key != ApiKey::Produce as i16
         || head.api_version < 13
-        || shared.config.dead_letter.allow_client_produce
+        || !checked
         || !shared.intercepting()
     {
         return;
@@ -177,23 +181,47 @@ async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
     }
 }
 
+/// Produce frames at least this large are classified (and so judged at the
+/// door) on a blocking thread: judging costs about a microsecond per record,
+/// and a worker thread busy with it stalls every connection it serves.
+const OFFLOAD_BYTES: usize = 256 * 1024;
+
+/// Classify one frame, large Produce requests off the async workers.
+async fn classify_request(
+    shared: &Arc<Shared>,
+    state: &ConnState,
+    frame: Bytes,
+) -> Result<Classified, RelayError> {
+    let raw_sasl = state.raw_sasl.load(Ordering::SeqCst);
+    let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
+    if !(produce && frame.len() >= OFFLOAD_BYTES) {
+        return classify_with_policies(shared, raw_sasl, &frame);
+    }
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || classify_with_policies(&shared, raw_sasl, &frame))
+        .await
+        .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
+}
+
 /// Classify one frame under the current policies (read per request, so a
 /// reload applies to open connections too).
 fn classify_with_policies(
     shared: &Shared,
-    state: &ConnState,
+    raw_sasl: bool,
     frame: &Bytes,
 ) -> Result<Classified, RelayError> {
     let policies = shared.fetch_filter.policies();
-    let guard = DeadLetterTopics {
+    let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
+    let guard = ProduceGuard {
         shared,
         policies: &policies,
+        refuse_dead_letters: refuse_dlt,
     };
-    let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
+    let checked = refuse_dlt || policies.rejects_at_produce();
     let ctx = Context {
-        raw_sasl: state.raw_sasl.load(Ordering::SeqCst),
+        raw_sasl,
         intercepting: shared.intercepting(),
-        dead_letters: refuse_dlt.then_some(&guard as &dyn produce::Topics),
+        produce_guard: checked.then_some(&guard as &dyn produce::Topics),
     };
     classify(frame, &ctx)
 }
@@ -278,6 +306,18 @@ async fn respond(
                 .ok_or_else(|| RelayError::BadResponse("Produce response header".into()))?;
             let body = produce::merge(frame.slice(header_end..), version, &refused)
                 .map_err(|e| RelayError::BadResponse(e.to_string()))?;
+            let body = body.freeze();
+            // v10+ answers name brokers (NodeEndpoints) like any other.
+            let rewritten = if addresses::carries_addresses(key, version) {
+                let mut seen = Seen::default();
+                let b = addresses::rewrite_body(key, version, body.clone(), &shared.addrs, &mut seen)
+                    .map_err(bad)?;
+                shared.learn(seen).await;
+                b
+            } else {
+                None
+            };
+            let body = rewritten.map_or(body, BytesMut::freeze);
             Ok(response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body))
         }
         Handling::ApiVersions => {

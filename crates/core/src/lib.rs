@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! plan        one Fetch partition: which batches pass, which lose records,
-//!   |         which records go to a DLT, where to hold
+//!   |         which records go to a DLT, where to hold; and the door's
+//!   |         verdict on one Produce partition (plan::produce)
 //!   +-> policy      record -> verdict (schemas, field rules, classes)
 //!   +-> kafka       record batches: decode, splice, build, compress
 //!   +-> dlt_record  the DLT record format: context headers, written and read

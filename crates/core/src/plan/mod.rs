@@ -16,6 +16,7 @@
 
 pub mod budget;
 mod planner;
+pub mod produce;
 pub mod verdicts;
 mod visibility;
 

@@ -368,7 +368,7 @@ const EXPANSION_GUESS: usize = 32;
 /// Decode `batch`, holding its decompressed bytes against `budget` (a
 /// reservation is `None` for uncompressed batches, whose records are a
 /// slice of the response).
-fn decode_within(
+pub(super) fn decode_within(
     batch: &Batch,
     budget: &Arc<DecodeBudget>,
 ) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {

@@ -33,6 +33,8 @@ pub(super) struct PolicyDoc {
     #[serde(default)]
     pub(super) on_undecodable: UndecodableDoc,
     #[serde(default)]
+    pub(super) on_produce: OnProduceDoc,
+    #[serde(default)]
     pub(super) dead_letter: DeadLetterDoc,
 }
 
@@ -138,6 +140,14 @@ pub(super) enum UndecodableDoc {
     #[default]
     Hold,
     Divert,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum OnProduceDoc {
+    #[default]
+    Pass,
+    Reject,
 }
 
 #[derive(Debug, Default, Deserialize)]

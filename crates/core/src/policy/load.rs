@@ -15,7 +15,7 @@ use super::json;
 use super::judge::{Compiled, Decoder};
 use super::located::{at, from_yaml, parse_doc, place, At};
 use super::rules;
-use super::{Action, Policy, PolicyError, Undecodable};
+use super::{Action, OnProduce, Policy, PolicyError, Undecodable};
 
 /// Load every file named (directories: their `*.yaml`/`*.yml`, sorted).
 pub(crate) fn load_all(paths: &[PathBuf]) -> Result<Vec<Policy>, Vec<PolicyError>> {
@@ -232,6 +232,10 @@ impl LoadState {
             on_undecodable: match p.on_undecodable {
                 UndecodableDoc::Hold => Undecodable::Hold,
                 UndecodableDoc::Divert => Undecodable::Divert,
+            },
+            on_produce: match p.on_produce {
+                OnProduceDoc::Pass => OnProduce::Pass,
+                OnProduceDoc::Reject => OnProduce::Reject,
             },
             topics,
             source: file.to_path_buf(),

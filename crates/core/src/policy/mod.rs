@@ -55,6 +55,7 @@
 //!       required: [idempotency-key]    # present with a non-null value
 //!     on_invalid: divert               # divert (default) | drop | pass
 //!     on_undecodable: hold             # hold (default) | divert: a batch that cannot be read
+//!     on_produce: pass                 # pass (default: judged on fetch only) | reject: refuse invalid batches at Produce
 //!     dead_letter:
 //!       topic: "{topic}.dlt"           # default; placeholders {topic} and {class}
 //! ```
@@ -164,6 +165,17 @@ pub enum Undecodable {
     Divert,
 }
 
+/// What the proxy does with a client's Produce to a topic of this policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnProduce {
+    /// Relay it; its records are judged when fetched (the default).
+    Pass,
+    /// Judge every record of each partition's batch at the door and refuse
+    /// a batch holding any record invalid for a reason other than `stale`
+    /// (INVALID_RECORD), so poison never lands in the log.
+    Reject,
+}
+
 /// A judgement on one invalid record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
@@ -221,6 +233,7 @@ pub struct Policy {
     pub name: String,
     pub on_invalid: Action,
     pub on_undecodable: Undecodable,
+    pub on_produce: OnProduce,
     /// The `topics` patterns as written (exact names and globs).
     pub topics: Vec<String>,
     /// The file this policy was loaded from.
@@ -309,6 +322,13 @@ impl PolicySet {
             }
         }
         out
+    }
+
+    /// Whether any policy judges Produce requests (`on_produce: reject`).
+    pub fn rejects_at_produce(&self) -> bool {
+        self.policies
+            .iter()
+            .any(|p| p.on_produce == OnProduce::Reject)
     }
 
     /// Whether `topic` looks like a dead-letter topic of some policy (so the

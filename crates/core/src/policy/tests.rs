@@ -972,3 +972,23 @@ fn files_and_directories_load_in_order() {
     assert_eq!(set.for_topic("t.x").map(|p| p.name.as_str()), Some("a"));
     assert_eq!(set.for_topic("s").map(|p| p.name.as_str()), Some("s"));
 }
+
+#[test]
+fn on_produce_defaults_to_pass_and_reject_is_read() {
+    let set = PolicySet::parse(BASE, Path::new("/tmp/p.yaml")).expect("loads");
+    assert_eq!(set.policies()[0].on_produce, OnProduce::Pass);
+    assert!(!set.rejects_at_produce());
+    let text = format!("{BASE}    on_produce: reject\n");
+    let set = PolicySet::parse(&text, Path::new("/tmp/p.yaml")).expect("loads");
+    assert_eq!(set.policies()[0].on_produce, OnProduce::Reject);
+    assert!(set.rejects_at_produce());
+}
+
+#[test]
+fn a_malformed_on_produce_is_an_error_at_its_position() {
+    assert_error(
+        &format!("{BASE}    on_produce: refuse\n"),
+        "4:17",
+        "unknown variant `refuse`",
+    );
+}
