@@ -59,7 +59,8 @@ pub fn plan_partition_with(input: &PartitionInput<'_>, env: &Env<'_>) -> Partiti
     let mut aborts = AbortTracker::new(input.visibility);
     for seg in batch::segments(input.records) {
         let step = match seg {
-            Segment::Batch(b) if b.is_control() || aborts.is_aborted(&b) => {
+            // is_aborted first: it must see the abort markers (control batches).
+            Segment::Batch(b) if aborts.is_aborted(&b) || b.is_control() => {
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())
             }
