@@ -5,7 +5,7 @@ use super::budget::DecodeBudget;
 use super::verdicts::VerdictCache;
 use super::*;
 use crate::kafka::batch::Segment;
-use crate::kafka::batch::ATTR_TRANSACTIONAL;
+use crate::kafka::batch::{ATTR_CONTROL, ATTR_TRANSACTIONAL};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::compression::Compression;
 use crate::policy::PolicySet;
@@ -65,11 +65,31 @@ fn batch(
     let mut b = build_batch(&records, &opts).unwrap().to_vec();
     b[..8].copy_from_slice(&base.to_be_bytes());
     if transactional {
-        let attrs = i16::from_be_bytes([b[21], b[22]]) | ATTR_TRANSACTIONAL;
-        b[21..23].copy_from_slice(&attrs.to_be_bytes());
-        let crc = crc32c::crc32c(&b[21..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        add_attributes(&mut b, ATTR_TRANSACTIONAL);
     }
+    b
+}
+
+/// Set attribute bits on a built batch and fix its CRC.
+fn add_attributes(b: &mut [u8], bits: i16) {
+    let attrs = i16::from_be_bytes([b[21], b[22]]) | bits;
+    b[21..23].copy_from_slice(&attrs.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// An abort marker (a control batch: key version 0, type 0) of `pid` at `base`.
+fn abort_marker(base: i64, pid: i64) -> Vec<u8> {
+    let marker = NewRecord {
+        timestamp: 1_000,
+        key: Some(vec![0, 0, 0, 0].into()),
+        value: Some(vec![0, 0, 0, 0, 0, 0].into()),
+        headers: vec![],
+    };
+    let opts = BuildOptions::default().idempotent(pid, 0, 0);
+    let mut b = build_batch(&[marker], &opts).unwrap().to_vec();
+    b[..8].copy_from_slice(&base.to_be_bytes());
+    add_attributes(&mut b, ATTR_TRANSACTIONAL | ATTR_CONTROL);
     b
 }
 
@@ -208,6 +228,22 @@ fn drop_removes_without_diverting_and_pass_delivers() {
     );
     assert!(!p.changes_anything());
     assert_eq!(p.stats.passed_invalid, 1);
+}
+
+/// The abort marker closes its producer's aborted transaction: a later,
+/// committed transaction of the same producer is visible and judged (it was
+/// skipped unjudged while control batches bypassed the abort tracker).
+#[test]
+fn a_committed_transaction_after_an_aborted_one_of_the_same_producer_is_judged() {
+    let mut section = batch(0, 2, &[], Compression::None, 42, true);
+    section.extend(abort_marker(2, 42));
+    section.extend(batch(3, 3, &[1], Compression::None, 42, true));
+    let aborted = [AbortedTransaction::default()
+        .with_producer_id(ProducerId(42))
+        .with_first_offset(0)];
+    let p = plan(section, "divert", &Visibility::new(true, Some(&aborted)));
+    let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
+    assert_eq!(diverted, vec![4]);
 }
 
 #[test]
