@@ -146,7 +146,7 @@ def values(recs: list[c.Rec]) -> list[bytes]:
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("codec", ps.CODECS)
-def test_librdkafka_poison_is_refused_naming_the_rule_and_valid_records_land_once_in_order(
+def test_librdkafka_poison_is_refused_invalid_record_and_valid_records_land_once_in_order(
         door, broker, codec):
     topic = new_topic(broker)
     recs = [ps.json_rec("valid", 0), ps.json_rec("lat", 1), ps.json_rec("valid", 2),
