@@ -10,6 +10,8 @@ file:line:column, and the running policies stay in force; SIGHUP reloads.
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import time
 import uuid
@@ -31,6 +33,14 @@ def wait_for_log(proxy, text: str, count: int = 1, timeout: float = 15) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"{text!r} not logged {count}x within {timeout}s\n{log_text(proxy)[-3000:]}")
+
+
+def replay_counts(out: str) -> dict[str, int]:
+    """The numbers of `dlt replay`'s summary line (src/dlt/replay.rs), by name:
+    `replay: 1 considered, 1 replayed, 0 already replayed, ...`."""
+    line = next((ln for ln in out.splitlines() if ln.startswith("replay: ")), None)
+    assert line is not None, f"no summary line in {out!r}"
+    return {name: int(n) for n, name in re.findall(r"(\d+) ([a-z ]+?)(?:,|$)", line[8:])}
 
 
 @pytest.fixture
@@ -64,9 +74,11 @@ def test_a_fixed_policy_and_a_replay_deliver_the_record_exactly_once(strict):
     policy.write_text(POLICY.format(topic=topic, max_lat=100))
     wait_for_log(proxy, "policies reloaded")
 
-    out = ok(cli("dlt", "replay", "--config", str(proxy.config_path),
-                 "--topic", f"{topic}.dlt", "--execute"))
-    assert "1" in out, out
+    r = cli("dlt", "replay", "--config", str(proxy.config_path), "--topic", f"{topic}.dlt",
+            "--execute")
+    out = ok(r) + r.stderr  # the per-record lines on stdout, the summary on stderr
+    assert replay_counts(out) == {"considered": 1, "replayed": 1, "already replayed": 0,
+                                  "still invalid": 0, "refused": 0, "failed": 0}, out
     # Through the proxy, from the start: the original (diverted) record stays
     # out, the replayed copy comes in once, after the others.
     got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 3, timeout=60)
@@ -75,7 +87,10 @@ def test_a_fixed_policy_and_a_replay_deliver_the_record_exactly_once(strict):
     assert replayed["x-replayed-from-dlt"] == f"{topic}.dlt/0/0".encode()
     assert replayed["x-attempt"] == b"1" and replayed["trace"] == b"t"
     # Replaying again adds nothing.
-    ok(cli("dlt", "replay", "--config", str(proxy.config_path), "--topic", f"{topic}.dlt", "--execute"))
+    r = cli("dlt", "replay", "--config", str(proxy.config_path), "--topic", f"{topic}.dlt",
+            "--execute")
+    out = ok(r) + r.stderr
+    assert replay_counts(out)["replayed"] == 0 and replay_counts(out)["already replayed"] == 1, out
     assert [r.key for r in read_all(broker.bootstrap, topic)] == [b"a", b"b", b"c", b"b"]
 
 
@@ -90,9 +105,57 @@ def test_a_policy_that_does_not_compile_is_rejected_and_the_old_one_stays(strict
     assert [r.key for r in got] == [b"v"], "the running policy should still divert lat 95"
 
 
-def test_sighup_reloads_the_policies(strict):
+def rewrite_keeping_size_and_mtime(path, text: str) -> None:
+    """Change a policy file so that only SIGHUP can notice: the poll compares
+    size and modification time (src/proxy/reload.rs), so keep both."""
+    st = path.stat()
+    assert len(text.encode()) == st.st_size, "the new text must keep the file's size"
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_sighup_applies_a_changed_policy_and_drops_verdicts_cached_under_the_old_one(strict):
+    """Stricter after SIGHUP (max lat 90 -> 80): a record that passed (lat 85)
+    is now diverted when read again, so the cached "valid" verdict of its
+    batch was not reused; a record the old policy passed is judged anew."""
     proxy, topic, policy, broker = strict
+    direct = Endpoint(broker.bootstrap)
+    ck_produce(direct, topic, [Rec(0, -1, b"v", b'{"lat": 5}', (), 1_700_000_000_001),
+                               Rec(0, -1, b"m", b'{"lat": 85}', (), 1_700_000_000_002)])
+    got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 2, timeout=60)
+    assert [r.key for r in got] == [b"v", b"m"]
+
+    rewrite_keeping_size_and_mtime(policy, POLICY.format(topic=topic, max_lat=80))
+    time.sleep(2.5)  # two polls: the file watcher must not see this change
+    assert "policies reloaded" not in log_text(proxy), "the poll saw a same-size, same-mtime edit"
     proxy.proc.send_signal(signal.SIGHUP)
     wait_for_log(proxy, "policies reloaded")
     assert "SIGHUP" in log_text(proxy)
+
+    # A valid record after it bounds the read: everything before it has come.
+    ck_produce(direct, topic, [Rec(0, -1, b"w", b'{"lat": 6}', (), 1_700_000_000_003)])
+    got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 2, timeout=60,
+                            until=lambda recs: any(r.key == b"w" for r in recs))
+    assert [r.key for r in got] == [b"v", b"w"], got
+    assert [r.key for r in read_all(broker.bootstrap, f"{topic}.dlt")] == [b"m"]
     proxy.assert_running()
+
+
+def test_sighup_applies_a_looser_policy_to_records_read_after_it(strict):
+    """Looser after SIGHUP (max lat 90 -> 99): lat 95 is diverted before and a
+    new lat 95 record passes after."""
+    proxy, topic, policy, broker = strict
+    direct = Endpoint(broker.bootstrap)
+    ck_produce(direct, topic, [Rec(0, -1, b"p", b'{"lat": 95}', (), 1_700_000_000_001),
+                               Rec(0, -1, b"v", b'{"lat": 5}', (), 1_700_000_000_002)])
+    got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 1, timeout=60)
+    assert [r.key for r in got] == [b"v"]
+
+    rewrite_keeping_size_and_mtime(policy, POLICY.format(topic=topic, max_lat=99))
+    proxy.proc.send_signal(signal.SIGHUP)
+    wait_for_log(proxy, "policies reloaded")
+    ck_produce(direct, topic, [Rec(0, -1, b"q", b'{"lat": 95}', (), 1_700_000_000_003)])
+    got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 2, timeout=60)
+    # The diverted original stays out (the ledger); the new one passes.
+    assert [r.key for r in got] == [b"v", b"q"], got
+    assert [r.key for r in read_all(broker.bootstrap, f"{topic}.dlt")] == [b"p"]
