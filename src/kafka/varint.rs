@@ -137,10 +137,22 @@ mod tests {
 
         #[test]
         fn varint_never_panics(data: Vec<u8>, start in 0usize..16) {
-            let mut pos = start;
-            let _ = read_varint(&data, &mut pos);
-            let mut pos = start;
-            let _ = read_varlong(&data, &mut pos);
+            // Some(v): the cursor moved past the first byte without its
+            // continuation bit, within the width; None: the cursor did not
+            // move, and no such byte is within the width.
+            for (width, got) in [(5usize, { let mut p = start; (read_varint(&data, &mut p).map(i64::from), p) }),
+                                 (10, { let mut p = start; (read_varlong(&data, &mut p), p) })] {
+                let (value, pos) = got;
+                let end = data.iter().enumerate().skip(start).take(width)
+                    .find(|(_, b)| **b & 0x80 == 0).map(|(i, _)| i + 1);
+                match value {
+                    Some(_) => prop_assert_eq!(Some(pos), end),
+                    None => {
+                        prop_assert_eq!(pos, start);
+                        prop_assert_eq!(end, None);
+                    }
+                }
+            }
         }
     }
 }
