@@ -21,6 +21,7 @@ const CODECS: [Compression; 3] = [Compression::None, Compression::Lz4, Compressi
 
 fn batches(section: &Bytes) -> Vec<Bytes> {
     segments(section)
+        .into_iter()
         .map(|seg| match seg {
             Segment::Batch(b) => b.bytes().clone(),
             _ => panic!("test sections hold whole batches only"),
