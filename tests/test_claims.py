@@ -236,3 +236,95 @@ def test_shutdown_waits_for_a_response_in_flight_up_to_shutdown_grace(
         hole.stop()
         if p.proc is not None and p.proc.poll() is None:
             h.stop_process(p.proc)
+
+
+# ---------------------------------------------------------------------------
+# Concurrent diversions of the same record, joined by the ledger
+# ---------------------------------------------------------------------------
+
+class SlowRelay:
+    """A TCP relay that holds every chunk going to `target` for `delay`
+    seconds: a dead-letter cluster whose acknowledgements take that long,
+    so two fetches of the same poison record overlap its write for sure."""
+
+    def __init__(self, target: int, delay: float):
+        import threading
+        self.target, self.delay = target, delay
+        self.srv = socket.create_server((h.HOST, 0))
+        self.port = self.srv.getsockname()[1]
+        self.stopped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+        while not self.stopped.is_set():
+            try:
+                cl, _ = self.srv.accept()
+            except OSError:
+                return
+            up = socket.create_connection((h.HOST, self.target))
+            threading.Thread(target=self._pipe, args=(cl, up, self.delay), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, cl, 0), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+        try:
+            while data := src.recv(65536):
+                if delay:
+                    time.sleep(delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.srv.close()
+
+
+def test_two_fetches_of_the_same_poison_at_once_write_it_to_the_dlt_once(
+        workdir, broker, broker_endpoint, tmp_path):
+    """Two connections fetch the same poison record at the same moment while
+    the DLT takes 1.5 s per request: the second diversion must join the
+    first one's write (README: the ledger joins concurrent diversions)."""
+    import threading
+    topic = f"claims-join-{uid()}"
+    c.ck_create_topic(broker_endpoint, topic, 1)
+    c.ck_produce(broker_endpoint, topic, [c.Rec(0, i, f"k{i}".encode(),
+                                                b"{not json" if i == 1 else b'{"ok": 1}')
+                                          for i in range(3)])
+    dlt_broker = h.Tansu(workdir).start()
+    relay = SlowRelay(dlt_broker.port, 1.5)
+    policy = fs.write_json_policy(tmp_path / "p", [topic])
+    p = start(workdir, upstream=[broker.bootstrap], policy_paths=[str(policy)],
+              dead_letter={"bootstrap_servers": [f"{h.HOST}:{relay.port}"], "timeout": "20s"},
+              name="antidote-join")
+    try:
+        wait_log(p, "ledger rebuilt", timeout=60)
+        results: list = [None, None]
+
+        def fetch(i: int) -> None:
+            results[i] = ps.fetch_partition(p.broker_port(), topic)
+
+        threads = [threading.Thread(target=fetch, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for r in results:
+            assert r is not None, "a fetch did not complete"
+            assert [x.offset for x in h.decode_uncompressed_batches(r.records)] == [0, 2]
+        dlt = ps.read_dlt(c.Endpoint(dlt_broker.bootstrap), f"{topic}.dlt")
+        assert [ps.hdict(d)["x-original-offset"] for d in dlt] == [b"1"], \
+            f"{len(dlt)} DLT records for one poison record"
+        p.stop_and_check()
+    finally:
+        relay.stop()
+        dlt_broker.stop()
+        if p.proc is not None and p.proc.poll() is None:
+            h.stop_process(p.proc)
