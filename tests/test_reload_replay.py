@@ -159,3 +159,100 @@ def test_sighup_applies_a_looser_policy_to_records_read_after_it(strict):
     # The diverted original stays out (the ledger); the new one passes.
     assert [r.key for r in got] == [b"v", b"q"], got
     assert [r.key for r in read_all(broker.bootstrap, f"{topic}.dlt")] == [b"p"]
+
+
+def test_hot_reloads_under_load_lose_and_duplicate_nothing_and_the_last_policy_rules(
+        workdir, broker, tmp_path):
+    """A producer writes ~12 records/s to 3 partitions (lat 5: always valid;
+    lat 95: valid only under the lax policy) while one consumer reads through
+    the proxy and the policy file flips between lax (max 99) and strict
+    (max 90) six times. Every always-valid record arrives exactly once; every
+    lat-95 record is delivered or dead-lettered, never both, never twice;
+    and after the last (strict) reload lat 95 is diverted."""
+    import threading
+
+    import confluent_kafka as ck
+
+    topic = f"reload-load-{uuid.uuid4().hex[:8]}"
+    direct = Endpoint(broker.bootstrap)
+    ck_create_topic(direct, topic, 3)
+    policy = tmp_path / "load.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                        name=f"reload-load-{topic}")
+    proxy.start()
+    stop = threading.Event()
+    sent: dict[bytes, int] = {}          # key -> lat
+    got: list[tuple[int, bytes]] = []    # (partition, key) in arrival order
+    errors: list[str] = []
+
+    def produce(keys: range, phase: str) -> None:
+        p = ck.Producer(direct.ck(**{"linger.ms": 5}))
+        for i in keys:
+            if stop.is_set() and phase == "load":
+                break
+            lat = 95 if i % 4 == 1 else 5
+            k = f"{phase}-{i}".encode()
+            sent[k] = lat
+            p.produce(topic, key=k, value=f'{{"lat": {lat}}}'.encode(), partition=i % 3)
+            p.poll(0)
+            time.sleep(0.08 if phase == "load" else 0)
+        assert p.flush(30) == 0
+
+    def consume() -> None:
+        c = ck.Consumer(Endpoint(proxy.bootstrap, "proxy").ck(**{
+            "group.id": f"load-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}))
+        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(3)])
+        try:
+            while not (stop.is_set() and done()):
+                m = c.poll(0.2)
+                if m is None:
+                    continue
+                if m.error():
+                    if m.error().code() != ck.KafkaError._PARTITION_EOF:
+                        errors.append(str(m.error()))
+                    continue
+                got.append((m.partition(), m.key()))
+        finally:
+            c.close()
+
+    def done() -> bool:
+        valid = {k for k, lat in sent.items() if lat == 5}
+        return valid <= {k for _, k in got}
+
+    producer = threading.Thread(target=produce, args=(range(400), "load"))
+    reader = threading.Thread(target=consume)
+    producer.start()
+    reader.start()
+    try:
+        for n in range(6):                      # lax, strict, lax, strict, lax, strict
+            time.sleep(1.2)
+            policy.write_text(POLICY.format(topic=topic, max_lat=99 if n % 2 == 0 else 90))
+            wait_for_log(proxy, "policies reloaded", count=n + 1)
+        stop.set()
+        producer.join(60)
+        produce(range(12), "after")             # under the last, strict policy
+        deadline = time.monotonic() + 60
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)                           # a late duplicate would show
+    finally:
+        stop.set()
+        reader.join(90)
+    assert not errors, errors[:5]
+    assert not reader.is_alive(), "the consumer did not finish"
+    keys = [k for _, k in got]
+    assert len(keys) == len(set(keys)), "a record was delivered twice"
+    valid = {k for k, lat in sent.items() if lat == 5}
+    flip = {k for k, lat in sent.items() if lat == 95}
+    assert valid <= set(keys), f"{len(valid - set(keys))} valid records lost"
+    dlt = [r.key for r in read_all(broker.bootstrap, f"{topic}.dlt")]
+    assert len(dlt) == len(set(dlt)), "a record was dead-lettered twice"
+    delivered_flip = flip & set(keys)
+    assert not delivered_flip & set(dlt), "a record was delivered and dead-lettered"
+    assert delivered_flip | set(dlt) == flip, "a lat-95 record was neither delivered nor diverted"
+    after = {k for k in flip if k.startswith(b"after-")}
+    assert after and after <= set(dlt), "the last (strict) policy did not divert lat 95"
+    assert delivered_flip, "no lat-95 record passed under the lax policy: no reload took effect"
+    proxy.assert_running()
+    proxy.stop_and_check()
