@@ -21,26 +21,84 @@ fn make_certs(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
     let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(&d).output().expect("openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(&d)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
-    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-          "-days", "2", "-subj", "/CN=tls-unit-ca",
-          "-addext", "basicConstraints=critical,CA:TRUE",
-          "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
-    std::fs::write(d.join("server.ext"),
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tls-unit-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    std::fs::write(
+        d.join("server.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n").expect("ext");
-    std::fs::write(d.join("client.ext"),
+         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    std::fs::write(
+        d.join("client.ext"),
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
-         extendedKeyUsage=clientAuth\n").expect("ext");
+         extendedKeyUsage=clientAuth\n",
+    )
+    .expect("ext");
     for (who, cn) in [("server", "localhost"), ("client", "tls-unit-client")] {
-        let (key, csr, pem, ext) =
-            (format!("{who}.key"), format!("{who}.csr"), format!("{who}.pem"), format!("{who}.ext"));
-        run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr,
-              "-subj", &format!("/CN={cn}")]);
-        run(&["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
-              "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", &ext]);
+        let (key, csr, pem, ext) = (
+            format!("{who}.key"),
+            format!("{who}.csr"),
+            format!("{who}.pem"),
+            format!("{who}.ext"),
+        );
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
     }
     d
 }
@@ -76,7 +134,11 @@ async fn handshake(acc: &TlsAcceptor, up: &Upstream) -> Result<(), String> {
         t.flush().await.map_err(|e| e.to_string())
     };
     let cli = async {
-        let mut t = up.connector.connect(name, c).await.map_err(|e| e.to_string())?;
+        let mut t = up
+            .connector
+            .connect(name, c)
+            .await
+            .map_err(|e| e.to_string())?;
         t.write_all(b"x").await.map_err(|e| e.to_string())?;
         t.flush().await.map_err(|e| e.to_string())?;
         let mut b = [0u8; 1];
@@ -95,17 +157,29 @@ async fn handshake(acc: &TlsAcceptor, up: &Upstream) -> Result<(), String> {
 async fn mtls_refuses_a_client_without_a_certificate_in_the_handshake_and_accepts_a_signed_one() {
     let d = make_certs("mtls");
     let acc = server(&d, true);
-    let err = handshake(&acc, &connector(&client_cfg(&d, false, false)).expect("connector"))
-        .await
-        .expect_err("a client without a certificate was served");
-    assert!(err.contains("server:") && err.contains("no certificates"), "{err}");
-    handshake(&acc, &connector(&client_cfg(&d, true, false)).expect("connector"))
-        .await
-        .expect("a signed client certificate was refused");
+    let err = handshake(
+        &acc,
+        &connector(&client_cfg(&d, false, false)).expect("connector"),
+    )
+    .await
+    .expect_err("a client without a certificate was served");
+    assert!(
+        err.contains("server:") && err.contains("no certificates"),
+        "{err}"
+    );
+    handshake(
+        &acc,
+        &connector(&client_cfg(&d, true, false)).expect("connector"),
+    )
+    .await
+    .expect("a signed client certificate was refused");
     // Without client_ca, a client without a certificate is served.
-    handshake(&server(&d, false), &connector(&client_cfg(&d, false, false)).expect("connector"))
-        .await
-        .expect("plain TLS refused a client");
+    handshake(
+        &server(&d, false),
+        &connector(&client_cfg(&d, false, false)).expect("connector"),
+    )
+    .await
+    .expect("plain TLS refused a client");
 }
 
 #[tokio::test]
@@ -114,49 +188,76 @@ async fn relayed_connections_present_the_proxys_certificate_only_when_configured
     let acc = server(&d, true);
     let cfg = client_cfg(&d, true, false);
     // The proxy's own connections present it...
-    handshake(&acc, &connector(&cfg).expect("connector")).await.expect("own connection");
+    handshake(&acc, &connector(&cfg).expect("connector"))
+        .await
+        .expect("own connection");
     // ...relayed client connections do not, so an mTLS broker refuses them...
     let err = handshake(&acc, &relay_connector(&cfg).expect("relay connector"))
         .await
         .expect_err("a relayed connection presented the proxy's certificate");
     assert!(err.contains("no certificates"), "{err}");
     // ...unless relay_client_cert says so.
-    handshake(&acc, &relay_connector(&client_cfg(&d, true, true)).expect("relay connector"))
-        .await
-        .expect("relay_client_cert: true did not present the certificate");
+    handshake(
+        &acc,
+        &relay_connector(&client_cfg(&d, true, true)).expect("relay connector"),
+    )
+    .await
+    .expect("relay_client_cert: true did not present the certificate");
 }
 
 #[test]
 fn tls_errors_name_the_file_that_could_not_be_used() {
     let d = make_certs("errors");
     let missing = d.join("missing.key");
-    let err = acceptor(&ServerTls { cert: d.join("server.pem"), key: missing.clone(), client_ca: None })
-        .err()
-        .expect("a missing key was accepted")
-        .to_string();
+    let err = acceptor(&ServerTls {
+        cert: d.join("server.pem"),
+        key: missing.clone(),
+        client_ca: None,
+    })
+    .err()
+    .expect("a missing key was accepted")
+    .to_string();
     assert!(err.contains(&missing.display().to_string()), "{err}");
     let empty = d.join("empty.pem");
     std::fs::write(&empty, "not a certificate\n").expect("write");
-    let err = connector(&ClientTls { ca: empty.clone(), ..client_cfg(&d, false, false) })
-        .err()
-        .expect("a CA file without certificates was accepted")
-        .to_string();
-    assert!(err.contains(&empty.display().to_string()) && err.contains("no PEM certificate"), "{err}");
-    let err = connector(&ClientTls { server_name: Some("bad name!".into()), ..client_cfg(&d, false, false) })
-        .err()
-        .expect("an invalid server_name was accepted")
-        .to_string();
+    let err = connector(&ClientTls {
+        ca: empty.clone(),
+        ..client_cfg(&d, false, false)
+    })
+    .err()
+    .expect("a CA file without certificates was accepted")
+    .to_string();
+    assert!(
+        err.contains(&empty.display().to_string()) && err.contains("no PEM certificate"),
+        "{err}"
+    );
+    let err = connector(&ClientTls {
+        server_name: Some("bad name!".into()),
+        ..client_cfg(&d, false, false)
+    })
+    .err()
+    .expect("an invalid server_name was accepted")
+    .to_string();
     assert!(err.contains("server_name"), "{err}");
 }
 
 #[test]
 fn a_configured_server_name_overrides_the_host_connected_to() {
     let d = make_certs("name");
-    let up = connector(&ClientTls { server_name: Some("kafka.internal".into()), ..client_cfg(&d, false, false) })
-        .expect("connector");
-    assert_eq!(format!("{:?}", up.server_name("127.0.0.1").expect("name")), format!("{:?}", rustls_name("kafka.internal")));
+    let up = connector(&ClientTls {
+        server_name: Some("kafka.internal".into()),
+        ..client_cfg(&d, false, false)
+    })
+    .expect("connector");
+    assert_eq!(
+        format!("{:?}", up.server_name("127.0.0.1").expect("name")),
+        format!("{:?}", rustls_name("kafka.internal"))
+    );
     let plain = connector(&client_cfg(&d, false, false)).expect("connector");
-    assert_eq!(format!("{:?}", plain.server_name("127.0.0.1").expect("name")), format!("{:?}", rustls_name("127.0.0.1")));
+    assert_eq!(
+        format!("{:?}", plain.server_name("127.0.0.1").expect("name")),
+        format!("{:?}", rustls_name("127.0.0.1"))
+    );
 }
 
 fn rustls_name(s: &str) -> rustls::pki_types::ServerName<'static> {

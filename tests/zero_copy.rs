@@ -46,7 +46,11 @@ fn a_clean_batch_is_a_slice_of_the_response_and_splices_to_the_same_bytes() {
             );
             let decoded = batch.decode().expect("decode");
             let out = splice(&batch, &decoded, &vec![true; decoded.len()], None).expect("splice");
-            assert_eq!(out.as_ptr(), batch.bytes().as_ptr(), "{codec:?}: clean splice copied");
+            assert_eq!(
+                out.as_ptr(),
+                batch.bytes().as_ptr(),
+                "{codec:?}: clean splice copied"
+            );
             assert_eq!(out.len(), batch.bytes().len());
             n += 1;
         }
@@ -63,9 +67,15 @@ fn a_clean_partition_is_not_rebuilt() {
         let cache = VerdictCache::new(64);
         let vis = Visibility::new(false, None);
         let plan = plan_partition(&policy, &topic, 0, &section, &vis, common::NOW_MS, &cache);
-        assert_eq!(plan.stats.validated as usize, 150, "{codec:?}: every record judged");
+        assert_eq!(
+            plan.stats.validated as usize, 150,
+            "{codec:?}: every record judged"
+        );
         assert!(plan.diversions.is_empty());
-        assert!(!plan.changes_anything(), "{codec:?}: a clean partition was rebuilt");
+        assert!(
+            !plan.changes_anything(),
+            "{codec:?}: a clean partition was rebuilt"
+        );
     }
 }
 
@@ -86,8 +96,15 @@ fn in_a_rebuilt_partition_the_clean_batches_keep_their_bytes() {
     assert!(plan.changes_anything());
     let out = plan.apply(None).expect("apply");
     let got = batches(&out);
-    assert_eq!(got.len(), 3, "no batch lost its last record here, so no marker");
+    assert_eq!(
+        got.len(),
+        3,
+        "no batch lost its last record here, so no marker"
+    );
     assert_ne!(got[0], p[0]);
-    assert_eq!(got[1], c[1], "the clean batch between two rebuilt ones changed");
+    assert_eq!(
+        got[1], c[1],
+        "the clean batch between two rebuilt ones changed"
+    );
     assert_ne!(got[2], p[2]);
 }

@@ -345,13 +345,21 @@ mod tests {
 
     /// What decompressing garbage may give: an error, or output within the
     /// limit (`None` returns the input itself). Never a panic, never more.
-    fn check_garbage(codec: Compression, data: &[u8], limit: usize) -> Result<(), CompressionError> {
+    fn check_garbage(
+        codec: Compression,
+        data: &[u8],
+        limit: usize,
+    ) -> Result<(), CompressionError> {
         let input = Bytes::from(data.to_vec());
         let (out, _) = decompress(codec, &input, limit)?;
         if codec == Compression::None {
             assert_eq!(out, input, "None must return its input");
         } else {
-            assert!(out.len() <= limit, "{codec:?}: {} bytes over the limit {limit}", out.len());
+            assert!(
+                out.len() <= limit,
+                "{codec:?}: {} bytes over the limit {limit}",
+                out.len()
+            );
         }
         Ok(())
     }
@@ -373,8 +381,10 @@ mod tests {
                 .collect();
             for codec in ALL {
                 let got = check_garbage(codec, &data, LIMIT);
-                if matches!(codec, Compression::Gzip | Compression::Lz4 | Compression::Zstd)
-                    && !data.is_empty()
+                if matches!(
+                    codec,
+                    Compression::Gzip | Compression::Lz4 | Compression::Zstd
+                ) && !data.is_empty()
                     && got.is_ok()
                 {
                     accepted.push((codec, data.clone()));

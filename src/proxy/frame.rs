@@ -272,7 +272,11 @@ mod tests {
             let buf = vec![0xffu8; n];
             // A head needs 12 bytes, a correlation id 8, a client id length 14.
             assert_eq!(peek_request(&buf).is_some(), n >= 12, "{n} bytes");
-            assert_eq!(peek_correlation_id(&buf), (n >= 8).then_some(-1), "{n} bytes");
+            assert_eq!(
+                peek_correlation_id(&buf),
+                (n >= 8).then_some(-1),
+                "{n} bytes"
+            );
             assert_eq!(request_body_offset(&buf, true), None, "{n} bytes");
         }
         // 14 bytes with a null client id (-1) and no tagged fields: body at 14
