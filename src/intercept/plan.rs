@@ -340,7 +340,8 @@ pub fn plan_partition_with(
                 continue;
             }
         };
-        if batch.is_control() || aborts.is_aborted(&batch) {
+        // is_aborted first: it must see the abort markers (control batches).
+        if aborts.is_aborted(&batch) || batch.is_control() {
             plan.segments.push(keep(&batch));
             continue;
         }
