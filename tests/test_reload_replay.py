@@ -181,7 +181,8 @@ def test_hot_reloads_under_load_lose_and_duplicate_nothing_and_the_last_policy_r
     proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
                         name=f"reload-load-{topic}")
     proxy.start()
-    stop = threading.Event()
+    stop = threading.Event()             # the load producer stops
+    finish = threading.Event()           # the reader may stop once it has everything
     sent: dict[bytes, int] = {}          # key -> lat
     got: list[tuple[int, bytes]] = []    # (partition, key) in arrival order
     errors: list[str] = []
@@ -204,7 +205,7 @@ def test_hot_reloads_under_load_lose_and_duplicate_nothing_and_the_last_policy_r
             "group.id": f"load-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}))
         c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(3)])
         try:
-            while not (stop.is_set() and done()):
+            while not (finish.is_set() and done()):
                 m = c.poll(0.2)
                 if m is None:
                     continue
@@ -232,12 +233,14 @@ def test_hot_reloads_under_load_lose_and_duplicate_nothing_and_the_last_policy_r
         stop.set()
         producer.join(60)
         produce(range(12), "after")             # under the last, strict policy
+        finish.set()
         deadline = time.monotonic() + 60
         while not done() and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(2)                           # a late duplicate would show
     finally:
         stop.set()
+        finish.set()
         reader.join(90)
     assert not errors, errors[:5]
     assert not reader.is_alive(), "the consumer did not finish"
