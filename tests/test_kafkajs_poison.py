@@ -150,4 +150,6 @@ def test_kafkajs_partition_held_while_the_dlt_is_a_black_hole_then_resumes(
     finally:
         if stream is not None:
             stream.kill()
+        if s.proxy.proc is not None and s.proxy.proc.poll() is None:
+            h.stop_process(s.proxy.proc)  # test_faults' cleanup fixture is not active here
         s.close()

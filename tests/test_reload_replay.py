@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from clients import Endpoint, Rec, ck_consume_assign, ck_create_topic, ck_produce
+from harness import stop_process
 from test_ops import POLICY, OpsAntidote, cli, ok, read_all
 
 
@@ -162,7 +163,7 @@ def test_sighup_applies_a_looser_policy_to_records_read_after_it(strict):
 
 
 def test_hot_reloads_under_load_lose_and_duplicate_nothing_and_the_last_policy_rules(
-        workdir, broker, tmp_path):
+        workdir, broker, tmp_path, request):
     """A producer writes ~12 records/s to 3 partitions (lat 5: always valid;
     lat 95: valid only under the lax policy) while one consumer reads through
     the proxy and the policy file flips between lax (max 99) and strict
@@ -181,6 +182,8 @@ def test_hot_reloads_under_load_lose_and_duplicate_nothing_and_the_last_policy_r
     proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
                         name=f"reload-load-{topic}")
     proxy.start()
+    # A failed assert below must not leave the proxy running.
+    request.addfinalizer(lambda: proxy.proc.poll() is None and stop_process(proxy.proc))
     stop = threading.Event()             # the load producer stops
     finish = threading.Event()           # the reader may stop once it has everything
     sent: dict[bytes, int] = {}          # key -> lat
