@@ -46,7 +46,15 @@ fi
 
 # Integration suite. No -x: one run reports every failure. The outer timeout
 # is a backstop; each test also has its own (tests/pytest.ini).
+# Three workers (pytest-xdist), one test file per worker at a time: the tests
+# mostly wait on brokers and group joins, so 2 cores serve 3 of them. Each
+# worker starts its own tansu (session fixtures are per worker), every port
+# comes from the kernel (harness.free_port) and every topic/group name is
+# unique, so files do not share state. PYTEST_WORKERS=0 runs serially.
 PYTEST_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
+if [[ "${PYTEST_WORKERS:-3}" != 0 ]]; then
+  PYTEST_ARGS+=(-n "${PYTEST_WORKERS:-3}" --dist loadfile)
+fi
 if [[ $# -gt 0 ]]; then PYTEST_ARGS+=("$@"); fi
 stage "pytest (integration)" timeout --signal=INT --kill-after=30 1500 \
   "$ROOT/.venv/bin/python" -m pytest "${PYTEST_ARGS[@]}"

@@ -525,6 +525,10 @@ def test_check_rejects_broken_policy_with_file_line_column(case, tmp_path):
     assert r.returncode != 0
     m = re.search(re.escape(str(bad)) + r":(\d+):(\d+)", r.stderr)
     assert m, r.stderr
-    assert int(m.group(1)) == line, r.stderr
-    # The column is checked loosely: it must point into that line.
-    assert 1 <= int(m.group(2)) <= len(text.splitlines()[line - 1]) + 1, r.stderr
+    assert (int(m.group(1)), int(m.group(2))) == (line, col), r.stderr
+    # The declared column is where the offending key or value starts.
+    assert text.splitlines()[line - 1][col - 1:].startswith(FIRST_CHARS[case]), (case, line, col)
+
+
+# What the declared column points at: the premise of BROKEN's columns.
+FIRST_CHARS = {"unknown_key": "colour", "bad_on_invalid": "explode", "missing_schema": "does/"}

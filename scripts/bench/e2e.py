@@ -78,8 +78,13 @@ def consumer(bootstrap, group, **extra):
     return Consumer(conf)
 
 
-def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="300"):
+def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="300", past_s="0"):
+    """Read `expected` records; with `past_s` > 0 keep reading until nothing
+    came for `past_s` seconds, so records beyond the expected count (a
+    duplicate in a DLT) are counted and fail the check instead of being left
+    unread. Exit 0 only for exactly `expected` records."""
     parts, expected, idle_s, max_s = int(parts), int(expected), float(idle_s), float(max_s)
+    past_s = float(past_s)
     c = consumer(bootstrap, group)
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
     t_start = time.time()
@@ -89,7 +94,9 @@ def cmd_consume(bootstrap, topic, parts, expected, group, idle_s="15", max_s="30
     errors = poison_seen = 0
     last_progress = time.time()
     batch_n = int(os.environ.get("BENCH_CONSUME_BATCH", "10000"))
-    while count < expected:
+    while True:
+        if count >= expected and (past_s <= 0 or time.time() - last_progress > past_s):
+            break
         msgs = c.consume(num_messages=batch_n, timeout=0.5)
         now = time.time()
         if not msgs:

@@ -310,8 +310,9 @@ async fn respond(
             // v10+ answers name brokers (NodeEndpoints) like any other.
             let rewritten = if addresses::carries_addresses(key, version) {
                 let mut seen = Seen::default();
-                let b = addresses::rewrite_body(key, version, body.clone(), &shared.addrs, &mut seen)
-                    .map_err(bad)?;
+                let b =
+                    addresses::rewrite_body(key, version, body.clone(), &shared.addrs, &mut seen)
+                        .map_err(bad)?;
                 shared.learn(seen).await;
                 b
             } else {

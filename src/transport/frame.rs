@@ -218,9 +218,20 @@ mod tests {
     fn peeks_never_panic_on_short_input() {
         for n in 0..14 {
             let buf = vec![0xffu8; n];
-            let _ = peek_request(&buf);
-            let _ = peek_correlation_id(&buf);
-            let _ = request_body_offset(&buf, true);
+            // A head needs 12 bytes, a correlation id 8, a client id length 14.
+            assert_eq!(peek_request(&buf).is_some(), n >= 12, "{n} bytes");
+            assert_eq!(
+                peek_correlation_id(&buf),
+                (n >= 8).then_some(-1),
+                "{n} bytes"
+            );
+            assert_eq!(request_body_offset(&buf, true), None, "{n} bytes");
         }
+        // 14 bytes with a null client id (-1) and no tagged fields: body at 14
+        // without flexible headers, malformed (no tag count) with them.
+        let mut buf = vec![0u8; 12];
+        buf.extend_from_slice(&[0xff, 0xff]);
+        assert_eq!(request_body_offset(&buf, false), Some(14));
+        assert_eq!(request_body_offset(&buf, true), None);
     }
 }

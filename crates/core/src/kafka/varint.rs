@@ -143,10 +143,29 @@ mod tests {
 
         #[test]
         fn varint_never_panics(data: Vec<u8>, start in 0usize..16) {
-            let mut pos = start;
-            let _ = read_varint(&data, &mut pos);
-            let mut pos = start;
-            let _ = read_varlong(&data, &mut pos);
+            // Some(v): the cursor moved just past the first byte without its
+            // continuation bit, within the width; None: the cursor did not
+            // move, and no such byte is within the width.
+            let mut p32 = start;
+            let v32 = read_varint(&data, &mut p32).map(i64::from);
+            let mut p64 = start;
+            let v64 = read_varlong(&data, &mut p64);
+            for (width, value, pos) in [(5usize, v32, p32), (10, v64, p64)] {
+                let end = data
+                    .iter()
+                    .enumerate()
+                    .skip(start)
+                    .take(width)
+                    .find(|(_, b)| **b & 0x80 == 0)
+                    .map(|(i, _)| i + 1);
+                match value {
+                    Some(_) => prop_assert_eq!(Some(pos), end),
+                    None => {
+                        prop_assert_eq!(pos, start);
+                        prop_assert_eq!(end, None);
+                    }
+                }
+            }
         }
     }
 }

@@ -222,7 +222,10 @@ mod tests {
         };
         assert_eq!(r.detailed.len(), MAX_DETAILED);
         assert_eq!(r.invalid(), MAX_DETAILED as u64 + 50);
-        assert_eq!(r.detailed.last().map(|d| d.index), Some(MAX_DETAILED as i32 - 1));
+        assert_eq!(
+            r.detailed.last().map(|d| d.index),
+            Some(MAX_DETAILED as i32 - 1)
+        );
     }
 
     #[test]
