@@ -191,7 +191,7 @@ impl FetchFilter {
         }
         if version >= 13 {
             // Ids still unknown might name a policy topic: hold them.
-            changed |= self.hold_unresolved(ctx, &mut resp);
+            changed |= withhold_unknown_topics(ctx, &mut resp);
         }
         if plans.is_empty() {
             return timed(|| changed.then(|| encode(&resp, version)).transpose());
@@ -379,26 +379,28 @@ impl FetchFilter {
         }
         (0..plans.len()).map(|i| failed.get(&i).copied()).collect()
     }
+}
 
-    /// Withhold the records of partitions whose topic id is still unknown
-    /// and might be covered by a policy. Returns whether anything changed.
-    fn hold_unresolved(&self, ctx: &impl FetchContext, resp: &mut FetchResponse) -> bool {
-        let mut changed = false;
-        for topic in &mut resp.responses {
-            if ctx.topic_name(&topic.topic_id).is_some() {
-                continue;
-            }
-            for p in &mut topic.partitions {
-                if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
-                    info!(topic_id = %topic.topic_id, partition = p.partition_index,
-                        "unknown topic id: records withheld until its name is known");
-                    p.records = Some(Bytes::new());
-                    changed = true;
-                }
+/// Withhold the records of partitions whose topic id is still unknown: a
+/// policy might cover that topic, and nothing is forwarded unjudged. The
+/// client fetches them again once the id resolves. Returns whether
+/// anything changed.
+fn withhold_unknown_topics(ctx: &impl FetchContext, resp: &mut FetchResponse) -> bool {
+    let mut changed = false;
+    for topic in &mut resp.responses {
+        if ctx.topic_name(&topic.topic_id).is_some() {
+            continue;
+        }
+        for p in &mut topic.partitions {
+            if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+                info!(topic_id = %topic.topic_id, partition = p.partition_index,
+                    "unknown topic id: records withheld until its name is known");
+                p.records = Some(Bytes::new());
+                changed = true;
             }
         }
-        changed
     }
+    changed
 }
 
 /// The records section a changed partition gets, once its diversions are
@@ -570,4 +572,64 @@ fn encode(resp: &FetchResponse, version: i16) -> Result<BytesMut, FilterError> {
     resp.encode(&mut out, version)
         .map_err(FilterError::Encode)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::fetch_response::PartitionData;
+
+    /// A proxy that knows the names of `0`'s topic ids only.
+    struct Known(Vec<Uuid>);
+
+    impl FetchContext for Known {
+        type Learned = ();
+        fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
+            (false, ())
+        }
+        async fn learn(&self, _: ()) {}
+        async fn resolve_topic_ids(&self, _: &[Uuid]) {}
+        fn topic_name(&self, id: &Uuid) -> Option<String> {
+            self.0.contains(id).then(|| "t".to_string())
+        }
+    }
+
+    fn topic(id: Uuid, records: &[&'static [u8]]) -> FetchableTopicResponse {
+        let partitions = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                PartitionData::default()
+                    .with_partition_index(i as i32)
+                    .with_records(Some(Bytes::from_static(r)))
+            })
+            .collect();
+        FetchableTopicResponse::default()
+            .with_topic_id(id)
+            .with_partitions(partitions)
+    }
+
+    #[test]
+    fn records_of_a_still_unknown_topic_id_are_withheld() {
+        let (known, unknown) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut resp = FetchResponse::default().with_responses(vec![
+            topic(known, &[b"abc"]),
+            topic(unknown, &[b"def", b""]),
+        ]);
+        assert!(withhold_unknown_topics(&Known(vec![known]), &mut resp));
+        let records = |t: usize, p: usize| resp.responses[t].partitions[p].records.clone();
+        assert_eq!(records(0, 0), Some(Bytes::from_static(b"abc")));
+        assert_eq!(records(1, 0), Some(Bytes::new()));
+        assert_eq!(records(1, 1), Some(Bytes::new()));
+        // Once the id is known nothing more is withheld.
+        let mut again = FetchResponse::default().with_responses(vec![topic(unknown, &[b"def"])]);
+        assert!(!withhold_unknown_topics(
+            &Known(vec![known, unknown]),
+            &mut again
+        ));
+        assert_eq!(
+            again.responses[0].partitions[0].records.as_deref(),
+            Some(&b"def"[..])
+        );
+    }
 }
