@@ -669,6 +669,55 @@ mod tests {
         assert_eq!(sasl.password().unwrap(), "hunter2-s3cret");
     }
 
+    const SNI: &str = "listen:\n  bootstrap: 0.0.0.0:29092\n  tls: { cert: c.pem, key: k.pem }\n  sni:\n    bootstrap: bootstrap.kafka.test\n    broker: \"broker-{node}.kafka.test\"\nupstream:\n  bootstrap_servers: [127.0.0.1:9092]\n";
+
+    #[test]
+    fn sni_replaces_the_broker_port_base() {
+        let c = Config::parse(SNI, Path::new("c.yaml")).unwrap();
+        let sni = c.listen.sni.as_ref().unwrap();
+        assert_eq!(sni.bootstrap, "bootstrap.kafka.test");
+        assert_eq!(sni.broker.name(3), "broker-3.kafka.test");
+    }
+
+    #[test]
+    fn sni_errors_name_file_line_and_column() {
+        for (text, start, says) in [
+            (
+                SNI.replace("broker-{node}", "broker-x"),
+                "c.yaml:6:13: listen.sni.broker: ",
+                "no `{node}`",
+            ),
+            (
+                SNI.replace("  tls: { cert: c.pem, key: k.pem }\n", ""),
+                "c.yaml:2:3: listen: ",
+                "`sni` requires `tls`",
+            ),
+            (
+                SNI.replace("  sni:", "  broker_port_base: 29100\n  sni:"),
+                "c.yaml:2:3: listen: ",
+                "cannot be used with `sni`",
+            ),
+            (
+                SNI.replace("bootstrap: bootstrap.", "bootstrap: broker-1."),
+                "c.yaml:2:3: listen: ",
+                "matches the `sni.broker` pattern",
+            ),
+            (
+                SNI.replace("bootstrap: bootstrap.kafka.test", "bootstrap: 10.0.0.1"),
+                "c.yaml:5:16: listen.sni.bootstrap: ",
+                "not a DNS host name",
+            ),
+            (
+                MINIMAL.replace("  broker_port_base: 29100\n", ""),
+                "c.yaml:2:3: listen: ",
+                "`broker_port_base` is required",
+            ),
+        ] {
+            let err = Config::parse(&text, Path::new("c.yaml")).unwrap_err().0;
+            assert!(err.starts_with(start) && err.contains(says), "{err}");
+        }
+    }
+
     #[test]
     fn durations_parse() {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));

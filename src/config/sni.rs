@@ -74,7 +74,22 @@ impl FromStr for SniPattern {
 
 impl<'de> Deserialize<'de> for SniPattern {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(de::Error::custom)
+        d.deserialize_str(CheckedStr(str::parse))
+    }
+}
+
+/// Parses a string inside the deserializer's own call, so that serde_yaml
+/// reports an error at the value's line and column (an error raised after
+/// `String::deserialize` returns gets the enclosing mapping's position).
+struct CheckedStr<T>(fn(&str) -> Result<T, String>);
+
+impl<T> de::Visitor<'_> for CheckedStr<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a host name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.0)(v).map_err(E::custom)
     }
 }
 
@@ -91,9 +106,10 @@ fn check_dns_name(name: &str) -> Result<(), String> {
 }
 
 fn de_dns_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let name = String::deserialize(d)?.to_ascii_lowercase();
-    check_dns_name(&name).map_err(de::Error::custom)?;
-    Ok(name)
+    d.deserialize_str(CheckedStr(|s| {
+        let name = s.to_ascii_lowercase();
+        check_dns_name(&name).map(|()| name)
+    }))
 }
 
 #[cfg(test)]
