@@ -216,7 +216,7 @@ def test_kafka_python_produces_and_consumes_through_sni_names(sni_proxy, sni_cer
     consumer = kp.KafkaConsumer(**ep.kp())
     try:
         consumer.topics()
-        brokers = {(b.nodeId, b.host, b.port) for b in consumer._client.cluster.brokers()}
+        brokers = {(b.node_id, b.host, b.port) for b in consumer._client.cluster.brokers()}
     finally:
         consumer.close()
     assert brokers == {(TANSU_NODE_ID, f"broker-{TANSU_NODE_ID}{SUFFIX}",

@@ -391,7 +391,7 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
                     refuse(&shared, tcp);
                     continue;
                 };
-                let span = tracing::info_span!("conn", %peer, ?target);
+                let span = tracing::info_span!("conn", %peer, listener = ?target);
                 let conn = shared.clone();
                 shared.tasks.spawn(
                     async move {
@@ -443,7 +443,7 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
             return warn!(error = %e, "cannot reach upstream; closing client connection");
         }
     };
-    debug!(%peer, "connected");
+    debug!(%peer, ?target, "connected");
     match relay::relay(shared, client, broker).await {
         Ok(()) => debug!("connection closed"),
         Err(e) => {
