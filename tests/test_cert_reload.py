@@ -183,7 +183,13 @@ def test_a_broken_replacement_is_refused_and_the_old_certificate_stays(reloading
     wait_for(lambda: rejections(p) > n, 10, "the mismatched key to be rejected")
     assert served_sha256(port, ca) == ids[0].sha256
     log = read_log(p.log, limit=10**7)
+    assert "the private key does not belong to the certificate" in log, log[-3000:]
     assert f"running_sha256={ids[0].sha256}" in log, log[-3000:]
+    # The key file gone (a Secret mid-update, a bad path).
+    n = rejections(p)
+    files[1].unlink()
+    wait_for(lambda: rejections(p) > n, 10, "the missing key file to be rejected")
+    assert served_sha256(port, ca) == ids[0].sha256
     # Fixing the key file completes the pair: it is taken.
     write_padded(files[1], ids[2].key)
     wait_for(lambda: served_sha256(port, ca) == ids[2].sha256, 10,

@@ -71,8 +71,14 @@ impl Certificates {
     fn load(cfg: &ServerTls) -> Result<Arc<CertifiedKey>, TlsError> {
         let key = CertifiedKey::from_der(certs(&cfg.cert)?, key(&cfg.key)?, &provider())
             .map_err(|e| {
+                let why = match e {
+                    rustls::Error::InconsistentKeys(_) => {
+                        "the private key does not belong to the certificate".to_string()
+                    }
+                    other => other.to_string(),
+                };
                 TlsError(format!(
-                    "{} with {}: {e}",
+                    "{} with {}: {why}",
                     cfg.cert.display(),
                     cfg.key.display()
                 ))
