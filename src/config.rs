@@ -85,20 +85,26 @@ struct RawListen {
 impl RawListen {
     fn check(self) -> Result<Listen, String> {
         let base = match (&self.sni, self.broker_port_base) {
-            (None, None) => return Err("`broker_port_base` is required (unless `sni` is set)".into()),
+            (None, None) => {
+                return Err("`broker_port_base` is required (unless `sni` is set)".into())
+            }
             (None, Some(b)) => b,
             (Some(_), None) => 0,
             (Some(_), Some(_)) => {
-                return Err("`broker_port_base` cannot be used with `sni`: every broker is \
+                return Err(
+                    "`broker_port_base` cannot be used with `sni`: every broker is \
                             served on the bootstrap port"
-                    .into())
+                        .into(),
+                )
             }
         };
         if let Some(sni) = &self.sni {
             if self.tls.is_none() {
-                return Err("`sni` requires `tls`: the server name is read from the TLS \
+                return Err(
+                    "`sni` requires `tls`: the server name is read from the TLS \
                             ClientHello"
-                    .into());
+                        .into(),
+                );
             }
             if self.advertised_host.is_some() {
                 return Err("`advertised_host` cannot be used with `sni`: brokers are \

@@ -366,9 +366,18 @@ mod tests {
     #[test]
     fn server_names_route_to_the_bootstrap_or_a_node_and_nothing_else() {
         let addrs = sni_addresses();
-        assert_eq!(addrs.route(Some("bootstrap.kafka.test")), Some(Target::Bootstrap));
-        assert_eq!(addrs.route(Some("BOOTSTRAP.kafka.test")), Some(Target::Bootstrap));
-        assert_eq!(addrs.route(Some("broker-7.kafka.test")), Some(Target::Broker(7)));
+        assert_eq!(
+            addrs.route(Some("bootstrap.kafka.test")),
+            Some(Target::Bootstrap)
+        );
+        assert_eq!(
+            addrs.route(Some("BOOTSTRAP.kafka.test")),
+            Some(Target::Bootstrap)
+        );
+        assert_eq!(
+            addrs.route(Some("broker-7.kafka.test")),
+            Some(Target::Broker(7))
+        );
         assert_eq!(addrs.route(Some("broker-7.other.test")), None);
         assert_eq!(addrs.route(Some("kafka.test")), None);
         assert_eq!(addrs.route(None), None);

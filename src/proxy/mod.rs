@@ -41,8 +41,8 @@ use crate::filter::{FetchContext, FetchFilter};
 use crate::metrics;
 use crate::policy::PolicySet;
 use crate::transport::{net, tls};
-use addresses::{Addresses, Seen};
 pub use addresses::Target;
+use addresses::{Addresses, Seen};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]

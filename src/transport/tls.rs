@@ -69,8 +69,8 @@ pub struct Certificates {
 
 impl Certificates {
     fn load(cfg: &ServerTls) -> Result<Arc<CertifiedKey>, TlsError> {
-        let key = CertifiedKey::from_der(certs(&cfg.cert)?, key(&cfg.key)?, &provider())
-            .map_err(|e| {
+        let key = CertifiedKey::from_der(certs(&cfg.cert)?, key(&cfg.key)?, &provider()).map_err(
+            |e| {
                 let why = match e {
                     rustls::Error::InconsistentKeys(_) => {
                         "the private key does not belong to the certificate".to_string()
@@ -82,7 +82,8 @@ impl Certificates {
                     cfg.cert.display(),
                     cfg.key.display()
                 ))
-            })?;
+            },
+        )?;
         Ok(Arc::new(key))
     }
 
