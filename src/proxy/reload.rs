@@ -81,15 +81,19 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime
 type FileStamp = (PathBuf, Option<PathBuf>, u64, Option<SystemTime>);
 
 fn cert_files(shared: &Shared) -> Vec<FileStamp> {
-    let Some(tls) = &shared.config.listen.tls else {
-        return Vec::new();
-    };
-    [&tls.cert, &tls.key]
-        .into_iter()
+    match &shared.config.listen.tls {
+        Some(tls) => stamps(&[&tls.cert, &tls.key]),
+        None => Vec::new(),
+    }
+}
+
+fn stamps(paths: &[&PathBuf]) -> Vec<FileStamp> {
+    paths
+        .iter()
         .map(|p| {
             let meta = std::fs::metadata(p).ok();
             (
-                p.clone(),
+                p.to_path_buf(),
                 std::fs::canonicalize(p).ok(),
                 meta.as_ref().map_or(0, |m| m.len()),
                 meta.and_then(|m| m.modified().ok()),
@@ -242,5 +246,36 @@ mod tests {
         std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
         std::fs::remove_dir_all(mount.join("..1")).unwrap();
         assert_ne!(fingerprint(&paths), before, "same content, new data folder");
+    }
+
+    #[test]
+    fn a_secret_swap_to_an_identical_looking_file_counts_as_a_change() {
+        // A Kubernetes Secret: `tls.crt -> ..data/tls.crt`, `..data -> ..<stamp>`.
+        // Same size and modification time in the new folder: only the
+        // resolved path tells the two apart.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount = dir.path();
+        for stamp in ["..1", "..2"] {
+            std::fs::create_dir(mount.join(stamp)).unwrap();
+            std::fs::write(mount.join(stamp).join("tls.crt"), "same size").unwrap();
+        }
+        let when = std::fs::metadata(mount.join("..1/tls.crt"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        let second = std::fs::File::options()
+            .write(true)
+            .open(mount.join("..2/tls.crt"))
+            .unwrap();
+        second.set_modified(when).unwrap();
+        std::os::unix::fs::symlink("..1", mount.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/tls.crt", mount.join("tls.crt")).unwrap();
+        let cert = mount.join("tls.crt");
+        let before = stamps(&[&cert]);
+        std::os::unix::fs::symlink("..2", mount.join("..data_tmp")).unwrap();
+        std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+        let after = stamps(&[&cert]);
+        assert_eq!((before[0].2, before[0].3), (after[0].2, after[0].3));
+        assert_ne!(before, after);
     }
 }
