@@ -15,6 +15,9 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 pub use antidote_core::text::{parse_duration, yaml_error};
+pub use sni::{Sni, SniPattern};
+
+mod sni;
 
 /// A config file that could not be used; the message starts with `file:line:column`.
 #[derive(Debug, thiserror::Error)]
@@ -46,20 +49,103 @@ pub struct Config {
     pub source: PathBuf,
 }
 
-/// Where clients connect.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Where clients connect. Checked as a whole (`RawListen::check`), so a
+/// setting that needs another (`sni` needs `tls`) is reported at the
+/// position of the `listen` section.
+#[derive(Debug, Clone)]
 pub struct Listen {
     /// What clients put in `bootstrap.servers`.
     pub bootstrap: HostPort,
     /// Host written into rewritten metadata (default: bootstrap's host).
-    #[serde(default)]
     pub advertised_host: Option<String>,
-    /// The broker with node id N is served at `broker_port_base + N`.
+    /// The broker with node id N is served at `broker_port_base + N`
+    /// (unused with `sni`: every broker is then served on the bootstrap port).
     pub broker_port_base: u16,
     /// TLS towards clients; plaintext when absent.
-    #[serde(default)]
     pub tls: Option<ServerTls>,
+    /// Route by TLS server name on the bootstrap port instead of one port per broker.
+    pub sni: Option<Sni>,
+}
+
+/// `listen` as written, before the checks that span its keys.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListen {
+    bootstrap: HostPort,
+    #[serde(default)]
+    advertised_host: Option<String>,
+    #[serde(default)]
+    broker_port_base: Option<u16>,
+    #[serde(default)]
+    tls: Option<ServerTls>,
+    #[serde(default)]
+    sni: Option<Sni>,
+}
+
+impl RawListen {
+    fn check(self) -> Result<Listen, String> {
+        let base = match (&self.sni, self.broker_port_base) {
+            (None, None) => {
+                return Err("`broker_port_base` is required (unless `sni` is set)".into())
+            }
+            (None, Some(b)) => b,
+            (Some(_), None) => 0,
+            (Some(_), Some(_)) => {
+                return Err(
+                    "`broker_port_base` cannot be used with `sni`: every broker is \
+                            served on the bootstrap port"
+                        .into(),
+                )
+            }
+        };
+        if let Some(sni) = &self.sni {
+            if self.tls.is_none() {
+                return Err(
+                    "`sni` requires `tls`: the server name is read from the TLS \
+                            ClientHello"
+                        .into(),
+                );
+            }
+            if self.advertised_host.is_some() {
+                return Err("`advertised_host` cannot be used with `sni`: brokers are \
+                            advertised as `sni.broker` names"
+                    .into());
+            }
+            if sni.broker.node(&sni.bootstrap).is_some() {
+                return Err(format!(
+                    "`sni.bootstrap` `{}` matches the `sni.broker` pattern",
+                    sni.bootstrap
+                ));
+            }
+        }
+        Ok(Listen {
+            bootstrap: self.bootstrap,
+            advertised_host: self.advertised_host,
+            broker_port_base: base,
+            tls: self.tls,
+            sni: self.sni,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Listen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Checking inside `visit_map` lets serde_yaml give the error the
+        // position of the `listen` mapping (a check after deserializing
+        // would carry no position at all).
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = Listen;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("the `listen` section")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Listen, A::Error> {
+                let raw = RawListen::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                raw.check().map_err(de::Error::custom)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
 impl Listen {
@@ -587,6 +673,55 @@ mod tests {
         // The secret itself is still there for the exchange.
         let sasl = c.upstream.sasl.as_ref().unwrap();
         assert_eq!(sasl.password().unwrap(), "hunter2-s3cret");
+    }
+
+    const SNI: &str = "listen:\n  bootstrap: 0.0.0.0:29092\n  tls: { cert: c.pem, key: k.pem }\n  sni:\n    bootstrap: bootstrap.kafka.test\n    broker: \"broker-{node}.kafka.test\"\nupstream:\n  bootstrap_servers: [127.0.0.1:9092]\n";
+
+    #[test]
+    fn sni_replaces_the_broker_port_base() {
+        let c = Config::parse(SNI, Path::new("c.yaml")).unwrap();
+        let sni = c.listen.sni.as_ref().unwrap();
+        assert_eq!(sni.bootstrap, "bootstrap.kafka.test");
+        assert_eq!(sni.broker.name(3), "broker-3.kafka.test");
+    }
+
+    #[test]
+    fn sni_errors_name_file_line_and_column() {
+        for (text, start, says) in [
+            (
+                SNI.replace("broker-{node}", "broker-x"),
+                "c.yaml:6:13: listen.sni.broker: ",
+                "no `{node}`",
+            ),
+            (
+                SNI.replace("  tls: { cert: c.pem, key: k.pem }\n", ""),
+                "c.yaml:2:3: listen: ",
+                "`sni` requires `tls`",
+            ),
+            (
+                SNI.replace("  sni:", "  broker_port_base: 29100\n  sni:"),
+                "c.yaml:2:3: listen: ",
+                "cannot be used with `sni`",
+            ),
+            (
+                SNI.replace("bootstrap: bootstrap.", "bootstrap: broker-1."),
+                "c.yaml:2:3: listen: ",
+                "matches the `sni.broker` pattern",
+            ),
+            (
+                SNI.replace("bootstrap: bootstrap.kafka.test", "bootstrap: 10.0.0.1"),
+                "c.yaml:5:16: listen.sni.bootstrap: ",
+                "not a DNS host name",
+            ),
+            (
+                MINIMAL.replace("  broker_port_base: 29100\n", ""),
+                "c.yaml:2:3: listen: ",
+                "`broker_port_base` is required",
+            ),
+        ] {
+            let err = Config::parse(&text, Path::new("c.yaml")).unwrap_err().0;
+            assert!(err.starts_with(start) && err.contains(says), "{err}");
+        }
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Broker addresses in responses: every address a broker hands a client is
-//! replaced by the proxy's own (advertised host, `broker_port_base + node
-//! id`), so a client that only knows the proxy's bootstrap address never
-//! learns, and never connects to, a broker's real address.
+//! replaced by the proxy's own, so a client that only knows the proxy's
+//! bootstrap address never learns, and never connects to, a broker's real
+//! address. Two schemes: one port per broker (advertised host,
+//! `broker_port_base + node id`), or SNI (`listen.sni`: the name
+//! `broker-{node}...` on the bootstrap port), where this module also maps
+//! a ClientHello's server name back to its target ([`Addresses::route`]).
 //!
 //! Covered: Metadata brokers, FindCoordinator (v0-3 single, v4+ list),
 //! DescribeCluster brokers, Produce v10+ and Fetch v16+ NodeEndpoints. Any
@@ -16,28 +19,102 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::config::HostPort;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::config::{HostPort, Sni, SniPattern};
+
+/// Which upstream a client connection goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Any bootstrap server.
+    Bootstrap,
+    /// The broker with this node id.
+    Broker(i32),
+}
+
+/// How broker addresses are written for clients.
+#[derive(Debug, Clone)]
+enum Scheme {
+    /// Broker N at `host:port_base + N`.
+    Ports,
+    /// Broker N at `pattern(N):port`; the bootstrap at `bootstrap:port`.
+    Sni {
+        bootstrap: String,
+        pattern: SniPattern,
+        port: u16,
+    },
+}
 
 /// The proxy's public face: the host and port scheme written into responses.
 #[derive(Debug, Clone)]
 pub struct Addresses {
     pub host: StrBytes,
     pub port_base: u16,
+    scheme: Scheme,
 }
 
 impl Addresses {
+    /// One port per broker.
     pub fn new(host: &str, port_base: u16) -> Self {
         Addresses {
             host: StrBytes::from_string(host.to_string()),
             port_base,
+            scheme: Scheme::Ports,
         }
+    }
+
+    /// Every broker on `port`, told apart by server name.
+    pub fn sni(sni: &Sni, port: u16) -> Self {
+        Addresses {
+            host: StrBytes::from_string(sni.bootstrap.clone()),
+            port_base: 0,
+            scheme: Scheme::Sni {
+                bootstrap: sni.bootstrap.clone(),
+                pattern: sni.broker.clone(),
+                port,
+            },
+        }
+    }
+
+    /// Whether brokers share the bootstrap port (no per-broker listeners).
+    pub fn is_sni(&self) -> bool {
+        matches!(self.scheme, Scheme::Sni { .. })
+    }
+
+    /// The target a ClientHello's server name stands for under SNI; `None`
+    /// for a name that is neither the bootstrap nor a broker, or no name.
+    pub fn route(&self, server_name: Option<&str>) -> Option<Target> {
+        let Scheme::Sni {
+            bootstrap, pattern, ..
+        } = &self.scheme
+        else {
+            return None;
+        };
+        let name = server_name?.to_ascii_lowercase();
+        if name == *bootstrap {
+            return Some(Target::Bootstrap);
+        }
+        pattern.node(&name).map(Target::Broker)
     }
 
     /// The proxy port serving broker `node_id`, if it fits in a port number.
     pub fn port_for(&self, node_id: i32) -> Option<u16> {
+        if let Scheme::Sni { port, .. } = self.scheme {
+            return (node_id >= 0).then_some(port);
+        }
         u16::try_from(self.port_base as i64 + node_id as i64)
             .ok()
             .filter(|_| node_id >= 0)
+    }
+
+    /// The host clients are told for broker `node_id`.
+    fn host_for(&self, node_id: i32) -> StrBytes {
+        match &self.scheme {
+            Scheme::Ports => self.host.clone(),
+            Scheme::Sni { pattern, .. } => StrBytes::from_string(pattern.name(node_id)),
+        }
     }
 
     /// Rewrite one address in place, remembering the real one.
@@ -54,10 +131,37 @@ impl Addresses {
                 },
             ));
         }
-        *host = self.host.clone();
+        *host = self.host_for(node_id.0);
         // A node id that cannot be mapped to a port gets an address no
         // client can reach: never the real one.
         *port = self.port_for(node_id.0).map(i32::from).unwrap_or(-1);
+    }
+}
+
+/// Connections refused for their server name: counted, and logged at most
+/// once per `LOG_EVERY` so that a scan cannot flood the log.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    since_log: AtomicU64,
+    last_log: Mutex<Option<Instant>>,
+}
+
+/// At most one warning about refused server names per this long.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+impl Refusals {
+    /// Count one refusal; how many to report if a warning is due now.
+    pub fn refused(&self, now: Instant) -> Option<u64> {
+        self.since_log.fetch_add(1, Ordering::SeqCst);
+        let mut last = match self.last_log.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if last.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {
+            return None;
+        }
+        *last = Some(now);
+        Some(self.since_log.swap(0, Ordering::SeqCst))
     }
 }
 
@@ -228,5 +332,65 @@ mod tests {
         let mut port = 9092;
         addrs.rewrite(BrokerId(1000), &mut host, &mut port, &mut Seen::default());
         assert_eq!((host.as_str(), port), ("p", -1));
+    }
+
+    fn sni_addresses() -> Addresses {
+        let sni: Sni = serde_yaml::from_str(
+            "{ bootstrap: Bootstrap.kafka.test, broker: \"broker-{node}.kafka.test\" }",
+        )
+        .unwrap();
+        Addresses::sni(&sni, 29092)
+    }
+
+    #[test]
+    fn under_sni_every_broker_is_its_name_on_the_one_port() {
+        let addrs = sni_addresses();
+        for v in [0, 12] {
+            let m =
+                MetadataResponse::default().with_brokers(vec![MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(111))
+                    .with_host(StrBytes::from_static_str("10.1.2.3"))
+                    .with_port(9092)]);
+            let mut seen = Seen::default();
+            let out = rewrite_body(ApiKey::Metadata, v, encode(&m, v), &addrs, &mut seen)
+                .unwrap()
+                .unwrap();
+            let back = MetadataResponse::decode(&mut out.freeze(), v).unwrap();
+            assert_eq!(back.brokers[0].host.as_str(), "broker-111.kafka.test");
+            assert_eq!(back.brokers[0].port, 29092);
+        }
+        // Node ids far beyond a port range still have a name and the port.
+        assert_eq!(addrs.port_for(70_000), Some(29092));
+    }
+
+    #[test]
+    fn server_names_route_to_the_bootstrap_or_a_node_and_nothing_else() {
+        let addrs = sni_addresses();
+        assert_eq!(
+            addrs.route(Some("bootstrap.kafka.test")),
+            Some(Target::Bootstrap)
+        );
+        assert_eq!(
+            addrs.route(Some("BOOTSTRAP.kafka.test")),
+            Some(Target::Bootstrap)
+        );
+        assert_eq!(
+            addrs.route(Some("broker-7.kafka.test")),
+            Some(Target::Broker(7))
+        );
+        assert_eq!(addrs.route(Some("broker-7.other.test")), None);
+        assert_eq!(addrs.route(Some("kafka.test")), None);
+        assert_eq!(addrs.route(None), None);
+        let ports = Addresses::new("127.0.0.1", 100);
+        assert_eq!(ports.route(Some("bootstrap.kafka.test")), None);
+    }
+
+    #[test]
+    fn refused_names_are_logged_at_most_once_per_interval_with_their_count() {
+        let r = Refusals::default();
+        let t0 = Instant::now();
+        assert_eq!(r.refused(t0), Some(1));
+        assert_eq!(r.refused(t0 + Duration::from_secs(1)), None);
+        assert_eq!(r.refused(t0 + LOG_EVERY + Duration::from_secs(1)), Some(2));
     }
 }

@@ -5,8 +5,10 @@
 //! broker, at `broker_port_base + node id`, opened as brokers appear in
 //! metadata (the proxy's own lookups or any Metadata-like response relayed
 //! to a client). The mapping is deterministic, so a restarted proxy hands
-//! out the same ports. Each accepted connection gets its own upstream
-//! connection and a `relay`.
+//! out the same ports. With `listen.sni` there is only the bootstrap
+//! listener: a TLS connection picks its broker by server name, read from
+//! the ClientHello before the handshake completes. Each accepted connection
+//! gets its own upstream connection and a `relay`.
 
 pub mod addresses;
 mod classify;
@@ -27,7 +29,6 @@ use dashmap::DashMap;
 use kafka_protocol::messages::{FetchResponse, MetadataRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
@@ -41,6 +42,7 @@ use crate::filter::{FetchContext, FetchFilter};
 use crate::metrics;
 use crate::policy::PolicySet;
 use crate::transport::{net, tls};
+pub use addresses::Target;
 use addresses::{Addresses, Seen};
 
 /// Why the proxy could not start.
@@ -57,20 +59,14 @@ pub enum StartError {
     Admin(admin::AdminError),
 }
 
-/// Which upstream a listener's connections go to.
-#[derive(Debug, Clone, Copy)]
-pub enum Target {
-    /// Any bootstrap server.
-    Bootstrap,
-    /// The broker with this node id.
-    Broker(i32),
-}
-
 /// State shared by every listener and connection.
 pub struct Shared {
     pub config: Config,
     pub addrs: Addresses,
-    acceptor: Option<TlsAcceptor>,
+    /// TLS towards clients; its certificate is reloaded by `reload`.
+    tls: Option<tls::Server>,
+    /// Connections refused for their server name (`listen.sni`).
+    sni_refusals: addresses::Refusals,
     pub upstream: client::Endpoint,
     /// TLS for relayed client connections (no client certificate unless
     /// `upstream.tls.relay_client_cert`); the proxy's own connections use
@@ -97,11 +93,14 @@ impl Shared {
     /// Build the shared state; starts the dead-letter producer when
     /// policies are loaded (so it needs a tokio runtime).
     pub fn new(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
-        let acceptor = config.listen.tls.as_ref().map(tls::acceptor).transpose()?;
-        let addrs = Addresses::new(
-            config.listen.advertised_host(),
-            config.listen.broker_port_base,
-        );
+        let tls = config.listen.tls.as_ref().map(tls::server).transpose()?;
+        let addrs = match &config.listen.sni {
+            Some(sni) => Addresses::sni(sni, config.listen.bootstrap.port),
+            None => Addresses::new(
+                config.listen.advertised_host(),
+                config.listen.broker_port_base,
+            ),
+        };
         let upstream = client::Endpoint::upstream(&config)?;
         let relay_tls = config
             .upstream
@@ -131,7 +130,8 @@ impl Shared {
         Ok(Arc::new(Shared {
             config,
             addrs,
-            acceptor,
+            tls,
+            sni_refusals: addresses::Refusals::default(),
             upstream,
             relay_tls,
             brokers: DashMap::new(),
@@ -186,7 +186,8 @@ impl Shared {
     /// Open the listener for broker `node` unless it is already open.
     async fn ensure_listener(self: &Arc<Self>, node: i32) {
         let mut open = self.listening.lock().await;
-        if open.contains(&node) || self.shutdown.is_cancelled() {
+        // Under SNI every broker is served on the bootstrap listener.
+        if self.addrs.is_sni() || open.contains(&node) || self.shutdown.is_cancelled() {
             return;
         }
         let Some(port) = self.addrs.port_for(node) else {
@@ -391,7 +392,7 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
                     refuse(&shared, tcp);
                     continue;
                 };
-                let span = tracing::info_span!("conn", %peer, ?target);
+                let span = tracing::info_span!("conn", %peer, listener = ?target);
                 let conn = shared.clone();
                 shared.tasks.spawn(
                     async move {
@@ -426,23 +427,16 @@ fn refuse(shared: &Shared, tcp: TcpStream) {
 }
 
 /// Serve one client connection: TLS, upstream connection, relay.
-async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
-    let listener = match target {
+async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: Target) {
+    let _ = tcp.set_nodelay(true);
+    let Some((client, target)) = accept_client(&shared, tcp, listener).await else {
+        return;
+    };
+    let label = match target {
         Target::Bootstrap => "bootstrap".to_string(),
         Target::Broker(n) => format!("broker-{n}"),
     };
-    let _open = metrics::ConnectionGuard::new(metrics::global().clone(), listener);
-    let _ = tcp.set_nodelay(true);
-    let client: net::BoxIo = match &shared.acceptor {
-        None => Box::new(tcp),
-        Some(acceptor) => {
-            match tokio::time::timeout(shared.upstream.timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => Box::new(s),
-                Ok(Err(e)) => return warn!(error = %e, "TLS handshake with client failed"),
-                Err(_) => return warn!("TLS handshake with client timed out"),
-            }
-        }
-    };
+    let _open = metrics::ConnectionGuard::new(metrics::global().clone(), label);
     let broker = match connect_upstream(&shared, target).await {
         Ok(b) => b,
         Err(e) => {
@@ -450,7 +444,7 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Ta
             return warn!(error = %e, "cannot reach upstream; closing client connection");
         }
     };
-    debug!(%peer, "connected");
+    debug!(%peer, ?target, "connected");
     match relay::relay(shared, client, broker).await {
         Ok(()) => debug!("connection closed"),
         Err(e) => {
@@ -464,6 +458,40 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Ta
                 metrics::global().upstream_error("relay");
             }
             warn!(error = %e, "connection closed")
+        }
+    }
+}
+
+/// The client's stream (TLS when configured) and the target it goes to:
+/// its listener's, or under SNI the one its server name stands for.
+/// `None` (logged) when the handshake fails or the name is not served.
+async fn accept_client(
+    shared: &Shared,
+    tcp: TcpStream,
+    listener: Target,
+) -> Option<(net::BoxIo, Target)> {
+    let Some(server) = &shared.tls else {
+        return Some((Box::new(tcp), listener));
+    };
+    let route = |name: Option<&str>| match shared.addrs.is_sni() {
+        true => shared.addrs.route(name),
+        false => Some(listener),
+    };
+    match tokio::time::timeout(shared.upstream.timeout, tls::accept(server, tcp, route)).await {
+        Ok(Ok((stream, target))) => Some((Box::new(stream), target)),
+        Ok(Err(tls::AcceptError::Refused(name))) => {
+            if let Some(n) = shared.sni_refusals.refused(std::time::Instant::now()) {
+                warn!(server_name = ?name, refused = n, "TLS server name not served; connection closed");
+            }
+            None
+        }
+        Ok(Err(e)) => {
+            warn!(error = %e, "TLS handshake with client failed");
+            None
+        }
+        Err(_) => {
+            warn!("TLS handshake with client timed out");
+            None
         }
     }
 }

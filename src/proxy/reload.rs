@@ -1,10 +1,15 @@
-//! Hot reload of policies: on SIGHUP, and when any file under the configured
-//! policy paths changes (polled: no platform file-watching API to fail).
+//! Hot reload of policies and of the listener's TLS certificate: on
+//! SIGHUP, and when any file under the configured policy paths, or the
+//! certificate or key file, changes (polled: no platform file-watching API
+//! to fail).
 //!
 //! A reload compiles every policy first and swaps the whole set in only if
 //! all of it compiles; otherwise the running policies stay and each error
 //! is logged with its file:line:column. Responses already being rewritten
-//! finish under the policies they started with.
+//! finish under the policies they started with. A certificate is swapped
+//! in only if it loads and matches its key; new handshakes use it, and
+//! established connections keep going (TLS does not re-check a
+//! certificate mid-connection).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -70,6 +75,56 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime
     }
 }
 
+/// The listener's certificate and key files as they are now: path, the
+/// file a symlink resolves to (a Kubernetes Secret swaps `..data`), size
+/// and modification time.
+type FileStamp = (PathBuf, Option<PathBuf>, u64, Option<SystemTime>);
+
+fn cert_files(shared: &Shared) -> Vec<FileStamp> {
+    match &shared.config.listen.tls {
+        Some(tls) => stamps(&[&tls.cert, &tls.key]),
+        None => Vec::new(),
+    }
+}
+
+fn stamps(paths: &[&PathBuf]) -> Vec<FileStamp> {
+    paths
+        .iter()
+        .map(|p| {
+            let meta = std::fs::metadata(p).ok();
+            (
+                p.to_path_buf(),
+                std::fs::canonicalize(p).ok(),
+                meta.as_ref().map_or(0, |m| m.len()),
+                meta.and_then(|m| m.modified().ok()),
+            )
+        })
+        .collect()
+}
+
+/// Load and swap in the listener's certificate; keep the running one on
+/// any error. True when there is no TLS listener.
+pub fn reload_certificate(shared: &Shared, why: &str) -> bool {
+    let (Some(server), Some(cfg)) = (&shared.tls, &shared.config.listen.tls) else {
+        return true;
+    };
+    match server.certificates.reload(cfg) {
+        Ok(sha256) => {
+            info!(why, %sha256, "listener certificate reloaded; new TLS handshakes use it");
+            true
+        }
+        Err(e) => {
+            error!(
+                why,
+                error = %e,
+                running_sha256 = %server.certificates.fingerprint(),
+                "listener certificate reload rejected; the running certificate stays in use"
+            );
+            false
+        }
+    }
+}
+
 /// Load and swap in the policies; keep the running ones on any error.
 pub fn reload(shared: &Shared, why: &str) -> bool {
     match PolicySet::load(&shared.config.policies) {
@@ -104,6 +159,7 @@ pub async fn watch(shared: Arc<Shared>) {
     };
     let paths = shared.config.policies.clone();
     let mut last = fingerprint(&paths);
+    let mut last_certs = cert_files(&shared);
     loop {
         let sighup = async {
             match hup.as_mut() {
@@ -117,13 +173,22 @@ pub async fn watch(shared: Arc<Shared>) {
             _ = shared.shutdown.cancelled() => return,
             _ = sighup => {
                 reload(&shared, "SIGHUP");
+                reload_certificate(&shared, "SIGHUP");
                 last = fingerprint(&paths);
+                last_certs = cert_files(&shared);
             }
             _ = tokio::time::sleep(POLL) => {
                 let now = fingerprint(&paths);
                 if now != last {
                     last = now;
                     reload(&shared, "policy files changed");
+                }
+                // A rejected certificate is not retried until its files
+                // change again (a key written after its certificate does).
+                let now = cert_files(&shared);
+                if now != last_certs {
+                    last_certs = now;
+                    reload_certificate(&shared, "certificate files changed");
                 }
             }
         }
@@ -181,5 +246,36 @@ mod tests {
         std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
         std::fs::remove_dir_all(mount.join("..1")).unwrap();
         assert_ne!(fingerprint(&paths), before, "same content, new data folder");
+    }
+
+    #[test]
+    fn a_secret_swap_to_an_identical_looking_file_counts_as_a_change() {
+        // A Kubernetes Secret: `tls.crt -> ..data/tls.crt`, `..data -> ..<stamp>`.
+        // Same size and modification time in the new folder: only the
+        // resolved path tells the two apart.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount = dir.path();
+        for stamp in ["..1", "..2"] {
+            std::fs::create_dir(mount.join(stamp)).unwrap();
+            std::fs::write(mount.join(stamp).join("tls.crt"), "same size").unwrap();
+        }
+        let when = std::fs::metadata(mount.join("..1/tls.crt"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        let second = std::fs::File::options()
+            .write(true)
+            .open(mount.join("..2/tls.crt"))
+            .unwrap();
+        second.set_modified(when).unwrap();
+        std::os::unix::fs::symlink("..1", mount.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/tls.crt", mount.join("tls.crt")).unwrap();
+        let cert = mount.join("tls.crt");
+        let before = stamps(&[&cert]);
+        std::os::unix::fs::symlink("..2", mount.join("..data_tmp")).unwrap();
+        std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+        let after = stamps(&[&cert]);
+        assert_eq!((before[0].2, before[0].3), (after[0].2, after[0].3));
+        assert_ne!(before, after);
     }
 }

@@ -3,15 +3,24 @@
 //! rustls client config for broker connections (a CA bundle, optionally a
 //! client certificate, which relayed client connections do not present
 //! unless configured). Errors name the file that could not be used.
+//!
+//! The listener's certificate sits behind [`Certificates`], a rustls
+//! `ResolvesServerCert` whose key can be swapped while the proxy runs: each
+//! new handshake reads the current one, established connections keep the
+//! keys they negotiated, and a replacement that does not load (unreadable,
+//! key not matching the certificate) never replaces a working one.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{Acceptor, ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
 use crate::config::{ClientTls, ServerTls};
 
@@ -52,8 +61,86 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
     Ok(store)
 }
 
-/// The acceptor for client connections.
-pub fn acceptor(cfg: &ServerTls) -> Result<TlsAcceptor, TlsError> {
+/// The listener's certificate chain and key, replaceable at run time.
+#[derive(Debug)]
+pub struct Certificates {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl Certificates {
+    fn load(cfg: &ServerTls) -> Result<Arc<CertifiedKey>, TlsError> {
+        let key = CertifiedKey::from_der(certs(&cfg.cert)?, key(&cfg.key)?, &provider()).map_err(
+            |e| {
+                let why = match e {
+                    rustls::Error::InconsistentKeys(_) => {
+                        "the private key does not belong to the certificate".to_string()
+                    }
+                    other => other.to_string(),
+                };
+                TlsError(format!(
+                    "{} with {}: {why}",
+                    cfg.cert.display(),
+                    cfg.key.display()
+                ))
+            },
+        )?;
+        Ok(Arc::new(key))
+    }
+
+    /// Read `cfg`'s files again and use them for new handshakes; on any
+    /// error the current certificate stays. Returns the new certificate's
+    /// SHA-256 fingerprint (hex), for the log.
+    pub fn reload(&self, cfg: &ServerTls) -> Result<String, TlsError> {
+        let key = Self::load(cfg)?;
+        let print = fingerprint(&key);
+        match self.current.write() {
+            Ok(mut c) => *c = key,
+            Err(poisoned) => *poisoned.into_inner() = key,
+        }
+        Ok(print)
+    }
+
+    /// The SHA-256 fingerprint (hex) of the certificate in use.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.current())
+    }
+
+    fn current(&self) -> Arc<CertifiedKey> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// SHA-256 of the end-entity certificate, as operators compare it
+/// (`openssl x509 -fingerprint -sha256`, without colons).
+fn fingerprint(key: &CertifiedKey) -> String {
+    let Some(cert) = key.cert.first() else {
+        return String::new();
+    };
+    ring::digest::digest(&ring::digest::SHA256, cert.as_ref())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// TLS towards clients: the server config and its swappable certificate.
+#[derive(Clone)]
+pub struct Server {
+    config: Arc<ServerConfig>,
+    pub certificates: Arc<Certificates>,
+}
+
+/// The TLS server for client connections.
+pub fn server(cfg: &ServerTls) -> Result<Server, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError(e.to_string()))?;
@@ -67,10 +154,41 @@ pub fn acceptor(cfg: &ServerTls) -> Result<TlsAcceptor, TlsError> {
         }
         None => builder.with_no_client_auth(),
     };
-    let config = builder
-        .with_single_cert(certs(&cfg.cert)?, key(&cfg.key)?)
-        .map_err(|e| TlsError(format!("{}: {e}", cfg.cert.display())))?;
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    let certificates = Arc::new(Certificates {
+        current: RwLock::new(Certificates::load(cfg)?),
+    });
+    let config = builder.with_cert_resolver(certificates.clone());
+    Ok(Server {
+        config: Arc::new(config),
+        certificates,
+    })
+}
+
+/// Why a client's TLS connection was not established.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    #[error("TLS handshake with client failed: {0}")]
+    Handshake(#[from] std::io::Error),
+    /// `route` refused the server name (or its absence).
+    #[error("server name {0:?} is not served")]
+    Refused(Option<String>),
+}
+
+/// Read the client's ClientHello, let `route` pick a target from its
+/// server name (SNI), and only then finish the handshake: a name nobody
+/// serves costs no key exchange.
+pub async fn accept<T>(
+    server: &Server,
+    tcp: TcpStream,
+    route: impl FnOnce(Option<&str>) -> Option<T>,
+) -> Result<(TlsStream<TcpStream>, T), AcceptError> {
+    let start = LazyConfigAcceptor::new(Acceptor::default(), tcp).await?;
+    let name = start.client_hello().server_name().map(str::to_string);
+    let Some(target) = route(name.as_deref()) else {
+        return Err(AcceptError::Refused(name));
+    };
+    let stream = start.into_stream(server.config.clone()).await?;
+    Ok((stream, target))
 }
 
 /// How the proxy connects to brokers over TLS.
@@ -139,7 +257,7 @@ pub fn relay_connector(cfg: &ClientTls) -> Result<Upstream, TlsError> {
 pub fn check(cfg: &crate::config::Config) -> Vec<String> {
     let mut errors = Vec::new();
     if let Some(t) = &cfg.listen.tls {
-        if let Err(e) = acceptor(t) {
+        if let Err(e) = server(t) {
             errors.push(format!("listen.tls: {e}"));
         }
     }
