@@ -1,4 +1,4 @@
-//! `proxy::tls` without a broker: the acceptor and connectors built from
+//! `transport::tls` without a broker: the acceptor and connectors built from
 //! PEM files made with the openssl CLI (as tests/harness.py makes them),
 //! then real handshakes over an in-memory duplex pipe. What is proved:
 //! with `client_ca` a client without a certificate is refused in the
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use antidote::config::{ClientTls, ServerTls};
-use antidote::transport::tls::{acceptor, connector, relay_connector, Upstream};
+use antidote::transport::tls::{self, connector, relay_connector, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 
@@ -104,12 +104,13 @@ fn make_certs(tag: &str) -> PathBuf {
 }
 
 fn server(d: &Path, mtls: bool) -> TlsAcceptor {
-    acceptor(&ServerTls {
+    tls::server(&ServerTls {
         cert: d.join("server.pem"),
         key: d.join("server.key"),
         client_ca: mtls.then(|| d.join("ca.pem")),
     })
     .expect("acceptor")
+    .acceptor()
 }
 
 fn client_cfg(d: &Path, with_cert: bool, relay_client_cert: bool) -> ClientTls {
@@ -209,7 +210,7 @@ async fn relayed_connections_present_the_proxys_certificate_only_when_configured
 fn tls_errors_name_the_file_that_could_not_be_used() {
     let d = make_certs("errors");
     let missing = d.join("missing.key");
-    let err = acceptor(&ServerTls {
+    let err = tls::server(&ServerTls {
         cert: d.join("server.pem"),
         key: missing.clone(),
         client_ca: None,

@@ -139,6 +139,13 @@ pub struct Server {
     pub certificates: Arc<Certificates>,
 }
 
+impl Server {
+    /// A plain acceptor over this server's config (no SNI step).
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.config.clone())
+    }
+}
+
 /// The TLS server for client connections.
 pub fn server(cfg: &ServerTls) -> Result<Server, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
