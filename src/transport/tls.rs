@@ -174,7 +174,8 @@ pub fn server(cfg: &ServerTls) -> Result<Server, TlsError> {
 /// Why a client's TLS connection was not established.
 #[derive(Debug, thiserror::Error)]
 pub enum AcceptError {
-    #[error("TLS handshake with client failed: {0}")]
+    /// Logged as "TLS handshake with client failed error=<this>".
+    #[error("{0}")]
     Handshake(#[from] std::io::Error),
     /// `route` refused the server name (or its absence).
     #[error("server name {0:?} is not served")]
