@@ -94,7 +94,10 @@ async fn a_broker_that_closes_instead_of_answering_gives_a_protocol_error_not_a_
         }
         other => panic!("expected Protocol, got {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(1), "not the timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "not the timeout"
+    );
 }
 
 /// A broker that reads one request, writes `reply` and hangs up.
@@ -154,10 +157,7 @@ async fn a_silent_broker_gives_a_timeout_error() {
         ..endpoint()
     };
     let err = Connection::connect(&addr, &ep).await.err();
-    assert!(
-        matches!(err, Some(ClientError::Timeout { .. })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Some(ClientError::Timeout { .. })), "{err:?}");
     drop(listener);
 }
 
@@ -207,7 +207,10 @@ async fn produce_writes_to_the_partitions_leader_and_returns_its_answer() {
         .await
         .expect("produce");
     assert_eq!((r.index, r.error_code, r.base_offset), (1, 0, 0));
-    let r = cluster.produce("t", 1, batch(&["c"])).await.expect("produce");
+    let r = cluster
+        .produce("t", 1, batch(&["c"]))
+        .await
+        .expect("produce");
     assert_eq!((r.error_code, r.base_offset), (0, 2), "appended after a, b");
     assert!(mock.records("t", 0).is_empty(), "nothing in partition 0");
     let values: Vec<Vec<u8>> = mock
@@ -223,6 +226,9 @@ async fn produce_writes_to_the_partitions_leader_and_returns_its_answer() {
     assert_eq!(values, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
     // A partition-level refusal is the broker's answer, not a client error.
     mock.state().fail.insert(("t".into(), 0), 19);
-    let r = cluster.produce("t", 0, batch(&["d"])).await.expect("answer");
+    let r = cluster
+        .produce("t", 0, batch(&["d"]))
+        .await
+        .expect("answer");
     assert_eq!(r.error_code, 19);
 }

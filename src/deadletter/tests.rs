@@ -379,7 +379,11 @@ async fn concurrent_submits_of_one_record_share_one_write() {
     let second = dl.submit(&d).expect("submit");
     assert!(first.wait().await.is_ok());
     assert!(second.wait().await.is_ok());
-    assert_eq!(stored(&mock, "t.dlt", 0), [(42, Some(Compression::None))], "written once");
+    assert_eq!(
+        stored(&mock, "t.dlt", 0),
+        [(42, Some(Compression::None))],
+        "written once"
+    );
     let records_produced: i32 = mock.state().produced.iter().map(|p| p.2).sum();
     assert_eq!(records_produced, 1, "one record sent to the DLT in all");
     assert!(dl.is_diverted(&super::ledger_key(&d)));
