@@ -17,7 +17,7 @@ use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
 // The mock lives with the dead-letter tests; it is compiled in here by path
 // so that the client layer does not depend on the dead-letter module above it.
-#[allow(dead_code)]
+#[allow(dead_code, clippy::duplicate_mod)]
 #[path = "../deadletter/mock_broker.rs"]
 mod mock_broker;
 use mock_broker::MockBroker;

@@ -54,7 +54,13 @@ async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
         compression: DltCompression::None,
         ..Default::default()
     };
-    let dl = DeadLetter::start(&cfg, &[mock.addr.clone()], ep.clone(), ep, policies.clone());
+    let dl = DeadLetter::start(
+        &cfg,
+        std::slice::from_ref(&mock.addr),
+        ep.clone(),
+        ep,
+        policies.clone(),
+    );
     FetchFilter::new(policies, dl, timeout, 1 << 26)
 }
 
