@@ -8,7 +8,10 @@ Kafka does), and relays authenticated connections to tansu.
 
 Clients authenticate through the proxy (SASL passthrough, their own
 identity at the broker), and the proxy's own connections (metadata, the
-dead-letter producer and ledger) authenticate with `upstream.sasl`."""
+dead-letter producer and ledger) authenticate with `upstream.sasl`. With a
+dead-letter cluster of its own (a second tansu behind a second front with
+other users), the DLT producer and ledger authenticate there with
+`dead_letter.sasl`, and wrong DLT credentials hold rather than lose."""
 
 from __future__ import annotations
 
