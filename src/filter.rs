@@ -633,3 +633,7 @@ mod tests {
         );
     }
 }
+
+// FetchFilter::filter end to end against a dead-letter writer on the mock broker.
+#[cfg(test)]
+mod fetch_tests;

@@ -259,3 +259,103 @@ def test_a_policy_topic_is_withheld_until_its_dlt_is_loaded_other_topics_flow(
         hole.stop()
         if dlt:
             dlt.stop()
+
+
+class _GatedFetchRelay:
+    """127.0.0.1:port -> `target`, relaying every request, but holding each
+    Fetch response until `gate` is set: a DLT cluster that is slow to read.
+    `held` counts Fetch responses waiting at the gate."""
+
+    def __init__(self, port: int, target: int):
+        import socket
+        import threading
+        self.target, self.port = target, port
+        self.gate = threading.Event()
+        self.held = 0
+        self._lock = threading.Lock()
+        self.srv = socket.create_server((h.HOST, port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+        while True:
+            try:
+                cl, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(cl,), daemon=True).start()
+
+    def _frame(self, s):
+        head = h.recv_exact(s, 4)
+        return head + h.recv_exact(s, int.from_bytes(head, "big", signed=True))
+
+    def _serve(self, cl) -> None:
+        import socket
+        up = socket.create_connection((h.HOST, self.target), timeout=30)
+        try:
+            while True:
+                req = self._frame(cl)
+                up.sendall(req)
+                resp = self._frame(up)
+                if int.from_bytes(req[4:6], "big") == 1:        # Fetch
+                    with self._lock:
+                        self.held += 1
+                    self.gate.wait(60)
+                cl.sendall(resp)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            cl.close()
+            up.close()
+
+    def stop(self) -> None:
+        self.gate.set()
+        self.srv.close()
+
+
+def test_readyz_answers_503_while_the_ledger_is_being_read_and_200_once_it_is(
+        workdir, broker, broker_endpoint, tmp_path):
+    """The DLT cluster answers, but reading the DLT back is slow (its Fetch
+    answers wait at a gate): with upstream metadata fetched, /readyz says 503
+    while the ledger's read is under way, and 200 once it completes."""
+    import fault_support as fs
+    policed = f"ready-{uuid.uuid4().hex[:8]}"
+    c.ck_create_topic(broker_endpoint, policed, 1)
+    c.ck_produce(broker_endpoint, policed, [c.Rec(0, 0, b"k", b'{"i": 0}')])
+    relay_port = h.free_port()
+    dlt_broker = h.Tansu(workdir, advertised_port=relay_port).start()
+    relay = _GatedFetchRelay(relay_port, dlt_broker.port)
+    relay.gate.set()                    # setting up: nothing held
+    dlt_ep = c.Endpoint(f"{h.HOST}:{relay_port}")
+    c.ck_create_topic(dlt_ep, f"{policed}.dlt", 1)
+    c.ck_produce(dlt_ep, f"{policed}.dlt", [c.Rec(0, 0, b"k", b"not a diversion")])
+    relay.gate.clear()
+    relay.held = 0
+    policy = fs.write_json_policy(tmp_path / "ready", [policed])
+    import conftest
+    admin = h.free_port()
+    proxy = AdminPolicyProxy(workdir, upstream=[broker.bootstrap], policies=[policy],
+                             dead_letter={"bootstrap_servers": [f"{h.HOST}:{relay_port}"],
+                                          "timeout": "10s"},
+                             name="antidote-ready-slow-ledger", admin_port=admin)
+    conftest._PROXIES.append(proxy)
+    proxy.start()
+    try:
+        wait_for_log(proxy, "upstream metadata fetched; ready")
+        deadline = time.monotonic() + 15
+        while relay.held == 0:
+            assert time.monotonic() < deadline, "the ledger never read the DLT"
+            time.sleep(0.05)
+        # Upstream is ready; only the ledger is not.
+        assert _readyz(admin) == 503
+        relay.gate.set()
+        deadline = time.monotonic() + 15
+        while _readyz(admin) != 200:
+            assert time.monotonic() < deadline, "/readyz never 200 after the ledger loaded"
+            time.sleep(0.1)
+        got = h.decode_uncompressed_batches(ps.fetch_partition(proxy.broker_port(), policed).records)
+        assert [r.offset for r in got] == [0]
+    finally:
+        proxy.stop_and_check()
+        relay.stop()
+        dlt_broker.stop()

@@ -8,7 +8,10 @@ Kafka does), and relays authenticated connections to tansu.
 
 Clients authenticate through the proxy (SASL passthrough, their own
 identity at the broker), and the proxy's own connections (metadata, the
-dead-letter producer and ledger) authenticate with `upstream.sasl`."""
+dead-letter producer and ledger) authenticate with `upstream.sasl`. With a
+dead-letter cluster of its own (a second tansu behind a second front with
+other users), the DLT producer and ledger authenticate there with
+`dead_letter.sasl`, and wrong DLT credentials hold rather than lose."""
 
 from __future__ import annotations
 
@@ -92,8 +95,9 @@ def _kstr(s):
 
 
 class _Scram:
-    def __init__(self, mech: str):
+    def __init__(self, mech: str, users: dict):
         self.hash = HASHES[mech]
+        self.users = users
         self.salt = os.urandom(16)
         self.first_bare = self.server_first = self.user = None
 
@@ -109,9 +113,10 @@ class _Scram:
     def final(self, msg: str):
         """The server-final message, or None if the proof is wrong."""
         without_proof, proof = msg.rsplit(",p=", 1)
-        if self.user not in USERS or f"r={self.nonce}" not in without_proof:
+        password = self.users.get(self.user)
+        if password is None or f"r={self.nonce}" not in without_proof:
             return None
-        salted = hashlib.pbkdf2_hmac(self.hash().name, USERS[self.user].encode(), self.salt,
+        salted = hashlib.pbkdf2_hmac(self.hash().name, password.encode(), self.salt,
                                      ITERATIONS)
         client_key = hmac.new(salted, b"Client Key", self.hash).digest()
         stored = self.hash(client_key).digest()
@@ -125,10 +130,12 @@ class _Scram:
 
 
 class SaslFront:
-    """127.0.0.1:port -> tansu, authenticating each connection first."""
+    """127.0.0.1:port -> tansu, authenticating each connection first against
+    `users` (user -> password; a test may change it while the front runs)."""
 
-    def __init__(self, port: int, target: int):
+    def __init__(self, port: int, target: int, users: dict | None = None):
         self.target = target
+        self.users = dict(USERS if users is None else users)
         self.srv = socket.create_server((h.HOST, port))
         self.port = port
         self.authenticated: list[tuple[str, str]] = []   # (mechanism, user)
@@ -161,7 +168,7 @@ class SaslFront:
                     cl.sendall(_response(corr, struct.pack(">h", 0 if ok else 33)
                                          + struct.pack(">i", len(names))
                                          + b"".join(struct.pack(">h", len(n)) + n for n in names)))
-                    scram = _Scram(mech) if mech in HASHES else None
+                    scram = _Scram(mech, self.users) if mech in HASHES else None
                     continue
                 if key == 36:                                   # SaslAuthenticate v0-1
                     n = struct.unpack_from(">i", body, 0)[0]
@@ -169,7 +176,7 @@ class SaslFront:
                     reply, err = "", 0
                     if mech == "PLAIN":
                         _authz, u, pw = token.split("\x00")
-                        if USERS.get(u) == pw:
+                        if self.users.get(u) == pw:
                             user = u
                         else:
                             err = 58                            # SASL_AUTHENTICATION_FAILED
@@ -221,11 +228,15 @@ class SaslFront:
 @dataclass
 class SaslProxy(ps.PolicyProxy):
     sasl: dict | None = None
+    admin_port: int = 0                                  # 0: no admin listener
 
     def config_yaml(self) -> str:
         text = super().config_yaml()
         lines = "".join(f"    {k}: {v}\n" for k, v in self.sasl.items())
-        return text.replace("\npolicies:", "\n  sasl:\n" + lines + "policies:", 1)
+        text = text.replace("\npolicies:", "\n  sasl:\n" + lines + "policies:", 1)
+        if self.admin_port:
+            text += f"admin:\n  listen: {h.HOST}:{self.admin_port}\n"
+        return text
 
 
 @pytest.fixture
@@ -300,6 +311,191 @@ def test_clients_and_the_proxy_authenticate_through_it_and_poison_is_diverted(
             assert mech in front.refused, (front.refused, str(e.value))
         finally:
             bad.close()
+        proxy.stop_and_check()
+    finally:
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            h.stop_process(proxy.proc)
+
+
+# ---------------------------------------------------------------------------
+# dead_letter.sasl: the DLT cluster (a second tansu behind its own front, with
+# its own users) authenticates the proxy with credentials of its own.
+# ---------------------------------------------------------------------------
+
+DLT_USERS = {"dlt-writer": "dlt-secret"}
+DLT_PASSWORD_ENV = "ANTIDOTE_TEST_DLT_PASSWORD"
+
+
+@pytest.fixture
+def dlt_front(workdir):
+    port = h.free_port()
+    t = h.Tansu(workdir, advertised_port=port).start()
+    f = SaslFront(port, t.port, users=DLT_USERS)
+    f.tansu = t
+    yield f
+    f.stop()
+    t.stop()
+
+
+def _dlt_proxy(workdir, front, dlt_front, pfile, name, dlt_mech, admin_port=0):
+    """A policy proxy: upstream.sasl PLAIN as `antidote` on `front`,
+    dead_letter.sasl `dlt_mech` as `dlt-writer` on `dlt_front`, with the
+    password from the environment."""
+    import conftest
+    dl_sasl = (f"{{ mechanism: {dlt_mech}, username: dlt-writer, "
+               f"password_env: {DLT_PASSWORD_ENV} }}")
+    proxy = SaslProxy(workdir, upstream=[f"{h.HOST}:{front.port}"], policies=[pfile], name=name,
+                      sasl={"mechanism": "PLAIN", "username": "antidote",
+                            "password": USERS["antidote"]},
+                      dead_letter={"bootstrap_servers": [f"{h.HOST}:{dlt_front.port}"],
+                                   "sasl": dl_sasl, "timeout": "2s", "compression": "none"},
+                      admin_port=admin_port)
+    conftest._PROXIES.append(proxy)
+    return proxy.start()
+
+
+def _poison_topic(front) -> tuple[str, list]:
+    """A policy topic on the upstream cluster: valid, poison, valid."""
+    direct = c.Endpoint(f"{h.HOST}:{front.port}")
+    conf = ck_sasl(direct, "PLAIN", "alice", USERS["alice"])
+    topic = ps.unique_topic(ps.JSON_PREFIX, "dlsasl")
+    create_topic(direct, topic, conf)
+    recs = [ps.json_rec(k, i) for i, k in enumerate(["valid", "lat", "valid"])]
+    c.ck_produce(direct, topic, recs, **conf)
+    return topic, recs
+
+
+def _dlt_keys(dlt_front, dlt: str) -> list:
+    """Keys of the records in `dlt`, read from the DLT cluster's tansu itself
+    (no SASL there), every record counted; [] while the DLT does not exist."""
+    try:
+        p = ps.fetch_partition(dlt_front.tansu.port, dlt)
+    except AssertionError:
+        return []
+    return [r.key for r in h.decode_uncompressed_batches(p.records)]
+
+
+def _users(front) -> set:
+    return {u for _, u in front.authenticated}
+
+
+def test_dead_letter_sasl_authenticates_the_dlt_cluster_with_its_own_credentials(
+        front, dlt_front, workdir, tmp_path, monkeypatch):
+    topic, recs = _poison_topic(front)
+    monkeypatch.setenv(DLT_PASSWORD_ENV, DLT_USERS["dlt-writer"])
+    pfile = ps.write_policies(tmp_path / "policies")
+    proxy = _dlt_proxy(workdir, front, dlt_front, pfile, "antidote-dlt-sasl", "SCRAM-SHA-512")
+    try:
+        via = c.Endpoint(proxy.bootstrap, "proxy")
+        got = c.ck_consume_assign(via, topic, [0], 2, timeout=30,
+                                  **ck_sasl(via, "PLAIN", "alice", USERS["alice"]))
+        assert got == [recs[0], recs[2]]
+        # The poison is in the DLT on the other cluster, once; a reader with
+        # the DLT cluster's credentials gets it through its front.
+        assert _dlt_keys(dlt_front, f"{topic}.dlt") == [recs[1].key]
+        dl = c.Endpoint(f"{h.HOST}:{dlt_front.port}")
+        read = c.ck_consume_assign(dl, f"{topic}.dlt", [0], 1, timeout=30,
+                                   **ck_sasl(dl, "PLAIN", "dlt-writer", DLT_USERS["dlt-writer"]))
+        assert [r.key for r in read] == [recs[1].key]
+        # Each cluster saw only its own credentials from the proxy.
+        assert ("SCRAM-SHA-512", "dlt-writer") in dlt_front.authenticated, dlt_front.authenticated
+        assert "antidote" not in _users(dlt_front), dlt_front.authenticated
+        assert ("PLAIN", "antidote") in front.authenticated, front.authenticated
+        assert "dlt-writer" not in _users(front), front.authenticated
+        assert dlt_front.refused == [] and front.refused == []
+        proxy.stop_and_check()
+    finally:
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            h.stop_process(proxy.proc)
+
+
+def _readyz(port: int) -> int:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{h.HOST}:{port}/readyz", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _poll(consumer, seconds: float, until=None) -> list:
+    """Offsets the consumer reads in `seconds` (or until `until(offsets)`)."""
+    import time
+    got, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline and not (until and until(got)):
+        m = consumer.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            if m.error().code() == ck.KafkaError._PARTITION_EOF:
+                continue
+            raise AssertionError(f"consumer error: {m.error()}")
+        got.append(m.offset())
+    return got
+
+
+def _wait(cond, seconds: float, what: str) -> None:
+    import time
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_wrong_dead_letter_credentials_hold_the_partition_and_lose_nothing(
+        front, dlt_front, workdir, tmp_path, monkeypatch):
+    """The DLT cluster refuses the proxy's DLT password. At start the ledger
+    cannot be read: the policy topic is withheld and /readyz answers 503.
+    Once the password is right the ledger loads (200). The DLT cluster then
+    refuses it again before the poison is written: the partition is held at
+    the poison (the record before it delivered, nothing after), the DLT is
+    empty. Fixed again, the poison reaches the DLT once and the consumer goes
+    on past it."""
+    topic, recs = _poison_topic(front)
+    monkeypatch.setenv(DLT_PASSWORD_ENV, DLT_USERS["dlt-writer"])
+    right, wrong = DLT_USERS["dlt-writer"], "rotated-elsewhere"
+    dlt_front.users["dlt-writer"] = wrong
+    pfile = ps.write_policies(tmp_path / "policies")
+    admin = h.free_port()
+    proxy = _dlt_proxy(workdir, front, dlt_front, pfile, "antidote-dlt-sasl-wrong", "PLAIN",
+                       admin_port=admin)
+    dlt = f"{topic}.dlt"
+    via = c.Endpoint(proxy.bootstrap, "proxy")
+    conf = ck_sasl(via, "PLAIN", "alice", USERS["alice"])
+
+    def consumer():
+        cons = ck.Consumer(via.ck(**{"group.id": f"g-{uuid.uuid4().hex[:6]}",
+                                     "enable.auto.commit": False, **conf}))
+        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+        return cons
+
+    try:
+        # 1. The ledger cannot be read: nothing of the topic, not ready.
+        cons = consumer()
+        try:
+            assert _poll(cons, 6) == []
+        finally:
+            cons.close()
+        assert "PLAIN" in dlt_front.refused, dlt_front.refused
+        assert _readyz(admin) == 503
+        # 2. The password is right: the ledger loads.
+        dlt_front.users["dlt-writer"] = right
+        _wait(lambda: _readyz(admin) == 200, 30, "/readyz never 200 after the fix")
+        # 3. Refused again before the write: held at the poison.
+        dlt_front.users["dlt-writer"] = wrong
+        refused_before = len(dlt_front.refused)
+        cons = consumer()
+        try:
+            assert _poll(cons, 8) == [0], "held at offset 1: only offset 0 delivered"
+            assert len(dlt_front.refused) > refused_before, "the DLT write was never tried"
+            assert _dlt_keys(dlt_front, dlt) == []
+            # 4. Fixed: the same consumer goes on past the poison.
+            dlt_front.users["dlt-writer"] = right
+            assert _poll(cons, 30, until=lambda got: 2 in got) == [2]
+        finally:
+            cons.close()
+        assert _dlt_keys(dlt_front, dlt) == [recs[1].key], "the poison, once"
         proxy.stop_and_check()
     finally:
         if proxy.proc is not None and proxy.proc.poll() is None:

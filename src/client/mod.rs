@@ -19,6 +19,8 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use crate::config::HostPort;
 
 mod cluster;
+#[cfg(test)]
+mod tests;
 use crate::transport::frame::{with_length_prefix, FrameReader};
 use crate::transport::net::{self, BoxIo};
 use crate::transport::tls;

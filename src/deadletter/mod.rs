@@ -16,7 +16,7 @@
 
 mod ledger;
 #[cfg(test)]
-mod mock_broker;
+pub(crate) mod mock_broker;
 mod producer;
 mod rebuild;
 #[cfg(test)]

@@ -360,3 +360,31 @@ fn backoff_is_jittered_within_its_bounds() {
     );
     assert!(backoff(30, base, cap) <= cap);
 }
+
+#[tokio::test]
+async fn concurrent_submits_of_one_record_share_one_write() {
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    // Two fetches divert the same record before either write is done. Both
+    // submits happen before the producer task runs, so they would land in
+    // one round, where the producer's own ledger check sees neither done:
+    // only the join keeps this to one write.
+    let d = diversion("t", 0, 42, 50);
+    let first = dl.submit(&d).expect("submit");
+    let second = dl.submit(&d).expect("submit");
+    assert!(first.wait().await.is_ok());
+    assert!(second.wait().await.is_ok());
+    assert_eq!(
+        stored(&mock, "t.dlt", 0),
+        [(42, Some(Compression::None))],
+        "written once"
+    );
+    let records_produced: i32 = mock.state().produced.iter().map(|p| p.2).sum();
+    assert_eq!(records_produced, 1, "one record sent to the DLT in all");
+    assert!(dl.is_diverted(&super::ledger_key(&d)));
+}
