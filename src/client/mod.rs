@@ -20,6 +20,8 @@ use crate::config::HostPort;
 
 mod cluster;
 #[cfg(test)]
+pub(crate) mod mock_broker;
+#[cfg(test)]
 mod tests;
 use crate::transport::frame::{with_length_prefix, FrameReader};
 use crate::transport::net::{self, BoxIo};

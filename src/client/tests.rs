@@ -15,12 +15,7 @@ use super::*;
 use crate::kafka::batch::Batch;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
-// The mock lives with the dead-letter tests; it is compiled in here by path
-// so that the client layer does not depend on the dead-letter module above it.
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "../deadletter/mock_broker.rs"]
-mod mock_broker;
-use mock_broker::MockBroker;
+use super::mock_broker::MockBroker;
 
 fn endpoint() -> Endpoint {
     Endpoint {

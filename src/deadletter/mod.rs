@@ -15,8 +15,6 @@
 //! (header names, bounds) is defined once, in `headers`.
 
 mod ledger;
-#[cfg(test)]
-pub(crate) mod mock_broker;
 mod producer;
 mod rebuild;
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use uuid::Uuid;
 
-use super::mock_broker::MockBroker;
 use super::*;
+use crate::client::mock_broker::MockBroker;
 use crate::config::DltCompression;
 use crate::kafka::batch::Batch;
 use crate::kafka::builder::{build_batch, BuildOptions};

@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use super::*;
 use crate::client;
+use crate::client::mock_broker::MockBroker;
 use crate::config::{DeadLetterConfig, DltCompression};
-use crate::deadletter::mock_broker::MockBroker;
 use crate::deadletter::Origin;
 use crate::kafka::batch::{segments, Batch, Segment};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};

@@ -1,5 +1,6 @@
-//! A small in-process Kafka broker for the dead-letter unit tests: what
-//! tansu cannot be made to do (refuse a batch as too large, fail one
+//! A small in-process Kafka broker for the unit tests of the proxy's own
+//! client, the dead-letter writer and the Fetch filter: what tansu cannot
+//! be made to do (refuse a batch as too large, fail one
 //! partition of a DLT write, start a log after offset 0 as retention does).
 //!
 //! It speaks just enough of the protocol for the proxy's own client:
