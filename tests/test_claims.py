@@ -346,7 +346,7 @@ def _fetch_all_partitions_body(topic: str, partitions: int, max_bytes: int) -> b
 def test_a_response_over_256_kib_with_poison_in_every_partition_is_judged_exactly(
         workdir, broker, broker_endpoint, tmp_path):
     """Four partitions of ~120 KiB each in one Fetch response (over the
-    256 KiB at which src/intercept plans partitions on blocking threads),
+    256 KiB at which src/filter.rs plans partitions on blocking threads),
     poison at different offsets in each: every partition loses exactly its
     poison, and the DLT holds each poison record once."""
     topic = f"claims-par-{uid()}"

@@ -273,7 +273,7 @@ def test_only_batches_with_poison_are_rebuilt_other_batches_keep_their_bytes(
     p = ps.fetch_partition(pproxy.broker_port(), topic)
     db, pb = ps.split_batches(d.records), ps.split_batches(p.records)
     # A batch that lost its last record ends just before it and a commit
-    # marker takes that offset (src/kafka/marker.rs, test_tail_lag.py).
+    # marker takes that offset (crates/core/src/kafka/marker.rs, test_tail_lag.py).
     markers = [(b.base_offset, b.last_offset_delta, b.count) for b in pb if b.attributes & 0x20]
     assert markers == [(db[3].base_offset + db[3].last_offset_delta, 0, 1)], pb
     pb = [b for b in pb if not b.attributes & 0x20]

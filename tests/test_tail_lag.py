@@ -13,7 +13,7 @@ librdkafka does store the offset of a control record it reads
 (rd_kafka_op_handle_std: "we need to store their offsets", librdkafka issue
 2539, fixed in 1.4), and kafkajs resolves one, so the proxy ends a batch that
 lost its tail with a commit marker at the removed tail offset
-(src/kafka/marker.rs).
+(crates/core/src/kafka/marker.rs).
 
 Layout, produced one batch per flush:
   partition 0: [valid, lat] [valid, valid, enum]  -> HW 5, a batch's tail removed
