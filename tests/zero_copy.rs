@@ -14,7 +14,7 @@ use std::sync::Arc;
 use antidote::kafka::batch::{segments, splice, Segment};
 use antidote::kafka::compression::Compression;
 use antidote::plan::verdicts::VerdictCache;
-use antidote::plan::{plan_partition, PartitionInput, Visibility};
+use antidote::plan::{plan_partition, PartitionInput, PartitionPlan, Visibility};
 use bytes::Bytes;
 
 const CODECS: [Compression; 3] = [Compression::None, Compression::Lz4, Compression::Zstd];
@@ -58,25 +58,26 @@ fn a_clean_batch_is_a_slice_of_the_response_and_splices_to_the_same_bytes() {
     }
 }
 
-#[test]
-fn a_clean_partition_is_not_rebuilt() {
+/// Plan `section` as partition 0 of the reference topic, nothing cached.
+fn plan_fresh(section: &Bytes) -> PartitionPlan {
     let policy = common::load_policy("geofence.yaml");
     let topic: Arc<str> = Arc::from("geofence.triggers");
+    let input = PartitionInput {
+        policy: &policy,
+        topic: &topic,
+        partition: 0,
+        records: section,
+        visibility: &Visibility::new(false, None),
+        now_ms: common::NOW_MS,
+    };
+    plan_partition(&input, &VerdictCache::new(64))
+}
+
+#[test]
+fn a_clean_partition_is_not_rebuilt() {
     for codec in CODECS {
         let section = common::json_section(3, 50, 0, codec);
-        let cache = VerdictCache::new(64);
-        let vis = Visibility::new(false, None);
-        let plan = plan_partition(
-            &PartitionInput {
-                policy: &policy,
-                topic: &topic,
-                partition: 0,
-                records: &section,
-                visibility: &vis,
-                now_ms: common::NOW_MS,
-            },
-            &cache,
-        );
+        let plan = plan_fresh(&section);
         assert_eq!(
             plan.stats.validated as usize, 150,
             "{codec:?}: every record judged"
@@ -91,27 +92,13 @@ fn a_clean_partition_is_not_rebuilt() {
 
 #[test]
 fn in_a_rebuilt_partition_the_clean_batches_keep_their_bytes() {
-    let policy = common::load_policy("geofence.yaml");
-    let topic: Arc<str> = Arc::from("geofence.triggers");
     // Poison one in 50: record 25 of each 50-record batch; batch 1 is built
     // clean by hand in the middle, so batches 0 and 2 change and 1 must not.
     let poisoned = common::json_section(3, 50, 50, Compression::None);
     let clean = common::json_section(3, 50, 0, Compression::None);
     let (p, c) = (batches(&poisoned), batches(&clean));
     let section = Bytes::from([&p[0][..], &c[1][..], &p[2][..]].concat());
-    let cache = VerdictCache::new(64);
-    let vis = Visibility::new(false, None);
-    let plan = plan_partition(
-        &PartitionInput {
-            policy: &policy,
-            topic: &topic,
-            partition: 0,
-            records: &section,
-            visibility: &vis,
-            now_ms: common::NOW_MS,
-        },
-        &cache,
-    );
+    let plan = plan_fresh(&section);
     assert_eq!(plan.diversions.len(), 2);
     assert!(plan.changes_anything());
     let out = plan.apply(None).expect("apply");
