@@ -73,7 +73,11 @@ def cmd_produce(bootstrap, topic, n, poison_every):
 def consumer(bootstrap, group, **extra):
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "fetch.wait.max.ms": int(os.environ.get("BENCH_FETCH_WAIT_MS", "10")),
-            "enable.partition.eof": False}
+            "enable.partition.eof": False,
+            # librdkafka pauses fetching this long once 100,000 records are
+            # queued (default 1 s): against a broker that serves faster than
+            # Python drains, the read is then mostly that pause.
+            "fetch.queue.backoff.ms": int(os.environ.get("BENCH_QUEUE_BACKOFF_MS", "1000"))}
     conf.update(extra)
     return Consumer(conf)
 

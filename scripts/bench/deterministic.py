@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""The deterministic end-to-end benchmark (issue 15): the proxy in front of
+`examples/bench_broker.rs`, a broker that serves generated record batches
+from memory, so that the figures are the proxy's and not tansu's (whose own
+read rate swings 0.17-1.18 M records/s between runs on these machines).
+
+Paths, read in rounds (a b0 c d, a b0 c d, ...), each read of a fresh topic
+(`bench-N`, the same bytes), so the proxy's verdict cache is always cold:
+  a   the bench broker directly
+  b0  antidote, no policies (pass-through)
+  c   antidote, the reference JSON policy (policies/geofence.yaml) on
+      `bench-*`; diversions go to a tansu broker (dead_letter.bootstrap_servers)
+  d   `tansu proxy` in front of the bench broker (skipped when it fails)
+
+For each read: records/s (librdkafka consumer of scripts/bench/e2e.py,
+assign() on 3 partitions), the proxy's whole-process CPU per record read
+(/proc utime+stime), and for c the Fetch-rewrite CPU per judged record
+(`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`);
+the proxies' peak RSS at the end. Raw lines go to BENCH_OUT (JSON lines),
+the summary to stdout.
+
+  .venv/bin/python scripts/bench/deterministic.py
+Env: BENCH_RECORDS (1000000), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 c d"),
+BENCH_BIN (target/release/antidote), BENCH_BROKER_BIN
+(target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port).
+Build first: cargo build --release --bin antidote --example bench_broker
+"""
+import json, os, random, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY = os.path.join(ROOT, ".venv/bin/python")
+E2E = os.path.join(ROOT, "scripts/bench/e2e.py")
+TANSU = os.path.join(ROOT, ".tools/bin/tansu")
+N = int(os.environ.get("BENCH_RECORDS", "1000000"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+PATHS = os.environ.get("BENCH_PATHS", "a b0 c d").split()
+BIN = os.environ.get("BENCH_BIN", os.path.join(ROOT, "target/release/antidote"))
+BROKER_BIN = os.environ.get("BENCH_BROKER_BIN",
+                            os.path.join(ROOT, "target/release/examples/bench_broker"))
+BASE = int(os.environ.get("BENCH_PORT", str(random.randint(20000, 40000))))
+CLK = os.sysconf("SC_CLK_TCK")
+PROCS = []
+
+
+def log(msg):
+    print(f"[bench-det {time.strftime('%T')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start(args, logfile, port=None):
+    p = subprocess.Popen(args, stdout=open(logfile, "w"), stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    if port is not None:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if p.poll() is not None:
+                raise SystemExit(f"{args[0]} exited (see {logfile})")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return p
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit(f"port {port} not open after 60 s (see {logfile})")
+    return p
+
+
+def cpu_s(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def minflt(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def hwm_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def metric(admin, name):
+    text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=5).read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith(name) and l[len(name):len(name) + 1] in ("{", " "))
+
+
+def antidote(work, name, idx, broker_port, dlt_port, policy):
+    boot, admin = BASE + 10 + idx, f"127.0.0.1:{BASE + 20 + idx}"
+    cfg = os.path.join(work, f"antidote-{name}.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"admin:\n  listen: {admin}\nlisten:\n  bootstrap: 127.0.0.1:{boot}\n"
+                f"  advertised_host: 127.0.0.1\n  broker_port_base: {BASE + 200 + idx * 200}\n"
+                f"upstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n"
+                f"dead_letter:\n  bootstrap_servers: [127.0.0.1:{dlt_port}]\n"
+                + (f"policies: [{policy}]\n" if policy else "policies: []\n"))
+    env = dict(os.environ, RUST_LOG=os.environ.get("BENCH_RUST_LOG", "warn"))
+    p = subprocess.Popen([BIN, "run", "--config", cfg], env=env,
+                         stdout=open(os.path.join(work, f"antidote-{name}.log"), "w"),
+                         stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", boot), timeout=0.5).close()
+            return p, f"127.0.0.1:{boot}", admin
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"antidote {name} did not listen")
+
+
+def reference_policy(work):
+    src = open(os.path.join(ROOT, "policies/geofence.yaml")).read()
+    out = src.replace('topics: ["geofence.triggers"]', 'topics: ["bench-*"]') \
+             .replace("schema: schemas/", f"schema: {ROOT}/policies/schemas/")
+    if 'topics: ["bench-*"]' not in out:
+        raise SystemExit("could not adapt policies/geofence.yaml")
+    path = os.path.join(work, "policy-c.yaml")
+    open(path, "w").write(out)
+    return path
+
+
+def consume(boot, topic, expected):
+    env = dict(os.environ, BENCH_QUEUE_BACKOFF_MS="5")
+    r = subprocess.run([PY, E2E, "consume", boot, topic, "3", str(expected), f"det-{topic}", "15", "300"],
+                       env=env, capture_output=True, text=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="antidote-bench-det.")
+    out_path = os.environ.get("BENCH_OUT", os.path.join(ROOT, "target/bench-det",
+                                                         f"det-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    out = open(out_path, "w")
+    bport, tport = BASE, BASE + 1
+    topics = ROUNDS * len(PATHS) + 1
+    start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N)],
+          os.path.join(work, "bench-broker.log"), bport)
+    start([TANSU, "broker", "--listener-url", f"tcp://127.0.0.1:{tport}",
+           "--advertised-listener-url", f"tcp://127.0.0.1:{tport}", "--storage-engine", "memory://tansu/"],
+          os.path.join(work, "tansu.log"), tport)
+    proxies = {"a": (None, f"127.0.0.1:{bport}", None)}
+    if "b0" in PATHS:
+        proxies["b0"] = antidote(work, "b0", 0, bport, tport, None)
+    if "c" in PATHS:
+        proxies["c"] = antidote(work, "c", 1, bport, tport, reference_policy(work))
+    if "d" in PATHS:
+        dport = BASE + 5
+        try:
+            p = start([TANSU, "proxy", "--listener-url", f"tcp://127.0.0.1:{dport}",
+                       "--advertised-listener-url", f"tcp://127.0.0.1:{dport}",
+                       "--origin-url", f"tcp://127.0.0.1:{bport}"], os.path.join(work, "tansu-proxy.log"), dport)
+            proxies["d"] = (p, f"127.0.0.1:{dport}", None)
+        except SystemExit as e:
+            log(f"tansu proxy: {e}; path d skipped")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    rows, t = [], 0
+    for rnd in range(1, ROUNDS + 1):
+        for path in PATHS:
+            if path not in proxies:
+                continue
+            proc, boot, admin = proxies[path]
+            topic = f"bench-{t}"
+            t += 1
+            c0 = cpu_s(proc.pid) if proc else 0.0
+            f0 = minflt(proc.pid) if proc else 0
+            m0 = (metric(admin, "antidote_fetch_rewrite_cpu_seconds_total"),
+                  metric(admin, "antidote_records_validated_total")) if admin else (0, 0)
+            # The bench broker writes one poison record in 1,000 (e2e.py's rule).
+            expected = N - N // 1000 if path == "c" else N
+            res = consume(boot, topic, expected)
+            row = {"commit": commit, "round": rnd, "path": path, "topic": topic, **res}
+            if proc:
+                row["proxy_cpu_s"] = round(cpu_s(proc.pid) - c0, 3)
+                row["proxy_ns_per_record"] = round(row["proxy_cpu_s"] * 1e9 / max(res["records"], 1))
+                # Page faults: freed buffers given back to the kernel and faulted in again.
+                row["proxy_page_faults"] = minflt(proc.pid) - f0
+            if admin:
+                rw = metric(admin, "antidote_fetch_rewrite_cpu_seconds_total") - m0[0]
+                judged = metric(admin, "antidote_records_validated_total") - m0[1]
+                row["judged"] = int(judged)
+                if judged:
+                    row["rewrite_ns_per_judged"] = round(rw * 1e9 / judged)
+            row["ok"] = res["records"] == expected and (path != "c" or res["poison_seen"] == 0)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            rows.append(row)
+            log(f"round {rnd} {path}: {res['records']} records, {res['steady_records_per_s']} rec/s steady, "
+                f"proxy {row.get('proxy_ns_per_record', '-')} ns/record, "
+                f"rewrite {row.get('rewrite_ns_per_judged', '-')} ns/judged, "
+                f"{row.get('proxy_page_faults', '-')} page faults")
+    for path, (proc, _, _) in proxies.items():
+        if proc:
+            out.write(json.dumps({"commit": commit, "path": path, "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")
+    summary(rows, proxies)
+    log(f"raw results: {out_path}")
+
+
+def summary(rows, proxies):
+    med = lambda xs: statistics.median(xs) if xs else 0
+    a = med([r["steady_records_per_s"] for r in rows if r["path"] == "a"])
+    print(f"{'path':5} {'rec/s (median steady)':>22} {'x a':>6} {'proxy ns/rec':>13} "
+          f"{'rewrite ns/judged':>18} {'peak RSS MB':>12} reads ok")
+    for path, (proc, _, _) in proxies.items():
+        rs = [r for r in rows if r["path"] == path]
+        rate = med([r["steady_records_per_s"] for r in rs])
+        ns = med([r["proxy_ns_per_record"] for r in rs if "proxy_ns_per_record" in r])
+        rw = med([r["rewrite_ns_per_judged"] for r in rs if "rewrite_ns_per_judged" in r])
+        rss = hwm_mb(proc.pid) if proc else 0
+        print(f"{path:5} {rate:>22,.0f} {rate / a if a else 0:>6.2f} {ns or '-':>13} {rw or '-':>18} "
+              f"{rss or '-':>12} {sum(r['ok'] for r in rs)}/{len(rs)}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        for p in PROCS:
+            p.terminate()
+        for p in PROCS:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
