@@ -168,7 +168,17 @@ impl PartitionPlan {
     /// containing it ends just before it so the client fetches it again.
     pub fn apply(&self, held_from: Option<i64>) -> Result<Bytes, BatchError> {
         let cut = held_from.unwrap_or(i64::MAX);
-        let mut out = BytesMut::new();
+        // Sized once: growing it copied the response again (2 % of a judged
+        // record's CPU). A spliced batch is about its original's size.
+        let size = self
+            .segments
+            .iter()
+            .map(|s| match s {
+                SegmentPlan::Keep { bytes, .. } | SegmentPlan::Spliced { bytes, .. } => bytes.len(),
+                SegmentPlan::Splice { batch, .. } => batch.bytes().len(),
+            })
+            .sum();
+        let mut out = BytesMut::with_capacity(size);
         for seg in &self.segments {
             match seg {
                 SegmentPlan::Keep { bytes, base } => {

@@ -12,7 +12,7 @@ use serde_json::{Number, Value};
 
 use super::{too_deep, BuildValue};
 use crate::policy::rules::{Doc, Field, Pointer};
-use crate::policy::shape::{Member, Seen, Shape, ShapeNode};
+use crate::policy::shape::{same_key, Member, Seen, Shape, ShapeNode};
 
 /// [`capture`] for a policy with a JSON Schema compiled to a shape: the
 /// captures if the document is valid JSON and surely meets the schema;
@@ -450,7 +450,7 @@ impl<'de> Visitor<'de> for Key<'_> {
     }
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
         Ok((
-            self.children.iter().find(|c| c.0 == v).map(|c| c.2),
+            self.children.iter().find(|c| same_key(&c.0, v)).map(|c| c.2),
             self.shape.map(|s| s.key(v)),
         ))
     }
