@@ -105,14 +105,24 @@ fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
 /// given back to the kernel and faulted in again by the next one (115,000-
 /// 158,000 page faults and ~250 ns of CPU per judged record, 1 M records,
 /// `scripts/bench/deterministic.py`). Keeping up to 16 MiB free per arena
-/// top brings that to 2,500-19,000 faults for ~7 MB more RSS.
+/// top brings that to 1,400-19,000 faults (−10 % CPU per judged record)
+/// for ~8 MB more RSS in that bench. What an arena keeps is multiplied by
+/// the arenas, so they are capped at one per core: under the decompression
+/// bombs of `tests/test_lying_broker.py` (64 MiB budget) peak growth was
+/// 99 MB without the trim setting, 151-157 MB with it and glibc's default
+/// 8 arenas per core, 113 MB with one per core.
 fn return_large_blocks_to_the_os() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; called before any
-    // other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 16 << 20);
+    {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let arenas = libc::c_int::try_from(cores.max(2)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets allocator parameters; called before any
+        // other thread exists.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 16 << 20);
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
     }
 }
 
