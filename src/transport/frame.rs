@@ -23,9 +23,14 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
-/// Largest chunk reserved at once while a big frame arrives: memory grows
-/// with the bytes a peer actually sends, not with the length it claims.
-const READ_CHUNK: usize = 256 * 1024;
+/// Largest chunk reserved at once while a big frame arrives: resident
+/// memory grows with the bytes a peer actually sends, not with the length
+/// it claims (a reservation is address space until written; blocks of
+/// 4 MiB and more are mappings of their own, see `src/main.rs`). A typical
+/// Fetch response (1-3 MB) is reserved once: growing it in 256 KiB steps
+/// copied it again on each doubling (12 % of the pass-through CPU,
+/// `scripts/bench/deterministic.py`).
+const READ_CHUNK: usize = 4 << 20;
 
 /// Reads whole frames (length prefix included) from one side of a connection.
 pub struct FrameReader<R> {
