@@ -81,7 +81,11 @@ const TRANSITIONS: [&str; 3] = ["ENTER", "EXIT", "DWELL"];
 
 /// Record `i` exactly as `scripts/bench/e2e.py` writes it.
 fn record(i: usize, poison: bool, now_ms: i64) -> NewRecord {
-    let lat = if poison { 91.5 } else { 48.0 + (i % 1000) as f64 * 0.001234 };
+    let lat = if poison {
+        91.5
+    } else {
+        48.0 + (i % 1000) as f64 * 0.001234
+    };
     let value = format!(
         "{{\"device_id\":\"device-{:08}-a1b2c3d4e5f6\",\"geofence_id\":\"fence-{:05}-warehouse-north\",\
          \"lat\":{:.6},\"lon\":{:.6},\"transition\":\"{}\",\"speed_mps\":{:.2},\"event_time_ms\":{},\
@@ -190,7 +194,10 @@ async fn serve(sock: TcpStream, broker: Arc<Broker>) {
         if let Some(wait) = wait {
             tokio::time::sleep(wait).await;
         }
-        let ok = wr.write_all(&(out.len() as u32).to_be_bytes()).await.is_ok()
+        let ok = wr
+            .write_all(&(out.len() as u32).to_be_bytes())
+            .await
+            .is_ok()
             && wr.write_all(&out).await.is_ok()
             && wr.flush().await.is_ok();
         if !ok {
@@ -214,7 +221,10 @@ fn answer(mut body: Bytes, b: &Broker) -> Option<(BytesMut, Option<Duration>)> {
     if key == ApiKey::ApiVersions && v > 3 {
         // Kafka's answer to a too-new ApiVersions: v0, UNSUPPORTED_VERSION.
         rh.encode(&mut out, 0).ok()?;
-        api_versions().with_error_code(35).encode(&mut out, 0).ok()?;
+        api_versions()
+            .with_error_code(35)
+            .encode(&mut out, 0)
+            .ok()?;
         return Some((out, None));
     }
     rh.encode(&mut out, key.response_header_version(v)).ok()?;

@@ -28,7 +28,7 @@ use crate::proxy::classify::{
 };
 use crate::proxy::{produce, versions, Shared};
 use crate::transport::frame::{
-    self, response_frame_raw, Cursor, FrameError, FrameReader, LENGTH_PREFIX, RESPONSE_ID_END,
+    self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
 };
 use crate::transport::net::BoxIo;
 
@@ -255,7 +255,7 @@ where
             },
         };
         let out = match p.handling {
-            Handling::Local(frame) => frame,
+            Handling::Local(frame) => ResponseFrame::whole(frame),
             handling => {
                 let frame = match broker.next().await.map_err(RelayError::BrokerFrame)? {
                     Some(f) => f,
@@ -279,9 +279,15 @@ where
             }
         };
         client
-            .write_all(&out)
+            .write_all(&out.head)
             .await
             .map_err(RelayError::ClientWrite)?;
+        if !out.body.is_empty() {
+            client
+                .write_all(&out.body)
+                .await
+                .map_err(RelayError::ClientWrite)?;
+        }
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
@@ -296,10 +302,12 @@ async fn respond(
     handling: Handling,
     version: i16,
     frame: Bytes,
-) -> Result<Bytes, RelayError> {
+) -> Result<ResponseFrame, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
-        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake => Ok(frame),
+        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake => {
+            Ok(ResponseFrame::whole(frame))
+        }
         Handling::Produce(refused) => {
             let key = ApiKey::Produce;
             let header_end = response_header_end(&frame, key, version)
@@ -319,14 +327,14 @@ async fn respond(
                 None
             };
             let body = rewritten.map_or(body, BytesMut::freeze);
-            Ok(response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body))
+            Ok(ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body))
         }
         Handling::ApiVersions => {
             // The ApiVersions response header is always v0: the correlation id alone.
             let body = versions::rewrite(frame.slice(8..), version).map_err(bad)?;
-            Ok(response_frame_raw(
+            Ok(ResponseFrame::new(
                 &frame[LENGTH_PREFIX..RESPONSE_ID_END],
-                &body,
+                Bytes::from(body),
             ))
         }
         Handling::Fetch { isolation } => {
@@ -340,8 +348,8 @@ async fn respond(
                 .await?;
             crate::metrics::global().fetch_rewrite_latency(started.elapsed());
             Ok(match body {
-                Some(body) => response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body),
-                None => frame,
+                Some(body) => ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body.freeze()),
+                None => ResponseFrame::whole(frame),
             })
         }
         Handling::Addresses(key) => {
@@ -360,8 +368,8 @@ async fn respond(
             // learn their ports.
             shared.learn(seen).await;
             Ok(match body {
-                Some(body) => response_frame_raw(&frame[LENGTH_PREFIX..header_end], &body),
-                None => frame,
+                Some(body) => ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body.freeze()),
+                None => ResponseFrame::whole(frame),
             })
         }
     }

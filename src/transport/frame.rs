@@ -168,6 +168,36 @@ pub fn response_frame(correlation_id: i32, tags: &[u8], body: &[u8]) -> Bytes {
     response_frame_raw(&header, body)
 }
 
+/// A response frame in two parts written one after the other: the length
+/// prefix with the header bytes (`head`), then the `body`. A rewritten body
+/// (a filtered Fetch response is megabytes) goes out without being copied
+/// into a new frame; that copy was 2.8 % of a judged record's CPU.
+pub struct ResponseFrame {
+    pub head: Bytes,
+    pub body: Bytes,
+}
+
+impl ResponseFrame {
+    /// A frame forwarded as it arrived.
+    pub fn whole(frame: Bytes) -> Self {
+        ResponseFrame {
+            head: frame,
+            body: Bytes::new(),
+        }
+    }
+
+    /// The original header bytes (prefix excluded) and a new body.
+    pub fn new(header: &[u8], body: Bytes) -> Self {
+        let mut head = BytesMut::with_capacity(4 + header.len());
+        head.extend_from_slice(&((header.len() + body.len()) as u32).to_be_bytes());
+        head.extend_from_slice(header);
+        ResponseFrame {
+            head: head.freeze(),
+            body,
+        }
+    }
+}
+
 /// Length prefix + the original header bytes + a new body.
 pub fn response_frame_raw(header: &[u8], body: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(4 + header.len() + body.len());

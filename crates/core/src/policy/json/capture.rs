@@ -450,7 +450,10 @@ impl<'de> Visitor<'de> for Key<'_> {
     }
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
         Ok((
-            self.children.iter().find(|c| same_key(&c.0, v)).map(|c| c.2),
+            self.children
+                .iter()
+                .find(|c| same_key(&c.0, v))
+                .map(|c| c.2),
             self.shape.map(|s| s.key(v)),
         ))
     }
