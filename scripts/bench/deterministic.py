@@ -21,11 +21,12 @@ the summary to stdout.
 
   .venv/bin/python scripts/bench/deterministic.py
 Env: BENCH_RECORDS (1000000), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 c d"),
-BENCH_BIN (target/release/antidote), BENCH_BROKER_BIN
+BENCH_FORMAT (json | avro | protobuf: record encoding and c's policy,
+policies/geofence{,-avro,-protobuf}.yaml), BENCH_BIN (target/release/antidote), BENCH_BROKER_BIN
 (target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port).
 Build first: cargo build --release --bin antidote --example bench_broker
 """
-import json, os, random, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import json, os, random, re, socket, statistics, struct, subprocess, sys, tempfile, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = os.path.join(ROOT, ".venv/bin/python")
@@ -34,6 +35,10 @@ TANSU = os.path.join(ROOT, ".tools/bin/tansu")
 N = int(os.environ.get("BENCH_RECORDS", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 PATHS = os.environ.get("BENCH_PATHS", "a b0 c d").split()
+# json | avro | protobuf: the record encoding and the reference policy of c.
+FORMAT = os.environ.get("BENCH_FORMAT", "json")
+POLICY_FILE = {"json": "geofence.yaml", "avro": "geofence-avro.yaml",
+               "protobuf": "geofence-protobuf.yaml"}[FORMAT]
 BIN = os.environ.get("BENCH_BIN", os.path.join(ROOT, "target/release/antidote"))
 BROKER_BIN = os.environ.get("BENCH_BROKER_BIN",
                             os.path.join(ROOT, "target/release/examples/bench_broker"))
@@ -113,11 +118,11 @@ def antidote(work, name, idx, broker_port, dlt_port, policy):
 
 
 def reference_policy(work):
-    src = open(os.path.join(ROOT, "policies/geofence.yaml")).read()
-    out = src.replace('topics: ["geofence.triggers"]', 'topics: ["bench-*"]') \
-             .replace("schema: schemas/", f"schema: {ROOT}/policies/schemas/")
+    src = open(os.path.join(ROOT, "policies", POLICY_FILE)).read()
+    out = re.sub(r'topics: \[[^\]]*\]', 'topics: ["bench-*"]', src, count=1)
+    out = out.replace(": schemas/", f": {ROOT}/policies/schemas/")
     if 'topics: ["bench-*"]' not in out:
-        raise SystemExit("could not adapt policies/geofence.yaml")
+        raise SystemExit(f"could not adapt policies/{POLICY_FILE}")
     path = os.path.join(work, "policy-c.yaml")
     open(path, "w").write(out)
     return path
@@ -125,6 +130,8 @@ def reference_policy(work):
 
 def consume(boot, topic, expected):
     env = dict(os.environ, BENCH_QUEUE_BACKOFF_MS="5")
+    if FORMAT != "json":
+        env["BENCH_POISON_MARK_HEX"] = struct.pack("<d", 91.5).hex()
     r = subprocess.run([PY, E2E, "consume", boot, topic, "3", str(expected), f"det-{topic}", "15", "300"],
                        env=env, capture_output=True, text=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -138,7 +145,8 @@ def main():
     out = open(out_path, "w")
     bport, tport = BASE, BASE + 1
     topics = ROUNDS * len(PATHS) + 1
-    start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N)],
+    start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N),
+           "--format", FORMAT],
           os.path.join(work, "bench-broker.log"), bport)
     start([TANSU, "broker", "--listener-url", f"tcp://127.0.0.1:{tport}",
            "--advertised-listener-url", f"tcp://127.0.0.1:{tport}", "--storage-engine", "memory://tansu/"],
