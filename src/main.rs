@@ -85,6 +85,14 @@ fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
     let mut errors = antidote::transport::tls::check(&config);
     let policies = PolicySet::load(&config.policies)
         .map_err(|errs| errors.extend(errs.into_iter().map(|e| e.to_string())));
+    if let Ok(p) = &policies {
+        if p.uses_registry() && config.schema_registry.is_none() {
+            errors.push(format!(
+                "{}: a policy sets `registry: true`, so `schema_registry` is required",
+                path.display()
+            ));
+        }
+    }
     match policies {
         Ok(p) if errors.is_empty() => Ok((config, p)),
         _ => Err(errors),
