@@ -260,14 +260,9 @@ const MAIN_PROTO: &str = "antidote-registered.proto";
 fn compile_protobuf(text: &str, refs: &[Reference]) -> Result<FileDescriptor, String> {
     let mut files = Vec::with_capacity(refs.len() + 1);
     for r in refs {
-        files.push(protox::file::File::from_source(&r.name, &r.schema).map_err(|e| {
-            format!("reference {}: does not compile: {e}", r.name)
-        })?);
+        files.push(proto_file(&r.name, &r.schema).map_err(|e| format!("reference {}: {e}", r.name))?);
     }
-    files.push(
-        protox::file::File::from_source(MAIN_PROTO, text)
-            .map_err(|e| format!("does not compile: {e}"))?,
-    );
+    files.push(proto_file(MAIN_PROTO, text)?);
     let mut chain = protox::file::ChainFileResolver::new();
     chain.add(MemoryFiles(files));
     chain.add(protox::file::GoogleFileResolver::new());
@@ -280,6 +275,25 @@ fn compile_protobuf(text: &str, refs: &[Reference]) -> Result<FileDescriptor, St
         .descriptor_pool()
         .get_file_by_name(MAIN_PROTO)
         .ok_or_else(|| "compiled, but the file is missing".to_string())
+}
+
+/// A registered Protobuf schema as a file named `name`: `.proto` text, or
+/// (as some registries store what serializers send) a base64
+/// `FileDescriptorProto`.
+fn proto_file(name: &str, text: &str) -> Result<protox::file::File, String> {
+    use base64::Engine;
+    use prost::Message;
+    let source_err = match protox::file::File::from_source(name, text) {
+        Ok(f) => return Ok(f),
+        Err(e) => e,
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|_| format!("does not compile: {source_err}"))?;
+    let mut proto = prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice())
+        .map_err(|_| format!("does not compile: {source_err}"))?;
+    proto.name = Some(name.to_string());
+    Ok(protox::file::File::from_file_descriptor_proto(proto))
 }
 
 /// Protobuf sources held in memory, by import name.
