@@ -80,10 +80,28 @@ fn recursive(schema: &Schema, path: &mut Vec<String>) -> Option<String> {
 pub(crate) fn decode_datum(
     writer: &Schema,
     reader: Option<&Schema>,
+    datum: &[u8],
+) -> Result<Value, Invalid> {
+    decode_datum_with(writer, &[], reader, datum)
+}
+
+/// [`decode_datum`], with `named`: schemas defining the named types
+/// `writer` refers to (registry references).
+pub(crate) fn decode_datum_with(
+    writer: &Schema,
+    named: &[Schema],
+    reader: Option<&Schema>,
     mut datum: &[u8],
 ) -> Result<Value, Invalid> {
-    let value = apache_avro::from_avro_datum(writer, &mut datum, reader)
-        .map_err(|e| Invalid::poison("decode", format!("value is not valid Avro: {e}")))?;
+    let value = if named.is_empty() {
+        apache_avro::from_avro_datum(writer, &mut datum, reader)
+    } else {
+        // Dependencies first: names resolve in list order.
+        let mut schemata: Vec<&Schema> = named.iter().collect();
+        schemata.push(writer);
+        apache_avro::from_avro_datum_schemata(writer, schemata, &mut datum, reader)
+    }
+    .map_err(|e| Invalid::poison("decode", format!("value is not valid Avro: {e}")))?;
     if !datum.is_empty() {
         return Err(Invalid::poison(
             "decode",

@@ -160,7 +160,9 @@ impl RegistryDecoder {
 
     fn decode_with(&self, id: u32, schema: &Registered, rest: &[u8]) -> Result<Value, Invalid> {
         match (schema, self.format) {
-            (Registered::Avro(w), RegFormat::Avro) => avro::decode_datum(w, self.reader.as_ref(), rest),
+            (Registered::Avro(w, named), RegFormat::Avro) => {
+                avro::decode_datum_with(w, named, self.reader.as_ref(), rest)
+            }
             (Registered::Protobuf(f), RegFormat::Protobuf) => {
                 let mut payload = rest;
                 let desc = protobuf::message_by_indexes(f, &mut payload)?;

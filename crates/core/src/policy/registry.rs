@@ -36,7 +36,8 @@ pub const DEFAULT_TTL_MS: i64 = 60_000;
 /// A schema as registered, compiled.
 #[derive(Debug)]
 pub enum Registered {
-    Avro(apache_avro::Schema),
+    /// The writer schema and the named types its references define.
+    Avro(apache_avro::Schema, Vec<apache_avro::Schema>),
     Protobuf(FileDescriptor),
     Json(jsonschema::Validator),
     /// Registered, but it does not compile here (a JSON Schema `$ref` to
@@ -49,7 +50,7 @@ impl Registered {
     /// The registry's name of the schema's type.
     pub fn type_name(&self) -> &'static str {
         match self {
-            Registered::Avro(_) => "AVRO",
+            Registered::Avro(..) => "AVRO",
             Registered::Protobuf(_) => "PROTOBUF",
             Registered::Json(_) => "JSON",
             Registered::Unusable(_) => "unusable",
@@ -232,7 +233,7 @@ pub struct Reference {
 /// id exists and will never change.
 pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Registered {
     let out = match schema_type.unwrap_or("AVRO") {
-        "AVRO" => compile_avro(text, refs).map(Registered::Avro),
+        "AVRO" => compile_avro(text, refs).map(|(s, named)| Registered::Avro(s, named)),
         "PROTOBUF" => compile_protobuf(text, refs).map(Registered::Protobuf),
         "JSON" => compile_json(text).map(Registered::Json),
         other => Err(format!("schema type {other} is not supported")),
@@ -240,18 +241,23 @@ pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Reg
     out.unwrap_or_else(Registered::Unusable)
 }
 
-fn compile_avro(text: &str, refs: &[Reference]) -> Result<apache_avro::Schema, String> {
+type AvroSchemas = (apache_avro::Schema, Vec<apache_avro::Schema>);
+
+fn compile_avro(text: &str, refs: &[Reference]) -> Result<AvroSchemas, String> {
     super::avro::limit_allocations();
-    let schema = if refs.is_empty() {
-        apache_avro::Schema::parse_str(text).map_err(|e| format!("not an Avro schema: {e}"))?
+    let (schema, named) = if refs.is_empty() {
+        let s = apache_avro::Schema::parse_str(text).map_err(|e| format!("not an Avro schema: {e}"))?;
+        (s, Vec::new())
     } else {
         let list: Vec<&str> = refs.iter().map(|r| r.schema.as_str()).collect();
         apache_avro::Schema::parse_str_with_list(text, list)
-            .map(|(s, _)| s)
             .map_err(|e| format!("not an Avro schema with its references: {e}"))?
     };
     super::avro::check_not_recursive(&schema)?;
-    Ok(schema)
+    for n in &named {
+        super::avro::check_not_recursive(n)?;
+    }
+    Ok((schema, named))
 }
 
 /// The name the registered schema's own file gets among its imports.
@@ -365,7 +371,7 @@ mod tests {
                 schema: loc.into(),
             }],
         );
-        assert!(matches!(r, Registered::Avro(_)), "{r:?}");
+        assert!(matches!(r, Registered::Avro(_, ref named) if named.len() == 1), "{r:?}");
         // Without the reference it is unusable, not a panic.
         assert!(matches!(compile(None, main, &[]), Registered::Unusable(_)));
     }

@@ -271,3 +271,25 @@ fn registry_keys_are_checked_with_positions() {
     let e = bad("policies:\n  - name: a\n    topics: [t]\n    on_produce: reject\n    value: { format: avro, wire: confluent, registry: true }\n");
     assert!(e.contains("on_produce"), "{e}");
 }
+
+#[test]
+fn an_avro_record_using_a_referenced_named_type_decodes() {
+    let cache = SchemaCache::new();
+    let s = set(&avro_policy(""), &cache);
+    let p = s.for_topic("geo.avro").expect("policy");
+    let loc = r#"{"type":"record","name":"Location","namespace":"geo","fields":[{"name":"x","type":"double"}]}"#;
+    let main = r#"{"type":"record","name":"T","namespace":"geo","fields":[
+        {"name":"lat","type":"double"},{"name":"lon","type":"double"},
+        {"name":"home","type":["null","geo.Location"],"default":null}]}"#;
+    let refs = [Reference { name: "geo.Location".into(), schema: loc.into() }];
+    cache.put_schema(11, compile(None, main, &refs));
+    // lat 1.0, lon 2.0, union branch 1 (zigzag 2), x 3.0
+    let mut datum = Vec::new();
+    datum.extend_from_slice(&1.0f64.to_le_bytes());
+    datum.extend_from_slice(&2.0f64.to_le_bytes());
+    datum.push(0x02);
+    datum.extend_from_slice(&3.0f64.to_le_bytes());
+    let value = framed(11, &datum);
+    let verdict = p.judge_in("geo.avro", &rec(None, &value), NOW);
+    assert!(verdict.is_valid(), "{verdict:?}");
+}
