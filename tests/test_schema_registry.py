@@ -162,8 +162,9 @@ class Reader:
         self.c.close()
 
 
-def dlt(broker_endpoint, t: str, klass: str) -> list[c.Rec]:
-    name = f"{t}.{klass}.dlt"
+def dlt(broker_endpoint, t: str, klass: str | None = None) -> list[c.Rec]:
+    """The DLT of `klass` (sr-avro's template), or `{t}.dlt` (the default)."""
+    name = f"{t}.{klass}.dlt" if klass else f"{t}.dlt"
     if not ps.topic_exists(broker_endpoint, name):
         return []
     return ps.read_dlt(broker_endpoint, name)
@@ -300,7 +301,7 @@ def test_protobuf_with_an_import_in_another_subject(registry, proxy_ep, broker_e
     finally:
         r.close()
     assert [g.offset for g in got] == [0, 3]
-    poison = dlt(broker_endpoint, t, "poison")
+    poison = dlt(broker_endpoint, t)
     rules = {ps.hdict(p)["x-original-offset"]: ps.hdict(p)["x-error-rule"] for p in poison}
     assert rules == {b"1": b"coordinates", b"2": b"schema"}, rules
 
@@ -323,7 +324,7 @@ def test_json_schema_framing(registry, proxy_ep, broker_endpoint):
         r.close()
     assert [g.offset for g in got] == [0, 3]
     rules = {ps.hdict(p)["x-original-offset"]: ps.hdict(p)["x-error-rule"]
-             for p in dlt(broker_endpoint, t, "poison")}
+             for p in dlt(broker_endpoint, t)}
     assert rules == {b"1": b"coordinates", b"2": b"schema"}, rules
 
 
@@ -391,12 +392,12 @@ def test_registry_outage_holds_at_the_first_unknown_schema_and_resumes(
     b = avro_serializer(registry, trigger_avsc(f"New{uuid.uuid4().hex[:6]}"), loc)
     rec = lambda ser, i: ser({"device_id": f"d{i}", "lat": 1.0, "lon": 2.0, "home": None}, ctx)
     first = [rec(a, 0), rec(a, 1)]
+    later = [rec(a, 2), rec(b, 3), rec(a, 4), rec(b, 5)]   # registered now, while it answers
     produce(broker_endpoint, t, first)
     r = Reader(proxy_ep, t)
     try:
         assert [g.offset for g in r.read(20, until=2)] == [0, 1]
         registry.mode = fault
-        later = [rec(a, 2), rec(b, 3), rec(a, 4), rec(b, 5)]
         c.ck_produce(broker_endpoint, t, [c.Rec(0, 0, None, v, (), None) for v in later])
         got = r.read(6)
         assert [g.offset for g in got] == [0, 1, 2], "held at offset 3, nothing past it"
