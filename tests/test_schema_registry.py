@@ -15,6 +15,8 @@ nothing is dead-lettered, and it resumes by itself.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -414,3 +416,55 @@ def test_registry_outage_holds_at_the_first_unknown_schema_and_resumes(
     log = h.read_log(rproxy.log, limit=10_000_000)
     holds = [l for l in log.splitlines() if t in l and "partition held at it" in l]
     assert 1 <= len(holds) <= 2, holds  # once per hold (per connection)
+
+
+# ---------------------------------------------------------------------------
+# The commands: dlt inspect --decode, dlt replay, check --connect
+# ---------------------------------------------------------------------------
+
+def run_cli(rproxy, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SR_TEST_PASSWORD=AUTH[1])
+    return subprocess.run([str(h.ANTIDOTE_BIN), *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_dlt_inspect_decodes_through_the_registry_and_replay_revalidates_and_skips_redact(
+        registry, rproxy, proxy_ep, broker_endpoint):
+    t = topic(broker_endpoint, "sr.avro.")
+    loc = register_location(registry)
+    ctx = SerializationContext(t, MessageField.VALUE)
+    v2 = avro_serializer(registry, trigger_avsc("Trigger", v2=True), loc)
+    values = [v2({"device_id": "p", "lat": 95.0, "lon": 1.0, "home": None, "speed": None, "ssn": None}, ctx),
+              v2({"device_id": "r", "lat": 1.0, "lon": 1.0, "home": None, "speed": None, "ssn": "999-00-1111"}, ctx),
+              v2({"device_id": "ok", "lat": 1.0, "lon": 1.0, "home": None, "speed": None, "ssn": None}, ctx)]
+    produce(broker_endpoint, t, values)
+    r = Reader(proxy_ep, t)
+    try:
+        assert [g.offset for g in r.read(20, until=1)] == [2]
+    finally:
+        r.close()
+    cfg = str(rproxy.config_path)
+    out = run_cli(rproxy, "dlt", "inspect", "--config", cfg, "--topic", f"{t}.poison.dlt", "--decode")
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout.splitlines()[0])
+    assert rec["decoded"]["value"]["device_id"] == "p" and rec["decoded"]["value"]["lat"] == 95.0, rec
+    # A fresh process: its schema cache is empty, so re-validation goes to the registry.
+    out = run_cli(rproxy, "dlt", "replay", "--config", cfg, "--topic", f"{t}.poison.dlt")
+    assert out.returncode == 0, out.stderr
+    assert "still invalid" in out.stdout and "coordinates" in out.stdout, out.stdout
+    out = run_cli(rproxy, "dlt", "replay", "--config", cfg, "--topic", f"{t}.redact.dlt", "--execute")
+    assert out.returncode == 0, out.stderr
+    assert "class redact: never replayed" in out.stdout, out.stdout
+    assert "999-00-1111" not in out.stdout + out.stderr
+
+
+def test_check_reports_the_registry_and_connect_sees_it_answer_or_not(registry, rproxy):
+    cfg = str(rproxy.config_path)
+    out = run_cli(rproxy, "check", "--config", cfg, "--connect")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"schema_registry: {registry.url}" in out.stdout and "basic (antidote)" in out.stdout
+    assert AUTH[1] not in out.stdout + out.stderr
+    assert f"schema registry {registry.url}: answers" in out.stdout, out.stdout
+    registry.mode = "500"
+    out = run_cli(rproxy, "check", "--config", cfg, "--connect")
+    assert out.returncode != 0 and "answers HTTP 500" in out.stderr, out.stdout + out.stderr

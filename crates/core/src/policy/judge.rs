@@ -252,6 +252,16 @@ impl Compiled {
         Ok(())
     }
 
+    /// The value decoded in full (no fast path), for `dlt inspect --decode`.
+    pub(crate) fn decode_value(
+        &self,
+        topic: &str,
+        bytes: &[u8],
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, Invalid> {
+        self.decoder.decode_full(bytes, topic, now_ms)
+    }
+
     /// Whether the value or the key reads schemas from the registry.
     pub(crate) fn uses_registry(&self) -> bool {
         matches!(self.decoder, Decoder::Registry(_))

@@ -274,6 +274,18 @@ impl Policy {
         }
     }
 
+    /// A value of `topic` decoded as the policy decodes it (its schema
+    /// file or the registry), as JSON; `None` for `bytes` policies. A
+    /// registry schema not cached yet is an `Err` of class `transient`.
+    pub fn decode_value(
+        &self,
+        topic: &str,
+        bytes: &[u8],
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, Invalid> {
+        self.inner.decode_value(topic, bytes, now_ms)
+    }
+
     /// The dead-letter topic for a record of `topic` judged `class`.
     pub fn dead_letter_topic(&self, topic: &str, class: Class) -> String {
         self.inner.dead_letter.render(topic, class)
