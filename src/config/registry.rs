@@ -171,6 +171,35 @@ impl RegistryConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use std::path::Path;
+
+    const MINIMAL: &str = "listen:\n  bootstrap: 127.0.0.1:29092\n  broker_port_base: 29100\nupstream:\n  bootstrap_servers: [127.0.0.1:9092]\n";
+
+    fn parse(extra: &str) -> Result<Config, String> {
+        Config::parse(&format!("{MINIMAL}{extra}"), Path::new("/etc/a.yaml")).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn schema_registry_is_parsed_with_defaults_and_errors_name_line_and_column() {
+        let c = parse("schema_registry:\n  url: http://127.0.0.1:8081\n").expect("parses");
+        let r = c.schema_registry.expect("set");
+        assert_eq!((r.url.len(), r.timeout, r.cache_ttl), (1, Duration::from_secs(5), Duration::from_secs(60)));
+        let e = parse("schema_registry:\n  url: [http://a:1, \"ftp://b\"]\n").expect_err("bad url");
+        assert!(e.starts_with("/etc/a.yaml:7:") && e.contains("http://"), "{e}");
+        let e = parse("schema_registry:\n  url: http://a:1\n  timeuot: 1s\n").expect_err("typo");
+        assert!(e.starts_with("/etc/a.yaml:8:3"), "{e}");
+        // Untagged values (durations, URL lists) are placed at their section.
+        let e = parse("schema_registry:\n  url: http://a:1\n  timeout: soon\n").expect_err("duration");
+        assert!(e.starts_with("/etc/a.yaml:7:") && e.contains("soon"), "{e}");
+        let e = parse("schema_registry:\n  url: https://a:1\n").expect_err("https without tls");
+        assert!(e.contains("schema_registry.tls"), "{e}");
+        let e = parse("schema_registry:\n  url: http://a:1\n  basic_auth: { username: u, password_env: NO_SUCH_VAR_SR }\n")
+            .expect_err("unset password variable");
+        assert!(e.contains("NO_SUCH_VAR_SR"), "{e}");
+        let c = parse("schema_registry:\n  url: http://a:1\n  basic_auth: { username: u, password: hunter2 }\n").expect("ok");
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
 
     #[test]
     fn urls() {
