@@ -468,3 +468,17 @@ def test_check_reports_the_registry_and_connect_sees_it_answer_or_not(registry, 
     registry.mode = "500"
     out = run_cli(rproxy, "check", "--config", cfg, "--connect")
     assert out.returncode != 0 and "answers HTTP 500" in out.stderr, out.stdout + out.stderr
+
+
+def test_the_registry_reference_policies_check_and_need_a_registry(registry, rproxy, tmp_path):
+    ref = h.REPO / "policies" / "registry"
+    base = (f"listen:\n  bootstrap: 127.0.0.1:29092\n  broker_port_base: 29100\n"
+            f"upstream:\n  bootstrap_servers: [127.0.0.1:9092]\npolicies: [{ref}]\n")
+    cfg = tmp_path / "with.yaml"
+    cfg.write_text(base + f"schema_registry:\n  url: {registry.url}\n")
+    out = run_cli(rproxy, "check", "--config", str(cfg))
+    assert out.returncode == 0, out.stdout + out.stderr
+    cfg = tmp_path / "without.yaml"
+    cfg.write_text(base)
+    out = run_cli(rproxy, "check", "--config", str(cfg))
+    assert out.returncode != 0 and "`schema_registry` is required" in out.stderr, out.stderr
