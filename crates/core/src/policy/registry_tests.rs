@@ -293,3 +293,47 @@ fn an_avro_record_using_a_referenced_named_type_decodes() {
     let verdict = p.judge_in("geo.avro", &rec(None, &value), NOW);
     assert!(verdict.is_valid(), "{verdict:?}");
 }
+
+/// The reference Avro policy with `registry: true` instead of `schema_ids`
+/// (as `benches/validate.rs` builds it) judges like the file-schema one.
+#[test]
+fn the_reference_avro_policy_by_registry_judges_as_by_file() {
+    use apache_avro::types::Value as A;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+    let text = std::fs::read_to_string(dir.join("geofence-avro.yaml")).expect("policy");
+    let reg_text = text.replace("      schema_ids:\n        1: schemas/trigger.avsc\n", "      registry: true\n");
+    assert_ne!(text, reg_text);
+    let avsc = std::fs::read_to_string(dir.join("schemas/trigger.avsc")).expect("schema");
+    let cache = SchemaCache::new();
+    cache.put_schema(1, compile(Some("AVRO"), &avsc, &[]));
+    let by_reg = PolicySet::parse_with(&reg_text, &dir.join("geofence-avro.yaml"), &cache).expect("loads");
+    let by_file = PolicySet::parse_with(&text, &dir.join("geofence-avro.yaml"), &cache).expect("loads");
+    let schema = apache_avro::Schema::parse_str(&avsc).expect("avsc");
+    let datum = |lat: f64| {
+        let v = A::Record(vec![
+            ("device_id".into(), A::String("d".into())),
+            ("geofence_id".into(), A::String("g".into())),
+            ("lat".into(), A::Double(lat)),
+            ("lon".into(), A::Double(4.9)),
+            ("transition".into(), A::Enum(0, "ENTER".into())),
+            ("speed_mps".into(), A::Union(0, Box::new(A::Null))),
+            ("event_time_ms".into(), A::Long(NOW - 1000)),
+            ("accuracy_m".into(), A::Union(0, Box::new(A::Null))),
+        ]);
+        framed(1, &apache_avro::to_avro_datum(&schema, v).expect("encodes"))
+    };
+    for lat in [52.0, 91.0] {
+        let value = datum(lat);
+        let r = Record {
+            offset: 1,
+            timestamp: NOW,
+            key: None,
+            value: Some(&value),
+            headers: vec![crate::kafka::record::Header { key: b"idempotency-key", value: Some(b"k") }],
+        };
+        let a = by_reg.policies()[0].judge(&r, NOW);
+        let b = by_file.policies()[0].judge(&r, NOW);
+        assert_eq!(a, b, "lat {lat}");
+        assert_eq!(a.is_valid(), lat < 90.0);
+    }
+}
