@@ -218,13 +218,7 @@ impl FetchFilter {
         timed(|| {
             let outcomes = outcomes.into_iter().zip(transient_at);
             for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
-                if let Some(offset) = transient {
-                    transient::note_hold(holds, &plan, offset);
-                }
-                let failed_from = match (failed_from, transient) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
                 let p = &mut resp.responses[ti].partitions[pi];
                 p.records = Some(apply_outcome(holds, &plan, failed_from)?);
             }

@@ -93,14 +93,18 @@ impl std::str::FromStr for RegistryUrl {
         } else if let Some(r) = s.strip_prefix("http://") {
             (false, r)
         } else {
-            return Err(format!("`{s}`: a registry URL starts with http:// or https://"));
+            return Err(format!(
+                "`{s}`: a registry URL starts with http:// or https://"
+            ));
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => rest.split_at(i),
             None => (rest, ""),
         };
         if authority.contains('@') {
-            return Err(format!("`{s}`: put credentials in basic_auth, not in the URL"));
+            return Err(format!(
+                "`{s}`: put credentials in basic_auth, not in the URL"
+            ));
         }
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
@@ -116,7 +120,9 @@ impl std::str::FromStr for RegistryUrl {
             return Err(format!("`{s}` has no valid host"));
         }
         if path.contains(['?', '#', ' ']) {
-            return Err(format!("`{s}`: no query, fragment or spaces in a registry URL"));
+            return Err(format!(
+                "`{s}`: no query, fragment or spaces in a registry URL"
+            ));
         }
         Ok(RegistryUrl {
             tls,
@@ -184,13 +190,20 @@ mod tests {
     fn schema_registry_is_parsed_with_defaults_and_errors_name_line_and_column() {
         let c = parse("schema_registry:\n  url: http://127.0.0.1:8081\n").expect("parses");
         let r = c.schema_registry.expect("set");
-        assert_eq!((r.url.len(), r.timeout, r.cache_ttl), (1, Duration::from_secs(5), Duration::from_secs(60)));
+        assert_eq!(
+            (r.url.len(), r.timeout, r.cache_ttl),
+            (1, Duration::from_secs(5), Duration::from_secs(60))
+        );
         let e = parse("schema_registry:\n  url: [http://a:1, \"ftp://b\"]\n").expect_err("bad url");
-        assert!(e.starts_with("/etc/a.yaml:7:") && e.contains("http://"), "{e}");
+        assert!(
+            e.starts_with("/etc/a.yaml:7:") && e.contains("http://"),
+            "{e}"
+        );
         let e = parse("schema_registry:\n  url: http://a:1\n  timeuot: 1s\n").expect_err("typo");
         assert!(e.starts_with("/etc/a.yaml:8:3"), "{e}");
         // Untagged values (durations, URL lists) are placed at their section.
-        let e = parse("schema_registry:\n  url: http://a:1\n  timeout: soon\n").expect_err("duration");
+        let e =
+            parse("schema_registry:\n  url: http://a:1\n  timeout: soon\n").expect_err("duration");
         assert!(e.starts_with("/etc/a.yaml:7:") && e.contains("soon"), "{e}");
         let e = parse("schema_registry:\n  url: https://a:1\n").expect_err("https without tls");
         assert!(e.contains("schema_registry.tls"), "{e}");
@@ -204,7 +217,10 @@ mod tests {
     #[test]
     fn urls() {
         let u: RegistryUrl = "http://127.0.0.1:8081".parse().expect("url");
-        assert_eq!((u.tls, u.host.as_str(), u.port, u.base.as_str()), (false, "127.0.0.1", 8081, ""));
+        assert_eq!(
+            (u.tls, u.host.as_str(), u.port, u.base.as_str()),
+            (false, "127.0.0.1", 8081, "")
+        );
         let u: RegistryUrl = "https://reg.example/ccompat/".parse().expect("url");
         assert_eq!((u.tls, u.port, u.base.as_str()), (true, 443, "/ccompat"));
         let u: RegistryUrl = "http://[::1]:8081/x".parse().expect("url");

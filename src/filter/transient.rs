@@ -72,9 +72,24 @@ pub(super) fn take_transient(plan: &mut PartitionPlan) -> Option<i64> {
     Some(from)
 }
 
+/// Where delivery stops: the lower of the first failed diversion and the
+/// first transient record; a transient hold is noted (`note_hold`).
+pub(super) fn hold_from(
+    holds: &Holds,
+    plan: &PartitionPlan,
+    failed_from: Option<i64>,
+    transient: Option<i64>,
+) -> Option<i64> {
+    let Some(t) = transient else {
+        return failed_from;
+    };
+    note_hold(holds, plan, t);
+    Some(failed_from.map_or(t, |f| f.min(t)))
+}
+
 /// Count a transient hold and log it once per hold (per connection and
 /// offset), never with the record's contents.
-pub(super) fn note_hold(holds: &Holds, plan: &PartitionPlan, offset: i64) {
+fn note_hold(holds: &Holds, plan: &PartitionPlan, offset: i64) {
     let (topic, partition) = (&*plan.topic, plan.partition);
     metrics::global().held_batch(topic, partition, "transient");
     if holds.at.get(&(plan.topic.clone(), partition)) != Some(&offset) {

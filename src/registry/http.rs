@@ -74,9 +74,13 @@ impl Client {
         let _ = tcp.set_nodelay(true);
         if url.tls {
             let Some(t) = &self.tls else {
-                return Err(HttpError::Tls("an https:// URL needs schema_registry.tls".into()));
+                return Err(HttpError::Tls(
+                    "an https:// URL needs schema_registry.tls".into(),
+                ));
             };
-            let name = t.server_name(&url.host).map_err(|e| HttpError::Tls(e.to_string()))?;
+            let name = t
+                .server_name(&url.host)
+                .map_err(|e| HttpError::Tls(e.to_string()))?;
             let stream = t
                 .connector
                 .connect(name, tcp)
@@ -88,12 +92,19 @@ impl Client {
         }
     }
 
-    async fn exchange<S>(&self, io: S, url: &RegistryUrl, path: &str) -> Result<(u16, Bytes), HttpError>
+    async fn exchange<S>(
+        &self,
+        io: S,
+        url: &RegistryUrl,
+        path: &str,
+    ) -> Result<(u16, Bytes), HttpError>
     where
         S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let http = |e: hyper::Error| HttpError::Http(e.to_string());
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(http)?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(http)?;
         // The connection task ends with the exchange (or the deadline,
         // which drops the sender and so ends it too).
         tokio::spawn(async move {
@@ -126,7 +137,9 @@ impl Client {
             .collect()
             .await
             .map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
                     HttpError::Oversized
                 } else {
                     HttpError::Http(e.to_string())

@@ -55,7 +55,9 @@ pub enum RegistryError {
     Status { url: String, status: u16 },
     #[error("{0}: the answer is not the registry's JSON")]
     BadAnswer(String),
-    #[error("references of schema {0}: more than {MAX_REFERENCES}, or nested deeper than {MAX_DEPTH}")]
+    #[error(
+        "references of schema {0}: more than {MAX_REFERENCES}, or nested deeper than {MAX_DEPTH}"
+    )]
     TooManyReferences(u32),
 }
 
@@ -227,11 +229,18 @@ impl Registry {
         let answer: SchemaAnswer =
             serde_json::from_slice(&body).map_err(|_| RegistryError::BadAnswer(path))?;
         let mut refs = Vec::new();
-        let registered = match self.references(id, &answer.references, 0, &mut refs).await? {
+        let registered = match self
+            .references(id, &answer.references, 0, &mut refs)
+            .await?
+        {
             Ok(()) => compile(answer.schema_type.as_deref(), &answer.schema, &refs),
             Err(missing) => Registered::Unusable(missing),
         };
-        debug!(id, schema_type = registered.type_name(), "schema fetched from the registry");
+        debug!(
+            id,
+            schema_type = registered.type_name(),
+            "schema fetched from the registry"
+        );
         self.cache.put_schema(id, registered);
         Ok(())
     }
@@ -270,7 +279,9 @@ impl Registry {
             };
             let answer: SchemaAnswer =
                 serde_json::from_slice(&body).map_err(|_| RegistryError::BadAnswer(path))?;
-            if let Err(m) = Box::pin(self.references(id, &answer.references, depth + 1, out)).await? {
+            if let Err(m) =
+                Box::pin(self.references(id, &answer.references, depth + 1, out)).await?
+            {
                 return Ok(Err(m));
             }
             out.push(Reference {

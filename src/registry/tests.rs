@@ -53,7 +53,10 @@ async fn stub(handler: Handler) -> (String, Arc<AtomicUsize>) {
 fn registry(urls: &[&str], timeout_ms: u64) -> Arc<Registry> {
     let yaml = format!(
         "url: [{}]\ntimeout: {timeout_ms}ms\nbasic_auth: {{ username: u, password: p }}\n",
-        urls.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(", ")
+        urls.iter()
+            .map(|u| format!("\"{u}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let cfg: RegistryConfig = serde_yaml::from_str(&yaml).expect("config");
     Registry::new(&cfg, SchemaCache::new()).expect("registry")
@@ -64,7 +67,11 @@ const AVSC: &str = r#"{\"type\":\"string\"}"#;
 fn ok_schema() -> Handler {
     Arc::new(|path, _| match path {
         "/schemas/ids/1" => (200, format!(r#"{{"schema":"{AVSC}"}}"#), 0),
-        _ => (404, r#"{"error_code":40403,"message":"Schema not found"}"#.into(), 0),
+        _ => (
+            404,
+            r#"{"error_code":40403,"message":"Schema not found"}"#.into(),
+            0,
+        ),
     })
 }
 
@@ -118,7 +125,11 @@ async fn a_registry_slower_than_the_timeout_is_a_failure() {
     let r = registry(&[&url], 200);
     let t = std::time::Instant::now();
     assert!(!r.fetch_once(Want::Schema(1)).await);
-    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
     assert!(matches!(r.cache().schema(1, now_ms()), Known::Missing));
 }
 
@@ -134,7 +145,8 @@ async fn an_oversized_answer_is_refused() {
 async fn basic_auth_is_sent_and_references_and_subjects_resolve() {
     let h: Handler = Arc::new(|path, req| {
         // base64("u:p") = dTpw
-        if !req.contains("authorization: Basic dTpw") && !req.contains("Authorization: Basic dTpw") {
+        if !req.contains("authorization: Basic dTpw") && !req.contains("Authorization: Basic dTpw")
+        {
             return (401, "{}".into(), 0);
         }
         match path {

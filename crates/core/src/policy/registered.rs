@@ -58,9 +58,9 @@ impl Subject {
                 prefix: text.into(),
                 suffix: None,
             }),
-            Some((_, rest)) if rest.contains('{') || rest.contains('}') => {
-                Err(format!("`{text}`: {{topic}} may appear once, and no other placeholder"))
-            }
+            Some((_, rest)) if rest.contains('{') || rest.contains('}') => Err(format!(
+                "`{text}`: {{topic}} may appear once, and no other placeholder"
+            )),
             Some((pre, _)) if pre.contains('{') || pre.contains('}') => {
                 Err(format!("`{text}`: the only placeholder is {{topic}}"))
             }

@@ -246,7 +246,8 @@ type AvroSchemas = (apache_avro::Schema, Vec<apache_avro::Schema>);
 fn compile_avro(text: &str, refs: &[Reference]) -> Result<AvroSchemas, String> {
     super::avro::limit_allocations();
     let (schema, named) = if refs.is_empty() {
-        let s = apache_avro::Schema::parse_str(text).map_err(|e| format!("not an Avro schema: {e}"))?;
+        let s =
+            apache_avro::Schema::parse_str(text).map_err(|e| format!("not an Avro schema: {e}"))?;
         (s, Vec::new())
     } else {
         let list: Vec<&str> = refs.iter().map(|r| r.schema.as_str()).collect();
@@ -266,7 +267,9 @@ const MAIN_PROTO: &str = "antidote-registered.proto";
 fn compile_protobuf(text: &str, refs: &[Reference]) -> Result<FileDescriptor, String> {
     let mut files = Vec::with_capacity(refs.len() + 1);
     for r in refs {
-        files.push(proto_file(&r.name, &r.schema).map_err(|e| format!("reference {}: {e}", r.name))?);
+        files.push(
+            proto_file(&r.name, &r.schema).map_err(|e| format!("reference {}: {e}", r.name))?,
+        );
     }
     files.push(proto_file(MAIN_PROTO, text)?);
     let mut chain = protox::file::ChainFileResolver::new();
@@ -371,7 +374,10 @@ mod tests {
                 schema: loc.into(),
             }],
         );
-        assert!(matches!(r, Registered::Avro(_, ref named) if named.len() == 1), "{r:?}");
+        assert!(
+            matches!(r, Registered::Avro(_, ref named) if named.len() == 1),
+            "{r:?}"
+        );
         // Without the reference it is unusable, not a panic.
         assert!(matches!(compile(None, main, &[]), Registered::Unusable(_)));
     }
@@ -392,13 +398,25 @@ mod tests {
         let Registered::Protobuf(f) = r else {
             panic!("{r:?}")
         };
-        assert_eq!(f.messages().next().map(|m| m.full_name().to_string()), Some("geo.T".into()));
+        assert_eq!(
+            f.messages().next().map(|m| m.full_name().to_string()),
+            Some("geo.T".into())
+        );
     }
 
     #[test]
     fn json_and_unsupported_types() {
-        assert!(matches!(compile(Some("JSON"), r#"{"type":"object"}"#, &[]), Registered::Json(_)));
-        assert!(matches!(compile(Some("JSON"), "{", &[]), Registered::Unusable(_)));
-        assert!(matches!(compile(Some("XML"), "<a/>", &[]), Registered::Unusable(_)));
+        assert!(matches!(
+            compile(Some("JSON"), r#"{"type":"object"}"#, &[]),
+            Registered::Json(_)
+        ));
+        assert!(matches!(
+            compile(Some("JSON"), "{", &[]),
+            Registered::Unusable(_)
+        ));
+        assert!(matches!(
+            compile(Some("XML"), "<a/>", &[]),
+            Registered::Unusable(_)
+        ));
     }
 }

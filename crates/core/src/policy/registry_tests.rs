@@ -83,13 +83,19 @@ fn an_id_not_cached_is_transient_until_the_registry_answers() {
     let p = s.for_topic("geo.avro").expect("policy");
     let value = framed(5, &avro_datum(52.0, None));
     let v = invalid(p.judge_in("geo.avro", &rec(None, &value), NOW));
-    assert_eq!((v.class, v.rule.as_str()), (Class::Transient, "schema-registry"));
+    assert_eq!(
+        (v.class, v.rule.as_str()),
+        (Class::Transient, "schema-registry")
+    );
     assert_eq!(cache.take_wants(), vec![Want::Schema(5)]);
     cache.put_schema(5, compile(None, TRIGGER_AVSC, &[]));
     assert!(p.judge_in("geo.avro", &rec(None, &value), NOW).is_valid());
     // The rules apply to the registered schema's value.
     let far = framed(5, &avro_datum(95.0, None));
-    assert_eq!(invalid(p.judge_in("geo.avro", &rec(None, &far), NOW)).rule, "coordinates");
+    assert_eq!(
+        invalid(p.judge_in("geo.avro", &rec(None, &far), NOW)).rule,
+        "coordinates"
+    );
     // Not a datum of schema 5: poison.
     let junk = framed(5, &[0xff, 0xff, 0xff]);
     let v = invalid(p.judge_in("geo.avro", &rec(None, &junk), NOW));
@@ -168,7 +174,10 @@ policies:
     };
     let t = file.messages().nth(1).expect("T");
     let mut m = prost_reflect::DynamicMessage::new(t.clone());
-    let loc_desc = file.parent_pool().get_message_by_name("geo.Location").expect("Location");
+    let loc_desc = file
+        .parent_pool()
+        .get_message_by_name("geo.Location")
+        .expect("Location");
     let mut l = prost_reflect::DynamicMessage::new(loc_desc);
     l.set_field_by_name("lat", prost_reflect::Value::F64(95.0));
     m.set_field_by_name("at", prost_reflect::Value::Message(l));
@@ -176,7 +185,10 @@ policies:
     // Message indexes [1] (zigzag: count 1 = 0x02, index 1 = 0x02).
     let mut v = framed(8, &[0x02, 0x02]);
     v.extend_from_slice(&m.encode_to_vec());
-    assert_eq!(invalid(p.judge_in("geo.pb", &rec(None, &v), NOW)).rule, "range:/at/lat");
+    assert_eq!(
+        invalid(p.judge_in("geo.pb", &rec(None, &v), NOW)).rule,
+        "range:/at/lat"
+    );
     // Index [0] is geo.Other: not the expected type.
     let mut other = framed(8, &[0x00]);
     other.extend_from_slice(&[0x08, 0x01]);
@@ -200,11 +212,17 @@ policies:
     let ok = framed(2, br#"{"lat": 1.5}"#);
     assert!(p.judge_in("geo.json", &rec(None, &ok), NOW).is_valid());
     let bad = framed(2, br#"{"lon": 1.5}"#);
-    assert_eq!(invalid(p.judge_in("geo.json", &rec(None, &bad), NOW)).rule, "schema");
+    assert_eq!(
+        invalid(p.judge_in("geo.json", &rec(None, &bad), NOW)).rule,
+        "schema"
+    );
     // An Avro id on a JSON topic is poison, not a crash.
     cache.put_schema(3, compile(None, TRIGGER_AVSC, &[]));
     let avro = framed(3, br#"{"lat": 1.5}"#);
-    assert_eq!(invalid(p.judge_in("geo.json", &rec(None, &avro), NOW)).rule, "schema");
+    assert_eq!(
+        invalid(p.judge_in("geo.json", &rec(None, &avro), NOW)).rule,
+        "schema"
+    );
 }
 
 #[test]
@@ -221,7 +239,9 @@ policies:
     let p = s.for_topic("geo.keyed").expect("policy");
     cache.put_schema(4, compile(None, r#""string""#, &[]));
     let key = framed(4, &[0x06, b'a', b'b', b'c']);
-    assert!(p.judge_in("geo.keyed", &rec(Some(&key), b"{}"), NOW).is_valid());
+    assert!(p
+        .judge_in("geo.keyed", &rec(Some(&key), b"{}"), NOW)
+        .is_valid());
     let bad_key = framed(4, &[0x7f]);
     let v = invalid(p.judge_in("geo.keyed", &rec(Some(&bad_key), b"{}"), NOW));
     assert_eq!((v.class, v.rule.as_str()), (Class::Poison, "key.decode"));
@@ -229,7 +249,10 @@ policies:
     assert_eq!(v.rule, "key.allow_null");
     let unknown_key = framed(6, &[0x00]);
     let v = invalid(p.judge_in("geo.keyed", &rec(Some(&unknown_key), b"{}"), NOW));
-    assert_eq!((v.class, v.rule.as_str()), (Class::Transient, "key.schema-registry"));
+    assert_eq!(
+        (v.class, v.rule.as_str()),
+        (Class::Transient, "key.schema-registry")
+    );
 }
 
 #[test]
@@ -248,7 +271,10 @@ policies:
     let s = set(yaml, &cache);
     let p = s.for_topic("t").expect("policy");
     let old = format!(r#"{{"t": {}}}"#, NOW - 3_600_000);
-    assert_eq!(invalid(p.judge(&rec(None, old.as_bytes()), NOW)).class, Class::Unknown);
+    assert_eq!(
+        invalid(p.judge(&rec(None, old.as_bytes()), NOW)).class,
+        Class::Unknown
+    );
 }
 
 #[test]
@@ -259,12 +285,18 @@ fn registry_keys_are_checked_with_positions() {
         Err(e) => e[0].to_string(),
     };
     let e = bad("policies:\n  - name: a\n    topics: [t]\n    value: { format: avro, wire: raw, registry: true }\n");
-    assert!(e.starts_with("p.yaml:4:") && e.contains("value.wire"), "{e}");
+    assert!(
+        e.starts_with("p.yaml:4:") && e.contains("value.wire"),
+        "{e}"
+    );
     let e = bad("policies:\n  - name: a\n    topics: [t]\n    value: { format: avro, wire: confluent, registry: true, subject: \"{x}\" }\n");
     assert!(e.contains("value.subject"), "{e}");
-    let e = bad("policies:\n  - name: a\n    topics: [t]\n    value: { format: json, subject: s }\n");
+    let e =
+        bad("policies:\n  - name: a\n    topics: [t]\n    value: { format: json, subject: s }\n");
     assert!(e.contains("needs `registry: true`"), "{e}");
-    let e = bad("policies:\n  - name: a\n    topics: [t]\n    key: { format: bytes, registry: true }\n");
+    let e = bad(
+        "policies:\n  - name: a\n    topics: [t]\n    key: { format: bytes, registry: true }\n",
+    );
     assert!(e.contains("key.registry"), "{e}");
     let e = bad("policies:\n  - name: a\n    topics: [t]\n    value: { format: json }\n    rules:\n      - field: /a\n        class: transient\n        absent: true\n");
     assert!(e.starts_with("p.yaml:7:"), "{e}");
@@ -281,7 +313,10 @@ fn an_avro_record_using_a_referenced_named_type_decodes() {
     let main = r#"{"type":"record","name":"T","namespace":"geo","fields":[
         {"name":"lat","type":"double"},{"name":"lon","type":"double"},
         {"name":"home","type":["null","geo.Location"],"default":null}]}"#;
-    let refs = [Reference { name: "geo.Location".into(), schema: loc.into() }];
+    let refs = [Reference {
+        name: "geo.Location".into(),
+        schema: loc.into(),
+    }];
     cache.put_schema(11, compile(None, main, &refs));
     // lat 1.0, lon 2.0, union branch 1 (zigzag 2), x 3.0
     let mut datum = Vec::new();
@@ -301,13 +336,18 @@ fn the_reference_avro_policy_by_registry_judges_as_by_file() {
     use apache_avro::types::Value as A;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     let text = std::fs::read_to_string(dir.join("geofence-avro.yaml")).expect("policy");
-    let reg_text = text.replace("      schema_ids:\n        1: schemas/trigger.avsc\n", "      registry: true\n");
+    let reg_text = text.replace(
+        "      schema_ids:\n        1: schemas/trigger.avsc\n",
+        "      registry: true\n",
+    );
     assert_ne!(text, reg_text);
     let avsc = std::fs::read_to_string(dir.join("schemas/trigger.avsc")).expect("schema");
     let cache = SchemaCache::new();
     cache.put_schema(1, compile(Some("AVRO"), &avsc, &[]));
-    let by_reg = PolicySet::parse_with(&reg_text, &dir.join("geofence-avro.yaml"), &cache).expect("loads");
-    let by_file = PolicySet::parse_with(&text, &dir.join("geofence-avro.yaml"), &cache).expect("loads");
+    let by_reg =
+        PolicySet::parse_with(&reg_text, &dir.join("geofence-avro.yaml"), &cache).expect("loads");
+    let by_file =
+        PolicySet::parse_with(&text, &dir.join("geofence-avro.yaml"), &cache).expect("loads");
     let schema = apache_avro::Schema::parse_str(&avsc).expect("avsc");
     let datum = |lat: f64| {
         let v = A::Record(vec![
@@ -329,7 +369,10 @@ fn the_reference_avro_policy_by_registry_judges_as_by_file() {
             timestamp: NOW,
             key: None,
             value: Some(&value),
-            headers: vec![crate::kafka::record::Header { key: b"idempotency-key", value: Some(b"k") }],
+            headers: vec![crate::kafka::record::Header {
+                key: b"idempotency-key",
+                value: Some(b"k"),
+            }],
         };
         let a = by_reg.policies()[0].judge(&r, NOW);
         let b = by_file.policies()[0].judge(&r, NOW);
