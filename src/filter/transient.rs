@@ -1,6 +1,7 @@
 //! `transient` verdicts in a Fetch response: records whose schema the
 //! registry has not given yet. After planning, what the judges asked for
-//! is fetched (bounded by the registry's `timeout`) and the partitions
+//! is fetched (bounded by the registry's `timeout`, or 200 ms while it is
+//! known to be down) and the partitions
 //! concerned are planned again. A record still `transient` then (registry
 //! down, 5xx, timeout) holds its partition exactly as a failed DLT write
 //! does: records before it are delivered, nothing at or after it, and the
@@ -36,7 +37,7 @@ impl FetchFilter {
         planned: &mut [((usize, usize), PartitionPlan)],
         now_ms: i64,
     ) -> Result<(), FilterError> {
-        let deadline = tokio::time::Instant::now() + registry.timeout();
+        let deadline = tokio::time::Instant::now() + registry.wait();
         for _ in 0..ROUNDS {
             if !planned.iter().any(|(_, p)| has_transient(p)) {
                 return Ok(());

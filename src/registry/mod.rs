@@ -41,6 +41,8 @@ pub use http::{HttpError, MAX_BODY};
 pub const MAX_REFERENCES: usize = 64;
 /// Deepest chain of references followed.
 pub const MAX_DEPTH: usize = 8;
+/// Longest a Fetch response waits while the registry is known to be down.
+pub const DOWN_WAIT: Duration = Duration::from_millis(200);
 
 /// Why a registry could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +131,18 @@ impl Registry {
     /// How long one request may take.
     pub fn timeout(&self) -> Duration {
         self.client.timeout
+    }
+
+    /// How long a Fetch response waits for the registry: its `timeout`,
+    /// or at most [`DOWN_WAIT`] while the last request failed, so that the
+    /// other partitions of held responses are not delayed by every fetch
+    /// (the fetch itself goes on in the background).
+    pub fn wait(&self) -> Duration {
+        if self.down.load(Ordering::Relaxed) {
+            self.client.timeout.min(DOWN_WAIT)
+        } else {
+            self.client.timeout
+        }
     }
 
     /// Fetch everything judges asked for since the last call, waiting at

@@ -182,3 +182,13 @@ async fn resolve_wants_drains_what_judges_asked_for() {
     assert!(r.resolve_wants(Duration::from_secs(2)).await);
     assert!(matches!(r.cache().schema(1, now_ms()), Known::Found(_)));
 }
+
+#[tokio::test]
+async fn while_the_registry_is_down_responses_wait_less() {
+    let broken: Handler = Arc::new(|_, _| (503, "{}".into(), 0));
+    let (url, _) = stub(broken).await;
+    let r = registry(&[&url], 2000);
+    assert_eq!(r.wait(), Duration::from_millis(2000));
+    assert!(!r.fetch_once(Want::Schema(1)).await);
+    assert_eq!(r.wait(), DOWN_WAIT);
+}

@@ -222,3 +222,5 @@ impl PartitionPlan {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transient_tests;
