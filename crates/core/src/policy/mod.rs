@@ -40,6 +40,9 @@
 //!       max_bytes: 65536               # default: no limit
 //!       allow_null: true               # tombstones pass (default true)
 //!       max_depth: 64                  # json nesting limit, 1..=127 (default 64)
+//!       registry: true                 # schema by the confluent id, from the registry cache (`registry`)
+//!       subject: "{topic}-value"       # with registry: the id must be registered under it
+//!     key: { format: avro, wire: confluent, registry: true }   # keys decoded and checked too (rules: values only)
 //!     rules:                           # judged in order on the decoded value
 //!       - coordinates: {lat: /lat, lon: /lon, reject_null_island: true, bbox: [min_lat, min_lon, max_lat, max_lon]}
 //!       - field: /transition           # an RFC 6901 JSON pointer
@@ -51,6 +54,9 @@
 //!       - field: /event_time_ms
 //!         max_age: 15m                 # ms s m h d; older: class stale (judged last)
 //!         unit: ms                     # s | ms (default) | us | ns
+//!       - field: /ssn
+//!         absent: true                 # missing or null, or the rule fails
+//!         class: redact                # any rule: poison | stale | unknown | redact
 //!     headers:
 //!       required: [idempotency-key]    # present with a non-null value
 //!     on_invalid: divert               # divert (default) | drop | pass
