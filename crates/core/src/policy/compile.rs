@@ -167,12 +167,21 @@ fn check_value_keys(v: &ValueDoc) -> Result<(), Vec<At>> {
             "value.max_depth: applies to format json only",
         );
     }
-    if matches!(format, Format::Json | Format::Bytes) {
+    if format == Format::Json {
         no_key(
             &mut errs,
             &v.wire,
-            "value.wire: applies to formats avro and protobuf only",
+            "value.wire: format json reads the confluent framing only with `registry: true`",
         );
+    }
+    if matches!(format, Format::Json | Format::Bytes) {
+        if format == Format::Bytes {
+            no_key(
+                &mut errs,
+                &v.wire,
+                "value.wire: applies to formats avro, protobuf and json (with registry: true)",
+            );
+        }
         no_key(
             &mut errs,
             &v.schema_ids,
@@ -204,7 +213,7 @@ fn check_value_keys(v: &ValueDoc) -> Result<(), Vec<At>> {
         if let Some(w) = &v.wire {
             errs.push(at(
                 w,
-                "value.wire: `confluent` needs value.schema_ids (schema id: file)",
+                "value.wire: `confluent` needs value.schema_ids (schema id: file) or `registry: true`",
             ));
         }
     }
