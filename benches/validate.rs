@@ -7,6 +7,9 @@
 //!   plus JSON Schema).
 //! - avro: `policies/geofence-avro.yaml` (Confluent wire, schema id 1).
 //! - protobuf: `policies/geofence-protobuf.yaml` (Confluent wire).
+//! - avro_registry, protobuf_registry: the same policies with `registry:
+//!   true` instead of `schema_ids`, schema id 1 already in the schema cache
+//!   (the cost of judging once the registry has answered).
 //!
 //! Each case judges a rotating set of 1024 distinct records, and the setup
 //! asserts that all of them are valid and that a poisoned one is not (so the
@@ -17,7 +20,8 @@ mod common;
 use std::sync::Arc;
 
 use antidote::kafka::record::{Header, Record};
-use antidote::policy::{Policy, Verdict};
+use antidote::policy::registry::compile;
+use antidote::policy::{Policy, PolicySet, SchemaCache, Verdict};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
@@ -93,6 +97,24 @@ fn bench_one(
     group.finish();
 }
 
+/// `file`'s policy with `registry: true` in place of its `schema_ids`
+/// block, and schema id 1 (`schema`, of registry type `kind`) cached.
+fn registry_policy(file: &str, ids_block: &str, schema: &str, kind: &str) -> Arc<Policy> {
+    let dir = common::root().join("policies");
+    let text = std::fs::read_to_string(dir.join(file)).expect("reference policy");
+    assert!(text.contains(ids_block), "{file}: no {ids_block:?}");
+    let mut text = text.replace(ids_block, "      registry: true\n");
+    if kind == "PROTOBUF" {
+        text = text.replace("      schema: schemas/trigger.proto\n", "");
+    }
+    let schema = std::fs::read_to_string(dir.join("schemas").join(schema)).expect("schema");
+    let cache = SchemaCache::new();
+    cache.put_schema(1, compile(Some(kind), &schema, &[]));
+    let set = PolicySet::parse_with(&text, &dir.join(file), &cache)
+        .unwrap_or_else(|e| panic!("{file} with registry: {e:?}"));
+    set.policies()[0].clone()
+}
+
 fn bench_validate(c: &mut Criterion) {
     bench_one(
         c,
@@ -116,6 +138,28 @@ fn bench_validate(c: &mut Criterion) {
         c,
         "protobuf",
         common::load_policy("geofence-protobuf.yaml"),
+        common::protobuf_value,
+    );
+    bench_one(
+        c,
+        "avro_registry",
+        registry_policy(
+            "geofence-avro.yaml",
+            "      schema_ids:\n        1: schemas/trigger.avsc\n",
+            "trigger.avsc",
+            "AVRO",
+        ),
+        common::avro_value,
+    );
+    bench_one(
+        c,
+        "protobuf_registry",
+        registry_policy(
+            "geofence-protobuf.yaml",
+            "      schema_ids:\n        1: schemas/trigger.proto\n",
+            "trigger.proto",
+            "PROTOBUF",
+        ),
         common::protobuf_value,
     );
 }

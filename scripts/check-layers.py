@@ -36,6 +36,7 @@ LAYERS = [
     ["transport"],
     ["metrics"],
     ["client"],
+    ["registry"],
     ["deadletter"],
     ["dlt"],
     ["filter", "admin"],

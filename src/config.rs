@@ -15,8 +15,10 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 pub use antidote_core::text::{parse_duration, yaml_error};
+pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
 pub use sni::{Sni, SniPattern};
 
+mod registry;
 mod sni;
 
 /// A config file that could not be used; the message starts with `file:line:column`.
@@ -44,6 +46,9 @@ pub struct Config {
     /// What logs may contain.
     #[serde(default)]
     pub logging: Logging,
+    /// Where `registry: true` policies resolve schema ids.
+    #[serde(default)]
+    pub schema_registry: Option<RegistryConfig>,
     /// Where this config was read from; paths in it are relative to its folder.
     #[serde(skip)]
     pub source: PathBuf,
@@ -519,7 +524,8 @@ impl Config {
             fix(&mut t.key);
             t.client_ca.as_mut().map(fix);
         }
-        for t in [&mut self.upstream.tls, &mut self.dead_letter.tls]
+        let registry_tls = self.schema_registry.as_mut().and_then(|r| r.tls.as_mut());
+        for t in [self.upstream.tls.as_mut(), self.dead_letter.tls.as_mut(), registry_tls]
             .into_iter()
             .flatten()
         {
@@ -533,6 +539,9 @@ impl Config {
     fn check(&self) -> Result<(), String> {
         if self.upstream.bootstrap_servers.is_empty() {
             return Err("upstream.bootstrap_servers: at least one broker is needed".into());
+        }
+        if let Some(r) = &self.schema_registry {
+            r.check()?;
         }
         for (name, tls) in [
             ("upstream.tls", &self.upstream.tls),

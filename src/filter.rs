@@ -35,6 +35,7 @@ use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{self, PartitionPlan, Visibility};
 use crate::policy::PolicySet;
+use crate::registry::Registry;
 
 /// Partitions this connection has been answered with a hold, and where.
 ///
@@ -110,6 +111,8 @@ pub struct FetchFilter {
     pub timeout: Duration,
     /// Decompressed bytes all responses in flight may hold together.
     pub budget: Arc<DecodeBudget>,
+    /// Where `registry: true` policies' schema ids are resolved.
+    registry: Option<Arc<Registry>>,
 }
 
 impl FetchFilter {
@@ -125,7 +128,14 @@ impl FetchFilter {
             dead_letter,
             timeout,
             budget: DecodeBudget::new(decode_budget),
+            registry: None,
         }
+    }
+
+    /// Resolve schema ids through `registry` (`schema_registry`).
+    pub fn with_registry(mut self, registry: Option<Arc<Registry>>) -> Self {
+        self.registry = registry;
+        self
     }
 
     /// Whether any Fetch response needs to be looked at.
@@ -181,9 +191,16 @@ impl FetchFilter {
             changed |= hold_topic(&mut resp.responses[ti]);
         }
         let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
-        for (at, plan) in self.plan_all(jobs, now_ms()).await? {
+        let mut transient_at = Vec::new();
+        let now = now_ms();
+        let mut planned = self.plan_all(jobs.clone(), now).await?;
+        if let Some(registry) = &self.registry {
+            self.resolve_transient(registry, &jobs, &mut planned, now).await?;
+        }
+        for (at, mut plan) in planned {
             metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
             if plan.changes_anything() {
+                transient_at.push(transient::take_transient(&mut plan));
                 plans.push((at.0, at.1, plan));
             } else {
                 count(&plan, None);
@@ -199,7 +216,9 @@ impl FetchFilter {
         // Divert everything first, concurrently, then apply the outcome.
         let outcomes = self.divert_all(&plans).await;
         timed(|| {
-            for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
+            let outcomes = outcomes.into_iter().zip(transient_at);
+            for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
+                let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
                 let p = &mut resp.responses[ti].partitions[pi];
                 p.records = Some(apply_outcome(holds, &plan, failed_from)?);
             }
@@ -215,7 +234,7 @@ impl FetchFilter {
         resp: &FetchResponse,
         version: i16,
         isolation: i8,
-    ) -> (Vec<PartitionJob>, Vec<usize>) {
+    ) -> (Vec<Arc<PartitionJob>>, Vec<usize>) {
         let policies = self.policies();
         let mut jobs = Vec::new();
         let mut unloaded = Vec::new();
@@ -254,7 +273,7 @@ impl FetchFilter {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
                     continue;
                 };
-                jobs.push(PartitionJob {
+                jobs.push(Arc::new(PartitionJob {
                     at: (ti, pi),
                     policy: policy.clone(),
                     topic: topic_name.clone(),
@@ -264,7 +283,7 @@ impl FetchFilter {
                         isolation == READ_COMMITTED,
                         p.aborted_transactions.as_deref(),
                     ),
-                });
+                }));
             }
         }
         (jobs, unloaded)
@@ -276,7 +295,7 @@ impl FetchFilter {
     /// response can use more than one core.
     async fn plan_all(
         &self,
-        mut jobs: Vec<PartitionJob>,
+        mut jobs: Vec<Arc<PartitionJob>>,
         now_ms: i64,
     ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
         let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
@@ -637,3 +656,5 @@ mod tests {
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.
 #[cfg(test)]
 mod fetch_tests;
+
+mod transient;

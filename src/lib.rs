@@ -13,6 +13,7 @@
 //!   admin      /metrics /healthz /readyz
 //! dlt          `antidote dlt` commands: inspect, replay
 //! deadletter   the DLT writer: producer, acknowledged writes, ledger (once only)
+//! registry     the schema registry client (fills the core's schema cache)
 //! client       the proxy's own Kafka connections (metadata, produce, fetch)
 //! metrics      counters and histograms the admin listener renders
 //! transport    frames, TCP/TLS streams, SASL
@@ -33,6 +34,7 @@ pub mod envsubst;
 pub mod filter;
 pub mod metrics;
 pub mod proxy;
+pub mod registry;
 pub mod sasl;
 pub mod transport;
 

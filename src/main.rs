@@ -40,6 +40,9 @@ enum Command {
         /// Config file; `ANTIDOTE_CONFIG` when not given.
         #[arg(long, short, env = "ANTIDOTE_CONFIG")]
         config: PathBuf,
+        /// Also check that the brokers and the schema registry answer.
+        #[arg(long)]
+        connect: bool,
     },
     /// Dead-letter topics: inspect them, replay records from them.
     Dlt {
@@ -62,9 +65,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config } => run(&config),
         Command::Dlt { command } => dlt(command),
-        Command::Check { config } => match load(&config) {
-            Ok(_) => {
+        Command::Check { config, connect } => match load(&config) {
+            Ok((cfg, _)) => {
                 println!("{}: ok", config.display());
+                report_registry(&cfg);
+                if connect && !check_connect(&cfg) {
+                    return ExitCode::FAILURE;
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => {
@@ -85,10 +92,72 @@ fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
     let mut errors = antidote::transport::tls::check(&config);
     let policies = PolicySet::load(&config.policies)
         .map_err(|errs| errors.extend(errs.into_iter().map(|e| e.to_string())));
+    if let Ok(p) = &policies {
+        if p.uses_registry() && config.schema_registry.is_none() {
+            errors.push(format!(
+                "{}: a policy sets `registry: true`, so `schema_registry` is required",
+                path.display()
+            ));
+        }
+    }
     match policies {
         Ok(p) if errors.is_empty() => Ok((config, p)),
         _ => Err(errors),
     }
+}
+
+/// What `antidote check` says of `schema_registry` (never the password).
+fn report_registry(cfg: &Config) {
+    let Some(r) = &cfg.schema_registry else {
+        return;
+    };
+    let urls: Vec<String> = r.url.iter().map(|u| u.to_string()).collect();
+    let auth = r
+        .basic_auth
+        .as_ref()
+        .map_or("none".to_string(), |a| format!("basic ({})", a.username));
+    println!(
+        "schema_registry: {} (tried in order); auth {auth}; tls {}; timeout {:?}; cache_ttl {:?}",
+        urls.join(", "),
+        if r.tls.is_some() { "on" } else { "off" },
+        r.timeout,
+        r.cache_ttl
+    );
+}
+
+/// `check --connect`: every bootstrap broker accepts a TCP connection and
+/// every registry URL answers HTTP. One line each; false if any fails.
+fn check_connect(cfg: &Config) -> bool {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        eprintln!("cannot start the runtime");
+        return false;
+    };
+    rt.block_on(async {
+        let mut ok = true;
+        for b in &cfg.upstream.bootstrap_servers {
+            let addr = (b.host.as_str(), b.port);
+            let c = tokio::time::timeout(cfg.upstream.connect_timeout, tokio::net::TcpStream::connect(addr)).await;
+            match c {
+                Ok(Ok(_)) => println!("broker {b}: answers"),
+                Ok(Err(e)) => { ok = false; eprintln!("broker {b}: {e}") }
+                Err(_) => { ok = false; eprintln!("broker {b}: no answer in {:?}", cfg.upstream.connect_timeout) }
+            }
+        }
+        if let Some(r) = &cfg.schema_registry {
+            let reg = match antidote::registry::Registry::new(r, antidote::policy::SchemaCache::new()) {
+                Ok(reg) => reg,
+                Err(e) => { eprintln!("{e}"); return false; }
+            };
+            for (url, result) in reg.probe().await {
+                match result {
+                    Ok(s) if (200..300).contains(&s) => println!("schema registry {url}: answers"),
+                    Ok(s) => { ok = false; eprintln!("schema registry {url}: answers HTTP {s}") }
+                    Err(e) => { ok = false; eprintln!("schema registry {url}: {e}") }
+                }
+            }
+        }
+        ok
+    })
 }
 
 /// glibc's malloc raises its mmap threshold each time a large block is

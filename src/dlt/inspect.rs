@@ -32,6 +32,10 @@ pub struct InspectArgs {
     /// One JSON object per line.
     #[arg(long)]
     pub json: bool,
+    /// Decode each value through its policy's schema (file or registry)
+    /// and show it as JSON (`decoded`); implies --json.
+    #[arg(long)]
+    pub decode: bool,
     /// Show at most N records (after filtering).
     #[arg(long)]
     pub limit: Option<usize>,
@@ -71,6 +75,13 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
             writeln!(out, "{}", s.to_json())?;
         } else {
             s.write_table(out)?;
+        }
+    } else if args.decode {
+        let registry = super::decode::registry(&ctx)?;
+        for r in &records {
+            let mut j = record_json(r);
+            j["decoded"] = super::decode::decoded(&ctx, registry.as_ref(), r).await;
+            writeln!(out, "{j}")?;
         }
     } else if args.json {
         for r in &records {

@@ -60,6 +60,7 @@ pub mod names {
     pub const CONNECTIONS_ACCEPTED: &str = "antidote_connections_accepted_total";
     pub const UPSTREAM_ERRORS: &str = "antidote_upstream_errors_total";
     pub const CONNECTIONS_REFUSED: &str = "antidote_connections_refused_total";
+    pub const REGISTRY_REQUESTS: &str = "antidote_schema_registry_requests_total";
     pub const BUILD_INFO: &str = "antidote_build_info";
     pub const START_TIME: &str = "antidote_process_start_time_seconds";
 
@@ -123,6 +124,7 @@ pub struct Metrics {
     connections_accepted: Cached<ListenerLabel, Counter>,
     upstream_errors: Cached<KindLabel, Counter>,
     connections_refused: Counter,
+    registry_requests: Cached<KindLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -149,6 +151,7 @@ impl Metrics {
             connections_accepted: Cached::new(),
             upstream_errors: Cached::new(),
             connections_refused: Counter::default(),
+            registry_requests: Cached::new(),
         };
         m.registered()
     }
@@ -273,6 +276,12 @@ impl Metrics {
             CONNECTIONS_REFUSED,
             "Client connections closed at once because limits.max_connections was reached.",
             self.connections_refused.clone(),
+        );
+        register(
+            r,
+            REGISTRY_REQUESTS,
+            "Schema registry requests, by outcome (ok, not_found, error, timeout).",
+            self.registry_requests.family.clone(),
         );
     }
 
@@ -441,6 +450,17 @@ impl Metrics {
             kind: kind.to_owned(),
         };
         self.upstream_errors.with(&labels, |c| c.inc());
+    }
+
+    /// One schema registry request ended with `kind`: `ok`, `not_found`,
+    /// `error` (connect, TLS, 5xx, bad answer) or `timeout`.
+    ///
+    /// Call site: `registry::Registry`, once per request per URL tried.
+    pub fn registry_request(&self, kind: &str) {
+        let labels = KindLabel {
+            kind: kind.to_owned(),
+        };
+        self.registry_requests.with(&labels, |c| c.inc());
     }
 
     /// A client connection closed at once: `limits.max_connections` reached.

@@ -213,6 +213,7 @@ fn every_series_once() -> Metrics {
     m.held_batch("t", 0, "budget");
     m.connections_open("bootstrap", 1);
     m.upstream_error("io");
+    m.registry_request("ok");
     m
 }
 
@@ -239,6 +240,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_connections_accepted_total counter",
         "antidote_upstream_errors_total counter",
         "antidote_connections_refused_total counter",
+        // Added after the switch (issue 11).
+        "antidote_schema_registry_requests_total counter",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

@@ -57,6 +57,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     Admin(admin::AdminError),
+    #[error("schema registry: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
 }
 
 /// State shared by every listener and connection.
@@ -118,12 +120,15 @@ impl Shared {
             dlt_endpoint,
             policies.clone(),
         );
-        let fetch_filter = Arc::new(FetchFilter::new(
-            policies,
-            dead_letter,
-            dlt.timeout,
-            config.limits.decode_budget,
-        ));
+        let registry = config
+            .schema_registry
+            .as_ref()
+            .map(|r| crate::registry::Registry::new(r, crate::policy::SchemaCache::shared()))
+            .transpose()?;
+        let fetch_filter = Arc::new(
+            FetchFilter::new(policies, dead_letter, dlt.timeout, config.limits.decode_budget)
+                .with_registry(registry),
+        );
         let config_max_connections = config.limits.max_connections;
         // The background refresh learns new topics at this pace anyway.
         let negative_ttl = config.upstream.metadata_refresh;

@@ -128,6 +128,10 @@ pub fn reload_certificate(shared: &Shared, why: &str) -> bool {
 /// Load and swap in the policies; keep the running ones on any error.
 pub fn reload(shared: &Shared, why: &str) -> bool {
     match PolicySet::load(&shared.config.policies) {
+        Ok(set) if set.uses_registry() && shared.config.schema_registry.is_none() => {
+            error!(why, "policy reload rejected: a policy sets `registry: true` but the config has no `schema_registry`; the running policies stay in force");
+            false
+        }
         Ok(set) => {
             info!(why, policies = set.len(), "policies reloaded");
             shared.fetch_filter.replace_policies(set);

@@ -39,6 +39,10 @@ pub const RULE_WHOLE_BATCH: &str = "batch";
 pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
 /// How many times this record has been replayed (1 on the first replay).
 pub const H_ATTEMPT: &str = "x-attempt";
+/// `true` on the DLT record of a record classed `redact`: it carries the
+/// context headers only (no key, value or original headers), and replay
+/// skips it.
+pub const H_REDACTED: &str = "x-redacted";
 
 /// Context headers the proxy adds to a DLT record (plus the replay headers);
 /// replay strips exactly these, and keeps every other header, `x-` or not.
@@ -56,6 +60,7 @@ pub const CONTEXT_HEADERS: &[&str] = &[
     H_LAST_OFFSET,
     H_REPLAYED_FROM,
     H_ATTEMPT,
+    H_REDACTED,
 ];
 
 /// Longest `x-error` value written, in bytes.
@@ -127,6 +132,9 @@ impl Diversion {
         record: &Record<'_>,
         invalid: &Invalid,
     ) -> Self {
+        if invalid.class == Class::Redact {
+            return Self::redacted(policy, topic, partition, record, invalid);
+        }
         Diversion {
             dlt_topic: policy.dead_letter_topic(topic, invalid.class),
             origin_topic: topic.clone(),
@@ -148,6 +156,38 @@ impl Diversion {
             invalid: invalid.clone(),
             policy: Arc::from(policy.name.as_str()),
         }
+    }
+
+    /// A record classed `redact`: nothing of its contents is kept, not even
+    /// in the reason (which may quote a field's value).
+    fn redacted(
+        policy: &Policy,
+        topic: &Arc<str>,
+        partition: i32,
+        record: &Record<'_>,
+        invalid: &Invalid,
+    ) -> Self {
+        Diversion {
+            dlt_topic: policy.dead_letter_topic(topic, invalid.class),
+            origin_topic: topic.clone(),
+            origin_partition: partition,
+            origin_offset: record.offset,
+            origin_timestamp: record.timestamp,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+            invalid: Invalid {
+                class: Class::Redact,
+                rule: invalid.rule.clone(),
+                reason: format!("rule {} (class redact: contents withheld)", invalid.rule),
+            },
+            policy: Arc::from(policy.name.as_str()),
+        }
+    }
+
+    /// Whether this is a `redact` record (context headers only).
+    pub fn is_redacted(&self) -> bool {
+        self.invalid.class == Class::Redact
     }
 
     /// A whole batch whose records cannot be read (`on_undecodable:
@@ -200,6 +240,9 @@ impl Diversion {
         add(H_RULE, self.invalid.rule.clone());
         add(H_POLICY, self.policy.to_string());
         add(H_FAILED_AT, failed_at_ms.to_string());
+        if self.is_redacted() {
+            add(H_REDACTED, "true".to_string());
+        }
         NewRecord {
             timestamp: self.origin_timestamp,
             key: self.key.clone(),

@@ -104,6 +104,9 @@ pub enum Decision {
         reason: String,
     },
     RefusedStale,
+    /// A `redact` record: its DLT entry holds no contents, and it must
+    /// never come back.
+    RefusedRedacted,
     /// A whole batch that could not be decoded (rule `batch`): its value is
     /// the raw batch, not a record; recover its records by hand.
     RefusedWholeBatch,
@@ -124,6 +127,7 @@ impl Decision {
             Decision::AlreadyReplayed { .. } => "already-replayed",
             Decision::StillInvalid { .. } => "still-invalid",
             Decision::RefusedStale => "refused-stale",
+            Decision::RefusedRedacted => "refused-redacted",
             Decision::RefusedWholeBatch => "refused-whole-batch",
             Decision::RefusedMaxAttempts { .. } => "refused-max-attempts",
             Decision::NoOrigin => "no-origin",
@@ -221,6 +225,11 @@ pub fn decide(
     if r.class == crate::policy::Class::Stale.as_str() && !args.include_stale {
         return Decision::RefusedStale;
     }
+    if r.class == crate::policy::Class::Redact.as_str()
+        || r.headers.iter().any(|(k, _)| k == crate::dlt_record::H_REDACTED)
+    {
+        return Decision::RefusedRedacted;
+    }
     if r.rule == crate::deadletter::RULE_WHOLE_BATCH {
         return Decision::RefusedWholeBatch;
     }
@@ -250,7 +259,7 @@ pub fn decide(
                 })
                 .collect(),
         };
-        if let Verdict::Invalid(inv) = policy.judge(&view, now_ms) {
+        if let Verdict::Invalid(inv) = policy.judge_in(&topic, &view, now_ms) {
             return Decision::StillInvalid {
                 class: inv.class.as_str().to_string(),
                 rule: inv.rule,

@@ -26,6 +26,7 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
         return Err(DltError::Usage("--rate must be a positive number".into()));
     }
     let ctx = Context::load(&args.config)?;
+    let registry = super::super::decode::registry(&ctx)?;
     let mut cluster = ctx.dead_letter_cluster()?;
     if cluster.partitions(&args.topic).await?.is_none() {
         return Err(DltError::Usage(format!(
@@ -61,14 +62,17 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
         runner.report.considered += 1;
         let now = crate::clock::now_ms();
         let targets = &runner.targets;
-        let d = decide(
-            args,
-            &ctx.policies,
-            r,
-            |t| targets.get(t).copied().flatten(),
-            &runner.replayed,
-            now,
-        );
+        let decide_now = || {
+            decide(args, &ctx.policies, r, |t| targets.get(t).copied().flatten(), &runner.replayed, now)
+        };
+        let mut d = decide_now();
+        // Re-validation through the registry: fetch a schema not cached yet, then decide again.
+        if let (Decision::StillInvalid { class, .. }, Some(reg)) = (&d, &registry) {
+            if class == crate::policy::Class::Transient.as_str() {
+                reg.resolve_wants(reg.timeout()).await;
+                d = decide_now();
+            }
+        }
         runner.apply(r, &d, out).await?;
         tracing::debug!(coordinate = %r.coordinate(), decision = d.label(), "replay decision");
         progress.tick(&runner.report);
@@ -217,6 +221,7 @@ struct Target<'a> {
 fn refusal(d: &Decision, max_attempts: u32) -> String {
     match d {
         Decision::RefusedStale => "class stale (use --include-stale)".into(),
+        Decision::RefusedRedacted => "class redact: never replayed (its contents were not kept)".into(),
         Decision::RefusedWholeBatch => {
             "a whole undecodable batch (raw bytes, not one record)".into()
         }

@@ -232,3 +232,5 @@ impl PartitionPlan {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transient_tests;

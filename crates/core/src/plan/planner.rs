@@ -14,7 +14,7 @@ use super::{Hold, HoldReason, PartitionPlan, SegmentPlan};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
-use crate::policy::{Action, Invalid, Policy, Undecodable};
+use crate::policy::{Action, Class, Invalid, Policy, Undecodable};
 
 /// One partition of a Fetch response, as the planner sees it.
 pub struct PartitionInput<'a> {
@@ -242,6 +242,13 @@ fn apply_verdicts(
     for j in invalid {
         let Some(k) = keep_mask.get_mut(j.index) else {
             continue;
+        };
+        // Transient: planned as a diversion so the filter sees its offset,
+        // holds the partition there and never writes it (whatever the action).
+        let action = if j.invalid.class == Class::Transient {
+            Action::Divert
+        } else {
+            action
         };
         match action {
             Action::Pass => {

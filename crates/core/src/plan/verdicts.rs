@@ -24,7 +24,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 
 use crate::kafka::batch::{Batch, DecodedBatch};
-use crate::policy::{Invalid, Policy, Verdict};
+use crate::policy::{Class, Invalid, Policy, Verdict};
 
 type Key = (Arc<str>, i32, i64);
 
@@ -202,7 +202,7 @@ impl VerdictCache {
                     decoded
                         .records()
                         .enumerate()
-                        .filter_map(|(index, r)| match policy.judge(&r, now_ms) {
+                        .filter_map(|(index, r)| match policy.judge_in(topic, &r, now_ms) {
                             Verdict::Valid => None,
                             Verdict::Invalid(invalid) => Some(Judged {
                                 index,
@@ -214,6 +214,14 @@ impl VerdictCache {
                 )
             })
             .clone();
+        // A `transient` verdict (the schema registry has not answered) is
+        // never kept: the next fetch judges the batch again.
+        if verdicts.iter().any(|j| j.invalid.class == Class::Transient) {
+            self.map
+                .remove_if(&(topic.clone(), partition, batch.base_offset()), |_, e| {
+                    Arc::ptr_eq(e, &entry)
+                });
+        }
         (self.known(entry, verdicts), judged_here)
     }
 

@@ -28,21 +28,31 @@ pub(crate) struct AvroDecoder {
 
 /// Read and parse an `.avsc` file.
 pub(crate) fn load_schema(path: &Path) -> Result<Schema, String> {
+    limit_allocations();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let schema = Schema::parse_str(&text)
+        .map_err(|e| format!("{}: not an Avro schema: {e}", path.display()))?;
+    check_not_recursive(&schema).map_err(|m| format!("{}: {m}", path.display()))?;
+    Ok(schema)
+}
+
+/// Bound what a hostile length prefix can make the decoder allocate.
+pub(crate) fn limit_allocations() {
     static LIMIT: Once = Once::new();
     LIMIT.call_once(|| {
         let _ = apache_avro::util::max_allocation_bytes(AVRO_MAX_ALLOCATION);
     });
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let schema = Schema::parse_str(&text)
-        .map_err(|e| format!("{}: not an Avro schema: {e}", path.display()))?;
-    if let Some(name) = recursive(&schema, &mut Vec::new()) {
-        return Err(format!(
-            "{}: recursive Avro schemas are not supported (`{name}` contains itself): \
-             a hostile record could nest deep enough to overflow the stack",
-            path.display()
-        ));
+}
+
+/// Refuse recursive schemas, from a file or a registry alike.
+pub(crate) fn check_not_recursive(schema: &Schema) -> Result<(), String> {
+    match recursive(schema, &mut Vec::new()) {
+        Some(name) => Err(format!(
+            "recursive Avro schemas are not supported (`{name}` contains itself): \
+             a hostile record could nest deep enough to overflow the stack"
+        )),
+        None => Ok(()),
     }
-    Ok(schema)
 }
 
 /// The name of a record that (through fields, arrays, maps or unions)
@@ -66,9 +76,48 @@ fn recursive(schema: &Schema, path: &mut Vec<String>) -> Option<String> {
     }
 }
 
+/// Decode one datum written with `writer` (resolved to `reader`, if any).
+pub(crate) fn decode_datum(
+    writer: &Schema,
+    reader: Option<&Schema>,
+    datum: &[u8],
+) -> Result<Value, Invalid> {
+    decode_datum_with(writer, &[], reader, datum)
+}
+
+/// [`decode_datum`], with `named`: schemas defining the named types
+/// `writer` refers to (registry references).
+pub(crate) fn decode_datum_with(
+    writer: &Schema,
+    named: &[Schema],
+    reader: Option<&Schema>,
+    mut datum: &[u8],
+) -> Result<Value, Invalid> {
+    let value = if named.is_empty() {
+        apache_avro::from_avro_datum(writer, &mut datum, reader)
+    } else {
+        // Dependencies first: names resolve in list order.
+        let mut schemata: Vec<&Schema> = named.iter().collect();
+        schemata.push(writer);
+        apache_avro::from_avro_datum_schemata(writer, schemata, &mut datum, reader)
+    }
+    .map_err(|e| Invalid::poison("decode", format!("value is not valid Avro: {e}")))?;
+    if !datum.is_empty() {
+        return Err(Invalid::poison(
+            "decode",
+            format!(
+                "value is not valid Avro: {} trailing bytes after the datum",
+                datum.len()
+            ),
+        ));
+    }
+    to_json(value)
+        .map_err(|e| Invalid::poison("decode", format!("Avro value cannot be judged: {e}")))
+}
+
 impl AvroDecoder {
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
-        let (writer, reader, mut datum) = match self.wire {
+        let (writer, reader, datum) = match self.wire {
             Wire::Raw => match &self.schema {
                 Some(s) => (s, None, bytes),
                 None => return Err(Invalid::poison("decode", "no Avro schema")),
@@ -79,19 +128,7 @@ impl AvroDecoder {
                 (writer, self.schema.as_ref(), rest)
             }
         };
-        let value = apache_avro::from_avro_datum(writer, &mut datum, reader)
-            .map_err(|e| Invalid::poison("decode", format!("value is not valid Avro: {e}")))?;
-        if !datum.is_empty() {
-            return Err(Invalid::poison(
-                "decode",
-                format!(
-                    "value is not valid Avro: {} trailing bytes after the datum",
-                    datum.len()
-                ),
-            ));
-        }
-        to_json(value)
-            .map_err(|e| Invalid::poison("decode", format!("Avro value cannot be judged: {e}")))
+        decode_datum(writer, reader, datum)
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::avro::{self, AvroDecoder};
 use super::document::*;
@@ -11,6 +12,8 @@ use super::json;
 use super::judge::Decoder;
 use super::located::{at, At, Located};
 use super::protobuf::{self, ProtoDecoder};
+use super::registered::{RegFormat, RegistryDecoder, Subject};
+use super::registry::SchemaCache;
 use super::rules::{fmt_num, Coordinates, MaxAge, Pointer, Rule, TimeUnit};
 use super::shape::Shape;
 use super::wire::Wire;
@@ -54,7 +57,12 @@ pub(super) fn no_key<T>(errs: &mut Vec<At>, l: &Option<Located<T>>, msg: &str) {
 pub(super) fn compile_value(
     v: &ValueDoc,
     base: &Path,
+    cache: &Arc<SchemaCache>,
 ) -> Result<(Decoder, Option<jsonschema::Validator>), Vec<At>> {
+    if v.registry.as_ref().is_some_and(|r| r.v) {
+        return compile_registry(v, base, cache);
+    }
+    no_key_errs(&v.subject, "value.subject: needs `registry: true`")?;
     check_value_keys(v)?;
     let wire = v.wire.as_ref().map_or(Wire::Raw, |w| w.v);
     match v.format.v {
@@ -63,6 +71,88 @@ pub(super) fn compile_value(
         Format::Avro => compile_avro(v, base, wire),
         Format::Protobuf => compile_protobuf(v, base, wire),
     }
+}
+
+fn no_key_errs<T>(l: &Option<Located<T>>, msg: &str) -> Result<(), Vec<At>> {
+    let mut errs = Vec::new();
+    no_key(&mut errs, l, msg);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}
+
+/// `registry: true`: Confluent framing, the schema by id from the registry.
+/// `schema` stays meaningful: Avro's reader schema, or a JSON Schema every
+/// JSON value must also meet; Protobuf's `message` names the one type.
+fn compile_registry(
+    v: &ValueDoc,
+    base: &Path,
+    cache: &Arc<SchemaCache>,
+) -> Result<(Decoder, Option<jsonschema::Validator>), Vec<At>> {
+    let mut errs = Vec::new();
+    let format = match v.format.v {
+        Format::Avro => RegFormat::Avro,
+        Format::Protobuf => RegFormat::Protobuf,
+        Format::Json => RegFormat::Json,
+        Format::Bytes => {
+            return Err(vec![at(&v.format, "value.registry: needs format avro, protobuf or json")])
+        }
+    };
+    if let Some(w) = v.wire.as_ref().filter(|w| w.v != Wire::Confluent) {
+        errs.push(at(w, "value.wire: `registry: true` reads the schema id of `wire: confluent`"));
+    }
+    no_key(&mut errs, &v.schema_ids, "value.schema_ids: not with `registry: true` (ids come from the registry)");
+    if format != RegFormat::Json {
+        no_key(&mut errs, &v.max_depth, "value.max_depth: applies to format json only");
+    }
+    if format != RegFormat::Protobuf {
+        no_key(&mut errs, &v.message, "value.message: applies to format protobuf only");
+    }
+    let subject = v.subject.as_ref().and_then(|s| match Subject::parse(&s.v) {
+        Ok(x) => Some(x),
+        Err(m) => {
+            errs.push(at(s, format!("value.subject: {m}")));
+            None
+        }
+    });
+    let max_depth = v.max_depth.as_ref().map_or(json::DEFAULT_MAX_DEPTH, |d| d.v);
+    if !(1..=json::MAX_MAX_DEPTH).contains(&max_depth) {
+        if let Some(d) = &v.max_depth {
+            errs.push(at(d, format!("value.max_depth: {max_depth} is outside [1, {}]", json::MAX_MAX_DEPTH)));
+        }
+    }
+    let (mut reader, mut own_schema) = (None, None);
+    match (&v.schema, format) {
+        (Some(s), RegFormat::Avro) => match schema_path(base, s, "value.schema", "avsc")
+            .and_then(|p| avro::load_schema(&p).map_err(|m| at(s, format!("value.schema: {m}"))))
+        {
+            Ok(r) => reader = Some(r),
+            Err(e) => errs.push(e),
+        },
+        (Some(s), RegFormat::Json) => match load_json_schema(base, s) {
+            Ok((validator, _)) => own_schema = Some(validator),
+            Err(e) => errs.push(e),
+        },
+        (Some(s), RegFormat::Protobuf) => errs.push(at(
+            s,
+            "value.schema: with `registry: true` the .proto comes from the registry; name the type with `message`",
+        )),
+        (None, _) => {}
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    let decoder = RegistryDecoder {
+        cache: cache.clone(),
+        format,
+        subject,
+        reader,
+        message: v.message.as_ref().map(|m| m.v.trim_start_matches('.').to_string()),
+        max_depth,
+    };
+    Ok((Decoder::Registry(decoder), own_schema))
 }
 
 /// Keys that do not apply to the value's format or wire are errors.
@@ -77,12 +167,21 @@ fn check_value_keys(v: &ValueDoc) -> Result<(), Vec<At>> {
             "value.max_depth: applies to format json only",
         );
     }
-    if matches!(format, Format::Json | Format::Bytes) {
+    if format == Format::Json {
         no_key(
             &mut errs,
             &v.wire,
-            "value.wire: applies to formats avro and protobuf only",
+            "value.wire: format json reads the confluent framing only with `registry: true`",
         );
+    }
+    if matches!(format, Format::Json | Format::Bytes) {
+        if format == Format::Bytes {
+            no_key(
+                &mut errs,
+                &v.wire,
+                "value.wire: applies to formats avro, protobuf and json (with registry: true)",
+            );
+        }
         no_key(
             &mut errs,
             &v.schema_ids,
@@ -114,7 +213,7 @@ fn check_value_keys(v: &ValueDoc) -> Result<(), Vec<At>> {
         if let Some(w) = &v.wire {
             errs.push(at(
                 w,
-                "value.wire: `confluent` needs value.schema_ids (schema id: file)",
+                "value.wire: `confluent` needs value.schema_ids (schema id: file) or `registry: true`",
             ));
         }
     }
@@ -304,6 +403,7 @@ pub(super) fn compile_rule(
             || d.max_age.is_some()
             || d.unit.is_some()
             || d.optional
+            || d.absent.is_some()
         {
             return Err(vec![at(
                 r,
@@ -346,11 +446,21 @@ pub(super) fn compile_rule(
         )]);
     };
     let ptr = pointer(field, "field").map_err(|e| vec![e])?;
+    let absent = d.absent.as_ref().is_some_and(|a| a.v);
+    if let Some(a) = d.absent.as_ref().filter(|a| a.v) {
+        if d.one_of.is_some() || d.min.is_some() || d.max.is_some() || d.max_age.is_some() {
+            return Err(vec![at(a, "absent: a field that must be absent has nothing else to check; write other rules as separate list items")]);
+        }
+    }
+    if absent {
+        rules.push(Rule::absent(ptr));
+        return Ok(());
+    }
     if d.one_of.is_none() && d.min.is_none() && d.max.is_none() && d.max_age.is_none() {
         return Err(vec![at(
             field,
             format!(
-                "field: `{}` has nothing to check; add one_of, min/max or max_age",
+                "field: `{}` has nothing to check; add one_of, min/max, max_age or absent: true",
                 field.v
             ),
         )]);

@@ -24,6 +24,10 @@ pub(super) struct PolicyDoc {
     pub(super) topics: Located<Vec<Located<String>>>,
     #[serde(default)]
     pub(super) value: Option<ValueDoc>,
+    /// Keys are validated too (decoded and checked against their schema;
+    /// rules apply to the value only).
+    #[serde(default)]
+    pub(super) key: Option<Located<ValueDoc>>,
     #[serde(default)]
     pub(super) rules: Option<Located<Vec<Located<RuleDoc>>>>,
     #[serde(default)]
@@ -65,6 +69,12 @@ pub(super) struct ValueDoc {
     pub(super) allow_null: bool,
     #[serde(default)]
     pub(super) max_depth: Option<Located<usize>>,
+    /// Resolve the Confluent framing's schema id through `schema_registry`.
+    #[serde(default)]
+    pub(super) registry: Option<Located<bool>>,
+    /// With `registry`: the id must be registered under this subject.
+    #[serde(default)]
+    pub(super) subject: Option<Located<String>>,
 }
 
 pub(super) fn yes() -> bool {
@@ -105,6 +115,33 @@ pub(super) struct RuleDoc {
     /// A missing or null field passes `one_of` and `min`/`max` (default false).
     #[serde(default)]
     pub(super) optional: bool,
+    /// The field must be missing (or null).
+    #[serde(default)]
+    pub(super) absent: Option<Located<bool>>,
+    /// The class a failure of this rule gets (default: the rule's own).
+    #[serde(default)]
+    pub(super) class: Option<Located<ClassDoc>>,
+}
+
+/// The classes a rule may be given (`transient` is the registry's alone).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum ClassDoc {
+    Poison,
+    Stale,
+    Unknown,
+    Redact,
+}
+
+impl ClassDoc {
+    pub(super) fn class(self) -> super::Class {
+        match self {
+            ClassDoc::Poison => super::Class::Poison,
+            ClassDoc::Stale => super::Class::Stale,
+            ClassDoc::Unknown => super::Class::Unknown,
+            ClassDoc::Redact => super::Class::Redact,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

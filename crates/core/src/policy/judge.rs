@@ -7,9 +7,10 @@ use super::avro::AvroDecoder;
 use super::dlt_topic::DeadLetterTemplate;
 use super::json;
 use super::protobuf::ProtoDecoder;
+use super::registered::RegistryDecoder;
 use super::rules::{Doc, MaxAge, Rule};
 use super::shape::Shape;
-use super::Invalid;
+use super::{Class, Invalid};
 use crate::kafka::record::Record;
 
 /// How a value's bytes are decoded for the schema and the rules.
@@ -27,6 +28,84 @@ pub(super) enum Decoder {
     },
     Avro(AvroDecoder),
     Protobuf(ProtoDecoder),
+    /// `registry: true`: the schema comes from the schema registry.
+    Registry(RegistryDecoder),
+}
+
+impl Decoder {
+    /// The decoded value, without the JSON fast paths (keys); `None` for
+    /// `bytes`.
+    fn decode_full(
+        &self,
+        bytes: &[u8],
+        topic: &str,
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, Invalid> {
+        Ok(Some(match self {
+            Decoder::Bytes => return Ok(None),
+            Decoder::Json { max_depth, .. } => {
+                json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
+            }
+            Decoder::Avro(d) => d.decode(bytes)?,
+            Decoder::Protobuf(d) => d.decode(bytes)?,
+            Decoder::Registry(d) => d.decode(bytes, topic, now_ms)?,
+        }))
+    }
+}
+
+/// A rule's failure with the rule's own `class:`, when it sets one.
+fn reclass(mut e: Invalid, class: Option<&Option<Class>>) -> Invalid {
+    if let Some(Some(c)) = class {
+        e.class = *c;
+    }
+    e
+}
+
+/// The `key:` section: keys are decoded and checked against their schema
+/// (rules apply to values only). Failures are named `key.<rule>`.
+#[derive(Debug)]
+pub(crate) struct KeyCheck {
+    pub(super) decoder: Decoder,
+    pub(super) schema: Option<jsonschema::Validator>,
+    pub(super) allow_null: bool,
+    pub(super) max_bytes: Option<usize>,
+}
+
+impl KeyCheck {
+    pub(super) fn is_registry(&self) -> bool {
+        matches!(self.decoder, Decoder::Registry(_))
+    }
+
+    fn check(&self, key: Option<&[u8]>, topic: &str, now_ms: i64) -> Result<(), Invalid> {
+        let named = |mut e: Invalid| {
+            e.rule = format!("key.{}", e.rule);
+            e
+        };
+        let Some(bytes) = key else {
+            return if self.allow_null {
+                Ok(())
+            } else {
+                Err(Invalid::poison("key.allow_null", "key is null and this policy sets key.allow_null: false"))
+            };
+        };
+        if let Some(max) = self.max_bytes.filter(|m| bytes.len() > *m) {
+            return Err(Invalid::poison(
+                "key.max_bytes",
+                format!("key is {} bytes, over key.max_bytes {max}", bytes.len()),
+            ));
+        }
+        let value = self.decoder.decode_full(bytes, topic, now_ms).map_err(named)?;
+        if let (Some(schema), Some(v)) = (&self.schema, &value) {
+            if !schema.is_valid(v) {
+                let reason = match schema.validate(v) {
+                    Err(e) => format!("key{}: {e}", e.instance_path()),
+                    Ok(()) => "key does not match the JSON Schema".into(),
+                };
+                return Err(Invalid::poison("key.schema", reason));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Everything a policy needs to judge a record, compiled at load.
@@ -40,13 +119,32 @@ pub(crate) struct Compiled {
     pub(super) schema: Option<jsonschema::Validator>,
     pub(super) rules: Vec<Rule>,
     pub(super) stale: Vec<MaxAge>,
+    /// The `class:` of each rule in `rules` and `stale` (same order), if set.
+    pub(super) rule_class: Vec<Option<Class>>,
+    pub(super) stale_class: Vec<Option<Class>>,
+    pub(super) key: Option<KeyCheck>,
 }
 
 impl Compiled {
-    pub(crate) fn judge(&self, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+    pub(crate) fn judge(&self, topic: &str, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
         let Some(bytes) = self.before_decode(r)? else {
-            return Ok(());
+            return match &self.key {
+                Some(k) => k.check(r.key, topic, now_ms),
+                None => Ok(()),
+            };
         };
+        if let Some(k) = &self.key {
+            k.check(r.key, topic, now_ms)?;
+        }
+        let value = match &self.decoder {
+            Decoder::Registry(d) => d.decode(bytes, topic, now_ms)?,
+            _ => return self.judge_value(bytes, now_ms),
+        };
+        self.check_value(&value, now_ms)
+    }
+
+    /// Decode and judge a value with a schema of its own (not the registry).
+    fn judge_value(&self, bytes: &[u8], now_ms: i64) -> Result<(), Invalid> {
         let value = match &self.decoder {
             Decoder::Bytes => return Ok(()),
             Decoder::Json {
@@ -73,6 +171,7 @@ impl Compiled {
             }
             Decoder::Avro(d) => d.decode(bytes)?,
             Decoder::Protobuf(d) => d.decode(bytes)?,
+            Decoder::Registry(_) => return Err(Invalid::poison("decode", "internal: registry value judged as a file value")),
         };
         self.check_value(&value, now_ms)
     }
@@ -142,13 +241,31 @@ impl Compiled {
 
     /// Rules in file order, then `max_age` rules.
     fn check_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
-        for rule in &self.rules {
-            rule.check(value)?;
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.check(value)
+                .map_err(|e| reclass(e, self.rule_class.get(i)))?;
         }
-        for s in &self.stale {
-            s.check(value, now_ms)?;
+        for (i, s) in self.stale.iter().enumerate() {
+            s.check(value, now_ms)
+                .map_err(|e| reclass(e, self.stale_class.get(i)))?;
         }
         Ok(())
+    }
+
+    /// The value decoded in full (no fast path), for `dlt inspect --decode`.
+    pub(crate) fn decode_value(
+        &self,
+        topic: &str,
+        bytes: &[u8],
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, Invalid> {
+        self.decoder.decode_full(bytes, topic, now_ms)
+    }
+
+    /// Whether the value or the key reads schemas from the registry.
+    pub(crate) fn uses_registry(&self) -> bool {
+        matches!(self.decoder, Decoder::Registry(_))
+            || self.key.as_ref().is_some_and(KeyCheck::is_registry)
     }
 
     /// Whether records are judged without building a `serde_json::Value`.
@@ -185,7 +302,7 @@ impl Compiled {
                     .map_err(|r| Invalid::poison("decode", r))?;
                 self.check_value(&value, now_ms)
             }
-            _ => self.judge(r, now_ms),
+            _ => self.judge("", r, now_ms),
         }
     }
 }

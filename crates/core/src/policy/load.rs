@@ -12,13 +12,18 @@ use super::dlt_topic::DeadLetterTemplate;
 use super::document::*;
 use super::glob;
 use super::json;
-use super::judge::{Compiled, Decoder};
+use super::judge::{Compiled, Decoder, KeyCheck};
+use super::registry::SchemaCache;
+use std::sync::Arc;
 use super::located::{at, from_yaml, parse_doc, place, At};
 use super::rules;
 use super::{Action, OnProduce, Policy, PolicyError, Undecodable};
 
 /// Load every file named (directories: their `*.yaml`/`*.yml`, sorted).
-pub(crate) fn load_all(paths: &[PathBuf]) -> Result<Vec<Policy>, Vec<PolicyError>> {
+pub(crate) fn load_all(
+    paths: &[PathBuf],
+    cache: &Arc<SchemaCache>,
+) -> Result<Vec<Policy>, Vec<PolicyError>> {
     let mut files = Vec::new();
     let mut errors = Vec::new();
     for p in paths {
@@ -50,7 +55,7 @@ pub(crate) fn load_all(paths: &[PathBuf]) -> Result<Vec<Policy>, Vec<PolicyError
             files.push(p.clone());
         }
     }
-    let mut state = LoadState::default();
+    let mut state = LoadState::new(cache);
     for f in &files {
         match std::fs::read_to_string(f) {
             Ok(text) => state.load_text(&text, f),
@@ -68,8 +73,12 @@ pub(crate) fn load_all(paths: &[PathBuf]) -> Result<Vec<Policy>, Vec<PolicyError
 }
 
 /// Load one file's text as if read from `path`.
-pub(crate) fn load_text(text: &str, path: &Path) -> Result<Vec<Policy>, Vec<PolicyError>> {
-    let mut state = LoadState::default();
+pub(crate) fn load_text(
+    text: &str,
+    path: &Path,
+    cache: &Arc<SchemaCache>,
+) -> Result<Vec<Policy>, Vec<PolicyError>> {
+    let mut state = LoadState::new(cache);
     state.load_text(text, path);
     if state.errors.is_empty() {
         Ok(state.policies)
@@ -78,8 +87,9 @@ pub(crate) fn load_text(text: &str, path: &Path) -> Result<Vec<Policy>, Vec<Poli
     }
 }
 
-#[derive(Default)]
 struct LoadState {
+    /// Where `registry: true` policies read registered schemas.
+    cache: Arc<SchemaCache>,
     policies: Vec<Policy>,
     errors: Vec<PolicyError>,
     /// Exact topic → (policy name, file) that claimed it first.
@@ -88,6 +98,36 @@ struct LoadState {
 }
 
 impl LoadState {
+    fn new(cache: &Arc<SchemaCache>) -> Self {
+        LoadState {
+            cache: cache.clone(),
+            policies: Vec::new(),
+            errors: Vec::new(),
+            topics: HashMap::new(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// The `key:` section, compiled like a value; messages say `key.`.
+    fn compile_key(&self, k: &ValueDoc, base: &Path) -> Result<KeyCheck, Vec<At>> {
+        let (decoder, schema) = compile_value(k, base, &self.cache).map_err(|errs| {
+            errs.into_iter()
+                .map(|mut e| {
+                    if let Some(rest) = e.msg.strip_prefix("value.") {
+                        e.msg = format!("key.{rest}");
+                    }
+                    e
+                })
+                .collect::<Vec<_>>()
+        })?;
+        Ok(KeyCheck {
+            decoder,
+            schema,
+            allow_null: k.allow_null,
+            max_bytes: k.max_bytes.or(default_max_bytes(&k.format.v)),
+        })
+    }
+
     fn load_text(&mut self, text: &str, path: &Path) {
         let doc = match parse_doc(text, None) {
             Ok(d) => d,
@@ -154,7 +194,7 @@ impl LoadState {
 
         let (decoder, schema, allow_null, max_bytes) = match &p.value {
             None => (Decoder::Bytes, None, true, None),
-            Some(v) => match compile_value(v, base) {
+            Some(v) => match compile_value(v, base, &self.cache) {
                 Ok((d, s)) => (
                     d,
                     s,
@@ -168,8 +208,19 @@ impl LoadState {
             },
         };
 
+        let key = match &p.key {
+            None => None,
+            Some(k) => match self.compile_key(&k.v, base) {
+                Ok(k) => Some(k),
+                Err(mut e) => {
+                    errs.append(&mut e);
+                    None
+                }
+            },
+        };
         let mut rules = Vec::new();
         let mut stale = Vec::new();
+        let (mut rule_class, mut stale_class) = (Vec::new(), Vec::new());
         let mut decoder = decoder;
         if let Some(rs) = &p.rules {
             if matches!(decoder, Decoder::Bytes) && !rs.v.is_empty() && errs.is_empty() {
@@ -182,6 +233,10 @@ impl LoadState {
                 if let Err(mut e) = compile_rule(r, &mut rules, &mut stale) {
                     errs.append(&mut e);
                 }
+                // Every rule this list item compiled to gets its class.
+                let class = r.v.class.as_ref().map(|c| c.v.class());
+                rule_class.resize(rules.len(), class);
+                stale_class.resize(stale.len(), class);
             }
         }
 
@@ -212,6 +267,16 @@ impl LoadState {
             },
         };
 
+        let registry = matches!(decoder, Decoder::Registry(_))
+            || matches!(&key, Some(k) if k.is_registry());
+        if registry && matches!(p.on_produce, OnProduceDoc::Reject) {
+            if let Some(v) = &p.value {
+                errs.push(at(
+                    &v.format,
+                    "on_produce: reject is not supported with `registry: true` yet (schemas are resolved on fetch)",
+                ));
+            }
+        }
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -248,6 +313,9 @@ impl LoadState {
                 schema,
                 rules,
                 stale,
+                rule_class,
+                stale_class,
+                key,
             },
         })
     }

@@ -40,6 +40,9 @@
 //!       max_bytes: 65536               # default: no limit
 //!       allow_null: true               # tombstones pass (default true)
 //!       max_depth: 64                  # json nesting limit, 1..=127 (default 64)
+//!       registry: true                 # schema by the confluent id, from the registry cache (`registry`)
+//!       subject: "{topic}-value"       # with registry: the id must be registered under it
+//!     key: { format: avro, wire: confluent, registry: true }   # keys decoded and checked too (rules: values only)
 //!     rules:                           # judged in order on the decoded value
 //!       - coordinates: {lat: /lat, lon: /lon, reject_null_island: true, bbox: [min_lat, min_lon, max_lat, max_lon]}
 //!       - field: /transition           # an RFC 6901 JSON pointer
@@ -51,6 +54,9 @@
 //!       - field: /event_time_ms
 //!         max_age: 15m                 # ms s m h d; older: class stale (judged last)
 //!         unit: ms                     # s | ms (default) | us | ns
+//!       - field: /ssn
+//!         absent: true                 # missing or null, or the rule fails
+//!         class: redact                # any rule: poison | stale | unknown | redact
 //!     headers:
 //!       required: [idempotency-key]    # present with a non-null value
 //!     on_invalid: divert               # divert (default) | drop | pass
@@ -76,6 +82,10 @@ mod judge;
 mod load;
 mod located;
 mod protobuf;
+mod registered;
+pub mod registry;
+#[cfg(test)]
+mod registry_tests;
 mod rules;
 mod shape;
 #[cfg(test)]
@@ -90,6 +100,7 @@ use std::sync::Arc;
 use crate::kafka::record::Record;
 
 pub use dlt_topic::DeadLetterTemplate;
+pub use registry::{Registered, SchemaCache, Want};
 
 /// What went wrong loading policies. Displayed as `file:line:column: message`;
 /// the message names the offending key (e.g. `value.schema: ...`).
@@ -124,16 +135,26 @@ pub enum Class {
     Stale,
     /// The validator cannot decide (e.g. an unknown schema id).
     Unknown,
+    /// Not decidable now, but later: a schema the registry has not answered
+    /// for yet. Never cached, never dead-lettered: the partition is held at
+    /// the record until the verdict can be reached.
+    Transient,
+    /// Must be deleted rather than archived (data protection): removed from
+    /// the stream, and its DLT record carries only context headers.
+    Redact,
 }
 
 impl Class {
-    pub const ALL: [Class; 3] = [Class::Poison, Class::Stale, Class::Unknown];
+    /// Every class that can reach a dead-letter topic (not `transient`).
+    pub const ALL: [Class; 4] = [Class::Poison, Class::Stale, Class::Unknown, Class::Redact];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Class::Poison => "poison",
             Class::Stale => "stale",
             Class::Unknown => "unknown",
+            Class::Transient => "transient",
+            Class::Redact => "redact",
         }
     }
 }
@@ -198,7 +219,10 @@ impl Invalid {
     /// The reason as logs may show it: the reason itself only when the
     /// operator opted in, since reasons quote field values.
     pub fn log_reason(&self) -> &str {
-        if LOG_RECORD_CONTENTS.load(Ordering::Relaxed) {
+        if self.class == Class::Redact {
+            // Never, whatever the operator opted into: that is the point.
+            "(withheld: class redact)"
+        } else if LOG_RECORD_CONTENTS.load(Ordering::Relaxed) {
             &self.reason
         } else {
             "(withheld: logging.record_contents is off)"
@@ -245,10 +269,27 @@ impl Policy {
     /// Judge one record. `now_ms` is wall-clock milliseconds since the epoch,
     /// used by `max_age` rules only.
     pub fn judge(&self, record: &Record<'_>, now_ms: i64) -> Verdict {
-        match self.inner.judge(record, now_ms) {
+        self.judge_in("", record, now_ms)
+    }
+
+    /// Judge one record of `topic` (the `{topic}` of a registry `subject`).
+    pub fn judge_in(&self, topic: &str, record: &Record<'_>, now_ms: i64) -> Verdict {
+        match self.inner.judge(topic, record, now_ms) {
             Ok(()) => Verdict::Valid,
             Err(invalid) => Verdict::Invalid(invalid),
         }
+    }
+
+    /// A value of `topic` decoded as the policy decodes it (its schema
+    /// file or the registry), as JSON; `None` for `bytes` policies. A
+    /// registry schema not cached yet is an `Err` of class `transient`.
+    pub fn decode_value(
+        &self,
+        topic: &str,
+        bytes: &[u8],
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, Invalid> {
+        self.inner.decode_value(topic, bytes, now_ms)
     }
 
     /// The dead-letter topic for a record of `topic` judged `class`.
@@ -275,15 +316,38 @@ impl PolicySet {
     /// every file; one YAML shape error (unknown key, wrong type) stops the
     /// reading of its own file only.
     pub fn load(paths: &[PathBuf]) -> Result<PolicySet, Vec<PolicyError>> {
-        let policies = load::load_all(paths)?;
+        Self::load_with(paths, &SchemaCache::shared())
+    }
+
+    /// [`PolicySet::load`], with `registry: true` policies reading
+    /// registered schemas from `cache`.
+    pub fn load_with(
+        paths: &[PathBuf],
+        cache: &Arc<SchemaCache>,
+    ) -> Result<PolicySet, Vec<PolicyError>> {
+        let policies = load::load_all(paths, cache)?;
         Ok(PolicySet::from_policies(policies))
     }
 
     /// Parse one policy file's text as if read from `path` (schema paths are
     /// relative to `path`'s folder).
     pub fn parse(text: &str, path: &Path) -> Result<PolicySet, Vec<PolicyError>> {
-        let policies = load::load_text(text, path)?;
+        Self::parse_with(text, path, &SchemaCache::shared())
+    }
+
+    /// [`PolicySet::parse`] with its own schema cache.
+    pub fn parse_with(
+        text: &str,
+        path: &Path,
+        cache: &Arc<SchemaCache>,
+    ) -> Result<PolicySet, Vec<PolicyError>> {
+        let policies = load::load_text(text, path, cache)?;
         Ok(PolicySet::from_policies(policies))
+    }
+
+    /// Whether any policy reads schemas from the registry.
+    pub fn uses_registry(&self) -> bool {
+        self.policies.iter().any(|p| p.inner.uses_registry())
     }
 
     fn from_policies(policies: Vec<Policy>) -> PolicySet {

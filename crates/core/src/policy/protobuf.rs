@@ -80,29 +80,46 @@ impl ProtoDecoder {
                 let (id, mut rest) = confluent_header(bytes)?;
                 let file = self.ids.get(&id).ok_or_else(|| unknown_id(id))?;
                 let desc = message_by_indexes(file, &mut rest)?;
-                if let Some(expected) = &self.message {
-                    if expected.full_name() != desc.full_name() {
+                check_type(&desc, self.message.as_ref())?;
+                (desc, rest)
+            }
+        };
+        decode_message(desc, payload)
+    }
+}
+
+/// A Confluent-framed message's type must be the one the policy expects.
+pub(crate) fn check_type(
+    desc: &MessageDescriptor,
+    expected: Option<&MessageDescriptor>,
+) -> Result<(), Invalid> {
+    check_type_name(desc, expected.map(|m| m.full_name()))
+}
+
+pub(crate) fn check_type_name(desc: &MessageDescriptor, expected: Option<&str>) -> Result<(), Invalid> {
+                if let Some(expected) = expected {
+                    if expected != desc.full_name() {
                         return Err(Invalid::poison(
                             "schema",
                             format!(
-                                "value is a {}, this topic expects {}",
+                                "value is a {}, this topic expects {expected}",
                                 desc.full_name(),
-                                expected.full_name()
                             ),
                         ));
                     }
                 }
-                (desc, rest)
-            }
-        };
+    Ok(())
+}
+
+/// Decode `payload` as a `desc` message, as JSON.
+pub(crate) fn decode_message(desc: MessageDescriptor, payload: &[u8]) -> Result<Value, Invalid> {
         let msg = DynamicMessage::decode(desc, payload)
             .map_err(|e| Invalid::poison("decode", format!("value is not valid Protobuf: {e}")))?;
         message_to_json(&msg).map_err(|r| Invalid::poison("decode", r))
-    }
 }
 
 /// Resolve the Confluent message-index array against `file`.
-fn message_by_indexes(
+pub(crate) fn message_by_indexes(
     file: &FileDescriptor,
     buf: &mut &[u8],
 ) -> Result<MessageDescriptor, Invalid> {

@@ -133,7 +133,9 @@ pub(crate) fn assign_slots(rules: &mut [Rule], stale: &mut [MaxAge]) -> Vec<Poin
     };
     for r in rules.iter_mut() {
         match r {
-            Rule::OneOf { ptr, .. } | Rule::Range { ptr, .. } => assign(ptr),
+            Rule::OneOf { ptr, .. } | Rule::Range { ptr, .. } | Rule::Absent { ptr, .. } => {
+                assign(ptr)
+            }
             Rule::Coordinates(c) => {
                 assign(&mut c.lat);
                 assign(&mut c.lon);
@@ -271,6 +273,12 @@ pub(crate) enum Rule {
         max: Option<f64>,
     },
     Coordinates(Box<Coordinates>),
+    /// The field must be missing or null (e.g. personal data that must
+    /// never be present). The reason never quotes the value.
+    Absent {
+        id: String,
+        ptr: Pointer,
+    },
 }
 
 #[derive(Debug)]
@@ -311,8 +319,22 @@ impl Rule {
         }
     }
 
+    pub(crate) fn absent(ptr: Pointer) -> Rule {
+        Rule::Absent {
+            id: format!("absent:{}", ptr.as_str()),
+            ptr,
+        }
+    }
+
     pub(crate) fn check<D: Doc + ?Sized>(&self, v: &D) -> Result<(), Invalid> {
         match self {
+            Rule::Absent { id, ptr } => match v.field(ptr) {
+                None | Some(Field::Null) => Ok(()),
+                Some(_) => Err(Invalid::poison(
+                    id,
+                    format!("{}: present, and must be absent", ptr.as_str()),
+                )),
+            },
             Rule::OneOf {
                 id,
                 ptr,

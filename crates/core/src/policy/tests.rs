@@ -807,7 +807,7 @@ fn confluent_wire_needs_schema_ids() {
     assert_error_text(text, "4:33", "`confluent` needs value.schema_ids");
     let text =
         "policies:\n  - name: a\n    topics: [x]\n    value: {format: json, wire: confluent}\n";
-    assert_error_text(text, "4:33", "applies to formats avro and protobuf only");
+    assert_error_text(text, "4:33", "confluent framing only with `registry: true`");
 }
 
 #[test]

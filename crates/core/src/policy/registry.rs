@@ -1,0 +1,422 @@
+//! Schemas from a schema registry, as the judge sees them: a cache of
+//! compiled schemas by id and of the subjects each id is registered under,
+//! filled by the binary crate's registry client. Pure: this module never
+//! fetches anything. A judge that finds an id missing records what it
+//! needs ([`Want`]) and answers `transient`; the client drains the wants,
+//! fetches, and stores the answers here, and the record is judged again.
+//!
+//! What it owns: compiling a registry answer (Avro with named references,
+//! Protobuf with imports, JSON Schema) with the same limits as schema
+//! files, and the bounds of the cache. Must never cache a `transient`
+//! outcome: only answers the registry actually gave are stored.
+//!
+//! Ids are immutable in a registry, so a compiled schema is kept for the
+//! life of the process (bounded by [`MAX_SCHEMAS`]: when full it is
+//! cleared, costing only refetches). "No such id" and subject lists may
+//! change (an id can be registered later, under more subjects), so they
+//! are kept for a bounded time (`ttl_ms`).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use dashmap::DashMap;
+use prost_reflect::FileDescriptor;
+
+/// Most compiled schemas kept at once.
+pub const MAX_SCHEMAS: usize = 10_000;
+/// Most subject lists kept at once.
+pub const MAX_SUBJECT_LISTS: usize = 10_000;
+/// Most wants queued at once (a flood of records with random ids must not
+/// grow this without bound; a want dropped is asked for again next fetch).
+pub const MAX_WANTS: usize = 1_024;
+/// Default time a "no such id" answer and a subject list are trusted.
+pub const DEFAULT_TTL_MS: i64 = 60_000;
+
+/// A schema as registered, compiled.
+#[derive(Debug)]
+pub enum Registered {
+    /// The writer schema and the named types its references define.
+    Avro(apache_avro::Schema, Vec<apache_avro::Schema>),
+    Protobuf(FileDescriptor),
+    Json(jsonschema::Validator),
+    /// Registered, but it does not compile here (a JSON Schema `$ref` to
+    /// another subject, a recursive Avro record): records under it cannot be
+    /// judged, class `unknown`. Kept, as the id's schema never changes.
+    Unusable(String),
+}
+
+impl Registered {
+    /// The registry's name of the schema's type.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Registered::Avro(..) => "AVRO",
+            Registered::Protobuf(_) => "PROTOBUF",
+            Registered::Json(_) => "JSON",
+            Registered::Unusable(_) => "unusable",
+        }
+    }
+}
+
+/// What the judge asks the registry client for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Want {
+    /// `GET /schemas/ids/{id}` (and its references).
+    Schema(u32),
+    /// `GET /schemas/ids/{id}/versions`: the subjects the id is under.
+    Subjects(u32),
+}
+
+/// What the cache knows of one id.
+#[derive(Debug, Clone)]
+pub enum Known<T> {
+    /// The registry answered with this.
+    Found(T),
+    /// The registry said there is no such id (404, error 40403).
+    NotFound,
+    /// Not asked yet, or the answer expired: judge `transient`.
+    Missing,
+}
+
+#[derive(Debug, Clone)]
+enum SchemaEntry {
+    Found(Arc<Registered>),
+    NotFound { at_ms: i64 },
+}
+
+/// Compiled schemas and subject lists by id, shared by every policy that
+/// sets `registry: true` and by the registry client that fills it.
+#[derive(Debug)]
+pub struct SchemaCache {
+    schemas: DashMap<u32, SchemaEntry>,
+    subjects: DashMap<u32, (Arc<[String]>, i64)>,
+    wants: Mutex<BTreeSet<Want>>,
+    ttl_ms: AtomicI64,
+}
+
+impl Default for SchemaCache {
+    fn default() -> Self {
+        SchemaCache {
+            schemas: DashMap::new(),
+            subjects: DashMap::new(),
+            wants: Mutex::new(BTreeSet::new()),
+            ttl_ms: AtomicI64::new(DEFAULT_TTL_MS),
+        }
+    }
+}
+
+impl SchemaCache {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The cache policies use when loaded without one of their own: one per
+    /// process, as the process talks to one registry (`schema_registry`).
+    pub fn shared() -> Arc<SchemaCache> {
+        static SHARED: OnceLock<Arc<SchemaCache>> = OnceLock::new();
+        SHARED.get_or_init(SchemaCache::new).clone()
+    }
+
+    /// How long "no such id" and subject lists are trusted.
+    pub fn set_ttl_ms(&self, ttl_ms: i64) {
+        self.ttl_ms.store(ttl_ms.max(0), Ordering::Relaxed);
+    }
+
+    fn fresh(&self, at_ms: i64, now_ms: i64) -> bool {
+        now_ms.saturating_sub(at_ms) < self.ttl_ms.load(Ordering::Relaxed)
+    }
+
+    /// The schema of `id`; queues a want when it is missing or expired.
+    pub fn schema(&self, id: u32, now_ms: i64) -> Known<Arc<Registered>> {
+        match self.schemas.get(&id).map(|e| e.clone()) {
+            Some(SchemaEntry::Found(s)) => Known::Found(s),
+            Some(SchemaEntry::NotFound { at_ms }) if self.fresh(at_ms, now_ms) => Known::NotFound,
+            _ => {
+                self.want(Want::Schema(id));
+                Known::Missing
+            }
+        }
+    }
+
+    /// The subjects `id` is registered under; queues a want when missing
+    /// or expired.
+    pub fn subjects(&self, id: u32, now_ms: i64) -> Known<Arc<[String]>> {
+        match self.subjects.get(&id).map(|e| e.clone()) {
+            Some((list, at_ms)) if self.fresh(at_ms, now_ms) => Known::Found(list),
+            _ => {
+                self.want(Want::Subjects(id));
+                Known::Missing
+            }
+        }
+    }
+
+    fn want(&self, w: Want) {
+        if let Ok(mut wants) = self.wants.lock() {
+            if wants.len() < MAX_WANTS {
+                wants.insert(w);
+            }
+        }
+    }
+
+    /// Everything judges asked for since the last call.
+    pub fn take_wants(&self) -> Vec<Want> {
+        match self.wants.lock() {
+            Ok(mut w) => std::mem::take(&mut *w).into_iter().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Whether the registry's answer for `want` is in the cache and fresh.
+    pub fn has(&self, want: Want, now_ms: i64) -> bool {
+        match want {
+            Want::Schema(id) => match self.schemas.get(&id).map(|e| e.clone()) {
+                Some(SchemaEntry::Found(_)) => true,
+                Some(SchemaEntry::NotFound { at_ms }) => self.fresh(at_ms, now_ms),
+                None => false,
+            },
+            Want::Subjects(id) => self
+                .subjects
+                .get(&id)
+                .is_some_and(|e| self.fresh(e.1, now_ms)),
+        }
+    }
+
+    /// Store the registry's schema for `id`.
+    pub fn put_schema(&self, id: u32, schema: Registered) {
+        if self.schemas.len() >= MAX_SCHEMAS {
+            self.schemas.clear();
+        }
+        self.schemas
+            .insert(id, SchemaEntry::Found(Arc::new(schema)));
+    }
+
+    /// Store "no such id" for `id`, trusted for the TTL.
+    pub fn put_not_found(&self, id: u32, now_ms: i64) {
+        if self.schemas.len() >= MAX_SCHEMAS {
+            self.schemas.clear();
+        }
+        self.schemas
+            .insert(id, SchemaEntry::NotFound { at_ms: now_ms });
+    }
+
+    /// Store the subjects `id` is registered under (empty: none, or no
+    /// such id), trusted for the TTL.
+    pub fn put_subjects(&self, id: u32, subjects: Vec<String>, now_ms: i64) {
+        if self.subjects.len() >= MAX_SUBJECT_LISTS {
+            self.subjects.clear();
+        }
+        self.subjects.insert(id, (subjects.into(), now_ms));
+    }
+
+    /// Compiled schemas held (for tests and the check command).
+    pub fn len(&self) -> usize {
+        self.schemas.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.schemas.is_empty()
+    }
+}
+
+/// One schema a registered schema refers to: its `name` (the import path
+/// of a Protobuf reference, the full name of an Avro named type) and text.
+#[derive(Debug, Clone)]
+pub struct Reference {
+    pub name: String,
+    pub schema: String,
+}
+
+/// Compile a registry answer: `schema_type` as the registry names it
+/// (`AVRO` when absent, `PROTOBUF`, `JSON`), the schema text, and the
+/// texts of its references (already resolved, transitively, dependencies
+/// first). A schema that does not compile is `Unusable`, not an error: the
+/// id exists and will never change.
+pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Registered {
+    let out = match schema_type.unwrap_or("AVRO") {
+        "AVRO" => compile_avro(text, refs).map(|(s, named)| Registered::Avro(s, named)),
+        "PROTOBUF" => compile_protobuf(text, refs).map(Registered::Protobuf),
+        "JSON" => compile_json(text).map(Registered::Json),
+        other => Err(format!("schema type {other} is not supported")),
+    };
+    out.unwrap_or_else(Registered::Unusable)
+}
+
+type AvroSchemas = (apache_avro::Schema, Vec<apache_avro::Schema>);
+
+fn compile_avro(text: &str, refs: &[Reference]) -> Result<AvroSchemas, String> {
+    super::avro::limit_allocations();
+    let (schema, named) = if refs.is_empty() {
+        let s =
+            apache_avro::Schema::parse_str(text).map_err(|e| format!("not an Avro schema: {e}"))?;
+        (s, Vec::new())
+    } else {
+        let list: Vec<&str> = refs.iter().map(|r| r.schema.as_str()).collect();
+        apache_avro::Schema::parse_str_with_list(text, list)
+            .map_err(|e| format!("not an Avro schema with its references: {e}"))?
+    };
+    super::avro::check_not_recursive(&schema)?;
+    for n in &named {
+        super::avro::check_not_recursive(n)?;
+    }
+    Ok((schema, named))
+}
+
+/// The name the registered schema's own file gets among its imports.
+const MAIN_PROTO: &str = "antidote-registered.proto";
+
+fn compile_protobuf(text: &str, refs: &[Reference]) -> Result<FileDescriptor, String> {
+    let mut files = Vec::with_capacity(refs.len() + 1);
+    for r in refs {
+        files.push(
+            proto_file(&r.name, &r.schema).map_err(|e| format!("reference {}: {e}", r.name))?,
+        );
+    }
+    files.push(proto_file(MAIN_PROTO, text)?);
+    let mut chain = protox::file::ChainFileResolver::new();
+    chain.add(MemoryFiles(files));
+    chain.add(protox::file::GoogleFileResolver::new());
+    let mut compiler = protox::Compiler::with_file_resolver(chain);
+    compiler.include_imports(true);
+    compiler
+        .open_file(MAIN_PROTO)
+        .map_err(|e| format!("does not compile: {e}"))?;
+    compiler
+        .descriptor_pool()
+        .get_file_by_name(MAIN_PROTO)
+        .ok_or_else(|| "compiled, but the file is missing".to_string())
+}
+
+/// A registered Protobuf schema as a file named `name`: `.proto` text, or
+/// (as some registries store what serializers send) a base64
+/// `FileDescriptorProto`.
+fn proto_file(name: &str, text: &str) -> Result<protox::file::File, String> {
+    use base64::Engine;
+    use prost::Message;
+    let source_err = match protox::file::File::from_source(name, text) {
+        Ok(f) => return Ok(f),
+        Err(e) => e,
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|_| format!("does not compile: {source_err}"))?;
+    let mut proto = prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice())
+        .map_err(|_| format!("does not compile: {source_err}"))?;
+    proto.name = Some(name.to_string());
+    Ok(protox::file::File::from_file_descriptor_proto(proto))
+}
+
+/// Protobuf sources held in memory, by import name.
+struct MemoryFiles(Vec<protox::file::File>);
+
+impl protox::file::FileResolver for MemoryFiles {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        self.0
+            .iter()
+            .find(|f| f.name() == name)
+            .cloned()
+            .ok_or_else(|| protox::Error::file_not_found(name))
+    }
+}
+
+fn compile_json(text: &str) -> Result<jsonschema::Validator, String> {
+    let doc: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    jsonschema::validator_for(&doc).map_err(|e| format!("not a usable JSON Schema: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_id_is_wanted_once_and_found_after_put() {
+        let c = SchemaCache::default();
+        assert!(matches!(c.schema(7, 0), Known::Missing));
+        assert!(matches!(c.schema(7, 0), Known::Missing));
+        assert_eq!(c.take_wants(), vec![Want::Schema(7)]);
+        assert!(c.take_wants().is_empty());
+        c.put_schema(7, compile(None, r#""string""#, &[]));
+        assert!(matches!(c.schema(7, 0), Known::Found(_)));
+        assert!(c.has(Want::Schema(7), i64::MAX));
+    }
+
+    #[test]
+    fn not_found_and_subjects_expire_after_the_ttl() {
+        let c = SchemaCache::default();
+        c.set_ttl_ms(1000);
+        c.put_not_found(3, 0);
+        c.put_subjects(4, vec!["t-value".into()], 0);
+        assert!(matches!(c.schema(3, 999), Known::NotFound));
+        assert!(matches!(c.subjects(4, 999), Known::Found(_)));
+        assert!(matches!(c.schema(3, 1000), Known::Missing));
+        assert!(matches!(c.subjects(4, 1000), Known::Missing));
+        assert_eq!(c.take_wants(), vec![Want::Schema(3), Want::Subjects(4)]);
+    }
+
+    #[test]
+    fn wants_are_bounded() {
+        let c = SchemaCache::default();
+        for id in 0..(MAX_WANTS as u32 + 50) {
+            let _ = c.schema(id, 0);
+        }
+        assert_eq!(c.take_wants().len(), MAX_WANTS);
+    }
+
+    #[test]
+    fn avro_with_a_named_reference_compiles() {
+        let loc = r#"{"type":"record","name":"Location","namespace":"geo","fields":[{"name":"lat","type":"double"}]}"#;
+        let main = r#"{"type":"record","name":"T","namespace":"geo","fields":[{"name":"at","type":"geo.Location"}]}"#;
+        let r = compile(
+            Some("AVRO"),
+            main,
+            &[Reference {
+                name: "geo.Location".into(),
+                schema: loc.into(),
+            }],
+        );
+        assert!(
+            matches!(r, Registered::Avro(_, ref named) if named.len() == 1),
+            "{r:?}"
+        );
+        // Without the reference it is unusable, not a panic.
+        assert!(matches!(compile(None, main, &[]), Registered::Unusable(_)));
+    }
+
+    #[test]
+    fn protobuf_with_an_import_compiles() {
+        let loc = "syntax = \"proto3\"; package geo; message Location { double lat = 1; }";
+        let main = "syntax = \"proto3\"; package geo; import \"location.proto\"; \
+                    message T { Location at = 1; }";
+        let r = compile(
+            Some("PROTOBUF"),
+            main,
+            &[Reference {
+                name: "location.proto".into(),
+                schema: loc.into(),
+            }],
+        );
+        let Registered::Protobuf(f) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            f.messages().next().map(|m| m.full_name().to_string()),
+            Some("geo.T".into())
+        );
+    }
+
+    #[test]
+    fn json_and_unsupported_types() {
+        assert!(matches!(
+            compile(Some("JSON"), r#"{"type":"object"}"#, &[]),
+            Registered::Json(_)
+        ));
+        assert!(matches!(
+            compile(Some("JSON"), "{", &[]),
+            Registered::Unusable(_)
+        ));
+        assert!(matches!(
+            compile(Some("XML"), "<a/>", &[]),
+            Registered::Unusable(_)
+        ));
+    }
+}
