@@ -40,6 +40,13 @@ pub const H_REPLAYED_FROM: &str = "x-replayed-from-dlt";
 /// How many times this record has been replayed (1 on the first replay).
 pub const H_ATTEMPT: &str = "x-attempt";
 
+/// The origin offset of the first diverted record of this record's key
+/// (`ordering: per_key`): set on every diverted record that is parked
+/// behind an earlier one of its key.
+pub const H_BLOCKED_BY: &str = "x-blocked-by";
+/// `x-error-rule` of a record diverted because its key is blocked.
+pub const RULE_KEY: &str = "key";
+
 /// Context headers the proxy adds to a DLT record (plus the replay headers);
 /// replay strips exactly these, and keeps every other header, `x-` or not.
 pub const CONTEXT_HEADERS: &[&str] = &[
@@ -56,6 +63,7 @@ pub const CONTEXT_HEADERS: &[&str] = &[
     H_LAST_OFFSET,
     H_REPLAYED_FROM,
     H_ATTEMPT,
+    H_BLOCKED_BY,
 ];
 
 /// Longest `x-error` value written, in bytes.
@@ -117,6 +125,9 @@ pub struct Diversion {
     pub headers: Vec<(Bytes, Option<Bytes>)>,
     pub invalid: Invalid,
     pub policy: Arc<str>,
+    /// `x-blocked-by`: set when the record is parked behind its key's
+    /// first diverted record (`ordering: per_key`).
+    pub blocked_by: Option<i64>,
 }
 
 impl Diversion {
@@ -147,6 +158,7 @@ impl Diversion {
                 .collect(),
             invalid: invalid.clone(),
             policy: Arc::from(policy.name.as_str()),
+            blocked_by: None,
         }
     }
 
@@ -175,6 +187,7 @@ impl Diversion {
             )],
             invalid: Invalid::poison(RULE_WHOLE_BATCH, reason),
             policy: Arc::from(policy.name.as_str()),
+            blocked_by: None,
         }
     }
 
@@ -200,6 +213,9 @@ impl Diversion {
         add(H_RULE, self.invalid.rule.clone());
         add(H_POLICY, self.policy.to_string());
         add(H_FAILED_AT, failed_at_ms.to_string());
+        if let Some(first) = self.blocked_by {
+            add(H_BLOCKED_BY, first.to_string());
+        }
         NewRecord {
             timestamp: self.origin_timestamp,
             key: self.key.clone(),

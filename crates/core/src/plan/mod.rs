@@ -15,6 +15,7 @@
 //! is and the client drops it, as it would without the proxy.
 
 pub mod budget;
+pub mod keys;
 mod planner;
 pub mod produce;
 pub mod verdicts;
@@ -30,7 +31,9 @@ use crate::policy::{Action, Invalid, Policy};
 use budget::Reservation;
 use verdicts::Known;
 
-pub use planner::{plan_partition, plan_partition_with, AlreadyDiverted, Env, PartitionInput};
+pub use planner::{
+    plan_partition, plan_partition_keyed, plan_partition_with, AlreadyDiverted, Env, PartitionInput,
+};
 pub use visibility::Visibility;
 
 /// What happens to one segment of the records section.
@@ -92,6 +95,9 @@ pub enum HoldReason {
     Legacy,
     /// The decode budget is spent by other responses in flight.
     Budget,
+    /// Diverting the record would block one key more than
+    /// [`keys::MAX_BLOCKED_KEYS_PER_PARTITION`] (`ordering: per_key`).
+    BlockedKeys,
 }
 
 impl HoldReason {
@@ -101,6 +107,7 @@ impl HoldReason {
             HoldReason::Undecodable(_) => "undecodable",
             HoldReason::Legacy => "legacy",
             HoldReason::Budget => "budget",
+            HoldReason::BlockedKeys => "blocked_keys",
         }
     }
 }
@@ -111,6 +118,7 @@ impl std::fmt::Display for HoldReason {
             HoldReason::Undecodable(e) => write!(f, "batch cannot be decoded: {e}"),
             HoldReason::Legacy => f.write_str("legacy (magic 0/1) message set"),
             HoldReason::Budget => f.write_str("decode budget spent by responses in flight"),
+            HoldReason::BlockedKeys => f.write_str("too many blocked keys in this partition"),
         }
     }
 }
@@ -222,3 +230,5 @@ impl PartitionPlan {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod keys_tests;

@@ -15,7 +15,7 @@ use super::json;
 use super::judge::{Compiled, Decoder};
 use super::located::{at, from_yaml, parse_doc, place, At};
 use super::rules;
-use super::{Action, OnProduce, Policy, PolicyError, Undecodable};
+use super::{Action, KeyOrdering, OnProduce, Policy, PolicyError, Undecodable};
 
 /// Load every file named (directories: their `*.yaml`/`*.yml`, sorted).
 pub(crate) fn load_all(paths: &[PathBuf]) -> Result<Vec<Policy>, Vec<PolicyError>> {
@@ -236,6 +236,10 @@ impl LoadState {
             on_produce: match p.on_produce {
                 OnProduceDoc::Pass => OnProduce::Pass,
                 OnProduceDoc::Reject => OnProduce::Reject,
+            },
+            ordering: match p.ordering {
+                OrderingDoc::None => KeyOrdering::None,
+                OrderingDoc::PerKey => KeyOrdering::PerKey,
             },
             topics,
             source: file.to_path_buf(),
