@@ -46,6 +46,11 @@ pub const H_ATTEMPT: &str = "x-attempt";
 pub const H_BLOCKED_BY: &str = "x-blocked-by";
 /// `x-error-rule` of a record diverted because its key is blocked.
 pub const RULE_KEY: &str = "key";
+/// On the last record `dlt replay` writes back for a blocked key: every
+/// diverted record of the key up to this origin offset is home, so the
+/// proxy releases the key as this record passes (the DLT gets a release
+/// marker too, for restarts and other instances).
+pub const H_RELEASED_THROUGH: &str = "x-released-through";
 
 /// Context headers the proxy adds to a DLT record (plus the replay headers);
 /// replay strips exactly these, and keeps every other header, `x-` or not.
@@ -64,6 +69,7 @@ pub const CONTEXT_HEADERS: &[&str] = &[
     H_REPLAYED_FROM,
     H_ATTEMPT,
     H_BLOCKED_BY,
+    H_RELEASED_THROUGH,
 ];
 
 /// Longest `x-error` value written, in bytes.

@@ -37,6 +37,9 @@ pub struct Block {
 pub trait KeyGate: Sync {
     /// The block on `key`, if it is blocked.
     fn blocked(&self, key: &[u8]) -> Option<Block>;
+    /// Whether releasing `key` through origin offset `through` frees it:
+    /// every diverted record of its block is at or below `through`.
+    fn releases(&self, key: &[u8], through: i64) -> bool;
     /// How many keys are blocked now.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -51,9 +54,22 @@ impl KeyGate for NoKeys {
     fn blocked(&self, _: &[u8]) -> Option<Block> {
         None
     }
+    fn releases(&self, _: &[u8], _: i64) -> bool {
+        false
+    }
     fn len(&self) -> usize {
         0
     }
+}
+
+/// What per-key ordering looks at in one record.
+pub(super) struct KeyedRecord<'r> {
+    pub key: Option<&'r [u8]>,
+    pub offset: i64,
+    /// Its own verdict's class, when the policy diverts it.
+    pub diverted: Option<Class>,
+    /// It carries `x-replayed-from-dlt`.
+    pub replayed: bool,
 }
 
 /// What the planner does with one record under `per_key`.
@@ -67,10 +83,21 @@ pub(super) enum KeyStep {
     Full,
 }
 
-/// The blocks of one plan: the gate's, plus the keys first diverted here.
+/// A key released by a replayed record passing through (its
+/// `x-released-through` header), for the proxy to apply once delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub key: Bytes,
+    pub through: i64,
+    /// The offset of the record that carried it.
+    pub offset: i64,
+}
+
+/// The blocks of one plan: the gate's, plus the keys first diverted (or
+/// released: `None`) here.
 pub(super) struct KeyOrder<'a> {
     gate: &'a dyn KeyGate,
-    local: HashMap<Bytes, Block>,
+    local: HashMap<Bytes, Option<Block>>,
 }
 
 impl<'a> KeyOrder<'a> {
@@ -86,39 +113,51 @@ impl<'a> KeyOrder<'a> {
         !self.local.is_empty() || !self.gate.is_empty()
     }
 
-    fn block_of(&self, key: &[u8], offset: i64) -> Option<Block> {
-        self.local
-            .get(key)
-            .copied()
-            .or_else(|| self.gate.blocked(key))
-            .filter(|b| b.first < offset)
+    fn current(&self, key: &[u8]) -> Option<Block> {
+        match self.local.get(key) {
+            Some(b) => *b,
+            None => self.gate.blocked(key),
+        }
     }
 
     /// Decide for the record at `offset` with `key`; `diverted` is its own
-    /// verdict's class when the policy diverts it.
-    pub(super) fn step(&mut self, key: Option<&[u8]>, offset: i64, diverted: Option<Class>) -> KeyStep {
-        let Some(key) = key else {
+    /// verdict's class when the policy diverts it. A `replayed` record (it
+    /// carries `x-replayed-from-dlt`) is a parked record coming home in
+    /// order: never blocked, and its `released` header frees its key.
+    pub(super) fn step(&mut self, rec: &KeyedRecord<'_>) -> KeyStep {
+        let Some(key) = rec.key else {
             return KeyStep::Free;
         };
-        if let Some(b) = self.block_of(key, offset) {
-            return KeyStep::Blocked(b);
+        let block = self.current(key);
+        if !rec.replayed {
+            if let Some(b) = block.filter(|b| b.first < rec.offset) {
+                return KeyStep::Blocked(b);
+            }
         }
-        let Some(class) = diverted else {
+        let Some(class) = rec.diverted else {
             return KeyStep::Free;
         };
-        if self.gate.blocked(key).is_none() && !self.local.contains_key(key) {
-            if self.gate.len() + self.local.len() >= MAX_BLOCKED_KEYS_PER_PARTITION {
+        if block.is_none() {
+            let added = self.local.values().filter(|b| b.is_some()).count();
+            if self.gate.len() + added >= MAX_BLOCKED_KEYS_PER_PARTITION {
                 return KeyStep::Full;
             }
-            self.local.insert(
-                Bytes::copy_from_slice(key),
-                Block {
-                    first: offset,
-                    class,
-                },
-            );
+            let first = rec.offset;
+            self.local
+                .insert(Bytes::copy_from_slice(key), Some(Block { first, class }));
         }
         KeyStep::Free
+    }
+
+    /// A replayed record released `key` through `through` as it passed:
+    /// later records of the key flow, if that frees the block.
+    pub(super) fn release(&mut self, key: &[u8], through: i64) -> bool {
+        // A block begun in this very response cannot have been replayed.
+        let frees = !self.local.contains_key(key) && self.gate.releases(key, through);
+        if frees {
+            self.local.insert(Bytes::copy_from_slice(key), None);
+        }
+        frees
     }
 }
 

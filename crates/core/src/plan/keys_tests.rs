@@ -42,12 +42,16 @@ fn batch(base: i64, recs: &[(Option<&str>, bool)]) -> Vec<u8> {
     b
 }
 
+/// Blocked keys, each with the last diverted offset of its block.
 #[derive(Default)]
-struct Gate(HashMap<Vec<u8>, Block>);
+struct Gate(HashMap<Vec<u8>, Block>, HashMap<Vec<u8>, i64>);
 
 impl KeyGate for Gate {
     fn blocked(&self, key: &[u8]) -> Option<Block> {
         self.0.get(key).copied()
+    }
+    fn releases(&self, key: &[u8], through: i64) -> bool {
+        self.1.get(key).is_some_and(|last| *last <= through)
     }
     fn len(&self) -> usize {
         self.0.len()
@@ -232,4 +236,51 @@ fn past_the_cap_the_partition_is_held_at_the_new_key() {
         })
         .collect();
     assert_eq!(keys, [10]);
+}
+
+/// A record of `key` as `dlt replay` writes it back: `x-replayed-from-dlt`,
+/// and on the key's last one `x-released-through`.
+fn replayed(key: &str, through: Option<i64>) -> NewRecord {
+    let mut headers = vec![("x-replayed-from-dlt".to_string(), Some(Bytes::from_static(b"t.poison/0/1")))];
+    if let Some(t) = through {
+        headers.push(("x-released-through".to_string(), Some(Bytes::from(t.to_string()))));
+    }
+    NewRecord {
+        timestamp: 1_000,
+        key: Some(Bytes::from(key.to_string())),
+        value: Some(r#"{"lat":52,"lon":4}"#.into()),
+        headers,
+    }
+}
+
+fn plain(key: &str) -> NewRecord {
+    NewRecord {
+        timestamp: 1_000,
+        key: Some(Bytes::from(key.to_string())),
+        value: Some(r#"{"lat":52,"lon":4}"#.into()),
+        headers: vec![],
+    }
+}
+
+#[test]
+fn replayed_records_pass_and_the_last_one_releases_the_key() {
+    let mut gate = Gate::default();
+    let block = Block { first: 0, class: Class::Poison };
+    gate.0.insert(b"A".to_vec(), block);
+    gate.1.insert(b"A".to_vec(), 5);
+    // A1' A2' (through 5), then A5: all delivered; the release is reported.
+    let recs = [replayed("A", None), replayed("A", Some(5)), plain("A")];
+    let mut b = build_batch(&recs, &BuildOptions::default()).unwrap().to_vec();
+    b[..8].copy_from_slice(&10i64.to_be_bytes());
+    let p = plan(&policy("per_key"), &b, &gate);
+    assert_eq!(delivered(&p), [some("A"), some("A"), some("A")]);
+    assert!(p.diversions.is_empty());
+    assert_eq!(p.releases.len(), 1);
+    assert_eq!((p.releases[0].through, p.releases[0].offset), (5, 11));
+    // A release that does not cover the block's last record frees nothing.
+    gate.1.insert(b"A".to_vec(), 7);
+    let p = plan(&policy("per_key"), &b, &gate);
+    assert_eq!(delivered(&p), [some("A"), some("A")]);
+    assert!(p.releases.is_empty());
+    assert_eq!(p.diversions.len(), 1);
 }

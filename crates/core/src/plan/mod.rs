@@ -70,6 +70,9 @@ pub struct PartitionPlan {
     /// nothing is left to write (batches resent as spliced before); counted
     /// as diverted, like a diversion the ledger finds done.
     pub already_diverted: Vec<Invalid>,
+    /// Keys released by replayed records delivered in this response
+    /// (`ordering: per_key`), in offset order.
+    pub releases: Vec<keys::Release>,
     /// Counts for logs and metrics.
     pub stats: PlanStats,
     /// The first batch that could not be judged: nothing from it on is
@@ -148,6 +151,7 @@ impl PartitionPlan {
             diversions: Vec::new(),
             not_diverted: Vec::new(),
             already_diverted: Vec::new(),
+            releases: Vec::new(),
             stats: PlanStats::default(),
             held: None,
         }

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::budget::{DecodeBudget, Reservation};
-use super::keys::{blocked_invalid, KeyGate, KeyOrder, KeyStep, NoKeys};
+use super::keys::{blocked_invalid, KeyGate, KeyOrder, KeyStep, KeyedRecord, NoKeys, Release};
 use super::verdicts::{Judged, Known, VerdictCache};
 use super::visibility::{AbortTracker, Visibility};
 use super::{Hold, HoldReason, PartitionPlan, SegmentPlan};
-use crate::dlt_record::Diversion;
+use crate::dlt_record::{Diversion, H_RELEASED_THROUGH, H_REPLAYED_FROM};
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
+use crate::kafka::record::Record;
 use crate::policy::{Action, Invalid, KeyOrdering, Policy, Undecodable};
 
 /// One partition of a Fetch response, as the planner sees it.
@@ -324,6 +325,24 @@ fn apply_verdicts(
     (keep_mask, out)
 }
 
+/// A delivered replayed record that carries `x-released-through` frees its
+/// key for the rest of this response, and (once delivered) in the proxy.
+fn note_release(plan: &mut PartitionPlan, order: &mut KeyOrder<'_>, record: &Record<'_>) {
+    let (Some(key), Some(Some(v))) = (record.key, record.header(H_RELEASED_THROUGH)) else {
+        return;
+    };
+    let Some(through) = std::str::from_utf8(v).ok().and_then(|t| t.trim().parse().ok()) else {
+        return;
+    };
+    if order.release(key, through) {
+        plan.releases.push(Release {
+            key: Bytes::copy_from_slice(key),
+            through,
+            offset: record.offset,
+        });
+    }
+}
+
 /// Queue the diversions of a per_key batch in offset order: records
 /// diverted by their own verdict (starting a block on their key), and
 /// records still to deliver (or diverted) whose key is blocked. Stops at a
@@ -342,7 +361,13 @@ fn divert_keyed(
         if !live && own.is_none() {
             continue; // diverted by an earlier fetch, or dropped
         }
-        let step = order.step(record.key, record.offset, own.map(|v| v.class));
+        let replayed = record.header(H_REPLAYED_FROM).is_some();
+        let step = order.step(&KeyedRecord {
+            key: record.key,
+            offset: record.offset,
+            diverted: own.map(|v| v.class),
+            replayed,
+        });
         let (verdict, blocked_by, class) = match step {
             KeyStep::Full => {
                 out.full_at = Some(record.offset);
@@ -350,7 +375,12 @@ fn divert_keyed(
             }
             KeyStep::Free => match own {
                 Some(v) => (v.clone(), None, v.class),
-                None => continue,
+                None => {
+                    if replayed {
+                        note_release(plan, order, &record);
+                    }
+                    continue;
+                }
             },
             KeyStep::Blocked(b) => {
                 out.blocked_any = true;
