@@ -15,8 +15,10 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 pub use antidote_core::text::{parse_duration, yaml_error};
+pub use redrive::Redrive;
 pub use sni::{Sni, SniPattern};
 
+mod redrive;
 mod sni;
 
 /// A config file that could not be used; the message starts with `file:line:column`.
@@ -279,6 +281,9 @@ pub struct DeadLetterConfig {
     /// Codec of the batches written to dead-letter topics.
     #[serde(default)]
     pub compression: DltCompression,
+    /// Re-validate records of some classes by themselves (optional).
+    #[serde(default)]
+    pub redrive: Option<Redrive>,
 }
 
 /// `dead_letter.compression`. gzip by default: it is the one codec every
@@ -320,6 +325,7 @@ impl Default for DeadLetterConfig {
             replication_factor: 1,
             allow_client_produce: false,
             compression: DltCompression::default(),
+            redrive: None,
         }
     }
 }

@@ -34,7 +34,8 @@ use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{self, PartitionPlan, Visibility};
-use crate::policy::PolicySet;
+use crate::deadletter::blocked::{BlockedKeys, Gate};
+use crate::policy::{KeyOrdering, PolicySet};
 
 /// Partitions this connection has been answered with a hold, and where.
 ///
@@ -110,6 +111,8 @@ pub struct FetchFilter {
     pub timeout: Duration,
     /// Decompressed bytes all responses in flight may hold together.
     pub budget: Arc<DecodeBudget>,
+    /// Keys parked behind a diverted record (`ordering: per_key`).
+    pub blocked: Arc<BlockedKeys>,
 }
 
 impl FetchFilter {
@@ -119,12 +122,15 @@ impl FetchFilter {
         timeout: Duration,
         decode_budget: usize,
     ) -> Self {
+        let blocked = Arc::new(BlockedKeys::default());
+        blocked.policies_changed(policies.clone());
         FetchFilter {
             policies: RwLock::new(policies),
             verdicts: Arc::new(VerdictCache::new(100_000)),
             dead_letter,
             timeout,
             budget: DecodeBudget::new(decode_budget),
+            blocked,
         }
     }
 
@@ -147,6 +153,7 @@ impl FetchFilter {
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
         self.dead_letter.policies_changed(new.clone());
+        self.blocked.policies_changed(new.clone());
         match self.policies.write() {
             Ok(mut p) => *p = new,
             Err(poisoned) => *poisoned.into_inner() = new,
@@ -184,8 +191,10 @@ impl FetchFilter {
         for (at, plan) in self.plan_all(jobs, now_ms()).await? {
             metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
             if plan.changes_anything() {
+                // Its blocks are learnt once its diversions are done.
                 plans.push((at.0, at.1, plan));
             } else {
+                keys::learn(&self.blocked, &plan, None);
                 count(&plan, None);
             }
         }
@@ -200,6 +209,7 @@ impl FetchFilter {
         let outcomes = self.divert_all(&plans).await;
         timed(|| {
             for ((ti, pi, plan), failed_from) in plans.into_iter().zip(outcomes) {
+                keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
                 let p = &mut resp.responses[ti].partitions[pi];
                 p.records = Some(apply_outcome(holds, &plan, failed_from)?);
             }
@@ -243,6 +253,12 @@ impl FetchFilter {
                 unloaded.push(ti);
                 continue;
             }
+            let per_key = policy.ordering == KeyOrdering::PerKey;
+            // Likewise until the blocked keys are read back (per_key only).
+            if per_key && !self.blocked.wait_loaded(self.timeout).await {
+                unloaded.push(ti);
+                continue;
+            }
             let topic_name: Arc<str> = Arc::from(name.as_str());
             if version >= 13 {
                 // A new id for a known name: the topic was recreated.
@@ -264,6 +280,7 @@ impl FetchFilter {
                         isolation == READ_COMMITTED,
                         p.aborted_transactions.as_deref(),
                     ),
+                    gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
                 });
             }
         }
@@ -512,6 +529,8 @@ struct PartitionJob {
     partition: i32,
     records: Bytes,
     vis: Visibility,
+    /// The partition's blocked keys, for a per_key policy only.
+    gate: Option<Gate>,
 }
 
 impl PartitionJob {
@@ -528,17 +547,18 @@ impl PartitionJob {
             budget,
             already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
         };
-        plan::plan_partition_with(
-            &plan::PartitionInput {
-                policy: &self.policy,
-                topic: &self.topic,
-                partition: self.partition,
-                records: &self.records,
-                visibility: &self.vis,
-                now_ms,
-            },
-            &env,
-        )
+        let input = plan::PartitionInput {
+            policy: &self.policy,
+            topic: &self.topic,
+            partition: self.partition,
+            records: &self.records,
+            visibility: &self.vis,
+            now_ms,
+        };
+        match &self.gate {
+            Some(gate) => plan::plan_partition_keyed(&input, &env, gate),
+            None => plan::plan_partition_with(&input, &env),
+        }
     }
 }
 
@@ -633,6 +653,8 @@ mod tests {
         );
     }
 }
+
+mod keys;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl Shared {
             dlt,
             &config.upstream.bootstrap_servers,
             upstream.clone(),
-            dlt_endpoint,
+            dlt_endpoint.clone(),
             policies.clone(),
         );
         let fetch_filter = Arc::new(FetchFilter::new(
@@ -124,6 +124,7 @@ impl Shared {
             dlt.timeout,
             config.limits.decode_budget,
         ));
+        crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
         let config_max_connections = config.limits.max_connections;
         // The background refresh learns new topics at this pace anyway.
         let negative_ttl = config.upstream.metadata_refresh;
