@@ -54,6 +54,8 @@ enum DltCommand {
     Inspect(Box<antidote::dlt::InspectArgs>),
     /// Re-drive dead-lettered records to their original topic (dry run unless --execute).
     Replay(Box<antidote::dlt::ReplayArgs>),
+    /// Give up a blocked key's parked records (ordering: per_key), releasing the key (dry run unless --execute).
+    Discard(Box<antidote::dlt::discard::DiscardArgs>),
 }
 
 fn main() -> ExitCode {
@@ -154,6 +156,7 @@ fn dlt(command: DltCommand) -> ExitCode {
     let result = runtime.block_on(async {
         match &command {
             DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await.map(|()| true),
+            DltCommand::Discard(args) => antidote::dlt::discard::run(args, &mut out).await.map(|_| true),
             DltCommand::Replay(args) => antidote::dlt::replay::run(args, &mut out).await.map(|report| {
                 if report.failed > 0 {
                     eprintln!("{} record(s) failed to replay; run the same command again to retry them", report.failed);

@@ -34,6 +34,7 @@
 //! The decision is here; running it against the clusters (reading targets,
 //! producing, the progress line) is in `run`.
 
+pub mod keys;
 mod run;
 
 use std::collections::HashSet;
@@ -341,6 +342,7 @@ policies:
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from(value.to_string())),
             headers,
+            redrive: Vec::new(),
         }
     }
 
