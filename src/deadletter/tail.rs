@@ -24,8 +24,10 @@ async fn fetch(
 ) -> Result<(i16, i64, Bytes), ClientError> {
     let req = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_min_bytes(0)
+        // tansu answers a fetch with no wait and no minimum with no
+        // partition at all; what `rebuild` asks works on every broker.
+        .with_max_wait_ms(100)
+        .with_min_bytes(1)
         .with_max_bytes(FETCH_BYTES)
         .with_session_epoch(-1)
         .with_topics(vec![FetchTopic::default()
