@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use super::{backoff, tail, trusted};
 use crate::client::{ClientError, Cluster};
+use crate::metrics;
 use crate::dlt_marker::Marker;
 use crate::dlt_record::{Origin, H_BLOCKED_BY, H_CLASS, H_FAILED_AT};
 use crate::kafka::record::Record;
@@ -245,6 +246,8 @@ impl Follower {
         loop {
             match self.pass().await {
                 Ok(()) => {
+                    let (keys, oldest) = self.set.summary();
+                    metrics::global().keys.set_blocked(keys, oldest, crate::clock::now_ms());
                     if !self.set.is_loaded() {
                         info!(keys = self.set.summary().0, "blocked keys read back from the DLTs");
                         self.set.loaded.send_replace(true);

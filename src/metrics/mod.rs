@@ -40,6 +40,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub mod keys;
 mod series;
 use series::*;
 
@@ -123,6 +124,8 @@ pub struct Metrics {
     connections_accepted: Cached<ListenerLabel, Counter>,
     upstream_errors: Cached<KindLabel, Counter>,
     connections_refused: Counter,
+    /// Blocked keys and re-drive (`keys`).
+    pub keys: keys::KeyMetrics,
 }
 
 impl Default for Metrics {
@@ -149,6 +152,7 @@ impl Metrics {
             connections_accepted: Cached::new(),
             upstream_errors: Cached::new(),
             connections_refused: Counter::default(),
+            keys: keys::KeyMetrics::default(),
         };
         m.registered()
     }
@@ -214,6 +218,7 @@ impl Metrics {
             self.invalid.family.clone(),
         );
         self.register_dlt_and_connections();
+        self.keys.register(&mut self.registry);
         self
     }
 

@@ -284,3 +284,31 @@ fn replayed_records_pass_and_the_last_one_releases_the_key() {
     assert!(p.releases.is_empty());
     assert_eq!(p.diversions.len(), 1);
 }
+
+#[test]
+fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
+    // K1 (poison) and K2 were diverted by an earlier fetch and K released
+    // since: K3 is delivered although K1's verdict is still poison.
+    let b = batch(0, &[(Some("K"), true), (Some("K"), false), (Some("B"), false), (Some("K"), false)]);
+    let p = policy("per_key");
+    let topic: Arc<str> = Arc::from("t");
+    let records = Bytes::copy_from_slice(&b);
+    let vis = Visibility::new(false, None);
+    let input = PartitionInput {
+        policy: &p,
+        topic: &topic,
+        partition: 0,
+        records: &records,
+        visibility: &vis,
+        now_ms: 0,
+    };
+    let cache = VerdictCache::new(100);
+    let env = Env {
+        verdicts: &cache,
+        budget: &budget::DecodeBudget::unlimited(),
+        already: &|from, to| [0i64, 1].into_iter().filter(|o| (from..to).contains(o)).collect(),
+    };
+    let plan = plan_partition_keyed(&input, &env, &Gate::default());
+    assert_eq!(delivered(&plan), [some("B"), some("K")]);
+    assert!(plan.diversions.iter().all(|d| d.blocked_by.is_none()));
+}

@@ -312,7 +312,7 @@ fn apply_verdicts(
     }
     let mut out = KeyedOutcome::default();
     if let Some(order) = order {
-        divert_keyed(plan, decoded, &mut keep_mask, &divert, order, &mut out);
+        divert_keyed(plan, decoded, (&mut keep_mask, earlier), &divert, order, &mut out);
     } else if divert.iter().any(Option::is_some) {
         for (record, verdict) in decoded.records().zip(&divert) {
             if let Some(verdict) = verdict {
@@ -350,7 +350,7 @@ fn note_release(plan: &mut PartitionPlan, order: &mut KeyOrder<'_>, record: &Rec
 fn divert_keyed(
     plan: &mut PartitionPlan,
     decoded: &DecodedBatch,
-    keep_mask: &mut [bool],
+    (keep_mask, earlier): (&mut [bool], &[i64]),
     divert: &[Option<&Invalid>],
     order: &mut KeyOrder<'_>,
     out: &mut KeyedOutcome,
@@ -358,8 +358,19 @@ fn divert_keyed(
     for (i, record) in decoded.records().enumerate() {
         let own = divert.get(i).copied().flatten();
         let live = keep_mask.get(i).copied().unwrap_or(false);
+        if earlier.binary_search(&record.offset).is_ok() {
+            // In its DLT already: the blocked-key set knows its key's
+            // state (it may have been released since); only re-queue its
+            // diversion as the plain path does (the ledger finds it done).
+            if let Some(v) = own {
+                plan.stats.diverted += 1;
+                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, v);
+                plan.diversions.push(d);
+            }
+            continue;
+        }
         if !live && own.is_none() {
-            continue; // diverted by an earlier fetch, or dropped
+            continue; // dropped
         }
         let replayed = record.header(H_REPLAYED_FROM).is_some();
         let step = order.step(&KeyedRecord {
