@@ -10,6 +10,8 @@ use crate::config::Config;
 use crate::deadletter::blocked::Follower;
 use crate::filter::FetchFilter;
 
+pub mod run;
+
 /// Start the blocked-key follower, and the re-drive loop when configured.
 pub fn start(config: &Config, filter: &Arc<FetchFilter>, upstream: &Endpoint, dlt: &Endpoint) {
     let upstream_bootstrap = config.upstream.bootstrap_servers.clone();
@@ -20,8 +22,17 @@ pub fn start(config: &Config, filter: &Arc<FetchFilter>, upstream: &Endpoint, dl
         .unwrap_or_else(|| upstream_bootstrap.clone());
     let follower = Follower::new(
         filter.blocked.clone(),
-        Cluster::new(dlt_bootstrap, dlt.clone()),
-        Cluster::new(upstream_bootstrap, upstream.clone()),
+        Cluster::new(dlt_bootstrap.clone(), dlt.clone()),
+        Cluster::new(upstream_bootstrap.clone(), upstream.clone()),
     );
     tokio::spawn(follower.run());
+    if let Some(cfg) = config.dead_letter.redrive.clone() {
+        let redrive = run::Loop::new(
+            cfg,
+            filter.clone(),
+            Cluster::new(dlt_bootstrap, dlt.clone()),
+            Cluster::new(upstream_bootstrap, upstream.clone()),
+        );
+        tokio::spawn(redrive.run());
+    }
 }

@@ -42,7 +42,7 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 
-pub use run::run;
+pub use run::{produce, run};
 
 use super::{DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM};
 use crate::kafka::builder::NewRecord;

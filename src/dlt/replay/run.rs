@@ -360,7 +360,7 @@ impl Progress {
 
 /// Produce one record with acks=all; its offset. Retries only errors that
 /// guarantee nothing was written (leader moved or unknown).
-pub(super) async fn produce(
+pub async fn produce(
     cluster: &mut Cluster,
     topic: &str,
     partition: i32,

@@ -1,0 +1,251 @@
+//! The re-drive loop (`dead_letter.redrive`): records of the listed
+//! classes are re-validated after each delay (counted from their diversion,
+//! `x-failed-at`) against the policies in force, and those now valid are
+//! written back to their original topic and partition exactly as
+//! `dlt replay --execute` writes them (`dlt::replay::decide`).
+//!
+//! Every attempt is an attempt marker in the record's DLT partition
+//! (`dlt_marker`), written BEFORE the write-back: the markers are the
+//! loop's only state, read back from the DLTs on start, so a restart
+//! neither repeats nor forgets an attempt. Several instances may run the
+//! loop: the first marker for (record, attempt) in the partition's log
+//! wins, and only its writer writes the record back. A crash between the
+//! marker and the write-back leaves the record in its DLT (marked
+//! re-driven, never written twice): `dlt replay` writes it then.
+//!
+//! Memory: at most [`MAX_PENDING`] records wait for an attempt; past that
+//! the loop stops reading further (it reads them once room is made), it
+//! never forgets one.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::client::{ClientError, Cluster};
+use crate::config::Redrive;
+use crate::deadletter::{backoff, tail};
+use crate::dlt::replay::{decide, produce, Decision, ReplayArgs};
+use crate::dlt::{DltError, DltRecord, Filters};
+use crate::dlt_marker::{Attempt, Marker};
+use crate::filter::FetchFilter;
+use crate::kafka::builder::build_batch;
+use crate::metrics;
+use crate::policy::PolicySet;
+
+/// Records waiting for an attempt, at most.
+pub const MAX_PENDING: usize = 10_000;
+/// How often the loop looks for new records and due attempts.
+const TICK: Duration = Duration::from_millis(500);
+
+/// One attempt marker seen: which attempt, where, and its outcome.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    attempt: u32,
+    offset: i64,
+    redriven: bool,
+}
+
+pub struct Loop {
+    pub cfg: Redrive,
+    pub filter: Arc<FetchFilter>,
+    pub dlt: Cluster,
+    pub target: Cluster,
+    next: HashMap<(String, i32), i64>,
+    /// DLT records of the re-driven classes, by DLT coordinate.
+    pending: BTreeMap<String, DltRecord>,
+    /// Attempt markers, by the coordinate they name, in log order.
+    attempts: HashMap<String, Vec<Seen>>,
+}
+
+impl Loop {
+    pub fn new(cfg: Redrive, filter: Arc<FetchFilter>, dlt: Cluster, target: Cluster) -> Self {
+        Loop {
+            cfg,
+            filter,
+            dlt,
+            target,
+            next: HashMap::new(),
+            pending: BTreeMap::new(),
+            attempts: HashMap::new(),
+        }
+    }
+
+    pub async fn run(mut self) {
+        let mut failures = 0u32;
+        loop {
+            match self.tick().await {
+                Ok(()) => {
+                    failures = 0;
+                    tokio::time::sleep(TICK).await;
+                }
+                Err(e) => {
+                    warn!(error = %e, "re-drive failed; retrying");
+                    self.dlt.reset();
+                    self.target.reset();
+                    let pause = backoff(failures, Duration::from_millis(200), Duration::from_secs(5));
+                    tokio::time::sleep(pause).await;
+                    failures = failures.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    async fn tick(&mut self) -> Result<(), DltError> {
+        let policies = self.filter.policies();
+        for dlt in self.dlts(&policies).await? {
+            let Some(n) = self.dlt.partitions(&dlt).await? else { continue };
+            for p in 0..n as i32 {
+                if self.pending.len() >= MAX_PENDING {
+                    break;
+                }
+                self.follow(&dlt, p).await?;
+            }
+        }
+        let now = crate::clock::now_ms();
+        let due: Vec<(String, u32)> = self
+            .pending
+            .iter()
+            .filter_map(|(c, r)| self.due(c, r, now).map(|n| (c.clone(), n)))
+            .collect();
+        for (coord, n) in due {
+            if let Some(r) = self.pending.get(&coord).cloned() {
+                self.attempt(&policies, &r, n).await?;
+            }
+        }
+        let done: Vec<String> = self
+            .pending
+            .keys()
+            .filter(|c| self.finished(c))
+            .cloned()
+            .collect();
+        for c in done {
+            self.pending.remove(&c);
+        }
+        Ok(())
+    }
+
+    /// The DLTs the listed classes of existing policy topics go to.
+    async fn dlts(&mut self, policies: &PolicySet) -> Result<Vec<String>, ClientError> {
+        let meta = self.target.metadata(None).await?;
+        let mut out = Vec::new();
+        for t in meta.topics.iter().filter(|t| t.error_code == 0) {
+            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else { continue };
+            if policies.is_dead_letter_topic(&name) {
+                continue;
+            }
+            let Some(p) = policies.for_topic(&name) else { continue };
+            for c in &self.cfg.classes {
+                let dlt = p.dead_letter_topic(&name, *c);
+                if !out.contains(&dlt) {
+                    out.push(dlt);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Read what is new in `dlt`/`p`: records of the listed classes and
+    /// attempt markers.
+    async fn follow(&mut self, dlt: &str, p: i32) -> Result<(), ClientError> {
+        let from = self.next.get(&(dlt.to_string(), p)).copied();
+        let classes: Vec<&str> = self.cfg.classes.iter().map(|c| c.as_str()).collect();
+        let (pending, attempts) = (&mut self.pending, &mut self.attempts);
+        let mut f = |r: &crate::kafka::record::Record<'_>| {
+            if let Some(m) = Marker::parse(r) {
+                if let Marker::Attempt(a) = m {
+                    let seen = Seen { attempt: a.attempt, offset: r.offset, redriven: a.redriven };
+                    attempts.entry(a.of).or_default().push(seen);
+                }
+                return;
+            }
+            let d = DltRecord::from_record(dlt, p, r);
+            if d.origin_topic.is_some() && classes.contains(&d.class.as_str()) {
+                pending.insert(d.coordinate(), d);
+            }
+        };
+        let next = tail::follow(&mut self.dlt, dlt, p, from, &mut f).await?;
+        self.next.insert((dlt.to_string(), p), next);
+        Ok(())
+    }
+
+    /// Attempts made (distinct numbers), and whether one wrote it back.
+    fn progress(&self, coord: &str) -> (u32, bool) {
+        let seen = self.attempts.get(coord).map(Vec::as_slice).unwrap_or(&[]);
+        let made: HashSet<u32> = seen.iter().map(|s| s.attempt).collect();
+        (made.len() as u32, seen.iter().any(|s| s.redriven))
+    }
+
+    fn finished(&self, coord: &str) -> bool {
+        let (made, redriven) = self.progress(coord);
+        redriven || made as usize >= self.cfg.delays.len()
+    }
+
+    /// The attempt due now for `r`, if any.
+    fn due(&self, coord: &str, r: &DltRecord, now_ms: i64) -> Option<u32> {
+        if self.finished(coord) {
+            return None;
+        }
+        let n = self.progress(coord).0 + 1;
+        let delay = self.cfg.delays.get(n as usize - 1)?;
+        let since = r.failed_at.unwrap_or(r.timestamp);
+        (now_ms >= since.saturating_add(delay.as_millis() as i64)).then_some(n)
+    }
+
+    /// Attempt `n` for `r`: judge, record the attempt, and (if this
+    /// instance's marker is the first for it) write the record back.
+    async fn attempt(&mut self, policies: &PolicySet, r: &DltRecord, n: u32) -> Result<(), DltError> {
+        let target = r.origin_topic.clone().unwrap_or_default();
+        let parts = self.target.partitions(&target).await?;
+        let d = decide(&args(r), policies, r, |_| parts, &HashSet::new(), crate::clock::now_ms());
+        let (redriven, reason) = match &d {
+            Decision::Replay { .. } => (true, String::new()),
+            Decision::StillInvalid { class, rule, reason } => (false, format!("{class} {rule}: {reason}")),
+            other => (false, format!("{other:?}")),
+        };
+        let marker = Marker::Attempt(Attempt { of: r.coordinate(), attempt: n, redriven, reason });
+        let batch = build_batch(&[marker.to_record(crate::clock::now_ms())], &Default::default())
+            .map_err(|e| DltError::Produce(e.to_string()))?;
+        let resp = self.dlt.produce(&r.dlt_topic, r.dlt_partition, batch).await?;
+        if resp.error_code != 0 {
+            return Err(DltError::Produce(format!("attempt marker: error {}", resp.error_code)));
+        }
+        // Read up to our marker: the first marker for this attempt wins.
+        self.follow(&r.dlt_topic, r.dlt_partition).await?;
+        let first = self
+            .attempts
+            .get(&r.coordinate())
+            .and_then(|s| s.iter().find(|s| s.attempt == n).copied());
+        if first.is_none_or(|s| s.offset != resp.base_offset) {
+            return Ok(()); // another instance made this attempt
+        }
+        metrics::global().keys.redriven(redriven, n);
+        if let Decision::Replay { topic, partition, record, .. } = d {
+            let at = produce(&mut self.target, &topic, partition, &record).await?;
+            info!(from = %r.coordinate(), to = %format!("{topic}-{partition}@{at}"), attempt = n, "record re-driven");
+        } else {
+            info!(record = %r.coordinate(), attempt = n, "re-driven record still invalid");
+        }
+        Ok(())
+    }
+}
+
+/// The replay settings re-drive decides with: the listed classes only, no
+/// cap on earlier replays (the delays are the ceiling).
+fn args(r: &DltRecord) -> ReplayArgs {
+    ReplayArgs {
+        config: PathBuf::new(),
+        topic: r.dlt_topic.clone(),
+        to: None,
+        execute: true,
+        rate: None,
+        from_offset: None,
+        to_offset: None,
+        include_stale: true,
+        max_attempts: u32::MAX,
+        limit: None,
+        filters: Filters::default(),
+    }
+}
