@@ -306,6 +306,7 @@ mod tests {
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from_static(b"{\"lat\":91}")),
             headers: vec![("idempotency-key".into(), Some(Bytes::from_static(b"i1")))],
+            redrive: Vec::new(),
         }
     }
 
