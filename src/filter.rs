@@ -28,13 +28,13 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
+use crate::deadletter::blocked::{BlockedKeys, Gate};
 use crate::deadletter::DeadLetter;
 use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{self, PartitionPlan, Visibility};
-use crate::deadletter::blocked::{BlockedKeys, Gate};
 use crate::policy::{KeyOrdering, PolicySet};
 
 /// Partitions this connection has been answered with a hold, and where.

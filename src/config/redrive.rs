@@ -88,19 +88,37 @@ mod tests {
         assert_eq!(r.classes, [Class::Unknown]);
         assert_eq!(
             r.delays,
-            [Duration::from_secs(60), Duration::from_secs(600), Duration::from_secs(3600)]
+            [
+                Duration::from_secs(60),
+                Duration::from_secs(600),
+                Duration::from_secs(3600)
+            ]
         );
-        assert!(Config::parse(MINIMAL, Path::new("c.yaml")).unwrap().dead_letter.redrive.is_none());
+        assert!(Config::parse(MINIMAL, Path::new("c.yaml"))
+            .unwrap()
+            .dead_letter
+            .redrive
+            .is_none());
     }
 
     #[test]
     fn bad_redrive_values_name_their_position() {
         let e = parse("    classes: [unknown, blocked]\n    delays: [1m]\n").unwrap_err();
-        assert!(e.starts_with("cfg.yaml:8:5: dead_letter.redrive") && e.contains("unknown class `blocked`"), "{e}");
+        assert!(
+            e.starts_with("cfg.yaml:8:5: dead_letter.redrive")
+                && e.contains("unknown class `blocked`"),
+            "{e}"
+        );
         let e = parse("    classes: [unknown]\n    delays: [10m, 1m]\n").unwrap_err();
-        assert!(e.starts_with("cfg.yaml:8:5: dead_letter.redrive") && e.contains("increasing"), "{e}");
+        assert!(
+            e.starts_with("cfg.yaml:8:5: dead_letter.redrive") && e.contains("increasing"),
+            "{e}"
+        );
         let e = parse("    classes: [unknown]\n    delays: [1x]\n").unwrap_err();
-        assert!(e.starts_with("cfg.yaml:9:13: dead_letter.redrive.delays"), "{e}");
+        assert!(
+            e.starts_with("cfg.yaml:9:13: dead_letter.redrive.delays"),
+            "{e}"
+        );
         let e = parse("    classes: [unknown]\n").unwrap_err();
         assert!(e.contains("delays"), "{e}");
         let e = parse("    classes: [unknown]\n    delays: [1m]\n    every: 2\n").unwrap_err();

@@ -28,10 +28,10 @@ use tracing::{info, warn};
 
 use super::{backoff, tail, trusted};
 use crate::client::{ClientError, Cluster};
-use crate::metrics;
 use crate::dlt_marker::Marker;
 use crate::dlt_record::{Origin, H_BLOCKED_BY, H_CLASS, H_FAILED_AT};
 use crate::kafka::record::Record;
+use crate::metrics;
 use crate::plan::keys::{Block, KeyGate, MAX_BLOCKED_KEYS_PER_PARTITION};
 use crate::policy::{Class, KeyOrdering, Policy, PolicySet};
 
@@ -123,11 +123,16 @@ impl BlockedKeys {
     /// (replayed) or given up (discarded); whether that released the key.
     pub fn release(&self, topic: &str, partition: i32, key: &[u8], through: i64) -> bool {
         let part = self.part(topic, partition);
-        let Ok(mut part) = part.write() else { return false };
+        let Ok(mut part) = part.write() else {
+            return false;
+        };
         if part.released.len() >= MAX_BLOCKED_KEYS_PER_PARTITION {
             part.released.clear();
         }
-        let t = part.released.entry(Bytes::copy_from_slice(key)).or_insert(through);
+        let t = part
+            .released
+            .entry(Bytes::copy_from_slice(key))
+            .or_insert(through);
         *t = (*t).max(through);
         match part.keys.get(key) {
             Some(s) if s.last <= through => {
@@ -140,7 +145,11 @@ impl BlockedKeys {
 
     /// The planner's view of `topic`/`partition`.
     pub fn gate(&self, topic: &str, partition: i32) -> Gate {
-        Gate(self.parts.get(&(Arc::from(topic), partition)).map(|p| p.clone()))
+        Gate(
+            self.parts
+                .get(&(Arc::from(topic), partition))
+                .map(|p| p.clone()),
+        )
     }
 
     /// New policies are in force: the follower reads the DLTs they add.
@@ -189,8 +198,13 @@ impl Gate {
 
 impl KeyGate for Gate {
     fn blocked(&self, key: &[u8]) -> Option<Block> {
-        self.read(|p| p.keys.get(key).map(|s| Block { first: s.first, class: s.class }))
-            .flatten()
+        self.read(|p| {
+            p.keys.get(key).map(|s| Block {
+                first: s.first,
+                class: s.class,
+            })
+        })
+        .flatten()
     }
     fn releases(&self, key: &[u8], through: i64) -> bool {
         self.read(|p| p.keys.get(key).is_some_and(|s| s.last <= through))
@@ -247,9 +261,14 @@ impl Follower {
             match self.pass().await {
                 Ok(()) => {
                     let (keys, oldest) = self.set.summary();
-                    metrics::global().keys.set_blocked(keys, oldest, crate::clock::now_ms());
+                    metrics::global()
+                        .keys
+                        .set_blocked(keys, oldest, crate::clock::now_ms());
                     if !self.set.is_loaded() {
-                        info!(keys = self.set.summary().0, "blocked keys read back from the DLTs");
+                        info!(
+                            keys = self.set.summary().0,
+                            "blocked keys read back from the DLTs"
+                        );
                         self.set.loaded.send_replace(true);
                     }
                     attempt = 0;
@@ -259,7 +278,8 @@ impl Follower {
                     warn!(error = %e, "reading blocked keys from the DLTs failed; retrying");
                     self.dlt.reset();
                     self.upstream.reset();
-                    let pause = backoff(attempt, Duration::from_millis(200), Duration::from_secs(5));
+                    let pause =
+                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(5));
                     tokio::time::sleep(pause).await;
                     attempt = attempt.saturating_add(1);
                 }
@@ -270,11 +290,17 @@ impl Follower {
     /// Read what is new in every DLT of a per_key policy topic.
     async fn pass(&mut self) -> Result<(), ClientError> {
         let policies = self.set.policies.borrow().clone();
-        if !policies.policies().iter().any(|p| p.ordering == KeyOrdering::PerKey) {
+        if !policies
+            .policies()
+            .iter()
+            .any(|p| p.ordering == KeyOrdering::PerKey)
+        {
             return Ok(());
         }
         for dlt in self.dlts(&policies).await? {
-            let Some(n) = self.dlt.partitions(&dlt).await? else { continue };
+            let Some(n) = self.dlt.partitions(&dlt).await? else {
+                continue;
+            };
             for partition in 0..n as i32 {
                 let from = self.next.get(&(dlt.clone(), partition)).copied();
                 let (set, pol) = (&self.set, &policies);
@@ -291,11 +317,15 @@ impl Follower {
         let meta = self.upstream.metadata(None).await?;
         let mut out = Vec::new();
         for t in meta.topics.iter().filter(|t| t.error_code == 0) {
-            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else { continue };
+            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
+                continue;
+            };
             if policies.is_dead_letter_topic(&name) {
                 continue;
             }
-            let Some(p) = policies.for_topic(&name).filter(|p| p.ordering == KeyOrdering::PerKey)
+            let Some(p) = policies
+                .for_topic(&name)
+                .filter(|p| p.ordering == KeyOrdering::PerKey)
             else {
                 continue;
             };
@@ -314,30 +344,42 @@ impl Follower {
 /// release/discard marker.
 fn observe(set: &BlockedKeys, policies: &PolicySet, dlt: &str, r: &Record<'_>) {
     if let Some(Marker::Release(m)) = Marker::parse(r) {
-        let writes_here = policies
-            .for_topic(&m.topic)
-            .is_some_and(|p| Class::ALL.iter().any(|c| p.dead_letter_topic(&m.topic, *c) == dlt));
+        let writes_here = policies.for_topic(&m.topic).is_some_and(|p| {
+            Class::ALL
+                .iter()
+                .any(|c| p.dead_letter_topic(&m.topic, *c) == dlt)
+        });
         if writes_here {
             set.release(&m.topic, m.partition, &m.key, m.through);
         }
         return;
     }
-    let (Some(o), Some(key)) = (Origin::of(r), r.key) else { return };
+    let (Some(o), Some(key)) = (Origin::of(r), r.key) else {
+        return;
+    };
     if !trusted(policies, dlt, &o, None) {
         return;
     }
-    let Some(policy) = policies.for_topic(&o.topic).filter(|p| p.ordering == KeyOrdering::PerKey)
+    let Some(policy) = policies
+        .for_topic(&o.topic)
+        .filter(|p| p.ordering == KeyOrdering::PerKey)
     else {
         return;
     };
-    let text = |k| r.header(k).flatten().and_then(|v| std::str::from_utf8(v).ok());
+    let text = |k| {
+        r.header(k)
+            .flatten()
+            .and_then(|v| std::str::from_utf8(v).ok())
+    };
     let class = head_class(policy, &o.topic, dlt, class_of(text(H_CLASS).unwrap_or("")));
     let parked = Parked {
         key,
         offset: o.offset,
         class,
         blocked_by: text(H_BLOCKED_BY).and_then(|t| t.trim().parse().ok()),
-        at_ms: text(H_FAILED_AT).and_then(|t| t.trim().parse().ok()).unwrap_or(r.timestamp),
+        at_ms: text(H_FAILED_AT)
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(r.timestamp),
     };
     set.parked(&o.topic, o.partition, &parked);
 }
@@ -362,7 +404,13 @@ mod tests {
         s.parked("t", 0, &parked(b"A", 3, None));
         s.parked("t", 0, &parked(b"A", 5, Some(3)));
         let g = s.gate("t", 0);
-        assert_eq!(g.blocked(b"A"), Some(Block { first: 3, class: Class::Poison }));
+        assert_eq!(
+            g.blocked(b"A"),
+            Some(Block {
+                first: 3,
+                class: Class::Poison
+            })
+        );
         assert!(g.releases(b"A", 5) && !g.releases(b"A", 4));
         assert!(s.gate("t", 1).blocked(b"A").is_none());
         assert!(!s.release("t", 0, b"A", 4));

@@ -47,7 +47,11 @@ async fn fetch(
         .flat_map(|t| t.partitions)
         .next()
         .ok_or_else(|| no_broker(format!("{topic}-{partition}: empty fetch response")))?;
-    Ok((p.error_code, p.high_watermark, p.records.unwrap_or_default()))
+    Ok((
+        p.error_code,
+        p.high_watermark,
+        p.records.unwrap_or_default(),
+    ))
 }
 
 /// Read `topic`/`partition` from `from` (`None`: its log start) to the high
@@ -95,7 +99,10 @@ where
                 continue;
             }
             let d = b.decode().map_err(|e| {
-                no_broker(format!("{topic}-{partition}: batch at {}: {e}", b.base_offset()))
+                no_broker(format!(
+                    "{topic}-{partition}: batch at {}: {e}",
+                    b.base_offset()
+                ))
             })?;
             for r in d.records().filter(|r| r.offset >= offset && r.offset < end) {
                 f(&r);

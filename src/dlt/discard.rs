@@ -44,19 +44,29 @@ pub async fn run(args: &DiscardArgs, out: &mut dyn Write) -> Result<usize, DltEr
     let ctx = Context::load(&args.config)?;
     let mut cluster = ctx.dead_letter_cluster()?;
     if cluster.partitions(&args.topic).await?.is_none() {
-        return Err(DltError::Usage(format!("dead-letter topic {} does not exist", args.topic)));
+        return Err(DltError::Usage(format!(
+            "dead-letter topic {} does not exist",
+            args.topic
+        )));
     }
     let done = released(&mut cluster, &args.topic).await?;
     let key = args.key.as_bytes();
     let records = read_dlt(&mut cluster, &args.topic, |r| {
         r.key.as_deref() == Some(key)
-            && args.origin_topic.as_ref().is_none_or(|t| r.origin_topic.as_ref() == Some(t))
-            && args.origin_partition.is_none_or(|p| r.origin_partition == Some(p))
+            && args
+                .origin_topic
+                .as_ref()
+                .is_none_or(|t| r.origin_topic.as_ref() == Some(t))
+            && args
+                .origin_partition
+                .is_none_or(|p| r.origin_partition == Some(p))
     })
     .await?;
     let mut groups: std::collections::BTreeMap<GroupKey, (i64, usize)> = Default::default();
     for r in &records {
-        let (Some(g), Some(o)) = (group_of(&ctx.policies, r), r.origin_offset) else { continue };
+        let (Some(g), Some(o)) = (group_of(&ctx.policies, r), r.origin_offset) else {
+            continue;
+        };
         if done.get(&g).is_some_and(|t| o <= *t) {
             continue;
         }
@@ -65,7 +75,12 @@ pub async fn run(args: &DiscardArgs, out: &mut dyn Write) -> Result<usize, DltEr
         e.1 += 1;
     }
     for (g, (through, n)) in &groups {
-        let what = format!("key {} of {}-{}: {n} record(s) through offset {through}", show_bytes(Some(&g.2)), g.0, g.1);
+        let what = format!(
+            "key {} of {}-{}: {n} record(s) through offset {through}",
+            show_bytes(Some(&g.2)),
+            g.0,
+            g.1
+        );
         if args.execute {
             write_marker(&mut cluster, &args.topic, g, *through, true).await?;
             writeln!(out, "discarded         {what}")?;
@@ -74,7 +89,11 @@ pub async fn run(args: &DiscardArgs, out: &mut dyn Write) -> Result<usize, DltEr
         }
     }
     if groups.is_empty() {
-        writeln!(out, "nothing to discard: no blocked record of this key in {}", args.topic)?;
+        writeln!(
+            out,
+            "nothing to discard: no blocked record of this key in {}",
+            args.topic
+        )?;
     } else if !args.execute {
         eprintln!("dry run: nothing was written; add --execute to discard");
     }

@@ -17,7 +17,9 @@ pub(super) fn learn(set: &BlockedKeys, plan: &PartitionPlan, held_from: Option<i
     let (topic, partition) = (&*plan.topic, plan.partition);
     let at_ms = now_ms();
     for d in plan.diversions.iter().filter(|d| before(d.origin_offset)) {
-        let Some(key) = d.key.as_deref() else { continue };
+        let Some(key) = d.key.as_deref() else {
+            continue;
+        };
         let class = head_class(&plan.policy, topic, &d.dlt_topic, d.invalid.class);
         let parked = Parked {
             key,

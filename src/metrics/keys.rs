@@ -33,7 +33,12 @@ pub struct KeyMetrics {
 
 impl KeyMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
-        register(r, BLOCKED_KEYS, "Keys blocked behind a diverted record (ordering: per_key), all partitions.", self.blocked.clone());
+        register(
+            r,
+            BLOCKED_KEYS,
+            "Keys blocked behind a diverted record (ordering: per_key), all partitions.",
+            self.blocked.clone(),
+        );
         register(
             r,
             BLOCKED_KEY_OLDEST_AGE,
@@ -52,7 +57,13 @@ impl KeyMetrics {
 
     /// A re-drive attempt ended.
     pub fn redriven(&self, redriven: bool, attempt: u32) {
-        let outcome = if redriven { "redriven" } else { "still_invalid" };
-        self.redrive.get_or_create(&RedriveLabels { outcome, attempt }).inc();
+        let outcome = if redriven {
+            "redriven"
+        } else {
+            "still_invalid"
+        };
+        self.redrive
+            .get_or_create(&RedriveLabels { outcome, attempt })
+            .inc();
     }
 }

@@ -85,7 +85,8 @@ impl Loop {
                     warn!(error = %e, "re-drive failed; retrying");
                     self.dlt.reset();
                     self.target.reset();
-                    let pause = backoff(failures, Duration::from_millis(200), Duration::from_secs(5));
+                    let pause =
+                        backoff(failures, Duration::from_millis(200), Duration::from_secs(5));
                     tokio::time::sleep(pause).await;
                     failures = failures.saturating_add(1);
                 }
@@ -96,7 +97,9 @@ impl Loop {
     async fn tick(&mut self) -> Result<(), DltError> {
         let policies = self.filter.policies();
         for dlt in self.dlts(&policies).await? {
-            let Some(n) = self.dlt.partitions(&dlt).await? else { continue };
+            let Some(n) = self.dlt.partitions(&dlt).await? else {
+                continue;
+            };
             for p in 0..n as i32 {
                 if self.pending.len() >= MAX_PENDING {
                     break;
@@ -132,11 +135,15 @@ impl Loop {
         let meta = self.target.metadata(None).await?;
         let mut out = Vec::new();
         for t in meta.topics.iter().filter(|t| t.error_code == 0) {
-            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else { continue };
+            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
+                continue;
+            };
             if policies.is_dead_letter_topic(&name) {
                 continue;
             }
-            let Some(p) = policies.for_topic(&name) else { continue };
+            let Some(p) = policies.for_topic(&name) else {
+                continue;
+            };
             for c in &self.cfg.classes {
                 let dlt = p.dead_letter_topic(&name, *c);
                 if !out.contains(&dlt) {
@@ -156,7 +163,11 @@ impl Loop {
         let mut f = |r: &crate::kafka::record::Record<'_>| {
             if let Some(m) = Marker::parse(r) {
                 if let Marker::Attempt(a) = m {
-                    let seen = Seen { attempt: a.attempt, offset: r.offset, redriven: a.redriven };
+                    let seen = Seen {
+                        attempt: a.attempt,
+                        offset: r.offset,
+                        redriven: a.redriven,
+                    };
                     attempts.entry(a.of).or_default().push(seen);
                 }
                 return;
@@ -196,21 +207,51 @@ impl Loop {
 
     /// Attempt `n` for `r`: judge, record the attempt, and (if this
     /// instance's marker is the first for it) write the record back.
-    async fn attempt(&mut self, policies: &PolicySet, r: &DltRecord, n: u32) -> Result<(), DltError> {
+    async fn attempt(
+        &mut self,
+        policies: &PolicySet,
+        r: &DltRecord,
+        n: u32,
+    ) -> Result<(), DltError> {
         let target = r.origin_topic.clone().unwrap_or_default();
         let parts = self.target.partitions(&target).await?;
-        let d = decide(&args(r), policies, r, |_| parts, &HashSet::new(), crate::clock::now_ms());
+        let d = decide(
+            &args(r),
+            policies,
+            r,
+            |_| parts,
+            &HashSet::new(),
+            crate::clock::now_ms(),
+        );
         let (redriven, reason) = match &d {
             Decision::Replay { .. } => (true, String::new()),
-            Decision::StillInvalid { class, rule, reason } => (false, format!("{class} {rule}: {reason}")),
+            Decision::StillInvalid {
+                class,
+                rule,
+                reason,
+            } => (false, format!("{class} {rule}: {reason}")),
             other => (false, format!("{other:?}")),
         };
-        let marker = Marker::Attempt(Attempt { of: r.coordinate(), attempt: n, redriven, reason });
-        let batch = build_batch(&[marker.to_record(crate::clock::now_ms())], &Default::default())
-            .map_err(|e| DltError::Produce(e.to_string()))?;
-        let resp = self.dlt.produce(&r.dlt_topic, r.dlt_partition, batch).await?;
+        let marker = Marker::Attempt(Attempt {
+            of: r.coordinate(),
+            attempt: n,
+            redriven,
+            reason,
+        });
+        let batch = build_batch(
+            &[marker.to_record(crate::clock::now_ms())],
+            &Default::default(),
+        )
+        .map_err(|e| DltError::Produce(e.to_string()))?;
+        let resp = self
+            .dlt
+            .produce(&r.dlt_topic, r.dlt_partition, batch)
+            .await?;
         if resp.error_code != 0 {
-            return Err(DltError::Produce(format!("attempt marker: error {}", resp.error_code)));
+            return Err(DltError::Produce(format!(
+                "attempt marker: error {}",
+                resp.error_code
+            )));
         }
         // Read up to our marker: the first marker for this attempt wins.
         self.follow(&r.dlt_topic, r.dlt_partition).await?;
@@ -222,7 +263,13 @@ impl Loop {
             return Ok(()); // another instance made this attempt
         }
         metrics::global().keys.redriven(redriven, n);
-        if let Decision::Replay { topic, partition, record, .. } = d {
+        if let Decision::Replay {
+            topic,
+            partition,
+            record,
+            ..
+        } = d
+        {
             let at = produce(&mut self.target, &topic, partition, &record).await?;
             info!(from = %r.coordinate(), to = %format!("{topic}-{partition}@{at}"), attempt = n, "record re-driven");
         } else {

@@ -102,7 +102,10 @@ impl Marker {
             Marker::Release(r) => (
                 Some(r.key.clone()),
                 vec![
-                    h(H_MARKER, if r.discard { "discard" } else { "release" }.into()),
+                    h(
+                        H_MARKER,
+                        if r.discard { "discard" } else { "release" }.into(),
+                    ),
                     h(H_MARKER_TOPIC, r.topic.clone()),
                     h(H_MARKER_PARTITION, r.partition.to_string()),
                     h(H_MARKER_THROUGH, r.through.to_string()),
@@ -114,8 +117,19 @@ impl Marker {
                     h(H_MARKER, "attempt".into()),
                     h(H_MARKER_OF, a.of.clone()),
                     h(H_MARKER_ATTEMPT, a.attempt.to_string()),
-                    h(H_MARKER_OUTCOME, if a.redriven { "redriven" } else { "still-invalid" }.into()),
-                    h(H_MARKER_REASON, crate::dlt_record::bound_reason(&a.reason).into_owned()),
+                    h(
+                        H_MARKER_OUTCOME,
+                        if a.redriven {
+                            "redriven"
+                        } else {
+                            "still-invalid"
+                        }
+                        .into(),
+                    ),
+                    h(
+                        H_MARKER_REASON,
+                        crate::dlt_record::bound_reason(&a.reason).into_owned(),
+                    ),
                 ],
             ),
         };

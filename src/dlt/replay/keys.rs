@@ -48,7 +48,9 @@ pub async fn released(
     let mut out: HashMap<GroupKey, i64> = HashMap::new();
     crate::deadletter::read_topic(cluster, topic, |_, r| {
         if let Some(Marker::Release(m)) = Marker::parse(r) {
-            let t = out.entry((m.topic, m.partition, m.key)).or_insert(m.through);
+            let t = out
+                .entry((m.topic, m.partition, m.key))
+                .or_insert(m.through);
             *t = (*t).max(m.through);
         }
     })
@@ -64,7 +66,10 @@ pub async fn units(
     policies: &PolicySet,
     selected: Vec<DltRecord>,
 ) -> Result<Vec<Unit>, DltError> {
-    let wanted: HashSet<GroupKey> = selected.iter().filter_map(|r| group_of(policies, r)).collect();
+    let wanted: HashSet<GroupKey> = selected
+        .iter()
+        .filter_map(|r| group_of(policies, r))
+        .collect();
     if wanted.is_empty() {
         return Ok(selected.into_iter().map(Unit::One).collect());
     }

@@ -14,9 +14,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::keys::{self, GroupKey, Unit};
 use super::{decide, selected, Decision, ReplayArgs, Report};
-use crate::dlt_record::H_RELEASED_THROUGH;
 use crate::client::{errors, Cluster};
 use crate::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
+use crate::dlt_record::H_RELEASED_THROUGH;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
 /// Partition count of each target topic (`None`: it does not exist).
@@ -154,7 +154,12 @@ impl Runner<'_> {
     ) -> Result<(), DltError> {
         let mut ds: Vec<Decision> = rs.iter().map(|r| self.decide(ctx, r)).collect();
         let key = crate::dlt::show_bytes(Some(&g.2));
-        let ok = |d: &Decision| matches!(d, Decision::Replay { .. } | Decision::AlreadyReplayed { .. });
+        let ok = |d: &Decision| {
+            matches!(
+                d,
+                Decision::Replay { .. } | Decision::AlreadyReplayed { .. }
+            )
+        };
         if let Some(i) = ds.iter().position(|d| !ok(d)) {
             let why = ds.get(i).map_or("", |d| d.label());
             let blocker = rs.get(i).map(DltRecord::coordinate).unwrap_or_default();
@@ -164,11 +169,20 @@ impl Runner<'_> {
             }
             return Ok(());
         }
-        let through = rs.iter().filter_map(|r| r.origin_offset).max().unwrap_or(-1);
-        if let Some(Decision::Replay { record, .. }) =
-            ds.iter_mut().rev().find(|d| matches!(d, Decision::Replay { .. }))
+        let through = rs
+            .iter()
+            .filter_map(|r| r.origin_offset)
+            .max()
+            .unwrap_or(-1);
+        if let Some(Decision::Replay { record, .. }) = ds
+            .iter_mut()
+            .rev()
+            .find(|d| matches!(d, Decision::Replay { .. }))
         {
-            record.headers.push((H_RELEASED_THROUGH.to_string(), Some(through.to_string().into())));
+            record.headers.push((
+                H_RELEASED_THROUGH.to_string(),
+                Some(through.to_string().into()),
+            ));
         }
         let failed = self.report.failed;
         for (r, d) in rs.iter().zip(&ds) {
@@ -179,7 +193,11 @@ impl Runner<'_> {
         }
         if self.args.execute {
             keys::write_marker(&mut self.dlt, &self.args.topic, g, through, false).await?;
-            writeln!(out, "released          key {key} of {}-{} through offset {through}", g.0, g.1)?;
+            writeln!(
+                out,
+                "released          key {key} of {}-{} through offset {through}",
+                g.0, g.1
+            )?;
         }
         Ok(())
     }

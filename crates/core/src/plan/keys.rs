@@ -164,9 +164,15 @@ impl<'a> KeyOrder<'a> {
 /// The verdict of a record parked behind `block`; `own` is its own
 /// verdict, kept in the reason so the operator sees both.
 pub(super) fn blocked_invalid(block: Block, own: Option<&Invalid>) -> Invalid {
-    let mut reason = format!("key blocked by the diverted record at offset {}", block.first);
+    let mut reason = format!(
+        "key blocked by the diverted record at offset {}",
+        block.first
+    );
     if let Some(o) = own {
-        reason.push_str(&format!("; own verdict: {} {}: {}", o.class, o.rule, o.reason));
+        reason.push_str(&format!(
+            "; own verdict: {} {}: {}",
+            o.class, o.rule, o.reason
+        ));
     }
     Invalid {
         class: Class::Blocked,

@@ -17,7 +17,9 @@ use crate::policy::{Class, PolicySet};
 const POLICY: &str = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n    rules:\n      - coordinates: { lat: /lat, lon: /lon }\n";
 
 fn policy(ordering: &str) -> Arc<Policy> {
-    let text = format!("{POLICY}    ordering: {ordering}\n    dead_letter: {{ topic: \"{{topic}}.{{class}}\" }}\n");
+    let text = format!(
+        "{POLICY}    ordering: {ordering}\n    dead_letter: {{ topic: \"{{topic}}.{{class}}\" }}\n"
+    );
     let set = PolicySet::parse(&text, Path::new("p.yaml")).unwrap();
     set.for_topic("t").unwrap().clone()
 }
@@ -37,7 +39,9 @@ fn batch(base: i64, recs: &[(Option<&str>, bool)]) -> Vec<u8> {
             headers: vec![],
         })
         .collect();
-    let mut b = build_batch(&records, &BuildOptions::default()).unwrap().to_vec();
+    let mut b = build_batch(&records, &BuildOptions::default())
+        .unwrap()
+        .to_vec();
     b[..8].copy_from_slice(&base.to_be_bytes());
     b
 }
@@ -99,7 +103,14 @@ fn delivered(plan: &PartitionPlan) -> Vec<Option<String>> {
 fn diverted(plan: &PartitionPlan) -> Vec<(i64, Class, Option<i64>, String)> {
     plan.diversions
         .iter()
-        .map(|d| (d.origin_offset, d.invalid.class, d.blocked_by, d.dlt_topic.clone()))
+        .map(|d| {
+            (
+                d.origin_offset,
+                d.invalid.class,
+                d.blocked_by,
+                d.dlt_topic.clone(),
+            )
+        })
         .collect()
 }
 
@@ -112,7 +123,13 @@ fn a_poison_record_blocks_its_key_within_one_response() {
     // A1 poison, B1, A2, C1, A3: B1 and C1 delivered; A1..A3 diverted in order.
     let b = batch(
         0,
-        &[(Some("A"), true), (Some("B"), false), (Some("A"), false), (Some("C"), false), (Some("A"), false)],
+        &[
+            (Some("A"), true),
+            (Some("B"), false),
+            (Some("A"), false),
+            (Some("C"), false),
+            (Some("A"), false),
+        ],
     );
     let p = plan(&policy("per_key"), &b, &Gate::default());
     assert_eq!(delivered(&p), [some("B"), some("C")]);
@@ -157,13 +174,23 @@ fn a_blocked_key_from_the_gate_is_diverted_to_its_first_records_dlt() {
         },
     );
     // Offset 2 precedes the block: it is delivered. 5 follows it.
-    let b = batch(2, &[(Some("A"), false), (Some("B"), false), (Some("A"), true)]);
+    let b = batch(
+        2,
+        &[(Some("A"), false), (Some("B"), false), (Some("A"), true)],
+    );
     let p = plan(&policy("per_key"), &b, &gate);
     assert_eq!(delivered(&p), [some("A"), some("B")]);
     let d = diverted(&p);
     assert_eq!(d, [(4, Class::Blocked, Some(3), "t.unknown".into())]);
     // Its own verdict is kept in the reason.
-    assert!(p.diversions[0].invalid.reason.contains("own verdict: poison"), "{}", p.diversions[0].invalid.reason);
+    assert!(
+        p.diversions[0]
+            .invalid
+            .reason
+            .contains("own verdict: poison"),
+        "{}",
+        p.diversions[0].invalid.reason
+    );
 }
 
 #[test]
@@ -176,11 +203,17 @@ fn null_keys_never_block() {
 
 #[test]
 fn the_same_key_twice_poison_keeps_the_first_block() {
-    let b = batch(0, &[(Some("A"), true), (Some("A"), true), (Some("A"), false)]);
+    let b = batch(
+        0,
+        &[(Some("A"), true), (Some("A"), true), (Some("A"), false)],
+    );
     let p = plan(&policy("per_key"), &b, &Gate::default());
     assert!(delivered(&p).is_empty());
     let d = diverted(&p);
-    assert_eq!(d.iter().map(|x| x.2).collect::<Vec<_>>(), [None, Some(0), Some(0)]);
+    assert_eq!(
+        d.iter().map(|x| x.2).collect::<Vec<_>>(),
+        [None, Some(0), Some(0)]
+    );
 }
 
 #[test]
@@ -214,12 +247,23 @@ fn past_the_cap_the_partition_is_held_at_the_new_key() {
             },
         );
     }
-    let b = batch(10, &[(Some("B"), false), (Some("x1"), false), (Some("A"), true), (Some("C"), false)]);
+    let b = batch(
+        10,
+        &[
+            (Some("B"), false),
+            (Some("x1"), false),
+            (Some("A"), true),
+            (Some("C"), false),
+        ],
+    );
     let p = plan(&policy("per_key"), &b, &gate);
     let hold = p.held.clone().unwrap();
     assert_eq!((hold.offset, hold.reason), (12, HoldReason::BlockedKeys));
     // Only the record of an already blocked key is diverted; A and C wait.
-    assert_eq!(diverted(&p), [(11, Class::Blocked, Some(0), "t.poison".into())]);
+    assert_eq!(
+        diverted(&p),
+        [(11, Class::Blocked, Some(0), "t.poison".into())]
+    );
     let out = p.apply(Some(12)).unwrap();
     let keys: Vec<_> = kbatch::segments(&out)
         .into_iter()
@@ -241,9 +285,15 @@ fn past_the_cap_the_partition_is_held_at_the_new_key() {
 /// A record of `key` as `dlt replay` writes it back: `x-replayed-from-dlt`,
 /// and on the key's last one `x-released-through`.
 fn replayed(key: &str, through: Option<i64>) -> NewRecord {
-    let mut headers = vec![("x-replayed-from-dlt".to_string(), Some(Bytes::from_static(b"t.poison/0/1")))];
+    let mut headers = vec![(
+        "x-replayed-from-dlt".to_string(),
+        Some(Bytes::from_static(b"t.poison/0/1")),
+    )];
     if let Some(t) = through {
-        headers.push(("x-released-through".to_string(), Some(Bytes::from(t.to_string()))));
+        headers.push((
+            "x-released-through".to_string(),
+            Some(Bytes::from(t.to_string())),
+        ));
     }
     NewRecord {
         timestamp: 1_000,
@@ -265,12 +315,17 @@ fn plain(key: &str) -> NewRecord {
 #[test]
 fn replayed_records_pass_and_the_last_one_releases_the_key() {
     let mut gate = Gate::default();
-    let block = Block { first: 0, class: Class::Poison };
+    let block = Block {
+        first: 0,
+        class: Class::Poison,
+    };
     gate.0.insert(b"A".to_vec(), block);
     gate.1.insert(b"A".to_vec(), 5);
     // A1' A2' (through 5), then A5: all delivered; the release is reported.
     let recs = [replayed("A", None), replayed("A", Some(5)), plain("A")];
-    let mut b = build_batch(&recs, &BuildOptions::default()).unwrap().to_vec();
+    let mut b = build_batch(&recs, &BuildOptions::default())
+        .unwrap()
+        .to_vec();
     b[..8].copy_from_slice(&10i64.to_be_bytes());
     let p = plan(&policy("per_key"), &b, &gate);
     assert_eq!(delivered(&p), [some("A"), some("A"), some("A")]);
@@ -289,7 +344,15 @@ fn replayed_records_pass_and_the_last_one_releases_the_key() {
 fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
     // K1 (poison) and K2 were diverted by an earlier fetch and K released
     // since: K3 is delivered although K1's verdict is still poison.
-    let b = batch(0, &[(Some("K"), true), (Some("K"), false), (Some("B"), false), (Some("K"), false)]);
+    let b = batch(
+        0,
+        &[
+            (Some("K"), true),
+            (Some("K"), false),
+            (Some("B"), false),
+            (Some("K"), false),
+        ],
+    );
     let p = policy("per_key");
     let topic: Arc<str> = Arc::from("t");
     let records = Bytes::copy_from_slice(&b);
@@ -306,7 +369,12 @@ fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
     let env = Env {
         verdicts: &cache,
         budget: &budget::DecodeBudget::unlimited(),
-        already: &|from, to| [0i64, 1].into_iter().filter(|o| (from..to).contains(o)).collect(),
+        already: &|from, to| {
+            [0i64, 1]
+                .into_iter()
+                .filter(|o| (from..to).contains(o))
+                .collect()
+        },
     };
     let plan = plan_partition_keyed(&input, &env, &Gate::default());
     assert_eq!(delivered(&plan), [some("B"), some("K")]);

@@ -233,6 +233,6 @@ impl PartitionPlan {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod keys_tests;
+#[cfg(test)]
+mod tests;

@@ -153,8 +153,14 @@ fn plan_batch(
         plan.segments.push(keep(&batch));
         return ControlFlow::Continue(());
     }
-    let (keep_mask, keyed_out) =
-        apply_verdicts(plan, &decoded, &invalid, &earlier, cached, order.as_deref_mut());
+    let (keep_mask, keyed_out) = apply_verdicts(
+        plan,
+        &decoded,
+        &invalid,
+        &earlier,
+        cached,
+        order.as_deref_mut(),
+    );
     if keep_mask.iter().all(|k| *k) {
         plan.segments.push(keep(&batch));
     } else {
@@ -312,7 +318,14 @@ fn apply_verdicts(
     }
     let mut out = KeyedOutcome::default();
     if let Some(order) = order {
-        divert_keyed(plan, decoded, (&mut keep_mask, earlier), &divert, order, &mut out);
+        divert_keyed(
+            plan,
+            decoded,
+            (&mut keep_mask, earlier),
+            &divert,
+            order,
+            &mut out,
+        );
     } else if divert.iter().any(Option::is_some) {
         for (record, verdict) in decoded.records().zip(&divert) {
             if let Some(verdict) = verdict {
@@ -331,7 +344,10 @@ fn note_release(plan: &mut PartitionPlan, order: &mut KeyOrder<'_>, record: &Rec
     let (Some(key), Some(Some(v))) = (record.key, record.header(H_RELEASED_THROUGH)) else {
         return;
     };
-    let Some(through) = std::str::from_utf8(v).ok().and_then(|t| t.trim().parse().ok()) else {
+    let Some(through) = std::str::from_utf8(v)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+    else {
         return;
     };
     if order.release(key, through) {
