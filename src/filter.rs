@@ -255,7 +255,8 @@ impl FetchFilter {
             }
             let per_key = policy.ordering == KeyOrdering::PerKey;
             // Likewise until the blocked keys are read back (per_key only).
-            if per_key && !self.blocked.wait_loaded(self.timeout).await {
+            if per_key && !self.blocked.is_loaded() && !self.blocked.wait_loaded(self.timeout).await
+            {
                 unloaded.push(ti);
                 continue;
             }

@@ -304,7 +304,10 @@ impl Follower {
             for partition in 0..n as i32 {
                 let from = self.next.get(&(dlt.clone(), partition)).copied();
                 let (set, pol) = (&self.set, &policies);
-                let mut f = |r: &Record<'_>| observe(set, pol, &dlt, r);
+                let mut f = |r: &Record<'_>| {
+                    observe(set, pol, &dlt, r);
+                    true
+                };
                 let next = tail::follow(&mut self.dlt, &dlt, partition, from, &mut f).await?;
                 self.next.insert((dlt.clone(), partition), next);
             }

@@ -56,8 +56,10 @@ async fn fetch(
 
 /// Read `topic`/`partition` from `from` (`None`: its log start) to the high
 /// watermark of the first fetch, calling `f` for each record; returns the
-/// offset to continue from. A batch that does not decode is an error (the
-/// caller retries), never skipped.
+/// offset to continue from. `f` returning false stops the read at that
+/// record (it is read again next time): a caller out of room forgets
+/// nothing. A batch that does not decode is an error (the caller
+/// retries), never skipped.
 pub async fn follow<F>(
     cluster: &mut Cluster,
     topic: &str,
@@ -66,7 +68,7 @@ pub async fn follow<F>(
     f: &mut F,
 ) -> Result<i64, ClientError>
 where
-    F: FnMut(&Record<'_>),
+    F: FnMut(&Record<'_>) -> bool,
 {
     let mut offset = match from {
         Some(o) => o,
@@ -105,7 +107,9 @@ where
                 ))
             })?;
             for r in d.records().filter(|r| r.offset >= offset && r.offset < end) {
-                f(&r);
+                if !f(&r) {
+                    return Ok(r.offset);
+                }
             }
         }
         if next <= offset {

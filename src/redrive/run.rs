@@ -35,8 +35,9 @@ use crate::kafka::builder::build_batch;
 use crate::metrics;
 use crate::policy::PolicySet;
 
-/// Records waiting for an attempt, at most.
+/// Records waiting for an attempt, at most, and their bytes.
 pub const MAX_PENDING: usize = 10_000;
+pub const MAX_PENDING_BYTES: usize = 64 << 20;
 /// How often the loop looks for new records and due attempts.
 const TICK: Duration = Duration::from_millis(500);
 
@@ -56,6 +57,8 @@ pub struct Loop {
     next: HashMap<(String, i32), i64>,
     /// DLT records of the re-driven classes, by DLT coordinate.
     pending: BTreeMap<String, DltRecord>,
+    /// Key, value and header bytes held by `pending`.
+    pending_bytes: usize,
     /// Attempt markers, by the coordinate they name, in log order.
     attempts: HashMap<String, Vec<Seen>>,
 }
@@ -69,6 +72,7 @@ impl Loop {
             target,
             next: HashMap::new(),
             pending: BTreeMap::new(),
+            pending_bytes: 0,
             attempts: HashMap::new(),
         }
     }
@@ -125,7 +129,10 @@ impl Loop {
             .cloned()
             .collect();
         for c in done {
-            self.pending.remove(&c);
+            if let Some(r) = self.pending.remove(&c) {
+                self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(&r));
+            }
+            self.attempts.remove(&c);
         }
         Ok(())
     }
@@ -160,26 +167,56 @@ impl Loop {
         let from = self.next.get(&(dlt.to_string(), p)).copied();
         let classes: Vec<&str> = self.cfg.classes.iter().map(|c| c.as_str()).collect();
         let (pending, attempts) = (&mut self.pending, &mut self.attempts);
+        let bytes = &mut self.pending_bytes;
         let mut f = |r: &crate::kafka::record::Record<'_>| {
             if let Some(m) = Marker::parse(r) {
+                // A record's markers follow it in its partition: only
+                // those of records waiting here matter.
                 if let Marker::Attempt(a) = m {
-                    let seen = Seen {
-                        attempt: a.attempt,
-                        offset: r.offset,
-                        redriven: a.redriven,
-                    };
-                    attempts.entry(a.of).or_default().push(seen);
+                    if pending.contains_key(&a.of) {
+                        attempts
+                            .entry(a.of.clone())
+                            .or_default()
+                            .push(Seen::of(&a, r.offset));
+                    }
                 }
-                return;
+                return true;
             }
             let d = DltRecord::from_record(dlt, p, r);
-            if d.origin_topic.is_some() && classes.contains(&d.class.as_str()) {
-                pending.insert(d.coordinate(), d);
+            if d.origin_topic.is_none() || !classes.contains(&d.class.as_str()) {
+                return true;
             }
+            let size = record_bytes(&d);
+            if pending.len() >= MAX_PENDING || *bytes + size > MAX_PENDING_BYTES {
+                return false; // out of room: read again once some are done
+            }
+            *bytes += size;
+            pending.insert(d.coordinate(), d);
+            true
         };
         let next = tail::follow(&mut self.dlt, dlt, p, from, &mut f).await?;
         self.next.insert((dlt.to_string(), p), next);
         Ok(())
+    }
+
+    /// The attempt markers for `coord` from where this partition was read
+    /// to its end, without reading further records: whose marker came
+    /// first for an attempt just written.
+    async fn markers_since(&mut self, r: &DltRecord) -> Result<Vec<Seen>, ClientError> {
+        let (dlt, p) = (r.dlt_topic.clone(), r.dlt_partition);
+        let from = self.next.get(&(dlt.clone(), p)).copied();
+        let coord = r.coordinate();
+        let mut out = self.attempts.get(&coord).cloned().unwrap_or_default();
+        let mut f = |rec: &crate::kafka::record::Record<'_>| {
+            if let Some(Marker::Attempt(a)) = Marker::parse(rec) {
+                if a.of == coord {
+                    out.push(Seen::of(&a, rec.offset));
+                }
+            }
+            true
+        };
+        tail::follow(&mut self.dlt, &dlt, p, from, &mut f).await?;
+        Ok(out)
     }
 
     /// Attempts made (distinct numbers), and whether one wrote it back.
@@ -254,11 +291,8 @@ impl Loop {
             )));
         }
         // Read up to our marker: the first marker for this attempt wins.
-        self.follow(&r.dlt_topic, r.dlt_partition).await?;
-        let first = self
-            .attempts
-            .get(&r.coordinate())
-            .and_then(|s| s.iter().find(|s| s.attempt == n).copied());
+        let seen = self.markers_since(r).await?;
+        let first = seen.iter().find(|s| s.attempt == n).copied();
         if first.is_none_or(|s| s.offset != resp.base_offset) {
             return Ok(()); // another instance made this attempt
         }
@@ -277,6 +311,26 @@ impl Loop {
         }
         Ok(())
     }
+}
+
+impl Seen {
+    fn of(a: &Attempt, offset: i64) -> Self {
+        Seen {
+            attempt: a.attempt,
+            offset,
+            redriven: a.redriven,
+        }
+    }
+}
+
+/// What one waiting record holds in memory, roughly.
+fn record_bytes(r: &DltRecord) -> usize {
+    let h: usize = r
+        .headers
+        .iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
+        .sum();
+    r.key.as_ref().map_or(0, |k| k.len()) + r.value.as_ref().map_or(0, |v| v.len()) + h + 256
 }
 
 /// The replay settings re-drive decides with: the listed classes only, no
