@@ -350,3 +350,85 @@ fn args(r: &DltRecord) -> ReplayArgs {
         filters: Filters::default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Endpoint;
+
+    fn looping(delays: &[u64]) -> Loop {
+        let cfg = Redrive {
+            classes: vec![crate::policy::Class::Unknown],
+            delays: delays.iter().map(|s| Duration::from_secs(*s)).collect(),
+        };
+        let config = crate::config::Config::parse(
+            "listen:\n  bootstrap: 127.0.0.1:1\n  broker_port_base: 2\nupstream:\n  bootstrap_servers: [127.0.0.1:3]\n",
+            std::path::Path::new("c.yaml"),
+        )
+        .unwrap();
+        let ep = Endpoint::upstream(&config).unwrap();
+        let filter = Arc::new(FetchFilter::new(
+            Arc::new(PolicySet::default()),
+            crate::deadletter::DeadLetter::start(
+                &config.dead_letter,
+                &config.upstream.bootstrap_servers,
+                ep.clone(),
+                ep.clone(),
+                Arc::new(PolicySet::default()),
+            ),
+            Duration::from_secs(1),
+            1 << 20,
+        ));
+        let cluster = || Cluster::new(config.upstream.bootstrap_servers.clone(), ep.clone());
+        Loop::new(cfg, filter, cluster(), cluster())
+    }
+
+    fn record(failed_at: i64) -> DltRecord {
+        let r = crate::kafka::record::Record {
+            offset: 4,
+            timestamp: 0,
+            key: None,
+            value: None,
+            headers: vec![crate::kafka::record::Header {
+                key: b"x-failed-at",
+                value: Some(b"1000"),
+            }],
+        };
+        let mut d = DltRecord::from_record("t.dlt", 0, &r);
+        d.failed_at = Some(failed_at);
+        d
+    }
+
+    /// One attempt after each delay, counted from the diversion; a record
+    /// written back, or past its last attempt, is done.
+    #[tokio::test]
+    async fn attempts_are_due_after_each_delay_and_never_after_the_last() {
+        let mut l = looping(&[2, 4, 6]);
+        let (r, c) = (record(1_000), "t.dlt/0/4".to_string());
+        assert_eq!(l.due(&c, &r, 2_999), None);
+        assert_eq!(l.due(&c, &r, 3_000), Some(1));
+        let mark = |l: &mut Loop, attempt, offset, redriven| {
+            l.attempts.entry(c.clone()).or_default().push(Seen {
+                attempt,
+                offset,
+                redriven,
+            })
+        };
+        mark(&mut l, 1, 10, false);
+        // The same attempt twice (two instances) counts once.
+        mark(&mut l, 1, 11, false);
+        assert_eq!(l.due(&c, &r, 4_999), None);
+        assert_eq!(l.due(&c, &r, 5_000), Some(2));
+        mark(&mut l, 2, 12, false);
+        mark(&mut l, 3, 13, false);
+        assert!(l.finished(&c));
+        assert_eq!(l.due(&c, &r, 1 << 40), None);
+        let mut l = looping(&[2, 4, 6]);
+        l.attempts.entry(c.clone()).or_default().push(Seen {
+            attempt: 1,
+            offset: 3,
+            redriven: true,
+        });
+        assert!(l.finished(&c) && l.due(&c, &r, 1 << 40).is_none());
+    }
+}
