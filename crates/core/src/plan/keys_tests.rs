@@ -380,3 +380,40 @@ fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
     assert_eq!(delivered(&plan), [some("B"), some("K")]);
     assert!(plan.diversions.iter().all(|d| d.blocked_by.is_none()));
 }
+
+/// Planning cost per record with and without per_key, on 1,000-record
+/// batches (one poison record) judged afresh each time, and with 10,000
+/// blocked keys in the gate. Debug build numbers, for the ratio only:
+/// `cargo test -p antidote-core measure_per_key -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_per_key_planning_cost() {
+    let recs: Vec<(String, bool)> = (0..1000).map(|i| (format!("dev-{i}"), i == 0)).collect();
+    let refs: Vec<(Option<&str>, bool)> =
+        recs.iter().map(|(k, p)| (Some(k.as_str()), *p)).collect();
+    let b = batch(0, &refs);
+    let mut big = Gate::default();
+    for i in 0..MAX_BLOCKED_KEYS_PER_PARTITION - 1 {
+        big.0.insert(
+            format!("x{i}").into_bytes(),
+            Block {
+                first: 0,
+                class: Class::Poison,
+            },
+        );
+    }
+    let rounds = 200;
+    for (name, p, gate) in [
+        ("none", policy("none"), Gate::default()),
+        ("per_key", policy("per_key"), Gate::default()),
+        ("per_key, 9,999 blocked keys", policy("per_key"), big),
+    ] {
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            let out = plan(&p, &b, &gate);
+            assert_eq!(out.diversions.len(), 1);
+        }
+        let per = start.elapsed().as_nanos() as f64 / (rounds * 1000) as f64;
+        println!("{name}: {per:.0} ns/record");
+    }
+}
