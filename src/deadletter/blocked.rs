@@ -243,7 +243,14 @@ pub struct Follower {
     pub upstream: Cluster,
     /// Where reading each DLT partition goes on.
     next: HashMap<(String, i32), i64>,
+    /// The DLTs followed, as of the last lookup, and under which policies.
+    known: Vec<String>,
+    seen_policies: Arc<PolicySet>,
+    passes: u64,
 }
+
+/// Passes between two lookups of the topic list (10 s at FOLLOW_EVERY).
+const REFRESH_EVERY: u64 = 20;
 
 impl Follower {
     pub fn new(set: Arc<BlockedKeys>, dlt: Cluster, upstream: Cluster) -> Self {
@@ -252,6 +259,9 @@ impl Follower {
             dlt,
             upstream,
             next: HashMap::new(),
+            known: Vec::new(),
+            seen_policies: Arc::new(PolicySet::default()),
+            passes: 0,
         }
     }
 
@@ -297,7 +307,13 @@ impl Follower {
         {
             return Ok(());
         }
-        for dlt in self.dlts(&policies).await? {
+        // The topic list changes rarely: looked up every REFRESH_EVERY passes.
+        if self.passes % REFRESH_EVERY == 0 || !Arc::ptr_eq(&policies, &self.seen_policies) {
+            self.known = self.dlts(&policies).await?;
+            self.seen_policies = policies.clone();
+        }
+        self.passes = self.passes.wrapping_add(1);
+        for dlt in self.known.clone() {
             let Some(n) = self.dlt.partitions(&dlt).await? else {
                 continue;
             };

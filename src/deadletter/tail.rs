@@ -25,8 +25,10 @@ async fn fetch(
     let req = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
         // tansu answers a fetch with no wait and no minimum with no
-        // partition at all; what `rebuild` asks works on every broker.
-        .with_max_wait_ms(100)
+        // partition at all; a short wait for one byte works. At a
+        // partition's end the broker waits this long: it bounds the cost
+        // of an idle partition per pass.
+        .with_max_wait_ms(10)
         .with_min_bytes(1)
         .with_max_bytes(FETCH_BYTES)
         .with_session_epoch(-1)
