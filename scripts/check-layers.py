@@ -29,6 +29,7 @@ LAYERS = [
     ["kafka"],
     ["policy"],
     ["dlt_record"],
+    ["dlt_marker"],
     ["plan"],
     # antidote (src): the binary crate.
     ["sasl", "envsubst"],
@@ -39,7 +40,7 @@ LAYERS = [
     ["registry"],
     ["deadletter"],
     ["dlt"],
-    ["filter", "admin"],
+    ["filter", "admin", "redrive"],
     ["proxy"],
     ["main"],
 ]

@@ -15,9 +15,11 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 pub use antidote_core::text::{parse_duration, yaml_error};
+pub use redrive::Redrive;
 pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
 pub use sni::{Sni, SniPattern};
 
+mod redrive;
 mod registry;
 mod sni;
 
@@ -284,6 +286,9 @@ pub struct DeadLetterConfig {
     /// Codec of the batches written to dead-letter topics.
     #[serde(default)]
     pub compression: DltCompression,
+    /// Re-validate records of some classes by themselves (optional).
+    #[serde(default)]
+    pub redrive: Option<Redrive>,
 }
 
 /// `dead_letter.compression`. gzip by default: it is the one codec every
@@ -325,6 +330,7 @@ impl Default for DeadLetterConfig {
             replication_factor: 1,
             allow_client_produce: false,
             compression: DltCompression::default(),
+            redrive: None,
         }
     }
 }
@@ -525,9 +531,13 @@ impl Config {
             t.client_ca.as_mut().map(fix);
         }
         let registry_tls = self.schema_registry.as_mut().and_then(|r| r.tls.as_mut());
-        for t in [self.upstream.tls.as_mut(), self.dead_letter.tls.as_mut(), registry_tls]
-            .into_iter()
-            .flatten()
+        for t in [
+            self.upstream.tls.as_mut(),
+            self.dead_letter.tls.as_mut(),
+            registry_tls,
+        ]
+        .into_iter()
+        .flatten()
         {
             fix(&mut t.ca);
             t.cert.as_mut().map(fix);

@@ -28,40 +28,16 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
+use crate::deadletter::blocked::{BlockedKeys, Gate};
 use crate::deadletter::DeadLetter;
 use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{self, PartitionPlan, Visibility};
-use crate::policy::PolicySet;
+use crate::policy::{KeyOrdering, PolicySet};
 use crate::registry::Registry;
-
-/// Partitions this connection has been answered with a hold, and where.
-///
-/// The first time a partition is held at offset C, the client gets the
-/// records before C (it may not have them yet). Held at the same C again,
-/// the client is already at C, so it gets no records at all: an answer
-/// whose records all lie below the fetch offset looks to librdkafka like a
-/// record too large to fetch (it doubles its fetch size and ends in
-/// MSG_SIZE_TOO_LARGE), whereas no records is an ordinary "nothing new".
-#[derive(Debug, Default)]
-pub struct Holds {
-    at: HashMap<(Arc<str>, i32), i64>,
-}
-
-impl Holds {
-    /// Record a hold at `offset`; whether records before it should be sent.
-    fn hold(&mut self, topic: &Arc<str>, partition: i32, offset: i64) -> bool {
-        self.at.insert((topic.clone(), partition), offset) != Some(offset)
-    }
-
-    fn release(&mut self, topic: &Arc<str>, partition: i32) {
-        if !self.at.is_empty() {
-            self.at.remove(&(topic.clone(), partition));
-        }
-    }
-}
+pub use holds::Holds;
 
 /// Pause before re-submitting a diversion whose write failed.
 const RETRY_BACKOFF: Duration = Duration::from_millis(250);
@@ -113,6 +89,8 @@ pub struct FetchFilter {
     pub budget: Arc<DecodeBudget>,
     /// Where `registry: true` policies' schema ids are resolved.
     registry: Option<Arc<Registry>>,
+    /// Keys parked behind a diverted record (`ordering: per_key`).
+    pub blocked: Arc<BlockedKeys>,
 }
 
 impl FetchFilter {
@@ -122,6 +100,8 @@ impl FetchFilter {
         timeout: Duration,
         decode_budget: usize,
     ) -> Self {
+        let blocked = Arc::new(BlockedKeys::default());
+        blocked.policies_changed(policies.clone());
         FetchFilter {
             policies: RwLock::new(policies),
             verdicts: Arc::new(VerdictCache::new(100_000)),
@@ -129,6 +109,7 @@ impl FetchFilter {
             timeout,
             budget: DecodeBudget::new(decode_budget),
             registry: None,
+            blocked,
         }
     }
 
@@ -157,6 +138,7 @@ impl FetchFilter {
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
         self.dead_letter.policies_changed(new.clone());
+        self.blocked.policies_changed(new.clone());
         match self.policies.write() {
             Ok(mut p) => *p = new,
             Err(poisoned) => *poisoned.into_inner() = new,
@@ -195,14 +177,17 @@ impl FetchFilter {
         let now = now_ms();
         let mut planned = self.plan_all(jobs.clone(), now).await?;
         if let Some(registry) = &self.registry {
-            self.resolve_transient(registry, &jobs, &mut planned, now).await?;
+            self.resolve_transient(registry, &jobs, &mut planned, now)
+                .await?;
         }
         for (at, mut plan) in planned {
             metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
             if plan.changes_anything() {
+                // Its blocks are learnt once its diversions are done.
                 transient_at.push(transient::take_transient(&mut plan));
                 plans.push((at.0, at.1, plan));
             } else {
+                keys::learn(&self.blocked, &plan, None);
                 count(&plan, None);
             }
         }
@@ -219,6 +204,7 @@ impl FetchFilter {
             let outcomes = outcomes.into_iter().zip(transient_at);
             for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
                 let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
+                keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
                 let p = &mut resp.responses[ti].partitions[pi];
                 p.records = Some(apply_outcome(holds, &plan, failed_from)?);
             }
@@ -262,6 +248,13 @@ impl FetchFilter {
                 unloaded.push(ti);
                 continue;
             }
+            let per_key = policy.ordering == KeyOrdering::PerKey;
+            // Likewise until the blocked keys are read back (per_key only).
+            if per_key && !self.blocked.is_loaded() && !self.blocked.wait_loaded(self.timeout).await
+            {
+                unloaded.push(ti);
+                continue;
+            }
             let topic_name: Arc<str> = Arc::from(name.as_str());
             if version >= 13 {
                 // A new id for a known name: the topic was recreated.
@@ -283,6 +276,7 @@ impl FetchFilter {
                         isolation == READ_COMMITTED,
                         p.aborted_transactions.as_deref(),
                     ),
+                    gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
                 }));
             }
         }
@@ -531,6 +525,8 @@ struct PartitionJob {
     partition: i32,
     records: Bytes,
     vis: Visibility,
+    /// The partition's blocked keys, for a per_key policy only.
+    gate: Option<Gate>,
 }
 
 impl PartitionJob {
@@ -547,17 +543,18 @@ impl PartitionJob {
             budget,
             already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
         };
-        plan::plan_partition_with(
-            &plan::PartitionInput {
-                policy: &self.policy,
-                topic: &self.topic,
-                partition: self.partition,
-                records: &self.records,
-                visibility: &self.vis,
-                now_ms,
-            },
-            &env,
-        )
+        let input = plan::PartitionInput {
+            policy: &self.policy,
+            topic: &self.topic,
+            partition: self.partition,
+            records: &self.records,
+            visibility: &self.vis,
+            now_ms,
+        };
+        match &self.gate {
+            Some(gate) => plan::plan_partition_keyed(&input, &env, gate),
+            None => plan::plan_partition_with(&input, &env),
+        }
     }
 }
 
@@ -652,6 +649,9 @@ mod tests {
         );
     }
 }
+
+mod holds;
+mod keys;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.
 #[cfg(test)]

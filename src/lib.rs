@@ -11,6 +11,7 @@
 //! proxy        listeners, request pumps, classification, broker addresses, reload
 //!   filter     Fetch responses: plan every partition, await diversions, re-encode
 //!   admin      /metrics /healthz /readyz
+//!   redrive    background DLT work: blocked-key follower, re-drive loop
 //! dlt          `antidote dlt` commands: inspect, replay
 //! deadletter   the DLT writer: producer, acknowledged writes, ledger (once only)
 //! registry     the schema registry client (fills the core's schema cache)
@@ -34,8 +35,9 @@ pub mod envsubst;
 pub mod filter;
 pub mod metrics;
 pub mod proxy;
+pub mod redrive;
 pub mod registry;
 pub mod sasl;
 pub mod transport;
 
-pub use antidote_core::{clock, dlt_record, kafka, plan, policy, text};
+pub use antidote_core::{clock, dlt_marker, dlt_record, kafka, plan, policy, text};

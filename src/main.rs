@@ -57,6 +57,8 @@ enum DltCommand {
     Inspect(Box<antidote::dlt::InspectArgs>),
     /// Re-drive dead-lettered records to their original topic (dry run unless --execute).
     Replay(Box<antidote::dlt::ReplayArgs>),
+    /// Give up a blocked key's parked records (ordering: per_key), releasing the key (dry run unless --execute).
+    Discard(Box<antidote::dlt::discard::DiscardArgs>),
 }
 
 fn main() -> ExitCode {
@@ -128,7 +130,10 @@ fn report_registry(cfg: &Config) {
 /// `check --connect`: every bootstrap broker accepts a TCP connection and
 /// every registry URL answers HTTP. One line each; false if any fails.
 fn check_connect(cfg: &Config) -> bool {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
         eprintln!("cannot start the runtime");
         return false;
     };
@@ -136,23 +141,46 @@ fn check_connect(cfg: &Config) -> bool {
         let mut ok = true;
         for b in &cfg.upstream.bootstrap_servers {
             let addr = (b.host.as_str(), b.port);
-            let c = tokio::time::timeout(cfg.upstream.connect_timeout, tokio::net::TcpStream::connect(addr)).await;
+            let c = tokio::time::timeout(
+                cfg.upstream.connect_timeout,
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await;
             match c {
                 Ok(Ok(_)) => println!("broker {b}: answers"),
-                Ok(Err(e)) => { ok = false; eprintln!("broker {b}: {e}") }
-                Err(_) => { ok = false; eprintln!("broker {b}: no answer in {:?}", cfg.upstream.connect_timeout) }
+                Ok(Err(e)) => {
+                    ok = false;
+                    eprintln!("broker {b}: {e}")
+                }
+                Err(_) => {
+                    ok = false;
+                    eprintln!(
+                        "broker {b}: no answer in {:?}",
+                        cfg.upstream.connect_timeout
+                    )
+                }
             }
         }
         if let Some(r) = &cfg.schema_registry {
-            let reg = match antidote::registry::Registry::new(r, antidote::policy::SchemaCache::new()) {
-                Ok(reg) => reg,
-                Err(e) => { eprintln!("{e}"); return false; }
-            };
+            let reg =
+                match antidote::registry::Registry::new(r, antidote::policy::SchemaCache::new()) {
+                    Ok(reg) => reg,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return false;
+                    }
+                };
             for (url, result) in reg.probe().await {
                 match result {
                     Ok(s) if (200..300).contains(&s) => println!("schema registry {url}: answers"),
-                    Ok(s) => { ok = false; eprintln!("schema registry {url}: answers HTTP {s}") }
-                    Err(e) => { ok = false; eprintln!("schema registry {url}: {e}") }
+                    Ok(s) => {
+                        ok = false;
+                        eprintln!("schema registry {url}: answers HTTP {s}")
+                    }
+                    Err(e) => {
+                        ok = false;
+                        eprintln!("schema registry {url}: {e}")
+                    }
                 }
             }
         }
@@ -241,6 +269,7 @@ fn dlt(command: DltCommand) -> ExitCode {
     let result = runtime.block_on(async {
         match &command {
             DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await.map(|()| true),
+            DltCommand::Discard(args) => antidote::dlt::discard::run(args, &mut out).await.map(|_| true),
             DltCommand::Replay(args) => antidote::dlt::replay::run(args, &mut out).await.map(|report| {
                 if report.failed > 0 {
                     eprintln!("{} record(s) failed to replay; run the same command again to retry them", report.failed);

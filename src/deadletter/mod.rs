@@ -14,9 +14,11 @@
 //! through the proxy's own producer (`producer`); the DLT record format
 //! (header names, bounds) is defined once, in `headers`.
 
+pub mod blocked;
 mod ledger;
 mod producer;
 mod rebuild;
+pub mod tail;
 #[cfg(test)]
 mod tests;
 

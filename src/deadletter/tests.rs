@@ -65,6 +65,7 @@ fn diversion(topic: &str, partition: i32, offset: i64, len: usize) -> Diversion 
             reason: "bad".into(),
         },
         policy: Arc::from("p"),
+        blocked_by: None,
     }
 }
 

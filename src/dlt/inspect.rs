@@ -120,6 +120,11 @@ pub fn record_json(r: &DltRecord) -> Value {
         "key": r.key.as_deref().map(|k| show_bytes(Some(k))),
         "value": r.value.as_deref().map(|v| show_bytes(Some(v))),
         "headers": other_headers,
+        "redrive_attempts": r.redrive.iter().map(|a| json!({
+            "attempt": a.attempt,
+            "outcome": if a.redriven { "redriven" } else { "still-invalid" },
+            "reason": esc(&a.reason),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -312,6 +317,7 @@ mod tests {
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from_static(b"{\"lat\":91}")),
             headers: vec![("idempotency-key".into(), Some(Bytes::from_static(b"i1")))],
+            redrive: Vec::new(),
         }
     }
 

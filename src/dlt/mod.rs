@@ -11,10 +11,11 @@
 //! DLT records: the header names come from `crate::deadletter`.
 
 pub mod decode;
+pub mod discard;
 pub mod inspect;
 pub mod replay;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use bytes::Bytes;
@@ -26,6 +27,7 @@ pub use crate::deadletter::{
     CONTEXT_HEADERS, H_ATTEMPT, H_CLASS, H_ERROR, H_FAILED_AT, H_OFFSET, H_PARTITION, H_POLICY,
     H_REPLAYED_FROM, H_RULE, H_TIMESTAMP, H_TOPIC,
 };
+use crate::dlt_marker::{is_marker, Attempt, Marker};
 use crate::kafka::record::Record;
 use crate::policy::PolicySet;
 use crate::transport::tls;
@@ -74,6 +76,8 @@ pub struct DltRecord {
     pub value: Option<Bytes>,
     /// Every header, in order, context headers included.
     pub headers: Vec<(String, Option<Bytes>)>,
+    /// The re-drive attempts recorded for it (attempt markers in its DLT).
+    pub redrive: Vec<Attempt>,
 }
 
 impl DltRecord {
@@ -113,6 +117,7 @@ impl DltRecord {
                     )
                 })
                 .collect(),
+            redrive: Vec::new(),
         }
     }
 
@@ -275,21 +280,34 @@ impl Context {
 }
 
 /// The records of `topic` that `keep` selects, as [`DltRecord`]s, in
-/// partition then offset order. The whole topic is read (to its high
-/// watermark); only the kept records are held in memory.
+/// partition then offset order, each with its re-drive attempts. The whole
+/// topic is read (to its high watermark); only the kept records (and the
+/// attempt markers) are held in memory. Marker records are never returned.
 pub async fn read_dlt(
     cluster: &mut Cluster,
     topic: &str,
     keep: impl Fn(&DltRecord) -> bool,
 ) -> Result<Vec<DltRecord>, DltError> {
     let mut out = Vec::new();
+    let mut attempts: HashMap<String, Vec<Attempt>> = HashMap::new();
     crate::deadletter::read_topic(cluster, topic, |p, r| {
+        if is_marker(r) {
+            if let Some(Marker::Attempt(a)) = Marker::parse(r) {
+                attempts.entry(a.of.clone()).or_default().push(a);
+            }
+            return;
+        }
         let d = DltRecord::from_record(topic, p, r);
         if keep(&d) {
             out.push(d);
         }
     })
     .await?;
+    for d in &mut out {
+        if let Some(a) = attempts.remove(&d.coordinate()) {
+            d.redrive = a;
+        }
+    }
     Ok(out)
 }
 

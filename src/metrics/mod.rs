@@ -40,6 +40,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub mod keys;
 mod series;
 use series::*;
 
@@ -125,6 +126,8 @@ pub struct Metrics {
     upstream_errors: Cached<KindLabel, Counter>,
     connections_refused: Counter,
     registry_requests: Cached<KindLabel, Counter>,
+    /// Blocked keys and re-drive (`keys`).
+    pub keys: keys::KeyMetrics,
 }
 
 impl Default for Metrics {
@@ -152,6 +155,7 @@ impl Metrics {
             upstream_errors: Cached::new(),
             connections_refused: Counter::default(),
             registry_requests: Cached::new(),
+            keys: keys::KeyMetrics::default(),
         };
         m.registered()
     }
@@ -217,6 +221,7 @@ impl Metrics {
             self.invalid.family.clone(),
         );
         self.register_dlt_and_connections();
+        self.keys.register(&mut self.registry);
         self
     }
 

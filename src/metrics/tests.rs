@@ -214,6 +214,7 @@ fn every_series_once() -> Metrics {
     m.connections_open("bootstrap", 1);
     m.upstream_error("io");
     m.registry_request("ok");
+    m.keys.redriven(true, 1);
     m
 }
 
@@ -242,6 +243,10 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_connections_refused_total counter",
         // Added after the switch (issue 11).
         "antidote_schema_registry_requests_total counter",
+        // Added with per-key ordering and re-drive (metrics/keys.rs).
+        "antidote_blocked_keys gauge",
+        "antidote_blocked_key_oldest_age_seconds gauge",
+        "antidote_redrive_total counter",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

@@ -117,7 +117,7 @@ impl Shared {
             dlt,
             &config.upstream.bootstrap_servers,
             upstream.clone(),
-            dlt_endpoint,
+            dlt_endpoint.clone(),
             policies.clone(),
         );
         let registry = config
@@ -126,9 +126,15 @@ impl Shared {
             .map(|r| crate::registry::Registry::new(r, crate::policy::SchemaCache::shared()))
             .transpose()?;
         let fetch_filter = Arc::new(
-            FetchFilter::new(policies, dead_letter, dlt.timeout, config.limits.decode_budget)
-                .with_registry(registry),
+            FetchFilter::new(
+                policies,
+                dead_letter,
+                dlt.timeout,
+                config.limits.decode_budget,
+            )
+            .with_registry(registry),
         );
+        crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
         let config_max_connections = config.limits.max_connections;
         // The background refresh learns new topics at this pace anyway.
         let negative_ttl = config.upstream.metadata_refresh;

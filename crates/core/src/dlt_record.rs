@@ -44,6 +44,18 @@ pub const H_ATTEMPT: &str = "x-attempt";
 /// skips it.
 pub const H_REDACTED: &str = "x-redacted";
 
+/// The origin offset of the first diverted record of this record's key
+/// (`ordering: per_key`): set on every diverted record that is parked
+/// behind an earlier one of its key.
+pub const H_BLOCKED_BY: &str = "x-blocked-by";
+/// `x-error-rule` of a record diverted because its key is blocked.
+pub const RULE_KEY: &str = "key";
+/// On the last record `dlt replay` writes back for a blocked key: every
+/// diverted record of the key up to this origin offset is home, so the
+/// proxy releases the key as this record passes (the DLT gets a release
+/// marker too, for restarts and other instances).
+pub const H_RELEASED_THROUGH: &str = "x-released-through";
+
 /// Context headers the proxy adds to a DLT record (plus the replay headers);
 /// replay strips exactly these, and keeps every other header, `x-` or not.
 pub const CONTEXT_HEADERS: &[&str] = &[
@@ -61,6 +73,8 @@ pub const CONTEXT_HEADERS: &[&str] = &[
     H_REPLAYED_FROM,
     H_ATTEMPT,
     H_REDACTED,
+    H_BLOCKED_BY,
+    H_RELEASED_THROUGH,
 ];
 
 /// Longest `x-error` value written, in bytes.
@@ -122,6 +136,9 @@ pub struct Diversion {
     pub headers: Vec<(Bytes, Option<Bytes>)>,
     pub invalid: Invalid,
     pub policy: Arc<str>,
+    /// `x-blocked-by`: set when the record is parked behind its key's
+    /// first diverted record (`ordering: per_key`).
+    pub blocked_by: Option<i64>,
 }
 
 impl Diversion {
@@ -155,6 +172,7 @@ impl Diversion {
                 .collect(),
             invalid: invalid.clone(),
             policy: Arc::from(policy.name.as_str()),
+            blocked_by: None,
         }
     }
 
@@ -182,6 +200,7 @@ impl Diversion {
                 reason: format!("rule {} (class redact: contents withheld)", invalid.rule),
             },
             policy: Arc::from(policy.name.as_str()),
+            blocked_by: None,
         }
     }
 
@@ -215,6 +234,7 @@ impl Diversion {
             )],
             invalid: Invalid::poison(RULE_WHOLE_BATCH, reason),
             policy: Arc::from(policy.name.as_str()),
+            blocked_by: None,
         }
     }
 
@@ -242,6 +262,9 @@ impl Diversion {
         add(H_FAILED_AT, failed_at_ms.to_string());
         if self.is_redacted() {
             add(H_REDACTED, "true".to_string());
+        }
+        if let Some(first) = self.blocked_by {
+            add(H_BLOCKED_BY, first.to_string());
         }
         NewRecord {
             timestamp: self.origin_timestamp,

@@ -9,12 +9,14 @@
 //!   +-> policy      record -> verdict (schemas, field rules, classes)
 //!   +-> kafka       record batches: decode, splice, build, compress
 //!   +-> dlt_record  the DLT record format: context headers, written and read
+//!   +-> dlt_marker  release/discard/attempt markers kept in DLTs
 //! text, clock       leaves: YAML error positions, durations, wall clock
 //! ```
 //!
 //! Each module depends only on modules below it (`scripts/check-layers.py`).
 
 pub mod clock;
+pub mod dlt_marker;
 pub mod dlt_record;
 pub mod kafka;
 pub mod plan;

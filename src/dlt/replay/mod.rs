@@ -34,6 +34,7 @@
 //! The decision is here; running it against the clusters (reading targets,
 //! producing, the progress line) is in `run`.
 
+pub mod keys;
 mod run;
 
 use std::collections::HashSet;
@@ -41,7 +42,7 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 
-pub use run::run;
+pub use run::{produce, run};
 
 use super::{DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM};
 use crate::kafka::builder::NewRecord;
@@ -226,7 +227,9 @@ pub fn decide(
         return Decision::RefusedStale;
     }
     if r.class == crate::policy::Class::Redact.as_str()
-        || r.headers.iter().any(|(k, _)| k == crate::dlt_record::H_REDACTED)
+        || r.headers
+            .iter()
+            .any(|(k, _)| k == crate::dlt_record::H_REDACTED)
     {
         return Decision::RefusedRedacted;
     }
@@ -350,6 +353,7 @@ policies:
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from(value.to_string())),
             headers,
+            redrive: Vec::new(),
         }
     }
 

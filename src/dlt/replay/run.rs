@@ -8,14 +8,18 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::keys::{self, GroupKey, Unit};
 use super::{decide, selected, Decision, ReplayArgs, Report};
 use crate::client::{errors, Cluster};
 use crate::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
+use crate::dlt_record::H_RELEASED_THROUGH;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+use crate::registry::Registry;
 
 /// Partition count of each target topic (`None`: it does not exist).
 type Targets = BTreeMap<String, Option<usize>>;
@@ -38,6 +42,9 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     if let Some(n) = args.limit {
         records.truncate(n);
     }
+    // A blocked key's records go together (keys.rs); markers go to the DLT.
+    let units = keys::units(&mut cluster, &args.topic, &ctx.policies, records).await?;
+    let dlt = ctx.dead_letter_cluster()?;
     // Targets live on the upstream cluster; the DLT may live elsewhere
     // (dead_letter.bootstrap_servers).
     let target_cluster = if ctx.config.dead_letter.bootstrap_servers.is_some() {
@@ -47,34 +54,35 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     };
     let mut runner = Runner {
         args,
+        dlt,
         cluster: target_cluster,
         targets: Targets::new(),
         replayed: HashSet::new(),
         report: Report::default(),
         started: Instant::now(),
         sent: 0,
+        registry,
     };
-    runner.load_targets(&records).await?;
+    let all: Vec<&DltRecord> = units
+        .iter()
+        .flat_map(|u| match u {
+            Unit::One(r) => std::slice::from_ref(r).iter(),
+            Unit::Key(_, rs) => rs.iter(),
+        })
+        .collect();
+    runner.load_targets(&all).await?;
     // `--rate` paces the writes, not the reading of the targets.
     runner.started = Instant::now();
     let progress = Progress::new(args.execute);
-    for r in &records {
-        runner.report.considered += 1;
-        let now = crate::clock::now_ms();
-        let targets = &runner.targets;
-        let decide_now = || {
-            decide(args, &ctx.policies, r, |t| targets.get(t).copied().flatten(), &runner.replayed, now)
-        };
-        let mut d = decide_now();
-        // Re-validation through the registry: fetch a schema not cached yet, then decide again.
-        if let (Decision::StillInvalid { class, .. }, Some(reg)) = (&d, &registry) {
-            if class == crate::policy::Class::Transient.as_str() {
-                reg.resolve_wants(reg.timeout()).await;
-                d = decide_now();
+    for u in &units {
+        match u {
+            Unit::One(r) => {
+                let d = runner.decide(&ctx, r).await;
+                runner.apply(r, &d, out).await?;
+                tracing::debug!(coordinate = %r.coordinate(), decision = d.label(), "replay decision");
             }
+            Unit::Key(g, rs) => runner.replay_key(&ctx, g, rs, out).await?,
         }
-        runner.apply(r, &d, out).await?;
-        tracing::debug!(coordinate = %r.coordinate(), decision = d.label(), "replay decision");
         progress.tick(&runner.report);
     }
     out.flush()?;
@@ -88,6 +96,8 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
 /// The state of one replay run against its target cluster.
 struct Runner<'a> {
     args: &'a ReplayArgs,
+    /// The dead-letter cluster, for release markers.
+    dlt: Cluster,
     cluster: Cluster,
     targets: Targets,
     /// DLT coordinates already found in a target's `x-replayed-from-dlt`.
@@ -96,12 +106,14 @@ struct Runner<'a> {
     started: Instant,
     /// Records produced so far (for `--rate`).
     sent: u64,
+    /// Where `registry: true` policies' schemas are fetched for re-validation.
+    registry: Option<Arc<Registry>>,
 }
 
 impl Runner<'_> {
     /// Learn each target topic's partitions, and read every existing target
     /// for the DLT coordinates it already holds (no double replays).
-    async fn load_targets(&mut self, records: &[DltRecord]) -> Result<(), DltError> {
+    async fn load_targets(&mut self, records: &[&DltRecord]) -> Result<(), DltError> {
         for r in records {
             if let Some(t) = self.args.to.clone().or_else(|| r.origin_topic.clone()) {
                 self.targets.entry(t).or_insert(None);
@@ -118,6 +130,96 @@ impl Runner<'_> {
                 })
                 .await?;
             }
+        }
+        Ok(())
+    }
+
+    /// The decision for one record, counted as considered. A record still
+    /// invalid as `transient` (its schema is not cached yet) is decided
+    /// again once the registry has been asked for what is missing.
+    async fn decide(&mut self, ctx: &Context, r: &DltRecord) -> Decision {
+        self.report.considered += 1;
+        let d = self.decide_now(ctx, r);
+        if let (Decision::StillInvalid { class, .. }, Some(reg)) = (&d, &self.registry) {
+            if class == crate::policy::Class::Transient.as_str() {
+                reg.resolve_wants(reg.timeout()).await;
+                return self.decide_now(ctx, r);
+            }
+        }
+        d
+    }
+
+    fn decide_now(&self, ctx: &Context, r: &DltRecord) -> Decision {
+        let targets = &self.targets;
+        decide(
+            self.args,
+            &ctx.policies,
+            r,
+            |t| targets.get(t).copied().flatten(),
+            &self.replayed,
+            crate::clock::now_ms(),
+        )
+    }
+
+    /// Replay a blocked key's records together, in order, or none of them;
+    /// the last one written carries `x-released-through`, and a release
+    /// marker follows once all are written.
+    async fn replay_key(
+        &mut self,
+        ctx: &Context,
+        g: &GroupKey,
+        rs: &[DltRecord],
+        out: &mut dyn Write,
+    ) -> Result<(), DltError> {
+        let mut ds: Vec<Decision> = Vec::with_capacity(rs.len());
+        for r in rs {
+            ds.push(self.decide(ctx, r).await);
+        }
+        let key = crate::dlt::show_bytes(Some(&g.2));
+        let ok = |d: &Decision| {
+            matches!(
+                d,
+                Decision::Replay { .. } | Decision::AlreadyReplayed { .. }
+            )
+        };
+        if let Some(i) = ds.iter().position(|d| !ok(d)) {
+            let why = ds.get(i).map_or("", |d| d.label());
+            let blocker = rs.get(i).map(DltRecord::coordinate).unwrap_or_default();
+            for r in rs {
+                self.report.refused += 1;
+                writeln!(out, "held back         {}: key {key} of {}-{} stays blocked ({blocker}: {why}); nothing of it replayed", r.coordinate(), g.0, g.1)?;
+            }
+            return Ok(());
+        }
+        let through = rs
+            .iter()
+            .filter_map(|r| r.origin_offset)
+            .max()
+            .unwrap_or(-1);
+        if let Some(Decision::Replay { record, .. }) = ds
+            .iter_mut()
+            .rev()
+            .find(|d| matches!(d, Decision::Replay { .. }))
+        {
+            record.headers.push((
+                H_RELEASED_THROUGH.to_string(),
+                Some(through.to_string().into()),
+            ));
+        }
+        let failed = self.report.failed;
+        for (r, d) in rs.iter().zip(&ds) {
+            self.apply(r, d, out).await?;
+            if self.report.failed > failed {
+                return Ok(()); // stop: the rest would overtake the failed one
+            }
+        }
+        if self.args.execute {
+            keys::write_marker(&mut self.dlt, &self.args.topic, g, through, false).await?;
+            writeln!(
+                out,
+                "released          key {key} of {}-{} through offset {through}",
+                g.0, g.1
+            )?;
         }
         Ok(())
     }
@@ -221,7 +323,9 @@ struct Target<'a> {
 fn refusal(d: &Decision, max_attempts: u32) -> String {
     match d {
         Decision::RefusedStale => "class stale (use --include-stale)".into(),
-        Decision::RefusedRedacted => "class redact: never replayed (its contents were not kept)".into(),
+        Decision::RefusedRedacted => {
+            "class redact: never replayed (its contents were not kept)".into()
+        }
         Decision::RefusedWholeBatch => {
             "a whole undecodable batch (raw bytes, not one record)".into()
         }
@@ -299,7 +403,7 @@ impl Progress {
 
 /// Produce one record with acks=all; its offset. Retries only errors that
 /// guarantee nothing was written (leader moved or unknown).
-async fn produce(
+pub async fn produce(
     cluster: &mut Cluster,
     topic: &str,
     partition: i32,

@@ -15,6 +15,7 @@
 //! is and the client drops it, as it would without the proxy.
 
 pub mod budget;
+pub mod keys;
 mod planner;
 pub mod produce;
 pub mod verdicts;
@@ -30,7 +31,9 @@ use crate::policy::{Action, Invalid, Policy};
 use budget::Reservation;
 use verdicts::Known;
 
-pub use planner::{plan_partition, plan_partition_with, AlreadyDiverted, Env, PartitionInput};
+pub use planner::{
+    plan_partition, plan_partition_keyed, plan_partition_with, AlreadyDiverted, Env, PartitionInput,
+};
 pub use visibility::Visibility;
 
 /// What happens to one segment of the records section.
@@ -67,6 +70,9 @@ pub struct PartitionPlan {
     /// nothing is left to write (batches resent as spliced before); counted
     /// as diverted, like a diversion the ledger finds done.
     pub already_diverted: Vec<Invalid>,
+    /// Keys released by replayed records delivered in this response
+    /// (`ordering: per_key`), in offset order.
+    pub releases: Vec<keys::Release>,
     /// Counts for logs and metrics.
     pub stats: PlanStats,
     /// The first batch that could not be judged: nothing from it on is
@@ -92,6 +98,9 @@ pub enum HoldReason {
     Legacy,
     /// The decode budget is spent by other responses in flight.
     Budget,
+    /// Diverting the record would block one key more than
+    /// [`keys::MAX_BLOCKED_KEYS_PER_PARTITION`] (`ordering: per_key`).
+    BlockedKeys,
 }
 
 impl HoldReason {
@@ -101,6 +110,7 @@ impl HoldReason {
             HoldReason::Undecodable(_) => "undecodable",
             HoldReason::Legacy => "legacy",
             HoldReason::Budget => "budget",
+            HoldReason::BlockedKeys => "blocked_keys",
         }
     }
 }
@@ -111,6 +121,7 @@ impl std::fmt::Display for HoldReason {
             HoldReason::Undecodable(e) => write!(f, "batch cannot be decoded: {e}"),
             HoldReason::Legacy => f.write_str("legacy (magic 0/1) message set"),
             HoldReason::Budget => f.write_str("decode budget spent by responses in flight"),
+            HoldReason::BlockedKeys => f.write_str("too many blocked keys in this partition"),
         }
     }
 }
@@ -140,6 +151,7 @@ impl PartitionPlan {
             diversions: Vec::new(),
             not_diverted: Vec::new(),
             already_diverted: Vec::new(),
+            releases: Vec::new(),
             stats: PlanStats::default(),
             held: None,
         }
@@ -230,6 +242,8 @@ impl PartitionPlan {
     }
 }
 
+#[cfg(test)]
+mod keys_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

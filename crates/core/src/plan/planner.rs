@@ -8,13 +8,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::budget::{DecodeBudget, Reservation};
+use super::keys::{blocked_invalid, KeyGate, KeyOrder, KeyStep, KeyedRecord, NoKeys, Release};
 use super::verdicts::{Judged, Known, VerdictCache};
 use super::visibility::{AbortTracker, Visibility};
 use super::{Hold, HoldReason, PartitionPlan, SegmentPlan};
-use crate::dlt_record::Diversion;
+use crate::dlt_record::{Diversion, H_RELEASED_THROUGH, H_REPLAYED_FROM};
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
-use crate::policy::{Action, Class, Invalid, Policy, Undecodable};
+use crate::kafka::record::Record;
+use crate::policy::{Action, Class, Invalid, KeyOrdering, Policy, Undecodable};
 
 /// One partition of a Fetch response, as the planner sees it.
 pub struct PartitionInput<'a> {
@@ -55,7 +57,20 @@ pub fn plan_partition(input: &PartitionInput<'_>, cache: &VerdictCache) -> Parti
 /// home (a fixed copy comes back through `dlt replay`), so a policy fix does
 /// not make the original reappear next to its replayed copy.
 pub fn plan_partition_with(input: &PartitionInput<'_>, env: &Env<'_>) -> PartitionPlan {
+    plan_partition_keyed(input, env, &NoKeys)
+}
+
+/// `plan_partition_with` under the partition's blocked keys `gate`: with
+/// `ordering: per_key`, a record whose key is blocked is diverted too
+/// (class `blocked`), and so is a later record of a key diverted here.
+/// `gate` is not looked at for other policies.
+pub fn plan_partition_keyed(
+    input: &PartitionInput<'_>,
+    env: &Env<'_>,
+    gate: &dyn KeyGate,
+) -> PartitionPlan {
     let mut plan = PartitionPlan::empty(input);
+    let mut order = (input.policy.ordering == KeyOrdering::PerKey).then(|| KeyOrder::new(gate));
     let mut aborts = AbortTracker::new(input.visibility);
     for seg in batch::segments(input.records) {
         let step = match seg {
@@ -64,7 +79,7 @@ pub fn plan_partition_with(input: &PartitionInput<'_>, env: &Env<'_>) -> Partiti
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())
             }
-            Segment::Batch(b) => plan_batch(&mut plan, input, env, b),
+            Segment::Batch(b) => plan_batch(&mut plan, input, env, order.as_mut(), b),
             Segment::Legacy(bytes) => {
                 plan.held = Some(legacy_hold(&bytes));
                 ControlFlow::Break(())
@@ -101,6 +116,7 @@ fn plan_batch(
     plan: &mut PartitionPlan,
     input: &PartitionInput<'_>,
     env: &Env<'_>,
+    mut order: Option<&mut KeyOrder<'_>>,
     batch: Batch,
 ) -> ControlFlow<()> {
     let (policy, topic, partition) = (input.policy, input.topic, input.partition);
@@ -109,10 +125,19 @@ fn plan_batch(
     // removals are all done may be sent as spliced before.
     let earlier = (env.already)(batch.base_offset(), batch.next_offset());
     let known = env.verdicts.lookup(policy, topic, partition, &batch);
+    let keyed = order.as_ref().is_some_and(|o| o.active());
     if let Some(k) = &known {
-        if let Some(seg) = plan_from_cache(plan, &batch, k, &earlier) {
-            plan.segments.push(seg);
-            return ControlFlow::Continue(());
+        // Under per_key a batch with removals is read record by record:
+        // which records its blocks take depends on keys, not on the cache.
+        let plain = k.verdicts().is_empty() && earlier.is_empty() && !keyed;
+        if order.is_none() || plain {
+            if let Some(seg) = plan_from_cache(plan, &batch, k, &earlier) {
+                plan.segments.push(seg);
+                return ControlFlow::Continue(());
+            }
+        } else {
+            plan.stats.cached_batches += 1;
+            plan.stats.judged += batch.records_count().max(0) as u64;
         }
     }
     let (decoded, memory) = match decode_within(&batch, env.budget) {
@@ -124,11 +149,18 @@ fn plan_batch(
         None => judge_now(plan, input, env.verdicts, &batch, &decoded),
     };
     let invalid = known.verdicts().clone();
-    if invalid.is_empty() && earlier.is_empty() {
+    if invalid.is_empty() && earlier.is_empty() && !keyed {
         plan.segments.push(keep(&batch));
         return ControlFlow::Continue(());
     }
-    let keep_mask = apply_verdicts(plan, &decoded, &invalid, &earlier, cached);
+    let (keep_mask, keyed_out) = apply_verdicts(
+        plan,
+        &decoded,
+        &invalid,
+        &earlier,
+        cached,
+        order.as_deref_mut(),
+    );
     if keep_mask.iter().all(|k| *k) {
         plan.segments.push(keep(&batch));
     } else {
@@ -136,6 +168,8 @@ fn plan_batch(
         // what the verdicts remove (not also records diverted under an
         // earlier policy).
         let exact = policy.on_invalid != Action::Pass
+            && !keyed_out.blocked_any
+            && keyed_out.full_at.is_none()
             && earlier
                 .iter()
                 .all(|o| invalid.iter().any(|j| j.offset == *o));
@@ -147,7 +181,25 @@ fn plan_batch(
             _memory: memory,
         });
     }
-    ControlFlow::Continue(())
+    match keyed_out.full_at {
+        Some(offset) => {
+            plan.held = Some(Hold {
+                offset,
+                reason: HoldReason::BlockedKeys,
+            });
+            ControlFlow::Break(())
+        }
+        None => ControlFlow::Continue(()),
+    }
+}
+
+/// What per-key ordering did to one batch.
+#[derive(Default)]
+struct KeyedOutcome {
+    /// Some record was diverted because its key is blocked.
+    blocked_any: bool,
+    /// The offset where a new block would pass the cap: held from here.
+    full_at: Option<i64>,
 }
 
 /// A batch whose verdicts are cached: counted as judged; `Some` when it
@@ -221,15 +273,17 @@ fn judge_now(
 }
 
 /// Which records of `decoded` stay: not those diverted earlier, not the
-/// invalid ones the policy drops or diverts. Counts them, queues the
-/// diversions, and logs invalid records not diverted (once, when judged).
+/// invalid ones the policy drops or diverts, not those whose key is blocked
+/// (`order`, per_key only). Counts them, queues the diversions, and logs
+/// invalid records not diverted (once, when judged).
 fn apply_verdicts(
     plan: &mut PartitionPlan,
     decoded: &DecodedBatch,
     invalid: &[Judged],
     earlier: &[i64],
     cached: bool,
-) -> Vec<bool> {
+    order: Option<&mut KeyOrder<'_>>,
+) -> (Vec<bool>, KeyedOutcome) {
     let mut keep_mask: Vec<bool> = (0..decoded.len())
         .map(|i| {
             !decoded
@@ -269,7 +323,17 @@ fn apply_verdicts(
     if !cached && action != Action::Divert {
         log_not_diverted(plan, invalid);
     }
-    if divert.iter().any(Option::is_some) {
+    let mut out = KeyedOutcome::default();
+    if let Some(order) = order {
+        divert_keyed(
+            plan,
+            decoded,
+            (&mut keep_mask, earlier),
+            &divert,
+            order,
+            &mut out,
+        );
+    } else if divert.iter().any(Option::is_some) {
         for (record, verdict) in decoded.records().zip(&divert) {
             if let Some(verdict) = verdict {
                 plan.stats.diverted += 1;
@@ -278,7 +342,95 @@ fn apply_verdicts(
             }
         }
     }
-    keep_mask
+    (keep_mask, out)
+}
+
+/// A delivered replayed record that carries `x-released-through` frees its
+/// key for the rest of this response, and (once delivered) in the proxy.
+fn note_release(plan: &mut PartitionPlan, order: &mut KeyOrder<'_>, record: &Record<'_>) {
+    let (Some(key), Some(Some(v))) = (record.key, record.header(H_RELEASED_THROUGH)) else {
+        return;
+    };
+    let Some(through) = std::str::from_utf8(v)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+    else {
+        return;
+    };
+    if order.release(key, through) {
+        plan.releases.push(Release {
+            key: Bytes::copy_from_slice(key),
+            through,
+            offset: record.offset,
+        });
+    }
+}
+
+/// Queue the diversions of a per_key batch in offset order: records
+/// diverted by their own verdict (starting a block on their key), and
+/// records still to deliver (or diverted) whose key is blocked. Stops at a
+/// record whose block would pass the cap (`out.full_at`).
+fn divert_keyed(
+    plan: &mut PartitionPlan,
+    decoded: &DecodedBatch,
+    (keep_mask, earlier): (&mut [bool], &[i64]),
+    divert: &[Option<&Invalid>],
+    order: &mut KeyOrder<'_>,
+    out: &mut KeyedOutcome,
+) {
+    for (i, record) in decoded.records().enumerate() {
+        let own = divert.get(i).copied().flatten();
+        let live = keep_mask.get(i).copied().unwrap_or(false);
+        if earlier.binary_search(&record.offset).is_ok() {
+            // In its DLT already: the blocked-key set knows its key's
+            // state (it may have been released since); only re-queue its
+            // diversion as the plain path does (the ledger finds it done).
+            if let Some(v) = own {
+                plan.stats.diverted += 1;
+                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, v);
+                plan.diversions.push(d);
+            }
+            continue;
+        }
+        if !live && own.is_none() {
+            continue; // dropped
+        }
+        let replayed = record.header(H_REPLAYED_FROM).is_some();
+        let step = order.step(&KeyedRecord {
+            key: record.key,
+            offset: record.offset,
+            diverted: own.map(|v| v.class),
+            replayed,
+        });
+        let (verdict, blocked_by, class) = match step {
+            KeyStep::Full => {
+                out.full_at = Some(record.offset);
+                return;
+            }
+            KeyStep::Free => match own {
+                Some(v) => (v.clone(), None, v.class),
+                None => {
+                    if replayed {
+                        note_release(plan, order, &record);
+                    }
+                    continue;
+                }
+            },
+            KeyStep::Blocked(b) => {
+                out.blocked_any = true;
+                (blocked_invalid(b, own), Some(b.first), b.class)
+            }
+        };
+        if let Some(k) = keep_mask.get_mut(i) {
+            *k = false;
+        }
+        plan.stats.diverted += 1;
+        let mut d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, &verdict);
+        // Parked records go where their key's first record went.
+        d.dlt_topic = plan.policy.dead_letter_topic(&plan.topic, class);
+        d.blocked_by = blocked_by;
+        plan.diversions.push(d);
+    }
 }
 
 fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {

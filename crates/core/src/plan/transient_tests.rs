@@ -51,9 +51,15 @@ fn a_transient_batch_is_judged_again_once_the_schema_is_cached() {
         let plan = plan_partition(&input, &verdicts);
         let classes: Vec<_> = plan.diversions.iter().map(|d| d.invalid.class).collect();
         assert_eq!(classes, vec![Class::Transient; 2], "{action}");
-        assert!(plan.not_diverted.is_empty(), "{action}: transient is never dropped or passed");
+        assert!(
+            plan.not_diverted.is_empty(),
+            "{action}: transient is never dropped or passed"
+        );
         cache.put_schema(7, compile(None, r#""string""#, &[]));
         let plan = plan_partition(&input, &verdicts);
-        assert!(plan.diversions.is_empty() && !plan.changes_anything(), "{action}: judged again");
+        assert!(
+            plan.diversions.is_empty() && !plan.changes_anything(),
+            "{action}: judged again"
+        );
     }
 }

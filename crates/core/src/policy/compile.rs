@@ -97,18 +97,36 @@ fn compile_registry(
         Format::Protobuf => RegFormat::Protobuf,
         Format::Json => RegFormat::Json,
         Format::Bytes => {
-            return Err(vec![at(&v.format, "value.registry: needs format avro, protobuf or json")])
+            return Err(vec![at(
+                &v.format,
+                "value.registry: needs format avro, protobuf or json",
+            )])
         }
     };
     if let Some(w) = v.wire.as_ref().filter(|w| w.v != Wire::Confluent) {
-        errs.push(at(w, "value.wire: `registry: true` reads the schema id of `wire: confluent`"));
+        errs.push(at(
+            w,
+            "value.wire: `registry: true` reads the schema id of `wire: confluent`",
+        ));
     }
-    no_key(&mut errs, &v.schema_ids, "value.schema_ids: not with `registry: true` (ids come from the registry)");
+    no_key(
+        &mut errs,
+        &v.schema_ids,
+        "value.schema_ids: not with `registry: true` (ids come from the registry)",
+    );
     if format != RegFormat::Json {
-        no_key(&mut errs, &v.max_depth, "value.max_depth: applies to format json only");
+        no_key(
+            &mut errs,
+            &v.max_depth,
+            "value.max_depth: applies to format json only",
+        );
     }
     if format != RegFormat::Protobuf {
-        no_key(&mut errs, &v.message, "value.message: applies to format protobuf only");
+        no_key(
+            &mut errs,
+            &v.message,
+            "value.message: applies to format protobuf only",
+        );
     }
     let subject = v.subject.as_ref().and_then(|s| match Subject::parse(&s.v) {
         Ok(x) => Some(x),
@@ -117,10 +135,19 @@ fn compile_registry(
             None
         }
     });
-    let max_depth = v.max_depth.as_ref().map_or(json::DEFAULT_MAX_DEPTH, |d| d.v);
+    let max_depth = v
+        .max_depth
+        .as_ref()
+        .map_or(json::DEFAULT_MAX_DEPTH, |d| d.v);
     if !(1..=json::MAX_MAX_DEPTH).contains(&max_depth) {
         if let Some(d) = &v.max_depth {
-            errs.push(at(d, format!("value.max_depth: {max_depth} is outside [1, {}]", json::MAX_MAX_DEPTH)));
+            errs.push(at(
+                d,
+                format!(
+                    "value.max_depth: {max_depth} is outside [1, {}]",
+                    json::MAX_MAX_DEPTH
+                ),
+            ));
         }
     }
     let (mut reader, mut own_schema) = (None, None);
@@ -149,7 +176,10 @@ fn compile_registry(
         format,
         subject,
         reader,
-        message: v.message.as_ref().map(|m| m.v.trim_start_matches('.').to_string()),
+        message: v
+            .message
+            .as_ref()
+            .map(|m| m.v.trim_start_matches('.').to_string()),
         max_depth,
     };
     Ok((Decoder::Registry(decoder), own_schema))

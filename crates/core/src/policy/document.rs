@@ -39,6 +39,8 @@ pub(super) struct PolicyDoc {
     #[serde(default)]
     pub(super) on_produce: OnProduceDoc,
     #[serde(default)]
+    pub(super) ordering: OrderingDoc,
+    #[serde(default)]
     pub(super) dead_letter: DeadLetterDoc,
 }
 
@@ -185,6 +187,14 @@ pub(super) enum OnProduceDoc {
     #[default]
     Pass,
     Reject,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum OrderingDoc {
+    #[default]
+    None,
+    PerKey,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -85,7 +85,10 @@ impl KeyCheck {
             return if self.allow_null {
                 Ok(())
             } else {
-                Err(Invalid::poison("key.allow_null", "key is null and this policy sets key.allow_null: false"))
+                Err(Invalid::poison(
+                    "key.allow_null",
+                    "key is null and this policy sets key.allow_null: false",
+                ))
             };
         };
         if let Some(max) = self.max_bytes.filter(|m| bytes.len() > *m) {
@@ -94,7 +97,10 @@ impl KeyCheck {
                 format!("key is {} bytes, over key.max_bytes {max}", bytes.len()),
             ));
         }
-        let value = self.decoder.decode_full(bytes, topic, now_ms).map_err(named)?;
+        let value = self
+            .decoder
+            .decode_full(bytes, topic, now_ms)
+            .map_err(named)?;
         if let (Some(schema), Some(v)) = (&self.schema, &value) {
             if !schema.is_valid(v) {
                 let reason = match schema.validate(v) {
@@ -171,7 +177,12 @@ impl Compiled {
             }
             Decoder::Avro(d) => d.decode(bytes)?,
             Decoder::Protobuf(d) => d.decode(bytes)?,
-            Decoder::Registry(_) => return Err(Invalid::poison("decode", "internal: registry value judged as a file value")),
+            Decoder::Registry(_) => {
+                return Err(Invalid::poison(
+                    "decode",
+                    "internal: registry value judged as a file value",
+                ))
+            }
         };
         self.check_value(&value, now_ms)
     }

@@ -13,11 +13,11 @@ use super::document::*;
 use super::glob;
 use super::json;
 use super::judge::{Compiled, Decoder, KeyCheck};
-use super::registry::SchemaCache;
-use std::sync::Arc;
 use super::located::{at, from_yaml, parse_doc, place, At};
+use super::registry::SchemaCache;
 use super::rules;
-use super::{Action, OnProduce, Policy, PolicyError, Undecodable};
+use super::{Action, KeyOrdering, OnProduce, Policy, PolicyError, Undecodable};
+use std::sync::Arc;
 
 /// Load every file named (directories: their `*.yaml`/`*.yml`, sorted).
 pub(crate) fn load_all(
@@ -267,8 +267,8 @@ impl LoadState {
             },
         };
 
-        let registry = matches!(decoder, Decoder::Registry(_))
-            || matches!(&key, Some(k) if k.is_registry());
+        let registry =
+            matches!(decoder, Decoder::Registry(_)) || matches!(&key, Some(k) if k.is_registry());
         if registry && matches!(p.on_produce, OnProduceDoc::Reject) {
             if let Some(v) = &p.value {
                 errs.push(at(
@@ -301,6 +301,10 @@ impl LoadState {
             on_produce: match p.on_produce {
                 OnProduceDoc::Pass => OnProduce::Pass,
                 OnProduceDoc::Reject => OnProduce::Reject,
+            },
+            ordering: match p.ordering {
+                OrderingDoc::None => KeyOrdering::None,
+                OrderingDoc::PerKey => KeyOrdering::PerKey,
             },
             topics,
             source: file.to_path_buf(),

@@ -62,6 +62,7 @@
 //!     on_invalid: divert               # divert (default) | drop | pass
 //!     on_undecodable: hold             # hold (default) | divert: a batch that cannot be read
 //!     on_produce: pass                 # pass (default: judged on fetch only) | reject: refuse invalid batches at Produce
+//!     ordering: none                   # none (default) | per_key: a diverted record blocks its key's later records
 //!     dead_letter:
 //!       topic: "{topic}.dlt"           # default; placeholders {topic} and {class}
 //! ```
@@ -142,11 +143,20 @@ pub enum Class {
     /// Must be deleted rather than archived (data protection): removed from
     /// the stream, and its DLT record carries only context headers.
     Redact,
+    /// A later record of a key whose earlier record was diverted
+    /// (`ordering: per_key`): parked behind it, whatever its own verdict.
+    Blocked,
 }
 
 impl Class {
     /// Every class that can reach a dead-letter topic (not `transient`).
-    pub const ALL: [Class; 4] = [Class::Poison, Class::Stale, Class::Unknown, Class::Redact];
+    pub const ALL: [Class; 5] = [
+        Class::Poison,
+        Class::Stale,
+        Class::Unknown,
+        Class::Redact,
+        Class::Blocked,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -155,6 +165,7 @@ impl Class {
             Class::Unknown => "unknown",
             Class::Transient => "transient",
             Class::Redact => "redact",
+            Class::Blocked => "blocked",
         }
     }
 }
@@ -184,6 +195,19 @@ pub enum Undecodable {
     /// Write the batch's raw bytes to the DLT as one record (class poison,
     /// rule `batch`) and deliver an empty batch in its place.
     Divert,
+}
+
+/// Whether diverting a record parks the later records of its key
+/// (`ordering`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyOrdering {
+    /// Records are judged one by one (the default): a diverted record's
+    /// later same-key records may be delivered before it is replayed.
+    #[default]
+    None,
+    /// Once a record of key K is diverted, every later record of K in the
+    /// same partition is diverted too (class `blocked`) until K is released.
+    PerKey,
 }
 
 /// What the proxy does with a client's Produce to a topic of this policy.
@@ -258,6 +282,7 @@ pub struct Policy {
     pub on_invalid: Action,
     pub on_undecodable: Undecodable,
     pub on_produce: OnProduce,
+    pub ordering: KeyOrdering,
     /// The `topics` patterns as written (exact names and globs).
     pub topics: Vec<String>,
     /// The file this policy was loaded from.

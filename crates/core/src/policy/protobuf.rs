@@ -96,26 +96,29 @@ pub(crate) fn check_type(
     check_type_name(desc, expected.map(|m| m.full_name()))
 }
 
-pub(crate) fn check_type_name(desc: &MessageDescriptor, expected: Option<&str>) -> Result<(), Invalid> {
-                if let Some(expected) = expected {
-                    if expected != desc.full_name() {
-                        return Err(Invalid::poison(
-                            "schema",
-                            format!(
-                                "value is a {}, this topic expects {expected}",
-                                desc.full_name(),
-                            ),
-                        ));
-                    }
-                }
+pub(crate) fn check_type_name(
+    desc: &MessageDescriptor,
+    expected: Option<&str>,
+) -> Result<(), Invalid> {
+    if let Some(expected) = expected {
+        if expected != desc.full_name() {
+            return Err(Invalid::poison(
+                "schema",
+                format!(
+                    "value is a {}, this topic expects {expected}",
+                    desc.full_name(),
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
 /// Decode `payload` as a `desc` message, as JSON.
 pub(crate) fn decode_message(desc: MessageDescriptor, payload: &[u8]) -> Result<Value, Invalid> {
-        let msg = DynamicMessage::decode(desc, payload)
-            .map_err(|e| Invalid::poison("decode", format!("value is not valid Protobuf: {e}")))?;
-        message_to_json(&msg).map_err(|r| Invalid::poison("decode", r))
+    let msg = DynamicMessage::decode(desc, payload)
+        .map_err(|e| Invalid::poison("decode", format!("value is not valid Protobuf: {e}")))?;
+    message_to_json(&msg).map_err(|r| Invalid::poison("decode", r))
 }
 
 /// Resolve the Confluent message-index array against `file`.

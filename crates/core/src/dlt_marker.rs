@@ -1,0 +1,198 @@
+//! Marker records: the few records antidote writes into a dead-letter topic
+//! that are not diverted records. They keep the state of per-key ordering
+//! and re-drive in Kafka, so that a restart, or another instance, reads the
+//! same state back from the DLTs:
+//!
+//! - `release` (written by `dlt replay` after it wrote a blocked key's
+//!   records back) and `discard` (`dlt discard`): every diverted record of
+//!   key K of origin partition P up to origin offset `through` is home or
+//!   given up; K is released if nothing newer of it was diverted.
+//! - `attempt` (the re-drive loop): DLT record C was re-validated for the
+//!   N-th time, with this outcome.
+//!
+//! A marker never carries `x-original-offset`, so the ledger (which counts
+//! DLT records naming an origin) never takes one for a diversion. Owns the
+//! header names and their parsing; must never accept a marker with a
+//! missing or malformed field (it is ignored instead).
+
+use bytes::Bytes;
+
+use crate::kafka::builder::NewRecord;
+use crate::kafka::record::Record;
+
+/// `release`, `discard` or `attempt`: what kind of marker this record is.
+pub const H_MARKER: &str = "x-antidote-marker";
+pub const H_MARKER_TOPIC: &str = "x-marker-topic";
+pub const H_MARKER_PARTITION: &str = "x-marker-partition";
+/// Release/discard: the highest origin offset released.
+pub const H_MARKER_THROUGH: &str = "x-marker-through";
+/// Attempt: `<dlt-topic>/<partition>/<offset>` of the DLT record re-driven.
+pub const H_MARKER_OF: &str = "x-marker-of";
+/// Attempt: which attempt this was (1 after the first delay).
+pub const H_MARKER_ATTEMPT: &str = "x-marker-attempt";
+/// Attempt: `redriven` or `still-invalid`, and why.
+pub const H_MARKER_OUTCOME: &str = "x-marker-outcome";
+pub const H_MARKER_REASON: &str = "x-marker-reason";
+
+/// What a release marker says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Bytes,
+    pub through: i64,
+    /// Written by `dlt discard` (the records were given up, not replayed).
+    pub discard: bool,
+}
+
+/// What an attempt marker says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The DLT coordinate of the record re-driven.
+    pub of: String,
+    pub attempt: u32,
+    pub redriven: bool,
+    pub reason: String,
+}
+
+/// A marker record, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    Release(Release),
+    Attempt(Attempt),
+}
+
+/// Whether `r` is a marker (of any kind, well-formed or not).
+pub fn is_marker(r: &Record<'_>) -> bool {
+    r.header(H_MARKER).is_some()
+}
+
+fn text<'a>(r: &Record<'a>, k: &str) -> Option<&'a str> {
+    r.header(k)
+        .flatten()
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+impl Marker {
+    /// The marker `r` carries, if it is a well-formed one.
+    pub fn parse(r: &Record<'_>) -> Option<Marker> {
+        let num = |k| text(r, k).and_then(|t| t.trim().parse::<i64>().ok());
+        match text(r, H_MARKER)? {
+            kind @ ("release" | "discard") => Some(Marker::Release(Release {
+                topic: text(r, H_MARKER_TOPIC)?.to_string(),
+                partition: i32::try_from(num(H_MARKER_PARTITION)?).ok()?,
+                key: Bytes::copy_from_slice(r.key?),
+                through: num(H_MARKER_THROUGH)?,
+                discard: kind == "discard",
+            })),
+            "attempt" => Some(Marker::Attempt(Attempt {
+                of: text(r, H_MARKER_OF)?.to_string(),
+                attempt: u32::try_from(num(H_MARKER_ATTEMPT)?).ok()?,
+                redriven: text(r, H_MARKER_OUTCOME)? == "redriven",
+                reason: text(r, H_MARKER_REASON).unwrap_or_default().to_string(),
+            })),
+            _ => None,
+        }
+    }
+
+    /// The record written to the DLT.
+    pub fn to_record(&self, now_ms: i64) -> NewRecord {
+        let h = |k: &str, v: String| (k.to_string(), Some(Bytes::from(v)));
+        let (key, headers) = match self {
+            Marker::Release(r) => (
+                Some(r.key.clone()),
+                vec![
+                    h(
+                        H_MARKER,
+                        if r.discard { "discard" } else { "release" }.into(),
+                    ),
+                    h(H_MARKER_TOPIC, r.topic.clone()),
+                    h(H_MARKER_PARTITION, r.partition.to_string()),
+                    h(H_MARKER_THROUGH, r.through.to_string()),
+                ],
+            ),
+            Marker::Attempt(a) => (
+                None,
+                vec![
+                    h(H_MARKER, "attempt".into()),
+                    h(H_MARKER_OF, a.of.clone()),
+                    h(H_MARKER_ATTEMPT, a.attempt.to_string()),
+                    h(
+                        H_MARKER_OUTCOME,
+                        if a.redriven {
+                            "redriven"
+                        } else {
+                            "still-invalid"
+                        }
+                        .into(),
+                    ),
+                    h(
+                        H_MARKER_REASON,
+                        crate::dlt_record::bound_reason(&a.reason).into_owned(),
+                    ),
+                ],
+            ),
+        };
+        NewRecord {
+            timestamp: now_ms,
+            key,
+            value: None,
+            headers,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::record::Header;
+
+    fn view(n: &NewRecord) -> Record<'_> {
+        Record {
+            offset: 0,
+            timestamp: n.timestamp,
+            key: n.key.as_deref(),
+            value: n.value.as_deref(),
+            headers: n
+                .headers
+                .iter()
+                .map(|(k, v)| Header {
+                    key: k.as_bytes(),
+                    value: v.as_deref(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_and_malformed_ones_are_ignored() {
+        let rel = Marker::Release(Release {
+            topic: "geo".into(),
+            partition: 2,
+            key: Bytes::from_static(b"dev-1"),
+            through: 41,
+            discard: true,
+        });
+        let att = Marker::Attempt(Attempt {
+            of: "geo.dlt/0/7".into(),
+            attempt: 2,
+            redriven: false,
+            reason: "schema id 9".into(),
+        });
+        for m in [rel, att] {
+            let rec = m.to_record(5);
+            assert!(is_marker(&view(&rec)));
+            assert_eq!(Marker::parse(&view(&rec)), Some(m));
+        }
+        let mut bad = Marker::Release(Release {
+            topic: "geo".into(),
+            partition: 2,
+            key: Bytes::new(),
+            through: 1,
+            discard: false,
+        })
+        .to_record(0);
+        bad.headers.retain(|(k, _)| k != H_MARKER_THROUGH);
+        assert!(is_marker(&view(&bad)) && Marker::parse(&view(&bad)).is_none());
+    }
+}
