@@ -26,7 +26,7 @@ use dashmap::DashMap;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{backoff, tail, trusted};
+use super::{backoff, follow, trusted};
 use crate::client::{ClientError, Cluster};
 use crate::dlt_marker::Marker;
 use crate::dlt_record::{Origin, H_BLOCKED_BY, H_CLASS, H_FAILED_AT};
@@ -324,7 +324,7 @@ impl Follower {
                     observe(set, pol, &dlt, r);
                     true
                 };
-                let next = tail::follow(&mut self.dlt, &dlt, partition, from, &mut f).await?;
+                let next = follow::follow(&mut self.dlt, &dlt, partition, from, &mut f).await?;
                 self.next.insert((dlt.clone(), partition), next);
             }
         }

@@ -18,7 +18,7 @@ pub mod blocked;
 mod ledger;
 mod producer;
 mod rebuild;
-pub mod tail;
+pub mod follow;
 #[cfg(test)]
 mod tests;
 

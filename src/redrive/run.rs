@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use crate::client::{ClientError, Cluster};
 use crate::config::Redrive;
-use crate::deadletter::{backoff, tail};
+use crate::deadletter::{backoff, follow};
 use crate::dlt::replay::{decide, produce, Decision, ReplayArgs};
 use crate::dlt::{DltError, DltRecord, Filters};
 use crate::dlt_marker::{Attempt, Marker};
@@ -194,7 +194,7 @@ impl Loop {
             pending.insert(d.coordinate(), d);
             true
         };
-        let next = tail::follow(&mut self.dlt, dlt, p, from, &mut f).await?;
+        let next = follow::follow(&mut self.dlt, dlt, p, from, &mut f).await?;
         self.next.insert((dlt.to_string(), p), next);
         Ok(())
     }
@@ -215,7 +215,7 @@ impl Loop {
             }
             true
         };
-        tail::follow(&mut self.dlt, &dlt, p, from, &mut f).await?;
+        follow::follow(&mut self.dlt, &dlt, p, from, &mut f).await?;
         Ok(out)
     }
 
