@@ -1,0 +1,84 @@
+"""A fleet: three antidote instances in front of one tansu broker, with Kafka
+as the only state they share (issue 13).
+
+Each instance tails every DLT it knows, so it learns the other instances'
+diversions within a bounded delay and keeps removing those records instead of
+writing them again. Tests here check what the README's "Running several
+instances" promises: after the tail delay, a poison record diverted by any
+instance is in its DLT once and never delivered by another instance, even
+after a policy change that would make it valid.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import clients as c
+import harness as h
+import poison_support as ps
+
+
+@pytest.fixture(scope="module")
+def policy_file(tmp_path_factory):
+    return ps.write_policies(tmp_path_factory.mktemp("fleet-policies"))
+
+
+def start_fleet(workdir, broker, policy_file, n=3, tag="fleet"):
+    return [ps.start_policy_proxy(workdir, upstream=[broker.bootstrap], policies=[policy_file],
+                                  name=f"antidote-{tag}-{i}") for i in range(n)]
+
+
+def stop_fleet(fleet):
+    for p in fleet:
+        p.stop_and_check()
+
+
+KINDS = ["valid", "lat", "valid", "nan", "enum", "valid", "noheader", "valid", "lat", "valid"]
+
+
+def produce_mixed(broker_endpoint, topic, partitions=2):
+    """KINDS on each partition; (valid records, poison records)."""
+    recs = [ps.json_rec(k, i, partition=p) for p in range(partitions) for i, k in enumerate(KINDS)]
+    c.ck_produce(broker_endpoint, topic, recs, **{"linger.ms": 100})
+    kinds = [k for _ in range(partitions) for k in KINDS]
+    valid = [r for r, k in zip(recs, kinds) if k == "valid"]
+    poison = [r for r, k in zip(recs, kinds) if k != "valid"]
+    return valid, poison
+
+
+def fleet_topic(broker_endpoint, partitions=2):
+    """A policy topic whose DLT exists before the instances start, so that each
+    instance loads it (empty) at start and must learn later diversions from
+    its tail (a DLT first asked about later is read then, which hides the
+    problem)."""
+    topic = ps.unique_topic(ps.JSON_PREFIX, "fleet")
+    c.ck_create_topic(broker_endpoint, topic, partitions)
+    c.ck_create_topic(broker_endpoint, f"{topic}.dlt", 1)
+    return topic
+
+
+def dlt_origins(broker_endpoint, topic, settle=1.0):
+    return sorted(ps.origin_offsets(ps.read_dlt(broker_endpoint, f"{topic}.dlt", settle=settle)))
+
+
+def test_three_instances_read_in_turn_write_each_poison_once(workdir, broker, broker_endpoint,
+                                                            policy_file):
+    """The issue's reproduction: the same records read through three instances,
+    one after the other (each instance started before any diversion)."""
+    topic = fleet_topic(broker_endpoint)
+    fleet = start_fleet(workdir, broker, policy_file, tag="turn")
+    try:
+        valid, poison = produce_mixed(broker_endpoint, topic)
+        for p in fleet:
+            ep = c.Endpoint(p.bootstrap, "proxy")
+            got = c.ck_consume_assign(ep, topic, [0, 1], len(valid), timeout=30)
+            assert c.by_partition_in_order(got) == c.by_partition_in_order(valid)
+            time.sleep(1.5)  # more than the tail delay (see the README)
+        want = sorted((r.partition, r.offset) for r in poison)
+        assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+    finally:
+        stop_fleet(fleet)
