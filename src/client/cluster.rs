@@ -205,6 +205,22 @@ impl Cluster {
         Ok(p.offset)
     }
 
+    /// The node id of the leader of `topic`/`partition` (metadata looked up
+    /// when not known).
+    pub async fn leader_id(&mut self, topic: &str, partition: i32) -> Result<i32, ClientError> {
+        let known = |c: &Self| {
+            c.leaders
+                .get(topic)
+                .and_then(|l| l.get(usize::try_from(partition).ok()?).copied())
+                .filter(|&n| n >= 0)
+        };
+        if let Some(n) = known(self) {
+            return Ok(n);
+        }
+        self.metadata(Some(&[topic.to_string()])).await?;
+        known(self).ok_or_else(|| no_broker(format!("no leader for {topic}-{partition}")))
+    }
+
     /// A connection to the leader of `topic`/`partition`.
     pub async fn leader(
         &mut self,

@@ -17,6 +17,7 @@
 mod ledger;
 mod producer;
 mod rebuild;
+mod tail;
 #[cfg(test)]
 mod tests;
 
@@ -115,6 +116,8 @@ impl DeadLetter {
             wake: wake_rx,
             started: started_tx,
             previous: None,
+            ids: Default::default(),
+            discovered: None,
         };
         tokio::spawn(loader.run());
         Arc::new(DeadLetter {

@@ -192,6 +192,13 @@ impl Producer {
         }
         let mut all_ok = true;
         for (partition, jobs) in by_part {
+            let Some(jobs) = self.not_yet_written(topic, partition, jobs, ids).await else {
+                all_ok = false;
+                continue;
+            };
+            if jobs.is_empty() {
+                continue;
+            }
             let records: Vec<NewRecord> = jobs
                 .iter()
                 .map(|j| {
@@ -206,6 +213,50 @@ impl Producer {
             }
         }
         all_ok
+    }
+
+    /// Read DLT partition `topic`/`partition` from where the ledger's tail
+    /// stopped to its end, and finish (acknowledged) the jobs whose record
+    /// is there already: another instance of a fleet wrote it since the
+    /// tail last looked. The jobs still to write; `None` (all failed) when
+    /// the DLT cannot be read, since then it cannot be written either.
+    async fn not_yet_written(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        jobs: Vec<PendingWrite>,
+        ids: &HashMap<Arc<str>, Uuid>,
+    ) -> Option<Vec<PendingWrite>> {
+        let from = match self.ledger.tail_position(&(topic.to_string(), partition)) {
+            Some(from) => Ok(from),
+            None => self.cluster.log_start(topic, partition).await,
+        };
+        let found = match from {
+            Ok(from) => super::tail::catch_up(&mut self.cluster, topic, partition, from).await,
+            Err(e) => Err(e),
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, dlt = topic, partition, records = jobs.len(), "reading the DLT before writing failed; the write waits for the next fetch");
+                jobs.into_iter().for_each(|j| finish(&self.ledger, j, false));
+                return None;
+            }
+        };
+        let there: HashSet<(Arc<str>, i32, i64)> = found
+            .into_iter()
+            .filter(|o| match (o.topic_id, ids.get(&o.topic)) {
+                (Some(written), Some(now)) => written == *now,
+                _ => true,
+            })
+            .map(|o| (o.topic, o.partition, o.offset))
+            .collect();
+        let (found, todo): (Vec<PendingWrite>, Vec<PendingWrite>) = jobs
+            .into_iter()
+            .partition(|j| there.contains(&super::ledger_key(&j.diversion)));
+        crate::metrics::global().fleet_found_at_write(found.len() as u64);
+        found.into_iter().for_each(|j| finish(&self.ledger, j, true));
+        Some(todo)
     }
 
     /// Wait (up to `dead_letter.timeout`) until `topic` is read back into the
@@ -285,6 +336,7 @@ impl Producer {
             match self.produce(topic, partition, &records[r.clone()]).await {
                 Ok(()) => {
                     crate::metrics::global().dlt_write(true, started.elapsed());
+                    crate::metrics::global().fleet_written(r.len() as u64);
                     ok[r].fill(true);
                 }
                 Err(ProduceError::TooLarge(..)) if r.len() > 1 => {

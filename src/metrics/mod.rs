@@ -40,6 +40,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod fleet;
 mod series;
 use series::*;
 
@@ -62,6 +63,8 @@ pub mod names {
     pub const CONNECTIONS_REFUSED: &str = "antidote_connections_refused_total";
     pub const BUILD_INFO: &str = "antidote_build_info";
     pub const START_TIME: &str = "antidote_process_start_time_seconds";
+    pub const DIVERSIONS: &str = "antidote_dlt_diversions_total";
+    pub const LEDGER_LAG: &str = "antidote_dlt_ledger_lag_records";
 
     /// The name a counter is registered under: the encoder adds `_total`.
     pub(super) fn counter_base(name: &'static str) -> &'static str {
@@ -123,6 +126,8 @@ pub struct Metrics {
     connections_accepted: Cached<ListenerLabel, Counter>,
     upstream_errors: Cached<KindLabel, Counter>,
     connections_refused: Counter,
+    diversions: Cached<SourceLabel, Counter>,
+    ledger_lag: Gauge,
 }
 
 impl Default for Metrics {
@@ -149,6 +154,8 @@ impl Metrics {
             connections_accepted: Cached::new(),
             upstream_errors: Cached::new(),
             connections_refused: Counter::default(),
+            diversions: Cached::new(),
+            ledger_lag: Gauge::default(),
         };
         m.registered()
     }
@@ -214,6 +221,7 @@ impl Metrics {
             self.invalid.family.clone(),
         );
         self.register_dlt_and_connections();
+        self.register_fleet();
         self
     }
 
