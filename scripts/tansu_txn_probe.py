@@ -8,6 +8,10 @@ Run: .venv/bin/python scripts/tansu_txn_probe.py   (needs .tools/bin/tansu)
 Probes:
   idempotent-pids     two InitProducerId without a transactional id get
                       different producer ids (Kafka: a fresh id each)
+  concurrent-idempotent-pids
+                      the same, three at once from three connections (tansu
+                      handed id 1 to three antidote instances starting at
+                      once; their DLT writes then fenced each other, error 90)
   txn-epoch-bump      two InitProducerId with the same transactional id get the
                       same producer id and a higher epoch the second time
   open-txn-hidden     records of a transaction not yet committed are not
@@ -71,6 +75,21 @@ def main() -> int:
         ok = a[0] == 0 and b[0] == 0 and a[1] != b[1]
         wrong += not ok
         print(f"{'OK' if ok else 'WRONG'} idempotent-pids: {a} then {b}")
+
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(lambda i: init_pid(port, None, 10 + i), range(3)))
+        pids = [g[1] for g in got]
+        ok = all(g[0] == 0 for g in got) and len(set(pids)) == 3
+        wrong += not ok
+        print(f"{'OK' if ok else 'WRONG'} concurrent-idempotent-pids: three InitProducerId at "
+              f"once got producer ids {pids} (want three different ones)")
+
+        a, b = init_pid(port, "", 20), init_pid(port, "", 21)
+        print(f"NOTE empty-transactional-id: {a} then {b}: tansu takes \"\" as one shared "
+              "transactional id (same producer id, next epoch; Kafka answers INVALID_REQUEST). "
+              "kafka-protocol's InitProducerIdRequest::default() sends \"\", not null: this is "
+              "how every antidote instance got producer id 1 and fenced the others (error 90)")
 
         t = "probe-txn-" + uuid.uuid4().hex[:6]
         a, b = init_pid(port, t, 3), init_pid(port, t, 4)

@@ -11,6 +11,7 @@ after a policy change that would make it valid.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -80,5 +81,71 @@ def test_three_instances_read_in_turn_write_each_poison_once(workdir, broker, br
             time.sleep(1.5)  # more than the tail delay (see the README)
         want = sorted((r.partition, r.offset) for r in poison)
         assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+    finally:
+        stop_fleet(fleet)
+
+
+def test_three_instances_fetching_at_once(workdir, broker, broker_endpoint, policy_file):
+    """The same records fetched through all three instances at the same moment
+    (librdkafka, kafka-python and librdkafka again): every valid record is
+    delivered by each, and each poison record is in the DLT once."""
+    topic = fleet_topic(broker_endpoint)
+    fleet = start_fleet(workdir, broker, policy_file, tag="once")
+    try:
+        valid, poison = produce_mixed(broker_endpoint, topic)
+        eps = [c.Endpoint(p.bootstrap, "proxy") for p in fleet]
+        readers = [c.ck_consume_assign, c.kp_consume_assign, c.ck_consume_assign]
+        with ThreadPoolExecutor(3) as pool:
+            futs = [pool.submit(r, ep, topic, [0, 1], len(valid), timeout=40)
+                    for r, ep in zip(readers, eps)]
+            for f in futs:
+                assert c.by_partition_in_order(f.result()) == c.by_partition_in_order(valid)
+        want = sorted((r.partition, r.offset) for r in poison)
+        assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+    finally:
+        stop_fleet(fleet)
+
+
+def fetch_at_once(fleet, topic, partition=0, offset=0):
+    """One raw Fetch of `topic`/`partition` through every instance, released
+    together by a barrier: the three instances judge the same poison records
+    and try to write them at the same moment."""
+    barrier = threading.Barrier(len(fleet))
+    out = [None] * len(fleet)
+
+    def go(i, p):
+        barrier.wait(10)
+        out[i] = ps.fetch_partition(p.broker_port(), topic, partition, offset)
+
+    threads = [threading.Thread(target=go, args=(i, p)) for i, p in enumerate(fleet)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_simultaneous_fetches_through_three_instances_write_each_poison_once(
+        workdir, broker, broker_endpoint, policy_file):
+    """Five rounds: a new topic, its records fetched through all three
+    instances released by one barrier. Each instance returns the same valid
+    records, and each poison record is in its DLT once: the DLT partition's
+    producer lease (a transactional id per DLT partition) fences all but one
+    writer, and a fenced writer reads the partition again before writing."""
+    topics = [fleet_topic(broker_endpoint, partitions=1) for _ in range(5)]
+    fleet = start_fleet(workdir, broker, policy_file, tag="race")
+    try:
+        kinds = ["valid", "lat", "nan", "valid", "enum", "noheader", "valid"]
+        for topic in topics:
+            recs = [ps.json_rec(k, i) for i, k in enumerate(kinds)]
+            c.ck_produce(broker_endpoint, topic, recs)
+            ps.wait_high_watermark(broker.port, topic, 0, len(kinds))
+            answers = fetch_at_once(fleet, topic)
+            kept = [[r.offset for r in h.decode_uncompressed_batches(a.records)] for a in answers]
+            want_valid = [i for i, k in enumerate(kinds) if k == "valid"]
+            assert kept == [want_valid] * 3, f"{topic}: offsets delivered per instance {kept}"
+            want = sorted((0, i) for i, k in enumerate(kinds) if k != "valid")
+            assert dlt_origins(broker_endpoint, topic, settle=0.3) == want, \
+                f"{topic}: each poison record exactly once"
     finally:
         stop_fleet(fleet)

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::InitProducerIdRequest;
+use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
@@ -52,7 +53,26 @@ enum ProduceError {
     TooLarge(String, i16),
     #[error("{0}")]
     Failed(String),
+    /// Another writer took this DLT partition's producer epoch (or the
+    /// broker lost our producer state): read the partition again first.
+    #[error("{0}: producer fenced or unknown (error {1})")]
+    Fenced(String, i16),
 }
+
+/// A DLT partition's producer: its id and epoch (from InitProducerId with a
+/// transactional id derived from the partition, so every instance of a
+/// fleet shares the id and the newest epoch fences the older writers), and
+/// the next sequence number. (-1, -1) when the broker gives none.
+#[derive(Clone, Copy)]
+struct Lease {
+    pid: i64,
+    epoch: i16,
+    seq: i32,
+}
+
+/// Most times one round re-reads and re-writes a DLT partition after being
+/// fenced by another instance.
+const MAX_FENCED_RETRIES: usize = 3;
 
 pub struct Producer {
     /// The dead-letter cluster.
@@ -65,10 +85,8 @@ pub struct Producer {
     ledger: Arc<Ledger>,
     /// Asks the ledger loader to load a DLT it has not heard of.
     wake: mpsc::UnboundedSender<()>,
-    /// (producer id, epoch); (-1, -1) when the broker has no idempotence.
-    pid: (i64, i16),
-    pid_known: bool,
-    sequences: HashMap<(String, i32), i32>,
+    /// Per DLT partition: the producer lease this instance holds.
+    leases: HashMap<(String, i32), Lease>,
     created: HashSet<String>,
     /// Origin topic ids and when they were looked up.
     ids: HashMap<Arc<str>, (Uuid, Instant)>,
@@ -90,9 +108,7 @@ impl Producer {
             max_message_bytes,
             ledger,
             wake,
-            pid: (-1, -1),
-            pid_known: false,
-            sequences: HashMap::new(),
+            leases: HashMap::new(),
             created: HashSet::new(),
             ids: HashMap::new(),
         }
@@ -140,7 +156,7 @@ impl Producer {
             // replaced (topics, producer ids and sequences gone).
             self.cluster.reset();
             self.created.clear();
-            self.pid_known = false;
+            self.leases.clear();
         }
     }
 
@@ -182,7 +198,6 @@ impl Producer {
                 return false;
             }
         };
-        self.ensure_pid().await;
         let mut by_part: BTreeMap<i32, Vec<PendingWrite>> = BTreeMap::new();
         for j in jobs {
             by_part
@@ -192,27 +207,55 @@ impl Producer {
         }
         let mut all_ok = true;
         for (partition, jobs) in by_part {
-            let Some(jobs) = self.not_yet_written(topic, partition, jobs, ids).await else {
-                all_ok = false;
-                continue;
+            all_ok &= self.write_partition(topic, partition, jobs, ids, failed_at).await;
+        }
+        all_ok
+    }
+
+    /// Write `jobs` to DLT partition `topic`/`partition` exactly once: hold
+    /// the partition's producer lease, read the partition to its end (a
+    /// record another instance wrote is not written again), write the rest.
+    /// Fenced by another instance in between: its epoch is newer, so it
+    /// read and wrote after our reading; take the lease back, read again,
+    /// write what is still missing. False if any job failed.
+    async fn write_partition(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        mut jobs: Vec<PendingWrite>,
+        ids: &HashMap<Arc<str>, Uuid>,
+        failed_at: i64,
+    ) -> bool {
+        for attempt in 0..=MAX_FENCED_RETRIES {
+            self.ensure_lease(topic, partition).await;
+            let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
+                return false;
             };
-            if jobs.is_empty() {
-                continue;
+            if todo.is_empty() {
+                return true;
             }
-            let records: Vec<NewRecord> = jobs
+            let records: Vec<NewRecord> = todo
                 .iter()
                 .map(|j| {
                     j.diversion
                         .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
                 })
                 .collect();
-            let ok = self.send_split(topic, partition, &records).await;
-            all_ok &= ok.iter().all(|&o| o);
-            for (job, ok) in jobs.into_iter().zip(ok) {
-                finish(&self.ledger, job, ok);
+            let (ok, fenced) = self.send_split(topic, partition, &records).await;
+            let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
+            done.into_iter().for_each(|(j, _)| finish(&self.ledger, j, true));
+            jobs = rest.into_iter().map(|(j, _)| j).collect();
+            if jobs.is_empty() {
+                return true;
             }
+            if !fenced || attempt == MAX_FENCED_RETRIES {
+                break;
+            }
+            crate::metrics::global().dlt_write_result("fenced", Duration::ZERO);
+            self.leases.remove(&(topic.to_string(), partition));
         }
-        all_ok
+        jobs.into_iter().for_each(|j| finish(&self.ledger, j, false));
+        false
     }
 
     /// Read DLT partition `topic`/`partition` from where the ledger's tail
@@ -326,8 +369,9 @@ impl Producer {
         topic: &str,
         partition: i32,
         records: &[NewRecord],
-    ) -> Vec<bool> {
+    ) -> (Vec<bool>, bool) {
         let mut ok = vec![false; records.len()];
+        let mut fenced = false;
         // Ranges still to send, the next one last (so they go in order).
         let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
         todo.reverse();
@@ -350,6 +394,11 @@ impl Producer {
                     todo.push(mid..r.end);
                     todo.push(r.start..mid);
                 }
+                Err(e @ ProduceError::Fenced(..)) => {
+                    fenced = true;
+                    debug!(error = %e, dlt = topic, partition, "fenced by another writer of the DLT partition");
+                    break;
+                }
                 Err(e @ ProduceError::TooLarge(..)) => {
                     crate::metrics::global().dlt_write_result("too_large", started.elapsed());
                     error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
@@ -361,7 +410,7 @@ impl Producer {
                 }
             }
         }
-        ok
+        (ok, fenced)
     }
 
     /// Make sure `topic` exists (creating it if needed); its partition count.
@@ -408,38 +457,40 @@ impl Producer {
         }
     }
 
-    /// Ask for a producer id once; brokers without idempotence get -1.
-    async fn ensure_pid(&mut self) {
-        if self.pid_known {
+    /// Take `topic`/`partition`'s producer lease unless held: InitProducerId
+    /// with the partition's transactional id bumps its epoch, which fences
+    /// every other instance's writes to it. Brokers that refuse get
+    /// (-1, -1): writes without idempotence or fencing.
+    async fn ensure_lease(&mut self, topic: &str, partition: i32) {
+        let key = (topic.to_string(), partition);
+        if self.leases.contains_key(&key) {
             return;
         }
-        let req = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000);
+        let req = InitProducerIdRequest::default()
+            .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(StrBytes::from_string(
+                transactional_id(topic, partition),
+            ))))
+            .with_transaction_timeout_ms(60_000);
         let result = match self.cluster.any().await {
+            // v2+ in practice: tansu answers v0 and v1 with error -1.
             Ok(conn) => conn.send(req, 0, 4).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        match result {
+        let lease = match result {
             Ok(r) if r.error_code == 0 => {
-                self.pid = (r.producer_id.0, r.producer_epoch);
-                info!(
-                    producer_id = self.pid.0,
-                    "dead-letter producer is idempotent"
-                );
+                debug!(dlt = topic, partition, producer_id = r.producer_id.0, epoch = r.producer_epoch, "DLT partition lease taken");
+                Lease { pid: r.producer_id.0, epoch: r.producer_epoch, seq: 0 }
             }
             Ok(r) => {
-                self.pid = (-1, -1);
-                warn!(
-                    error_code = r.error_code,
-                    "InitProducerId refused; producing without idempotence"
-                )
+                warn!(dlt = topic, partition, error_code = r.error_code, "InitProducerId refused; writing without fencing");
+                Lease { pid: -1, epoch: -1, seq: -1 }
             }
             Err(e) => {
-                self.pid = (-1, -1);
-                warn!(error = %e, "InitProducerId failed; producing without idempotence")
+                warn!(dlt = topic, partition, error = %e, "InitProducerId failed; writing without fencing");
+                Lease { pid: -1, epoch: -1, seq: -1 }
             }
-        }
-        self.pid_known = true;
-        self.sequences.clear();
+        };
+        self.leases.insert(key, lease);
     }
 
     /// Produce one batch to one partition with acks=all, retrying network
@@ -450,58 +501,42 @@ impl Producer {
         partition: i32,
         records: &[NewRecord],
     ) -> Result<(), ProduceError> {
-        let seq_key = (topic.to_string(), partition);
+        let key = (topic.to_string(), partition);
         let what = || format!("{topic}-{partition}");
-        let mut rebuilt_for_new_pid = false;
-        loop {
-            let seq = if self.pid.0 >= 0 {
-                *self.sequences.get(&seq_key).unwrap_or(&0)
-            } else {
-                -1
-            };
-            let opts = BuildOptions::default()
-                .compression(self.cfg.compression.codec())
-                .idempotent(self.pid.0, self.pid.1, seq);
-            let batch = build_batch(records, &opts)
-                .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
-            let code = self.send_retrying(topic, partition, batch).await?;
-            match code {
-                0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
-                    if self.pid.0 >= 0 {
-                        self.sequences
-                            .insert(seq_key, seq.wrapping_add(records.len() as i32));
-                    }
-                    return Ok(());
+        let lease = self.leases.get(&key).copied().unwrap_or(Lease { pid: -1, epoch: -1, seq: -1 });
+        let opts = BuildOptions::default()
+            .compression(self.cfg.compression.codec())
+            .idempotent(lease.pid, lease.epoch, lease.seq);
+        let batch = build_batch(records, &opts)
+            .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
+        let code = self.send_retrying(topic, partition, batch).await?;
+        match code {
+            0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
+                if let Some(l) = self.leases.get_mut(&key).filter(|l| l.pid >= 0) {
+                    l.seq = l.seq.wrapping_add(records.len() as i32);
                 }
-                errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
-                    return Err(ProduceError::TooLarge(what(), code))
-                }
-                errors::OUT_OF_ORDER_SEQUENCE_NUMBER
-                | errors::UNKNOWN_PRODUCER_ID
-                | errors::INVALID_PRODUCER_EPOCH
-                    if !rebuilt_for_new_pid =>
-                {
-                    // Our sequence state no longer matches the broker's: start over.
-                    self.pid_known = false;
-                    self.ensure_pid().await;
-                    rebuilt_for_new_pid = true;
-                }
-                errors::NOT_LEADER_OR_FOLLOWER
-                | errors::LEADER_NOT_AVAILABLE
-                | errors::UNKNOWN_TOPIC_OR_PARTITION => {
-                    self.cluster.reset();
-                    return Err(ProduceError::Failed(format!(
-                        "{}: leader not available (error {code})",
-                        what()
-                    )));
-                }
-                other => {
-                    return Err(ProduceError::Failed(format!(
-                        "{}: produce error {other}",
-                        what()
-                    )))
-                }
+                Ok(())
             }
+            errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
+                Err(ProduceError::TooLarge(what(), code))
+            }
+            errors::OUT_OF_ORDER_SEQUENCE_NUMBER
+            | errors::UNKNOWN_PRODUCER_ID
+            | errors::INVALID_PRODUCER_EPOCH
+            | errors::PRODUCER_FENCED => Err(ProduceError::Fenced(what(), code)),
+            errors::NOT_LEADER_OR_FOLLOWER
+            | errors::LEADER_NOT_AVAILABLE
+            | errors::UNKNOWN_TOPIC_OR_PARTITION => {
+                self.cluster.reset();
+                Err(ProduceError::Failed(format!(
+                    "{}: leader not available (error {code})",
+                    what()
+                )))
+            }
+            other => Err(ProduceError::Failed(format!(
+                "{}: produce error {other}",
+                what()
+            ))),
         }
     }
 
@@ -531,6 +566,14 @@ impl Producer {
         }
         Err(ProduceError::Failed(last_err))
     }
+}
+
+/// The transactional id of DLT partition `topic`/`partition`: the same in
+/// every instance, so InitProducerId hands them one producer id and the
+/// newest epoch fences the others. Only used for fencing: no transaction is
+/// ever begun (the batches are not transactional).
+fn transactional_id(topic: &str, partition: i32) -> String {
+    format!("antidote-dlt/{topic}/{partition}")
 }
 
 /// Consecutive ranges of `records` of at most `max_bytes` each (by value,
