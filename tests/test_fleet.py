@@ -149,3 +149,99 @@ def test_simultaneous_fetches_through_three_instances_write_each_poison_once(
                 f"{topic}: each poison record exactly once"
     finally:
         stop_fleet(fleet)
+
+
+def test_sigkill_mid_diversion_then_restart_and_a_late_instance(workdir, broker, broker_endpoint,
+                                                                policy_file):
+    """Instance 0 is SIGKILLed while it diverts (its consumer follows a
+    partition that gets a poison record every third offset, produced in 40
+    batches 50 ms apart), then restarted on its ports; a fourth instance starts after the diversions.
+    Reading through every instance delivers every valid record, and each
+    poison record is in the DLT once."""
+    topic = fleet_topic(broker_endpoint, partitions=1)
+    fleet = start_fleet(workdir, broker, policy_file, n=2, tag="kill")
+    kinds = ["valid", "lat", "valid"] * 40
+    recs = [ps.json_rec(k, i) for i, k in enumerate(kinds)]
+    valid = [r for r, k in zip(recs, kinds) if k == "valid"]
+    victim = fleet[0]
+    ep0 = c.Endpoint(victim.bootstrap, "proxy")
+
+    def produce_slowly():  # 40 batches, 50 ms apart: diversions go on for ~2 s
+        for i in range(0, len(recs), 3):
+            c.ck_produce(broker_endpoint, topic, recs[i:i + 3])
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=produce_slowly, daemon=True)
+    producer.start()
+    reader = threading.Thread(target=lambda: _read_quietly(ep0, topic, len(valid)), daemon=True)
+    reader.start()
+    port = broker.port
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and ps.high_watermark(port, f"{topic}.dlt") < 8:
+        time.sleep(0.02)
+    victim.proc.kill()  # SIGKILL, while it diverts the records arriving
+    victim.proc.wait(10)
+    dlt_at_kill = ps.high_watermark(port, f"{topic}.dlt")
+    assert 0 < dlt_at_kill < kinds.count("lat"), f"killed too late: {dlt_at_kill} in the DLT"
+    producer.join(30)
+    restarted = ps.start_policy_proxy(workdir, upstream=[broker.bootstrap],
+                                      policies=[policy_file], bootstrap_port=victim.bootstrap_port,
+                                      port_base=victim.port_base, name="antidote-kill-0b")
+    late = None
+    try:
+        for p in (fleet[1], restarted):
+            got = c.kp_consume_assign(c.Endpoint(p.bootstrap, "proxy"), topic, [0], len(valid),
+                                      timeout=60)
+            assert [r.offset for r in got] == [r.offset for r in valid]
+        late = ps.start_policy_proxy(workdir, upstream=[broker.bootstrap], policies=[policy_file],
+                                     name="antidote-kill-late")
+        got = c.ck_consume_assign(c.Endpoint(late.bootstrap, "proxy"), topic, [0], len(valid),
+                                  timeout=60)
+        assert [r.offset for r in got] == [r.offset for r in valid]
+        want = [(0, i) for i, k in enumerate(kinds) if k != "valid"]
+        assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+    finally:
+        for p in (fleet[1], restarted, late):
+            if p is not None:
+                p.stop_and_check()
+
+
+def _read_quietly(ep, topic, n):
+    """Read through an instance that is about to be killed (errors are
+    expected)."""
+    try:
+        c.kp_consume_assign(ep, topic, [0], n, timeout=20)
+    except Exception:  # noqa: BLE001 - the proxy is killed under it
+        pass
+
+
+def test_group_members_on_different_instances(workdir, broker, broker_endpoint, policy_file):
+    """One consumer group, its two members connected to two different
+    instances: together they receive every valid record once, and each poison
+    record is in the DLT once."""
+    import kafka as kp
+    topic = fleet_topic(broker_endpoint, partitions=2)
+    fleet = start_fleet(workdir, broker, policy_file, n=2, tag="group")
+    try:
+        valid, poison = produce_mixed(broker_endpoint, topic)
+        group = f"fleet-{uuid.uuid4().hex[:8]}"
+        members = [kp.KafkaConsumer(topic, **c.Endpoint(p.bootstrap).kp(
+            group_id=group, auto_offset_reset="earliest", enable_auto_commit=True,
+            auto_commit_interval_ms=200)) for p in fleet]
+        got, per_member = [], [0, 0]
+        deadline = time.monotonic() + 60
+        try:
+            while len(got) < len(valid) and time.monotonic() < deadline:
+                for i, m in enumerate(members):
+                    for _tp, msgs in m.poll(timeout_ms=200).items():
+                        got.extend(c._kp_rec(x) for x in msgs)
+                        per_member[i] += len(msgs)
+        finally:
+            for m in members:
+                m.close()
+        assert c.by_partition_in_order(got) == c.by_partition_in_order(valid)
+        assert all(n > 0 for n in per_member), f"one member got everything: {per_member}"
+        want = sorted((r.partition, r.offset) for r in poison)
+        assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+    finally:
+        stop_fleet(fleet)
