@@ -227,7 +227,8 @@ def test_group_members_on_different_instances(workdir, broker, broker_endpoint, 
         group = f"fleet-{uuid.uuid4().hex[:8]}"
         members = [kp.KafkaConsumer(topic, **c.Endpoint(p.bootstrap).kp(
             group_id=group, auto_offset_reset="earliest", enable_auto_commit=True,
-            auto_commit_interval_ms=200)) for p in fleet]
+            auto_commit_interval_ms=200, heartbeat_interval_ms=300, session_timeout_ms=6000,
+            max_poll_interval_ms=3000)) for p in fleet]
         got, per_member = [], [0, 0]
         deadline = time.monotonic() + 60
         try:
@@ -243,5 +244,54 @@ def test_group_members_on_different_instances(workdir, broker, broker_endpoint, 
         assert all(n > 0 for n in per_member), f"one member got everything: {per_member}"
         want = sorted((r.partition, r.offset) for r in poison)
         assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+    finally:
+        stop_fleet(fleet)
+
+
+def test_policy_fix_then_two_concurrent_replays_through_a_fleet(workdir, broker):
+    """Instance 0 diverts a record; instances 1 and 2 started before that
+    diversion. After the policy is fixed (all three reload the shared file),
+    no instance delivers the original; two `dlt replay --execute` of the same
+    DLT range run at the same moment write the record once; every instance
+    then delivers the replayed copy once and never the original."""
+    from test_ops import POLICY, OpsAntidote, cli, read_all
+    from test_reload_replay import replay_counts, wait_for_log
+    direct = c.Endpoint(broker.bootstrap)
+    topic = f"fleet-fix-{uuid.uuid4().hex[:8]}"
+    c.ck_create_topic(direct, topic, 1)
+    c.ck_create_topic(direct, f"{topic}.dlt", 1)
+    policy = workdir / f"{topic}.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    fleet = [OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                         name=f"fix-{i}-{topic}").start() for i in range(3)]
+    try:
+        c.ck_produce(direct, topic, [c.Rec(0, -1, b"a", b'{"lat": 10}'),
+                                     c.Rec(0, -1, b"b", b'{"lat": 95}'),
+                                     c.Rec(0, -1, b"c", b'{"lat": 20}')])
+        eps = [c.Endpoint(p.bootstrap, "proxy") for p in fleet]
+        got = c.ck_consume_assign(eps[0], topic, [0], 2, timeout=30)
+        assert [r.key for r in got] == [b"a", b"c"]
+        time.sleep(1.0)  # the tail delay, with a margin
+        policy.write_text(POLICY.format(topic=topic, max_lat=100))
+        for p in fleet:
+            wait_for_log(p, "policies reloaded")
+        for ep in eps[1:]:  # b is valid now, but it was diverted: never delivered
+            got = c.kp_consume_assign(ep, topic, [0], 2, timeout=30)
+            assert [r.key for r in got] == [b"a", b"c"], got
+        time.sleep(1.0)  # nothing more arrives: b stays out
+        with ThreadPoolExecutor(2) as pool:
+            runs = list(pool.map(lambda p: cli("dlt", "replay", "--config", str(p.config_path),
+                                               "--topic", f"{topic}.dlt", "--execute"),
+                                 fleet[:2]))
+        counts = [replay_counts(r.stdout + r.stderr) for r in runs]
+        assert all(r.returncode == 0 for r in runs), runs
+        assert sum(n["replayed"] for n in counts) == 1, counts
+        assert sum(n["already replayed"] for n in counts) == 1, counts
+        assert [r.key for r in read_all(broker.bootstrap, topic)] == [b"a", b"b", b"c", b"b"]
+        time.sleep(1.0)
+        for ep in eps:
+            got = c.ck_consume_assign(ep, topic, [0], 3, timeout=30)
+            assert [r.key for r in got] == [b"a", b"c", b"b"], got
+            assert dict(got[2].headers)["x-replayed-from-dlt"] == f"{topic}.dlt/0/0".encode()
     finally:
         stop_fleet(fleet)
