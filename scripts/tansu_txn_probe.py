@@ -6,6 +6,9 @@ and exits 1 if any probe finds tansu diverging from Kafka.
 Run: .venv/bin/python scripts/tansu_txn_probe.py   (needs .tools/bin/tansu)
 
 Probes:
+  list-offsets-by-time
+                      ListOffsets with a timestamp answers the first offset
+                      whose timestamp is at or after it
   idempotent-pids     two InitProducerId without a transactional id get
                       different producer ids (Kafka: a fresh id each)
   concurrent-idempotent-pids
@@ -64,6 +67,28 @@ def count_committed(bootstrap: str, topic: str, settle: float = 3.0) -> int:
     return n
 
 
+def probe_offsets_for_times(bs: str) -> int:
+    """ListOffsets by timestamp (what `dlt replay` bounds its read of a
+    target with): five records 1 s apart; 1 if tansu answers wrongly."""
+    topic = "probe-times-" + uuid.uuid4().hex[:6]
+    AdminClient({"bootstrap.servers": bs}).create_topics([NewTopic(topic, 1, 1)])
+    time.sleep(1)
+    p = ck.Producer({"bootstrap.servers": bs, "log_level": 3})
+    t0 = 1_700_000_000_000
+    for i in range(5):
+        p.produce(topic, value=b"v", partition=0, timestamp=t0 + i * 1000)
+        p.flush(10)
+    c = ck.Consumer({"bootstrap.servers": bs, "group.id": "probe-" + uuid.uuid4().hex,
+                     "log_level": 3})
+    got = [c.offsets_for_times([ck.TopicPartition(topic, 0, t0 + ms)], timeout=10)[0].offset
+           for ms in (0, 2500, 9000)]
+    c.close()
+    ok = got == [0, 3, -1]
+    print(f"{'OK' if ok else 'WRONG'} list-offsets-by-time: for t0, t0+2.5s, t0+9s got {got} "
+          "(want [0, 3, -1]; an answer at or below the true offset is still a safe lower bound)")
+    return 0 if ok else 1
+
+
 def main() -> int:
     import tempfile
     wrong = 0
@@ -90,6 +115,8 @@ def main() -> int:
               "transactional id (same producer id, next epoch; Kafka answers INVALID_REQUEST). "
               "kafka-protocol's InitProducerIdRequest::default() sends \"\", not null: this is "
               "how every antidote instance got producer id 1 and fenced the others (error 90)")
+
+        wrong += probe_offsets_for_times(bs)
 
         t = "probe-txn-" + uuid.uuid4().hex[:6]
         a, b = init_pid(port, t, 3), init_pid(port, t, 4)
