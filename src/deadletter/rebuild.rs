@@ -96,7 +96,24 @@ pub async fn read_partition<F>(
 where
     F: FnMut(i32, &Record<'_>),
 {
-    read_partition_end(cluster, topic, partition, f)
+    read_partition_end(cluster, topic, partition, None, f)
+        .await
+        .map(|(count, _)| count)
+}
+
+/// [`read_partition`] from offset `from` (at least the log start) instead
+/// of the log start.
+pub async fn read_partition_from<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    f: &mut F,
+) -> Result<u64, ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    read_partition_end(cluster, topic, partition, from, f)
         .await
         .map(|(count, _)| count)
 }
@@ -107,12 +124,14 @@ pub async fn read_partition_end<F>(
     cluster: &mut Cluster,
     topic: &str,
     partition: i32,
+    from: Option<i64>,
     f: &mut F,
 ) -> Result<(u64, i64), ClientError>
 where
     F: FnMut(i32, &Record<'_>),
 {
-    let mut offset = cluster.log_start(topic, partition).await?;
+    let start = cluster.log_start(topic, partition).await?;
+    let mut offset = from.map_or(start, |from| from.max(start));
     let mut end: Option<i64> = None;
     let mut count = 0;
     loop {
@@ -379,7 +398,7 @@ impl Loader {
         let mut read = 0;
         let partitions = self.dlt.partitions(dlt).await?.unwrap_or(0);
         for p in 0..partitions as i32 {
-            let (n, end) = read_partition_end(&mut self.dlt, dlt, p, &mut f).await?;
+            let (n, end) = read_partition_end(&mut self.dlt, dlt, p, None, &mut f).await?;
             read += n;
             // The tail goes on from here.
             ledger.set_tail_position((dlt.to_string(), p), end);

@@ -35,6 +35,7 @@
 //! producing, the progress line) is in `run`.
 
 mod run;
+mod targets;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
