@@ -51,6 +51,14 @@ def produce_mixed(broker_endpoint, topic, partitions=2):
     return valid, poison
 
 
+def final_counts(run) -> dict:
+    """The numbers of `dlt replay`'s last summary line (stderr also carries
+    progress lines with the same prefix)."""
+    from test_reload_replay import replay_counts
+    last = [ln for ln in run.stderr.splitlines() if ln.startswith("replay: ")][-1:]
+    return replay_counts("\n".join(last))
+
+
 def fleet_topic(broker_endpoint, partitions=2):
     """A policy topic whose DLT exists before the instances start, so that each
     instance loads it (empty) at start and must learn later diversions from
@@ -283,7 +291,7 @@ def test_policy_fix_then_two_concurrent_replays_through_a_fleet(workdir, broker)
             runs = list(pool.map(lambda p: cli("dlt", "replay", "--config", str(p.config_path),
                                                "--topic", f"{topic}.dlt", "--execute"),
                                  fleet[:2]))
-        counts = [replay_counts(r.stdout + r.stderr) for r in runs]
+        counts = [final_counts(r) for r in runs]
         assert all(r.returncode == 0 for r in runs), runs
         assert sum(n["replayed"] for n in counts) == 1, counts
         assert sum(n["already replayed"] for n in counts) == 1, counts
@@ -295,3 +303,39 @@ def test_policy_fix_then_two_concurrent_replays_through_a_fleet(workdir, broker)
             assert dict(got[2].headers)["x-replayed-from-dlt"] == f"{topic}.dlt/0/0".encode()
     finally:
         stop_fleet(fleet)
+
+
+def test_two_concurrent_replays_of_thirty_records_write_each_once(workdir, broker):
+    """Thirty diverted records, the policy fixed, then two `dlt replay
+    --execute` of the whole DLT started at the same moment: the target gets
+    each record once (the runs' lines say which wrote what)."""
+    from test_ops import POLICY, OpsAntidote, cli
+    from test_reload_replay import replay_counts, wait_for_log
+    direct = c.Endpoint(broker.bootstrap)
+    topic = f"fleet-replay-{uuid.uuid4().hex[:8]}"
+    c.ck_create_topic(direct, topic, 1)
+    policy = workdir / f"{topic}.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                        name=f"replay-{topic}").start()
+    try:
+        n = 30
+        c.ck_produce(direct, topic, [c.Rec(0, -1, b"k%d" % i, b'{"lat": 95}') for i in range(n)])
+        ps.wait_high_watermark(broker.port, topic, 0, n)
+        ps.fetch_partition(proxy.broker_port(), topic)  # diverts all thirty
+        ps.wait_high_watermark(broker.port, f"{topic}.dlt", 0, n)
+        policy.write_text(POLICY.format(topic=topic, max_lat=100))
+        wait_for_log(proxy, "policies reloaded")
+        args = ("dlt", "replay", "--config", str(proxy.config_path), "--topic", f"{topic}.dlt",
+                "--execute")
+        with ThreadPoolExecutor(2) as pool:
+            runs = list(pool.map(lambda _: cli(*args), range(2)))
+        assert all(r.returncode == 0 for r in runs), runs
+        counts = [final_counts(r) for r in runs]
+        assert sum(x["replayed"] for x in counts) == n, [r.stdout + r.stderr for r in runs]
+        hw = ps.wait_high_watermark(broker.port, topic, 0, 2 * n)
+        time.sleep(0.5)
+        assert ps.high_watermark(broker.port, topic) == hw == 2 * n, \
+            f"{hw - n} replays written for {n} DLT records: {counts}"
+    finally:
+        proxy.stop_and_check()

@@ -253,6 +253,10 @@ impl Producer {
             }
             crate::metrics::global().dlt_write_result("fenced", Duration::ZERO);
             self.leases.remove(&(topic.to_string(), partition));
+            // Jittered: two instances taking the lease back at once would
+            // fence each other again.
+            let pause = backoff(attempt as u32, Duration::from_millis(20), Duration::from_millis(500));
+            tokio::time::sleep(pause).await;
         }
         jobs.into_iter().for_each(|j| finish(&self.ledger, j, false));
         false

@@ -32,8 +32,10 @@ use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 pub const CLOCK_MARGIN: Duration = Duration::from_secs(3600);
 /// ListOffsets' timestamp for "the end of the partition".
 const LATEST: i64 = -1;
-/// Most times one record is retried after its run was fenced.
-const MAX_FENCED: u32 = 3;
+/// Most times one record is retried after its run was fenced. Each retry
+/// waits a jittered, growing pause first: two runs that took the lease
+/// back at once would fence each other forever.
+const MAX_FENCED: u32 = 8;
 
 /// A target partition's producer lease: (producer id, epoch, next sequence).
 #[derive(Clone, Copy)]
@@ -109,7 +111,15 @@ impl Targets {
         record: &NewRecord,
     ) -> Result<Written, DltError> {
         let key = (topic.to_string(), partition);
-        for _ in 0..=MAX_FENCED {
+        for attempt in 0..=MAX_FENCED {
+            if attempt > 0 {
+                let pause = crate::deadletter::backoff(
+                    attempt - 1,
+                    Duration::from_millis(50),
+                    Duration::from_secs(1),
+                );
+                tokio::time::sleep(pause).await;
+            }
             if !self.leases.contains_key(&key) {
                 self.learn(cluster, topic, partition, true).await?;
             }
