@@ -14,6 +14,7 @@
 //! through the proxy's own producer (`producer`); the DLT record format
 //! (header names, bounds) is defined once, in `headers`.
 
+mod lease;
 mod ledger;
 mod producer;
 mod rebuild;

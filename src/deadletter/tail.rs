@@ -95,8 +95,10 @@ where
         .with_session_epoch(-1)
         .with_topics(topics);
     let resp = cluster.node(node).await?.send(req, 4, 12).await?;
-    let position: HashMap<(&str, i32), i64> =
-        parts.iter().map(|((t, p), o)| ((t.as_str(), *p), *o)).collect();
+    let position: HashMap<(&str, i32), i64> = parts
+        .iter()
+        .map(|((t, p), o)| ((t.as_str(), *p), *o))
+        .collect();
     let mut out = HashMap::new();
     for t in resp.responses {
         let name = t.topic.0.to_string();
@@ -109,7 +111,13 @@ where
                 if p.error_code == errors::OFFSET_OUT_OF_RANGE {
                     let start = cluster.log_start(&name, p.partition_index).await?;
                     let next = start.max(from);
-                    out.insert((name.clone(), p.partition_index), Progress { next, high_watermark: next });
+                    out.insert(
+                        (name.clone(), p.partition_index),
+                        Progress {
+                            next,
+                            high_watermark: next,
+                        },
+                    );
                 }
                 continue;
             }
@@ -118,7 +126,10 @@ where
             let next = visit(&name, p.partition_index, from, &records, f)?;
             out.insert(
                 (name.clone(), p.partition_index),
-                Progress { next, high_watermark: p.high_watermark },
+                Progress {
+                    next,
+                    high_watermark: p.high_watermark,
+                },
             );
         }
     }
@@ -127,7 +138,13 @@ where
 
 /// Call `f` for every record of `records` at or after `from`; the offset
 /// after the last complete batch (or `from`).
-fn visit<F>(dlt: &str, partition: i32, from: i64, records: &Bytes, f: &mut F) -> Result<i64, ClientError>
+fn visit<F>(
+    dlt: &str,
+    partition: i32,
+    from: i64,
+    records: &Bytes,
+    f: &mut F,
+) -> Result<i64, ClientError>
 where
     F: FnMut(&str, i32, &Record<'_>),
 {
@@ -140,7 +157,10 @@ where
         }
         // Skipping a batch would lose ledger entries: an error, retried.
         let d = b.decode().map_err(|e| {
-            crate::client::no_broker(format!("{dlt}-{partition}: batch at {}: {e}", b.base_offset()))
+            crate::client::no_broker(format!(
+                "{dlt}-{partition}: batch at {}: {e}",
+                b.base_offset()
+            ))
         })?;
         for r in d.records().filter(|r| r.offset >= from) {
             f(dlt, partition, &r);
@@ -215,7 +235,9 @@ impl Loader {
         let dlts = self.ledger.loaded_dlts();
         let mut positions = HashMap::new();
         for dlt in &dlts {
-            let Some(n) = self.dlt.partitions(dlt).await? else { continue };
+            let Some(n) = self.dlt.partitions(dlt).await? else {
+                continue;
+            };
             for p in 0..n as i32 {
                 let key = (dlt.clone(), p);
                 let pos = match self.ledger.tail_position(&key) {
@@ -240,7 +262,10 @@ impl Loader {
         })
         .await?;
         if learned > 0 {
-            debug!(learned, "diversions of other instances learned from the DLTs");
+            debug!(
+                learned,
+                "diversions of other instances learned from the DLTs"
+            );
         }
         let mut lag = 0i64;
         for (key, pos) in positions {

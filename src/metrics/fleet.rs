@@ -24,7 +24,8 @@ impl Metrics {
 
     fn diversions_add(&self, source: &'static str, n: u64) {
         if n > 0 {
-            self.diversions.with(&SourceLabel { source }, |c| c.inc_by(n));
+            self.diversions
+                .with(&SourceLabel { source }, |c| c.inc_by(n));
         }
     }
 

@@ -120,7 +120,10 @@ impl Runner<'_> {
                     .await?;
             }
         }
-        tracing::debug!(records = self.seen.read, "target records read for earlier replays");
+        tracing::debug!(
+            records = self.seen.read,
+            "target records read for earlier replays"
+        );
         Ok(())
     }
 
@@ -312,9 +315,11 @@ impl Progress {
 fn drop_later_copies(records: &mut Vec<DltRecord>) -> usize {
     let before = records.len();
     let mut seen = HashSet::new();
-    records.retain(|r| match (&r.origin_topic, r.origin_partition, r.origin_offset) {
-        (Some(t), Some(p), Some(o)) => seen.insert((t.clone(), p, o)),
-        _ => true,
-    });
+    records.retain(
+        |r| match (&r.origin_topic, r.origin_partition, r.origin_offset) {
+            (Some(t), Some(p), Some(o)) => seen.insert((t.clone(), p, o)),
+            _ => true,
+        },
+    );
     before - records.len()
 }

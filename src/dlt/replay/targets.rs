@@ -126,7 +126,11 @@ impl Targets {
             if self.replayed.contains(coord) {
                 return Ok(Written::Already);
             }
-            let l = self.leases.get(&key).copied().unwrap_or(Lease { pid: -1, epoch: -1, seq: -1 });
+            let l = self.leases.get(&key).copied().unwrap_or(Lease {
+                pid: -1,
+                epoch: -1,
+                seq: -1,
+            });
             match produce(cluster, topic, partition, record, l).await? {
                 Ok(offset) => {
                     if let Some(l) = self.leases.get_mut(&key).filter(|l| l.pid >= 0) {
@@ -166,7 +170,13 @@ async fn start_offset(
         // than the end: a longer read, still safe).
         at = cluster.list_offset(topic, partition, LATEST).await?;
     }
-    tracing::debug!(topic, partition, since = ts, offset = at, "target read starts here");
+    tracing::debug!(
+        topic,
+        partition,
+        since = ts,
+        offset = at,
+        "target read starts here"
+    );
     Ok(Some(at))
 }
 
@@ -190,7 +200,11 @@ async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease
         other => {
             tracing::warn!(topic, partition, result = ?other.map(|r| r.error_code).map_err(|e| e.to_string()),
                 "no producer lease for the replay target: concurrent replays may both write");
-            Lease { pid: -1, epoch: -1, seq: -1 }
+            Lease {
+                pid: -1,
+                epoch: -1,
+                seq: -1,
+            }
         }
     }
 }
@@ -223,7 +237,11 @@ async fn produce(
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
             }
             code => {
-                let msg = p.error_message.as_ref().map(|m| m.to_string()).unwrap_or_default();
+                let msg = p
+                    .error_message
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default();
                 return Err(DltError::Produce(format!(
                     "{topic}-{partition}: produce error {code} {msg}"
                 )));
