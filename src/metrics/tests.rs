@@ -213,6 +213,7 @@ fn every_series_once() -> Metrics {
     m.held_batch("t", 0, "budget");
     m.connections_open("bootstrap", 1);
     m.upstream_error("io");
+    m.fleet_written(1);
     m
 }
 
@@ -239,6 +240,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_connections_accepted_total counter",
         "antidote_upstream_errors_total counter",
         "antidote_connections_refused_total counter",
+        "antidote_dlt_diversions_total counter",
+        "antidote_dlt_ledger_lag_records gauge",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text
