@@ -122,6 +122,11 @@ impl Cluster {
         Ok(self.leaders.get(topic).map(Vec::len))
     }
 
+    /// Partition count of `topic` as last seen in metadata, without asking.
+    pub fn known_partitions(&self, topic: &str) -> Option<usize> {
+        self.leaders.get(topic).map(Vec::len)
+    }
+
     /// Create `topic` with topic `configs` (e.g. `max.message.bytes`); an
     /// already existing topic is not an error.
     pub async fn create_topic(

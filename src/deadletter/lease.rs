@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::backoff;
 use super::producer::{finish, Producer};
-use super::PendingWrite;
+use super::{LedgerKey, Origin, PendingWrite};
 use crate::kafka::builder::NewRecord;
 
 /// A DLT partition's producer: its id and epoch (from InitProducerId with a
@@ -114,8 +114,15 @@ impl Producer {
             Some(from) => Ok(from),
             None => self.cluster.log_start(topic, partition).await,
         };
+        let keys: HashSet<LedgerKey> = jobs
+            .iter()
+            .map(|j| super::ledger_key(&j.diversion))
+            .collect();
+        let wanted = |o: &Origin| keys.contains(&(o.topic.clone(), o.partition, o.offset));
         let found = match from {
-            Ok(from) => super::tail::catch_up(&mut self.cluster, topic, partition, from).await,
+            Ok(from) => {
+                super::tail::catch_up(&mut self.cluster, topic, partition, from, wanted).await
+            }
             Err(e) => Err(e),
         };
         let found = match found {
@@ -135,9 +142,13 @@ impl Producer {
             })
             .map(|o| (o.topic, o.partition, o.offset))
             .collect();
-        let (found, todo): (Vec<PendingWrite>, Vec<PendingWrite>) = jobs
-            .into_iter()
-            .partition(|j| there.contains(&super::ledger_key(&j.diversion)));
+        let (found, todo): (Vec<PendingWrite>, Vec<PendingWrite>) =
+            jobs.into_iter().partition(|j| {
+                // Before the tail's position, the ledger has it (the tail
+                // records entries before it moves its position).
+                let key = super::ledger_key(&j.diversion);
+                there.contains(&key) || self.ledger.contains(&key)
+            });
         crate::metrics::global().fleet_found_at_write(found.len() as u64);
         found
             .into_iter()

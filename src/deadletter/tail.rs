@@ -208,23 +208,35 @@ where
     Ok(hws)
 }
 
-/// Read DLT `dlt`'s `partition` from `from` to its end; every origin named
-/// there. Run by the producer just before writing to that partition.
+/// Read DLT `dlt`'s `partition` from `from` to its end (as many rounds as
+/// it takes while each makes progress); the origins named there that
+/// `wanted` keeps (so memory is bounded by the writes asked about, not by
+/// what is read). Run by the producer just before writing to that
+/// partition.
 pub async fn catch_up(
     cluster: &mut Cluster,
     dlt: &str,
     partition: i32,
     from: i64,
+    wanted: impl Fn(&Origin) -> bool,
 ) -> Result<Vec<Origin>, ClientError> {
-    let mut positions = HashMap::from([((dlt.to_string(), partition), from)]);
+    let key = (dlt.to_string(), partition);
+    let mut positions = HashMap::from([(key.clone(), from)]);
     let mut found = Vec::new();
-    read_new(cluster, &mut positions, &mut |_, _, r| {
-        if let Some(o) = Origin::of(r) {
-            found.push(o);
+    loop {
+        let before = positions.get(&key).copied().unwrap_or(from);
+        let hws = read_new(cluster, &mut positions, &mut |_, _, r| {
+            if let Some(o) = Origin::of(r).filter(|o| wanted(o)) {
+                found.push(o);
+            }
+        })
+        .await?;
+        let now = positions.get(&key).copied().unwrap_or(from);
+        let hw = hws.get(&key).copied().unwrap_or(now);
+        if now >= hw || now <= before {
+            return Ok(found);
         }
-    })
-    .await?;
-    Ok(found)
+    }
 }
 
 impl Loader {
@@ -233,9 +245,19 @@ impl Loader {
     pub(super) async fn tail_once(&mut self) -> Result<(), ClientError> {
         let policies = self.policies.borrow().clone();
         let dlts = self.ledger.loaded_dlts();
+        // One metadata request for every DLT not seen yet (most of them do
+        // not exist until a first diversion), not one per DLT.
+        let unknown: Vec<String> = dlts
+            .iter()
+            .filter(|d| self.dlt.known_partitions(d).is_none())
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            self.dlt.metadata(Some(&unknown)).await?;
+        }
         let mut positions = HashMap::new();
         for dlt in &dlts {
-            let Some(n) = self.dlt.partitions(dlt).await? else {
+            let Some(n) = self.dlt.known_partitions(dlt) else {
                 continue;
             };
             for p in 0..n as i32 {
