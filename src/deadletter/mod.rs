@@ -13,6 +13,13 @@
 //! `is_loaded` says so and the interception holds that topic. Writes go
 //! through the proxy's own producer (`producer`); the DLT record format
 //! (header names, bounds) is defined once, in `headers`.
+//!
+//! Several instances share nothing but the cluster: after the rebuild, the
+//! ledger keeps reading every loaded DLT (`tail`), so other instances'
+//! diversions reach it within about 200 ms; and each DLT partition is
+//! written under a producer lease shared by the fleet (`lease`): the
+//! newest lease fences the other writers, and its holder reads the
+//! partition to its end before writing, so a record is written once.
 
 mod lease;
 mod ledger;
