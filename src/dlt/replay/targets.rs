@@ -250,3 +250,61 @@ async fn produce(
     }
     Err(DltError::Produce(last))
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::client::mock_broker::MockBroker;
+
+    fn endpoint() -> crate::client::Endpoint {
+        crate::client::Endpoint {
+            tls: None,
+            sasl: None,
+            timeout: Duration::from_secs(2),
+            max_frame: 1 << 20,
+        }
+    }
+
+    fn replayed_from(coord: &str) -> Bytes {
+        let r = NewRecord {
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::from_static(b"v")),
+            headers: vec![(
+                H_REPLAYED_FROM.to_string(),
+                Some(Bytes::from(coord.to_string())),
+            )],
+        };
+        build_batch(&[r], &BuildOptions::default()).expect("batch")
+    }
+
+    /// The mock answers ListOffsets by timestamp with the partition's end
+    /// (no record that recent): a target is then not read at all, while a
+    /// record without `x-failed-at` makes the whole partition read.
+    #[tokio::test]
+    async fn a_target_is_read_from_the_oldest_failure_not_from_its_start() {
+        let mock = MockBroker::start().await;
+        mock.add_topic("target", 1);
+        mock.append("target", 0, replayed_from("t.dlt/0/3"));
+        let mut cluster = Cluster::new(vec![mock.addr.clone()], endpoint());
+
+        let mut bounded = Targets::default();
+        bounded.note("target", Some(crate::clock::now_ms()));
+        bounded
+            .learn(&mut cluster, "target", 0, false)
+            .await
+            .expect("read");
+        assert_eq!(bounded.read, 0, "read from the ListOffsets answer");
+
+        let mut whole = Targets::default();
+        whole.note("target", None);
+        whole
+            .learn(&mut cluster, "target", 0, false)
+            .await
+            .expect("read");
+        assert_eq!(whole.read, 1);
+        assert!(whole.replayed.contains("t.dlt/0/3"));
+    }
+}
