@@ -271,7 +271,8 @@ def test_policy_fix_then_two_concurrent_replays_through_a_fleet(workdir, broker)
     policy = workdir / f"{topic}.yaml"
     policy.write_text(POLICY.format(topic=topic, max_lat=90))
     fleet = [OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
-                         name=f"fix-{i}-{topic}").start() for i in range(3)]
+                         admin_port=h.free_port(), name=f"fix-{i}-{topic}").start()
+             for i in range(3)]
     try:
         c.ck_produce(direct, topic, [c.Rec(0, -1, b"a", b'{"lat": 10}'),
                                      c.Rec(0, -1, b"b", b'{"lat": 95}'),
@@ -280,6 +281,13 @@ def test_policy_fix_then_two_concurrent_replays_through_a_fleet(workdir, broker)
         got = c.ck_consume_assign(eps[0], topic, [0], 2, timeout=30)
         assert [r.key for r in got] == [b"a", b"c"]
         time.sleep(1.0)  # the tail delay, with a margin
+        # The fleet metrics: instance 0 wrote it, the others learned it.
+        from test_ops import http_get, metric
+        scraped = [http_get(p.admin_port, "/metrics")[1] for p in fleet]
+        name = "antidote_dlt_diversions_total"
+        assert [metric(t, name, source="written") for t in scraped] == [1, 0, 0]
+        assert [metric(t, name, source="learned") for t in scraped] == [0, 1, 1]
+        assert [metric(t, "antidote_dlt_ledger_lag_records") for t in scraped] == [0, 0, 0]
         policy.write_text(POLICY.format(topic=topic, max_lat=100))
         for p in fleet:
             wait_for_log(p, "policies reloaded")
