@@ -122,6 +122,11 @@ impl Cluster {
         Ok(self.leaders.get(topic).map(Vec::len))
     }
 
+    /// Partition count of `topic` as last seen in metadata, without asking.
+    pub fn known_partitions(&self, topic: &str) -> Option<usize> {
+        self.leaders.get(topic).map(Vec::len)
+    }
+
     /// Create `topic` with topic `configs` (e.g. `max.message.bytes`); an
     /// already existing topic is not an error.
     pub async fn create_topic(
@@ -173,18 +178,30 @@ impl Cluster {
     /// where reading it from the beginning starts once retention has
     /// deleted its first segments.
     pub async fn log_start(&mut self, topic: &str, partition: i32) -> Result<i64, ClientError> {
+        const EARLIEST: i64 = -2;
+        self.list_offset(topic, partition, EARLIEST).await
+    }
+
+    /// ListOffsets of `topic`/`partition` for `timestamp` (ms, or -2
+    /// earliest, -1 latest): the first offset whose timestamp is at or after
+    /// it, -1 if none.
+    pub async fn list_offset(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        timestamp: i64,
+    ) -> Result<i64, ClientError> {
         use kafka_protocol::messages::list_offsets_request::{
             ListOffsetsPartition, ListOffsetsTopic,
         };
         use kafka_protocol::messages::ListOffsetsRequest;
-        const EARLIEST: i64 = -2;
         let req = ListOffsetsRequest::default()
             .with_replica_id(BrokerId(-1))
             .with_topics(vec![ListOffsetsTopic::default()
                 .with_name(TopicName(StrBytes::from_string(topic.to_string())))
                 .with_partitions(vec![ListOffsetsPartition::default()
                     .with_partition_index(partition)
-                    .with_timestamp(EARLIEST)])]);
+                    .with_timestamp(timestamp)])]);
         let conn = self.leader(topic, partition).await?;
         let addr = conn.addr().clone();
         let resp = conn.send(req, 1, 7).await?;
@@ -203,6 +220,22 @@ impl Cluster {
             });
         }
         Ok(p.offset)
+    }
+
+    /// The node id of the leader of `topic`/`partition` (metadata looked up
+    /// when not known).
+    pub async fn leader_id(&mut self, topic: &str, partition: i32) -> Result<i32, ClientError> {
+        let known = |c: &Self| {
+            c.leaders
+                .get(topic)
+                .and_then(|l| l.get(usize::try_from(partition).ok()?).copied())
+                .filter(|&n| n >= 0)
+        };
+        if let Some(n) = known(self) {
+            return Ok(n);
+        }
+        self.metadata(Some(&[topic.to_string()])).await?;
+        known(self).ok_or_else(|| no_broker(format!("no leader for {topic}-{partition}")))
     }
 
     /// A connection to the leader of `topic`/`partition`.

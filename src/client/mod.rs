@@ -340,6 +340,7 @@ pub mod errors {
     pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
     pub const INVALID_PRODUCER_EPOCH: i16 = 47;
     pub const UNKNOWN_PRODUCER_ID: i16 = 59;
+    pub const PRODUCER_FENCED: i16 = 90;
 }
 
 /// An error that belongs to no one broker (no leader known, no bootstrap

@@ -111,6 +111,8 @@ pub struct Ledger {
     dlts: DashMap<String, bool>,
     /// Woken whenever a DLT has been read back.
     loads: tokio::sync::Notify,
+    /// Per DLT partition, the offset read to (by the rebuild, then the tail).
+    tail: DashMap<(String, i32), i64>,
 }
 
 /// What `Ledger::claim` found.
@@ -166,6 +168,33 @@ impl Ledger {
             .entry((key.0.clone(), key.1))
             .or_default()
             .insert(key.2);
+    }
+
+    /// Record `key`, read from a DLT by the tail; true if it was new (another
+    /// instance diverted it).
+    pub fn learn(&self, key: &LedgerKey) -> bool {
+        self.done
+            .entry((key.0.clone(), key.1))
+            .or_default()
+            .insert(key.2)
+    }
+
+    /// DLTs read back whole (the ones the tail follows).
+    pub fn loaded_dlts(&self) -> Vec<String> {
+        self.dlts
+            .iter()
+            .filter(|e| *e.value())
+            .map(|e| e.key().clone())
+            .collect()
+    }
+
+    /// Where the reading of DLT partition `key` stopped, if it was read.
+    pub fn tail_position(&self, key: &(String, i32)) -> Option<i64> {
+        self.tail.get(key).map(|r| *r)
+    }
+
+    pub fn set_tail_position(&self, key: (String, i32), offset: i64) {
+        self.tail.insert(key, offset);
     }
 
     /// Offsets in `from..to` of `topic`/`partition` already in a DLT.

@@ -13,12 +13,21 @@
 //! `is_loaded` says so and the interception holds that topic. Writes go
 //! through the proxy's own producer (`producer`); the DLT record format
 //! (header names, bounds) is defined once, in `headers`.
+//!
+//! Several instances share nothing but the cluster: after the rebuild, the
+//! ledger keeps reading every loaded DLT (`tail`), so other instances'
+//! diversions reach it within about 200 ms; and each DLT partition is
+//! written under a producer lease shared by the fleet (`lease`): the
+//! newest lease fences the other writers, and its holder reads the
+//! partition to its end before writing, so a record is written once.
 
 pub mod blocked;
+pub mod follow;
+mod lease;
 mod ledger;
 mod producer;
 mod rebuild;
-pub mod follow;
+mod tail;
 #[cfg(test)]
 mod tests;
 
@@ -33,7 +42,7 @@ use crate::policy::{Class, Policy, PolicySet};
 
 pub use antidote_core::dlt_record::*;
 pub use ledger::{Ledger, LedgerKey, OffsetSet};
-pub use rebuild::{read_partition, read_topic, trusted};
+pub use rebuild::{read_partition, read_partition_from, read_topic, trusted};
 
 /// Why a diversion did not complete.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -117,6 +126,8 @@ impl DeadLetter {
             wake: wake_rx,
             started: started_tx,
             previous: None,
+            ids: Default::default(),
+            discovered: None,
         };
         tokio::spawn(loader.run());
         Arc::new(DeadLetter {

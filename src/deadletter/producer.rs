@@ -25,12 +25,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::InitProducerIdRequest;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use super::{backoff, Ledger, PendingWrite};
+use super::backoff;
+use super::lease::Lease;
+use super::{Ledger, PendingWrite};
 use crate::client::{errors, Cluster};
 use crate::clock::now_ms;
 use crate::config::DeadLetterConfig;
@@ -47,31 +48,33 @@ const ID_TTL: Duration = Duration::from_secs(30);
 
 /// Why one batch was not acknowledged.
 #[derive(Debug, thiserror::Error)]
-enum ProduceError {
+pub(super) enum ProduceError {
     #[error("{0}: the broker refused the batch as too large (error {1})")]
     TooLarge(String, i16),
     #[error("{0}")]
     Failed(String),
+    /// Another writer took this DLT partition's producer epoch (or the
+    /// broker lost our producer state): read the partition again first.
+    #[error("{0}: producer fenced or unknown (error {1})")]
+    Fenced(String, i16),
 }
 
 pub struct Producer {
     /// The dead-letter cluster.
-    cluster: Cluster,
+    pub(super) cluster: Cluster,
     /// The upstream cluster, for the origin topics' ids.
-    upstream: Cluster,
-    cfg: DeadLetterConfig,
+    pub(super) upstream: Cluster,
+    pub(super) cfg: DeadLetterConfig,
     /// `max.message.bytes` given to the DLTs the proxy creates.
-    max_message_bytes: u32,
-    ledger: Arc<Ledger>,
+    pub(super) max_message_bytes: u32,
+    pub(super) ledger: Arc<Ledger>,
     /// Asks the ledger loader to load a DLT it has not heard of.
-    wake: mpsc::UnboundedSender<()>,
-    /// (producer id, epoch); (-1, -1) when the broker has no idempotence.
-    pid: (i64, i16),
-    pid_known: bool,
-    sequences: HashMap<(String, i32), i32>,
-    created: HashSet<String>,
+    pub(super) wake: mpsc::UnboundedSender<()>,
+    /// Per DLT partition: the producer lease this instance holds.
+    pub(super) leases: HashMap<(String, i32), Lease>,
+    pub(super) created: HashSet<String>,
     /// Origin topic ids and when they were looked up.
-    ids: HashMap<Arc<str>, (Uuid, Instant)>,
+    pub(super) ids: HashMap<Arc<str>, (Uuid, Instant)>,
 }
 
 impl Producer {
@@ -90,9 +93,7 @@ impl Producer {
             max_message_bytes,
             ledger,
             wake,
-            pid: (-1, -1),
-            pid_known: false,
-            sequences: HashMap::new(),
+            leases: HashMap::new(),
             created: HashSet::new(),
             ids: HashMap::new(),
         }
@@ -140,7 +141,7 @@ impl Producer {
             // replaced (topics, producer ids and sequences gone).
             self.cluster.reset();
             self.created.clear();
-            self.pid_known = false;
+            self.leases.clear();
         }
     }
 
@@ -182,7 +183,6 @@ impl Producer {
                 return false;
             }
         };
-        self.ensure_pid().await;
         let mut by_part: BTreeMap<i32, Vec<PendingWrite>> = BTreeMap::new();
         for j in jobs {
             by_part
@@ -192,18 +192,9 @@ impl Producer {
         }
         let mut all_ok = true;
         for (partition, jobs) in by_part {
-            let records: Vec<NewRecord> = jobs
-                .iter()
-                .map(|j| {
-                    j.diversion
-                        .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
-                })
-                .collect();
-            let ok = self.send_split(topic, partition, &records).await;
-            all_ok &= ok.iter().all(|&o| o);
-            for (job, ok) in jobs.into_iter().zip(ok) {
-                finish(&self.ledger, job, ok);
-            }
+            all_ok &= self
+                .write_partition(topic, partition, jobs, ids, failed_at)
+                .await;
         }
         all_ok
     }
@@ -270,13 +261,14 @@ impl Producer {
     /// Send `records` to `topic`/`partition`: in batches of at most
     /// [`MAX_BATCH_BYTES`], each split in halves while the broker refuses it
     /// as too large. Whether each record was acknowledged.
-    async fn send_split(
+    pub(super) async fn send_split(
         &mut self,
         topic: &str,
         partition: i32,
         records: &[NewRecord],
-    ) -> Vec<bool> {
+    ) -> (Vec<bool>, bool) {
         let mut ok = vec![false; records.len()];
+        let mut fenced = false;
         // Ranges still to send, the next one last (so they go in order).
         let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
         todo.reverse();
@@ -285,6 +277,7 @@ impl Producer {
             match self.produce(topic, partition, &records[r.clone()]).await {
                 Ok(()) => {
                     crate::metrics::global().dlt_write(true, started.elapsed());
+                    crate::metrics::global().fleet_written(r.len() as u64);
                     ok[r].fill(true);
                 }
                 Err(ProduceError::TooLarge(..)) if r.len() > 1 => {
@@ -298,6 +291,11 @@ impl Producer {
                     todo.push(mid..r.end);
                     todo.push(r.start..mid);
                 }
+                Err(e @ ProduceError::Fenced(..)) => {
+                    fenced = true;
+                    debug!(error = %e, dlt = topic, partition, "fenced by another writer of the DLT partition");
+                    break;
+                }
                 Err(e @ ProduceError::TooLarge(..)) => {
                     crate::metrics::global().dlt_write_result("too_large", started.elapsed());
                     error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
@@ -309,7 +307,7 @@ impl Producer {
                 }
             }
         }
-        ok
+        (ok, fenced)
     }
 
     /// Make sure `topic` exists (creating it if needed); its partition count.
@@ -356,40 +354,6 @@ impl Producer {
         }
     }
 
-    /// Ask for a producer id once; brokers without idempotence get -1.
-    async fn ensure_pid(&mut self) {
-        if self.pid_known {
-            return;
-        }
-        let req = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000);
-        let result = match self.cluster.any().await {
-            Ok(conn) => conn.send(req, 0, 4).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match result {
-            Ok(r) if r.error_code == 0 => {
-                self.pid = (r.producer_id.0, r.producer_epoch);
-                info!(
-                    producer_id = self.pid.0,
-                    "dead-letter producer is idempotent"
-                );
-            }
-            Ok(r) => {
-                self.pid = (-1, -1);
-                warn!(
-                    error_code = r.error_code,
-                    "InitProducerId refused; producing without idempotence"
-                )
-            }
-            Err(e) => {
-                self.pid = (-1, -1);
-                warn!(error = %e, "InitProducerId failed; producing without idempotence")
-            }
-        }
-        self.pid_known = true;
-        self.sequences.clear();
-    }
-
     /// Produce one batch to one partition with acks=all, retrying network
     /// errors (jittered backoff) with the same bytes.
     async fn produce(
@@ -398,58 +362,46 @@ impl Producer {
         partition: i32,
         records: &[NewRecord],
     ) -> Result<(), ProduceError> {
-        let seq_key = (topic.to_string(), partition);
+        let key = (topic.to_string(), partition);
         let what = || format!("{topic}-{partition}");
-        let mut rebuilt_for_new_pid = false;
-        loop {
-            let seq = if self.pid.0 >= 0 {
-                *self.sequences.get(&seq_key).unwrap_or(&0)
-            } else {
-                -1
-            };
-            let opts = BuildOptions::default()
-                .compression(self.cfg.compression.codec())
-                .idempotent(self.pid.0, self.pid.1, seq);
-            let batch = build_batch(records, &opts)
-                .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
-            let code = self.send_retrying(topic, partition, batch).await?;
-            match code {
-                0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
-                    if self.pid.0 >= 0 {
-                        self.sequences
-                            .insert(seq_key, seq.wrapping_add(records.len() as i32));
-                    }
-                    return Ok(());
+        let lease = self.leases.get(&key).copied().unwrap_or(Lease {
+            pid: -1,
+            epoch: -1,
+            seq: -1,
+        });
+        let opts = BuildOptions::default()
+            .compression(self.cfg.compression.codec())
+            .idempotent(lease.pid, lease.epoch, lease.seq);
+        let batch = build_batch(records, &opts)
+            .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
+        let code = self.send_retrying(topic, partition, batch).await?;
+        match code {
+            0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
+                if let Some(l) = self.leases.get_mut(&key).filter(|l| l.pid >= 0) {
+                    l.seq = l.seq.wrapping_add(records.len() as i32);
                 }
-                errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
-                    return Err(ProduceError::TooLarge(what(), code))
-                }
-                errors::OUT_OF_ORDER_SEQUENCE_NUMBER
-                | errors::UNKNOWN_PRODUCER_ID
-                | errors::INVALID_PRODUCER_EPOCH
-                    if !rebuilt_for_new_pid =>
-                {
-                    // Our sequence state no longer matches the broker's: start over.
-                    self.pid_known = false;
-                    self.ensure_pid().await;
-                    rebuilt_for_new_pid = true;
-                }
-                errors::NOT_LEADER_OR_FOLLOWER
-                | errors::LEADER_NOT_AVAILABLE
-                | errors::UNKNOWN_TOPIC_OR_PARTITION => {
-                    self.cluster.reset();
-                    return Err(ProduceError::Failed(format!(
-                        "{}: leader not available (error {code})",
-                        what()
-                    )));
-                }
-                other => {
-                    return Err(ProduceError::Failed(format!(
-                        "{}: produce error {other}",
-                        what()
-                    )))
-                }
+                Ok(())
             }
+            errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
+                Err(ProduceError::TooLarge(what(), code))
+            }
+            errors::OUT_OF_ORDER_SEQUENCE_NUMBER
+            | errors::UNKNOWN_PRODUCER_ID
+            | errors::INVALID_PRODUCER_EPOCH
+            | errors::PRODUCER_FENCED => Err(ProduceError::Fenced(what(), code)),
+            errors::NOT_LEADER_OR_FOLLOWER
+            | errors::LEADER_NOT_AVAILABLE
+            | errors::UNKNOWN_TOPIC_OR_PARTITION => {
+                self.cluster.reset();
+                Err(ProduceError::Failed(format!(
+                    "{}: leader not available (error {code})",
+                    what()
+                )))
+            }
+            other => Err(ProduceError::Failed(format!(
+                "{}: produce error {other}",
+                what()
+            ))),
         }
     }
 
@@ -511,7 +463,7 @@ fn chunks(records: &[NewRecord], max_bytes: usize) -> Vec<Range<usize>> {
 
 /// Report a job's outcome: the ledger first (so a new claim sees it), then
 /// whoever waits.
-fn finish(ledger: &Ledger, job: PendingWrite, ok: bool) {
+pub(super) fn finish(ledger: &Ledger, job: PendingWrite, ok: bool) {
     let d = &job.diversion;
     if ok {
         info!(topic = %d.origin_topic, partition = d.origin_partition, offset = d.origin_offset,

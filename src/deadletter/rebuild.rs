@@ -96,7 +96,42 @@ pub async fn read_partition<F>(
 where
     F: FnMut(i32, &Record<'_>),
 {
-    let mut offset = cluster.log_start(topic, partition).await?;
+    read_partition_end(cluster, topic, partition, None, f)
+        .await
+        .map(|(count, _)| count)
+}
+
+/// [`read_partition`] from offset `from` (at least the log start) instead
+/// of the log start.
+pub async fn read_partition_from<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    f: &mut F,
+) -> Result<u64, ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    read_partition_end(cluster, topic, partition, from, f)
+        .await
+        .map(|(count, _)| count)
+}
+
+/// [`read_partition`], also returning the offset it read to (where a tail
+/// of the partition goes on).
+pub async fn read_partition_end<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    f: &mut F,
+) -> Result<(u64, i64), ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    let start = cluster.log_start(topic, partition).await?;
+    let mut offset = from.map_or(start, |from| from.max(start));
     let mut end: Option<i64> = None;
     let mut count = 0;
     loop {
@@ -115,7 +150,7 @@ where
         }
         let end = *end.get_or_insert(hw);
         if offset >= end {
-            return Ok(count);
+            return Ok((count, offset));
         }
         let mut next = offset;
         for seg in batch::segments(&records) {
@@ -143,7 +178,7 @@ where
             )));
         }
         if next >= end {
-            return Ok(count);
+            return Ok((count, next));
         }
         offset = next;
     }
@@ -190,6 +225,10 @@ pub(super) struct Loader {
     /// already loaded DLT under the new policies but did not under these
     /// had its records in that DLT read as untrusted: the DLT is read again.
     pub previous: Option<Arc<PolicySet>>,
+    /// The policy topics' current ids (for trusting what the tail reads).
+    pub ids: HashMap<String, Uuid>,
+    /// When the upstream's topics were last listed (by a load or the tail).
+    pub discovered: Option<tokio::time::Instant>,
 }
 
 /// Whether `policies` send records of `topic` to `dlt`.
@@ -207,11 +246,41 @@ impl Loader {
         loop {
             self.load_all().await;
             let _ = self.started.send(true);
-            tokio::select! {
-                r = self.policies.changed() => if r.is_err() { return },
-                w = self.wake.recv() => if w.is_none() { return },
+            // Between loads, tail the loaded DLTs (other instances' writes).
+            loop {
+                tokio::select! {
+                    r = self.policies.changed() => if r.is_err() { return } else { break },
+                    w = self.wake.recv() => if w.is_none() { return } else { break },
+                    _ = tokio::time::sleep(super::tail::TAIL_INTERVAL) => {}
+                }
+                if self.tail_tick().await {
+                    break;
+                }
             }
         }
+    }
+
+    /// One tail round; true when a DLT must be loaded (a policy topic
+    /// appeared upstream since the last listing).
+    async fn tail_tick(&mut self) -> bool {
+        let due = self
+            .discovered
+            .is_none_or(|at| at.elapsed() >= super::tail::DISCOVER_INTERVAL);
+        if due {
+            let policies = self.policies.borrow().clone();
+            if let Err(e) = self.origin_topics(&policies).await {
+                warn!(error = %e, "listing the upstream's topics for new DLTs failed");
+                self.upstream.reset();
+            }
+            if !self.ledger.pending().is_empty() {
+                return true;
+            }
+        }
+        if let Err(e) = self.tail_once().await {
+            warn!(error = %e, "tailing the DLTs failed; retrying");
+            self.dlt.reset();
+        }
+        false
     }
 
     /// Load until every wanted DLT is loaded, retrying errors.
@@ -304,6 +373,8 @@ impl Loader {
                 ids.insert(name, t.topic_id);
             }
         }
+        self.ids = ids.clone();
+        self.discovered = Some(tokio::time::Instant::now());
         Ok(ids)
     }
 
@@ -315,7 +386,7 @@ impl Loader {
         dlt: &str,
     ) -> Result<(u64, u64), ClientError> {
         let (ledger, mut kept, mut ignored) = (&self.ledger, 0u64, 0u64);
-        let read = read_topic(&mut self.dlt, dlt, |_, r| {
+        let mut f = |_, r: &Record<'_>| {
             let Some(o) = Origin::of(r) else { return };
             if trusted(policies, dlt, &o, ids.get(&*o.topic).copied()) {
                 ledger.insert(&(o.topic, o.partition, o.offset));
@@ -323,8 +394,15 @@ impl Loader {
             } else {
                 ignored += 1;
             }
-        })
-        .await?;
+        };
+        let mut read = 0;
+        let partitions = self.dlt.partitions(dlt).await?.unwrap_or(0);
+        for p in 0..partitions as i32 {
+            let (n, end) = read_partition_end(&mut self.dlt, dlt, p, None, &mut f).await?;
+            read += n;
+            // The tail goes on from here.
+            ledger.set_tail_position((dlt.to_string(), p), end);
+        }
         if ignored > 0 {
             warn!(dlt, ignored, "DLT records ignored by the ledger: their origin topic does not write to this DLT, or its topic id is not the topic's current id");
         }

@@ -389,3 +389,51 @@ async fn concurrent_submits_of_one_record_share_one_write() {
     assert_eq!(records_produced, 1, "one record sent to the DLT in all");
     assert!(dl.is_diverted(&super::ledger_key(&d)));
 }
+
+/// A DLT record of `d` as another instance would have written it.
+fn written_elsewhere(d: &Diversion) -> Bytes {
+    build_batch(
+        &[d.to_record(1_700_000_000_000, None)],
+        &BuildOptions::default(),
+    )
+    .expect("batch")
+}
+
+#[tokio::test]
+async fn the_tail_learns_a_diversion_another_instance_wrote_after_the_start() {
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    mock.add_topic("t.dlt", 1);
+    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    let key: LedgerKey = (Arc::from("t"), 0, 42);
+    assert!(!dl.is_diverted(&key));
+    mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 42, 10)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !dl.is_diverted(&key) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(dl.is_diverted(&key), "the tail did not learn it within 3 s");
+}
+
+#[tokio::test]
+async fn a_record_another_instance_wrote_is_not_written_again() {
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    mock.add_topic("t.dlt", 1);
+    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    // Written by someone else just now: the tail may not have seen it, the
+    // read before the write does.
+    mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
+    let ok = divert_all(&dl, &[diversion("t", 0, 7, 10), diversion("t", 0, 8, 10)]).await;
+    assert_eq!(ok, [true, true]);
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [7, 8], "offset 7 once, offset 8 written");
+}

@@ -40,6 +40,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod fleet;
 pub mod keys;
 mod series;
 use series::*;
@@ -64,6 +65,8 @@ pub mod names {
     pub const REGISTRY_REQUESTS: &str = "antidote_schema_registry_requests_total";
     pub const BUILD_INFO: &str = "antidote_build_info";
     pub const START_TIME: &str = "antidote_process_start_time_seconds";
+    pub const DIVERSIONS: &str = "antidote_dlt_diversions_total";
+    pub const LEDGER_LAG: &str = "antidote_dlt_ledger_lag_records";
 
     /// The name a counter is registered under: the encoder adds `_total`.
     pub(super) fn counter_base(name: &'static str) -> &'static str {
@@ -128,6 +131,8 @@ pub struct Metrics {
     registry_requests: Cached<KindLabel, Counter>,
     /// Blocked keys and re-drive (`keys`).
     pub keys: keys::KeyMetrics,
+    diversions: Cached<SourceLabel, Counter>,
+    ledger_lag: Gauge,
 }
 
 impl Default for Metrics {
@@ -156,6 +161,8 @@ impl Metrics {
             connections_refused: Counter::default(),
             registry_requests: Cached::new(),
             keys: keys::KeyMetrics::default(),
+            diversions: Cached::new(),
+            ledger_lag: Gauge::default(),
         };
         m.registered()
     }
@@ -222,6 +229,7 @@ impl Metrics {
         );
         self.register_dlt_and_connections();
         self.keys.register(&mut self.registry);
+        self.register_fleet();
         self
     }
 

@@ -52,6 +52,11 @@ pub(super) struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct SourceLabel {
+    pub(super) source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct TopicPartition {
     pub(super) topic: String,
     pub(super) partition: i32,

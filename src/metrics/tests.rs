@@ -215,6 +215,7 @@ fn every_series_once() -> Metrics {
     m.upstream_error("io");
     m.registry_request("ok");
     m.keys.redriven(true, 1);
+    m.fleet_written(1);
     m
 }
 
@@ -247,6 +248,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_blocked_keys gauge",
         "antidote_blocked_key_oldest_age_seconds gauge",
         "antidote_redrive_total counter",
+        "antidote_dlt_diversions_total counter",
+        "antidote_dlt_ledger_lag_records gauge",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

@@ -36,6 +36,7 @@
 
 pub mod keys;
 mod run;
+mod targets;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::keys::{self, GroupKey, Unit};
+use super::targets::{Targets as Seen, Written};
 use super::{decide, selected, Decision, ReplayArgs, Report};
 use crate::client::{errors, Cluster};
 use crate::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
@@ -42,6 +43,10 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     if let Some(n) = args.limit {
         records.truncate(n);
     }
+    let duplicates = drop_later_copies(&mut records);
+    if duplicates > 0 {
+        eprintln!("{duplicates} later copies of DLT records with the same origin skipped (the first copy is replayed)");
+    }
     // A blocked key's records go together (keys.rs); markers go to the DLT.
     let units = keys::units(&mut cluster, &args.topic, &ctx.policies, records).await?;
     let dlt = ctx.dead_letter_cluster()?;
@@ -57,7 +62,7 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
         dlt,
         cluster: target_cluster,
         targets: Targets::new(),
-        replayed: HashSet::new(),
+        seen: Seen::default(),
         report: Report::default(),
         started: Instant::now(),
         sent: 0,
@@ -100,8 +105,8 @@ struct Runner<'a> {
     dlt: Cluster,
     cluster: Cluster,
     targets: Targets,
-    /// DLT coordinates already found in a target's `x-replayed-from-dlt`.
-    replayed: HashSet<String>,
+    /// What was replayed into the targets already, and their leases.
+    seen: Seen,
     report: Report,
     started: Instant,
     /// Records produced so far (for `--rate`).
@@ -111,26 +116,29 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    /// Learn each target topic's partitions, and read every existing target
-    /// for the DLT coordinates it already holds (no double replays).
+    /// Learn each target topic's partitions, and read each existing target
+    /// partition, from the oldest `x-failed-at` of the records going there,
+    /// for the DLT coordinates it already holds (no double replays); when
+    /// executing, take each target partition's lease first (see `targets`).
     async fn load_targets(&mut self, records: &[&DltRecord]) -> Result<(), DltError> {
         for r in records {
             if let Some(t) = self.args.to.clone().or_else(|| r.origin_topic.clone()) {
+                self.seen.note(&t, r.failed_at);
                 self.targets.entry(t).or_insert(None);
             }
         }
-        let replayed = &mut self.replayed;
         for (t, n) in self.targets.iter_mut() {
             *n = self.cluster.partitions(t).await?;
-            if n.is_some() {
-                crate::deadletter::read_topic(&mut self.cluster, t, |_, rec| {
-                    if let Some(Some(v)) = rec.header(H_REPLAYED_FROM) {
-                        replayed.insert(String::from_utf8_lossy(v).into_owned());
-                    }
-                })
-                .await?;
+            for p in 0..n.unwrap_or(0) as i32 {
+                self.seen
+                    .learn(&mut self.cluster, t, p, self.args.execute)
+                    .await?;
             }
         }
+        tracing::debug!(
+            records = self.seen.read,
+            "target records read for earlier replays"
+        );
         Ok(())
     }
 
@@ -156,7 +164,7 @@ impl Runner<'_> {
             &ctx.policies,
             r,
             |t| targets.get(t).copied().flatten(),
-            &self.replayed,
+            &self.seen.replayed,
             crate::clock::now_ms(),
         )
     }
@@ -292,10 +300,17 @@ impl Runner<'_> {
             tokio::time::sleep_until(due.into()).await;
         }
         self.sent += 1;
-        match produce(&mut self.cluster, topic, partition, record).await {
-            Ok(offset) => {
+        let written = self
+            .seen
+            .write(&mut self.cluster, topic, partition, &coord, record)
+            .await;
+        match written {
+            Ok(Written::Already) => {
+                self.report.already_replayed += 1;
+                writeln!(out, "already replayed  {coord} (a concurrent replay wrote it to {topic}-{partition})")?;
+            }
+            Ok(Written::At(offset)) => {
                 self.report.replayed += 1;
-                self.replayed.insert(coord.clone());
                 writeln!(
                     out,
                     "replayed          {coord} -> {topic}-{partition}@{offset} (origin {}, attempt {attempt})",
@@ -434,4 +449,20 @@ pub async fn produce(
         }
     }
     Err(DltError::Produce(last))
+}
+
+/// Keep the first DLT record of each origin (topic, partition, offset):
+/// a DLT written by instances without a producer lease (an older antidote,
+/// a broker without InitProducerId) can hold a record twice. How many were
+/// dropped.
+fn drop_later_copies(records: &mut Vec<DltRecord>) -> usize {
+    let before = records.len();
+    let mut seen = HashSet::new();
+    records.retain(
+        |r| match (&r.origin_topic, r.origin_partition, r.origin_offset) {
+            (Some(t), Some(p), Some(o)) => seen.insert((t.clone(), p, o)),
+            _ => true,
+        },
+    );
+    before - records.len()
 }

@@ -1,0 +1,225 @@
+//! The producer lease of a DLT partition, and writing under it: what makes
+//! a fleet of instances write each diverted record to its DLT once.
+//!
+//! Every instance asks InitProducerId for the same transactional id per DLT
+//! partition ([`transactional_id`]): the broker hands them one producer id
+//! and a new epoch each time, and refuses writes of older epochs
+//! (PRODUCER_FENCED / INVALID_PRODUCER_EPOCH). Whoever holds the newest
+//! epoch reads the partition to its end before writing, so it writes only
+//! what nobody wrote before its lease began, and nobody else can write
+//! after that. A fenced writer waits a jittered pause, takes the lease back
+//! and reads again. No transaction is begun: only the fencing is used
+//! (tansu 0.6 does not abort an older epoch's open transaction, see
+//! `scripts/tansu_txn_probe.py`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::InitProducerIdRequest;
+use kafka_protocol::protocol::StrBytes;
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+use super::backoff;
+use super::producer::{finish, Producer};
+use super::{LedgerKey, Origin, PendingWrite};
+use crate::kafka::builder::NewRecord;
+
+/// A DLT partition's producer: its id and epoch (from InitProducerId with a
+/// transactional id derived from the partition, so every instance of a
+/// fleet shares the id and the newest epoch fences the older writers), and
+/// the next sequence number. (-1, -1) when the broker gives none.
+#[derive(Clone, Copy)]
+pub(super) struct Lease {
+    pub(super) pid: i64,
+    pub(super) epoch: i16,
+    pub(super) seq: i32,
+}
+
+/// Most times one round re-reads and re-writes a DLT partition after being
+/// fenced by another instance.
+const MAX_FENCED_RETRIES: usize = 3;
+
+impl Producer {
+    /// Write `jobs` to DLT partition `topic`/`partition` exactly once: hold
+    /// the partition's producer lease, read the partition to its end (a
+    /// record another instance wrote is not written again), write the rest.
+    /// Fenced by another instance in between: its epoch is newer, so it
+    /// read and wrote after our reading; take the lease back, read again,
+    /// write what is still missing. False if any job failed.
+    pub(super) async fn write_partition(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        mut jobs: Vec<PendingWrite>,
+        ids: &HashMap<Arc<str>, Uuid>,
+        failed_at: i64,
+    ) -> bool {
+        for attempt in 0..=MAX_FENCED_RETRIES {
+            self.ensure_lease(topic, partition).await;
+            let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
+                return false;
+            };
+            if todo.is_empty() {
+                return true;
+            }
+            let records: Vec<NewRecord> = todo
+                .iter()
+                .map(|j| {
+                    j.diversion
+                        .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
+                })
+                .collect();
+            let (ok, fenced) = self.send_split(topic, partition, &records).await;
+            let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
+            done.into_iter()
+                .for_each(|(j, _)| finish(&self.ledger, j, true));
+            jobs = rest.into_iter().map(|(j, _)| j).collect();
+            if jobs.is_empty() {
+                return true;
+            }
+            if !fenced || attempt == MAX_FENCED_RETRIES {
+                break;
+            }
+            crate::metrics::global().dlt_write_result("fenced", Duration::ZERO);
+            self.leases.remove(&(topic.to_string(), partition));
+            // Jittered: two instances taking the lease back at once would
+            // fence each other again.
+            let pause = backoff(
+                attempt as u32,
+                Duration::from_millis(20),
+                Duration::from_millis(500),
+            );
+            tokio::time::sleep(pause).await;
+        }
+        jobs.into_iter()
+            .for_each(|j| finish(&self.ledger, j, false));
+        false
+    }
+
+    /// Read DLT partition `topic`/`partition` from where the ledger's tail
+    /// stopped to its end, and finish (acknowledged) the jobs whose record
+    /// is there already: another instance of a fleet wrote it since the
+    /// tail last looked. The jobs still to write; `None` (all failed) when
+    /// the DLT cannot be read, since then it cannot be written either.
+    async fn not_yet_written(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        jobs: Vec<PendingWrite>,
+        ids: &HashMap<Arc<str>, Uuid>,
+    ) -> Option<Vec<PendingWrite>> {
+        let from = match self.ledger.tail_position(&(topic.to_string(), partition)) {
+            Some(from) => Ok(from),
+            None => self.cluster.log_start(topic, partition).await,
+        };
+        let keys: HashSet<LedgerKey> = jobs
+            .iter()
+            .map(|j| super::ledger_key(&j.diversion))
+            .collect();
+        let wanted = |o: &Origin| keys.contains(&(o.topic.clone(), o.partition, o.offset));
+        let found = match from {
+            Ok(from) => {
+                super::tail::catch_up(&mut self.cluster, topic, partition, from, wanted).await
+            }
+            Err(e) => Err(e),
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, dlt = topic, partition, records = jobs.len(), "reading the DLT before writing failed; the write waits for the next fetch");
+                jobs.into_iter()
+                    .for_each(|j| finish(&self.ledger, j, false));
+                return None;
+            }
+        };
+        let there: HashSet<(Arc<str>, i32, i64)> = found
+            .into_iter()
+            .filter(|o| match (o.topic_id, ids.get(&o.topic)) {
+                (Some(written), Some(now)) => written == *now,
+                _ => true,
+            })
+            .map(|o| (o.topic, o.partition, o.offset))
+            .collect();
+        let (found, todo): (Vec<PendingWrite>, Vec<PendingWrite>) =
+            jobs.into_iter().partition(|j| {
+                // Before the tail's position, the ledger has it (the tail
+                // records entries before it moves its position).
+                let key = super::ledger_key(&j.diversion);
+                there.contains(&key) || self.ledger.contains(&key)
+            });
+        crate::metrics::global().fleet_found_at_write(found.len() as u64);
+        found
+            .into_iter()
+            .for_each(|j| finish(&self.ledger, j, true));
+        Some(todo)
+    }
+
+    /// Take `topic`/`partition`'s producer lease unless held: InitProducerId
+    /// with the partition's transactional id bumps its epoch, which fences
+    /// every other instance's writes to it. Brokers that refuse get
+    /// (-1, -1): writes without idempotence or fencing.
+    async fn ensure_lease(&mut self, topic: &str, partition: i32) {
+        let key = (topic.to_string(), partition);
+        if self.leases.contains_key(&key) {
+            return;
+        }
+        let req = InitProducerIdRequest::default()
+            .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(
+                StrBytes::from_string(transactional_id(topic, partition)),
+            )))
+            .with_transaction_timeout_ms(60_000);
+        let result = match self.cluster.any().await {
+            // v2+ in practice: tansu answers v0 and v1 with error -1.
+            Ok(conn) => conn.send(req, 0, 4).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let lease = match result {
+            Ok(r) if r.error_code == 0 => {
+                debug!(
+                    dlt = topic,
+                    partition,
+                    producer_id = r.producer_id.0,
+                    epoch = r.producer_epoch,
+                    "DLT partition lease taken"
+                );
+                Lease {
+                    pid: r.producer_id.0,
+                    epoch: r.producer_epoch,
+                    seq: 0,
+                }
+            }
+            Ok(r) => {
+                warn!(
+                    dlt = topic,
+                    partition,
+                    error_code = r.error_code,
+                    "InitProducerId refused; writing without fencing"
+                );
+                Lease {
+                    pid: -1,
+                    epoch: -1,
+                    seq: -1,
+                }
+            }
+            Err(e) => {
+                warn!(dlt = topic, partition, error = %e, "InitProducerId failed; writing without fencing");
+                Lease {
+                    pid: -1,
+                    epoch: -1,
+                    seq: -1,
+                }
+            }
+        };
+        self.leases.insert(key, lease);
+    }
+}
+
+/// The transactional id of DLT partition `topic`/`partition`: the same in
+/// every instance, so InitProducerId hands them one producer id and the
+/// newest epoch fences the others. Only used for fencing: no transaction is
+/// ever begun (the batches are not transactional).
+fn transactional_id(topic: &str, partition: i32) -> String {
+    format!("antidote-dlt/{topic}/{partition}")
+}

@@ -1,0 +1,301 @@
+//! Tailing the dead-letter topics: after the start-up rebuild, every DLT in
+//! the ledger keeps being read from where the rebuild (or the last tail)
+//! stopped, so diversions written by other instances of a fleet reach this
+//! instance's ledger within about [`TAIL_INTERVAL`] plus one Fetch round
+//! trip, and their records keep being removed from responses.
+//!
+//! Also the catch-up the producer runs just before a DLT write: read the DLT
+//! partition from the tail's position to its end, so a record another
+//! instance wrote meanwhile is not written again ([`catch_up`]).
+//!
+//! Bounds: one Fetch per DLT leader per round (every partition of every
+//! loaded DLT on that leader in it, `max_wait_ms` 0, at most
+//! [`FETCH_MAX_BYTES`] per response), over the loader's one connection per
+//! broker; at most [`MAX_ROUNDS`] rounds per tick, so a tail far behind
+//! catches up over several ticks instead of holding the loader. It never
+//! writes, and it never marks a DLT loaded: only the rebuild does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tracing::debug;
+
+use super::rebuild::{trusted, Loader};
+use crate::client::{errors, ClientError, Cluster};
+use crate::kafka::batch::{self, Segment};
+use crate::kafka::record::Record;
+use antidote_core::dlt_record::Origin;
+
+/// Pause between two tail rounds when nothing new arrived.
+pub const TAIL_INTERVAL: Duration = Duration::from_millis(200);
+/// Most bytes of one tail Fetch response.
+const FETCH_MAX_BYTES: i32 = 8 << 20;
+/// Most bytes of one partition in a tail Fetch response.
+const PARTITION_MAX_BYTES: i32 = 1 << 20;
+/// How long the broker may wait for new DLT records: 1 ms. Not 0: tansu
+/// 0.6 answers a Fetch with `max_wait_ms` 0 with no partitions at all, and
+/// it waits `max_wait_ms` at the end of a partition even with `min_bytes`
+/// 0 (so each read that reaches the end costs this much).
+const MAX_WAIT_MS: i32 = 1;
+/// Most Fetch rounds per tick.
+const MAX_ROUNDS: usize = 16;
+/// How often the upstream's topics are listed again, to learn DLTs of
+/// policy topics created since (and their ids).
+pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(5);
+
+/// (DLT, partition).
+pub type DltPartition = (String, i32);
+
+/// What one partition of a tail Fetch said: its next position and high
+/// watermark.
+struct Progress {
+    next: i64,
+    high_watermark: i64,
+}
+
+/// Fetch `parts` (each at its position) from `node`, read_committed, no
+/// wait; call `f(dlt, partition, record)` for every record at or after its
+/// partition's position. The progress of each partition that answered.
+async fn fetch_round<F>(
+    cluster: &mut Cluster,
+    node: i32,
+    parts: &[(DltPartition, i64)],
+    f: &mut F,
+) -> Result<HashMap<DltPartition, Progress>, ClientError>
+where
+    F: FnMut(&str, i32, &Record<'_>),
+{
+    let mut by_topic: BTreeMap<&str, Vec<FetchPartition>> = BTreeMap::new();
+    for ((t, p), offset) in parts {
+        by_topic.entry(t).or_default().push(
+            FetchPartition::default()
+                .with_partition(*p)
+                .with_fetch_offset(*offset)
+                .with_partition_max_bytes(PARTITION_MAX_BYTES),
+        );
+    }
+    let topics = by_topic
+        .into_iter()
+        .map(|(t, ps)| {
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(t.to_string())))
+                .with_partitions(ps)
+        })
+        .collect();
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(MAX_WAIT_MS)
+        .with_min_bytes(1)
+        .with_max_bytes(FETCH_MAX_BYTES)
+        .with_isolation_level(1)
+        .with_session_epoch(-1)
+        .with_topics(topics);
+    let resp = cluster.node(node).await?.send(req, 4, 12).await?;
+    let position: HashMap<(&str, i32), i64> = parts
+        .iter()
+        .map(|((t, p), o)| ((t.as_str(), *p), *o))
+        .collect();
+    let mut out = HashMap::new();
+    for t in resp.responses {
+        let name = t.topic.0.to_string();
+        for p in t.partitions {
+            let Some(&from) = position.get(&(name.as_str(), p.partition_index)) else {
+                continue;
+            };
+            if p.error_code != 0 {
+                debug!(dlt = %name, partition = p.partition_index, error = p.error_code, "tail fetch error");
+                if p.error_code == errors::OFFSET_OUT_OF_RANGE {
+                    let start = cluster.log_start(&name, p.partition_index).await?;
+                    let next = start.max(from);
+                    out.insert(
+                        (name.clone(), p.partition_index),
+                        Progress {
+                            next,
+                            high_watermark: next,
+                        },
+                    );
+                }
+                continue;
+            }
+            let records = p.records.unwrap_or_default();
+            tracing::trace!(dlt = %name, partition = p.partition_index, from, hw = p.high_watermark, bytes = records.len(), "tail fetched");
+            let next = visit(&name, p.partition_index, from, &records, f)?;
+            out.insert(
+                (name.clone(), p.partition_index),
+                Progress {
+                    next,
+                    high_watermark: p.high_watermark,
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Call `f` for every record of `records` at or after `from`; the offset
+/// after the last complete batch (or `from`).
+fn visit<F>(
+    dlt: &str,
+    partition: i32,
+    from: i64,
+    records: &Bytes,
+    f: &mut F,
+) -> Result<i64, ClientError>
+where
+    F: FnMut(&str, i32, &Record<'_>),
+{
+    let mut next = from;
+    for seg in batch::segments(records) {
+        let Segment::Batch(b) = seg else { continue };
+        next = next.max(b.next_offset());
+        if b.is_control() {
+            continue;
+        }
+        // Skipping a batch would lose ledger entries: an error, retried.
+        let d = b.decode().map_err(|e| {
+            crate::client::no_broker(format!(
+                "{dlt}-{partition}: batch at {}: {e}",
+                b.base_offset()
+            ))
+        })?;
+        for r in d.records().filter(|r| r.offset >= from) {
+            f(dlt, partition, &r);
+        }
+    }
+    Ok(next)
+}
+
+/// Read `parts` from their positions up to the high watermarks, at most
+/// [`MAX_ROUNDS`] rounds; updates the positions, returns the high
+/// watermarks seen.
+pub async fn read_new<F>(
+    cluster: &mut Cluster,
+    positions: &mut HashMap<DltPartition, i64>,
+    f: &mut F,
+) -> Result<HashMap<DltPartition, i64>, ClientError>
+where
+    F: FnMut(&str, i32, &Record<'_>),
+{
+    let mut hws: HashMap<DltPartition, i64> = HashMap::new();
+    let mut todo: Vec<DltPartition> = positions.keys().cloned().collect();
+    for _ in 0..MAX_ROUNDS {
+        if todo.is_empty() {
+            break;
+        }
+        let mut by_node: BTreeMap<i32, Vec<(DltPartition, i64)>> = BTreeMap::new();
+        for dp in todo.drain(..) {
+            let node = cluster.leader_id(&dp.0, dp.1).await?;
+            let pos = positions.get(&dp).copied().unwrap_or(0);
+            by_node.entry(node).or_default().push((dp, pos));
+        }
+        for (node, parts) in by_node {
+            for (dp, pr) in fetch_round(cluster, node, &parts, f).await? {
+                hws.insert(dp.clone(), pr.high_watermark);
+                let old = positions.get(&dp).copied().unwrap_or(0);
+                positions.insert(dp.clone(), pr.next.max(old));
+                // More to read: another round (a partition that made no
+                // progress below its high watermark waits for the next tick).
+                if pr.next > old && pr.next < pr.high_watermark {
+                    todo.push(dp);
+                }
+            }
+        }
+    }
+    Ok(hws)
+}
+
+/// Read DLT `dlt`'s `partition` from `from` to its end (as many rounds as
+/// it takes while each makes progress); the origins named there that
+/// `wanted` keeps (so memory is bounded by the writes asked about, not by
+/// what is read). Run by the producer just before writing to that
+/// partition.
+pub async fn catch_up(
+    cluster: &mut Cluster,
+    dlt: &str,
+    partition: i32,
+    from: i64,
+    wanted: impl Fn(&Origin) -> bool,
+) -> Result<Vec<Origin>, ClientError> {
+    let key = (dlt.to_string(), partition);
+    let mut positions = HashMap::from([(key.clone(), from)]);
+    let mut found = Vec::new();
+    loop {
+        let before = positions.get(&key).copied().unwrap_or(from);
+        let hws = read_new(cluster, &mut positions, &mut |_, _, r| {
+            if let Some(o) = Origin::of(r).filter(|o| wanted(o)) {
+                found.push(o);
+            }
+        })
+        .await?;
+        let now = positions.get(&key).copied().unwrap_or(from);
+        let hw = hws.get(&key).copied().unwrap_or(now);
+        if now >= hw || now <= before {
+            return Ok(found);
+        }
+    }
+}
+
+impl Loader {
+    /// One tail tick: read what every loaded DLT gained since the last one
+    /// into the ledger (trusted records only); update the lag gauge.
+    pub(super) async fn tail_once(&mut self) -> Result<(), ClientError> {
+        let policies = self.policies.borrow().clone();
+        let dlts = self.ledger.loaded_dlts();
+        // One metadata request for every DLT not seen yet (most of them do
+        // not exist until a first diversion), not one per DLT.
+        let unknown: Vec<String> = dlts
+            .iter()
+            .filter(|d| self.dlt.known_partitions(d).is_none())
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            self.dlt.metadata(Some(&unknown)).await?;
+        }
+        let mut positions = HashMap::new();
+        for dlt in &dlts {
+            let Some(n) = self.dlt.known_partitions(dlt) else {
+                continue;
+            };
+            for p in 0..n as i32 {
+                let key = (dlt.clone(), p);
+                let pos = match self.ledger.tail_position(&key) {
+                    Some(pos) => pos,
+                    None => self.dlt.log_start(dlt, p).await?,
+                };
+                positions.insert(key, pos);
+            }
+        }
+        if positions.is_empty() {
+            return Ok(());
+        }
+        let (ledger, ids) = (&self.ledger, &self.ids);
+        let mut learned = 0u64;
+        let hws = read_new(&mut self.dlt, &mut positions, &mut |dlt, _, r| {
+            let Some(o) = Origin::of(r) else { return };
+            if trusted(&policies, dlt, &o, ids.get(&*o.topic).copied())
+                && ledger.learn(&(o.topic, o.partition, o.offset))
+            {
+                learned += 1;
+            }
+        })
+        .await?;
+        if learned > 0 {
+            debug!(
+                learned,
+                "diversions of other instances learned from the DLTs"
+            );
+        }
+        let mut lag = 0i64;
+        for (key, pos) in positions {
+            lag += hws.get(&key).map_or(0, |hw| (hw - pos).max(0));
+            self.ledger.set_tail_position(key, pos);
+        }
+        crate::metrics::global().fleet_learned(learned);
+        crate::metrics::global().set_ledger_lag(lag);
+        Ok(())
+    }
+}

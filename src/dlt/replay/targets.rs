@@ -1,0 +1,310 @@
+//! What a replay knows about its target partitions: which DLT records were
+//! replayed into each already (their `x-replayed-from-dlt` headers), and,
+//! when executing, the partition's producer lease.
+//!
+//! Bounded reading: a record can only have been replayed after it was
+//! diverted, so a target partition is read from the offset of the oldest
+//! `x-failed-at` among the chosen records going to that topic (ListOffsets
+//! by timestamp, minus [`CLOCK_MARGIN`] for clocks that disagree), not from
+//! its log start. A broker that answers no offset, or one below the true
+//! one (tansu 0.6 answers 0), only makes the read longer.
+//!
+//! Concurrent replays: every replay of target partition P takes P's lease
+//! (InitProducerId with the transactional id `antidote-replay/<topic>/<P>`,
+//! shared by every run), then reads P, then writes. A newer lease fences an
+//! older one's writes; the fenced run takes the lease back and reads P
+//! again, so a record the other run wrote meanwhile is skipped. Two runs of
+//! the same range write each record once. No transaction is ever begun.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use kafka_protocol::messages::{InitProducerIdRequest, TransactionalId};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::client::{errors, Cluster};
+use crate::deadletter::read_partition_from;
+use crate::dlt::{DltError, H_REPLAYED_FROM};
+use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+
+/// How far before the oldest `x-failed-at` a target is read from: the
+/// proxy that diverted and the machine that replays may disagree on time.
+pub const CLOCK_MARGIN: Duration = Duration::from_secs(3600);
+/// ListOffsets' timestamp for "the end of the partition".
+const LATEST: i64 = -1;
+/// Most times one record is retried after its run was fenced. Each retry
+/// waits a jittered, growing pause first: two runs that took the lease
+/// back at once would fence each other forever.
+const MAX_FENCED: u32 = 8;
+
+/// A target partition's producer lease: (producer id, epoch, next sequence).
+#[derive(Clone, Copy)]
+struct Lease {
+    pid: i64,
+    epoch: i16,
+    seq: i32,
+}
+
+/// What one write of a replay did.
+pub enum Written {
+    /// Acknowledged at this offset.
+    At(i64),
+    /// Another run replayed this DLT record meanwhile: not written.
+    Already,
+}
+
+/// The replay's view of its targets.
+#[derive(Default)]
+pub struct Targets {
+    /// DLT coordinates found in targets' `x-replayed-from-dlt`.
+    pub replayed: HashSet<String>,
+    /// Per target topic, the oldest `x-failed-at` of the chosen records.
+    oldest: HashMap<String, i64>,
+    leases: HashMap<(String, i32), Lease>,
+    /// Target records read to learn what was replayed (for the report).
+    pub read: u64,
+}
+
+impl Targets {
+    /// Note that a chosen record failed at `failed_at` goes to `topic`.
+    pub fn note(&mut self, topic: &str, failed_at: Option<i64>) {
+        // Unknown: read the whole partition.
+        let at = failed_at.unwrap_or(0);
+        let e = self.oldest.entry(topic.to_string()).or_insert(at);
+        *e = (*e).min(at);
+    }
+
+    /// Read `topic`/`partition` (from the bounded start) for what was
+    /// replayed into it; with `lease`, take its producer lease first.
+    pub async fn learn(
+        &mut self,
+        cluster: &mut Cluster,
+        topic: &str,
+        partition: i32,
+        lease: bool,
+    ) -> Result<(), DltError> {
+        if lease {
+            let l = take_lease(cluster, topic, partition).await;
+            self.leases.insert((topic.to_string(), partition), l);
+        }
+        let since = self.oldest.get(topic).copied().unwrap_or(0);
+        let from = start_offset(cluster, topic, partition, since).await?;
+        let replayed = &mut self.replayed;
+        self.read += read_partition_from(cluster, topic, partition, from, &mut |_, rec| {
+            if let Some(Some(v)) = rec.header(H_REPLAYED_FROM) {
+                replayed.insert(String::from_utf8_lossy(v).into_owned());
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Write `record` (the replay of DLT coordinate `coord`) to
+    /// `topic`/`partition` under the partition's lease; fenced by another
+    /// run, take the lease back, read again and skip it if that run wrote it.
+    pub async fn write(
+        &mut self,
+        cluster: &mut Cluster,
+        topic: &str,
+        partition: i32,
+        coord: &str,
+        record: &NewRecord,
+    ) -> Result<Written, DltError> {
+        let key = (topic.to_string(), partition);
+        for attempt in 0..=MAX_FENCED {
+            if attempt > 0 {
+                let pause = crate::deadletter::backoff(
+                    attempt - 1,
+                    Duration::from_millis(50),
+                    Duration::from_secs(1),
+                );
+                tokio::time::sleep(pause).await;
+            }
+            if !self.leases.contains_key(&key) {
+                self.learn(cluster, topic, partition, true).await?;
+            }
+            if self.replayed.contains(coord) {
+                return Ok(Written::Already);
+            }
+            let l = self.leases.get(&key).copied().unwrap_or(Lease {
+                pid: -1,
+                epoch: -1,
+                seq: -1,
+            });
+            match produce(cluster, topic, partition, record, l).await? {
+                Ok(offset) => {
+                    if let Some(l) = self.leases.get_mut(&key).filter(|l| l.pid >= 0) {
+                        l.seq = l.seq.wrapping_add(1);
+                    }
+                    self.replayed.insert(coord.to_string());
+                    return Ok(Written::At(offset));
+                }
+                Err(()) => {
+                    self.leases.remove(&key);
+                }
+            }
+        }
+        Err(DltError::Produce(format!(
+            "{topic}-{partition}: fenced {} times by other replays",
+            MAX_FENCED + 1
+        )))
+    }
+}
+
+/// Where to start reading `topic`/`partition` for replays of records that
+/// failed at `since` or later: ListOffsets by timestamp, clamped to the log
+/// start; no offset answered means nothing that recent: the end.
+async fn start_offset(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    since: i64,
+) -> Result<Option<i64>, DltError> {
+    let ts = since.saturating_sub(CLOCK_MARGIN.as_millis() as i64);
+    if ts <= 0 {
+        return Ok(None); // from the log start
+    }
+    let mut at = cluster.list_offset(topic, partition, ts).await?;
+    if at < 0 {
+        // Nothing that recent: from the end (tansu's "latest" can be lower
+        // than the end: a longer read, still safe).
+        at = cluster.list_offset(topic, partition, LATEST).await?;
+    }
+    tracing::debug!(
+        topic,
+        partition,
+        since = ts,
+        offset = at,
+        "target read starts here"
+    );
+    Ok(Some(at))
+}
+
+/// Take the lease of target `topic`/`partition`; (-1, -1) when the broker
+/// gives none (the replay then writes without fencing).
+async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease {
+    let id = format!("antidote-replay/{topic}/{partition}");
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id))))
+        .with_transaction_timeout_ms(60_000);
+    let r = match cluster.any().await {
+        Ok(conn) => conn.send(req, 0, 4).await,
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(r) if r.error_code == 0 => Lease {
+            pid: r.producer_id.0,
+            epoch: r.producer_epoch,
+            seq: 0,
+        },
+        other => {
+            tracing::warn!(topic, partition, result = ?other.map(|r| r.error_code).map_err(|e| e.to_string()),
+                "no producer lease for the replay target: concurrent replays may both write");
+            Lease {
+                pid: -1,
+                epoch: -1,
+                seq: -1,
+            }
+        }
+    }
+}
+
+/// Produce one record with acks=all under lease `l`: `Ok(Ok(offset))`,
+/// `Ok(Err(()))` when fenced, `Err` otherwise. Retries only errors that
+/// guarantee nothing was written (leader moved or unknown).
+async fn produce(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    record: &NewRecord,
+    l: Lease,
+) -> Result<Result<i64, ()>, DltError> {
+    let opts = BuildOptions::default().idempotent(l.pid, l.epoch, l.seq);
+    let batch = build_batch(std::slice::from_ref(record), &opts)
+        .map_err(|e| DltError::Produce(e.to_string()))?;
+    let mut last = String::new();
+    for attempt in 0..3u32 {
+        let p = cluster.produce(topic, partition, batch.clone()).await?;
+        match p.error_code {
+            0 => return Ok(Ok(p.base_offset)),
+            errors::PRODUCER_FENCED
+            | errors::INVALID_PRODUCER_EPOCH
+            | errors::OUT_OF_ORDER_SEQUENCE_NUMBER
+            | errors::UNKNOWN_PRODUCER_ID => return Ok(Err(())),
+            code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
+                last = format!("{topic}-{partition}: leader not available (error {code})");
+                cluster.reset();
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+            }
+            code => {
+                let msg = p
+                    .error_message
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default();
+                return Err(DltError::Produce(format!(
+                    "{topic}-{partition}: produce error {code} {msg}"
+                )));
+            }
+        }
+    }
+    Err(DltError::Produce(last))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::client::mock_broker::MockBroker;
+
+    fn endpoint() -> crate::client::Endpoint {
+        crate::client::Endpoint {
+            tls: None,
+            sasl: None,
+            timeout: Duration::from_secs(2),
+            max_frame: 1 << 20,
+        }
+    }
+
+    fn replayed_from(coord: &str) -> Bytes {
+        let r = NewRecord {
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::from_static(b"v")),
+            headers: vec![(
+                H_REPLAYED_FROM.to_string(),
+                Some(Bytes::from(coord.to_string())),
+            )],
+        };
+        build_batch(&[r], &BuildOptions::default()).expect("batch")
+    }
+
+    /// The mock answers ListOffsets by timestamp with the partition's end
+    /// (no record that recent): a target is then not read at all, while a
+    /// record without `x-failed-at` makes the whole partition read.
+    #[tokio::test]
+    async fn a_target_is_read_from_the_oldest_failure_not_from_its_start() {
+        let mock = MockBroker::start().await;
+        mock.add_topic("target", 1);
+        mock.append("target", 0, replayed_from("t.dlt/0/3"));
+        let mut cluster = Cluster::new(vec![mock.addr.clone()], endpoint());
+
+        let mut bounded = Targets::default();
+        bounded.note("target", Some(crate::clock::now_ms()));
+        bounded
+            .learn(&mut cluster, "target", 0, false)
+            .await
+            .expect("read");
+        assert_eq!(bounded.read, 0, "read from the ListOffsets answer");
+
+        let mut whole = Targets::default();
+        whole.note("target", None);
+        whole
+            .learn(&mut cluster, "target", 0, false)
+            .await
+            .expect("read");
+        assert_eq!(whole.read, 1);
+        assert!(whole.replayed.contains("t.dlt/0/3"));
+    }
+}

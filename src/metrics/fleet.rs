@@ -1,0 +1,54 @@
+//! Metrics of a fleet of instances sharing DLTs: where the ledger's entries
+//! come from (written here, learned from another instance's write by the
+//! tail, found in the DLT just before a write) and how far the tail is
+//! behind the DLTs' ends.
+
+use super::series::SourceLabel;
+use super::{names, register, Metrics};
+
+impl Metrics {
+    pub(super) fn register_fleet(&mut self) {
+        register(
+            &mut self.registry,
+            names::DIVERSIONS,
+            "Diversions entered into the ledger, by source: written (by this instance), learned (another instance's, read by the DLT tail), found_at_write (another instance's, read just before writing it again).",
+            self.diversions.family.clone(),
+        );
+        register(
+            &mut self.registry,
+            names::LEDGER_LAG,
+            "DLT records not yet read by the ledger's tail, summed over DLT partitions (as of the last tail round).",
+            self.ledger_lag.clone(),
+        );
+    }
+
+    fn diversions_add(&self, source: &'static str, n: u64) {
+        if n > 0 {
+            self.diversions
+                .with(&SourceLabel { source }, |c| c.inc_by(n));
+        }
+    }
+
+    /// `n` records this instance wrote to a DLT (acknowledged).
+    ///
+    /// Call site: `deadletter::producer`, per acknowledged batch.
+    pub fn fleet_written(&self, n: u64) {
+        self.diversions_add("written", n);
+    }
+
+    /// `n` diversions the DLT tail read that the ledger did not know.
+    pub fn fleet_learned(&self, n: u64) {
+        self.diversions_add("learned", n);
+    }
+
+    /// `n` diversions found in the DLT by the catch-up read before a write,
+    /// so not written again.
+    pub fn fleet_found_at_write(&self, n: u64) {
+        self.diversions_add("found_at_write", n);
+    }
+
+    /// The tail's lag behind the DLTs' ends, in records (offsets).
+    pub fn set_ledger_lag(&self, records: i64) {
+        self.ledger_lag.set(records);
+    }
+}
