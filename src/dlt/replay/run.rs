@@ -16,10 +16,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::keys::{self, GroupKey, Unit};
 use super::targets::{Targets as Seen, Written};
 use super::{decide, selected, Decision, ReplayArgs, Report};
-use crate::client::{errors, Cluster};
+use crate::client::Cluster;
 use crate::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
 use crate::dlt_record::H_RELEASED_THROUGH;
-use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+use crate::kafka::builder::NewRecord;
 use crate::registry::Registry;
 
 /// Partition count of each target topic (`None`: it does not exist).
@@ -416,40 +416,8 @@ impl Progress {
     }
 }
 
-/// Produce one record with acks=all; its offset. Retries only errors that
-/// guarantee nothing was written (leader moved or unknown).
-pub async fn produce(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    record: &NewRecord,
-) -> Result<i64, DltError> {
-    let batch = build_batch(std::slice::from_ref(record), &BuildOptions::default())
-        .map_err(|e| DltError::Produce(e.to_string()))?;
-    let mut last = String::new();
-    for attempt in 0..3u32 {
-        let p = cluster.produce(topic, partition, batch.clone()).await?;
-        match p.error_code {
-            0 => return Ok(p.base_offset),
-            code @ (errors::NOT_LEADER_OR_FOLLOWER | errors::LEADER_NOT_AVAILABLE) => {
-                last = format!("{topic}-{partition}: leader not available (error {code})");
-                cluster.reset();
-                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-            }
-            code => {
-                let msg = p
-                    .error_message
-                    .as_ref()
-                    .map(|m| m.to_string())
-                    .unwrap_or_default();
-                return Err(DltError::Produce(format!(
-                    "{topic}-{partition}: produce error {code} {msg}"
-                )));
-            }
-        }
-    }
-    Err(DltError::Produce(last))
-}
+/// Produce one record with acks=all, no producer id; its offset.
+pub use super::targets::produce_plain as produce;
 
 /// Keep the first DLT record of each origin (topic, partition, offset):
 /// a DLT written by instances without a producer lease (an older antidote,

@@ -220,7 +220,32 @@ async fn produce(
     l: Lease,
 ) -> Result<Result<i64, ()>, DltError> {
     let opts = BuildOptions::default().idempotent(l.pid, l.epoch, l.seq);
-    let batch = build_batch(std::slice::from_ref(record), &opts)
+    send(cluster, topic, partition, record, &opts).await
+}
+
+/// Produce one record with acks=all and no producer id (markers, re-drive):
+/// its offset.
+pub async fn produce_plain(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    record: &NewRecord,
+) -> Result<i64, DltError> {
+    send(cluster, topic, partition, record, &BuildOptions::default())
+        .await?
+        .map_err(|()| DltError::Produce(format!("{topic}-{partition}: producer fenced")))
+}
+
+/// One record as one batch built with `opts`: `Ok(Err(()))` when the
+/// broker says its producer is fenced or out of sequence.
+async fn send(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    record: &NewRecord,
+    opts: &BuildOptions,
+) -> Result<Result<i64, ()>, DltError> {
+    let batch = build_batch(std::slice::from_ref(record), opts)
         .map_err(|e| DltError::Produce(e.to_string()))?;
     let mut last = String::new();
     for attempt in 0..3u32 {
