@@ -29,26 +29,37 @@ pub struct Redrive {
 }
 
 fn de_classes<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Class>, D::Error> {
-    let names = Vec::<String>::deserialize(d)?;
+    let names = Vec::<OneClass>::deserialize(d)?;
     if names.is_empty() {
         return Err(de::Error::custom("name at least one class"));
     }
     let mut out = Vec::new();
-    for n in names {
-        let c = Class::ALL
-            .into_iter()
-            .filter(|c| *c != Class::Blocked)
-            .find(|c| c.as_str() == n)
-            .ok_or_else(|| {
-                de::Error::custom(format!(
-                    "unknown class `{n}` (one of: poison, stale, unknown and the other verdict classes; not blocked)"
-                ))
-            })?;
+    for OneClass(c) in names {
         if !out.contains(&c) {
             out.push(c);
         }
     }
     Ok(out)
+}
+
+/// One class name, checked as it is read so that a bad one is reported at
+/// the `classes` list's line and column (not the `redrive` block's).
+struct OneClass(Class);
+
+impl<'de> Deserialize<'de> for OneClass {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = String::deserialize(d)?;
+        Class::ALL
+            .into_iter()
+            .filter(|c| *c != Class::Blocked)
+            .find(|c| c.as_str() == n)
+            .map(OneClass)
+            .ok_or_else(|| {
+                de::Error::custom(format!(
+                    "unknown class `{n}` (one of: poison, stale, unknown and the other verdict classes; not blocked)"
+                ))
+            })
+    }
 }
 
 fn de_delays<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
@@ -105,7 +116,7 @@ mod tests {
     fn bad_redrive_values_name_their_position() {
         let e = parse("    classes: [unknown, blocked]\n    delays: [1m]\n").unwrap_err();
         assert!(
-            e.starts_with("cfg.yaml:8:5: dead_letter.redrive")
+            e.starts_with("cfg.yaml:8:14: dead_letter.redrive.classes")
                 && e.contains("unknown class `blocked`"),
             "{e}"
         );
