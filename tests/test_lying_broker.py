@@ -61,7 +61,7 @@ class LyingFront:
         self._always: set[int] = set()
         self._corrupt_fetches = 0
         self.corrupted = 0
-        self.fetch_body: Optional[bytes] = None  # replaces every Fetch response body
+        self.fetch_body: Optional[bytes] = None  # replaces every client Fetch response body
         self.lies_told = 0
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -121,7 +121,7 @@ class LyingFront:
                 c.close()
                 continue
             self._conns += [c, b]
-            pending: list[tuple[int, int, int]] = []
+            pending: list[tuple[int, int, int, bool]] = []
             cond = threading.Condition()
             threading.Thread(target=self._requests, args=(c, b, pending, cond), daemon=True).start()
             threading.Thread(target=self._responses, args=(c, b, pending, cond), daemon=True).start()
@@ -146,8 +146,12 @@ class LyingFront:
     def _requests(self, c, b, pending, cond) -> None:
         while (f := self._frame(c)) is not None:
             key, version, corr = struct.unpack(">hhi", f[:8])
+            # The proxy's own reads of its DLTs (ledger tail, the read
+            # before each DLT write) are never replaced by `fetch_body`:
+            # the lies are for the records clients fetch.
+            own_dlt_read = key == 1 and b".dlt" in f
             with cond:
-                pending.append((key, version, corr))
+                pending.append((key, version, corr, own_dlt_read))
                 cond.notify()
             try:
                 b.sendall(struct.pack(">i", len(f)) + f)
@@ -161,9 +165,9 @@ class LyingFront:
                 cond.wait_for(lambda: pending, timeout=5)
                 if not pending:
                     break
-                key, version, corr = pending.pop(0)
+                key, version, corr, own_dlt_read = pending.pop(0)
             lie = self._take_lie(key, version)
-            if key == 1 and self.fetch_body is not None:
+            if key == 1 and self.fetch_body is not None and not own_dlt_read:
                 f = struct.pack(">i", corr) + self.fetch_body
             elif self._take_corruption(key):
                 f = f[:-1] + bytes([f[-1] ^ 0x55])
