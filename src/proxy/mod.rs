@@ -225,8 +225,13 @@ impl Shared {
 /// Ready once upstream metadata has been fetched and the dead-letter ledger
 /// rebuilt (before that, diversions would have to wait).
 impl admin::Readiness for Shared {
+    /// Upstream metadata fetched, every known DLT read into the ledger, and
+    /// the blocked keys of `ordering: per_key` policies read back (at once
+    /// when no policy asks for per-key ordering).
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst) && self.fetch_filter.dead_letter.is_ready()
+        self.ready.load(Ordering::SeqCst)
+            && self.fetch_filter.dead_letter.is_ready()
+            && self.fetch_filter.blocked.is_loaded()
     }
 }
 
