@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,8 +28,11 @@ from urllib.parse import unquote, urlparse
 
 
 class Registry:
-    def __init__(self, auth: tuple[str, str] | None = None):
+    def __init__(self, auth: tuple[str, str] | None = None,
+                 tls: tuple[str, str] | None = None):
+        """`tls`: (certificate, key) files to serve https instead of http."""
         self.auth = auth
+        self.tls = tls
         self.mode = "ok"
         self.slow_s = 3.0
         self.lock = threading.Lock()
@@ -39,11 +43,16 @@ class Registry:
         self.requests: list[tuple[str, str]] = []   # (method, path)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self) -> "Registry":
         self.thread.start()
