@@ -219,7 +219,7 @@ impl Diversion {
         batch: &Batch,
         reason: String,
     ) -> Self {
-        let last = batch.next_offset() - 1;
+        let last = batch.last_offset();
         Diversion {
             dlt_topic: policy.dead_letter_topic(topic, Class::Poison),
             origin_topic: topic.clone(),

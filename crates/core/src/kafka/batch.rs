@@ -237,6 +237,13 @@ impl Batch {
         i32::from_be_bytes(be(&self.bytes, LAST_OFFSET_DELTA))
     }
     /// baseOffset + lastOffsetDelta + 1: where a client fetches next.
+    /// The offset of the batch's last record (`base + last_offset_delta`,
+    /// wrapping like [`Batch::next_offset`]: a hostile batch at the top of
+    /// the offset range must not overflow).
+    pub fn last_offset(&self) -> i64 {
+        self.base_offset()
+            .wrapping_add(i64::from(self.last_offset_delta()))
+    }
     pub fn next_offset(&self) -> i64 {
         self.base_offset()
             .wrapping_add(i64::from(self.last_offset_delta()))

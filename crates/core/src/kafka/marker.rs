@@ -70,7 +70,7 @@ pub fn splice_marking_tail(
 /// position passes the batch. Only the header is read, never the records.
 pub fn replace_whole(batch: &Batch) -> Result<Bytes, BatchError> {
     let base = batch.base_offset();
-    let last = batch.next_offset() - 1;
+    let last = batch.last_offset();
     if batch.is_control() || last < base {
         return Err(BatchError::Invalid(
             "only a data batch with a sane offset range is replaced".into(),

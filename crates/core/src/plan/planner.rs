@@ -510,7 +510,7 @@ fn divert_whole(
         plan.already_diverted.push(d.invalid);
     } else {
         tracing::warn!(topic = %plan.topic, partition = plan.partition,
-            base_offset = batch.base_offset(), last_offset = batch.next_offset() - 1,
+            base_offset = batch.base_offset(), last_offset = batch.last_offset(),
             error = why, "batch cannot be decoded: diverted whole");
         plan.diversions.push(d);
     }

@@ -246,6 +246,20 @@ fn a_committed_transaction_after_an_aborted_one_of_the_same_producer_is_judged()
     assert_eq!(diverted, vec![4]);
 }
 
+/// A batch whose last offset is i64::MAX (hostile; `next_offset` wraps)
+/// is planned under read_committed without overflowing (fuzz finding
+/// `fuzz/artifacts-found/fetch_plan-last-offset-i64max`).
+#[test]
+fn a_batch_ending_at_the_top_of_the_offset_range_is_planned_under_read_committed() {
+    let section = batch(i64::MAX - 2, 3, &[1], Compression::None, 42, true);
+    let aborted = [AbortedTransaction::default()
+        .with_producer_id(ProducerId(7))
+        .with_first_offset(0)];
+    let p = plan(section, "divert", &Visibility::new(true, Some(&aborted)));
+    let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
+    assert_eq!(diverted, vec![i64::MAX - 1]);
+}
+
 #[test]
 fn aborted_records_are_not_dead_lettered_under_read_committed() {
     let section = batch(0, 3, &[1], Compression::None, 42, true);

@@ -51,7 +51,7 @@ impl<'a> AbortTracker<'a> {
         if !self.vis.read_committed {
             return false;
         }
-        let last = batch.next_offset() - 1;
+        let last = batch.last_offset();
         while let Some(&(pid, first)) = self.vis.aborted.get(self.next) {
             if first > last {
                 break;
