@@ -4,57 +4,20 @@
 //! must see records and markers written after the start, by this instance
 //! or another). Owns no state: the caller keeps the next offset.
 
-use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
-
+use super::rebuild::{fetch_partition, FetchLimits};
 use crate::client::{errors, no_broker, ClientError, Cluster};
 use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
 
-/// Bytes one fetch may return (per partition): bounds a follower's memory.
-const FETCH_BYTES: i32 = 4 << 20;
-
-async fn fetch(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    offset: i64,
-) -> Result<(i16, i64, Bytes), ClientError> {
-    let req = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        // tansu answers a fetch with no wait and no minimum with no
-        // partition at all; a short wait for one byte works. At a
-        // partition's end the broker waits this long: it bounds the cost
-        // of an idle partition per pass.
-        .with_max_wait_ms(10)
-        .with_min_bytes(1)
-        .with_max_bytes(FETCH_BYTES)
-        .with_session_epoch(-1)
-        .with_topics(vec![FetchTopic::default()
-            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partitions(vec![FetchPartition::default()
-                .with_partition(partition)
-                .with_fetch_offset(offset)
-                .with_partition_max_bytes(FETCH_BYTES)])]);
-    let resp = cluster
-        .leader(topic, partition)
-        .await?
-        .send(req, 4, 12)
-        .await?;
-    let p = resp
-        .responses
-        .into_iter()
-        .flat_map(|t| t.partitions)
-        .next()
-        .ok_or_else(|| no_broker(format!("{topic}-{partition}: empty fetch response")))?;
-    Ok((
-        p.error_code,
-        p.high_watermark,
-        p.records.unwrap_or_default(),
-    ))
-}
+/// One fetch returns at most 4 MiB, which bounds a follower's memory.
+/// tansu answers a fetch with no wait and no minimum with no partition at
+/// all; a short wait for one byte works. At a partition's end the broker
+/// waits this long: it bounds the cost of an idle partition per pass.
+const LIMITS: FetchLimits = FetchLimits {
+    max_wait_ms: 10,
+    max_bytes: 4 << 20,
+    partition_max_bytes: 4 << 20,
+};
 
 /// Read `topic`/`partition` from `from` (`None`: its log start) to the high
 /// watermark of the first fetch, calling `f` for each record; returns the
@@ -78,7 +41,8 @@ where
     };
     let mut end: Option<i64> = None;
     loop {
-        let (code, hw, records) = fetch(cluster, topic, partition, offset).await?;
+        let (code, hw, records) =
+            fetch_partition(cluster, topic, partition, offset, LIMITS).await?;
         if code == errors::OFFSET_OUT_OF_RANGE {
             let start = cluster.log_start(topic, partition).await?;
             if start > offset {

@@ -46,26 +46,42 @@ where
     Ok(count)
 }
 
-/// One Fetch of `topic`/`partition` at `offset`: (error code, high
-/// watermark, records section).
-async fn fetch(
+/// How long one Fetch may wait and how much it may return.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FetchLimits {
+    pub(super) max_wait_ms: i32,
+    pub(super) max_bytes: i32,
+    pub(super) partition_max_bytes: i32,
+}
+
+/// The ledger's reads: 8 MiB per partition, 16 MiB per response.
+const READ_LIMITS: FetchLimits = FetchLimits {
+    max_wait_ms: 100,
+    max_bytes: 16 << 20,
+    partition_max_bytes: 8 << 20,
+};
+
+/// One Fetch of `topic`/`partition` at `offset` within `limits`: (error
+/// code, high watermark, records section).
+pub(super) async fn fetch_partition(
     cluster: &mut Cluster,
     topic: &str,
     partition: i32,
     offset: i64,
+    limits: FetchLimits,
 ) -> Result<(i16, i64, bytes::Bytes), ClientError> {
     let req = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(100)
+        .with_max_wait_ms(limits.max_wait_ms)
         .with_min_bytes(1)
-        .with_max_bytes(16 << 20)
+        .with_max_bytes(limits.max_bytes)
         .with_session_epoch(-1)
         .with_topics(vec![FetchTopic::default()
             .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
             .with_partitions(vec![FetchPartition::default()
                 .with_partition(partition)
                 .with_fetch_offset(offset)
-                .with_partition_max_bytes(8 << 20)])]);
+                .with_partition_max_bytes(limits.partition_max_bytes)])]);
     let resp = cluster
         .leader(topic, partition)
         .await?
@@ -135,7 +151,8 @@ where
     let mut end: Option<i64> = None;
     let mut count = 0;
     loop {
-        let (code, hw, records) = fetch(cluster, topic, partition, offset).await?;
+        let (code, hw, records) =
+            fetch_partition(cluster, topic, partition, offset, READ_LIMITS).await?;
         if code == errors::OFFSET_OUT_OF_RANGE {
             let start = cluster.log_start(topic, partition).await?;
             if start > offset {
