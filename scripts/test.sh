@@ -56,8 +56,22 @@ if [[ "${PYTEST_WORKERS:-3}" != 0 ]]; then
   PYTEST_ARGS+=(-n "${PYTEST_WORKERS:-3}" --dist loadfile)
 fi
 if [[ $# -gt 0 ]]; then PYTEST_ARGS+=("$@"); fi
-stage "pytest (integration)" timeout --signal=INT --kill-after=30 1500 \
-  "$ROOT/.venv/bin/python" -m pytest "${PYTEST_ARGS[@]}"
+# Tests marked `serial` measure throughput ratios; they run afterwards, alone,
+# so that the other workers' load is not part of what they measure.
+# With extra arguments (-k ...), a stage that selects nothing (pytest's exit 5)
+# passes; a full run must select tests in both.
+EXTRA_ARGS=$#
+pytest_stage() {  # pytest_stage MARKER-EXPRESSION ARGS...
+  local rc=0
+  timeout --signal=INT --kill-after=30 1500 \
+    "$ROOT/.venv/bin/python" -m pytest -m "$1" "${@:2}" || rc=$?
+  if [[ $rc == 5 && $EXTRA_ARGS -gt 0 ]]; then rc=0; fi
+  return $rc
+}
+stage "pytest (integration)" pytest_stage "not serial" "${PYTEST_ARGS[@]}"
+SERIAL_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
+if [[ $# -gt 0 ]]; then SERIAL_ARGS+=("$@"); fi
+stage "pytest (serial)" pytest_stage serial "${SERIAL_ARGS[@]}"
 
 # Fuzz smoke: every cargo-fuzz target for a few seconds from its committed
 # seeds (a longer campaign is documented in BENCHMARKS.md). Skip with

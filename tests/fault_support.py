@@ -385,6 +385,49 @@ def flood_process(port: int, conns: int, duration: float, pause: float):
                             stderr=subprocess.PIPE, text=True)
 
 
+_SINK_CODE = """
+import selectors, socket
+ls = socket.create_server((%r, 0), backlog=512)
+ls.setblocking(False)
+print(ls.getsockname()[1], flush=True)
+sel = selectors.DefaultSelector()
+sel.register(ls, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        s = key.fileobj
+        if s is ls:
+            try:
+                conn, _ = ls.accept()
+            except OSError:
+                continue
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ)
+        else:
+            sel.unregister(s)
+            try:
+                s.recv(65536)
+            except OSError:
+                pass
+            s.close()
+"""
+
+
+def sink_process():
+    """A child Python process listening on a loopback port: it accepts every
+    connection, reads once and closes, the least any server can do with a
+    garbage frame. Flooding it costs the flood generator what flooding the
+    proxy costs it, so a consumer's rate while it is flooded is the control
+    for its rate while the proxy is flooded. Returns (process, port); stop it
+    with `proc.kill()`."""
+    import subprocess
+    import sys
+    code = _SINK_CODE % h.HOST
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, port
+
+
 def stop_flood(proc, timeout: float = 15) -> dict:
     import json
     import signal

@@ -463,8 +463,33 @@ def consume_rate(ep: c.Endpoint, topic: str, n: int, timeout: float = 60) -> flo
         cons.close()
 
 
+def _flooded_rate(ep: c.Endpoint, topic: str, flood_port: int) -> tuple[float, dict]:
+    """A consumer's records/s while `flood_port` takes the garbage flood, and
+    the flood's stats (with its rate in connections/s)."""
+    flood = fs.flood_process(flood_port, FLOOD_CONNS, duration=90, pause=FLOOD_PAUSE)
+    try:
+        time.sleep(1.5)                                   # let it ramp up
+        start = time.monotonic()
+        rate = consume_rate(ep, topic, THROUGHPUT_RECORDS)
+    finally:
+        stats = fs.stop_flood(flood)
+    stats["per_s"] = round(stats["sent"] / (time.monotonic() - start + 1.5))
+    return rate, stats
+
+
+@pytest.mark.serial
 def test_garbage_flood_on_fifty_connections_keeps_consumer_throughput_above_90_percent(
         workdir, broker, broker_endpoint, new_topic, request):
+    """The same flood (50 connections, ~450 garbage frames/s, from its own
+    process) goes in turn to the proxy and to a control: a sink process that
+    reads once and closes, the least any server can do. The consumer reads
+    through the proxy in both. The flood generator costs the machine the same
+    in both arms, so the ratio of the two rates is what the proxy's handling of
+    the flood costs the consumer, not what the generator costs the 2 cores.
+    Rounds alternate the arms' order; the median of the per-round ratios must
+    be at least 0.9, and the proxy's extra CPU in the flooded arm must stay
+    under 1 ms per garbage connection. Marked serial: it runs after the
+    parallel suite, alone."""
     proxy = own_proxy(workdir, [broker.bootstrap])
     ep = c.Endpoint(proxy.bootstrap, "proxy")
     topic = new_topic(1)
@@ -472,40 +497,43 @@ def test_garbage_flood_on_fifty_connections_keeps_consumer_throughput_above_90_p
     # makes each fetch small (~4,000 B) and the read ~2,000 round trips.
     produce_bulk(broker_endpoint, topic, THROUGHPUT_RECORDS, 60, tag="rate", batch=50)
     consume_rate(ep, topic, THROUGHPUT_RECORDS)          # warm-up, not counted
-    quiet, flooded, floods, cpu = [], [], [], {"quiet": 0.0, "flood": 0.0}
+    quiet = consume_rate(ep, topic, THROUGHPUT_RECORDS)  # reported only
+    sink, sink_port = fs.sink_process()
+    control, flooded, floods, ratios = [], [], [], []
+    cpu = {"control": 0.0, "flood": 0.0}
     pid = proxy.proc.pid
-    for _ in range(ROUNDS):
-        c0 = fs.cpu_seconds(pid)
-        quiet.append(consume_rate(ep, topic, THROUGHPUT_RECORDS))
-        cpu["quiet"] += fs.cpu_seconds(pid) - c0
-        flood = fs.flood_process(proxy.bootstrap_port, FLOOD_CONNS, duration=90,
-                                 pause=FLOOD_PAUSE)
-        try:
-            time.sleep(1.5)                               # let it ramp up
-            flood_start = time.monotonic()
-            c0 = fs.cpu_seconds(pid)
-            flooded.append(consume_rate(ep, topic, THROUGHPUT_RECORDS))
-            cpu["flood"] += fs.cpu_seconds(pid) - c0
-        finally:
-            stats = fs.stop_flood(flood)
-        stats["per_s"] = round(stats["sent"] / (time.monotonic() - flood_start + 1.5))
-        floods.append(stats)
-        proxy.assert_running()
-    # Best round against best round: on two shared cores (other test workers,
-    # the flood generator itself) a round is only ever slowed by the machine,
-    # never sped up, so the fastest round of each kind is the closest to what
-    # the proxy can do; a proxy the flood really slows loses its best rounds
-    # too. The medians are reported alongside.
-    ratio = max(flooded) / max(quiet)
-    median_ratio = statistics.median(flooded) / statistics.median(quiet)
-    report(request, f"records/s without flood {[round(x) for x in quiet]}, with flood "
-                    f"{[round(x) for x in flooded]}; best-round ratio {ratio:.2f}, median ratio "
-                    f"{median_ratio:.2f}; proxy CPU s in "
-                    f"quiet/flood rounds {cpu['quiet']:.1f}/{cpu['flood']:.1f}; floods {floods}")
+    try:
+        for i in range(ROUNDS):
+            for arm in (("control", "flood") if i % 2 == 0 else ("flood", "control")):
+                c0 = fs.cpu_seconds(pid)
+                rate, stats = _flooded_rate(ep, topic,
+                                            sink_port if arm == "control" else proxy.bootstrap_port)
+                cpu[arm] += fs.cpu_seconds(pid) - c0
+                (control if arm == "control" else flooded).append(rate)
+                if arm == "flood":
+                    floods.append(stats)
+            ratios.append(flooded[-1] / control[-1])
+            proxy.assert_running()
+    finally:
+        sink.kill()
+        sink.wait()
+    ratio = statistics.median(ratios)
+    sent = sum(f["sent"] for f in floods)
+    per_conn_ms = 1000 * max(0.0, cpu["flood"] - cpu["control"]) / max(sent, 1)
+    report(request, f"records/s: quiet {round(quiet)}; sink flooded (control) "
+                    f"{[round(x) for x in control]}; proxy flooded {[round(x) for x in flooded]}; "
+                    f"per-round ratios {[round(r, 2) for r in ratios]}, median {ratio:.2f}; "
+                    f"proxy CPU s in control/flood arms {cpu['control']:.1f}/{cpu['flood']:.1f} "
+                    f"({per_conn_ms:.3f} ms per garbage connection); floods {floods}")
     assert all(f["sent"] > 0 and f["closed_by_proxy"] > 0.5 * f["sent"] for f in floods), \
         f"the flood did not reach the proxy: {floods}"
     assert fs.api_versions_ok(proxy.bootstrap_port)
-    assert ratio >= 0.9, f"throughput under flood fell to {ratio:.0%} of the quiet rate"
+    assert ratio >= 0.9, f"throughput under flood fell to {ratio:.0%} of the control's"
+    # What the proxy controls, in CPU rather than wall time: refusing a garbage
+    # connection costs it well under a millisecond (~0.2 ms in a debug build,
+    # with its log line); 2 ms of work per connection fails here even when
+    # spare cores keep the consumer's rate up.
+    assert per_conn_ms < 1.0, f"{per_conn_ms:.2f} ms of proxy CPU per garbage connection"
     proxy.stop_and_check()
 
 
