@@ -186,6 +186,10 @@ fn agree(set: &PolicySet, doc: &[u8]) -> Result<(), TestCaseError> {
         let r = record(doc);
         let fast = p.inner.judge("", &r, NOW);
         let reference = p.inner.judge_reference(&r, NOW);
+        if let Some(Err(e)) = p.inner.scanner_agrees(doc) {
+            return Err(TestCaseError::fail(format!(
+                "policy {}: {e} on {:?}", p.name, String::from_utf8_lossy(doc))));
+        }
         prop_assert_eq!(
             &fast,
             &reference,
@@ -418,6 +422,24 @@ fn fast_path_is_used_unless_the_schema_is_outside_the_subset() {
     assert!(!json.inner.shape_accepts(wrong_type.as_bytes()));
 }
 
+/// The byte scanner takes the records producers usually write (no escapes,
+/// short integers, fractions): they never reach serde_json's visitor.
+#[test]
+fn the_byte_scanner_accepts_plain_triggers() {
+    let set = policies();
+    let plain = [
+        trigger(52.1, 4.3, 12.5, 1_000),
+        reference_trigger(52.1, 4.3, 12.5, 1_000, "ENTER"),
+    ];
+    for (doc, name) in plain.iter().zip(["geofence-rules-only", "nested"]) {
+        let p = set.policies().iter().find(|p| p.name == name).expect("policy");
+        assert_eq!(p.inner.scanner_agrees(doc.as_bytes()), Some(Ok(true)), "{name} on {doc}");
+    }
+    let p = &schema_policies().policies()[0];
+    let doc = reference_trigger(52.1, 4.3, 12.5, 1_000, "ENTER");
+    assert_eq!(p.inner.scanner_agrees(doc.as_bytes()), Some(Ok(true)), "{doc}");
+}
+
 #[test]
 fn edge_cases_agree() {
     let set = policies();
@@ -467,6 +489,22 @@ fn edge_cases_agree() {
         "{\"a\":".repeat(100_000).into_bytes(),
         format!("[\"{}\"]", "[".repeat(200)).into_bytes(),
         format!("[{}", deep(200)).into_bytes(),
+        // Numbers and separators at the byte scanner's edges.
+        br#"{"lat": 1.5e1, "lon": -12, "x": 123456789012345678, "t": 1234567890123456789}"#.to_vec(),
+        br#"{"lat": 0.1, "lon": 1E+2, "speed_mps": -0, "x": 1e-7}"#.to_vec(),
+        b"[1.]".to_vec(),
+        b"[.5]".to_vec(),
+        b"[01]".to_vec(),
+        b"[-]".to_vec(),
+        b"[1,]".to_vec(),
+        b"[1 2]".to_vec(),
+        br#"{"lat": 1,}"#.to_vec(),
+        br#"{"lat" 1}"#.to_vec(),
+        br#"{"lat": 1 "lon": 2}"#.to_vec(),
+        b" \t\n\r{\"lat\": 1, \"lon\": 2}\r\n ".to_vec(),
+        b"[tru]".to_vec(),
+        b"[nul".to_vec(),
+        b"{\"lat\"".to_vec(),
     ];
     for n in [126, 127, 128, 129] {
         docs.push(format!("{}x{}", "[".repeat(n), "]".repeat(n)).into_bytes());

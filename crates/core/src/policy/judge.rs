@@ -299,6 +299,21 @@ impl Compiled {
         }
     }
 
+    /// For a JSON policy with a fast path: whether the byte scanner accepted
+    /// `bytes`, after checking that the visitor path then captures the same
+    /// values (`Err` with both when not). `None` for other policies.
+    #[cfg(test)]
+    pub(crate) fn scanner_agrees(&self, bytes: &[u8]) -> Option<Result<bool, String>> {
+        match &self.decoder {
+            Decoder::Json {
+                max_depth,
+                fast: Some(plan),
+                ..
+            } => Some(json::scanner_agrees(bytes, *max_depth, plan)),
+            _ => None,
+        }
+    }
+
     /// Judge as the code before the fast path did: a `serde_json::Value`
     /// from the scan-then-parse decoder, then the rules on it. For tests
     /// that the fast path agrees with it.

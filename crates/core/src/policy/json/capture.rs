@@ -1,5 +1,6 @@
 //! The fast path: validate a whole JSON document with serde_json's strict
-//! parser but keep only the values a policy's rules read. A [`Plan`] (a trie
+//! parser (after [`scan`], a plain-document scanner that accepts or gives
+//! up) but keep only the values a policy's rules read. A [`Plan`] (a trie
 //! of the rules' pointers, compiled at load) says which; they land in
 //! [`Captures`], read by the rules by slot. Everything else is visited and
 //! dropped without allocating.
@@ -11,6 +12,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde_json::{Number, Value};
 
 use super::{too_deep, BuildValue};
+
+mod scan;
 use crate::policy::rules::{Doc, Field, Pointer};
 use crate::policy::shape::{same_key, Member, Seen, Shape, ShapeNode};
 
@@ -36,8 +39,27 @@ pub(super) fn run<'de>(
     // 4 % of a judged record's CPU); a document that is not UTF-8 is parsed
     // as bytes, which words the error exactly where it is.
     match std::str::from_utf8(bytes) {
-        Ok(text) => drive(serde_json::Deserializer::from_str(text), max_depth, plan),
+        Ok(text) => match scan::scan(text, max_depth, plan) {
+            Some(caps) => Ok(caps),
+            None => drive(serde_json::Deserializer::from_str(text), max_depth, plan),
+        },
         Err(_) => drive(serde_json::Deserializer::from_slice(bytes), max_depth, plan),
+    }
+}
+
+/// Whether [`scan`] accepts `bytes`; when it does, the visitor path must
+/// accept them too with the same captures (`Err` naming both otherwise).
+#[cfg(test)]
+pub(crate) fn scanner_agrees(bytes: &[u8], max_depth: usize, plan: &Plan) -> Result<bool, String> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Ok(false);
+    };
+    let Some(scanned) = scan::scan(text, max_depth, plan) else {
+        return Ok(false);
+    };
+    match drive(serde_json::Deserializer::from_str(text), max_depth, plan) {
+        Ok(visited) if visited == scanned => Ok(true),
+        other => Err(format!("scanner {scanned:?}, visitor {other:?}")),
     }
 }
 
@@ -124,7 +146,7 @@ impl Plan {
 }
 
 /// A value the rules asked for.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(super) enum Captured<'de> {
     /// Absent (or not reached).
     #[default]
@@ -154,7 +176,7 @@ impl Captured<'_> {
 pub(super) const INLINE: usize = 8;
 
 /// The captured values of one record, by slot; borrows the record's bytes.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct Captures<'de> {
     inline: [Captured<'de>; INLINE],
     heap: Vec<Captured<'de>>,

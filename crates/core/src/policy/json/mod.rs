@@ -35,6 +35,8 @@ mod capture;
 
 use capture::run;
 pub(crate) use capture::{capture_shaped, Captures, Plan};
+#[cfg(test)]
+pub(crate) use capture::scanner_agrees;
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;

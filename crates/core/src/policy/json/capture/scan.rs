@@ -1,0 +1,316 @@
+//! A byte scanner in front of the serde_json visitor: it accepts the plain
+//! documents records usually are (no string escapes, integers of up to 18
+//! digits) and fills the same [`Captures`] and shape checks as
+//! [`super::At`], in about a third of the time, because it reads each byte
+//! once without serde's visitor machinery. It never rejects: anything it
+//! does not surely accept (an escape, a control character, a long integer,
+//! a syntax error, a shape mismatch, a rule wanting a whole container) makes
+//! it give up, and the visitor path parses the document again and decides.
+//! So a record is only ever accepted here if serde_json's strict parser
+//! accepts it too, with the same captured values; fractions and exponents
+//! are handed to serde_json's own number parser for that reason, and
+//! `json_proptests` checks both paths against each other.
+
+use std::borrow::Cow;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde_json::Number;
+
+use super::{Captured, Captures, Plan};
+use crate::policy::shape::{same_key, Seen, ShapeNode};
+
+/// Why the scan stopped: the visitor path must decide.
+struct GiveUp;
+
+type Scan<T> = Result<T, GiveUp>;
+
+/// The captures of `text` (already checked to be UTF-8) if the scanner
+/// surely accepts it; `None` when the visitor path must decide.
+pub(super) fn scan<'de>(text: &'de str, max_depth: usize, plan: &Plan) -> Option<Captures<'de>> {
+    let mut s = Scanner {
+        text,
+        b: text.as_bytes(),
+        i: 0,
+        plan,
+        max: max_depth,
+        caps: Captures::new(plan.slots),
+    };
+    let shape = plan.shape.as_ref().map(|sh| sh.root());
+    s.value(Some(0), shape, 0).ok()?;
+    s.ws();
+    (s.i == s.b.len()).then_some(s.caps)
+}
+
+struct Scanner<'p, 'de> {
+    text: &'de str,
+    b: &'de [u8],
+    i: usize,
+    plan: &'p Plan,
+    max: usize,
+    caps: Captures<'de>,
+}
+
+impl<'p, 'de> Scanner<'p, 'de> {
+    /// JSON whitespace, as serde_json reads it.
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Scan<u8> {
+        self.ws();
+        self.b.get(self.i).copied().ok_or(GiveUp)
+    }
+
+    fn eat(&mut self, byte: u8) -> Scan<()> {
+        if self.peek()? != byte {
+            return Err(GiveUp);
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Scan<()> {
+        if !self.b[self.i..].starts_with(word) {
+            return Err(GiveUp);
+        }
+        self.i += word.len();
+        Ok(())
+    }
+
+    /// A string without escapes or control characters, after its opening
+    /// quote; borrowed from the input.
+    fn string(&mut self) -> Scan<&'de str> {
+        let start = self.i;
+        loop {
+            match self.b.get(self.i) {
+                Some(b'"') => break,
+                Some(b'\\') | None => return Err(GiveUp),
+                Some(&c) if c < 0x20 => return Err(GiveUp),
+                Some(_) => self.i += 1,
+            }
+        }
+        // Both ends are ASCII quotes, so this slice is on char boundaries.
+        let s = self.text.get(start..self.i).ok_or(GiveUp)?;
+        self.i += 1;
+        Ok(s)
+    }
+
+    /// A number, as serde_json would report it to a visitor.
+    fn number(&mut self) -> Scan<Seen<'de>> {
+        let start = self.i;
+        let negative = self.b.get(self.i) == Some(&b'-');
+        self.i += usize::from(negative);
+        let digits = self.i;
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                while let Some(b'0'..=b'9') = self.b.get(self.i) {
+                    self.i += 1;
+                }
+            }
+            _ => return Err(GiveUp),
+        }
+        let int_end = self.i;
+        if let Some(b'.' | b'e' | b'E') = self.b.get(self.i) {
+            self.i += 1;
+            while let Some(b'0'..=b'9' | b'+' | b'-' | b'.' | b'e' | b'E') = self.b.get(self.i) {
+                self.i += 1;
+            }
+            // serde_json's parser, so that the value is bit for bit the
+            // one the visitor path would capture (and its grammar decides).
+            // The whole token: a parser that stops early (`1.5+3`) gives up.
+            let token = self.text.get(start..self.i).ok_or(GiveUp)?;
+            let mut de = serde_json::Deserializer::from_str(token);
+            let seen = de.deserialize_any(NumberSeen).map_err(|_| GiveUp)?;
+            de.end().map_err(|_| GiveUp)?;
+            return Ok(seen);
+        }
+        let n = int_end - digits;
+        // Up to 18 digits fit i64 and u64; "-0" is a float to serde_json.
+        if n > 18 || (negative && self.b[digits] == b'0') {
+            return Err(GiveUp);
+        }
+        let mut v: i64 = 0;
+        for &d in &self.b[digits..int_end] {
+            v = v * 10 + i64::from(d - b'0');
+        }
+        Ok(if negative {
+            Seen::I64(-v)
+        } else {
+            Seen::U64(v as u64)
+        })
+    }
+
+    /// The value at trie node `node` under schema `shape`, at `depth`.
+    fn value(&mut self, node: Option<usize>, shape: Option<&'p ShapeNode>, depth: usize) -> Scan<()> {
+        let trie = node.and_then(|n| self.plan.nodes.get(n));
+        let seen = match self.peek()? {
+            b'{' | b'[' => {
+                if depth >= self.max
+                    || trie.is_some_and(|t| t.slot.is_some())
+                    || shape.is_some_and(|s| {
+                        !if self.b[self.i] == b'{' {
+                            s.open_object()
+                        } else {
+                            s.open_array()
+                        }
+                    })
+                {
+                    return Err(GiveUp);
+                }
+                return if self.b[self.i] == b'{' {
+                    self.object(node, shape, depth + 1)
+                } else {
+                    self.array(node, shape, depth + 1)
+                };
+            }
+            b'"' => {
+                self.i += 1;
+                Seen::Str(self.string()?)
+            }
+            b't' => {
+                self.literal(b"true")?;
+                Seen::Bool(true)
+            }
+            b'f' => {
+                self.literal(b"false")?;
+                Seen::Bool(false)
+            }
+            b'n' => {
+                self.literal(b"null")?;
+                Seen::Null
+            }
+            _ => self.number()?,
+        };
+        if shape.is_some_and(|s| !s.scalar(seen)) {
+            return Err(GiveUp);
+        }
+        if let Some(slot) = trie.and_then(|t| t.slot) {
+            self.caps.set(slot, captured(seen));
+        }
+        Ok(())
+    }
+
+    /// Entering a member or element with trie node `node`: a repeated
+    /// object key replaces the earlier value, so forget what was captured
+    /// under it (as the visitor does).
+    fn reset(&mut self, node: Option<usize>) {
+        if let Some(t) = node.and_then(|n| self.plan.nodes.get(n)) {
+            for &slot in &t.below {
+                self.caps.set(slot, Captured::Missing);
+            }
+        }
+    }
+
+    /// An object's members (after `{`), whose own depth is `depth`.
+    fn object(&mut self, node: Option<usize>, shape: Option<&'p ShapeNode>, depth: usize) -> Scan<()> {
+        self.i += 1;
+        let plan = self.plan;
+        let children: &[_] = node
+            .and_then(|n| plan.nodes.get(n))
+            .map_or(&[], |t| &t.children);
+        let all = plan.shape.as_ref();
+        let mut seen = 0u64;
+        if self.peek()? == b'}' {
+            self.i += 1;
+        } else {
+            loop {
+                self.eat(b'"')?;
+                let key = self.string()?;
+                self.eat(b':')?;
+                let child = children.iter().find(|c| same_key(&c.0, key)).map(|c| c.2);
+                let sub = match (shape, all) {
+                    (Some(s), Some(all)) => {
+                        let m = s.key(key);
+                        seen |= s.bit(m);
+                        all.member(s, m).map_err(|()| GiveUp)?
+                    }
+                    _ => None,
+                };
+                self.reset(child);
+                self.value(child, sub, depth)?;
+                match self.peek()? {
+                    b',' => self.i += 1,
+                    b'}' => {
+                        self.i += 1;
+                        break;
+                    }
+                    _ => return Err(GiveUp),
+                }
+            }
+        }
+        if shape.is_some_and(|s| !s.complete(seen)) {
+            return Err(GiveUp);
+        }
+        Ok(())
+    }
+
+    /// An array's elements (after `[`), whose own depth is `depth`.
+    fn array(&mut self, node: Option<usize>, shape: Option<&'p ShapeNode>, depth: usize) -> Scan<()> {
+        self.i += 1;
+        let plan = self.plan;
+        let trie = node.and_then(|n| plan.nodes.get(n));
+        let items = match (shape, plan.shape.as_ref()) {
+            (Some(s), Some(all)) => all.items(s),
+            _ => None,
+        };
+        let mut n = 0usize;
+        if self.peek()? == b']' {
+            self.i += 1;
+        } else {
+            loop {
+                let child = trie
+                    .and_then(|t| t.children.iter().find(|c| c.1 == Some(n)))
+                    .map(|c| c.2);
+                self.reset(child);
+                self.value(child, items, depth)?;
+                n += 1;
+                match self.peek()? {
+                    b',' => self.i += 1,
+                    b']' => {
+                        self.i += 1;
+                        break;
+                    }
+                    _ => return Err(GiveUp),
+                }
+            }
+        }
+        if shape.is_some_and(|s| !s.items_ok(n as u64)) {
+            return Err(GiveUp);
+        }
+        Ok(())
+    }
+}
+
+/// What the visitor path captures for a scalar it was shown.
+fn captured(seen: Seen<'_>) -> Captured<'_> {
+    match seen {
+        Seen::Null => Captured::Null,
+        Seen::Bool(b) => Captured::Bool(b),
+        Seen::I64(v) => Captured::Number(v.into()),
+        Seen::U64(v) => Captured::Number(v.into()),
+        Seen::F64(v) => Number::from_f64(v).map_or(Captured::Null, Captured::Number),
+        Seen::Str(s) => Captured::Str(Cow::Borrowed(s)),
+    }
+}
+
+/// The call serde_json makes on a visitor for one number token.
+struct NumberSeen;
+
+impl<'de> Visitor<'de> for NumberSeen {
+    type Value = Seen<'static>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a number")
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Seen::I64(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Seen::U64(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Seen::F64(v))
+    }
+}
