@@ -12,11 +12,14 @@ use apache_avro::Schema;
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use serde_json::Value;
 
+use super::json::{Captures, Plan};
 use super::wire::{confluent_header, unknown_id, Wire};
 use super::Invalid;
 
 /// Largest allocation a hostile length prefix can make the Avro decoder do.
-const AVRO_MAX_ALLOCATION: usize = 64 << 20;
+pub(crate) const AVRO_MAX_ALLOCATION: usize = 64 << 20;
+
+mod capture;
 
 #[derive(Debug)]
 pub(crate) struct AvroDecoder {
@@ -24,6 +27,9 @@ pub(crate) struct AvroDecoder {
     /// The `schema` key: writer schema for `raw`, reader schema for `confluent`.
     pub(crate) schema: Option<Schema>,
     pub(crate) ids: HashMap<u32, Schema>,
+    /// The rules' pointers, set at load: the fast path ([`capture`]) for
+    /// writer schemas it reads, when no reader schema asks for resolution.
+    pub(crate) plan: Option<Plan>,
 }
 
 /// Read and parse an `.avsc` file.
@@ -116,6 +122,26 @@ pub(crate) fn decode_datum_with(
 }
 
 impl AvroDecoder {
+    /// The rules' values read straight from the datum, or `None` when the
+    /// full decoder ([`Self::decode`]) must judge it.
+    pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
+        let plan = self.plan.as_ref()?;
+        let (writer, datum) = match self.wire {
+            Wire::Raw => (self.schema.as_ref()?, bytes),
+            Wire::Confluent if self.schema.is_none() => {
+                let (id, rest) = confluent_header(bytes).ok()?;
+                (self.ids.get(&id)?, rest)
+            }
+            Wire::Confluent => return None,
+        };
+        // Checked per record (a walk of the schema's nodes, a few ns) so
+        // that the decoder's fields stay what the policy file says.
+        if !capture::supported(writer) {
+            return None;
+        }
+        capture::capture(writer, datum, plan)
+    }
+
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
         let (writer, reader, datum) = match self.wire {
             Wire::Raw => match &self.schema {

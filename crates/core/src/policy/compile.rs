@@ -324,7 +324,15 @@ fn compile_avro(
     if !errs.is_empty() {
         return Err(errs);
     }
-    Ok((Decoder::Avro(AvroDecoder { wire, schema, ids }), None))
+    Ok((
+        Decoder::Avro(AvroDecoder {
+            wire,
+            schema,
+            ids,
+            plan: None,
+        }),
+        None,
+    ))
 }
 
 fn compile_protobuf(

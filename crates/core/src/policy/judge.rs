@@ -175,7 +175,10 @@ impl Compiled {
                 }
                 json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
             }
-            Decoder::Avro(d) => d.decode(bytes)?,
+            Decoder::Avro(d) => match d.capture(bytes) {
+                Some(caps) => return self.check_rules(&caps, now_ms),
+                None => d.decode(bytes)?,
+            },
             Decoder::Protobuf(d) => d.decode(bytes)?,
             Decoder::Registry(_) => {
                 return Err(Invalid::poison(
@@ -314,6 +317,12 @@ impl Compiled {
         }
     }
 
+    /// For an Avro policy: whether the fast path reads `bytes` itself.
+    #[cfg(test)]
+    pub(crate) fn avro_fast_path_takes(&self, bytes: &[u8]) -> bool {
+        matches!(&self.decoder, Decoder::Avro(d) if d.capture(bytes).is_some())
+    }
+
     /// Judge as the code before the fast path did: a `serde_json::Value`
     /// from the scan-then-parse decoder, then the rules on it. For tests
     /// that the fast path agrees with it.
@@ -328,6 +337,7 @@ impl Compiled {
                     .map_err(|r| Invalid::poison("decode", r))?;
                 self.check_value(&value, now_ms)
             }
+            Decoder::Avro(d) => self.check_value(&d.decode(bytes)?, now_ms),
             _ => self.judge("", r, now_ms),
         }
     }

@@ -241,10 +241,12 @@ impl LoadState {
         }
 
         let pointers = rules::assign_slots(&mut rules, &mut stale);
-        if let Decoder::Json { fast, shape, .. } = &mut decoder {
-            if schema.is_none() || shape.is_some() {
+        match &mut decoder {
+            Decoder::Json { fast, shape, .. } if schema.is_none() || shape.is_some() => {
                 *fast = Some(json::Plan::new(pointers, shape.take()));
             }
+            Decoder::Avro(d) => d.plan = Some(json::Plan::new(pointers, None)),
+            _ => {}
         }
 
         let mut headers_required = Vec::new();

@@ -79,6 +79,8 @@ mod glob;
 mod json;
 #[cfg(test)]
 mod json_proptests;
+#[cfg(test)]
+mod avro_proptests;
 mod judge;
 mod load;
 mod located;

@@ -145,9 +145,39 @@ impl Plan {
     }
 }
 
+/// Walking a [`Plan`] from decoders of other formats (Avro): trie node 0 is
+/// the value itself.
+impl Plan {
+    pub(crate) fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The slot of the pointer that ends at `node`, if one does.
+    pub(crate) fn slot(&self, node: usize) -> Option<usize> {
+        self.nodes.get(node).and_then(|n| n.slot)
+    }
+
+    /// The node below `node` for object key `key`.
+    pub(crate) fn key_child(&self, node: usize, key: &str) -> Option<usize> {
+        let n = self.nodes.get(node)?;
+        n.children.iter().find(|c| same_key(&c.0, key)).map(|c| c.2)
+    }
+
+    /// The node below `node` for array index `i`.
+    pub(crate) fn index_child(&self, node: usize, i: usize) -> Option<usize> {
+        let n = self.nodes.get(node)?;
+        n.children.iter().find(|c| c.1 == Some(i)).map(|c| c.2)
+    }
+
+    /// Slots of every pointer ending at or below `node`.
+    pub(crate) fn below(&self, node: usize) -> &[usize] {
+        self.nodes.get(node).map_or(&[], |n| &n.below)
+    }
+}
+
 /// A value the rules asked for.
 #[derive(Debug, Default, PartialEq)]
-pub(super) enum Captured<'de> {
+pub(crate) enum Captured<'de> {
     /// Absent (or not reached).
     #[default]
     Missing,
@@ -183,7 +213,7 @@ pub(crate) struct Captures<'de> {
 }
 
 impl<'de> Captures<'de> {
-    fn new(slots: usize) -> Self {
+    pub(crate) fn new(slots: usize) -> Self {
         let mut heap = Vec::new();
         if slots > INLINE {
             heap.resize_with(slots, Captured::default);
@@ -202,7 +232,7 @@ impl<'de> Captures<'de> {
         }
     }
 
-    fn set(&mut self, slot: usize, v: Captured<'de>) {
+    pub(crate) fn set(&mut self, slot: usize, v: Captured<'de>) {
         let cell = if self.heap.is_empty() {
             self.inline.get_mut(slot)
         } else {

@@ -34,7 +34,7 @@ use serde_json::{Map, Number, Value};
 mod capture;
 
 use capture::run;
-pub(crate) use capture::{capture_shaped, Captures, Plan};
+pub(crate) use capture::{capture_shaped, Captured, Captures, Plan};
 #[cfg(test)]
 pub(crate) use capture::scanner_agrees;
 
