@@ -108,6 +108,12 @@ fn agree(datum: &[u8]) -> Result<(), TestCaseError> {
     framed.extend_from_slice(datum);
     for (p, bytes) in policies().policies().iter().zip([datum, &framed[..]]) {
         let r = record(bytes);
+        if let Err(e) = p.inner.binary_captures_agree(bytes) {
+            return Err(TestCaseError::fail(format!(
+                "policy {}: {e} on {bytes:?}",
+                p.name
+            )));
+        }
         prop_assert_eq!(
             p.inner.judge("", &r, NOW),
             p.inner.judge_reference(&r, NOW),
@@ -155,53 +161,68 @@ fn datum() -> impl Strategy<Value = Vec<u8>> {
     let containers = (
         prop::collection::vec(text(), 0..4),
         prop::collection::vec((text(), -5i64..500), 0..4),
-        prop_oneof![Just(vec![]), Just(vec![1u8, 2, 3]), prop::collection::vec(any::<u8>(), 0..4)],
+        prop_oneof![
+            Just(vec![]),
+            Just(vec![1u8, 2, 3]),
+            prop::collection::vec(any::<u8>(), 0..4)
+        ],
         prop_oneof![Just([0u8, 0]), Just([255u8, 0]), any::<[u8; 2]>()],
         prop::option::of((-3i32..3, prop::option::of(text()))),
     );
-    (scalars, containers).prop_map(|((id, lat, lon, tr, speed, n, t, flag), (tags, m, b, f, r))| {
-        let symbols = ["ENTER", "EXIT", "DWELL"];
-        let v = A::Record(vec![
-            ("id".into(), A::String(id)),
-            ("lat".into(), A::Double(lat)),
-            ("lon".into(), A::Float(lon as f32)),
-            ("transition".into(), A::Enum(tr, symbols[tr as usize].into())),
-            (
-                "speed".into(),
-                match speed {
-                    None => A::Union(0, Box::new(A::Null)),
-                    Some(s) => A::Union(1, Box::new(A::Double(s))),
-                },
-            ),
-            ("n".into(), A::Int(n)),
-            ("t".into(), A::Long(t)),
-            ("flag".into(), A::Boolean(flag)),
-            ("tags".into(), A::Array(tags.into_iter().map(A::String).collect())),
-            ("m".into(), A::Map(m.into_iter().map(|(k, v)| (k, A::Long(v))).collect())),
-            ("b".into(), A::Bytes(b)),
-            ("f".into(), A::Fixed(2, f.to_vec())),
-            (
-                "r".into(),
-                match r {
-                    None => A::Union(0, Box::new(A::Null)),
-                    Some((x, y)) => A::Union(
-                        1,
-                        Box::new(A::Record(vec![
-                            ("x".into(), A::Int(x)),
-                            (
-                                "y".into(),
-                                match y {
-                                    Some(s) => A::Union(0, Box::new(A::String(s))),
-                                    None => A::Union(1, Box::new(A::Null)),
-                                },
-                            ),
-                        ])),
-                    ),
-                },
-            ),
-        ]);
-        apache_avro::to_avro_datum(schema(), v).expect("encodes")
-    })
+    (scalars, containers).prop_map(
+        |((id, lat, lon, tr, speed, n, t, flag), (tags, m, b, f, r))| {
+            let symbols = ["ENTER", "EXIT", "DWELL"];
+            let v = A::Record(vec![
+                ("id".into(), A::String(id)),
+                ("lat".into(), A::Double(lat)),
+                ("lon".into(), A::Float(lon as f32)),
+                (
+                    "transition".into(),
+                    A::Enum(tr, symbols[tr as usize].into()),
+                ),
+                (
+                    "speed".into(),
+                    match speed {
+                        None => A::Union(0, Box::new(A::Null)),
+                        Some(s) => A::Union(1, Box::new(A::Double(s))),
+                    },
+                ),
+                ("n".into(), A::Int(n)),
+                ("t".into(), A::Long(t)),
+                ("flag".into(), A::Boolean(flag)),
+                (
+                    "tags".into(),
+                    A::Array(tags.into_iter().map(A::String).collect()),
+                ),
+                (
+                    "m".into(),
+                    A::Map(m.into_iter().map(|(k, v)| (k, A::Long(v))).collect()),
+                ),
+                ("b".into(), A::Bytes(b)),
+                ("f".into(), A::Fixed(2, f.to_vec())),
+                (
+                    "r".into(),
+                    match r {
+                        None => A::Union(0, Box::new(A::Null)),
+                        Some((x, y)) => A::Union(
+                            1,
+                            Box::new(A::Record(vec![
+                                ("x".into(), A::Int(x)),
+                                (
+                                    "y".into(),
+                                    match y {
+                                        Some(s) => A::Union(0, Box::new(A::String(s))),
+                                        None => A::Union(1, Box::new(A::Null)),
+                                    },
+                                ),
+                            ])),
+                        ),
+                    },
+                ),
+            ]);
+            apache_avro::to_avro_datum(schema(), v).expect("encodes")
+        },
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -277,7 +298,10 @@ fn the_fast_path_reads_written_datums() {
                 ("n".into(), A::Int(1)),
                 ("t".into(), A::Long(NOW)),
                 ("flag".into(), A::Boolean(true)),
-                ("tags".into(), A::Array(vec![A::String("x".into()), A::String("a".into())])),
+                (
+                    "tags".into(),
+                    A::Array(vec![A::String("x".into()), A::String("a".into())]),
+                ),
                 ("m".into(), A::Map([("k".to_string(), A::Long(5))].into())),
                 ("b".into(), A::Bytes(vec![1, 2, 3])),
                 ("f".into(), A::Fixed(2, vec![255, 0])),
@@ -287,18 +311,18 @@ fn the_fast_path_reads_written_datums() {
         .expect("encodes")
     };
     let valid = write(52.0);
-    assert!(p.inner.avro_fast_path_takes(&valid));
+    assert!(p.inner.binary_fast_path_takes(&valid));
     assert_eq!(p.inner.judge("", &record(&valid), NOW), Ok(()));
     let poison = write(95.0);
-    assert!(p.inner.avro_fast_path_takes(&poison));
+    assert!(p.inner.binary_fast_path_takes(&poison));
     assert!(p.inner.judge("", &record(&poison), NOW).is_err());
     let nan = write(f64::NAN);
-    assert!(!p.inner.avro_fast_path_takes(&nan));
+    assert!(!p.inner.binary_fast_path_takes(&nan));
     assert_eq!(
         p.inner.judge("", &record(&nan), NOW),
         p.inner.judge_reference(&record(&nan), NOW)
     );
     let mut trailing = valid.clone();
     trailing.push(0);
-    assert!(!p.inner.avro_fast_path_takes(&trailing));
+    assert!(!p.inner.binary_fast_path_takes(&trailing));
 }

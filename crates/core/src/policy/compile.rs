@@ -396,7 +396,10 @@ fn compile_protobuf(
             }
         }
     };
-    Ok((Decoder::Protobuf(ProtoDecoder { wire, message, ids }), None))
+    Ok((
+        Decoder::Protobuf(ProtoDecoder::new(wire, message, ids)),
+        None,
+    ))
 }
 
 /// The validator and the schema document it was built from.

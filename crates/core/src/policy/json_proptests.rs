@@ -188,7 +188,10 @@ fn agree(set: &PolicySet, doc: &[u8]) -> Result<(), TestCaseError> {
         let reference = p.inner.judge_reference(&r, NOW);
         if let Some(Err(e)) = p.inner.scanner_agrees(doc) {
             return Err(TestCaseError::fail(format!(
-                "policy {}: {e} on {:?}", p.name, String::from_utf8_lossy(doc))));
+                "policy {}: {e} on {:?}",
+                p.name,
+                String::from_utf8_lossy(doc)
+            )));
         }
         prop_assert_eq!(
             &fast,
@@ -432,12 +435,24 @@ fn the_byte_scanner_accepts_plain_triggers() {
         reference_trigger(52.1, 4.3, 12.5, 1_000, "ENTER"),
     ];
     for (doc, name) in plain.iter().zip(["geofence-rules-only", "nested"]) {
-        let p = set.policies().iter().find(|p| p.name == name).expect("policy");
-        assert_eq!(p.inner.scanner_agrees(doc.as_bytes()), Some(Ok(true)), "{name} on {doc}");
+        let p = set
+            .policies()
+            .iter()
+            .find(|p| p.name == name)
+            .expect("policy");
+        assert_eq!(
+            p.inner.scanner_agrees(doc.as_bytes()),
+            Some(Ok(true)),
+            "{name} on {doc}"
+        );
     }
     let p = &schema_policies().policies()[0];
     let doc = reference_trigger(52.1, 4.3, 12.5, 1_000, "ENTER");
-    assert_eq!(p.inner.scanner_agrees(doc.as_bytes()), Some(Ok(true)), "{doc}");
+    assert_eq!(
+        p.inner.scanner_agrees(doc.as_bytes()),
+        Some(Ok(true)),
+        "{doc}"
+    );
 }
 
 #[test]
@@ -490,7 +505,8 @@ fn edge_cases_agree() {
         format!("[\"{}\"]", "[".repeat(200)).into_bytes(),
         format!("[{}", deep(200)).into_bytes(),
         // Numbers and separators at the byte scanner's edges.
-        br#"{"lat": 1.5e1, "lon": -12, "x": 123456789012345678, "t": 1234567890123456789}"#.to_vec(),
+        br#"{"lat": 1.5e1, "lon": -12, "x": 123456789012345678, "t": 1234567890123456789}"#
+            .to_vec(),
         br#"{"lat": 0.1, "lon": 1E+2, "speed_mps": -0, "x": 1e-7}"#.to_vec(),
         b"[1.]".to_vec(),
         b"[.5]".to_vec(),

@@ -179,7 +179,10 @@ impl Compiled {
                 Some(caps) => return self.check_rules(&caps, now_ms),
                 None => d.decode(bytes)?,
             },
-            Decoder::Protobuf(d) => d.decode(bytes)?,
+            Decoder::Protobuf(d) => match d.capture(bytes) {
+                Some(caps) => return self.check_rules(&caps, now_ms),
+                None => d.decode(bytes)?,
+            },
             Decoder::Registry(_) => {
                 return Err(Invalid::poison(
                     "decode",
@@ -317,10 +320,36 @@ impl Compiled {
         }
     }
 
-    /// For an Avro policy: whether the fast path reads `bytes` itself.
+    /// For an Avro or Protobuf policy: whether its fast path reads `bytes`.
     #[cfg(test)]
-    pub(crate) fn avro_fast_path_takes(&self, bytes: &[u8]) -> bool {
-        matches!(&self.decoder, Decoder::Avro(d) if d.capture(bytes).is_some())
+    pub(crate) fn binary_fast_path_takes(&self, bytes: &[u8]) -> bool {
+        match &self.decoder {
+            Decoder::Avro(d) => d.capture(bytes).is_some(),
+            Decoder::Protobuf(d) => d.capture(bytes).is_some(),
+            _ => false,
+        }
+    }
+
+    /// For an Avro or Protobuf policy whose fast path reads `bytes`: the
+    /// full decoder accepts them too and every rule pointer finds the same
+    /// value in both (`Err` naming the first difference). `Ok(false)` when
+    /// the fast path gives up.
+    #[cfg(test)]
+    pub(crate) fn binary_captures_agree(&self, bytes: &[u8]) -> Result<bool, String> {
+        let (caps, full, plan) = match &self.decoder {
+            Decoder::Avro(d) => (d.capture(bytes), d.decode(bytes), d.plan.as_ref()),
+            Decoder::Protobuf(d) => (d.capture(bytes), d.decode(bytes), d.plan()),
+            _ => return Ok(false),
+        };
+        let (Some(caps), Some(plan)) = (caps, plan) else {
+            return Ok(false);
+        };
+        match full {
+            Ok(v) => plan.same_fields(&caps, &v).map(|()| true),
+            Err(e) => Err(format!(
+                "the full decoder refuses what the fast path read: {e:?}"
+            )),
+        }
     }
 
     /// Judge as the code before the fast path did: a `serde_json::Value`
@@ -338,6 +367,7 @@ impl Compiled {
                 self.check_value(&value, now_ms)
             }
             Decoder::Avro(d) => self.check_value(&d.decode(bytes)?, now_ms),
+            Decoder::Protobuf(d) => self.check_value(&d.decode(bytes)?, now_ms),
             _ => self.judge("", r, now_ms),
         }
     }

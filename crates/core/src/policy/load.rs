@@ -246,6 +246,7 @@ impl LoadState {
                 *fast = Some(json::Plan::new(pointers, shape.take()));
             }
             Decoder::Avro(d) => d.plan = Some(json::Plan::new(pointers, None)),
+            Decoder::Protobuf(d) => d.set_plan(json::Plan::new(pointers, None)),
             _ => {}
         }
 

@@ -72,6 +72,8 @@
 //! field names with int64 as numbers and enums as names.
 
 mod avro;
+#[cfg(test)]
+mod avro_proptests;
 mod compile;
 mod dlt_topic;
 mod document;
@@ -79,12 +81,12 @@ mod glob;
 mod json;
 #[cfg(test)]
 mod json_proptests;
-#[cfg(test)]
-mod avro_proptests;
 mod judge;
 mod load;
 mod located;
 mod protobuf;
+#[cfg(test)]
+mod protobuf_proptests;
 mod registered;
 pub mod registry;
 #[cfg(test)]

@@ -18,8 +18,13 @@ use prost_reflect::{
 };
 use serde_json::{Map, Number, Value};
 
+use super::json::{Captures, Plan};
 use super::wire::{confluent_header, read_zigzag, unknown_id, Wire};
 use super::Invalid;
+
+mod capture;
+
+use capture::Tables;
 
 #[derive(Debug)]
 pub(crate) struct ProtoDecoder {
@@ -27,6 +32,17 @@ pub(crate) struct ProtoDecoder {
     /// The message type for `raw`; for `confluent`, the type every record must have (if set).
     pub(crate) message: Option<MessageDescriptor>,
     pub(crate) ids: HashMap<u32, FileDescriptor>,
+    /// The fast path ([`Self::capture`]), set at load with the rules'
+    /// pointers: the plan, and tables for `message` and for each schema id
+    /// (ids are separate schema versions, which may reuse type names).
+    fast: Option<Fast>,
+}
+
+#[derive(Debug)]
+struct Fast {
+    plan: Plan,
+    raw: Tables,
+    ids: HashMap<u32, Tables>,
 }
 
 /// Compile a `.proto` file (imports resolved from its own folder).
@@ -70,6 +86,53 @@ fn compile_error(path: &Path, name: &str, e: &protox::Error) -> String {
 }
 
 impl ProtoDecoder {
+    pub(crate) fn new(
+        wire: Wire,
+        message: Option<MessageDescriptor>,
+        ids: HashMap<u32, FileDescriptor>,
+    ) -> ProtoDecoder {
+        ProtoDecoder {
+            wire,
+            message,
+            ids,
+            fast: None,
+        }
+    }
+
+    /// Compile the fast path for the rules' pointers.
+    pub(crate) fn set_plan(&mut self, plan: Plan) {
+        let raw = match (self.wire, &self.message) {
+            (Wire::Raw, Some(m)) => Tables::compile([m.clone()]),
+            _ => Tables::default(),
+        };
+        let ids = self
+            .ids
+            .iter()
+            .map(|(&id, file)| (id, Tables::compile(file.messages())))
+            .collect();
+        self.fast = Some(Fast { plan, raw, ids });
+    }
+
+    #[cfg(test)]
+    pub(crate) fn plan(&self) -> Option<&Plan> {
+        self.fast.as_ref().map(|f| &f.plan)
+    }
+
+    /// The rules' values read straight from the message, or `None` when
+    /// the full decoder ([`Self::decode`]) must judge it.
+    pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
+        let fast = self.fast.as_ref()?;
+        match self.wire {
+            Wire::Raw => fast.raw.capture(self.message.as_ref()?, bytes, &fast.plan),
+            Wire::Confluent => {
+                let (id, mut rest) = confluent_header(bytes).ok()?;
+                let desc = message_by_indexes(self.ids.get(&id)?, &mut rest).ok()?;
+                check_type(&desc, self.message.as_ref()).ok()?;
+                fast.ids.get(&id)?.capture(&desc, rest, &fast.plan)
+            }
+        }
+    }
+
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
         let (desc, payload) = match self.wire {
             Wire::Raw => match &self.message {

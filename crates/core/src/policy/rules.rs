@@ -161,7 +161,7 @@ impl Doc for Value {
 
 /// A borrowed view of one JSON value; arrays and objects are always a
 /// `serde_json::Value`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Field<'a> {
     Null,
     Bool(bool),

@@ -52,7 +52,11 @@ type Read<T> = Result<T, GiveUp>;
 
 /// The captures of `datum` written with `writer` (a [`supported`] schema),
 /// or `None` when the full decoder must decide.
-pub(super) fn capture<'a>(writer: &'a Schema, datum: &'a [u8], plan: &Plan) -> Option<Captures<'a>> {
+pub(super) fn capture<'a>(
+    writer: &'a Schema,
+    datum: &'a [u8],
+    plan: &Plan,
+) -> Option<Captures<'a>> {
     let mut r = Reader {
         b: datum,
         i: 0,
@@ -72,7 +76,11 @@ struct Reader<'p, 'a> {
 
 impl<'a> Reader<'_, 'a> {
     fn take(&mut self, n: usize) -> Read<&'a [u8]> {
-        let end = self.i.checked_add(n).filter(|&e| e <= self.b.len()).ok_or(GiveUp)?;
+        let end = self
+            .i
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or(GiveUp)?;
         let s = &self.b[self.i..end];
         self.i = end;
         Ok(s)

@@ -14,8 +14,11 @@ use serde_json::{Number, Value};
 use super::{too_deep, BuildValue};
 
 mod scan;
+mod skip;
+
 use crate::policy::rules::{Doc, Field, Pointer};
 use crate::policy::shape::{same_key, Member, Seen, Shape, ShapeNode};
+use skip::{skip_map, skip_seq, Skip};
 
 /// [`capture`] for a policy with a JSON Schema compiled to a shape: the
 /// captures if the document is valid JSON and surely meets the schema;
@@ -172,6 +175,19 @@ impl Plan {
     /// Slots of every pointer ending at or below `node`.
     pub(crate) fn below(&self, node: usize) -> &[usize] {
         self.nodes.get(node).map_or(&[], |n| &n.below)
+    }
+
+    /// Whether `caps` holds, for every pointer, what the pointer finds in
+    /// the fully decoded `value` (`Err` naming the first that differs).
+    #[cfg(test)]
+    pub(crate) fn same_fields(&self, caps: &Captures<'_>, value: &Value) -> Result<(), String> {
+        for p in &self.pointers {
+            let (fast, full) = (caps.field(p), value.field(p));
+            if fast != full {
+                return Err(format!("{p:?}: captured {fast:?}, decoded {full:?}"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -523,84 +539,4 @@ impl<'de> Visitor<'de> for Key<'_> {
             self.shape.map(|s| s.key(v)),
         ))
     }
-}
-
-/// Validates a value the rules do not need, without keeping or allocating
-/// anything (strings and numbers are still fully checked by the parser).
-#[derive(Clone, Copy)]
-pub(super) struct Skip {
-    depth: usize,
-    max: usize,
-}
-
-impl<'de> DeserializeSeed<'de> for Skip {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Skip {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        if self.depth >= self.max {
-            return Err(too_deep(self.max));
-        }
-        skip_seq(seq, self.depth + 1, self.max)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
-        if self.depth >= self.max {
-            return Err(too_deep(self.max));
-        }
-        skip_map(map, self.depth + 1, self.max)
-    }
-}
-
-/// Skip the elements of an array whose own depth is `depth`.
-pub(super) fn skip_seq<'de, A: SeqAccess<'de>>(
-    mut seq: A,
-    depth: usize,
-    max: usize,
-) -> Result<(), A::Error> {
-    while seq.next_element_seed(Skip { depth, max })?.is_some() {}
-    Ok(())
-}
-
-/// Skip the members of an object whose own depth is `depth`.
-pub(super) fn skip_map<'de, A: MapAccess<'de>>(
-    mut map: A,
-    depth: usize,
-    max: usize,
-) -> Result<(), A::Error> {
-    while map
-        .next_key_seed(Key {
-            children: &[],
-            shape: None,
-        })?
-        .is_some()
-    {
-        map.next_value_seed(Skip { depth, max })?;
-    }
-    Ok(())
 }

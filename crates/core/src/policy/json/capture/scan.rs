@@ -144,7 +144,12 @@ impl<'p, 'de> Scanner<'p, 'de> {
     }
 
     /// The value at trie node `node` under schema `shape`, at `depth`.
-    fn value(&mut self, node: Option<usize>, shape: Option<&'p ShapeNode>, depth: usize) -> Scan<()> {
+    fn value(
+        &mut self,
+        node: Option<usize>,
+        shape: Option<&'p ShapeNode>,
+        depth: usize,
+    ) -> Scan<()> {
         let trie = node.and_then(|n| self.plan.nodes.get(n));
         let seen = match self.peek()? {
             b'{' | b'[' => {
@@ -205,7 +210,12 @@ impl<'p, 'de> Scanner<'p, 'de> {
     }
 
     /// An object's members (after `{`), whose own depth is `depth`.
-    fn object(&mut self, node: Option<usize>, shape: Option<&'p ShapeNode>, depth: usize) -> Scan<()> {
+    fn object(
+        &mut self,
+        node: Option<usize>,
+        shape: Option<&'p ShapeNode>,
+        depth: usize,
+    ) -> Scan<()> {
         self.i += 1;
         let plan = self.plan;
         let children: &[_] = node
@@ -248,7 +258,12 @@ impl<'p, 'de> Scanner<'p, 'de> {
     }
 
     /// An array's elements (after `[`), whose own depth is `depth`.
-    fn array(&mut self, node: Option<usize>, shape: Option<&'p ShapeNode>, depth: usize) -> Scan<()> {
+    fn array(
+        &mut self,
+        node: Option<usize>,
+        shape: Option<&'p ShapeNode>,
+        depth: usize,
+    ) -> Scan<()> {
         self.i += 1;
         let plan = self.plan;
         let trie = node.and_then(|n| plan.nodes.get(n));

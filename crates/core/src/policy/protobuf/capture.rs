@@ -1,0 +1,452 @@
+//! The Protobuf fast path: read a message straight from its bytes into the
+//! rules' captures (a [`Plan`], shared with JSON), instead of decoding a
+//! `DynamicMessage` and converting it to a `serde_json::Value`.
+//!
+//! [`Tables`] are compiled at load from the descriptors: per message type,
+//! its fields by number with their kind, presence and default. Message
+//! types with repeated or map fields, groups, real oneofs or extensions are
+//! not read here (proto3 `optional`, a synthetic oneof, is).
+//!
+//! It never rejects. It gives up, and the full decoder decides, on anything
+//! it does not surely accept: a bad key, tag or wire type, a varint prost
+//! refuses, a length past the end, invalid UTF-8, a NaN or infinite float
+//! anywhere, a group, nesting deeper than [`MAX_DEPTH`], a nested message a
+//! rule reads from appearing twice (prost merges those), and a rule that
+//! wants a message whole. Accepted messages decode to the values
+//! `DynamicMessage::decode` and the JSON conversion give: last value wins,
+//! fields without presence read as their default, unknown fields skipped,
+//! enums by name (the number when unknown). `protobuf_proptests` checks
+//! both paths give the same verdicts.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
+use prost_reflect::{Kind, MessageDescriptor, Value as P};
+use serde_json::Number;
+
+use crate::policy::json::{Captured, Captures, Plan};
+
+/// Nested messages read at most this deep (prost allows 100).
+const MAX_DEPTH: usize = 32;
+
+/// The message types the fast path reads, compiled from descriptors.
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    by_name: HashMap<String, usize>,
+    msgs: Vec<Msg>,
+}
+
+#[derive(Debug)]
+struct Msg {
+    /// Sorted by number.
+    fields: Vec<Field>,
+    supported: bool,
+}
+
+#[derive(Debug)]
+struct Field {
+    number: u32,
+    name: String,
+    kind: K,
+    /// What the JSON shows when the field is absent: `None` for fields
+    /// with presence (absent from the object).
+    default: Option<Def>,
+}
+
+#[derive(Debug)]
+enum K {
+    Int32,
+    Sint32,
+    Sfixed32,
+    Int64,
+    Sint64,
+    Sfixed64,
+    Uint32,
+    Fixed32,
+    Uint64,
+    Fixed64,
+    Float,
+    Double,
+    Bool,
+    Str,
+    Bytes,
+    /// Value names by number, sorted.
+    Enum(Vec<(i32, String)>),
+    Message(usize),
+}
+
+#[derive(Debug)]
+enum Def {
+    Bool(bool),
+    Num(Number),
+    Str(String),
+}
+
+impl Tables {
+    /// Tables for `roots` and every message type they reach.
+    pub(crate) fn compile(roots: impl IntoIterator<Item = MessageDescriptor>) -> Tables {
+        let mut t = Tables::default();
+        let mut todo: Vec<MessageDescriptor> = roots.into_iter().collect();
+        let mut descs = Vec::new();
+        while let Some(d) = todo.pop() {
+            if t.by_name.contains_key(d.full_name()) {
+                continue;
+            }
+            t.by_name.insert(d.full_name().to_string(), descs.len());
+            todo.extend(d.child_messages());
+            for f in d.fields() {
+                if let Kind::Message(m) = f.kind() {
+                    todo.push(m);
+                }
+            }
+            descs.push(d);
+        }
+        t.msgs = descs.iter().map(|d| t.message(d)).collect();
+        // A message is read only if every message type it holds is.
+        loop {
+            let before: Vec<bool> = t.msgs.iter().map(|m| m.supported).collect();
+            for m in &mut t.msgs {
+                m.supported &= m.fields.iter().all(|f| match f.kind {
+                    K::Message(i) => before.get(i).copied().unwrap_or(false),
+                    _ => true,
+                });
+            }
+            if t.msgs.iter().map(|m| m.supported).eq(before) {
+                break;
+            }
+        }
+        t
+    }
+
+    fn message(&self, d: &MessageDescriptor) -> Msg {
+        let mut supported = d.extensions().len() == 0;
+        let mut fields = Vec::new();
+        for f in d.fields() {
+            let synthetic = f.containing_oneof().is_none_or(|o| o.is_synthetic());
+            if f.is_list() || f.is_map() || f.is_group() || !synthetic {
+                supported = false;
+                continue;
+            }
+            let kind = match f.kind() {
+                Kind::Int32 => K::Int32,
+                Kind::Sint32 => K::Sint32,
+                Kind::Sfixed32 => K::Sfixed32,
+                Kind::Int64 => K::Int64,
+                Kind::Sint64 => K::Sint64,
+                Kind::Sfixed64 => K::Sfixed64,
+                Kind::Uint32 => K::Uint32,
+                Kind::Fixed32 => K::Fixed32,
+                Kind::Uint64 => K::Uint64,
+                Kind::Fixed64 => K::Fixed64,
+                Kind::Float => K::Float,
+                Kind::Double => K::Double,
+                Kind::Bool => K::Bool,
+                Kind::String => K::Str,
+                Kind::Bytes => K::Bytes,
+                Kind::Enum(e) => {
+                    let mut names: Vec<(i32, String)> = e
+                        .values()
+                        .map(|v| (v.number(), v.name().to_string()))
+                        .collect();
+                    names.sort_by_key(|n| n.0);
+                    let count = names.len();
+                    names.dedup_by_key(|n| n.0);
+                    if names.len() != count {
+                        // Aliases: which name the full path shows is the
+                        // descriptor's binary search's choice.
+                        supported = false;
+                    }
+                    K::Enum(names)
+                }
+                Kind::Message(m) => match self.by_name.get(m.full_name()) {
+                    Some(&i) => K::Message(i),
+                    None => {
+                        supported = false;
+                        continue;
+                    }
+                },
+            };
+            let default = if f.supports_presence() {
+                None
+            } else {
+                match default(&f.default_value(), &kind) {
+                    Some(d) => Some(d),
+                    None => {
+                        supported = false;
+                        continue;
+                    }
+                }
+            };
+            fields.push(Field {
+                number: f.number(),
+                name: f.name().to_string(),
+                kind,
+                default,
+            });
+        }
+        fields.sort_by_key(|f| f.number);
+        Msg { fields, supported }
+    }
+
+    /// The captures of `payload`, a `desc` message, or `None` when the full
+    /// decoder must judge it.
+    pub(crate) fn capture<'a>(
+        &'a self,
+        desc: &MessageDescriptor,
+        payload: &'a [u8],
+        plan: &Plan,
+    ) -> Option<Captures<'a>> {
+        let &m = self.by_name.get(desc.full_name())?;
+        if !self.msgs.get(m)?.supported {
+            return None;
+        }
+        let mut r = Reader {
+            t: self,
+            b: payload,
+            i: 0,
+            plan,
+            caps: Captures::new(plan.slots()),
+            entered: 0,
+        };
+        r.message(m, Some(0), payload.len(), 0).ok()?;
+        Some(r.caps)
+    }
+}
+
+/// The JSON a field without presence shows when absent.
+fn default(v: &P, kind: &K) -> Option<Def> {
+    Some(match (v, kind) {
+        (P::Bool(b), _) => Def::Bool(*b),
+        (P::I32(i), _) => Def::Num((*i).into()),
+        (P::I64(i), _) => Def::Num((*i).into()),
+        (P::U32(i), _) => Def::Num((*i).into()),
+        (P::U64(i), _) => Def::Num((*i).into()),
+        (P::F32(x), _) => Def::Num(Number::from_f64(f64::from(*x))?),
+        (P::F64(x), _) => Def::Num(Number::from_f64(*x)?),
+        (P::String(s), _) => Def::Str(s.clone()),
+        (P::Bytes(b), _) => Def::Str(BASE64.encode(b)),
+        (P::EnumNumber(n), K::Enum(names)) => match enum_name(names, *n) {
+            Some(name) => Def::Str(name.to_string()),
+            None => Def::Num((*n).into()),
+        },
+        _ => return None,
+    })
+}
+
+fn enum_name(names: &[(i32, String)], n: i32) -> Option<&str> {
+    names
+        .binary_search_by_key(&n, |e| e.0)
+        .ok()
+        .map(|i| names[i].1.as_str())
+}
+
+/// The fast path stops: the full decoder must decide.
+struct GiveUp;
+
+type Read<T> = Result<T, GiveUp>;
+
+struct Reader<'p, 'a> {
+    t: &'a Tables,
+    b: &'a [u8],
+    i: usize,
+    plan: &'p Plan,
+    caps: Captures<'a>,
+    /// Trie nodes of nested messages entered so far (bit per node < 128).
+    entered: u128,
+}
+
+impl<'a> Reader<'_, 'a> {
+    /// A varint as prost reads it: at most 10 bytes, the 10th at most 1.
+    fn varint(&mut self) -> Read<u64> {
+        let mut v = 0u64;
+        for j in 0..10 {
+            let byte = *self.b.get(self.i).ok_or(GiveUp)?;
+            self.i += 1;
+            if j == 9 && byte > 1 {
+                return Err(GiveUp);
+            }
+            v |= u64::from(byte & 0x7f) << (j * 7);
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(GiveUp)
+    }
+
+    fn take(&mut self, n: usize, end: usize) -> Read<&'a [u8]> {
+        let stop = self.i.checked_add(n).filter(|&s| s <= end).ok_or(GiveUp)?;
+        let s = &self.b[self.i..stop];
+        self.i = stop;
+        Ok(s)
+    }
+
+    fn fixed<const N: usize>(&mut self, end: usize) -> Read<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, end)?);
+        Ok(a)
+    }
+
+    fn len(&mut self, end: usize) -> Read<usize> {
+        let n = usize::try_from(self.varint()?).map_err(|_| GiveUp)?;
+        match end.checked_sub(self.i) {
+            Some(left) if n <= left => Ok(n),
+            _ => Err(GiveUp),
+        }
+    }
+
+    /// The fields of message `m` (trie node `node`) up to byte `end`.
+    fn message(&mut self, m: usize, node: Option<usize>, end: usize, depth: usize) -> Read<()> {
+        let t = self.t;
+        let msg = t.msgs.get(m).ok_or(GiveUp)?;
+        if let Some(n) = node {
+            if n != 0 {
+                // prost merges a repeated message field; not followed here.
+                let bit = 1u128
+                    .checked_shl(n as u32)
+                    .filter(|&b| b != 0)
+                    .ok_or(GiveUp)?;
+                if self.entered & bit != 0 {
+                    return Err(GiveUp);
+                }
+                self.entered |= bit;
+            }
+            for f in &msg.fields {
+                if let (Some(d), Some(slot)) = (&f.default, self.child_slot(n, f)) {
+                    self.caps.set(slot, def(d));
+                }
+            }
+        }
+        while self.i < end {
+            let key = self.varint()?;
+            let number = u32::try_from(key >> 3).map_err(|_| GiveUp)?;
+            if number == 0 || key > u64::from(u32::MAX) {
+                return Err(GiveUp);
+            }
+            let wire = (key & 7) as u8;
+            match msg.fields.binary_search_by_key(&number, |f| f.number) {
+                Ok(fi) => self.field(&msg.fields[fi], wire, node, end, depth)?,
+                Err(_) => self.skip(wire, end)?,
+            }
+        }
+        if self.i != end {
+            return Err(GiveUp);
+        }
+        Ok(())
+    }
+
+    fn child_slot(&self, node: usize, f: &Field) -> Option<usize> {
+        self.plan
+            .key_child(node, &f.name)
+            .and_then(|c| self.plan.slot(c))
+    }
+
+    /// An unknown field's value.
+    fn skip(&mut self, wire: u8, end: usize) -> Read<()> {
+        match wire {
+            0 => {
+                self.varint()?;
+            }
+            1 => {
+                self.take(8, end)?;
+            }
+            2 => {
+                let n = self.len(end)?;
+                self.take(n, end)?;
+            }
+            5 => {
+                self.take(4, end)?;
+            }
+            _ => return Err(GiveUp),
+        }
+        Ok(())
+    }
+
+    fn field(
+        &mut self,
+        f: &'a Field,
+        wire: u8,
+        node: Option<usize>,
+        end: usize,
+        depth: usize,
+    ) -> Read<()> {
+        let child = node.and_then(|n| self.plan.key_child(n, &f.name));
+        let slot = child.and_then(|c| self.plan.slot(c));
+        let expected = match f.kind {
+            K::Float | K::Fixed32 | K::Sfixed32 => 5,
+            K::Double | K::Fixed64 | K::Sfixed64 => 1,
+            K::Str | K::Bytes | K::Message(_) => 2,
+            _ => 0,
+        };
+        if wire != expected {
+            return Err(GiveUp);
+        }
+        let v = match &f.kind {
+            K::Int32 => Captured::Number((self.varint()? as i32).into()),
+            K::Int64 => Captured::Number((self.varint()? as i64).into()),
+            K::Uint32 => Captured::Number((self.varint()? as u32).into()),
+            K::Uint64 => Captured::Number(self.varint()?.into()),
+            K::Sint32 => {
+                let n = self.varint()? as u32;
+                Captured::Number((((n >> 1) as i32) ^ -((n & 1) as i32)).into())
+            }
+            K::Sint64 => {
+                let n = self.varint()?;
+                Captured::Number((((n >> 1) as i64) ^ -((n & 1) as i64)).into())
+            }
+            K::Bool => Captured::Bool(self.varint()? != 0),
+            K::Fixed32 => Captured::Number(u32::from_le_bytes(self.fixed(end)?).into()),
+            K::Sfixed32 => Captured::Number(i32::from_le_bytes(self.fixed(end)?).into()),
+            K::Fixed64 => Captured::Number(u64::from_le_bytes(self.fixed(end)?).into()),
+            K::Sfixed64 => Captured::Number(i64::from_le_bytes(self.fixed(end)?).into()),
+            K::Float => {
+                let x = f64::from(f32::from_le_bytes(self.fixed(end)?));
+                Captured::Number(Number::from_f64(x).ok_or(GiveUp)?)
+            }
+            K::Double => {
+                let x = f64::from_le_bytes(self.fixed(end)?);
+                Captured::Number(Number::from_f64(x).ok_or(GiveUp)?)
+            }
+            K::Str => {
+                let n = self.len(end)?;
+                let s = std::str::from_utf8(self.take(n, end)?).map_err(|_| GiveUp)?;
+                Captured::Str(Cow::Borrowed(s))
+            }
+            K::Bytes => {
+                let n = self.len(end)?;
+                let b = self.take(n, end)?;
+                match slot {
+                    Some(_) => Captured::Str(Cow::Owned(BASE64.encode(b))),
+                    None => Captured::Missing,
+                }
+            }
+            K::Enum(names) => {
+                let n = self.varint()? as i32;
+                match enum_name(names, n) {
+                    Some(name) => Captured::Str(Cow::Borrowed(name)),
+                    None => Captured::Number(n.into()),
+                }
+            }
+            K::Message(m) => {
+                if slot.is_some() || depth >= MAX_DEPTH {
+                    return Err(GiveUp);
+                }
+                let n = self.len(end)?;
+                let stop = self.i + n;
+                return self.message(*m, child, stop, depth + 1);
+            }
+        };
+        if let Some(s) = slot {
+            self.caps.set(s, v);
+        }
+        Ok(())
+    }
+}
+
+fn def(d: &Def) -> Captured<'_> {
+    match d {
+        Def::Bool(b) => Captured::Bool(*b),
+        Def::Num(n) => Captured::Number(n.clone()),
+        Def::Str(s) => Captured::Str(Cow::Borrowed(s)),
+    }
+}
