@@ -58,6 +58,7 @@ pub mod names {
     pub const HELD_PARTITIONS: &str = "antidote_held_partitions";
     pub const HELD_BATCHES: &str = "antidote_held_batches_total";
     pub const FETCH_REWRITE_SECONDS: &str = "antidote_fetch_rewrite_duration_seconds";
+    pub const RESPONSE_RELAY_SECONDS: &str = "antidote_response_relay_duration_seconds";
     pub const CONNECTIONS_OPEN: &str = "antidote_connections_open";
     pub const CONNECTIONS_ACCEPTED: &str = "antidote_connections_accepted_total";
     pub const UPSTREAM_ERRORS: &str = "antidote_upstream_errors_total";
@@ -124,6 +125,7 @@ pub struct Metrics {
     held: Cached<TopicPartition, Gauge>,
     held_batches: Cached<HeldBatchLabels, Counter>,
     fetch_rewrite_seconds: Histogram,
+    response_relay_seconds: Cached<ResponseLabel, Histogram, LatencyCtor>,
     connections_open: Cached<ListenerLabel, Gauge>,
     connections_accepted: Cached<ListenerLabel, Counter>,
     upstream_errors: Cached<KindLabel, Counter>,
@@ -155,6 +157,7 @@ impl Metrics {
             held: Cached::new(),
             held_batches: Cached::new(),
             fetch_rewrite_seconds: latency_histogram(),
+            response_relay_seconds: Cached::with_constructor(relay_histogram as LatencyCtor),
             connections_open: Cached::new(),
             connections_accepted: Cached::new(),
             upstream_errors: Cached::new(),
@@ -265,6 +268,12 @@ impl Metrics {
             FETCH_REWRITE_SECONDS,
             "Time spent inspecting and rewriting one Fetch response, diversions included.",
             self.fetch_rewrite_seconds.clone(),
+        );
+        register(
+            r,
+            RESPONSE_RELAY_SECONDS,
+            "Time from a broker response's last byte arriving to its last byte written to the client, by response (forwarded as it arrived, rewritten).",
+            self.response_relay_seconds.family.clone(),
         );
         register(
             r,
@@ -433,6 +442,17 @@ impl Metrics {
     /// (only for responses that were actually inspected).
     pub fn fetch_rewrite_latency(&self, d: Duration) {
         self.fetch_rewrite_seconds.observe(d.as_secs_f64());
+    }
+
+    /// One broker response was relayed to its client in `d` (rewritten or
+    /// forwarded as it arrived).
+    ///
+    /// Call site: `proxy::relay::response_pump`, from the whole frame read
+    /// to the client write flushed.
+    pub fn response_relayed(&self, rewritten: bool, d: Duration) {
+        let response = if rewritten { "rewritten" } else { "forwarded" };
+        self.response_relay_seconds
+            .with(&ResponseLabel { response }, |h| h.observe(d.as_secs_f64()));
     }
 
     /// A client connection on `listener` opened (`+1`) or closed (`-1`).

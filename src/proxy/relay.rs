@@ -254,6 +254,7 @@ where
                 Some(_) => Err(RelayError::BadResponse("unsolicited frame".into())),
             },
         };
+        let mut arrived = None;
         let out = match p.handling {
             Handling::Local(frame) => ResponseFrame::whole(frame),
             handling => {
@@ -269,6 +270,7 @@ where
                         )));
                     }
                 }
+                arrived = Some(std::time::Instant::now());
                 if matches!(handling, Handling::SaslHandshake) {
                     // Set before the client sees the answer, hence before
                     // its first token can arrive.
@@ -291,6 +293,9 @@ where
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
+        if let Some(t) = arrived {
+            crate::metrics::global().response_relayed(!out.body.is_empty(), t.elapsed());
+        }
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
