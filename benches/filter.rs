@@ -6,7 +6,8 @@
 //! Variants: clean / 0.1 % poison / 100 % poison, uncompressed / lz4 / zstd,
 //! and "cached": the same batches fetched again (second consumer group) once
 //! the first fetch's diversions are acknowledged, when the verdict cache
-//! answers and batches that lost records are resent as spliced before.
+//! answers and batches that lost records are resent as spliced before;
+//! "threads": 1 and 2 threads rewriting at once with a shared cache.
 //!
 //! Before measuring, the setup asserts the zero-copy property of the clean
 //! path: a batch with nothing to remove is forwarded as the original
@@ -14,7 +15,9 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use antidote::kafka::batch::{segments, splice, Segment};
 use antidote::kafka::compression::Compression;
@@ -177,5 +180,44 @@ fn bench_filter(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_filter);
+/// Scaling with cores: 1 and 2 threads each rewriting partitions of their
+/// own at once (0.1 % poison, uncompressed), sharing one verdict cache as
+/// the connections on the runtime's worker threads do. Throughput counts
+/// every thread's records, so 2 threads at twice the 1-thread rate means
+/// nothing shared serializes them.
+fn bench_threads(c: &mut Criterion) {
+    let policy = common::load_policy("geofence.yaml");
+    let vis = Visibility::new(false, None);
+    let section = common::json_section(BATCHES, PER_BATCH, 1000, Compression::None);
+    let cache = VerdictCache::new(100_000);
+    let serial = AtomicUsize::new(0);
+    let mut group = c.benchmark_group("threads");
+    for threads in [1usize, 2] {
+        group.throughput(Throughput::Elements((threads * BATCHES * PER_BATCH) as u64));
+        group.bench_function(BenchmarkId::new("judge/none/poison0.1pct", threads), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..threads {
+                        s.spawn(|| {
+                            for _ in 0..iters {
+                                // A topic never seen: every batch is judged.
+                                let n = serial.fetch_add(1, Ordering::Relaxed);
+                                let topic: Arc<str> = Arc::from(format!("t{n}"));
+                                let plan =
+                                    plan_partition(&input(&policy, &topic, &section, &vis), &cache);
+                                let out = plan.changes_anything().then(|| plan.apply(None));
+                                black_box((plan.diversions.len(), out));
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_filter, bench_threads);
 criterion_main!(benches);

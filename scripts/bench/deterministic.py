@@ -15,7 +15,9 @@ Paths, read in rounds (a b0 c d, a b0 c d, ...), each read of a fresh topic
 For each read: records/s (librdkafka consumer of scripts/bench/e2e.py,
 assign() on 3 partitions), the proxy's whole-process CPU per record read
 (/proc utime+stime), and for c the Fetch-rewrite CPU per judged record
-(`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`);
+(`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`),
+the latency antidote added per response (p50 and p99 bucket bounds of
+`antidote_response_relay_duration_seconds`, forwarded and rewritten);
 the proxies' peak RSS at the end. Raw lines go to BENCH_OUT (JSON lines),
 the summary to stdout.
 
@@ -23,7 +25,8 @@ the summary to stdout.
 Env: BENCH_RECORDS (1000000), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 c d"),
 BENCH_FORMAT (json | avro | protobuf: record encoding and c's policy,
 policies/geofence{,-avro,-protobuf}.yaml), BENCH_BIN (target/release/antidote), BENCH_BROKER_BIN
-(target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port).
+(target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port),
+BENCH_WORKERS (the proxies' runtime worker threads; default one per core).
 Build first: cargo build --release --bin antidote --example bench_broker
 """
 import json, os, random, re, socket, statistics, struct, subprocess, sys, tempfile, time, urllib.request
@@ -93,6 +96,36 @@ def metric(admin, name):
                if l.startswith(name) and l[len(name):len(name) + 1] in ("{", " "))
 
 
+RELAY = "antidote_response_relay_duration_seconds"
+
+
+def relay_buckets(admin):
+    """{response: {le: cumulative count}} of the proxy's relay histogram."""
+    text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=5).read().decode()
+    out = {}
+    for l in text.splitlines():
+        if l.startswith(RELAY + "_bucket{"):
+            le = re.search(r'le="([^"]+)"', l).group(1)
+            resp = re.search(r'response="([^"]+)"', l).group(1)
+            out.setdefault(resp, {})[float(le)] = float(l.rsplit(" ", 1)[1])
+    return out
+
+
+def relay_quantile(before, after, q):
+    """Upper bound (ms) of the bucket holding quantile q of the responses
+    relayed between two scrapes, and their count."""
+    les = sorted(after)
+    if not les:
+        return None, 0
+    total = after[les[-1]] - before.get(les[-1], 0)
+    if total <= 0:
+        return None, 0
+    for le in les:
+        if after[le] - before.get(le, 0) >= q * total:
+            return le * 1000, int(total)
+    return None, int(total)
+
+
 def antidote(work, name, idx, broker_port, dlt_port, policy):
     boot, admin = BASE + 10 + idx, f"127.0.0.1:{BASE + 20 + idx}"
     cfg = os.path.join(work, f"antidote-{name}.yaml")
@@ -103,6 +136,8 @@ def antidote(work, name, idx, broker_port, dlt_port, policy):
                 f"dead_letter:\n  bootstrap_servers: [127.0.0.1:{dlt_port}]\n"
                 + (f"policies: [{policy}]\n" if policy else "policies: []\n"))
     env = dict(os.environ, RUST_LOG=os.environ.get("BENCH_RUST_LOG", "warn"))
+    if os.environ.get("BENCH_WORKERS"):
+        env["TOKIO_WORKER_THREADS"] = os.environ["BENCH_WORKERS"]
     p = subprocess.Popen([BIN, "run", "--config", cfg], env=env,
                          stdout=open(os.path.join(work, f"antidote-{name}.log"), "w"),
                          stderr=subprocess.STDOUT)
@@ -177,6 +212,7 @@ def main():
             t += 1
             c0 = cpu_s(proc.pid) if proc else 0.0
             f0 = minflt(proc.pid) if proc else 0
+            r0 = relay_buckets(admin) if admin else {}
             m0 = (metric(admin, "antidote_fetch_rewrite_cpu_seconds_total"),
                   metric(admin, "antidote_records_validated_total")) if admin else (0, 0)
             # The bench broker writes one poison record in 1,000 (e2e.py's rule).
@@ -194,6 +230,14 @@ def main():
                 row["judged"] = int(judged)
                 if judged:
                     row["rewrite_ns_per_judged"] = round(rw * 1e9 / judged)
+                # Added latency per response: bucket bounds of p50 and p99.
+                r1 = relay_buckets(admin)
+                for resp, after in r1.items():
+                    for q in (0.5, 0.99):
+                        le, count = relay_quantile(r0.get(resp, {}), after, q)
+                        if count:
+                            row[f"relay_{resp}_p{round(q * 100)}_ms_le"] = le
+                            row[f"relay_{resp}_responses"] = count
             row["ok"] = res["records"] == expected and (path != "c" or res["poison_seen"] == 0)
             out.write(json.dumps(row) + "\n")
             out.flush()
@@ -201,7 +245,11 @@ def main():
             log(f"round {rnd} {path}: {res['records']} records, {res['steady_records_per_s']} rec/s steady, "
                 f"proxy {row.get('proxy_ns_per_record', '-')} ns/record, "
                 f"rewrite {row.get('rewrite_ns_per_judged', '-')} ns/judged, "
-                f"{row.get('proxy_page_faults', '-')} page faults")
+                f"{row.get('proxy_page_faults', '-')} page faults, relay p99 <= "
+                f"{row.get('relay_forwarded_p99_ms_le', '-')} ms forwarded "
+                f"({row.get('relay_forwarded_responses', 0)}), "
+                f"{row.get('relay_rewritten_p99_ms_le', '-')} ms rewritten "
+                f"({row.get('relay_rewritten_responses', 0)})")
     for path, (proc, _, _) in proxies.items():
         if proc:
             out.write(json.dumps({"commit": commit, "path": path, "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")

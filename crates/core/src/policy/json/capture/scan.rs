@@ -34,6 +34,7 @@ pub(super) fn scan<'de>(text: &'de str, max_depth: usize, plan: &Plan) -> Option
         plan,
         max: max_depth,
         caps: Captures::new(plan.slots),
+        entered: 0,
     };
     let shape = plan.shape.as_ref().map(|sh| sh.root());
     s.value(Some(0), shape, 0).ok()?;
@@ -48,6 +49,8 @@ struct Scanner<'p, 'de> {
     plan: &'p Plan,
     max: usize,
     caps: Captures<'de>,
+    /// Trie nodes entered so far (bit per node below 128).
+    entered: u128,
 }
 
 impl<'p, 'de> Scanner<'p, 'de> {
@@ -83,6 +86,16 @@ impl<'p, 'de> Scanner<'p, 'de> {
     /// quote; borrowed from the input.
     fn string(&mut self) -> Scan<&'de str> {
         let start = self.i;
+        // Eight bytes at a time while none is a quote, a backslash or a
+        // control character (the byte loop below finds which one it is).
+        while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            if special(u64::from_le_bytes(word)) {
+                break;
+            }
+            self.i += 8;
+        }
         loop {
             match self.b.get(self.i) {
                 Some(b'"') => break,
@@ -113,6 +126,9 @@ impl<'p, 'de> Scanner<'p, 'de> {
             _ => return Err(GiveUp),
         }
         let int_end = self.i;
+        if let Some(seen) = self.short_decimal(negative, digits, int_end) {
+            return Ok(seen);
+        }
         if let Some(b'.' | b'e' | b'E') = self.b.get(self.i) {
             self.i += 1;
             while let Some(b'0'..=b'9' | b'+' | b'-' | b'.' | b'e' | b'E') = self.b.get(self.i) {
@@ -141,6 +157,42 @@ impl<'p, 'de> Scanner<'p, 'de> {
         } else {
             Seen::U64(v as u64)
         })
+    }
+
+    /// A number with a fraction and no exponent, of at most 15 significant
+    /// digits (`52.123456`), after its integer digits (`digits..int_end`):
+    /// its digits as an integer m < 2^53 and 10^k (k <= 15) are exact in an
+    /// f64, so m / 10^k is one correctly rounded division, which is what
+    /// serde_json's exact parser (`float_roundtrip`, enabled in this build)
+    /// returns. `None` (nothing consumed) for anything else.
+    fn short_decimal(
+        &mut self,
+        negative: bool,
+        digits: usize,
+        int_end: usize,
+    ) -> Option<Seen<'de>> {
+        const POW10: [f64; 16] = [
+            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+        ];
+        if self.b.get(int_end) != Some(&b'.') {
+            return None;
+        }
+        let frac = int_end + 1;
+        let mut end = frac;
+        while let Some(b'0'..=b'9') = self.b.get(end) {
+            end += 1;
+        }
+        let k = end - frac;
+        if k == 0 || (int_end - digits) + k > 15 || matches!(self.b.get(end), Some(b'e' | b'E')) {
+            return None;
+        }
+        let mut m: u64 = 0;
+        for &d in self.b[digits..int_end].iter().chain(&self.b[frac..end]) {
+            m = m * 10 + u64::from(d - b'0');
+        }
+        self.i = end;
+        let x = m as f64 / POW10[k];
+        Some(Seen::F64(if negative { -x } else { x }))
     }
 
     /// The value at trie node `node` under schema `shape`, at `depth`.
@@ -202,7 +254,15 @@ impl<'p, 'de> Scanner<'p, 'de> {
     /// object key replaces the earlier value, so forget what was captured
     /// under it (as the visitor does).
     fn reset(&mut self, node: Option<usize>) {
-        if let Some(t) = node.and_then(|n| self.plan.nodes.get(n)) {
+        let Some(n) = node else { return };
+        // A node entered for the first time has nothing captured below it.
+        if let Some(bit) = 1u128.checked_shl(n as u32).filter(|&b| b != 0) {
+            if self.entered & bit == 0 {
+                self.entered |= bit;
+                return;
+            }
+        }
+        if let Some(t) = self.plan.nodes.get(n) {
             for &slot in &t.below {
                 self.caps.set(slot, Captured::Missing);
             }
@@ -299,6 +359,19 @@ impl<'p, 'de> Scanner<'p, 'de> {
     }
 }
 
+/// Whether any byte of `w` is `"`, `\\` or below 0x20 (SWAR: a byte's high
+/// bit is set in `(x - 0x01..) & !x & 0x80..` exactly when some byte of
+/// `x` is zero, and in `(w - 0x20..) & !w` when a byte is below 0x20).
+fn special(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let quote = zero(w ^ (ONES * u64::from(b'"')));
+    let backslash = zero(w ^ (ONES * u64::from(b'\\')));
+    let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+    quote | backslash | control != 0
+}
+
 /// What the visitor path captures for a scalar it was shown.
 fn captured(seen: Seen<'_>) -> Captured<'_> {
     match seen {
@@ -327,5 +400,78 @@ impl<'de> Visitor<'de> for NumberSeen {
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
         Ok(Seen::F64(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::special;
+    use proptest::prelude::*;
+
+    fn short_decimal(text: &str) -> Option<f64> {
+        let b = text.as_bytes();
+        let negative = b.first() == Some(&b'-');
+        let digits = usize::from(negative);
+        let int_end = digits
+            + b[digits..]
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .count();
+        let plan = super::Plan::new(vec![], None);
+        let mut s = super::Scanner {
+            text,
+            b,
+            i: int_end,
+            plan: &plan,
+            max: 1,
+            caps: super::Captures::new(0),
+            entered: 0,
+        };
+        match s.short_decimal(negative, digits, int_end)? {
+            super::Seen::F64(x) if s.i == b.len() => Some(x),
+            _ => None,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 20000, ..ProptestConfig::default() })]
+
+        /// Bit for bit what serde_json parses, for every split of up to 15
+        /// digits into an integer part and a fraction.
+        #[test]
+        fn short_decimals_are_what_serde_json_parses(
+            m in prop_oneof![0u64..1000, 0u64..1_000_000_000_000_000],
+            k in 1usize..16,
+            negative in any::<bool>(),
+        ) {
+            let digits = format!("{m:0>width$}", width = k + 1);
+            let (int, frac) = digits.split_at(digits.len() - k);
+            let text = format!("{}{int}.{frac}", if negative { "-" } else { "" });
+            let parsed: f64 = serde_json::from_str(&text).expect("a JSON number");
+            match short_decimal(&text) {
+                Some(x) => prop_assert_eq!(x.to_bits(), parsed.to_bits(), "{}", text),
+                None => prop_assert!(int.len() + k > 15, "{} not taken", text),
+            }
+        }
+    }
+
+    /// Every byte value, at every position of a word of plain bytes: the
+    /// word is special exactly when that byte is a quote, a backslash or a
+    /// control character.
+    #[test]
+    fn special_finds_quotes_backslashes_and_control_characters() {
+        for b in 0..=255u8 {
+            for pos in 0..8 {
+                let mut w = *b"abcdefgh";
+                w[pos] = b;
+                let expect = b == b'"' || b == b'\\' || b < 0x20;
+                assert_eq!(
+                    special(u64::from_le_bytes(w)),
+                    expect,
+                    "byte {b:#x} at {pos}"
+                );
+            }
+        }
+        assert!(!special(u64::from_le_bytes(*b"\xc3\xa9\xe2\x82\xac \x7f~")));
     }
 }
