@@ -201,8 +201,9 @@ pub(crate) enum Captured<'de> {
     Bool(bool),
     Number(Number),
     Str(Cow<'de, str>),
-    /// An array or an object, built in full (rare: rules read scalars).
-    Value(Value),
+    /// An array or an object, built in full (rare: rules read scalars);
+    /// boxed, so that the common variants keep `Captures` small to move.
+    Value(Box<Value>),
 }
 
 impl Captured<'_> {
@@ -351,12 +352,12 @@ impl<'p, 'de> At<'p, '_, 'de> {
                     Value::Bool(b) => Captured::Bool(*b),
                     Value::Number(n) => Captured::Number(n.clone()),
                     Value::String(s) => Captured::Str(Cow::Owned(s.clone())),
-                    other => Captured::Value(other.clone()),
+                    other => Captured::Value(Box::new(other.clone())),
                 });
             self.caps.set(slot, found);
         }
         if let Some(slot) = node.slot {
-            self.caps.set(slot, Captured::Value(v));
+            self.caps.set(slot, Captured::Value(Box::new(v)));
         }
         Ok(())
     }

@@ -55,12 +55,16 @@ struct Scanner<'p, 'de> {
 
 impl<'p, 'de> Scanner<'p, 'de> {
     /// JSON whitespace, as serde_json reads it.
+    #[inline]
     fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(self.i) {
-            self.i += 1;
+        let mut i = self.i;
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(i) {
+            i += 1;
         }
+        self.i = i;
     }
 
+    #[inline]
     fn peek(&mut self) -> Scan<u8> {
         self.ws();
         self.b.get(self.i).copied().ok_or(GiveUp)
@@ -85,114 +89,85 @@ impl<'p, 'de> Scanner<'p, 'de> {
     /// A string without escapes or control characters, after its opening
     /// quote; borrowed from the input.
     fn string(&mut self) -> Scan<&'de str> {
-        let start = self.i;
+        let (b, start) = (self.b, self.i);
+        let mut i = start;
         // Eight bytes at a time while none is a quote, a backslash or a
         // control character (the byte loop below finds which one it is).
-        while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+        while let Some(chunk) = b.get(i..i + 8) {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
             if special(u64::from_le_bytes(word)) {
                 break;
             }
-            self.i += 8;
+            i += 8;
         }
         loop {
-            match self.b.get(self.i) {
+            match b.get(i) {
                 Some(b'"') => break,
                 Some(b'\\') | None => return Err(GiveUp),
                 Some(&c) if c < 0x20 => return Err(GiveUp),
-                Some(_) => self.i += 1,
+                Some(_) => i += 1,
             }
         }
         // Both ends are ASCII quotes, so this slice is on char boundaries.
-        let s = self.text.get(start..self.i).ok_or(GiveUp)?;
-        self.i += 1;
+        let s = self.text.get(start..i).ok_or(GiveUp)?;
+        self.i = i + 1;
         Ok(s)
     }
 
     /// A number, as serde_json would report it to a visitor.
     fn number(&mut self) -> Scan<Seen<'de>> {
-        let start = self.i;
-        let negative = self.b.get(self.i) == Some(&b'-');
-        self.i += usize::from(negative);
-        let digits = self.i;
-        match self.b.get(self.i) {
-            Some(b'0') => self.i += 1,
+        let (b, start) = (self.b, self.i);
+        let negative = b.get(start) == Some(&b'-');
+        let digits = start + usize::from(negative);
+        // The integer part, accumulated as it is read (used only when it
+        // has at most 18 digits, which fit i64 and u64).
+        let mut i = digits;
+        let mut v: u64 = 0;
+        match b.get(i) {
+            Some(b'0') => i += 1,
             Some(b'1'..=b'9') => {
-                while let Some(b'0'..=b'9') = self.b.get(self.i) {
-                    self.i += 1;
+                while let Some(&d @ b'0'..=b'9') = b.get(i) {
+                    v = v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
+                    i += 1;
                 }
             }
             _ => return Err(GiveUp),
         }
-        let int_end = self.i;
-        if let Some(seen) = self.short_decimal(negative, digits, int_end) {
-            return Ok(seen);
-        }
-        if let Some(b'.' | b'e' | b'E') = self.b.get(self.i) {
-            self.i += 1;
-            while let Some(b'0'..=b'9' | b'+' | b'-' | b'.' | b'e' | b'E') = self.b.get(self.i) {
-                self.i += 1;
+        let int_digits = i - digits;
+        match b.get(i) {
+            Some(b'.') => {
+                if let Some(x) = short_decimal(b, i + 1, v, int_digits, &mut self.i) {
+                    return Ok(Seen::F64(if negative { -x } else { x }));
+                }
             }
-            // serde_json's parser, so that the value is bit for bit the
-            // one the visitor path would capture (and its grammar decides).
-            // The whole token: a parser that stops early (`1.5+3`) gives up.
-            let token = self.text.get(start..self.i).ok_or(GiveUp)?;
-            let mut de = serde_json::Deserializer::from_str(token);
-            let seen = de.deserialize_any(NumberSeen).map_err(|_| GiveUp)?;
-            de.end().map_err(|_| GiveUp)?;
-            return Ok(seen);
+            Some(b'e' | b'E') => {}
+            _ => {
+                // "-0" is a float to serde_json.
+                if int_digits > 18 || (negative && b[digits] == b'0') {
+                    return Err(GiveUp);
+                }
+                self.i = i;
+                return Ok(if negative {
+                    Seen::I64(-(v as i64))
+                } else {
+                    Seen::U64(v)
+                });
+            }
         }
-        let n = int_end - digits;
-        // Up to 18 digits fit i64 and u64; "-0" is a float to serde_json.
-        if n > 18 || (negative && self.b[digits] == b'0') {
-            return Err(GiveUp);
+        i += 1;
+        while let Some(b'0'..=b'9' | b'+' | b'-' | b'.' | b'e' | b'E') = b.get(i) {
+            i += 1;
         }
-        let mut v: i64 = 0;
-        for &d in &self.b[digits..int_end] {
-            v = v * 10 + i64::from(d - b'0');
-        }
-        Ok(if negative {
-            Seen::I64(-v)
-        } else {
-            Seen::U64(v as u64)
-        })
-    }
-
-    /// A number with a fraction and no exponent, of at most 15 significant
-    /// digits (`52.123456`), after its integer digits (`digits..int_end`):
-    /// its digits as an integer m < 2^53 and 10^k (k <= 15) are exact in an
-    /// f64, so m / 10^k is one correctly rounded division, which is what
-    /// serde_json's exact parser (`float_roundtrip`, enabled in this build)
-    /// returns. `None` (nothing consumed) for anything else.
-    fn short_decimal(
-        &mut self,
-        negative: bool,
-        digits: usize,
-        int_end: usize,
-    ) -> Option<Seen<'de>> {
-        const POW10: [f64; 16] = [
-            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
-        ];
-        if self.b.get(int_end) != Some(&b'.') {
-            return None;
-        }
-        let frac = int_end + 1;
-        let mut end = frac;
-        while let Some(b'0'..=b'9') = self.b.get(end) {
-            end += 1;
-        }
-        let k = end - frac;
-        if k == 0 || (int_end - digits) + k > 15 || matches!(self.b.get(end), Some(b'e' | b'E')) {
-            return None;
-        }
-        let mut m: u64 = 0;
-        for &d in self.b[digits..int_end].iter().chain(&self.b[frac..end]) {
-            m = m * 10 + u64::from(d - b'0');
-        }
-        self.i = end;
-        let x = m as f64 / POW10[k];
-        Some(Seen::F64(if negative { -x } else { x }))
+        // serde_json's parser, so that the value is bit for bit the one the
+        // visitor path would capture (and its grammar decides). The whole
+        // token: a parser that stops early (`1.5+3`) gives up.
+        let token = self.text.get(start..i).ok_or(GiveUp)?;
+        let mut de = serde_json::Deserializer::from_str(token);
+        let seen = de.deserialize_any(NumberSeen).map_err(|_| GiveUp)?;
+        de.end().map_err(|_| GiveUp)?;
+        self.i = i;
+        Ok(seen)
     }
 
     /// The value at trie node `node` under schema `shape`, at `depth`.
@@ -359,6 +334,36 @@ impl<'p, 'de> Scanner<'p, 'de> {
     }
 }
 
+/// A number with a fraction and no exponent, of at most 15 significant
+/// digits (`52.123456`): `m` is the integer part's value (`int_digits`
+/// digits), the fraction starts at `frac`. Its digits as an integer
+/// m < 2^53 and 10^k (k <= 15) are exact in an f64, so m / 10^k is one
+/// correctly rounded division, which is what serde_json's exact parser
+/// (`float_roundtrip`, enabled in this build) returns. Sets `*at` past the
+/// number; `None` (nothing consumed) for any other number.
+fn short_decimal(
+    b: &[u8],
+    frac: usize,
+    mut m: u64,
+    int_digits: usize,
+    at: &mut usize,
+) -> Option<f64> {
+    const POW10: [f64; 16] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+    ];
+    let mut end = frac;
+    while let Some(&d @ b'0'..=b'9') = b.get(end) {
+        m = m.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
+        end += 1;
+    }
+    let k = end - frac;
+    if k == 0 || int_digits + k > 15 || matches!(b.get(end), Some(b'e' | b'E')) {
+        return None;
+    }
+    *at = end;
+    Some(m as f64 / POW10[k])
+}
+
 /// Whether any byte of `w` is `"`, `\\` or below 0x20 (SWAR: a byte's high
 /// bit is set in `(x - 0x01..) & !x & 0x80..` exactly when some byte of
 /// `x` is zero, and in `(w - 0x20..) & !w` when a byte is below 0x20).
@@ -417,20 +422,10 @@ mod tests {
                 .iter()
                 .take_while(|c| c.is_ascii_digit())
                 .count();
-        let plan = super::Plan::new(vec![], None);
-        let mut s = super::Scanner {
-            text,
-            b,
-            i: int_end,
-            plan: &plan,
-            max: 1,
-            caps: super::Captures::new(0),
-            entered: 0,
-        };
-        match s.short_decimal(negative, digits, int_end)? {
-            super::Seen::F64(x) if s.i == b.len() => Some(x),
-            _ => None,
-        }
+        let m = text[digits..int_end].parse::<u64>().ok()?;
+        let mut at = 0;
+        let x = super::short_decimal(b, int_end + 1, m, int_end - digits, &mut at)?;
+        (at == b.len()).then_some(if negative { -x } else { x })
     }
 
     proptest! {
