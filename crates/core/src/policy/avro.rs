@@ -27,9 +27,14 @@ pub(crate) struct AvroDecoder {
     /// The `schema` key: writer schema for `raw`, reader schema for `confluent`.
     pub(crate) schema: Option<Schema>,
     pub(crate) ids: HashMap<u32, Schema>,
-    /// The rules' pointers, set at load: the fast path ([`capture`]) for
-    /// writer schemas it reads, when no reader schema asks for resolution.
+    /// The rules' pointers, set at load ([`Self::set_plan`]): the fast
+    /// path ([`capture`]) for writer schemas it reads, when no reader
+    /// schema asks for resolution.
     pub(crate) plan: Option<Plan>,
+    /// The schema ids whose writer schema the fast path reads (sorted), and
+    /// whether it reads `schema` (for `raw`).
+    readable_ids: Vec<u32>,
+    readable_raw: bool,
 }
 
 /// Read and parse an `.avsc` file.
@@ -122,23 +127,42 @@ pub(crate) fn decode_datum_with(
 }
 
 impl AvroDecoder {
+    pub(crate) fn new(wire: Wire, schema: Option<Schema>, ids: HashMap<u32, Schema>) -> Self {
+        AvroDecoder {
+            wire,
+            schema,
+            ids,
+            plan: None,
+            readable_ids: Vec::new(),
+            readable_raw: false,
+        }
+    }
+
+    /// Turn the fast path on for the rules' pointers.
+    pub(crate) fn set_plan(&mut self, plan: Plan) {
+        let mut ids: Vec<u32> = (self.ids.iter())
+            .filter(|(_, s)| capture::supported(s))
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        self.readable_ids = ids;
+        self.readable_raw = self.schema.as_ref().is_some_and(capture::supported);
+        self.plan = Some(plan);
+    }
+
     /// The rules' values read straight from the datum, or `None` when the
     /// full decoder ([`Self::decode`]) must judge it.
     pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
         let plan = self.plan.as_ref()?;
         let (writer, datum) = match self.wire {
-            Wire::Raw => (self.schema.as_ref()?, bytes),
+            Wire::Raw if self.readable_raw => (self.schema.as_ref()?, bytes),
             Wire::Confluent if self.schema.is_none() => {
                 let (id, rest) = confluent_header(bytes).ok()?;
+                self.readable_ids.binary_search(&id).ok()?;
                 (self.ids.get(&id)?, rest)
             }
-            Wire::Confluent => return None,
+            _ => return None,
         };
-        // Checked per record (a walk of the schema's nodes, a few ns) so
-        // that the decoder's fields stay what the policy file says.
-        if !capture::supported(writer) {
-            return None;
-        }
         capture::capture(writer, datum, plan)
     }
 

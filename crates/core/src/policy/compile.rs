@@ -324,15 +324,7 @@ fn compile_avro(
     if !errs.is_empty() {
         return Err(errs);
     }
-    Ok((
-        Decoder::Avro(AvroDecoder {
-            wire,
-            schema,
-            ids,
-            plan: None,
-        }),
-        None,
-    ))
+    Ok((Decoder::Avro(AvroDecoder::new(wire, schema, ids)), None))
 }
 
 fn compile_protobuf(

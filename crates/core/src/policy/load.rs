@@ -245,7 +245,7 @@ impl LoadState {
             Decoder::Json { fast, shape, .. } if schema.is_none() || shape.is_some() => {
                 *fast = Some(json::Plan::new(pointers, shape.take()));
             }
-            Decoder::Avro(d) => d.plan = Some(json::Plan::new(pointers, None)),
+            Decoder::Avro(d) => d.set_plan(json::Plan::new(pointers, None)),
             Decoder::Protobuf(d) => d.set_plan(json::Plan::new(pointers, None)),
             _ => {}
         }

@@ -42,7 +42,10 @@ pub(crate) struct ProtoDecoder {
 struct Fast {
     plan: Plan,
     raw: Tables,
-    ids: HashMap<u32, Tables>,
+    /// Per schema id: its tables, and the table index of the file's first
+    /// message when that is the type `message` asks for (the Confluent
+    /// framing's common one-byte index array `[0]` names it).
+    ids: HashMap<u32, (Tables, Option<usize>)>,
 }
 
 /// Compile a `.proto` file (imports resolved from its own folder).
@@ -105,10 +108,16 @@ impl ProtoDecoder {
             (Wire::Raw, Some(m)) => Tables::compile([m.clone()]),
             _ => Tables::default(),
         };
-        let ids = self
-            .ids
-            .iter()
-            .map(|(&id, file)| (id, Tables::compile(file.messages())))
+        let expected = self.message.as_ref().map(|m| m.full_name().to_string());
+        let ids = (self.ids.iter())
+            .map(|(&id, file)| {
+                let tables = Tables::compile(file.messages());
+                let first = file.messages().next().and_then(|d| {
+                    let wanted = expected.as_deref().is_none_or(|e| e == d.full_name());
+                    wanted.then(|| tables.index(d.full_name())).flatten()
+                });
+                (id, (tables, first))
+            })
             .collect();
         self.fast = Some(Fast { plan, raw, ids });
     }
@@ -126,9 +135,13 @@ impl ProtoDecoder {
             Wire::Raw => fast.raw.capture(self.message.as_ref()?, bytes, &fast.plan),
             Wire::Confluent => {
                 let (id, mut rest) = confluent_header(bytes).ok()?;
+                let (tables, first) = fast.ids.get(&id)?;
+                if let ([0, payload @ ..], Some(m)) = (rest, first) {
+                    return tables.capture_index(*m, payload, &fast.plan);
+                }
                 let desc = message_by_indexes(self.ids.get(&id)?, &mut rest).ok()?;
                 check_type(&desc, self.message.as_ref()).ok()?;
-                fast.ids.get(&id)?.capture(&desc, rest, &fast.plan)
+                tables.capture(&desc, rest, &fast.plan)
             }
         }
     }

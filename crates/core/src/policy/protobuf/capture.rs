@@ -198,6 +198,21 @@ impl Tables {
         plan: &Plan,
     ) -> Option<Captures<'a>> {
         let &m = self.by_name.get(desc.full_name())?;
+        self.capture_index(m, payload, plan)
+    }
+
+    /// The table index of message type `name`.
+    pub(crate) fn index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// [`Self::capture`] for the message type at table index `m`.
+    pub(crate) fn capture_index<'a>(
+        &'a self,
+        m: usize,
+        payload: &'a [u8],
+        plan: &Plan,
+    ) -> Option<Captures<'a>> {
         if !self.msgs.get(m)?.supported {
             return None;
         }
