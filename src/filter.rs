@@ -20,10 +20,10 @@ use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
 use kafka_protocol::messages::FetchResponse;
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::Decodable;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
@@ -154,13 +154,15 @@ impl FetchFilter {
         body: Bytes,
         version: i16,
         isolation: i8,
-    ) -> Result<Option<BytesMut>, FilterError> {
-        let (mut resp, mut changed, learned) = timed(|| -> Result<_, FilterError> {
+    ) -> Result<Option<Vec<Bytes>>, FilterError> {
+        let (mut resp, sections, endpoints, learned) = timed(|| -> Result<_, FilterError> {
             let mut resp =
                 FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
-            let (changed, learned) = ctx.rewrite_endpoints(&mut resp);
-            Ok((resp, changed, learned))
+            let sections = patch::Sections::of(&body, &resp);
+            let (endpoints, learned) = ctx.rewrite_endpoints(&mut resp);
+            Ok((resp, sections, endpoints, learned))
         })?;
+        let mut changed = endpoints;
         ctx.learn(learned).await;
         if version >= 13 {
             // Fetch v13+ names topics by id: learn ids we have not seen yet
@@ -195,20 +197,29 @@ impl FetchFilter {
             // Ids still unknown might name a policy topic: hold them.
             changed |= withhold_unknown_topics(ctx, &mut resp);
         }
+        let out = |resp: &mut FetchResponse, replaced: Vec<_>| {
+            let fresh = patch::Fresh {
+                body: &body,
+                version,
+                sections: &sections,
+                endpoints,
+            };
+            fresh.body(resp, replaced)
+        };
         if plans.is_empty() {
-            return timed(|| changed.then(|| encode(&resp, version)).transpose());
+            return timed(|| changed.then(|| out(&mut resp, Vec::new())).transpose());
         }
         // Divert everything first, concurrently, then apply the outcome.
         let outcomes = self.divert_all(&plans).await;
         timed(|| {
             let outcomes = outcomes.into_iter().zip(transient_at);
+            let mut replaced = Vec::with_capacity(plans.len());
             for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
                 let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
                 keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
-                let p = &mut resp.responses[ti].partitions[pi];
-                p.records = Some(apply_outcome(holds, &plan, failed_from)?);
+                replaced.push(((ti, pi), apply_outcome(holds, &plan, failed_from)?));
             }
-            Ok(Some(encode(&resp, version)?))
+            Ok(Some(out(&mut resp, replaced)?))
         })
     }
 
@@ -423,17 +434,19 @@ fn apply_outcome(
     holds: &mut Holds,
     plan: &PartitionPlan,
     failed_from: Option<i64>,
-) -> Result<Bytes, BatchError> {
+) -> Result<Vec<Bytes>, BatchError> {
     let held_from = plan.held_from(failed_from);
     count(plan, held_from);
     log_hold(plan, failed_from);
     match held_from {
         None => {
             holds.release(&plan.topic, plan.partition);
-            plan.apply(None)
+            plan.apply_chunks(None)
         }
-        Some(offset) if holds.hold(&plan.topic, plan.partition, offset) => plan.apply(Some(offset)),
-        Some(_) => Ok(Bytes::new()),
+        Some(offset) if holds.hold(&plan.topic, plan.partition, offset) => {
+            plan.apply_chunks(Some(offset))
+        }
+        Some(_) => Ok(Vec::new()),
     }
 }
 
@@ -582,14 +595,6 @@ async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output
     out
 }
 
-fn encode(resp: &FetchResponse, version: i16) -> Result<BytesMut, FilterError> {
-    let size = resp.compute_size(version).map_err(FilterError::Encode)?;
-    let mut out = BytesMut::with_capacity(size);
-    resp.encode(&mut out, version)
-        .map_err(FilterError::Encode)?;
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -652,6 +657,7 @@ mod tests {
 
 mod holds;
 mod keys;
+mod patch;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.
 #[cfg(test)]

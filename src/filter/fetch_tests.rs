@@ -88,8 +88,12 @@ fn response(values: &[&str]) -> Bytes {
 }
 
 /// (offset, value) of every record a filtered response delivers.
-fn delivered(body: bytes::BytesMut) -> Vec<(i64, String)> {
-    let resp = FetchResponse::decode(&mut body.freeze(), VERSION).expect("decode");
+fn delivered(body: Vec<Bytes>) -> Vec<(i64, String)> {
+    let mut whole = bytes::BytesMut::new();
+    for chunk in &body {
+        whole.extend_from_slice(chunk);
+    }
+    let resp = FetchResponse::decode(&mut whole.freeze(), VERSION).expect("decode");
     let records = resp.responses[0].partitions[0]
         .records
         .clone()

@@ -280,21 +280,14 @@ where
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
         };
-        client
-            .write_all(&out.head)
+        out.write_to(&mut client)
             .await
             .map_err(RelayError::ClientWrite)?;
-        if !out.body.is_empty() {
-            client
-                .write_all(&out.body)
-                .await
-                .map_err(RelayError::ClientWrite)?;
-        }
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
         if let Some(t) = arrived {
-            crate::metrics::global().response_relayed(!out.body.is_empty(), t.elapsed());
+            crate::metrics::global().response_relayed(out.rewritten(), t.elapsed());
         }
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -353,7 +346,7 @@ async fn respond(
                 .await?;
             crate::metrics::global().fetch_rewrite_latency(started.elapsed());
             Ok(match body {
-                Some(body) => ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body.freeze()),
+                Some(body) => ResponseFrame::chunks(&frame[LENGTH_PREFIX..header_end], body),
                 None => ResponseFrame::whole(frame),
             })
         }
