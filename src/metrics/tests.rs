@@ -209,6 +209,7 @@ fn every_series_once() -> Metrics {
     m.record_passed("t", 0, "p", 1);
     m.record_invalid("t", 0, "p", Class::Poison, "r", InvalidAction::Dropped);
     m.dlt_write(true, Duration::from_millis(1));
+    m.response_relayed(true, Duration::from_micros(300));
     m.set_held("t", 0, false);
     m.held_batch("t", 0, "budget");
     m.connections_open("bootstrap", 1);
@@ -238,6 +239,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_held_partitions gauge",
         "antidote_held_batches_total counter",
         "antidote_fetch_rewrite_duration_seconds histogram",
+        // Added with the relay latency (issue 15).
+        "antidote_response_relay_duration_seconds histogram",
         "antidote_connections_open gauge",
         "antidote_connections_accepted_total counter",
         "antidote_upstream_errors_total counter",
