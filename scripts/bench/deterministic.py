@@ -17,7 +17,8 @@ assign() on 3 partitions), the proxy's whole-process CPU per record read
 (/proc utime+stime), and for c the Fetch-rewrite CPU per judged record
 (`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`),
 the latency antidote added per response (p50 and p99 bucket bounds of
-`antidote_response_relay_duration_seconds`, forwarded and rewritten);
+`antidote_response_relay_duration_seconds`, forwarded and rewritten, until
+ready to write and until sent);
 the proxies' peak RSS at the end. Raw lines go to BENCH_OUT (JSON lines),
 the summary to stdout.
 
@@ -107,7 +108,8 @@ def relay_buckets(admin):
         if l.startswith(RELAY + "_bucket{"):
             le = re.search(r'le="([^"]+)"', l).group(1)
             resp = re.search(r'response="([^"]+)"', l).group(1)
-            out.setdefault(resp, {})[float(le)] = float(l.rsplit(" ", 1)[1])
+            until = re.search(r'until="([^"]+)"', l).group(1)
+            out.setdefault(f"{resp}_{until}", {})[float(le)] = float(l.rsplit(" ", 1)[1])
     return out
 
 
@@ -245,11 +247,11 @@ def main():
             log(f"round {rnd} {path}: {res['records']} records, {res['steady_records_per_s']} rec/s steady, "
                 f"proxy {row.get('proxy_ns_per_record', '-')} ns/record, "
                 f"rewrite {row.get('rewrite_ns_per_judged', '-')} ns/judged, "
-                f"{row.get('proxy_page_faults', '-')} page faults, relay p99 <= "
-                f"{row.get('relay_forwarded_p99_ms_le', '-')} ms forwarded "
-                f"({row.get('relay_forwarded_responses', 0)}), "
-                f"{row.get('relay_rewritten_p99_ms_le', '-')} ms rewritten "
-                f"({row.get('relay_rewritten_responses', 0)})")
+                f"{row.get('proxy_page_faults', '-')} page faults, relay p50/p99 <= ms: "
+                + ", ".join(f"{k} {row.get(f'relay_{k}_p50_ms_le', '-')}/"
+                            f"{row.get(f'relay_{k}_p99_ms_le', '-')} ({row.get(f'relay_{k}_responses', 0)})"
+                            for k in ("forwarded_ready", "forwarded_sent",
+                                      "rewritten_ready", "rewritten_sent")))
     for path, (proc, _, _) in proxies.items():
         if proc:
             out.write(json.dumps({"commit": commit, "path": path, "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")

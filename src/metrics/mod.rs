@@ -272,7 +272,7 @@ impl Metrics {
         register(
             r,
             RESPONSE_RELAY_SECONDS,
-            "Time from a broker response's last byte arriving to its last byte written to the client, by response (forwarded as it arrived, rewritten).",
+            "Time from a broker response's last byte arriving to the proxy being ready to write it (until=ready: rewriting and diversions) and to its last byte written to the client (until=sent), by response (forwarded as it arrived, rewritten).",
             self.response_relay_seconds.family.clone(),
         );
         register(
@@ -444,15 +444,21 @@ impl Metrics {
         self.fetch_rewrite_seconds.observe(d.as_secs_f64());
     }
 
-    /// One broker response was relayed to its client in `d` (rewritten or
-    /// forwarded as it arrived).
+    /// One broker response was relayed to its client (rewritten or
+    /// forwarded as it arrived): `ready` after its last byte arrived it was
+    /// ready to write (rewriting and diversions included), `sent` after it
+    /// its last byte was written (the client's reading included).
     ///
     /// Call site: `proxy::relay::response_pump`, from the whole frame read
-    /// to the client write flushed.
-    pub fn response_relayed(&self, rewritten: bool, d: Duration) {
+    /// to the write starting and to the write flushed.
+    pub fn response_relayed(&self, rewritten: bool, ready: Duration, sent: Duration) {
         let response = if rewritten { "rewritten" } else { "forwarded" };
-        self.response_relay_seconds
-            .with(&ResponseLabel { response }, |h| h.observe(d.as_secs_f64()));
+        for (until, d) in [("ready", ready), ("sent", sent)] {
+            self.response_relay_seconds
+                .with(&ResponseLabel { response, until }, |h| {
+                    h.observe(d.as_secs_f64())
+                });
+        }
     }
 
     /// A client connection on `listener` opened (`+1`) or closed (`-1`).

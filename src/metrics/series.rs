@@ -64,6 +64,7 @@ pub(super) struct ResultLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ResponseLabel {
     pub(super) response: &'static str,
+    pub(super) until: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

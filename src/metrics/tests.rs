@@ -209,7 +209,7 @@ fn every_series_once() -> Metrics {
     m.record_passed("t", 0, "p", 1);
     m.record_invalid("t", 0, "p", Class::Poison, "r", InvalidAction::Dropped);
     m.dlt_write(true, Duration::from_millis(1));
-    m.response_relayed(true, Duration::from_micros(300));
+    m.response_relayed(true, Duration::from_micros(100), Duration::from_micros(300));
     m.set_held("t", 0, false);
     m.held_batch("t", 0, "budget");
     m.connections_open("bootstrap", 1);

@@ -280,14 +280,15 @@ where
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
         };
+        let ready = arrived.map(|t| t.elapsed());
         out.write_to(&mut client)
             .await
             .map_err(RelayError::ClientWrite)?;
         // A no-op on TCP; on TLS a response must not wait in the session
         // buffer for the next one (which may be a long-polling Fetch).
         client.flush().await.map_err(RelayError::ClientWrite)?;
-        if let Some(t) = arrived {
-            crate::metrics::global().response_relayed(out.rewritten(), t.elapsed());
+        if let (Some(t), Some(ready)) = (arrived, ready) {
+            crate::metrics::global().response_relayed(out.rewritten(), ready, t.elapsed());
         }
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
