@@ -182,6 +182,21 @@ impl AvroDecoder {
     }
 }
 
+/// The fast path for a registered writer schema (no reader schema, no
+/// named references): the rules' values read straight from the datum, or
+/// `None` when the full decoder must judge it.
+pub(crate) fn capture_registered<'a>(
+    writer: &'a Schema,
+    named: &[Schema],
+    datum: &'a [u8],
+    plan: &Plan,
+) -> Option<Captures<'a>> {
+    if !named.is_empty() || !capture::supported(writer) {
+        return None;
+    }
+    capture::capture(writer, datum, plan)
+}
+
 /// An Avro value as JSON, with `bytes` and `fixed` as base64 text: the
 /// crate's own conversion makes them arrays of numbers, ~32 bytes of memory
 /// per input byte.

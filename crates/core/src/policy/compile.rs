@@ -181,6 +181,7 @@ fn compile_registry(
             .as_ref()
             .map(|m| m.v.trim_start_matches('.').to_string()),
         max_depth,
+        plan: None,
     };
     Ok((Decoder::Registry(decoder), own_schema))
 }

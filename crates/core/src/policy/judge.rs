@@ -143,7 +143,16 @@ impl Compiled {
             k.check(r.key, topic, now_ms)?;
         }
         let value = match &self.decoder {
-            Decoder::Registry(d) => d.decode(bytes, topic, now_ms)?,
+            Decoder::Registry(d) => {
+                // A policy JSON Schema over registered values needs them whole.
+                let fast = self.schema.is_none().then(|| {
+                    d.judge_fast(bytes, topic, now_ms, |caps| self.check_rules(caps, now_ms))
+                });
+                if let Some(verdict) = fast.flatten() {
+                    return verdict;
+                }
+                d.decode(bytes, topic, now_ms)?
+            }
             _ => return self.judge_value(bytes, now_ms),
         };
         self.check_value(&value, now_ms)
@@ -368,6 +377,7 @@ impl Compiled {
             }
             Decoder::Avro(d) => self.check_value(&d.decode(bytes)?, now_ms),
             Decoder::Protobuf(d) => self.check_value(&d.decode(bytes)?, now_ms),
+            Decoder::Registry(d) => self.check_value(&d.decode(bytes, "", now_ms)?, now_ms),
             _ => self.judge("", r, now_ms),
         }
     }

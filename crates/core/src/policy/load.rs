@@ -247,6 +247,7 @@ impl LoadState {
             }
             Decoder::Avro(d) => d.set_plan(json::Plan::new(pointers, None)),
             Decoder::Protobuf(d) => d.set_plan(json::Plan::new(pointers, None)),
+            Decoder::Registry(d) => d.plan = Some(json::Plan::new(pointers, None)),
             _ => {}
         }
 

@@ -103,6 +103,9 @@ pub(crate) struct RegistryDecoder {
     pub(crate) message: Option<String>,
     /// JSON: nesting limit.
     pub(crate) max_depth: usize,
+    /// The rules' pointers, set at load: the Avro fast path
+    /// ([`Self::judge_fast`]).
+    pub(crate) plan: Option<json::Plan>,
 }
 
 /// The verdict while the registry has not answered for `what`.
@@ -123,6 +126,38 @@ fn unknown(reason: String) -> Invalid {
 }
 
 impl RegistryDecoder {
+    /// The fast path for Avro without a reader schema: when the id's schema
+    /// and subjects are cached and the datum is read straight into the
+    /// rules' captures, `check`'s verdict on them; `None` when
+    /// [`Self::decode`] must judge (and word) it.
+    pub(crate) fn judge_fast(
+        &self,
+        bytes: &[u8],
+        topic: &str,
+        now_ms: i64,
+        check: impl FnOnce(&json::Captures<'_>) -> Result<(), Invalid>,
+    ) -> Option<Result<(), Invalid>> {
+        let plan = self.plan.as_ref()?;
+        if self.format != RegFormat::Avro || self.reader.is_some() {
+            return None;
+        }
+        let (id, rest) = confluent_header(bytes).ok()?;
+        let Known::Found(schema) = self.cache.schema(id, now_ms) else {
+            return None;
+        };
+        if let Some(subject) = &self.subject {
+            match self.cache.subjects(id, now_ms) {
+                Known::Found(list) if list.iter().any(|s| subject.is(s, topic)) => {}
+                _ => return None,
+            }
+        }
+        let Registered::Avro(writer, named) = &*schema else {
+            return None;
+        };
+        let caps = avro::capture_registered(writer, named, rest, plan)?;
+        Some(check(&caps))
+    }
+
     pub(crate) fn decode(&self, bytes: &[u8], topic: &str, now_ms: i64) -> Result<Value, Invalid> {
         let (id, rest) = confluent_header(bytes)?;
         // Both asked at once, so a new id costs one round of fetches.
