@@ -24,7 +24,7 @@ use super::Invalid;
 
 mod capture;
 
-use capture::Tables;
+pub use capture::Tables;
 
 #[derive(Debug)]
 pub(crate) struct ProtoDecoder {

@@ -103,7 +103,7 @@ pub(crate) struct RegistryDecoder {
     pub(crate) message: Option<String>,
     /// JSON: nesting limit.
     pub(crate) max_depth: usize,
-    /// The rules' pointers, set at load: the Avro fast path
+    /// The rules' pointers, set at load: the Avro and Protobuf fast paths
     /// ([`Self::judge_fast`]).
     pub(crate) plan: Option<json::Plan>,
 }
@@ -126,10 +126,10 @@ fn unknown(reason: String) -> Invalid {
 }
 
 impl RegistryDecoder {
-    /// The fast path for Avro without a reader schema: when the id's schema
-    /// and subjects are cached and the datum is read straight into the
-    /// rules' captures, `check`'s verdict on them; `None` when
-    /// [`Self::decode`] must judge (and word) it.
+    /// The fast path for Avro (without a reader schema) and Protobuf: when
+    /// the id's schema and subjects are cached and the value is read
+    /// straight into the rules' captures, `check`'s verdict on them; `None`
+    /// when [`Self::decode`] must judge (and word) it.
     pub(crate) fn judge_fast(
         &self,
         bytes: &[u8],
@@ -138,7 +138,7 @@ impl RegistryDecoder {
         check: impl FnOnce(&json::Captures<'_>) -> Result<(), Invalid>,
     ) -> Option<Result<(), Invalid>> {
         let plan = self.plan.as_ref()?;
-        if self.format != RegFormat::Avro || self.reader.is_some() {
+        if self.format == RegFormat::Json {
             return None;
         }
         let (id, rest) = confluent_header(bytes).ok()?;
@@ -151,10 +151,18 @@ impl RegistryDecoder {
                 _ => return None,
             }
         }
-        let Registered::Avro(writer, named) = &*schema else {
-            return None;
+        let caps = match (&*schema, self.format) {
+            (Registered::Avro(writer, named), RegFormat::Avro) if self.reader.is_none() => {
+                avro::capture_registered(writer, named, rest, plan)?
+            }
+            (Registered::Protobuf(file, tables), RegFormat::Protobuf) => {
+                let mut payload = rest;
+                let desc = protobuf::message_by_indexes(file, &mut payload).ok()?;
+                protobuf::check_type_name(&desc, self.message.as_deref()).ok()?;
+                tables.capture(&desc, payload, plan)?
+            }
+            _ => return None,
         };
-        let caps = avro::capture_registered(writer, named, rest, plan)?;
         Some(check(&caps))
     }
 
@@ -198,7 +206,7 @@ impl RegistryDecoder {
             (Registered::Avro(w, named), RegFormat::Avro) => {
                 avro::decode_datum_with(w, named, self.reader.as_ref(), rest)
             }
-            (Registered::Protobuf(f), RegFormat::Protobuf) => {
+            (Registered::Protobuf(f, _), RegFormat::Protobuf) => {
                 let mut payload = rest;
                 let desc = protobuf::message_by_indexes(f, &mut payload)?;
                 protobuf::check_type_name(&desc, self.message.as_deref())?;

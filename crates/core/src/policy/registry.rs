@@ -38,7 +38,8 @@ pub const DEFAULT_TTL_MS: i64 = 60_000;
 pub enum Registered {
     /// The writer schema and the named types its references define.
     Avro(apache_avro::Schema, Vec<apache_avro::Schema>),
-    Protobuf(FileDescriptor),
+    /// The file, and the fast path's tables for its message types.
+    Protobuf(FileDescriptor, super::protobuf::Tables),
     Json(jsonschema::Validator),
     /// Registered, but it does not compile here (a JSON Schema `$ref` to
     /// another subject, a recursive Avro record): records under it cannot be
@@ -51,7 +52,7 @@ impl Registered {
     pub fn type_name(&self) -> &'static str {
         match self {
             Registered::Avro(..) => "AVRO",
-            Registered::Protobuf(_) => "PROTOBUF",
+            Registered::Protobuf(..) => "PROTOBUF",
             Registered::Json(_) => "JSON",
             Registered::Unusable(_) => "unusable",
         }
@@ -234,7 +235,10 @@ pub struct Reference {
 pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Registered {
     let out = match schema_type.unwrap_or("AVRO") {
         "AVRO" => compile_avro(text, refs).map(|(s, named)| Registered::Avro(s, named)),
-        "PROTOBUF" => compile_protobuf(text, refs).map(Registered::Protobuf),
+        "PROTOBUF" => compile_protobuf(text, refs).map(|f| {
+            let tables = super::protobuf::Tables::compile(f.messages());
+            Registered::Protobuf(f, tables)
+        }),
         "JSON" => compile_json(text).map(Registered::Json),
         other => Err(format!("schema type {other} is not supported")),
     };
@@ -395,7 +399,7 @@ mod tests {
                 schema: loc.into(),
             }],
         );
-        let Registered::Protobuf(f) = r else {
+        let Registered::Protobuf(f, _) = r else {
             panic!("{r:?}")
         };
         assert_eq!(

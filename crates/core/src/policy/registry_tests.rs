@@ -169,7 +169,7 @@ policies:
         name: "loc.proto".into(),
         schema: loc.into(),
     }];
-    let Registered::Protobuf(file) = compile(Some("PROTOBUF"), main, &refs) else {
+    let Registered::Protobuf(file, _) = compile(Some("PROTOBUF"), main, &refs) else {
         panic!("compiles")
     };
     let t = file.messages().nth(1).expect("T");
@@ -415,5 +415,85 @@ fn the_reference_avro_policy_by_registry_judges_as_by_file() {
         let b = by_file.policies()[0].judge(&r, NOW);
         assert_eq!(a, b, "lat {lat}");
         assert_eq!(a.is_valid(), lat < 90.0);
+    }
+}
+
+/// The reference Protobuf policy with `registry: true`: its fast path, on
+/// an encoded trigger and on every truncation and byte flip of it, judges
+/// as the full decoder does, and as the same schema from a file does.
+#[test]
+fn the_reference_protobuf_policy_by_registry_judges_as_by_file() {
+    use prost::Message;
+    use prost_reflect::{DynamicMessage, Value as P};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+    let text = std::fs::read_to_string(dir.join("geofence-protobuf.yaml")).expect("policy");
+    let reg_text = text
+        .replace(
+            "      schema_ids:\n        1: schemas/trigger.proto\n",
+            "      registry: true\n",
+        )
+        .replace("      schema: schemas/trigger.proto\n", "");
+    assert_ne!(text, reg_text);
+    let proto = std::fs::read_to_string(dir.join("schemas/trigger.proto")).expect("schema");
+    let cache = SchemaCache::new();
+    let registered = compile(Some("PROTOBUF"), &proto, &[]);
+    let Registered::Protobuf(file, _) = &registered else {
+        panic!("{registered:?}")
+    };
+    let desc = file.messages().next().expect("Trigger");
+    cache.put_schema(1, compile(Some("PROTOBUF"), &proto, &[]));
+    let path = dir.join("geofence-protobuf.yaml");
+    let by_reg = PolicySet::parse_with(&reg_text, &path, &cache).expect("loads");
+    let by_file = PolicySet::parse_with(&text, &path, &cache).expect("loads");
+    for lat in [52.0, 91.0, f64::NAN] {
+        let mut m = DynamicMessage::new(desc.clone());
+        m.set_field_by_name("device_id", P::String("d".into()));
+        m.set_field_by_name("lat", P::F64(lat));
+        m.set_field_by_name("lon", P::F64(4.9));
+        m.set_field_by_name("transition", P::EnumNumber(1));
+        m.set_field_by_name("speed_mps", P::F64(3.0));
+        m.set_field_by_name("event_time_ms", P::I64(NOW - 1000));
+        let mut value = vec![0, 0, 0, 0, 1, 0];
+        value.extend_from_slice(&m.encode_to_vec());
+        for cut in 0..value.len() {
+            let mut flipped = value.clone();
+            flipped[cut] ^= 0x41;
+            for damaged in [value[..cut].to_vec(), flipped, value.clone()] {
+                let r = Record {
+                    offset: 1,
+                    timestamp: NOW,
+                    key: None,
+                    value: Some(&damaged),
+                    headers: vec![crate::kafka::record::Header {
+                        key: b"idempotency-key",
+                        value: Some(b"k"),
+                    }],
+                };
+                let fast = by_reg.policies()[0].inner.judge("", &r, NOW);
+                let full = by_reg.policies()[0].inner.judge_reference(&r, NOW);
+                assert_eq!(fast, full, "{damaged:?}");
+                if damaged.get(..5) == value.get(..5) {
+                    let file = by_file.policies()[0].inner.judge("", &r, NOW);
+                    assert_eq!(fast, file, "{damaged:?}");
+                }
+            }
+        }
+        let whole = by_reg.policies()[0]
+            .inner
+            .judge("", &record_of(&value), NOW);
+        assert_eq!(whole.is_ok(), lat < 90.0, "lat {lat}");
+    }
+}
+
+fn record_of(value: &[u8]) -> Record<'_> {
+    Record {
+        offset: 1,
+        timestamp: NOW,
+        key: None,
+        value: Some(value),
+        headers: vec![crate::kafka::record::Header {
+            key: b"idempotency-key",
+            value: Some(b"k"),
+        }],
     }
 }

@@ -32,7 +32,7 @@ const MAX_DEPTH: usize = 32;
 
 /// The message types the fast path reads, compiled from descriptors.
 #[derive(Debug, Default)]
-pub(crate) struct Tables {
+pub struct Tables {
     by_name: HashMap<String, usize>,
     msgs: Vec<Msg>,
 }
