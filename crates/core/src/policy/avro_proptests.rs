@@ -8,8 +8,8 @@ use apache_avro::types::Value as A;
 use apache_avro::Schema;
 use proptest::prelude::*;
 
+use super::byte_edits::{self, apply, edit, record};
 use super::*;
-use crate::kafka::record::Record;
 
 const NOW: i64 = 1_764_460_000_000;
 
@@ -91,38 +91,10 @@ fn schema() -> &'static Schema {
     S.get_or_init(|| Schema::parse_str(SCHEMA).expect("schema"))
 }
 
-fn record(value: &[u8]) -> Record<'_> {
-    Record {
-        offset: 0,
-        timestamp: NOW,
-        key: None,
-        value: Some(value),
-        headers: vec![],
-    }
-}
-
 /// Both policies (raw datum, and Confluent-framed with id 7) judge `datum`
 /// as the full decoder does.
 fn agree(datum: &[u8]) -> Result<(), TestCaseError> {
-    let mut framed = vec![0, 0, 0, 0, 7];
-    framed.extend_from_slice(datum);
-    for (p, bytes) in policies().policies().iter().zip([datum, &framed[..]]) {
-        let r = record(bytes);
-        if let Err(e) = p.inner.binary_captures_agree(bytes) {
-            return Err(TestCaseError::fail(format!(
-                "policy {}: {e} on {bytes:?}",
-                p.name
-            )));
-        }
-        prop_assert_eq!(
-            p.inner.judge("", &r, NOW),
-            p.inner.judge_reference(&r, NOW),
-            "policy {} on {:?}",
-            p.name,
-            bytes
-        );
-    }
-    Ok(())
+    byte_edits::agree(policies(), datum, &[0, 0, 0, 0, 7], NOW)
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -225,48 +197,6 @@ fn datum() -> impl Strategy<Value = Vec<u8>> {
     )
 }
 
-#[derive(Debug, Clone)]
-enum Edit {
-    Replace(usize, u8),
-    Insert(usize, u8),
-    Remove(usize),
-    Cut(usize),
-}
-
-fn edit() -> impl Strategy<Value = Edit> {
-    let byte = prop_oneof![
-        any::<u8>(),
-        Just(0u8),
-        Just(1),
-        Just(2),
-        Just(0x7f),
-        Just(0x80),
-        Just(0xff)
-    ];
-    prop_oneof![
-        (any::<usize>(), byte.clone()).prop_map(|(i, b)| Edit::Replace(i, b)),
-        (any::<usize>(), byte).prop_map(|(i, b)| Edit::Insert(i, b)),
-        any::<usize>().prop_map(Edit::Remove),
-        any::<usize>().prop_map(Edit::Cut),
-    ]
-}
-
-fn apply(mut d: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
-    for e in edits {
-        let n = d.len();
-        match *e {
-            Edit::Replace(i, b) if n > 0 => d[i % n] = b,
-            Edit::Insert(i, b) => d.insert(i % (n + 1), b),
-            Edit::Remove(i) if n > 0 => {
-                d.remove(i % n);
-            }
-            Edit::Cut(i) => d.truncate(i % (n + 1)),
-            _ => {}
-        }
-    }
-    d
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
@@ -312,15 +242,15 @@ fn the_fast_path_reads_written_datums() {
     };
     let valid = write(52.0);
     assert!(p.inner.binary_fast_path_takes(&valid));
-    assert_eq!(p.inner.judge("", &record(&valid), NOW), Ok(()));
+    assert_eq!(p.inner.judge("", &record(&valid, NOW), NOW), Ok(()));
     let poison = write(95.0);
     assert!(p.inner.binary_fast_path_takes(&poison));
-    assert!(p.inner.judge("", &record(&poison), NOW).is_err());
+    assert!(p.inner.judge("", &record(&poison, NOW), NOW).is_err());
     let nan = write(f64::NAN);
     assert!(!p.inner.binary_fast_path_takes(&nan));
     assert_eq!(
-        p.inner.judge("", &record(&nan), NOW),
-        p.inner.judge_reference(&record(&nan), NOW)
+        p.inner.judge("", &record(&nan, NOW), NOW),
+        p.inner.judge_reference(&record(&nan, NOW), NOW)
     );
     let mut trailing = valid.clone();
     trailing.push(0);

@@ -74,6 +74,8 @@
 mod avro;
 #[cfg(test)]
 mod avro_proptests;
+#[cfg(test)]
+mod byte_edits;
 mod compile;
 mod dlt_topic;
 mod document;

@@ -372,16 +372,7 @@ fn the_reference_avro_policy_by_registry_judges_as_by_file() {
                 v[cut] ^= 0x41;
                 v
             }] {
-                let r = Record {
-                    offset: 1,
-                    timestamp: NOW,
-                    key: None,
-                    value: Some(&damaged),
-                    headers: vec![crate::kafka::record::Header {
-                        key: b"idempotency-key",
-                        value: Some(b"k"),
-                    }],
-                };
+                let r = record_of(&damaged);
                 let fast = by_reg.policies()[0].inner.judge("", &r, NOW);
                 assert_eq!(
                     fast,
@@ -459,16 +450,7 @@ fn the_reference_protobuf_policy_by_registry_judges_as_by_file() {
             let mut flipped = value.clone();
             flipped[cut] ^= 0x41;
             for damaged in [value[..cut].to_vec(), flipped, value.clone()] {
-                let r = Record {
-                    offset: 1,
-                    timestamp: NOW,
-                    key: None,
-                    value: Some(&damaged),
-                    headers: vec![crate::kafka::record::Header {
-                        key: b"idempotency-key",
-                        value: Some(b"k"),
-                    }],
-                };
+                let r = record_of(&damaged);
                 let fast = by_reg.policies()[0].inner.judge("", &r, NOW);
                 let full = by_reg.policies()[0].inner.judge_reference(&r, NOW);
                 assert_eq!(fast, full, "{damaged:?}");
