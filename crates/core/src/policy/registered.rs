@@ -157,7 +157,14 @@ impl RegistryDecoder {
             }
             (Registered::Protobuf(file, tables), RegFormat::Protobuf) => {
                 let mut payload = rest;
-                let desc = protobuf::message_by_indexes(file, &mut payload).ok()?;
+                let desc = match rest {
+                    // The common one-byte index array [0]: the first message.
+                    [0, after @ ..] => {
+                        payload = after;
+                        file.messages().next()?
+                    }
+                    _ => protobuf::message_by_indexes(file, &mut payload).ok()?,
+                };
                 protobuf::check_type_name(&desc, self.message.as_deref()).ok()?;
                 tables.capture(&desc, payload, plan)?
             }
