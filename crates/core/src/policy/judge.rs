@@ -167,7 +167,8 @@ impl Compiled {
                 fast: Some(plan),
                 ..
             } if self.schema.is_none() => {
-                let caps = json::capture(bytes, *max_depth, plan)
+                let mut caps = json::Captures::new(plan.slots());
+                json::capture(bytes, *max_depth, plan, &mut caps)
                     .map_err(|r| Invalid::poison("decode", r))?;
                 return self.check_rules(&caps, now_ms);
             }
@@ -176,11 +177,11 @@ impl Compiled {
             } => {
                 // A schema in the fast subset: a record that surely meets
                 // it skips the `Value`; any other is judged in full below.
-                if let Some(caps) = fast
-                    .as_ref()
-                    .and_then(|plan| json::capture_shaped(bytes, *max_depth, plan))
-                {
-                    return self.check_rules(&caps, now_ms);
+                if let Some(plan) = fast {
+                    let mut caps = json::Captures::new(plan.slots());
+                    if json::capture_shaped(bytes, *max_depth, plan, &mut caps) {
+                        return self.check_rules(&caps, now_ms);
+                    }
                 }
                 json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
             }
@@ -309,7 +310,12 @@ impl Compiled {
                 max_depth,
                 fast: Some(plan),
                 ..
-            } => json::capture_shaped(bytes, *max_depth, plan).is_some(),
+            } => json::capture_shaped(
+                bytes,
+                *max_depth,
+                plan,
+                &mut json::Captures::new(plan.slots()),
+            ),
             _ => false,
         }
     }

@@ -425,18 +425,53 @@ fn scalar(v: &Value) -> Option<Scalar> {
     })
 }
 
-/// `a == b` for object keys, checking length and first byte before the
-/// bytes: most keys of a record differ there, and a call to `memcmp` per
-/// candidate key was 7 % of a judged record's CPU.
+/// `a == b` for object keys, without a call to `memcmp` for keys of up to
+/// 16 bytes (a call per candidate key was 10 % of a judged record's CPU):
+/// two overlapping loads cover every byte of such a key.
 #[inline]
 pub(crate) fn same_key(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.as_bytes().first() == b.as_bytes().first() && a == b
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let u64_at = |s: &[u8], at: usize| {
+        s.get(at..at + 8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8])))
+    };
+    let u32_at = |s: &[u8], at: usize| {
+        s.get(at..at + 4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap_or([0; 4])))
+    };
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => u32_at(a, 0) == u32_at(b, 0) && u32_at(a, n - 4) == u32_at(b, n - 4),
+        8..=16 => u64_at(a, 0) == u64_at(b, 0) && u64_at(a, n - 8) == u64_at(b, n - 8),
+        _ => a == b,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Every length up to 20, a difference at every position.
+    #[test]
+    fn same_key_compares_every_byte() {
+        for n in 0..20usize {
+            let a: String = (0..n).map(|i| char::from(b'a' + i as u8)).collect();
+            assert!(same_key(&a, &a.clone()), "{a}");
+            for at in 0..n {
+                let mut b = a.clone().into_bytes();
+                b[at] = b'Z';
+                let b = String::from_utf8(b).unwrap();
+                assert!(!same_key(&a, &b), "{a} {b}");
+            }
+            assert!(!same_key(&a, &format!("{a}x")));
+        }
+    }
 
     fn reference() -> Value {
         let path = concat!(

@@ -23,30 +23,49 @@ use skip::{skip_map, skip_seq, Skip};
 /// [`capture`] for a policy with a JSON Schema compiled to a shape: the
 /// captures if the document is valid JSON and surely meets the schema;
 /// `None` when the full path must judge it (and word the reason).
+///
+/// `caps` must be fresh (`Captures::new(plan.slots())`); it is filled in
+/// place, because moving it out of each layer cost more than filling it.
 pub(crate) fn capture_shaped<'de>(
     bytes: &'de [u8],
     max_depth: usize,
     plan: &Plan,
-) -> Option<Captures<'de>> {
-    plan.shape.as_ref()?;
-    run(bytes, max_depth, plan).ok()
+    caps: &mut Captures<'de>,
+) -> bool {
+    plan.shape.is_some() && run(bytes, max_depth, plan, caps).is_ok()
 }
 
+/// Fills the fresh `caps` from `bytes`, or says why they are not valid
+/// JSON (or not surely in the shape).
 pub(super) fn run<'de>(
     bytes: &'de [u8],
     max_depth: usize,
     plan: &Plan,
-) -> Result<Captures<'de>, serde_json::Error> {
+    caps: &mut Captures<'de>,
+) -> Result<(), serde_json::Error> {
     // UTF-8 is checked once for the whole document, so the parser reads
     // it as text and does not check each string again (those checks were
     // 4 % of a judged record's CPU); a document that is not UTF-8 is parsed
     // as bytes, which words the error exactly where it is.
     match std::str::from_utf8(bytes) {
-        Ok(text) => match scan::scan(text, max_depth, plan) {
-            Some(caps) => Ok(caps),
-            None => drive(serde_json::Deserializer::from_str(text), max_depth, plan),
-        },
-        Err(_) => drive(serde_json::Deserializer::from_slice(bytes), max_depth, plan),
+        Ok(text) => {
+            if scan::scan(text, max_depth, plan, caps) {
+                return Ok(());
+            }
+            *caps = Captures::new(plan.slots);
+            drive(
+                serde_json::Deserializer::from_str(text),
+                max_depth,
+                plan,
+                caps,
+            )
+        }
+        Err(_) => drive(
+            serde_json::Deserializer::from_slice(bytes),
+            max_depth,
+            plan,
+            caps,
+        ),
     }
 }
 
@@ -57,12 +76,21 @@ pub(crate) fn scanner_agrees(bytes: &[u8], max_depth: usize, plan: &Plan) -> Res
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Ok(false);
     };
-    let Some(scanned) = scan::scan(text, max_depth, plan) else {
+    let mut scanned = Captures::new(plan.slots);
+    if !scan::scan(text, max_depth, plan, &mut scanned) {
         return Ok(false);
-    };
-    match drive(serde_json::Deserializer::from_str(text), max_depth, plan) {
-        Ok(visited) if visited == scanned => Ok(true),
-        other => Err(format!("scanner {scanned:?}, visitor {other:?}")),
+    }
+    let mut visited = Captures::new(plan.slots);
+    match drive(
+        serde_json::Deserializer::from_str(text),
+        max_depth,
+        plan,
+        &mut visited,
+    ) {
+        Ok(()) if visited == scanned => Ok(true),
+        other => Err(format!(
+            "scanner {scanned:?}, visitor {other:?} {visited:?}"
+        )),
     }
 }
 
@@ -70,19 +98,18 @@ fn drive<'de, R: serde_json::de::Read<'de>>(
     mut de: serde_json::Deserializer<R>,
     max_depth: usize,
     plan: &Plan,
-) -> Result<Captures<'de>, serde_json::Error> {
-    let mut caps = Captures::new(plan.slots);
+    caps: &mut Captures<'de>,
+) -> Result<(), serde_json::Error> {
     At {
         plan,
         node: Some(0),
         shape: plan.shape.as_ref().map(Shape::root),
         depth: 0,
         max: max_depth,
-        caps: &mut caps,
+        caps,
     }
     .deserialize(&mut de)
-    .and_then(|()| de.end())?;
-    Ok(caps)
+    .and_then(|()| de.end())
 }
 
 /// Which values the rules need, compiled at load from their pointers: a

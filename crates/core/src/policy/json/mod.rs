@@ -56,13 +56,15 @@ pub(crate) fn decode(bytes: &[u8], max_depth: usize) -> Result<Value, String> {
 }
 
 /// Validate `bytes` as one strict JSON value no deeper than `max_depth`, and
-/// capture the values `plan` names. Same errors as [`decode`].
+/// capture the values `plan` names into the fresh `caps`. Same errors as
+/// [`decode`].
 pub(crate) fn capture<'de>(
     bytes: &'de [u8],
     max_depth: usize,
     plan: &Plan,
-) -> Result<Captures<'de>, String> {
-    run(bytes, max_depth, plan).map_err(|e| explain(bytes, max_depth, &e))
+    caps: &mut Captures<'de>,
+) -> Result<(), String> {
+    run(bytes, max_depth, plan, caps).map_err(|e| explain(bytes, max_depth, &e))
 }
 
 /// The reason for a parse error, as the scan-then-parse decoder gave it.

@@ -24,36 +24,47 @@ struct GiveUp;
 
 type Scan<T> = Result<T, GiveUp>;
 
-/// The captures of `text` (already checked to be UTF-8) if the scanner
-/// surely accepts it; `None` when the visitor path must decide.
-pub(super) fn scan<'de>(text: &'de str, max_depth: usize, plan: &Plan) -> Option<Captures<'de>> {
+/// Whether the scanner surely accepts `text` (already checked to be
+/// UTF-8), with its captures in `caps` (fresh from `Captures::new`); when
+/// it gives up, `caps` holds whatever was captured before, and the visitor
+/// path must decide with fresh captures. The captures are the caller's so
+/// that they are not moved on the way out (they were 6 % of a judged
+/// record's CPU as return values).
+pub(super) fn scan<'de>(
+    text: &'de str,
+    max_depth: usize,
+    plan: &Plan,
+    caps: &mut Captures<'de>,
+) -> bool {
     let mut s = Scanner {
         text,
         b: text.as_bytes(),
         i: 0,
         plan,
         max: max_depth,
-        caps: Captures::new(plan.slots),
+        caps,
         entered: 0,
     };
     let shape = plan.shape.as_ref().map(|sh| sh.root());
-    s.value(Some(0), shape, 0).ok()?;
+    if s.value(Some(0), shape, 0).is_err() {
+        return false;
+    }
     s.ws();
-    (s.i == s.b.len()).then_some(s.caps)
+    s.i == s.b.len()
 }
 
-struct Scanner<'p, 'de> {
+struct Scanner<'p, 'c, 'de> {
     text: &'de str,
     b: &'de [u8],
     i: usize,
     plan: &'p Plan,
     max: usize,
-    caps: Captures<'de>,
+    caps: &'c mut Captures<'de>,
     /// Trie nodes entered so far (bit per node below 128).
     entered: u128,
 }
 
-impl<'p, 'de> Scanner<'p, 'de> {
+impl<'p, 'de> Scanner<'p, '_, 'de> {
     /// JSON whitespace, as serde_json reads it.
     #[inline]
     fn ws(&mut self) {
@@ -91,23 +102,26 @@ impl<'p, 'de> Scanner<'p, 'de> {
     fn string(&mut self) -> Scan<&'de str> {
         let (b, start) = (self.b, self.i);
         let mut i = start;
-        // Eight bytes at a time while none is a quote, a backslash or a
-        // control character (the byte loop below finds which one it is).
+        // Eight bytes at a time to the first quote, backslash or control
+        // character; the last few bytes one at a time.
         while let Some(chunk) = b.get(i..i + 8) {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
-            if special(u64::from_le_bytes(word)) {
+            let m = special(u64::from_le_bytes(word));
+            if m != 0 {
+                i += (m.trailing_zeros() / 8) as usize;
                 break;
             }
             i += 8;
         }
-        loop {
-            match b.get(i) {
-                Some(b'"') => break,
-                Some(b'\\') | None => return Err(GiveUp),
-                Some(&c) if c < 0x20 => return Err(GiveUp),
-                Some(_) => i += 1,
+        while let Some(&c) = b.get(i) {
+            if c == b'"' || c == b'\\' || c < 0x20 {
+                break;
             }
+            i += 1;
+        }
+        if b.get(i) != Some(&b'"') {
+            return Err(GiveUp);
         }
         // Both ends are ASCII quotes, so this slice is on char boundaries.
         let s = self.text.get(start..i).ok_or(GiveUp)?;
@@ -126,12 +140,7 @@ impl<'p, 'de> Scanner<'p, 'de> {
         let mut v: u64 = 0;
         match b.get(i) {
             Some(b'0') => i += 1,
-            Some(b'1'..=b'9') => {
-                while let Some(&d @ b'0'..=b'9') = b.get(i) {
-                    v = v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
-                    i += 1;
-                }
-            }
+            Some(b'1'..=b'9') => (i, v) = digits_at(b, i, 0),
             _ => return Err(GiveUp),
         }
         let int_digits = i - digits;
@@ -351,30 +360,63 @@ fn short_decimal(
     const POW10: [f64; 16] = [
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
     ];
-    let mut end = frac;
-    while let Some(&d @ b'0'..=b'9') = b.get(end) {
-        m = m.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
-        end += 1;
-    }
+    let end;
+    (end, m) = digits_at(b, frac, m);
     let k = end - frac;
     if k == 0 || int_digits + k > 15 || matches!(b.get(end), Some(b'e' | b'E')) {
         return None;
     }
     *at = end;
-    Some(m as f64 / POW10[k])
+    // m < 2^53 here: as an i64 it converts in one instruction.
+    Some(m as i64 as f64 / POW10[k])
 }
 
-/// Whether any byte of `w` is `"`, `\\` or below 0x20 (SWAR: a byte's high
-/// bit is set in `(x - 0x01..) & !x & 0x80..` exactly when some byte of
-/// `x` is zero, and in `(w - 0x20..) & !w` when a byte is below 0x20).
-fn special(w: u64) -> bool {
+/// The decimal digits from `i` on, accumulated into `v` (wrapping, as
+/// `v * 10 + digit` per digit would): where they end and the value. Eight
+/// digits at a time where eight are there (SWAR, as simdjson parses them).
+#[inline]
+fn digits_at(b: &[u8], mut i: usize, mut v: u64) -> (usize, u64) {
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word).wrapping_sub(ZEROS);
+        // A byte is flagged when it was below '0' (its high bit after the
+        // subtraction) or above '9' (adding 0x76 reaches 0x80); borrows
+        // and carries move up from a flagged byte only, so eight digits
+        // are never flagged and any other byte flags some byte.
+        if (x | x.wrapping_add(0x7676_7676_7676_7676)) & 0x8080_8080_8080_8080 != 0 {
+            break;
+        }
+        // Pairs, then fours, then all eight: the first byte is the most
+        // significant digit.
+        let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00ff_00ff_00ff_00ff;
+        let x = (x.wrapping_mul(100) + (x >> 16)) & 0x0000_ffff_0000_ffff;
+        let x = (x.wrapping_mul(10_000) + (x >> 32)) & 0xffff_ffff;
+        v = v.wrapping_mul(100_000_000).wrapping_add(x);
+        i += 8;
+    }
+    while let Some(&d @ b'0'..=b'9') = b.get(i) {
+        v = v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
+        i += 1;
+    }
+    (i, v)
+}
+
+/// A mask whose lowest set bit is the high bit of the first byte of `w`
+/// (little-endian) that is `"`, `\\` or below 0x20; 0 if none is. SWAR: a
+/// byte's high bit is set in `(x - 0x01..) & !x & 0x80..` when a byte of
+/// `x` is zero, and in `(w - 0x20..) & !w & 0x80..` when a byte of `w` is
+/// below 0x20. A borrow can also flag bytes above (after) a flagged byte,
+/// never below it, so the lowest flag is exact.
+fn special(w: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
     let quote = zero(w ^ (ONES * u64::from(b'"')));
     let backslash = zero(w ^ (ONES * u64::from(b'\\')));
     let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-    quote | backslash | control != 0
+    quote | backslash | control
 }
 
 /// What the visitor path captures for a scalar it was shown.
@@ -450,23 +492,60 @@ mod tests {
         }
     }
 
-    /// Every byte value, at every position of a word of plain bytes: the
-    /// word is special exactly when that byte is a quote, a backslash or a
-    /// control character.
+    /// Runs of digits of every length up to 40, with every byte after
+    /// them: the same end and (wrapping) value as one digit at a time.
     #[test]
-    fn special_finds_quotes_backslashes_and_control_characters() {
-        for b in 0..=255u8 {
-            for pos in 0..8 {
-                let mut w = *b"abcdefgh";
-                w[pos] = b;
-                let expect = b == b'"' || b == b'\\' || b < 0x20;
-                assert_eq!(
-                    special(u64::from_le_bytes(w)),
-                    expect,
-                    "byte {b:#x} at {pos}"
-                );
+    fn digits_at_reads_what_one_digit_at_a_time_reads() {
+        let naive = |b: &[u8], mut i: usize| {
+            let mut v = 7u64;
+            while let Some(&d @ b'0'..=b'9') = b.get(i) {
+                v = v.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
+                i += 1;
+            }
+            (i, v)
+        };
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for n in 0..40usize {
+            for after in 0..=255u8 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let mut b = vec![b'-'];
+                b.extend((0..n).map(|j| b'0' + ((seed >> (j % 60)) % 10) as u8));
+                b.push(after);
+                b.extend_from_slice(b"12345678");
+                assert_eq!(super::digits_at(&b, 1, 7), naive(&b, 1), "{b:?}");
             }
         }
-        assert!(!special(u64::from_le_bytes(*b"\xc3\xa9\xe2\x82\xac \x7f~")));
+    }
+
+    /// Every byte value, at every position of a word, after plain bytes
+    /// and before any bytes: the first flagged byte is that one exactly
+    /// when it is a quote, a backslash or a control character.
+    #[test]
+    fn special_finds_the_first_quote_backslash_or_control_character() {
+        let after = [0u8, b'"', b'\\', 0x1f, b'a', 0xff];
+        for b in 0..=255u8 {
+            for pos in 0..8 {
+                for &rest in &after {
+                    let mut w = [rest; 8];
+                    w[..pos].copy_from_slice(&b"abcdefgh"[..pos]);
+                    w[pos] = b;
+                    let m = special(u64::from_le_bytes(w));
+                    let first = (m != 0).then(|| (m.trailing_zeros() / 8) as usize);
+                    let special_byte = |c: u8| c == b'"' || c == b'\\' || c < 0x20;
+                    let expect = if special_byte(b) {
+                        Some(pos)
+                    } else {
+                        (pos + 1..8).find(|_| special_byte(rest))
+                    };
+                    assert_eq!(first, expect, "byte {b:#x} at {pos}, then {rest:#x}");
+                }
+            }
+        }
+        assert_eq!(
+            special(u64::from_le_bytes(*b"\xc3\xa9\xe2\x82\xac \x7f~")),
+            0
+        );
     }
 }
