@@ -14,6 +14,9 @@
 //! Each case judges a rotating set of 1024 distinct records, and the setup
 //! asserts that all of them are valid and that a poisoned one is not (so the
 //! benchmark cannot silently measure an early-exit error path).
+//!
+//! `scripts/bench/judge-cost.sh` counts instructions and cycles per judged
+//! record instead of time (`VALIDATE_ONLY`, `VALIDATE_LOOPS` below).
 
 mod common;
 
@@ -79,6 +82,29 @@ fn bench_one(
         .enumerate()
         .map(|(i, o)| record(o, i))
         .collect();
+
+    // `VALIDATE_ONLY=<name> VALIDATE_LOOPS=<n>`: judge n records of this
+    // policy and exit, for counting instructions and cycles per record
+    // with `perf stat` (the difference between two values of n), which
+    // the shared machine's noise moves far less than time.
+    if let (Ok(only), Ok(loops)) = (
+        std::env::var("VALIDATE_ONLY"),
+        std::env::var("VALIDATE_LOOPS"),
+    ) {
+        if only == name {
+            let loops: usize = loops.parse().expect("VALIDATE_LOOPS: a count");
+            let valid = (0..loops)
+                .filter(|i| {
+                    policy
+                        .judge(black_box(&recs[i % N]), common::NOW_MS)
+                        .is_valid()
+                })
+                .count();
+            eprintln!("validate/{name}: {valid} of {loops} judged valid");
+            std::process::exit(0);
+        }
+        return;
+    }
 
     let mut group = c.benchmark_group("validate");
     group.throughput(Throughput::Elements(1));

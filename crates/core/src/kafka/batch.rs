@@ -475,22 +475,53 @@ impl DecodedBatch {
     /// the record's deltas. Note: under LogAppendTime (`Batch::timestamp_type`)
     /// Java consumers report the batch's maxTimestamp instead.
     pub fn record(&self, i: usize) -> Option<Record<'_>> {
-        let e = self.entries.get(i)?;
+        let mut r = Record {
+            offset: 0,
+            timestamp: 0,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        };
+        self.fill(i, &mut r).then_some(r)
+    }
+
+    /// Record `i` written over `r`, reusing its header vector; `false` (and
+    /// `r` unchanged) past the end.
+    fn fill<'a>(&'a self, i: usize, r: &mut Record<'a>) -> bool {
+        let Some(e) = self.entries.get(i) else {
+            return false;
+        };
         let buf = &self.buf[..];
         let slice = |r: &Range<usize>| &buf[r.clone()];
-        Some(Record {
-            offset: self.base_offset.wrapping_add(i64::from(e.offset_delta)),
-            timestamp: self.base_timestamp.wrapping_add(e.timestamp_delta),
-            key: e.key.as_ref().map(slice),
-            value: e.value.as_ref().map(slice),
-            headers: self.headers[e.headers.clone()]
-                .iter()
-                .map(|h| Header {
-                    key: slice(&h.key),
-                    value: h.value.as_ref().map(slice),
-                })
-                .collect(),
-        })
+        r.offset = self.base_offset.wrapping_add(i64::from(e.offset_delta));
+        r.timestamp = self.base_timestamp.wrapping_add(e.timestamp_delta);
+        r.key = e.key.as_ref().map(slice);
+        r.value = e.value.as_ref().map(slice);
+        r.headers.clear();
+        r.headers
+            .extend(self.headers[e.headers.clone()].iter().map(|h| Header {
+                key: slice(&h.key),
+                value: h.value.as_ref().map(slice),
+            }));
+        true
+    }
+
+    /// Calls `f` with each record's index and the record, in batch order,
+    /// through one `Record` whose header vector is reused: a vector per
+    /// record cost 4-5 % of a judged record's CPU in `malloc` and `free`.
+    pub fn each_record<'a>(&'a self, mut f: impl FnMut(usize, &Record<'a>)) {
+        let mut r = Record {
+            offset: 0,
+            timestamp: 0,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        };
+        for i in 0..self.len() {
+            if self.fill(i, &mut r) {
+                f(i, &r);
+            }
+        }
     }
 
     /// All records in batch order.
@@ -644,6 +675,26 @@ mod tests {
         assert_eq!(r.headers.len(), 2, "duplicate header keys are kept");
         assert_eq!(r.header("h"), Some(Some(&b"v"[..])));
         assert_eq!(r.headers[1].value, None);
+    }
+
+    /// `each_record` (one reused header vector) sees what `record` does,
+    /// with no header of an earlier record left over.
+    #[test]
+    fn each_record_is_record_by_record() {
+        let mut with_headers = RawRecord::simple(0, "a");
+        let mut without = RawRecord::simple(1, "b");
+        without.headers.clear();
+        with_headers.headers.push(("x".into(), None));
+        let raw = RawBatch {
+            records: vec![with_headers, without, RawRecord::simple(2, "c")],
+            ..RawBatch::default()
+        };
+        let d = Batch::new(raw.encode()).unwrap().decode().unwrap();
+        let mut seen = Vec::new();
+        d.each_record(|i, r| seen.push((i, r.clone())));
+        let want: Vec<_> = d.records().enumerate().collect();
+        assert_eq!(seen, want);
+        assert!(seen[1].1.headers.is_empty() && seen[0].1.headers.len() > 1);
     }
 
     #[test]

@@ -334,8 +334,9 @@ fn apply_verdicts(
             &mut out,
         );
     } else if divert.iter().any(Option::is_some) {
-        for (record, verdict) in decoded.records().zip(&divert) {
-            if let Some(verdict) = verdict {
+        // Only the diverted records are decoded again.
+        for (i, verdict) in divert.iter().enumerate() {
+            if let (Some(verdict), Some(record)) = (verdict, decoded.record(i)) {
                 plan.stats.diverted += 1;
                 let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, verdict);
                 plan.diversions.push(d);

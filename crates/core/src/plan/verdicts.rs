@@ -198,20 +198,17 @@ impl VerdictCache {
             .invalid
             .get_or_init(|| {
                 judged_here = true;
-                Arc::new(
-                    decoded
-                        .records()
-                        .enumerate()
-                        .filter_map(|(index, r)| match policy.judge_in(topic, &r, now_ms) {
-                            Verdict::Valid => None,
-                            Verdict::Invalid(invalid) => Some(Judged {
-                                index,
-                                offset: r.offset,
-                                invalid,
-                            }),
-                        })
-                        .collect(),
-                )
+                let mut invalid = Vec::new();
+                decoded.each_record(|index, r| {
+                    if let Verdict::Invalid(v) = policy.judge_in(topic, r, now_ms) {
+                        invalid.push(Judged {
+                            index,
+                            offset: r.offset,
+                            invalid: v,
+                        });
+                    }
+                });
+                Arc::new(invalid)
             })
             .clone();
         // A `transient` verdict (the schema registry has not answered) is

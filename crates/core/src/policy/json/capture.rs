@@ -268,6 +268,7 @@ impl<'de> Captures<'de> {
         }
     }
 
+    #[inline]
     fn get(&self, slot: usize) -> Option<&Captured<'de>> {
         if self.heap.is_empty() {
             self.inline.get(slot)
@@ -276,6 +277,7 @@ impl<'de> Captures<'de> {
         }
     }
 
+    #[inline]
     pub(crate) fn set(&mut self, slot: usize, v: Captured<'de>) {
         let cell = if self.heap.is_empty() {
             self.inline.get_mut(slot)
