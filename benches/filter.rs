@@ -82,6 +82,9 @@ fn assert_clean_path_is_zero_copy(section: &Bytes) {
 }
 
 fn bench_filter(c: &mut Criterion) {
+    if std::env::var_os("FILTER_LOOPS").is_some() {
+        return; // counting instructions of `bench_threads`' rewrite only
+    }
     let policy = common::load_policy("geofence.yaml");
     let topic: Arc<str> = Arc::from("geofence.triggers");
     let vis = Visibility::new(false, None);
@@ -194,6 +197,27 @@ fn bench_threads(c: &mut Criterion) {
     let section = common::json_section(BATCHES, PER_BATCH, 1000, Compression::None);
     let cache = VerdictCache::new(100_000);
     let serial = AtomicUsize::new(0);
+    let rewrite = || {
+        // A topic never seen: every batch is judged.
+        let n = serial.fetch_add(1, Ordering::Relaxed);
+        let topic: Arc<str> = Arc::from(format!("t{n}"));
+        let plan = plan_partition(&input(&policy, &topic, &section, &vis), &cache);
+        let out = plan.changes_anything().then(|| plan.apply(None));
+        black_box((plan.diversions.len(), out));
+    };
+    // `FILTER_LOOPS=<n>`: rewrite the partition n times on this thread and
+    // exit, for counting instructions per record under valgrind
+    // (`scripts/bench/judge-cost.sh --filter`), which the machine's noise
+    // does not move.
+    if let Ok(loops) = std::env::var("FILTER_LOOPS") {
+        let loops: usize = loops.parse().expect("FILTER_LOOPS: a count");
+        (0..loops).for_each(|_| rewrite());
+        eprintln!(
+            "threads: {loops} rewrites of {} records",
+            BATCHES * PER_BATCH
+        );
+        std::process::exit(0);
+    }
     let mut group = c.benchmark_group("threads");
     for threads in [1usize, 2] {
         group.throughput(Throughput::Elements((threads * BATCHES * PER_BATCH) as u64));
@@ -202,17 +226,7 @@ fn bench_threads(c: &mut Criterion) {
                 let start = Instant::now();
                 std::thread::scope(|s| {
                     for _ in 0..threads {
-                        s.spawn(|| {
-                            for _ in 0..iters {
-                                // A topic never seen: every batch is judged.
-                                let n = serial.fetch_add(1, Ordering::Relaxed);
-                                let topic: Arc<str> = Arc::from(format!("t{n}"));
-                                let plan =
-                                    plan_partition(&input(&policy, &topic, &section, &vis), &cache);
-                                let out = plan.changes_anything().then(|| plan.apply(None));
-                                black_box((plan.diversions.len(), out));
-                            }
-                        });
+                        s.spawn(|| (0..iters).for_each(|_| rewrite()));
                     }
                 });
                 start.elapsed()
