@@ -222,6 +222,7 @@ impl Shape {
 
     /// The schema for a member of an object checked by `node`; `Err` when
     /// the member is not allowed at all.
+    #[inline]
     pub(crate) fn member(&self, node: &ShapeNode, m: Member) -> Result<Option<&ShapeNode>, ()> {
         let additional = match m {
             Member::Key(i) => match node.keys.get(i).and_then(|k| k.1) {
@@ -281,6 +282,7 @@ impl Shape {
 
 impl ShapeNode {
     /// Whether a scalar surely meets this schema.
+    #[inline]
     pub(crate) fn scalar(&self, v: Seen<'_>) -> bool {
         let kind = match v {
             Seen::Null => NULL,
@@ -348,6 +350,7 @@ impl ShapeNode {
     }
 
     /// Which of this object's named keys `name` is.
+    #[inline]
     pub(crate) fn key(&self, name: &str) -> Member {
         match self.keys.iter().position(|k| same_key(&k.0, name)) {
             Some(i) => Member::Key(i),
@@ -356,6 +359,7 @@ impl ShapeNode {
     }
 
     /// The required-property bit of a member (0 if not required).
+    #[inline]
     pub(crate) fn bit(&self, m: Member) -> u64 {
         match m {
             Member::Key(i) => self.keys.get(i).and_then(|k| k.2).map_or(0, |b| 1 << b),
