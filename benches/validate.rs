@@ -15,8 +15,8 @@
 //! asserts that all of them are valid and that a poisoned one is not (so the
 //! benchmark cannot silently measure an early-exit error path).
 //!
-//! `scripts/bench/judge-cost.sh` counts instructions and cycles per judged
-//! record instead of time (`VALIDATE_ONLY`, `VALIDATE_LOOPS` below).
+//! `scripts/bench/judge-cost.sh` counts instructions per judged record
+//! under valgrind instead of time (`VALIDATE_ONLY`, `VALIDATE_LOOPS` below).
 
 mod common;
 
@@ -84,9 +84,9 @@ fn bench_one(
         .collect();
 
     // `VALIDATE_ONLY=<name> VALIDATE_LOOPS=<n>`: judge n records of this
-    // policy and exit, for counting instructions and cycles per record
-    // with `perf stat` (the difference between two values of n), which
-    // the shared machine's noise moves far less than time.
+    // policy and exit, for counting instructions per record under
+    // valgrind (the difference between two values of n,
+    // `scripts/bench/judge-cost.sh`), which the machine's noise does not move.
     if let (Ok(only), Ok(loops)) = (
         std::env::var("VALIDATE_ONLY"),
         std::env::var("VALIDATE_LOOPS"),

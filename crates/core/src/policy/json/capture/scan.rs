@@ -104,10 +104,8 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
         let mut i = start;
         // Eight bytes at a time to the first quote, backslash or control
         // character; the last few bytes one at a time.
-        while let Some(chunk) = b.get(i..i + 8) {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            let m = special(u64::from_le_bytes(word));
+        while let Some(word) = word_at(b, i) {
+            let m = special(word);
             if m != 0 {
                 i += (m.trailing_zeros() / 8) as usize;
                 break;
@@ -377,10 +375,8 @@ fn short_decimal(
 #[inline]
 fn digits_at(b: &[u8], mut i: usize, mut v: u64) -> (usize, u64) {
     const ZEROS: u64 = 0x3030_3030_3030_3030;
-    while let Some(chunk) = b.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(word).wrapping_sub(ZEROS);
+    while let Some(word) = word_at(b, i) {
+        let x = word.wrapping_sub(ZEROS);
         // A byte is flagged when it was below '0' (its high bit after the
         // subtraction) or above '9' (adding 0x76 reaches 0x80); borrows
         // and carries move up from a flagged byte only, so eight digits
@@ -401,6 +397,15 @@ fn digits_at(b: &[u8], mut i: usize, mut v: u64) -> (usize, u64) {
         i += 1;
     }
     (i, v)
+}
+
+/// The eight bytes of `b` from `i` on as a little-endian word, if there
+/// are eight.
+#[inline]
+fn word_at(b: &[u8], i: usize) -> Option<u64> {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(b.get(i..i + 8)?);
+    Some(u64::from_le_bytes(word))
 }
 
 /// A mask whose lowest set bit is the high bit of the first byte of `w`
