@@ -389,6 +389,24 @@ proptest! {
         agree(&policies(), &doc)?;
     }
 
+    /// The scanner's learned layouts (`capture/layout.rs`): one fresh set
+    /// of policies learns them from a document, then judges near misses of
+    /// it, whose members match the layout's bytes, or nearly do.
+    #[test]
+    fn documents_after_a_learned_layout_agree(
+        d in prop_oneof![
+            doc(),
+            (-100.0f64..100.0, -200.0f64..200.0).prop_map(|(a, o)| trigger(a, o, 3.0, 10)),
+        ],
+        edits in proptest::collection::vec(proptest::collection::vec(edit(), 1..3), 1..4),
+    ) {
+        let set = policies();
+        agree(&set, d.as_bytes())?;
+        for e in &edits {
+            agree(&set, &apply(d.clone().into_bytes(), e))?;
+        }
+    }
+
     #[test]
     fn mutated_generated_documents_agree(
         d in doc(),
@@ -453,6 +471,50 @@ fn the_byte_scanner_accepts_plain_triggers() {
         Some(Ok(true)),
         "{doc}"
     );
+}
+
+/// After a layout is learned from a plain trigger, members that are
+/// reordered, repeated, left out, added, spaced or nested differently are
+/// still read as serde_json reads them.
+#[test]
+fn documents_unlike_the_learned_layout_agree() {
+    let set = policies();
+    let first = trigger(52.1, 4.3, 12.5, 1_000);
+    agree(&set, first.as_bytes()).expect("the first trigger");
+    let docs = [
+        first.replace(r#""lat": 52.1, "lon": 4.3"#, r#""lon": 4.3, "lat": 52.1"#),
+        first.replace(r#""lat": 52.1, "#, r#""lat": 52.1, "lat": 95, "#),
+        first.replace(r#""lat": 52.1, "#, r#""lat": 95, "lat": 52.1, "#),
+        first.replace(r#""speed_mps": 12.5, "#, ""),
+        first.replace(
+            r#""speed_mps": 12.5, "#,
+            r#""speed_mps": 12.5, "x": {"lat": 95}, "#,
+        ),
+        first.replace(r#""lat": 52.1"#, r#""lat" : 52.1"#),
+        first.replace(r#""lat": 52.1"#, r#""lat":52.1"#),
+        first.replace(r#""lat": 52.1"#, r#""latitude": 52.1, "lat": 52.1"#),
+        first.replace(r#""lat": 52.1"#, r#""la": 52.1"#),
+        first.replace(
+            r#""p": {"lat": 1, "lon": 2}"#,
+            r#""p": {"lon": 2, "lat": 1}"#,
+        ),
+        first.replace(
+            r#""p": {"lat": 1, "lon": 2}"#,
+            r#""p": {"lat": 1, "lat": 200, "lon": 2}"#,
+        ),
+        first.replace(r#""p": {"lat": 1, "lon": 2}"#, r#""p": {"lat": 1}"#),
+        first.replace(r#""p": {"lat": 1, "lon": 2}"#, r#""p": [1, 2]"#),
+        first.replace(r#""a": [1, {"k": 3}]"#, r#""a": [1, {"k": -3, "k": 3}]"#),
+        first.replace(r#""a": [1, {"k": 3}]"#, r#""a": [{"k": 3}, 1]"#),
+        first.replace(r#""transition": "ENTER""#, r#""transition": "ENT\u0045R""#),
+        first.replace(r#""transition""#, r#""tr\u0061nsition""#),
+    ];
+    for (i, d) in docs.iter().enumerate() {
+        assert_ne!(d, &first, "replacement {i} applies");
+        if let Err(e) = agree(&set, d.as_bytes()) {
+            panic!("{e}");
+        }
+    }
 }
 
 #[test]

@@ -434,7 +434,12 @@ fn scalar(v: &Value) -> Option<Scalar> {
 /// two overlapping loads cover every byte of such a key.
 #[inline]
 pub(crate) fn same_key(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
+    same_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// `a == b`, as [`same_key`] compares keys.
+#[inline]
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     if n != b.len() {
         return false;

@@ -13,6 +13,7 @@ use serde_json::{Number, Value};
 
 use super::{too_deep, BuildValue};
 
+mod layout;
 mod scan;
 mod skip;
 
@@ -135,6 +136,8 @@ pub(super) struct Node {
     children: Vec<(String, Option<usize>, usize)>,
     /// Slots of every pointer ending at or below this node.
     below: Vec<usize>,
+    /// The members of the first object the scanner read in full here.
+    layout: std::sync::OnceLock<layout::Layout>,
 }
 
 impl Plan {

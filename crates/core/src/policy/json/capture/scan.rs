@@ -16,8 +16,9 @@ use std::borrow::Cow;
 use serde::de::{self, Deserializer, Visitor};
 use serde_json::Number;
 
+use super::layout::Learning;
 use super::{Captured, Captures, Plan};
-use crate::policy::shape::{same_key, Seen, ShapeNode};
+use crate::policy::shape::{same_key, Member, Seen, ShapeNode};
 
 /// Why the scan stopped: the visitor path must decide.
 struct GiveUp;
@@ -260,22 +261,42 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
     ) -> Scan<()> {
         self.i += 1;
         let plan = self.plan;
-        let children: &[_] = node
-            .and_then(|n| plan.nodes.get(n))
-            .map_or(&[], |t| &t.children);
+        let trie = node.and_then(|n| plan.nodes.get(n));
+        let children: &[_] = trie.map_or(&[], |t| &t.children);
         let all = plan.shape.as_ref();
+        // Members are matched against the layout learned here, or read to
+        // learn one.
+        let layout = trie.and_then(|t| t.layout.get()).filter(|l| l.fits(shape));
+        let mut learning = trie
+            .filter(|t| t.layout.get().is_none())
+            .map(|_| Learning::default());
+        let mut next = 0usize;
         let mut seen = 0u64;
         if self.peek()? == b'}' {
             self.i += 1;
         } else {
             loop {
-                self.eat(b'"')?;
-                let key = self.string()?;
-                self.eat(b':')?;
-                let child = children.iter().find(|c| same_key(&c.0, key)).map(|c| c.2);
-                let sub = match (shape, all) {
-                    (Some(s), Some(all)) => {
-                        let m = s.key(key);
+                let start = self.i;
+                let (child, member) = match layout.and_then(|l| l.member_at(next, self.b, start)) {
+                    Some((e, end, k)) => {
+                        (self.i, next) = (end, k);
+                        (e.child, shape.map(|_| e.member))
+                    }
+                    None => {
+                        self.eat(b'"')?;
+                        let key = self.string()?;
+                        self.eat(b':')?;
+                        let child = children.iter().find(|c| same_key(&c.0, key)).map(|c| c.2);
+                        let member = shape.map(|s| s.key(key));
+                        if let Some(l) = &mut learning {
+                            let m = member.unwrap_or(Member::Other);
+                            l.push(&self.b[start..self.i], child, m);
+                        }
+                        (child, member)
+                    }
+                };
+                let sub = match (shape, all, member) {
+                    (Some(s), Some(all), Some(m)) => {
                         seen |= s.bit(m);
                         all.member(s, m).map_err(|()| GiveUp)?
                     }
@@ -295,6 +316,10 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
         }
         if shape.is_some_and(|s| !s.complete(seen)) {
             return Err(GiveUp);
+        }
+        if let (Some(t), Some(l)) = (trie, learning) {
+            // Another thread may have learned one first: either will do.
+            let _ = t.layout.set(l.finish(shape));
         }
         Ok(())
     }
