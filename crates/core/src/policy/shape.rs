@@ -64,7 +64,7 @@ pub(crate) struct ShapeNode {
     min_len: Option<u64>,
     max_len: Option<u64>,
     /// (`value.cmp(limit)` must be one of these, limit)
-    bounds: Vec<(&'static [Ordering], Number)>,
+    bounds: Vec<(&'static [Ordering], Limit)>,
     /// `enum` and `const` lists; a value must be in each.
     allowed: Vec<Vec<Scalar>>,
     /// Keys named by `properties` or `required`: (name, schema node, bit).
@@ -74,6 +74,9 @@ pub(crate) struct ShapeNode {
     items: Option<usize>,
     min_items: Option<u64>,
     max_items: Option<u64>,
+    /// No lengths, bounds or allowed values: a scalar is checked by its
+    /// type alone.
+    plain: bool,
 }
 
 impl Default for ShapeNode {
@@ -90,6 +93,7 @@ impl Default for ShapeNode {
             items: None,
             min_items: None,
             max_items: None,
+            plain: true,
         }
     }
 }
@@ -141,7 +145,11 @@ impl Shape {
             Value::Object(m) => self.object(m)?,
             _ => return None,
         };
-        self.nodes[id] = n;
+        let plain = n.min_len.is_none()
+            && n.max_len.is_none()
+            && n.bounds.is_empty()
+            && n.allowed.is_empty();
+        self.nodes[id] = ShapeNode { plain, ..n };
         Some(id)
     }
 
@@ -291,9 +299,12 @@ impl ShapeNode {
             Seen::F64(_) => FLOAT,
             Seen::Str(_) => STR,
         };
-        if self.types & kind == 0 {
-            return false;
-        }
+        self.types & kind != 0 && (self.plain || self.constrained(v))
+    }
+
+    /// Whether a scalar of an allowed type meets the lengths, bounds and
+    /// allowed values.
+    fn constrained(&self, v: Seen<'_>) -> bool {
         match v {
             Seen::Str(s) => {
                 // Lengths count code points, and a string of b bytes has
@@ -373,23 +384,38 @@ impl ShapeNode {
     }
 }
 
+/// A numeric bound, converted once at load.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    /// The limit, when it is an integer (i64 or u64).
+    whole: Option<i128>,
+    /// Otherwise, the float.
+    float: Option<f64>,
+}
+
+impl Limit {
+    fn of(n: &Number) -> Limit {
+        let whole = n.as_i64().map(i128::from).or(n.as_u64().map(i128::from));
+        Limit {
+            whole,
+            float: n.as_f64(),
+        }
+    }
+}
+
 /// `v` compared with `limit`, when it can be decided exactly.
-fn compare(v: Seen<'_>, limit: &Number) -> Option<Ordering> {
+fn compare(v: Seen<'_>, limit: &Limit) -> Option<Ordering> {
     const EXACT: i128 = 1 << 53;
     let whole = match v {
         Seen::I64(i) => Some(i128::from(i)),
         Seen::U64(u) => Some(i128::from(u)),
         _ => None,
     };
-    let limit_whole = limit
-        .as_i64()
-        .map(i128::from)
-        .or(limit.as_u64().map(i128::from));
-    match (whole, limit_whole, v) {
+    match (whole, limit.whole, v) {
         (Some(a), Some(b), _) => Some(a.cmp(&b)),
         (None, Some(b), Seen::F64(f)) if b.abs() <= EXACT => f.partial_cmp(&(b as f64)),
-        (Some(a), None, _) if a.abs() <= EXACT => (a as f64).partial_cmp(&limit.as_f64()?),
-        (None, None, Seen::F64(f)) => f.partial_cmp(&limit.as_f64()?),
+        (Some(a), None, _) if a.abs() <= EXACT => (a as f64).partial_cmp(&limit.float?),
+        (None, None, Seen::F64(f)) => f.partial_cmp(&limit.float?),
         _ => None,
     }
 }
@@ -413,9 +439,9 @@ fn types(v: &Value) -> Option<u8> {
     }
 }
 
-fn number(v: &Value) -> Option<Number> {
+fn number(v: &Value) -> Option<Limit> {
     match v {
-        Value::Number(n) => Some(n.clone()),
+        Value::Number(n) => Some(Limit::of(n)),
         _ => None,
     }
 }

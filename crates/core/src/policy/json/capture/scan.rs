@@ -396,25 +396,34 @@ fn short_decimal(
 
 /// The decimal digits from `i` on, accumulated into `v` (wrapping, as
 /// `v * 10 + digit` per digit would): where they end and the value. Eight
-/// digits at a time where eight are there (SWAR, as simdjson parses them).
-#[inline]
+/// bytes at a time where eight are there (SWAR, as simdjson parses them),
+/// and a last run of four to seven digits too; shorter runs, and digits
+/// within the last seven bytes of `b`, one at a time.
+#[inline(always)]
 fn digits_at(b: &[u8], mut i: usize, mut v: u64) -> (usize, u64) {
     const ZEROS: u64 = 0x3030_3030_3030_3030;
+    const POW10: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
     while let Some(word) = word_at(b, i) {
         let x = word.wrapping_sub(ZEROS);
         // A byte is flagged when it was below '0' (its high bit after the
         // subtraction) or above '9' (adding 0x76 reaches 0x80); borrows
-        // and carries move up from a flagged byte only, so eight digits
-        // are never flagged and any other byte flags some byte.
-        if (x | x.wrapping_add(0x7676_7676_7676_7676)) & 0x8080_8080_8080_8080 != 0 {
-            break;
+        // and carries move up from a flagged byte only, so the lowest flag
+        // is the first byte that is not a digit, and the bytes below it
+        // are digits, 0-9 in `x`.
+        let flags = (x | x.wrapping_add(0x7676_7676_7676_7676)) & 0x8080_8080_8080_8080;
+        if flags != 0 {
+            let n = (flags.trailing_zeros() / 8) as usize;
+            if n < 4 {
+                // Fewer instructions one at a time (below).
+                break;
+            }
+            // The n digits to the top bytes, zeros (leading zeros) below.
+            v = v
+                .wrapping_mul(POW10[n])
+                .wrapping_add(eight_digits(x << (64 - 8 * n)));
+            return (i + n, v);
         }
-        // Pairs, then fours, then all eight: the first byte is the most
-        // significant digit.
-        let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00ff_00ff_00ff_00ff;
-        let x = (x.wrapping_mul(100) + (x >> 16)) & 0x0000_ffff_0000_ffff;
-        let x = (x.wrapping_mul(10_000) + (x >> 32)) & 0xffff_ffff;
-        v = v.wrapping_mul(100_000_000).wrapping_add(x);
+        v = v.wrapping_mul(100_000_000).wrapping_add(eight_digits(x));
         i += 8;
     }
     while let Some(&d @ b'0'..=b'9') = b.get(i) {
@@ -422,6 +431,15 @@ fn digits_at(b: &[u8], mut i: usize, mut v: u64) -> (usize, u64) {
         i += 1;
     }
     (i, v)
+}
+
+/// The value of eight digits 0-9, one per byte, the lowest byte the most
+/// significant: pairs, then fours, then all eight.
+#[inline]
+fn eight_digits(x: u64) -> u64 {
+    let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let x = (x.wrapping_mul(100) + (x >> 16)) & 0x0000_ffff_0000_ffff;
+    (x.wrapping_mul(10_000) + (x >> 32)) & 0xffff_ffff
 }
 
 /// The eight bytes of `b` from `i` on as a little-endian word, if there
@@ -523,7 +541,8 @@ mod tests {
     }
 
     /// Runs of digits of every length up to 40, with every byte after
-    /// them: the same end and (wrapping) value as one digit at a time.
+    /// them, and at the end of the input: the same end and (wrapping)
+    /// value as one digit at a time.
     #[test]
     fn digits_at_reads_what_one_digit_at_a_time_reads() {
         let naive = |b: &[u8], mut i: usize| {
@@ -544,7 +563,11 @@ mod tests {
                 b.extend((0..n).map(|j| b'0' + ((seed >> (j % 60)) % 10) as u8));
                 b.push(after);
                 b.extend_from_slice(b"12345678");
-                assert_eq!(super::digits_at(&b, 1, 7), naive(&b, 1), "{b:?}");
+                // With bytes after the run, and ending with it or after it.
+                for end in [b.len(), n + 2, n + 1] {
+                    let b = &b[..end];
+                    assert_eq!(super::digits_at(b, 1, 7), naive(b, 1), "{b:?}");
+                }
             }
         }
     }
