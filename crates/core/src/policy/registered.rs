@@ -155,18 +155,22 @@ impl RegistryDecoder {
             (Registered::Avro(writer, named), RegFormat::Avro) if self.reader.is_none() => {
                 avro::capture_registered(writer, named, rest, plan)?
             }
-            (Registered::Protobuf(file, tables), RegFormat::Protobuf) => {
+            (Registered::Protobuf(file, tables, first), RegFormat::Protobuf) => {
                 let mut payload = rest;
+                let found;
                 let desc = match rest {
                     // The common one-byte index array [0]: the first message.
                     [0, after @ ..] => {
                         payload = after;
-                        file.messages().next()?
+                        first.as_ref()?
                     }
-                    _ => protobuf::message_by_indexes(file, &mut payload).ok()?,
+                    _ => {
+                        found = protobuf::message_by_indexes(file, &mut payload).ok()?;
+                        &found
+                    }
                 };
-                protobuf::check_type_name(&desc, self.message.as_deref()).ok()?;
-                tables.capture(&desc, payload, plan)?
+                protobuf::check_type_name(desc, self.message.as_deref()).ok()?;
+                tables.capture(desc, payload, plan)?
             }
             _ => return None,
         };
@@ -213,7 +217,7 @@ impl RegistryDecoder {
             (Registered::Avro(w, named), RegFormat::Avro) => {
                 avro::decode_datum_with(w, named, self.reader.as_ref(), rest)
             }
-            (Registered::Protobuf(f, _), RegFormat::Protobuf) => {
+            (Registered::Protobuf(f, ..), RegFormat::Protobuf) => {
                 let mut payload = rest;
                 let desc = protobuf::message_by_indexes(f, &mut payload)?;
                 protobuf::check_type_name(&desc, self.message.as_deref())?;

@@ -38,8 +38,14 @@ pub const DEFAULT_TTL_MS: i64 = 60_000;
 pub enum Registered {
     /// The writer schema and the named types its references define.
     Avro(apache_avro::Schema, Vec<apache_avro::Schema>),
-    /// The file, and the fast path's tables for its message types.
-    Protobuf(FileDescriptor, super::protobuf::Tables),
+    /// The file, the fast path's tables for its message types, and its
+    /// first message (what the common index array `[0]` names; looked up
+    /// once here, as `messages()` builds each message's name anew).
+    Protobuf(
+        FileDescriptor,
+        super::protobuf::Tables,
+        Option<prost_reflect::MessageDescriptor>,
+    ),
     Json(jsonschema::Validator),
     /// Registered, but it does not compile here (a JSON Schema `$ref` to
     /// another subject, a recursive Avro record): records under it cannot be
@@ -85,12 +91,17 @@ enum SchemaEntry {
     NotFound { at_ms: i64 },
 }
 
+/// A map by schema id, looked up for every registered record judged:
+/// foldhash (seeded per map) rather than SipHash, which cost more than
+/// the lookup itself.
+type ById<V> = DashMap<u32, V, foldhash::quality::RandomState>;
+
 /// Compiled schemas and subject lists by id, shared by every policy that
 /// sets `registry: true` and by the registry client that fills it.
 #[derive(Debug)]
 pub struct SchemaCache {
-    schemas: DashMap<u32, SchemaEntry>,
-    subjects: DashMap<u32, (Arc<[String]>, i64)>,
+    schemas: ById<SchemaEntry>,
+    subjects: ById<(Arc<[String]>, i64)>,
     wants: Mutex<BTreeSet<Want>>,
     ttl_ms: AtomicI64,
 }
@@ -98,8 +109,8 @@ pub struct SchemaCache {
 impl Default for SchemaCache {
     fn default() -> Self {
         SchemaCache {
-            schemas: DashMap::new(),
-            subjects: DashMap::new(),
+            schemas: ById::default(),
+            subjects: ById::default(),
             wants: Mutex::new(BTreeSet::new()),
             ttl_ms: AtomicI64::new(DEFAULT_TTL_MS),
         }
@@ -237,7 +248,8 @@ pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Reg
         "AVRO" => compile_avro(text, refs).map(|(s, named)| Registered::Avro(s, named)),
         "PROTOBUF" => compile_protobuf(text, refs).map(|f| {
             let tables = super::protobuf::Tables::compile(f.messages());
-            Registered::Protobuf(f, tables)
+            let first = f.messages().next();
+            Registered::Protobuf(f, tables, first)
         }),
         "JSON" => compile_json(text).map(Registered::Json),
         other => Err(format!("schema type {other} is not supported")),
@@ -399,7 +411,7 @@ mod tests {
                 schema: loc.into(),
             }],
         );
-        let Registered::Protobuf(f, _) = r else {
+        let Registered::Protobuf(f, ..) = r else {
             panic!("{r:?}")
         };
         assert_eq!(

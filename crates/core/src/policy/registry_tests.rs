@@ -169,7 +169,7 @@ policies:
         name: "loc.proto".into(),
         schema: loc.into(),
     }];
-    let Registered::Protobuf(file, _) = compile(Some("PROTOBUF"), main, &refs) else {
+    let Registered::Protobuf(file, ..) = compile(Some("PROTOBUF"), main, &refs) else {
         panic!("compiles")
     };
     let t = file.messages().nth(1).expect("T");
@@ -428,7 +428,7 @@ fn the_reference_protobuf_policy_by_registry_judges_as_by_file() {
     let proto = std::fs::read_to_string(dir.join("schemas/trigger.proto")).expect("schema");
     let cache = SchemaCache::new();
     let registered = compile(Some("PROTOBUF"), &proto, &[]);
-    let Registered::Protobuf(file, _) = &registered else {
+    let Registered::Protobuf(file, ..) = &registered else {
         panic!("{registered:?}")
     };
     let desc = file.messages().next().expect("Trigger");
