@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test run: setup, debug build, Rust unit tests, integration suite.
+# The whole test run: setup, debug build, Rust unit tests (built and run
+# alongside the integration suite), integration suite, fuzz smoke.
 #   scripts/test.sh                      # everything
 #   scripts/test.sh -k direct            # extra arguments go to pytest
 #   ANTIDOTE_BIN=/path/to/antidote scripts/test.sh
@@ -32,7 +33,29 @@ bash scripts/setup.sh
 # Debug build only: release builds are too slow for shared 2-core machines.
 stage "module layers and file sizes" python3 scripts/check-layers.py
 stage "cargo build" cargo build --locked --bin antidote
-stage "cargo test (unit)" cargo test --locked --workspace
+
+# The integration suite runs a copy of the binary, so that nothing cargo
+# does meanwhile (below) can replace it under a running test.
+if [[ -z "${ANTIDOTE_BIN:-}" && -x target/debug/antidote ]]; then
+  mkdir -p target/it
+  cp target/debug/antidote target/it/antidote
+  export ANTIDOTE_BIN="$ROOT/target/it/antidote"
+fi
+
+# The unit tests' build (~5 min of the 2 cores, the run itself ~30 s) goes
+# on at a low priority while the integration suite, which mostly waits on
+# brokers and consumer groups, runs; its result is a stage of its own,
+# collected before the serial tests (which must run alone).
+UNIT_LOG="$(mktemp)"
+(nice -n 15 cargo test --locked --workspace >"$UNIT_LOG" 2>&1) &
+UNIT_PID=$!
+unit_tests() {  # wait for the background unit tests; show their output
+  local rc=0
+  wait "$UNIT_PID" || rc=$?
+  cat "$UNIT_LOG"
+  rm -f "$UNIT_LOG"
+  return $rc
+}
 
 # The fuzz targets' release build (~5 min on 2 cores) runs at the lowest
 # priority while the integration suite, which mostly waits on brokers and
@@ -69,6 +92,7 @@ pytest_stage() {  # pytest_stage MARKER-EXPRESSION ARGS...
   return $rc
 }
 stage "pytest (integration)" pytest_stage "not serial" "${PYTEST_ARGS[@]}"
+stage "cargo test (unit)" unit_tests
 SERIAL_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
 if [[ $# -gt 0 ]]; then SERIAL_ARGS+=("$@"); fi
 stage "pytest (serial)" pytest_stage serial "${SERIAL_ARGS[@]}"
