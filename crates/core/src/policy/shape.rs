@@ -389,7 +389,7 @@ impl ShapeNode {
 struct Limit {
     /// The limit, when it is an integer (i64 or u64).
     whole: Option<i128>,
-    /// Otherwise, the float.
+    /// The limit as a float (what `Number::as_f64` gives).
     float: Option<f64>,
 }
 
