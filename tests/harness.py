@@ -206,7 +206,24 @@ class Antidote:
                 stdout=err, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         wait_for_port(self.bootstrap_port, 15, self.proc, self.log,
                       f"antidote ({self.config_path.name})")
+        self.wait_first_metadata()
         return self
+
+    # The first upstream metadata request's outcome, as the proxy logs it. Only
+    # after it are the per-broker ports listening: a test that connects to
+    # broker_port() without going through the bootstrap first must wait for it.
+    FIRST_METADATA = ("upstream metadata fetched", "fetching upstream metadata failed")
+
+    def wait_first_metadata(self, timeout: float = 10.0) -> None:
+        """Wait until the proxy logs the outcome of its first upstream metadata
+        request; go on after `timeout` (a test of an unreachable upstream then
+        sees the proxy as it is)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            if any(line in text for line in self.FIRST_METADATA):
+                return
+            time.sleep(0.02)
 
     def assert_running(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
