@@ -237,18 +237,36 @@ def test_group_members_on_different_instances(workdir, broker, broker_endpoint, 
             group_id=group, auto_offset_reset="earliest", enable_auto_commit=True,
             auto_commit_interval_ms=200, heartbeat_interval_ms=300, session_timeout_ms=6000,
             max_poll_interval_ms=3000)) for p in fleet]
-        got, per_member = [], [0, 0]
+        got, per_member, assigned = [], [0, 0], [set(), set()]
+        lock, done = threading.Lock(), threading.Event()
         deadline = time.monotonic() + 60
-        try:
-            while len(got) < len(valid) and time.monotonic() < deadline:
-                for i, m in enumerate(members):
-                    for _tp, msgs in m.poll(timeout_ms=200).items():
+
+        def member(i: int) -> None:
+            # Each member polls in its own thread, as an application would:
+            # one thread polling both would leave one member's rebalance
+            # waiting while it polls the other.
+            m = members[i]
+            while not done.is_set() and time.monotonic() < deadline:
+                for _tp, msgs in m.poll(timeout_ms=200).items():
+                    with lock:
                         got.extend(c._kp_rec(x) for x in msgs)
                         per_member[i] += len(msgs)
+                        if len(got) >= len(valid):
+                            done.set()
+                assigned[i] |= {tp.partition for tp in m.assignment()}
+
+        threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(90)
         finally:
+            done.set()
             for m in members:
                 m.close()
-        assert c.by_partition_in_order(got) == c.by_partition_in_order(valid)
+        assert c.by_partition_in_order(got) == c.by_partition_in_order(valid), \
+            f"per member: {per_member} records, partitions assigned: {assigned}"
         assert all(n > 0 for n in per_member), f"one member got everything: {per_member}"
         want = sorted((r.partition, r.offset) for r in poison)
         assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"

@@ -430,8 +430,9 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
 
 /// Close a connection over `limits.max_connections` at once (dropping it
 /// resets nothing the client could wait on); count it, warn now and then.
+/// Counted before it is closed, so a client that has seen the close finds
+/// it counted (and the first refusal's warning naming it).
 fn refuse(shared: &Shared, tcp: TcpStream) {
-    drop(tcp);
     metrics::global().connection_refused();
     if let Some(n) = shared.connections.refused(std::time::Instant::now()) {
         warn!(
@@ -440,6 +441,7 @@ fn refuse(shared: &Shared, tcp: TcpStream) {
             "connection limit reached: new client connections are closed at once"
         );
     }
+    drop(tcp);
 }
 
 /// Serve one client connection: TLS, upstream connection, relay.
@@ -489,18 +491,24 @@ async fn accept_client(
     let Some(server) = &shared.tls else {
         return Some((Box::new(tcp), listener));
     };
-    let route = |name: Option<&str>| match shared.addrs.is_sni() {
-        true => shared.addrs.route(name),
-        false => Some(listener),
-    };
-    match tokio::time::timeout(shared.upstream.timeout, tls::accept(server, tcp, route)).await {
-        Ok(Ok((stream, target))) => Some((Box::new(stream), target)),
-        Ok(Err(tls::AcceptError::Refused(name))) => {
+    let route = |name: Option<&str>| {
+        let target = match shared.addrs.is_sni() {
+            true => shared.addrs.route(name),
+            false => Some(listener),
+        };
+        // Counted while the connection is still open: a client that has seen
+        // it closed finds its refusal counted, and named if it was the first.
+        if target.is_none() {
             if let Some(n) = shared.sni_refusals.refused(std::time::Instant::now()) {
                 warn!(server_name = ?name, refused = n, "TLS server name not served; connection closed");
             }
-            None
         }
+        target
+    };
+    match tokio::time::timeout(shared.upstream.timeout, tls::accept(server, tcp, route)).await {
+        Ok(Ok((stream, target))) => Some((Box::new(stream), target)),
+        // Counted and logged by `route`.
+        Ok(Err(tls::AcceptError::Refused(_))) => None,
         Ok(Err(e)) => {
             warn!(error = %e, "TLS handshake with client failed");
             None

@@ -356,7 +356,7 @@ fn compile_protobuf(
                 .and_then(|p| protobuf::load_file(&p).map_err(|m| at(f, format!("{key}: {m}"))))
             {
                 Ok((pool, file)) => {
-                    ids.insert(*id, file.clone());
+                    ids.insert(*id, protobuf::IndexedFile::new(file.clone()));
                     pools.push((pool, file));
                 }
                 Err(e) => errs.push(e),

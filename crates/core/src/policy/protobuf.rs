@@ -19,22 +19,25 @@ use prost_reflect::{
 use serde_json::{Map, Number, Value};
 
 use super::json::{Captures, Plan};
-use super::wire::{confluent_header, read_zigzag, unknown_id, Wire};
+use super::wire::{confluent_header, unknown_id, Wire};
 use super::Invalid;
 
 mod capture;
+mod indexes;
 
 pub use capture::Tables;
+pub use indexes::IndexedFile;
 
 #[derive(Debug)]
 pub(crate) struct ProtoDecoder {
     pub(crate) wire: Wire,
     /// The message type for `raw`; for `confluent`, the type every record must have (if set).
     pub(crate) message: Option<MessageDescriptor>,
-    pub(crate) ids: HashMap<u32, FileDescriptor>,
+    /// For `confluent`, the file of each schema id, with its own tables (ids
+    /// are separate schema versions, which may reuse type names).
+    pub(crate) ids: HashMap<u32, IndexedFile>,
     /// The fast path ([`Self::capture`]), set at load with the rules'
-    /// pointers: the plan, and tables for `message` and for each schema id
-    /// (ids are separate schema versions, which may reuse type names).
+    /// pointers: the plan, and for `raw` the tables of `message`.
     fast: Option<Fast>,
 }
 
@@ -42,10 +45,6 @@ pub(crate) struct ProtoDecoder {
 struct Fast {
     plan: Plan,
     raw: Tables,
-    /// Per schema id: its tables, and the table index of the file's first
-    /// message when that is the type `message` asks for (the Confluent
-    /// framing's common one-byte index array `[0]` names it).
-    ids: HashMap<u32, (Tables, Option<usize>)>,
 }
 
 /// Compile a `.proto` file (imports resolved from its own folder).
@@ -92,7 +91,7 @@ impl ProtoDecoder {
     pub(crate) fn new(
         wire: Wire,
         message: Option<MessageDescriptor>,
-        ids: HashMap<u32, FileDescriptor>,
+        ids: HashMap<u32, IndexedFile>,
     ) -> ProtoDecoder {
         ProtoDecoder {
             wire,
@@ -108,18 +107,7 @@ impl ProtoDecoder {
             (Wire::Raw, Some(m)) => Tables::compile([m.clone()]),
             _ => Tables::default(),
         };
-        let expected = self.message.as_ref().map(|m| m.full_name().to_string());
-        let ids = (self.ids.iter())
-            .map(|(&id, file)| {
-                let tables = Tables::compile(file.messages());
-                let first = file.messages().next().and_then(|d| {
-                    let wanted = expected.as_deref().is_none_or(|e| e == d.full_name());
-                    wanted.then(|| tables.index(d.full_name())).flatten()
-                });
-                (id, (tables, first))
-            })
-            .collect();
-        self.fast = Some(Fast { plan, raw, ids });
+        self.fast = Some(Fast { plan, raw });
     }
 
     #[cfg(test)]
@@ -134,44 +122,33 @@ impl ProtoDecoder {
         match self.wire {
             Wire::Raw => fast.raw.capture(self.message.as_ref()?, bytes, &fast.plan),
             Wire::Confluent => {
-                let (id, mut rest) = confluent_header(bytes).ok()?;
-                let (tables, first) = fast.ids.get(&id)?;
-                if let ([0, payload @ ..], Some(m)) = (rest, first) {
-                    return tables.capture_index(*m, payload, &fast.plan);
-                }
-                let desc = message_by_indexes(self.ids.get(&id)?, &mut rest).ok()?;
-                check_type(&desc, self.message.as_ref()).ok()?;
-                tables.capture(&desc, rest, &fast.plan)
+                let (id, rest) = confluent_header(bytes).ok()?;
+                (self.ids.get(&id)?).capture(rest, self.expected(), &fast.plan)
             }
         }
     }
 
+    /// The full name of the type every Confluent-framed record must have.
+    fn expected(&self) -> Option<&str> {
+        self.message.as_ref().map(|m| m.full_name())
+    }
+
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
-        let (desc, payload) = match self.wire {
+        match self.wire {
             Wire::Raw => match &self.message {
-                Some(m) => (m.clone(), bytes),
-                None => return Err(Invalid::poison("decode", "no Protobuf message type")),
+                Some(m) => decode_message(m.clone(), bytes),
+                None => Err(Invalid::poison("decode", "no Protobuf message type")),
             },
             Wire::Confluent => {
-                let (id, mut rest) = confluent_header(bytes)?;
+                let (id, rest) = confluent_header(bytes)?;
                 let file = self.ids.get(&id).ok_or_else(|| unknown_id(id))?;
-                let desc = message_by_indexes(file, &mut rest)?;
-                check_type(&desc, self.message.as_ref())?;
-                (desc, rest)
+                file.decode(rest, self.expected())
             }
-        };
-        decode_message(desc, payload)
+        }
     }
 }
 
 /// A Confluent-framed message's type must be the one the policy expects.
-pub(crate) fn check_type(
-    desc: &MessageDescriptor,
-    expected: Option<&MessageDescriptor>,
-) -> Result<(), Invalid> {
-    check_type_name(desc, expected.map(|m| m.full_name()))
-}
-
 pub(crate) fn check_type_name(
     desc: &MessageDescriptor,
     expected: Option<&str>,
@@ -195,42 +172,6 @@ pub(crate) fn decode_message(desc: MessageDescriptor, payload: &[u8]) -> Result<
     let msg = DynamicMessage::decode(desc, payload)
         .map_err(|e| Invalid::poison("decode", format!("value is not valid Protobuf: {e}")))?;
     message_to_json(&msg).map_err(|r| Invalid::poison("decode", r))
-}
-
-/// Resolve the Confluent message-index array against `file`.
-pub(crate) fn message_by_indexes(
-    file: &FileDescriptor,
-    buf: &mut &[u8],
-) -> Result<MessageDescriptor, Invalid> {
-    let bad = |what: &str| {
-        Invalid::poison(
-            "decode",
-            format!("schema-registry message indexes are invalid: {what}"),
-        )
-    };
-    let count = read_zigzag(buf).ok_or_else(|| bad("truncated"))?;
-    let indexes: Vec<i64> = if count == 0 {
-        vec![0]
-    } else if !(1..=32).contains(&count) {
-        return Err(bad(&format!("{count} indexes")));
-    } else {
-        (0..count)
-            .map(|_| read_zigzag(buf).ok_or_else(|| bad("truncated")))
-            .collect::<Result<_, _>>()?
-    };
-    let pick = |i: i64, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
-    let mut it = indexes.iter();
-    let first = *it.next().ok_or_else(|| bad("empty"))?;
-    let mut desc = pick(first, file.messages().len())
-        .and_then(|i| file.messages().nth(i))
-        .ok_or_else(|| bad(&format!("no message #{first} in {}", file.name())))?;
-    for &i in it {
-        let next = pick(i, desc.child_messages().len())
-            .and_then(|k| desc.child_messages().nth(k))
-            .ok_or_else(|| bad(&format!("no nested message #{i} in {}", desc.full_name())))?;
-        desc = next;
-    }
-    Ok(desc)
 }
 
 /// Convert a decoded message. Errors name the field path (`/a/b: ...`),

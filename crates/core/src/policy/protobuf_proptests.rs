@@ -240,6 +240,38 @@ proptest! {
     fn mutated_messages_agree(m in message(), edits in prop::collection::vec(edit(), 1..4)) {
         agree(&apply(m, &edits))?;
     }
+
+    /// Message-index arrays other than `[0]` (another message, a nested
+    /// one, out of range, negative, truncated, arbitrary bytes): the fast
+    /// path resolves them as the full decoder does.
+    #[test]
+    fn index_arrays_agree(m in message(), indexes in index_array()) {
+        let mut frame = vec![0, 0, 0, 0, 7];
+        frame.extend_from_slice(&indexes);
+        byte_edits::agree(policies(), &m, &frame, NOW)?;
+    }
+}
+
+/// An encoded index array: zigzag varints, the count then the indexes
+/// (no count at all, or a bad one, among the arbitrary bytes).
+fn index_array() -> impl Strategy<Value = Vec<u8>> {
+    fn zigzag(n: i64, out: &mut Vec<u8>) {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+    }
+    prop_oneof![
+        prop::collection::vec(-2i64..4, 0..4).prop_map(|ix| {
+            let mut out = Vec::new();
+            zigzag(ix.len() as i64, &mut out);
+            ix.iter().for_each(|&i| zigzag(i, &mut out));
+            out
+        }),
+        prop::collection::vec(any::<u8>(), 0..4),
+    ]
 }
 
 /// The fast path reads what serializers write, valid or not by the rules,

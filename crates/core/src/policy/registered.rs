@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::registry::{Known, Registered, SchemaCache};
 use super::wire::confluent_header;
-use super::{avro, json, protobuf, Class, Invalid};
+use super::{avro, json, Class, Invalid};
 
 /// The format a registry-backed value must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,22 +155,8 @@ impl RegistryDecoder {
             (Registered::Avro(writer, named), RegFormat::Avro) if self.reader.is_none() => {
                 avro::capture_registered(writer, named, rest, plan)?
             }
-            (Registered::Protobuf(file, tables, first), RegFormat::Protobuf) => {
-                let mut payload = rest;
-                let found;
-                let desc = match rest {
-                    // The common one-byte index array [0]: the first message.
-                    [0, after @ ..] => {
-                        payload = after;
-                        first.as_ref()?
-                    }
-                    _ => {
-                        found = protobuf::message_by_indexes(file, &mut payload).ok()?;
-                        &found
-                    }
-                };
-                protobuf::check_type_name(desc, self.message.as_deref()).ok()?;
-                tables.capture(desc, payload, plan)?
+            (Registered::Protobuf(file), RegFormat::Protobuf) => {
+                file.capture(rest, self.message.as_deref(), plan)?
             }
             _ => return None,
         };
@@ -217,11 +203,8 @@ impl RegistryDecoder {
             (Registered::Avro(w, named), RegFormat::Avro) => {
                 avro::decode_datum_with(w, named, self.reader.as_ref(), rest)
             }
-            (Registered::Protobuf(f, ..), RegFormat::Protobuf) => {
-                let mut payload = rest;
-                let desc = protobuf::message_by_indexes(f, &mut payload)?;
-                protobuf::check_type_name(&desc, self.message.as_deref())?;
-                protobuf::decode_message(desc, payload)
+            (Registered::Protobuf(file), RegFormat::Protobuf) => {
+                file.decode(rest, self.message.as_deref())
             }
             (Registered::Json(v), RegFormat::Json) => {
                 let value =

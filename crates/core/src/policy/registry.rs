@@ -38,14 +38,8 @@ pub const DEFAULT_TTL_MS: i64 = 60_000;
 pub enum Registered {
     /// The writer schema and the named types its references define.
     Avro(apache_avro::Schema, Vec<apache_avro::Schema>),
-    /// The file, the fast path's tables for its message types, and its
-    /// first message (what the common index array `[0]` names; looked up
-    /// once here, as `messages()` builds each message's name anew).
-    Protobuf(
-        FileDescriptor,
-        super::protobuf::Tables,
-        Option<prost_reflect::MessageDescriptor>,
-    ),
+    /// The file, its top-level messages and the fast path's tables.
+    Protobuf(super::protobuf::IndexedFile),
     Json(jsonschema::Validator),
     /// Registered, but it does not compile here (a JSON Schema `$ref` to
     /// another subject, a recursive Avro record): records under it cannot be
@@ -246,11 +240,8 @@ pub struct Reference {
 pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Registered {
     let out = match schema_type.unwrap_or("AVRO") {
         "AVRO" => compile_avro(text, refs).map(|(s, named)| Registered::Avro(s, named)),
-        "PROTOBUF" => compile_protobuf(text, refs).map(|f| {
-            let tables = super::protobuf::Tables::compile(f.messages());
-            let first = f.messages().next();
-            Registered::Protobuf(f, tables, first)
-        }),
+        "PROTOBUF" => compile_protobuf(text, refs)
+            .map(|f| Registered::Protobuf(super::protobuf::IndexedFile::new(f))),
         "JSON" => compile_json(text).map(Registered::Json),
         other => Err(format!("schema type {other} is not supported")),
     };
@@ -411,11 +402,11 @@ mod tests {
                 schema: loc.into(),
             }],
         );
-        let Registered::Protobuf(f, ..) = r else {
+        let Registered::Protobuf(f) = r else {
             panic!("{r:?}")
         };
         assert_eq!(
-            f.messages().next().map(|m| m.full_name().to_string()),
+            f.first().map(|m| m.full_name().to_string()),
             Some("geo.T".into())
         );
     }

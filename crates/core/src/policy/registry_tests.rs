@@ -169,9 +169,10 @@ policies:
         name: "loc.proto".into(),
         schema: loc.into(),
     }];
-    let Registered::Protobuf(file, ..) = compile(Some("PROTOBUF"), main, &refs) else {
+    let Registered::Protobuf(indexed) = compile(Some("PROTOBUF"), main, &refs) else {
         panic!("compiles")
     };
+    let file = indexed.file();
     let t = file.messages().nth(1).expect("T");
     let mut m = prost_reflect::DynamicMessage::new(t.clone());
     let loc_desc = file
@@ -428,10 +429,10 @@ fn the_reference_protobuf_policy_by_registry_judges_as_by_file() {
     let proto = std::fs::read_to_string(dir.join("schemas/trigger.proto")).expect("schema");
     let cache = SchemaCache::new();
     let registered = compile(Some("PROTOBUF"), &proto, &[]);
-    let Registered::Protobuf(file, ..) = &registered else {
+    let Registered::Protobuf(file) = &registered else {
         panic!("{registered:?}")
     };
-    let desc = file.messages().next().expect("Trigger");
+    let desc = file.first().expect("Trigger").clone();
     cache.put_schema(1, compile(Some("PROTOBUF"), &proto, &[]));
     let path = dir.join("geofence-protobuf.yaml");
     let by_reg = PolicySet::parse_with(&reg_text, &path, &cache).expect("loads");

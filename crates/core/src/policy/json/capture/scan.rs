@@ -266,10 +266,9 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
         let all = plan.shape.as_ref();
         // Members are matched against the layout learned here, or read to
         // learn one.
-        let layout = trie.and_then(|t| t.layout.get()).filter(|l| l.fits(shape));
-        let mut learning = trie
-            .filter(|t| t.layout.get().is_none())
-            .map(|_| Learning::default());
+        let learned = trie.map(|t| t.layout.get());
+        let layout = learned.flatten().filter(|l| l.fits(shape));
+        let mut learning = matches!(learned, Some(None)).then(Learning::default);
         let mut next = 0usize;
         let mut seen = 0u64;
         if self.peek()? == b'}' {
