@@ -73,12 +73,31 @@ impl IndexedFile {
         plan: &Plan,
     ) -> Option<Captures<'a>> {
         let mut payload = rest;
-        let named = self.resolve(&mut payload).ok()?;
-        check_type_name(&named.desc, expected).ok()?;
+        let named = match self.first_of(&mut payload) {
+            Some(named) => named,
+            None => self.resolve(&mut payload).ok()?,
+        };
+        if expected.is_some_and(|e| e != named.desc.full_name()) {
+            return None;
+        }
         match named.table {
             Some(t) => self.tables.capture_index(t, payload, plan),
             None => self.tables.capture(&named.desc, payload, plan),
         }
+    }
+
+    /// The array nearly every serializer writes, `[0]` as one byte: the
+    /// file's first message, with `buf` left after the byte.
+    #[inline]
+    fn first_of(&self, buf: &mut &[u8]) -> Option<Named<'_>> {
+        let ([0, after @ ..], Some((desc, table))) = (*buf, self.top.first()) else {
+            return None;
+        };
+        *buf = after;
+        Some(Named {
+            desc: Cow::Borrowed(desc),
+            table: *table,
+        })
     }
 
     /// Decode a framed message (`rest`: what follows the schema id) as JSON.
@@ -91,6 +110,7 @@ impl IndexedFile {
 
     /// Read the index array at the start of `buf` (leaving `buf` after it)
     /// and name its message.
+    #[cold]
     fn resolve(&self, buf: &mut &[u8]) -> Result<Named<'_>, Invalid> {
         let bad = |what: &str| {
             Invalid::poison(
@@ -98,6 +118,9 @@ impl IndexedFile {
                 format!("schema-registry message indexes are invalid: {what}"),
             )
         };
+        if let Some(named) = self.first_of(buf) {
+            return Ok(named);
+        }
         let next = |buf: &mut &[u8]| read_zigzag(buf).ok_or_else(|| bad("truncated"));
         let count = next(buf)?;
         if !(0..=MAX_INDEXES).contains(&count) {
