@@ -41,7 +41,13 @@ fn policies(topics: &str) -> Arc<PolicySet> {
 }
 
 fn start(mock: &MockBroker, cfg: &DeadLetterConfig, pols: Arc<PolicySet>) -> Arc<DeadLetter> {
-    DeadLetter::start(cfg, &[mock.addr.clone()], endpoint(), endpoint(), pols)
+    DeadLetter::start(
+        cfg,
+        std::slice::from_ref(&mock.addr),
+        endpoint(),
+        endpoint(),
+        pols,
+    )
 }
 
 /// A poison record of `topic`/`partition`@`offset` with a value of `len`
@@ -110,16 +116,17 @@ async fn a_batch_refused_as_too_large_is_split_down_to_single_records() {
     assert_eq!(ok, [true, true, true, false, true, true, true, true]);
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [0, 1, 2, 4, 5, 6, 7]);
-    let st = mock.state();
-    assert!(st
-        .produced
-        .iter()
-        .any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 == 1));
-    assert!(st
-        .produced
-        .iter()
-        .any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 > 1));
-    drop(st);
+    {
+        let st = mock.state();
+        assert!(st
+            .produced
+            .iter()
+            .any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 == 1));
+        assert!(st
+            .produced
+            .iter()
+            .any(|p| p.3 == client::errors::MESSAGE_TOO_LARGE && p.2 > 1));
+    }
     let failed = dl.submit(&ds[3]).expect("submit").wait().await;
     assert!(
         failed.is_err(),

@@ -25,7 +25,7 @@ pub type GroupKey = (String, i32, Bytes);
 
 /// What a replay run works through, in DLT order.
 pub enum Unit {
-    One(DltRecord),
+    One(Box<DltRecord>),
     /// A blocked key's unreleased records, in origin-offset order.
     Key(GroupKey, Vec<DltRecord>),
 }
@@ -71,7 +71,10 @@ pub async fn units(
         .filter_map(|r| group_of(policies, r))
         .collect();
     if wanted.is_empty() {
-        return Ok(selected.into_iter().map(Unit::One).collect());
+        return Ok(selected
+            .into_iter()
+            .map(|r| Unit::One(Box::new(r)))
+            .collect());
     }
     let released = released(cluster, topic).await?;
     let open = |g: &GroupKey, r: &DltRecord| {
@@ -97,7 +100,7 @@ pub async fn units(
                     out.push(Unit::Key(g, rs));
                 }
             }
-            None => out.push(Unit::One(r)),
+            None => out.push(Unit::One(Box::new(r))),
         }
     }
     Ok(out)

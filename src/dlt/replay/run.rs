@@ -71,7 +71,7 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     let all: Vec<&DltRecord> = units
         .iter()
         .flat_map(|u| match u {
-            Unit::One(r) => std::slice::from_ref(r).iter(),
+            Unit::One(r) => std::slice::from_ref(&**r).iter(),
             Unit::Key(_, rs) => rs.iter(),
         })
         .collect();

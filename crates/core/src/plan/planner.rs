@@ -116,7 +116,7 @@ fn plan_batch(
     plan: &mut PartitionPlan,
     input: &PartitionInput<'_>,
     env: &Env<'_>,
-    mut order: Option<&mut KeyOrder<'_>>,
+    order: Option<&mut KeyOrder<'_>>,
     batch: Batch,
 ) -> ControlFlow<()> {
     let (policy, topic, partition) = (input.policy, input.topic, input.partition);
@@ -153,14 +153,7 @@ fn plan_batch(
         plan.segments.push(keep(&batch));
         return ControlFlow::Continue(());
     }
-    let (keep_mask, keyed_out) = apply_verdicts(
-        plan,
-        &decoded,
-        &invalid,
-        &earlier,
-        cached,
-        order.as_deref_mut(),
-    );
+    let (keep_mask, keyed_out) = apply_verdicts(plan, &decoded, &invalid, &earlier, cached, order);
     if keep_mask.iter().all(|k| *k) {
         plan.segments.push(keep(&batch));
     } else {
@@ -286,9 +279,9 @@ fn apply_verdicts(
 ) -> (Vec<bool>, KeyedOutcome) {
     let mut keep_mask: Vec<bool> = (0..decoded.len())
         .map(|i| {
-            !decoded
+            decoded
                 .offset(i)
-                .is_some_and(|o| earlier.binary_search(&o).is_ok())
+                .is_none_or(|o| earlier.binary_search(&o).is_err())
         })
         .collect();
     let action = plan.policy.on_invalid;
