@@ -109,7 +109,8 @@ impl IndexedFile {
     }
 
     /// Read the index array at the start of `buf` (leaving `buf` after it)
-    /// and name its message.
+    /// and name its message. Cold: the fast path reads `[0]` inline
+    /// ([`Self::first_of`]), and other arrays are rare.
     #[cold]
     fn resolve(&self, buf: &mut &[u8]) -> Result<Named<'_>, Invalid> {
         let bad = |what: &str| {
