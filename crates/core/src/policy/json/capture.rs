@@ -260,6 +260,7 @@ pub(crate) struct Captures<'de> {
 }
 
 impl<'de> Captures<'de> {
+    #[inline]
     pub(crate) fn new(slots: usize) -> Self {
         let mut heap = Vec::new();
         if slots > INLINE {
