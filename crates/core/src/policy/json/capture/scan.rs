@@ -7,13 +7,14 @@
 //! a syntax error, a shape mismatch, a rule wanting a whole container) makes
 //! it give up, and the visitor path parses the document again and decides.
 //! So a record is only ever accepted here if serde_json's strict parser
-//! accepts it too, with the same captured values; fractions and exponents
-//! are handed to serde_json's own number parser for that reason, and
+//! accepts it too, with the same captured values. Numbers follow JSON's
+//! grammar exactly; a short decimal is one exact division, any other
+//! fraction or exponent goes to the standard library's correctly rounding
+//! parser, which gives serde_json's (`float_roundtrip`) value bit for bit.
 //! `json_proptests` checks both paths against each other.
 
 use std::borrow::Cow;
 
-use serde::de::{self, Deserializer, Visitor};
 use serde_json::Number;
 
 use super::layout::Learning;
@@ -163,19 +164,37 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
                 });
             }
         }
-        i += 1;
-        while let Some(b'0'..=b'9' | b'+' | b'-' | b'.' | b'e' | b'E') = b.get(i) {
-            i += 1;
+        // The rest of JSON's number grammar: a fraction of at least one
+        // digit, an exponent of at least one digit after its sign. What
+        // follows the token is the caller's to check (`1.5.3` gives up there).
+        if b[i] == b'.' {
+            let end = digits_at(b, i + 1, 0).0;
+            if end == i + 1 {
+                return Err(GiveUp);
+            }
+            i = end;
         }
-        // serde_json's parser, so that the value is bit for bit the one the
-        // visitor path would capture (and its grammar decides). The whole
-        // token: a parser that stops early (`1.5+3`) gives up.
-        let token = self.text.get(start..i).ok_or(GiveUp)?;
-        let mut de = serde_json::Deserializer::from_str(token);
-        let seen = de.deserialize_any(NumberSeen).map_err(|_| GiveUp)?;
-        de.end().map_err(|_| GiveUp)?;
+        if let Some(b'e' | b'E') = b.get(i) {
+            let sign = usize::from(matches!(b.get(i + 1), Some(b'+' | b'-')));
+            let end = digits_at(b, i + 1 + sign, 0).0;
+            if end == i + 1 + sign {
+                return Err(GiveUp);
+            }
+            i = end;
+        }
+        // The standard library's parser rounds correctly, as serde_json's
+        // does with `float_roundtrip` (crates/core/Cargo.toml), so the value
+        // is bit for bit the one the visitor path captures
+        // (`numbers_are_what_serde_json_parses`). serde_json refuses a
+        // number out of f64's range, which parses here as an infinity.
+        let x: f64 = (self.text.get(start..i).ok_or(GiveUp)?)
+            .parse()
+            .map_err(|_| GiveUp)?;
+        if !x.is_finite() {
+            return Err(GiveUp);
+        }
         self.i = i;
-        Ok(seen)
+        Ok(Seen::F64(x))
     }
 
     /// The value at trie node `node` under schema `shape`, at `depth`.
@@ -478,29 +497,63 @@ fn captured(seen: Seen<'_>) -> Captured<'_> {
     }
 }
 
-/// The call serde_json makes on a visitor for one number token.
-struct NumberSeen;
-
-impl<'de> Visitor<'de> for NumberSeen {
-    type Value = Seen<'static>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a number")
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(Seen::I64(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Seen::U64(v))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(Seen::F64(v))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::special;
+    use crate::policy::json::capture::{Captures, Plan};
+    use crate::policy::shape::Seen;
     use proptest::prelude::*;
+
+    /// The scanner's reading of a whole number token; `None` when it gives
+    /// up (or stops before the end).
+    fn scanned(text: &str) -> Option<Seen<'_>> {
+        let plan = Plan::new(Vec::new(), None);
+        let mut caps = Captures::new(0);
+        let mut s = super::Scanner {
+            text,
+            b: text.as_bytes(),
+            i: 0,
+            plan: &plan,
+            max: 8,
+            caps: &mut caps,
+            entered: 0,
+        };
+        let seen = s.number().ok()?;
+        (s.i == text.len()).then_some(seen)
+    }
+
+    /// A token by JSON's number grammar: sign, integer part, fraction,
+    /// exponent, each with up to 25 digits (so past f64's 17 and past
+    /// its range).
+    fn json_number() -> impl Strategy<Value = String> {
+        let digits = |n| {
+            prop::collection::vec(0u8..10, n)
+                .prop_map(|d| d.iter().map(|d| char::from(b'0' + d)).collect::<String>())
+        };
+        (
+            any::<bool>(),
+            prop_oneof![
+                Just("0".to_string()),
+                (1u8..10, digits(0..25)).prop_map(|(d, r)| format!("{d}{r}"))
+            ],
+            prop::option::of(digits(1..25)),
+            prop::option::of((
+                prop_oneof![Just(""), Just("+"), Just("-")],
+                digits(1..5),
+                any::<bool>(),
+            )),
+        )
+            .prop_map(|(neg, int, frac, exp)| {
+                let mut t = format!("{}{int}", if neg { "-" } else { "" });
+                if let Some(f) = frac {
+                    t += &format!(".{f}");
+                }
+                if let Some((sign, e, upper)) = exp {
+                    t += &format!("{}{sign}{e}", if upper { "E" } else { "e" });
+                }
+                t
+            })
+    }
 
     fn short_decimal(text: &str) -> Option<f64> {
         let b = text.as_bytes();
@@ -535,6 +588,43 @@ mod tests {
             match short_decimal(&text) {
                 Some(x) => prop_assert_eq!(x.to_bits(), parsed.to_bits(), "{}", text),
                 None => prop_assert!(int.len() + k > 15, "{} not taken", text),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 20000, ..ProptestConfig::default() })]
+
+        /// Every number token the scanner reads is the number serde_json
+        /// parses, bit for bit (the visitor path captures that one); it
+        /// reads every fraction or exponent serde_json accepts, and tokens
+        /// with no fraction or exponent of up to 18 digits (but "-0").
+        #[test]
+        fn numbers_are_what_serde_json_parses(
+            text in prop_oneof![
+                json_number(),
+                any::<f64>().prop_map(|x| format!("{x}")),
+                any::<f64>().prop_map(|x| format!("{x:e}")),
+                "[-+.eE0-9]{1,12}",
+            ]
+        ) {
+            let serde: Option<serde_json::Number> = serde_json::from_str(&text).ok();
+            match (scanned(&text), &serde) {
+                (Some(Seen::F64(x)), Some(n)) => {
+                    prop_assert!(n.is_f64(), "{} is not a float to serde_json", text);
+                    prop_assert_eq!(n.as_f64().map(f64::to_bits), Some(x.to_bits()), "{}", text);
+                }
+                (Some(Seen::U64(v)), Some(n)) => prop_assert_eq!(n.as_u64(), Some(v), "{}", text),
+                (Some(Seen::I64(v)), Some(n)) => prop_assert_eq!(n.as_i64(), Some(v), "{}", text),
+                (Some(other), _) => prop_assert!(false, "{} read as {:?}, serde_json: {:?}", text, other, serde),
+                (None, Some(n)) => {
+                    let plain_integer = !text.contains(['.', 'e', 'E']);
+                    prop_assert!(
+                        plain_integer && (text.len() > 18 || text.starts_with("-0")),
+                        "gave up on {} (serde_json: {})", text, n
+                    );
+                }
+                (None, None) => {}
             }
         }
     }
