@@ -430,8 +430,8 @@ async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: 
 
 /// Close a connection over `limits.max_connections` at once (dropping it
 /// resets nothing the client could wait on); count it, warn now and then.
-/// Counted before it is closed, so a client that has seen the close finds
-/// it counted (and the first refusal's warning naming it).
+/// Counted (and warned about, if due) before it is closed, so a client
+/// that has seen the close finds its refusal in the metrics and the log.
 fn refuse(shared: &Shared, tcp: TcpStream) {
     metrics::global().connection_refused();
     if let Some(n) = shared.connections.refused(std::time::Instant::now()) {
