@@ -72,7 +72,7 @@ fi
 # Three workers (pytest-xdist), one test file per worker at a time: the tests
 # mostly wait on brokers and group joins, so 2 cores serve 3 of them. Each
 # worker starts its own tansu (session fixtures are per worker), every port
-# comes from the kernel (harness.free_port) and every topic/group name is
+# is claimed once per run (harness.free_port) and every topic/group name is
 # unique, so files do not share state. PYTEST_WORKERS=0 runs serially.
 PYTEST_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
 if [[ "${PYTEST_WORKERS:-3}" != 0 ]]; then

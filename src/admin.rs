@@ -14,7 +14,7 @@
 //! 400; nothing a peer sends can panic the server.
 //!
 //! - `/healthz`: 200 while the process runs (liveness).
-//! - `/readyz`: 200 once `ready` is true (upstream metadata fetched), else 503.
+//! - `/readyz`: 200 once the proxy's [`Readiness`] says so, else 503.
 //! - `/metrics`: the Prometheus text format (0.0.4).
 
 use std::convert::Infallible;

@@ -34,11 +34,35 @@ class HarnessError(AssertionError):
 # Ports and processes
 # ---------------------------------------------------------------------------
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+# Ports are picked here and bound later by another process, so two picks must
+# never coincide, across the xdist workers of one run too: every pick is
+# claimed by creating a file named after it in a directory the run's workers
+# share. Picks come from below the kernel's ephemeral range, so no outgoing
+# connection's local port can take one between the pick and the bind.
+_PORT_CLAIMS = Path(os.environ.get("TMPDIR", "/tmp")) / (
+    "antidote-test-ports-" + os.environ.get("PYTEST_XDIST_TESTRUNUID", f"pid{os.getpid()}"))
+
+
+def _port_range() -> tuple[int, int]:
+    """Where to pick ports: below the ephemeral range, or above it if it
+    starts too low to leave room."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    if lo > 12000:
+        return 10000, lo - 1
+    return hi + 1, 65535
+
+
+def _claim(port: int) -> bool:
+    """Claim `port` for this run; False if some worker already did."""
+    _PORT_CLAIMS.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(_PORT_CLAIMS / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def port_is_free(port: int) -> bool:
@@ -50,13 +74,25 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def free_port_base(node_id: int = TANSU_NODE_ID, tries: int = 200) -> int:
+def free_port(tries: int = 500) -> int:
+    """A TCP port on loopback that nothing listens on right now and that no
+    other pick of this run has returned."""
+    import random
+    lo, hi = _port_range()
+    for _ in range(tries):
+        port = random.randrange(lo, hi)
+        if port_is_free(port) and _claim(port):
+            return port
+    raise HarnessError("no free port found")
+
+
+def free_port_base(node_id: int = TANSU_NODE_ID, tries: int = 500) -> int:
     """A base such that base + node_id is free (the proxy's per-broker port)."""
     import random
-    rng = random.Random()
+    lo, hi = _port_range()
     for _ in range(tries):
-        base = rng.randrange(20000, 60000 - node_id)
-        if port_is_free(base + node_id):
+        base = random.randrange(lo, hi - node_id)
+        if port_is_free(base + node_id) and _claim(base + node_id):
             return base
     raise HarnessError("no free port base found")
 

@@ -167,6 +167,38 @@ def test_readyz_turns_ready_once_upstream_metadata_is_fetched(ops):
     raise AssertionError(f"/readyz still {status} after 15 s")
 
 
+def test_readyz_answers_503_while_a_broker_port_is_held_by_another_process(workdir, broker):
+    """The per-broker port the proxy would tell clients about is taken (in CI
+    once by another proxy's admin listener: the clients then spoke Kafka to
+    an HTTP server). The proxy must not call itself ready while it cannot
+    serve that broker, and must open the port once it is free."""
+    import socket
+    proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], admin_port=free_port(),
+                        name="held-broker-port")
+    holder = socket.socket()
+    holder.bind((HOST, proxy.broker_port()))
+    holder.listen(1)
+    proxy.start()
+    try:
+        assert "cannot open the listener for broker" in proxy.log.read_text()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert http_get(proxy.admin_port, "/readyz")[0] == 503
+            time.sleep(0.2)
+        holder.close()
+        # The bind is retried when a metadata response names the broker.
+        topic = f"held-{uuid.uuid4().hex[:8]}"
+        ck_create_topic(Endpoint(broker.bootstrap), topic, 1)
+        ck_produce(Endpoint(broker.bootstrap), topic, [Rec(0, -1, b"k", b"v")])
+        got = ck_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], 1, timeout=30)
+        assert [r.value for r in got] == [b"v"]
+        assert http_get(proxy.admin_port, "/readyz")[0] == 200
+        assert "serving broker" in proxy.log.read_text()
+    finally:
+        holder.close()
+        proxy.stop_and_check()
+
+
 def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
     status, text = http_get(ops.proxy.admin_port, "/metrics")
     assert status == 200

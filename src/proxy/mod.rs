@@ -79,6 +79,10 @@ pub struct Shared {
     /// Topic id -> name, for Fetch v13+ (which names topics by id).
     pub topic_names: DashMap<Uuid, StrBytes>,
     listening: tokio::sync::Mutex<HashSet<i32>>,
+    /// Brokers whose listener could not be opened (port taken, or no port
+    /// for the node id): clients told their address would not reach them,
+    /// so the proxy is not ready while any is listed.
+    unserved: std::sync::Mutex<HashSet<i32>>,
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
     /// Set once upstream metadata has been fetched.
@@ -148,6 +152,7 @@ impl Shared {
             brokers: DashMap::new(),
             topic_names: DashMap::new(),
             listening: tokio::sync::Mutex::new(HashSet::new()),
+            unserved: std::sync::Mutex::new(HashSet::new()),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
@@ -202,10 +207,11 @@ impl Shared {
             return;
         }
         let Some(port) = self.addrs.port_for(node) else {
+            self.set_unserved(node, true);
             warn!(
                 node,
                 base = self.addrs.port_base,
-                "broker node id does not map to a port; it cannot be served"
+                "broker node id does not map to a port; it cannot be served (not ready)"
             );
             return;
         };
@@ -213,23 +219,47 @@ impl Shared {
         match TcpListener::bind((host.as_str(), port)).await {
             Ok(listener) => {
                 open.insert(node);
+                self.set_unserved(node, false);
                 info!(node, addr = %format!("{host}:{port}"), "serving broker");
                 self.tasks
                     .spawn(accept_loop(self.clone(), listener, Target::Broker(node)));
             }
-            Err(e) => warn!(node, port, error = %e, "cannot open the listener for broker"),
+            Err(e) => {
+                self.set_unserved(node, true);
+                warn!(
+                    node,
+                    port,
+                    error = %e,
+                    "cannot open the listener for broker; clients sent to this port reach \
+                     whatever holds it (not ready until it opens; retried on each metadata \
+                     response)"
+                )
+            }
+        }
+    }
+
+    fn set_unserved(&self, node: i32, unserved: bool) {
+        let mut set = self.unserved.lock().unwrap_or_else(|p| p.into_inner());
+        if unserved {
+            set.insert(node);
+        } else {
+            set.remove(&node);
         }
     }
 }
 
-/// Ready once upstream metadata has been fetched and the dead-letter ledger
-/// rebuilt (before that, diversions would have to wait).
 impl admin::Readiness for Shared {
-    /// Upstream metadata fetched, every known DLT read into the ledger, and
-    /// the blocked keys of `ordering: per_key` policies read back (at once
-    /// when no policy asks for per-key ordering).
+    /// Upstream metadata fetched, a listener open for every broker it named,
+    /// every known DLT read into the ledger, and the blocked keys of
+    /// `ordering: per_key` policies read back (at once when no policy asks
+    /// for per-key ordering).
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+            && self
+                .unserved
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
             && self.fetch_filter.dead_letter.is_ready()
             && self.fetch_filter.blocked.is_loaded()
     }
