@@ -167,13 +167,14 @@ def test_readyz_turns_ready_once_upstream_metadata_is_fetched(ops):
     raise AssertionError(f"/readyz still {status} after 15 s")
 
 
-def test_readyz_answers_503_while_a_broker_port_is_held_by_another_process(workdir, broker):
+def test_readyz_answers_503_while_a_broker_port_is_held_by_another_process(tmp_path, broker):
     """The per-broker port the proxy would tell clients about is taken (in CI
     once by another proxy's admin listener: the clients then spoke Kafka to
     an HTTP server). The proxy must not call itself ready while it cannot
     serve that broker, and must open the port once it is free."""
     import socket
-    proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], admin_port=free_port(),
+    # Not the module's workdir: a new .yaml there reloads the `ops` proxy.
+    proxy = OpsAntidote(tmp_path, upstream=[broker.bootstrap], admin_port=free_port(),
                         name="held-broker-port")
     holder = socket.socket()
     holder.bind((HOST, proxy.broker_port()))
