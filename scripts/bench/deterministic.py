@@ -18,7 +18,7 @@ assign() on 3 partitions), the proxy's whole-process CPU per record read
 (`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`),
 the latency antidote added per response (p50 and p99 bucket bounds of
 `antidote_response_relay_duration_seconds`, forwarded and rewritten, until
-ready to write and until sent);
+ready to write and until sent, spliced until sent);
 the proxies' peak RSS at the end. Raw lines go to BENCH_OUT (JSON lines),
 the summary to stdout.
 
@@ -251,7 +251,7 @@ def main():
                 + ", ".join(f"{k} {row.get(f'relay_{k}_p50_ms_le', '-')}/"
                             f"{row.get(f'relay_{k}_p99_ms_le', '-')} ({row.get(f'relay_{k}_responses', 0)})"
                             for k in ("forwarded_ready", "forwarded_sent",
-                                      "rewritten_ready", "rewritten_sent")))
+                                      "rewritten_ready", "rewritten_sent", "spliced_sent")))
     for path, (proc, _, _) in proxies.items():
         if proc:
             out.write(json.dumps({"commit": commit, "path": path, "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")

@@ -461,6 +461,21 @@ impl Metrics {
         }
     }
 
+    /// A forwarded response was spliced socket to socket; `sent` runs from
+    /// its head arriving to its last byte written (the body streams through,
+    /// so there is no "ready" moment).
+    ///
+    /// Call site: `proxy::relay::response_pump`.
+    pub fn response_spliced(&self, sent: Duration) {
+        self.response_relay_seconds.with(
+            &ResponseLabel {
+                response: "spliced",
+                until: "sent",
+            },
+            |h| h.observe(sent.as_secs_f64()),
+        );
+    }
+
     /// A client connection on `listener` opened (`+1`) or closed (`-1`).
     /// `listener` is `bootstrap` or `broker-<node id>`.
     ///

@@ -517,9 +517,9 @@ async fn accept_client(
     shared: &Shared,
     tcp: TcpStream,
     listener: Target,
-) -> Option<(net::BoxIo, Target)> {
+) -> Option<(net::Conn, Target)> {
     let Some(server) = &shared.tls else {
-        return Some((Box::new(tcp), listener));
+        return Some((net::Conn::Tcp(tcp), listener));
     };
     let route = |name: Option<&str>| {
         let target = match shared.addrs.is_sni() {
@@ -536,7 +536,7 @@ async fn accept_client(
         target
     };
     match tokio::time::timeout(shared.upstream.timeout, tls::accept(server, tcp, route)).await {
-        Ok(Ok((stream, target))) => Some((Box::new(stream), target)),
+        Ok(Ok((stream, target))) => Some((net::Conn::Boxed(Box::new(stream)), target)),
         // Counted and logged by `route`.
         Ok(Err(tls::AcceptError::Refused(_))) => None,
         Ok(Err(e)) => {
@@ -551,7 +551,7 @@ async fn accept_client(
 }
 
 /// A raw byte stream to the broker behind `target`.
-async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Result<net::BoxIo> {
+async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Result<net::Conn> {
     let addrs: Vec<HostPort> = match target {
         Target::Bootstrap => shared.config.upstream.bootstrap_servers.clone(),
         Target::Broker(node) => {
@@ -571,7 +571,7 @@ async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Resu
     };
     let mut last = None;
     for addr in &addrs {
-        match net::connect(addr, shared.relay_tls.as_ref(), shared.upstream.timeout).await {
+        match net::connect_conn(addr, shared.relay_tls.as_ref(), shared.upstream.timeout).await {
             Ok(io) => return Ok(io),
             Err(e) => last = Some(std::io::Error::new(e.kind(), format!("{addr}: {e}"))),
         }

@@ -9,15 +9,18 @@
 //! classified (judged at the door) on a blocking thread. The response pump pairs each broker frame with
 //! the head of that queue (Kafka answers a connection's requests in order)
 //! and either forwards the bytes as they arrived or hands them to a rewrite
-//! (ApiVersions, broker addresses). A malformed or oversized frame from
-//! either side ends this connection only, with one log line.
+//! (ApiVersions, broker addresses). A large forwarded response between
+//! plain-TCP sockets is spliced: its head is read and checked, the rest
+//! moves socket to socket in the kernel (`transport::splice`). A malformed
+//! or oversized frame from either side ends this connection only, with one
+//! log line.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::debug;
 
@@ -30,7 +33,8 @@ use crate::proxy::{produce, versions, Shared};
 use crate::transport::frame::{
     self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
 };
-use crate::transport::net::BoxIo;
+use crate::transport::net::Conn;
+use crate::transport::splice::{self, AsTcp};
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -68,16 +72,46 @@ struct ConnState {
 /// stops reading from the client (backpressure, bounded memory).
 const MAX_PENDING: usize = 1024;
 
+/// Forwarded responses with at least this many bytes still to arrive once
+/// their head is read are spliced (when both sides are plain TCP); below
+/// it, a pipe's set-up costs more than the copies it saves.
+const SPLICE_MIN: usize = 64 * 1024;
+
 /// Relay between `client` and `broker` until either side closes or shutdown
 /// is requested (in-flight responses are still delivered then).
-pub async fn relay(shared: Arc<Shared>, client: BoxIo, broker: BoxIo) -> Result<(), RelayError> {
+pub async fn relay(shared: Arc<Shared>, client: Conn, broker: Conn) -> Result<(), RelayError> {
+    match (client, broker) {
+        (Conn::Tcp(client), Conn::Tcp(broker)) => {
+            let (cr, cw) = client.into_split();
+            let (br, bw) = broker.into_split();
+            relay_halves(&shared, cr, cw, br, bw).await
+        }
+        (client, broker) => {
+            let (cr, cw) = tokio::io::split(client.boxed());
+            let (br, bw) = tokio::io::split(broker.boxed());
+            relay_halves(&shared, cr, cw, br, bw).await
+        }
+    }
+}
+
+async fn relay_halves<CR, CW, BR, BW>(
+    shared: &Arc<Shared>,
+    cr: CR,
+    cw: CW,
+    br: BR,
+    bw: BW,
+) -> Result<(), RelayError>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + AsTcp + Unpin,
+    BR: AsyncRead + AsTcp + Unpin,
+    BW: AsyncWrite + Unpin,
+{
     let max = shared.config.limits.max_frame_bytes;
-    let (cr, cw) = tokio::io::split(client);
-    let (br, bw) = tokio::io::split(broker);
     let (tx, rx) = mpsc::channel(MAX_PENDING);
     let state = ConnState::default();
-    let requests = request_pump(&shared, &state, FrameReader::new(cr, max), bw, tx);
-    let responses = response_pump(&shared, &state, FrameReader::new(br, max), cw, rx);
+    let requests = request_pump(shared, &state, FrameReader::new(cr, max), bw, tx);
+    let responses = response_pump(shared, &state, FrameReader::new(br, max), cw, rx);
     tokio::pin!(requests, responses);
     tokio::select! {
         r = &mut responses => r,
@@ -92,7 +126,7 @@ pub async fn relay(shared: Arc<Shared>, client: BoxIo, broker: BoxIo) -> Result<
 /// The next client frame; `None` at a clean end, at shutdown, or once the
 /// connection has been idle (no request, no answer pending) for
 /// `limits.idle_timeout`.
-async fn next_request<R: tokio::io::AsyncRead + Unpin>(
+async fn next_request<R: AsyncRead + Unpin>(
     shared: &Shared,
     state: &ConnState,
     client: &mut FrameReader<R>,
@@ -124,7 +158,7 @@ async fn request_pump<R, W>(
     pending: mpsc::Sender<Pending>,
 ) -> Result<(), RelayError>
 where
-    R: tokio::io::AsyncRead + Unpin,
+    R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     loop {
@@ -234,8 +268,8 @@ async fn response_pump<R, W>(
     mut pending: mpsc::Receiver<Pending>,
 ) -> Result<(), RelayError>
 where
-    R: tokio::io::AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    R: AsyncRead + AsTcp + Unpin,
+    W: AsyncWrite + AsTcp + Unpin,
 {
     let mut holds = Holds::default();
     loop {
@@ -254,6 +288,16 @@ where
                 Some(_) => Err(RelayError::BadResponse("unsolicited frame".into())),
             },
         };
+        if matches!(p.handling, Handling::Forward) {
+            let closed = RelayError::BrokerClosed(1 + pending.len());
+            if let Some(started) =
+                splice_response(&mut broker, &mut client, p.correlation_id, closed).await?
+            {
+                crate::metrics::global().response_spliced(started.elapsed());
+                state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+        }
         let mut arrived = None;
         let out = match p.handling {
             Handling::Local(frame) => ResponseFrame::whole(frame),
@@ -262,14 +306,7 @@ where
                     Some(f) => f,
                     None => return Err(RelayError::BrokerClosed(1 + pending.len())),
                 };
-                if let Some(id) = p.correlation_id {
-                    if frame::peek_correlation_id(&frame) != Some(id) {
-                        return Err(RelayError::BadResponse(format!(
-                            "expected correlation id {id}, got {:?}",
-                            frame::peek_correlation_id(&frame)
-                        )));
-                    }
-                }
+                check_correlation_id(&frame, p.correlation_id)?;
                 arrived = Some(std::time::Instant::now());
                 if matches!(handling, Handling::SaslHandshake) {
                     // Set before the client sees the answer, hence before
@@ -291,6 +328,75 @@ where
             crate::metrics::global().response_relayed(out.rewritten(), ready, t.elapsed());
         }
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The response a forwarded request's answer must carry.
+fn check_correlation_id(frame: &[u8], expected: Option<i32>) -> Result<(), RelayError> {
+    match expected {
+        Some(id) if frame::peek_correlation_id(frame) != Some(id) => {
+            Err(RelayError::BadResponse(format!(
+                "expected correlation id {id}, got {:?}",
+                frame::peek_correlation_id(frame)
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Forward the next response by splicing it, when both sides are plain
+/// TCP and at least [`SPLICE_MIN`] of its bytes have yet to arrive once its
+/// head is in: its correlation id is checked, the buffered start written,
+/// and the rest moved socket to socket. `Some(when its head was in)` once
+/// sent; `None` leaves the response (still buffered) to the copying path.
+/// `closed` is the error for a broker that closes before the response.
+async fn splice_response<R, W>(
+    broker: &mut FrameReader<R>,
+    client: &mut W,
+    correlation_id: Option<i32>,
+    closed: RelayError,
+) -> Result<Option<std::time::Instant>, RelayError>
+where
+    R: AsyncRead + AsTcp + Unpin,
+    W: AsyncWrite + AsTcp + Unpin,
+{
+    if broker.get_ref().as_tcp().is_none() || client.as_tcp().is_none() {
+        return Ok(None);
+    }
+    let Some((total, buffered)) = broker
+        .next_head(RESPONSE_ID_END)
+        .await
+        .map_err(RelayError::BrokerFrame)?
+    else {
+        return Err(closed);
+    };
+    if total - buffered < SPLICE_MIN {
+        return Ok(None);
+    }
+    // None when no pipe can be opened now (descriptors exhausted): copy.
+    let Some(pipe) = splice::pipe() else {
+        return Ok(None);
+    };
+    let started = std::time::Instant::now();
+    let head = broker.take_buffered();
+    check_correlation_id(&head, correlation_id)?;
+    client
+        .write_all(&head)
+        .await
+        .map_err(RelayError::ClientWrite)?;
+    let (Some(from), Some(to)) = (broker.get_ref().as_tcp(), client.as_tcp()) else {
+        // Both were plain TCP above; a stream does not change its kind.
+        return Err(RelayError::ClientWrite(std::io::Error::other(
+            "not plain TCP",
+        )));
+    };
+    match pipe.forward(from, to, total - buffered).await {
+        Ok(()) => Ok(Some(started)),
+        Err((splice::Side::From, e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err(RelayError::BrokerFrame(FrameError::Truncated))
+        }
+        Err((splice::Side::From, e)) => Err(RelayError::BrokerFrame(FrameError::Io(e))),
+        Err((splice::Side::To, e)) => Err(RelayError::ClientWrite(e)),
     }
 }
 
@@ -406,5 +512,86 @@ mod tests {
         assert_eq!(handshake_accepted(&answer(0)), Some(true));
         assert_eq!(handshake_accepted(&answer(33)), Some(false));
         assert_eq!(handshake_accepted(&[0, 0, 0, 4, 0, 0, 0, 9]), None);
+    }
+
+    /// Loopback halves: the broker side's writer, the proxy's reader of it,
+    /// the proxy's writer to the client and the client's reader.
+    async fn sockets() -> (
+        tokio::net::TcpStream,
+        FrameReader<tokio::net::tcp::OwnedReadHalf>,
+        tokio::net::tcp::OwnedWriteHalf,
+        tokio::net::TcpStream,
+    ) {
+        async fn pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let a = tokio::net::TcpStream::connect(l.local_addr().unwrap());
+            let (a, b) = tokio::join!(a, l.accept());
+            (a.unwrap(), b.unwrap().0)
+        }
+        let (broker, proxy_in) = pair().await;
+        let (proxy_out, client) = pair().await;
+        let reader = FrameReader::new(proxy_in.into_split().0, 100 << 20);
+        (broker, reader, proxy_out.into_split().1, client)
+    }
+
+    fn response(correlation_id: i32, body_len: usize) -> Vec<u8> {
+        let mut b = correlation_id.to_be_bytes().to_vec();
+        b.extend((0..body_len).map(|i| (i % 253) as u8));
+        frame::with_length_prefix(&b).to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_large_forwarded_response_is_spliced_whole_and_the_next_one_stays_framed() {
+        use tokio::io::AsyncReadExt;
+        let (mut broker, mut reader, mut out, mut client) = sockets().await;
+        let big = response(7, 3 << 20);
+        let small = response(8, 100);
+        let sent = [big.clone(), small.clone()].concat();
+        let writer = tokio::spawn(async move {
+            for chunk in sent.chunks(100_003) {
+                broker.write_all(chunk).await.unwrap();
+            }
+            broker
+        });
+        let closed = RelayError::BrokerClosed(1);
+        let spliced = splice_response(&mut reader, &mut out, Some(7), closed).await;
+        assert!(matches!(spliced, Ok(Some(_))), "{spliced:?}");
+        let mut got = vec![0; big.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert!(got == big);
+        let _broker = writer.await.unwrap();
+        // A small response is left to the copying path, still buffered.
+        let closed = RelayError::BrokerClosed(1);
+        let left = splice_response(&mut reader, &mut out, Some(8), closed).await;
+        assert!(matches!(left, Ok(None)), "{left:?}");
+        assert_eq!(reader.next().await.unwrap().unwrap().to_vec(), small);
+    }
+
+    #[tokio::test]
+    async fn a_spliced_response_with_the_wrong_correlation_id_sends_nothing() {
+        use tokio::io::AsyncReadExt;
+        let (mut broker, mut reader, mut out, mut client) = sockets().await;
+        broker.write_all(&response(9, 1 << 20)).await.unwrap();
+        let closed = RelayError::BrokerClosed(1);
+        let err = splice_response(&mut reader, &mut out, Some(7), closed).await;
+        assert!(matches!(err, Err(RelayError::BadResponse(_))), "{err:?}");
+        drop(out);
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "{} bytes reached the client", rest.len());
+    }
+
+    #[tokio::test]
+    async fn a_broker_closing_mid_response_is_a_truncated_frame() {
+        let (mut broker, mut reader, mut out, _client) = sockets().await;
+        let big = response(7, 1 << 20);
+        broker.write_all(&big[..big.len() / 2]).await.unwrap();
+        drop(broker);
+        let closed = RelayError::BrokerClosed(1);
+        let err = splice_response(&mut reader, &mut out, Some(7), closed).await;
+        assert!(
+            matches!(err, Err(RelayError::BrokerFrame(FrameError::Truncated))),
+            "{err:?}"
+        );
     }
 }

@@ -34,6 +34,9 @@ pub enum FrameError {
 /// `scripts/bench/deterministic.py`).
 const READ_CHUNK: usize = 4 << 20;
 
+/// Most bytes [`FrameReader::next_head`] reads at once.
+pub const HEAD_READ: usize = 64 * 1024;
+
 /// Reads whole frames (length prefix included) from one side of a connection.
 pub struct FrameReader<R> {
     inner: R,
@@ -60,15 +63,60 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Some(total) => (total - self.buf.len()).min(READ_CHUNK),
                 None => 4,
             };
-            self.buf.reserve(want.max(4096));
-            if self.inner.read_buf(&mut self.buf).await? == 0 {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(FrameError::Truncated)
-                };
+            if !self.fill(want).await? {
+                return Ok(None);
             }
         }
+    }
+
+    /// Read once: `want` bytes are made room for, and at most
+    /// `want.max(HEAD_READ)` are read, so a read for one frame takes in no
+    /// more than [`HEAD_READ`] of the next (whose rest can then be spliced).
+    /// `false` at a clean end of stream between frames.
+    async fn fill(&mut self, want: usize) -> Result<bool, FrameError> {
+        self.buf.reserve(want.max(4096));
+        let mut limited = (&mut self.inner).take(want.max(HEAD_READ) as u64);
+        if limited.read_buf(&mut self.buf).await? > 0 {
+            Ok(true)
+        } else if self.buf.is_empty() {
+            Ok(false)
+        } else {
+            Err(FrameError::Truncated)
+        }
+    }
+
+    /// The start of the next frame: once its first `head` bytes (length
+    /// prefix included) or all of it are buffered, its total length and how
+    /// many of its bytes are buffered. `None` on a clean end of stream
+    /// between frames. The frame stays buffered: [`next`](Self::next) still
+    /// returns it whole, or [`take_buffered`](Self::take_buffered) hands out
+    /// its start and the caller reads the rest from the stream itself. Reads
+    /// at most [`HEAD_READ`] bytes at a time, so most of a large frame is
+    /// still in the socket when its head is known.
+    pub async fn next_head(&mut self, head: usize) -> Result<Option<(usize, usize)>, FrameError> {
+        loop {
+            if let Some(total) = self.complete_frame_len()? {
+                return Ok(Some((total, total)));
+            }
+            if let Some(total) = self.claimed_len().filter(|_| self.buf.len() >= head) {
+                return Ok(Some((total, self.buf.len())));
+            }
+            if !self.fill(4).await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Everything buffered, when it is all the start of one frame that has
+    /// not fully arrived (after [`next_head`](Self::next_head) said so).
+    pub fn take_buffered(&mut self) -> Bytes {
+        debug_assert!(self.claimed_len().is_some_and(|t| t > self.buf.len()));
+        self.buf.split().freeze()
+    }
+
+    /// The stream frames are read from.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
     }
 
     /// Bytes already read but not yet returned (used when a connection

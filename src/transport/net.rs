@@ -16,12 +16,37 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 /// A boxed stream, plaintext or TLS.
 pub type BoxIo = Box<dyn Io>;
 
+/// One side of a relayed connection: plain TCP kept as such (its bytes can
+/// be spliced, `transport::splice`), or a TLS stream.
+pub enum Conn {
+    Tcp(TcpStream),
+    Boxed(BoxIo),
+}
+
+impl Conn {
+    pub fn boxed(self) -> BoxIo {
+        match self {
+            Conn::Tcp(t) => Box::new(t),
+            Conn::Boxed(b) => b,
+        }
+    }
+}
+
 /// Open a connection to a broker, with TLS when configured.
 pub async fn connect(
     addr: &HostPort,
     tls: Option<&tls::Upstream>,
     timeout: Duration,
 ) -> std::io::Result<BoxIo> {
+    connect_conn(addr, tls, timeout).await.map(Conn::boxed)
+}
+
+/// [`connect`], keeping a plain TCP connection unboxed.
+pub async fn connect_conn(
+    addr: &HostPort,
+    tls: Option<&tls::Upstream>,
+    timeout: Duration,
+) -> std::io::Result<Conn> {
     let target = (addr.host.as_str(), addr.port);
     let tcp = tokio::time::timeout(timeout, TcpStream::connect(target))
         .await
@@ -33,7 +58,7 @@ pub async fn connect(
         })??;
     tcp.set_nodelay(true)?;
     match tls {
-        None => Ok(Box::new(tcp)),
+        None => Ok(Conn::Tcp(tcp)),
         Some(t) => {
             let name = t
                 .server_name(&addr.host)
@@ -46,7 +71,7 @@ pub async fn connect(
                         format!("TLS handshake with {addr} timed out"),
                     )
                 })??;
-            Ok(Box::new(stream))
+            Ok(Conn::Boxed(Box::new(stream)))
         }
     }
 }
