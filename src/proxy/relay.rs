@@ -582,6 +582,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_oversized_response_is_refused_before_anything_is_sent() {
+        let (mut broker, mut reader, mut out, _client) = sockets().await;
+        // Claims 200 MiB against the reader's 100 MiB limit.
+        let mut head = (200u32 << 20).to_be_bytes().to_vec();
+        head.extend_from_slice(&7i32.to_be_bytes());
+        broker.write_all(&head).await.unwrap();
+        let closed = RelayError::BrokerClosed(1);
+        let err = splice_response(&mut reader, &mut out, Some(7), closed).await;
+        assert!(
+            matches!(
+                err,
+                Err(RelayError::BrokerFrame(FrameError::TooLarge { .. }))
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_broker_closing_mid_response_is_a_truncated_frame() {
         let (mut broker, mut reader, mut out, _client) = sockets().await;
         let big = response(7, 1 << 20);
