@@ -331,7 +331,8 @@ where
     }
 }
 
-/// The response a forwarded request's answer must carry.
+/// A response frame must carry its request's correlation id (`None`: the
+/// request had none to check, e.g. a raw SASL token).
 fn check_correlation_id(frame: &[u8], expected: Option<i32>) -> Result<(), RelayError> {
     match expected {
         Some(id) if frame::peek_correlation_id(frame) != Some(id) => {
@@ -522,12 +523,7 @@ mod tests {
         tokio::net::tcp::OwnedWriteHalf,
         tokio::net::TcpStream,
     ) {
-        async fn pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let a = tokio::net::TcpStream::connect(l.local_addr().unwrap());
-            let (a, b) = tokio::join!(a, l.accept());
-            (a.unwrap(), b.unwrap().0)
-        }
+        use crate::transport::splice::tests::pair;
         let (broker, proxy_in) = pair().await;
         let (proxy_out, client) = pair().await;
         let reader = FrameReader::new(proxy_in.into_split().0, 100 << 20);

@@ -35,7 +35,7 @@ pub enum FrameError {
 const READ_CHUNK: usize = 4 << 20;
 
 /// Most bytes [`FrameReader::next_head`] reads at once.
-pub const HEAD_READ: usize = 64 * 1024;
+const HEAD_READ: usize = 64 * 1024;
 
 /// Reads whole frames (length prefix included) from one side of a connection.
 pub struct FrameReader<R> {

@@ -139,13 +139,13 @@ pub enum Side {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// A connected pair of TCP streams on loopback.
-    async fn pair() -> (TcpStream, TcpStream) {
+    pub(crate) async fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (b, _) = l.accept().await.unwrap();
