@@ -193,6 +193,33 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
+    async fn a_slow_reader_gets_every_byte_in_order() {
+        // The destination fills up (EAGAIN on the drain side) many times.
+        let (mut src_w, src_r) = pair().await;
+        let (dst_w, mut dst_r) = pair().await;
+        let body: Vec<u8> = (0..12 << 20).map(|i| (i % 241) as u8).collect();
+        let n = body.len();
+        let writer = {
+            let body = body.clone();
+            tokio::spawn(async move { src_w.write_all(&body).await.unwrap() })
+        };
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::with_capacity(n);
+            let mut chunk = vec![0; 256 * 1024];
+            while got.len() < n {
+                let k = dst_r.read(&mut chunk).await.unwrap();
+                assert!(k > 0, "closed after {} bytes", got.len());
+                got.extend_from_slice(&chunk[..k]);
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            got
+        });
+        pipe().unwrap().forward(&src_r, &dst_w, n).await.unwrap();
+        writer.await.unwrap();
+        assert!(reader.await.unwrap() == body);
+    }
+
+    #[tokio::test]
     async fn an_early_end_of_stream_is_an_error_of_the_source() {
         let (mut src_w, src_r) = pair().await;
         let (dst_w, _dst_r) = pair().await;
