@@ -158,3 +158,31 @@ def test_read_committed_consumers_see_only_committed_transactions(endpoint, new_
                      "aborted_transactions list, so no client can hide aborted records")
     assert content(got_ck) == content(committed + [tail])
     assert content(got_kp) == content(committed + [tail])
+
+
+# --- acks=0 ---------------------------------------------------------------------
+
+def test_acks_zero_producer_keeps_its_connection_when_the_broker_answers_anyway(
+        tmp_path, broker, new_topic):
+    """Kafka never answers a Produce with acks=0; tansu 0.6 does. The proxy
+    drops that answer (the client expects none) instead of ending the
+    connection over an unsolicited frame, and every record lands in order."""
+    import time
+    import confluent_kafka as ck
+    from harness import Antidote
+    topic = new_topic(1)
+    proxy = Antidote(tmp_path, upstream=[broker.bootstrap], name="acks0").start()
+    try:
+        p = ck.Producer(c.Endpoint(proxy.bootstrap).ck(**{"acks": 0, "linger.ms": 0}))
+        sent = [f"v{i}".encode() for i in range(10)]
+        for v in sent:
+            p.produce(topic, value=v, partition=0)
+            assert p.flush(10) == 0
+            time.sleep(0.1)  # the broker's answer arrives while the connection is open
+        got = c.ck_consume_assign(c.Endpoint(broker.bootstrap), topic, [0], len(sent))
+        assert [r.value for r in got] == sent
+        log = proxy.log.read_text()
+        assert "unsolicited" not in log, log
+        del p
+    finally:
+        proxy.stop_and_check()

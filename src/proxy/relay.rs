@@ -66,6 +66,42 @@ struct ConnState {
     /// Requests whose answers have not yet been written to the client; the
     /// idle timeout never closes a connection with one pending.
     in_flight: AtomicUsize,
+    /// Correlation ids of the last requests sent expecting no answer
+    /// (Produce with acks=0), at most [`MAX_PENDING`].
+    unanswered: std::sync::Mutex<std::collections::VecDeque<i32>>,
+}
+
+impl ConnState {
+    /// A request goes to the broker expecting no answer.
+    fn expect_no_answer(&self, correlation_id: i32) {
+        let mut ids = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
+        if ids.len() == MAX_PENDING {
+            ids.pop_front();
+        }
+        ids.push_back(correlation_id);
+    }
+
+    /// Whether `frame` answers a request that expected none. Kafka never
+    /// answers Produce with acks=0, but some brokers do (tansu 0.6); the
+    /// client expects nothing, so such an answer is dropped, once, instead
+    /// of ending the connection as an unsolicited frame.
+    fn answers_unanswered(&self, frame: &[u8]) -> bool {
+        let Some(id) = frame::peek_correlation_id(frame) else {
+            return false;
+        };
+        let mut ids = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
+        match ids.iter().position(|&x| x == id) {
+            Some(i) => {
+                ids.remove(i);
+                debug!(
+                    correlation_id = id,
+                    "dropped the broker's answer to a Produce with acks=0"
+                );
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Pipelined requests allowed in flight per connection before the proxy
@@ -167,6 +203,7 @@ where
         };
         learn_produce_topic_ids(shared, &frame).await;
         let c = classify_request(shared, state, frame.clone()).await?;
+        let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshake) {
                 // Until the broker accepts it, frames are still requests.
@@ -182,6 +219,12 @@ where
             Send::Replaced(f) => f,
             Send::Nothing => continue,
         };
+        if !expects_answer {
+            // Known before the request leaves, so before any answer arrives.
+            if let Some(head) = frame::peek_request(&out) {
+                state.expect_no_answer(head.correlation_id);
+            }
+        }
         broker
             .write_all(&out)
             .await
@@ -282,10 +325,12 @@ where
                 Some(p) => p,
                 None => return Ok(()),
             },
-            // Nothing is pending: a frame now is unsolicited, EOF is a close.
-            f = broker.next() => return match f.map_err(RelayError::BrokerFrame)? {
-                None => Ok(()),
-                Some(_) => Err(RelayError::BadResponse("unsolicited frame".into())),
+            // Nothing is pending: a frame now is unsolicited (unless it
+            // answers a request that expected none), EOF is a close.
+            f = broker.next() => match f.map_err(RelayError::BrokerFrame)? {
+                None => return Ok(()),
+                Some(f) if state.answers_unanswered(&f) => continue,
+                Some(_) => return Err(RelayError::BadResponse("unsolicited frame".into())),
             },
         };
         if matches!(p.handling, Handling::Forward) {
@@ -302,9 +347,16 @@ where
         let out = match p.handling {
             Handling::Local(frame) => ResponseFrame::whole(frame),
             handling => {
-                let frame = match broker.next().await.map_err(RelayError::BrokerFrame)? {
-                    Some(f) => f,
-                    None => return Err(RelayError::BrokerClosed(1 + pending.len())),
+                let frame = loop {
+                    let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
+                        Some(f) => f,
+                        None => return Err(RelayError::BrokerClosed(1 + pending.len())),
+                    };
+                    let other = p.correlation_id.is_some()
+                        && frame::peek_correlation_id(&f) != p.correlation_id;
+                    if !(other && state.answers_unanswered(&f)) {
+                        break f;
+                    }
                 };
                 check_correlation_id(&frame, p.correlation_id)?;
                 arrived = Some(std::time::Instant::now());
@@ -513,6 +565,24 @@ mod tests {
         assert_eq!(handshake_accepted(&answer(0)), Some(true));
         assert_eq!(handshake_accepted(&answer(33)), Some(false));
         assert_eq!(handshake_accepted(&[0, 0, 0, 4, 0, 0, 0, 9]), None);
+    }
+
+    #[test]
+    fn an_answer_to_an_acks_zero_request_is_dropped_once_and_only_it() {
+        let state = ConnState::default();
+        let answer = |id: i32| frame::response_frame(id, &[], &[0; 10]);
+        for id in 0..(MAX_PENDING as i32 + 5) {
+            state.expect_no_answer(id);
+        }
+        // The oldest ids were forgotten: at most MAX_PENDING are kept.
+        assert!(!state.answers_unanswered(&answer(0)));
+        assert!(state.answers_unanswered(&answer(7)));
+        assert!(!state.answers_unanswered(&answer(7)), "dropped once only");
+        assert!(!state.answers_unanswered(&answer(-3)));
+        assert!(
+            !state.answers_unanswered(&[0, 0, 0, 1, 9]),
+            "too short for an id"
+        );
     }
 
     /// Loopback halves: the broker side's writer, the proxy's reader of it,
