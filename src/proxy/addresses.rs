@@ -165,6 +165,28 @@ impl Refusals {
     }
 }
 
+/// Brokers whose per-broker listener could not be opened (port taken, or
+/// no port for the node id): clients told their address would not reach
+/// them, so the proxy is not ready while any is listed.
+#[derive(Debug, Default)]
+pub struct Unserved(Mutex<std::collections::HashSet<i32>>);
+
+impl Unserved {
+    /// Record whether broker `node` is served now.
+    pub fn set(&self, node: i32, unserved: bool) {
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if unserved {
+            set.insert(node);
+        } else {
+            set.remove(&node);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
 /// What a response revealed about the cluster.
 #[derive(Debug, Default)]
 pub struct Seen {

@@ -79,10 +79,8 @@ pub struct Shared {
     /// Topic id -> name, for Fetch v13+ (which names topics by id).
     pub topic_names: DashMap<Uuid, StrBytes>,
     listening: tokio::sync::Mutex<HashSet<i32>>,
-    /// Brokers whose listener could not be opened (port taken, or no port
-    /// for the node id): clients told their address would not reach them,
-    /// so the proxy is not ready while any is listed.
-    unserved: std::sync::Mutex<HashSet<i32>>,
+    /// Brokers whose listener could not be opened (not ready while any).
+    unserved: addresses::Unserved,
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
     /// Set once upstream metadata has been fetched.
@@ -152,7 +150,7 @@ impl Shared {
             brokers: DashMap::new(),
             topic_names: DashMap::new(),
             listening: tokio::sync::Mutex::new(HashSet::new()),
-            unserved: std::sync::Mutex::new(HashSet::new()),
+            unserved: addresses::Unserved::default(),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
@@ -207,7 +205,7 @@ impl Shared {
             return;
         }
         let Some(port) = self.addrs.port_for(node) else {
-            self.set_unserved(node, true);
+            self.unserved.set(node, true);
             warn!(
                 node,
                 base = self.addrs.port_base,
@@ -219,13 +217,13 @@ impl Shared {
         match TcpListener::bind((host.as_str(), port)).await {
             Ok(listener) => {
                 open.insert(node);
-                self.set_unserved(node, false);
+                self.unserved.set(node, false);
                 info!(node, addr = %format!("{host}:{port}"), "serving broker");
                 self.tasks
                     .spawn(accept_loop(self.clone(), listener, Target::Broker(node)));
             }
             Err(e) => {
-                self.set_unserved(node, true);
+                self.unserved.set(node, true);
                 warn!(
                     node,
                     port,
@@ -237,15 +235,6 @@ impl Shared {
             }
         }
     }
-
-    fn set_unserved(&self, node: i32, unserved: bool) {
-        let mut set = self.unserved.lock().unwrap_or_else(|p| p.into_inner());
-        if unserved {
-            set.insert(node);
-        } else {
-            set.remove(&node);
-        }
-    }
 }
 
 impl admin::Readiness for Shared {
@@ -255,11 +244,7 @@ impl admin::Readiness for Shared {
     /// for per-key ordering).
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
-            && self
-                .unserved
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
+            && self.unserved.is_empty()
             && self.fetch_filter.dead_letter.is_ready()
             && self.fetch_filter.blocked.is_loaded()
     }
