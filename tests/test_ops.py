@@ -59,6 +59,16 @@ class OpsAntidote(Antidote):
             text += f"admin:\n  listen: {HOST}:{self.admin_port}\n"
         return text
 
+    def wait_ready(self, timeout: float = 15) -> "OpsAntidote":
+        """Until /readyz answers 200: metadata fetched, broker ports open,
+        the DLTs read back into the ledger."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if http_get(self.admin_port, "/readyz")[0] == 200:
+                return self
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}: /readyz not 200 after {timeout} s")
+
 
 @dataclass
 class Setup:
