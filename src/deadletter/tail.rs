@@ -223,6 +223,7 @@ pub async fn catch_up(
     let key = (dlt.to_string(), partition);
     let mut positions = HashMap::from([(key.clone(), from)]);
     let mut found = Vec::new();
+    let mut unanswered = 0;
     loop {
         let before = positions.get(&key).copied().unwrap_or(from);
         let hws = read_new(cluster, &mut positions, &mut |_, _, r| {
@@ -232,12 +233,29 @@ pub async fn catch_up(
         })
         .await?;
         let now = positions.get(&key).copied().unwrap_or(from);
-        let hw = hws.get(&key).copied().unwrap_or(now);
+        let Some(&hw) = hws.get(&key) else {
+            // The answer did not include the partition (tansu 0.6 answers
+            // some Fetches with no partitions at all, or it named an
+            // error): its end is unknown, and taking it for the end would
+            // write again what another instance wrote.
+            unanswered += 1;
+            if unanswered > CATCH_UP_TRIES {
+                return Err(crate::client::no_broker(format!(
+                    "{dlt}-{partition}: no Fetch answer for the partition at offset {now}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
         if now >= hw || now <= before {
             return Ok(found);
         }
     }
 }
+
+/// Fetches [`catch_up`] tries (10 ms apart) when the broker's answer does
+/// not include the partition, before it gives up (the write then waits).
+const CATCH_UP_TRIES: usize = 20;
 
 impl Loader {
     /// One tail tick: read what every loaded DLT gained since the last one

@@ -444,3 +444,23 @@ async fn a_record_another_instance_wrote_is_not_written_again() {
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [7, 8], "offset 7 once, offset 8 written");
 }
+
+#[tokio::test]
+async fn a_dlt_read_whose_answer_lacks_the_partition_is_retried_before_writing() {
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    mock.add_topic("t.dlt", 1);
+    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    // Written by another instance; the next Fetches name the partition only
+    // with an error, so their answers say nothing about its end.
+    mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
+    mock.state().fail_fetches = 3;
+    let ok = divert_all(&dl, &[diversion("t", 0, 7, 10)]).await;
+    assert_eq!(ok, [true]);
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [7], "offset 7 once: not written again");
+}
