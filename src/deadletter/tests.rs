@@ -397,6 +397,20 @@ async fn concurrent_submits_of_one_record_share_one_write() {
     assert!(dl.is_diverted(&super::ledger_key(&d)));
 }
 
+/// A mock with topic `t` and its (empty) DLT, and a dead-letter writer
+/// whose ledger has read that DLT.
+async fn loaded_t_and_its_dlt() -> (MockBroker, Arc<DeadLetter>) {
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    mock.add_topic("t.dlt", 1);
+    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    (mock, dl)
+}
+
 /// A DLT record of `d` as another instance would have written it.
 fn written_elsewhere(d: &Diversion) -> Bytes {
     build_batch(
@@ -408,14 +422,7 @@ fn written_elsewhere(d: &Diversion) -> Bytes {
 
 #[tokio::test]
 async fn the_tail_learns_a_diversion_another_instance_wrote_after_the_start() {
-    let mock = MockBroker::start().await;
-    mock.add_topic("t", 1);
-    mock.add_topic("t.dlt", 1);
-    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
-    tokio::time::timeout(Duration::from_secs(5), dl.ready())
-        .await
-        .expect("ledger loads")
-        .expect("running");
+    let (mock, dl) = loaded_t_and_its_dlt().await;
     let key: LedgerKey = (Arc::from("t"), 0, 42);
     assert!(!dl.is_diverted(&key));
     mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 42, 10)));
@@ -428,14 +435,7 @@ async fn the_tail_learns_a_diversion_another_instance_wrote_after_the_start() {
 
 #[tokio::test]
 async fn a_record_another_instance_wrote_is_not_written_again() {
-    let mock = MockBroker::start().await;
-    mock.add_topic("t", 1);
-    mock.add_topic("t.dlt", 1);
-    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
-    tokio::time::timeout(Duration::from_secs(5), dl.ready())
-        .await
-        .expect("ledger loads")
-        .expect("running");
+    let (mock, dl) = loaded_t_and_its_dlt().await;
     // Written by someone else just now: the tail may not have seen it, the
     // read before the write does.
     mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
@@ -447,14 +447,7 @@ async fn a_record_another_instance_wrote_is_not_written_again() {
 
 #[tokio::test]
 async fn a_dlt_read_whose_answer_lacks_the_partition_is_retried_before_writing() {
-    let mock = MockBroker::start().await;
-    mock.add_topic("t", 1);
-    mock.add_topic("t.dlt", 1);
-    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
-    tokio::time::timeout(Duration::from_secs(5), dl.ready())
-        .await
-        .expect("ledger loads")
-        .expect("running");
+    let (mock, dl) = loaded_t_and_its_dlt().await;
     // Written by another instance; the next Fetches name the partition only
     // with an error, so their answers say nothing about its end.
     mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
