@@ -43,6 +43,9 @@ pub struct State {
     pub fetch_errors: usize,
     /// Answer this many Fetches with NOT_LEADER_OR_FOLLOWER first.
     pub fail_fetches: usize,
+    /// Answer this many Fetches with the high watermark but no records
+    /// first (tansu 0.6 between raising a watermark and storing the batch).
+    pub hide_records: usize,
 }
 
 pub struct MockBroker {
@@ -333,6 +336,7 @@ fn fetch(st: &mut State, req: FetchRequest) -> FetchResponse {
     let mut topics = Vec::new();
     let mut errors = 0;
     let mut fail_fetches = st.fail_fetches;
+    let mut hide_records = st.hide_records;
     for t in req.topics {
         let logs = st.topics.get(t.topic.as_str()).map(|x| &x.1);
         let parts = t
@@ -357,6 +361,10 @@ fn fetch(st: &mut State, req: FetchRequest) -> FetchResponse {
                     return r.with_error_code(1);
                 }
                 let mut records = BytesMut::new();
+                if hide_records > 0 {
+                    hide_records -= 1;
+                    return r.with_records(Some(records.freeze()));
+                }
                 for (base, b) in &log.batches {
                     let count = i64::from(i32::from_be_bytes([b[57], b[58], b[59], b[60]]));
                     if base + count > p.fetch_offset && *base + count > log.log_start {
@@ -374,5 +382,6 @@ fn fetch(st: &mut State, req: FetchRequest) -> FetchResponse {
     }
     st.fetch_errors += errors;
     st.fail_fetches = fail_fetches;
+    st.hide_records = hide_records;
     FetchResponse::default().with_responses(topics)
 }

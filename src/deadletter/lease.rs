@@ -11,6 +11,19 @@
 //! and reads again. No transaction is begun: only the fencing is used
 //! (tansu 0.6 does not abort an older epoch's open transaction, see
 //! `scripts/tansu_txn_probe.py`).
+//!
+//! Where the fencing is weaker than that:
+//! - tansu 0.6 checks the epoch against the newest InitProducerId, then
+//!   raises the watermark, then stores the batch, not atomically: a write
+//!   checked just before another instance's lease can land just after that
+//!   instance's read. The read itself does not stop early while a raised
+//!   watermark has no batch behind it yet (`tail::catch_up`).
+//! - Apache Kafka fences an older epoch on a partition only once that
+//!   partition has appended a batch of the newer one: between taking the
+//!   lease and its first write, an instance does not fence a write another
+//!   instance had already read for. Two instances diverting the same record
+//!   at the same moment can then both write it. The ledger counts such a
+//!   record once; the DLT holds it twice.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

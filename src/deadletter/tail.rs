@@ -50,11 +50,12 @@ pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(5);
 /// (DLT, partition).
 pub type DltPartition = (String, i32);
 
-/// What one partition of a tail Fetch said: its next position and high
-/// watermark.
+/// What one partition of a tail Fetch said: its next position, and the end
+/// a read_committed reader can reach (the last stable offset when the
+/// broker gives one, else the high watermark).
 struct Progress {
     next: i64,
-    high_watermark: i64,
+    end: i64,
 }
 
 /// Fetch `parts` (each at its position) from `node`, read_committed, no
@@ -113,10 +114,7 @@ where
                     let next = start.max(from);
                     out.insert(
                         (name.clone(), p.partition_index),
-                        Progress {
-                            next,
-                            high_watermark: next,
-                        },
+                        Progress { next, end: next },
                     );
                 }
                 continue;
@@ -124,13 +122,11 @@ where
             let records = p.records.unwrap_or_default();
             tracing::trace!(dlt = %name, partition = p.partition_index, from, hw = p.high_watermark, bytes = records.len(), "tail fetched");
             let next = visit(&name, p.partition_index, from, &records, f)?;
-            out.insert(
-                (name.clone(), p.partition_index),
-                Progress {
-                    next,
-                    high_watermark: p.high_watermark,
-                },
-            );
+            let end = match p.last_stable_offset {
+                lso if lso >= 0 => lso.min(p.high_watermark),
+                _ => p.high_watermark,
+            };
+            out.insert((name.clone(), p.partition_index), Progress { next, end });
         }
     }
     Ok(out)
@@ -169,9 +165,9 @@ where
     Ok(next)
 }
 
-/// Read `parts` from their positions up to the high watermarks, at most
-/// [`MAX_ROUNDS`] rounds; updates the positions, returns the high
-/// watermarks seen.
+/// Read `parts` from their positions up to their ends (see [`Progress`]),
+/// at most [`MAX_ROUNDS`] rounds; updates the positions, returns the ends
+/// seen.
 pub async fn read_new<F>(
     cluster: &mut Cluster,
     positions: &mut HashMap<DltPartition, i64>,
@@ -180,7 +176,7 @@ pub async fn read_new<F>(
 where
     F: FnMut(&str, i32, &Record<'_>),
 {
-    let mut hws: HashMap<DltPartition, i64> = HashMap::new();
+    let mut ends: HashMap<DltPartition, i64> = HashMap::new();
     let mut todo: Vec<DltPartition> = positions.keys().cloned().collect();
     for _ in 0..MAX_ROUNDS {
         if todo.is_empty() {
@@ -194,25 +190,34 @@ where
         }
         for (node, parts) in by_node {
             for (dp, pr) in fetch_round(cluster, node, &parts, f).await? {
-                hws.insert(dp.clone(), pr.high_watermark);
+                ends.insert(dp.clone(), pr.end);
                 let old = positions.get(&dp).copied().unwrap_or(0);
                 positions.insert(dp.clone(), pr.next.max(old));
                 // More to read: another round (a partition that made no
-                // progress below its high watermark waits for the next tick).
-                if pr.next > old && pr.next < pr.high_watermark {
+                // progress below its end waits for the next tick).
+                if pr.next > old && pr.next < pr.end {
                     todo.push(dp);
                 }
             }
         }
     }
-    Ok(hws)
+    Ok(ends)
 }
 
 /// Read DLT `dlt`'s `partition` from `from` to its end (as many rounds as
-/// it takes while each makes progress); the origins named there that
-/// `wanted` keeps (so memory is bounded by the writes asked about, not by
-/// what is read). Run by the producer just before writing to that
-/// partition.
+/// it takes); the origins named there that `wanted` keeps (so memory is
+/// bounded by the writes asked about, not by what is read). Run by the
+/// producer just before writing to that partition.
+///
+/// The end is where an answer says it is and the read got there. An answer
+/// that leaves the partition out (tansu 0.6 answers some Fetches with no
+/// partitions at all, or it named an error) says nothing about the end, and
+/// one that gives no records below its end has records in flight: tansu 0.6
+/// raises a partition's watermark before it stores the batch, so for a
+/// moment the end is past what can be read. Taking either for the end
+/// would write again what another instance just wrote, so both are asked
+/// again, [`CATCH_UP_TRIES`] times 10 ms apart, and then the read fails
+/// (the write waits for the next fetch).
 pub async fn catch_up(
     cluster: &mut Cluster,
     dlt: &str,
@@ -223,38 +228,36 @@ pub async fn catch_up(
     let key = (dlt.to_string(), partition);
     let mut positions = HashMap::from([(key.clone(), from)]);
     let mut found = Vec::new();
-    let mut unanswered = 0;
+    let mut waits = 0;
     loop {
         let before = positions.get(&key).copied().unwrap_or(from);
-        let hws = read_new(cluster, &mut positions, &mut |_, _, r| {
+        let ends = read_new(cluster, &mut positions, &mut |_, _, r| {
             if let Some(o) = Origin::of(r).filter(|o| wanted(o)) {
                 found.push(o);
             }
         })
         .await?;
         let now = positions.get(&key).copied().unwrap_or(from);
-        let Some(&hw) = hws.get(&key) else {
-            // The answer did not include the partition (tansu 0.6 answers
-            // some Fetches with no partitions at all, or it named an
-            // error): its end is unknown, and taking it for the end would
-            // write again what another instance wrote.
-            unanswered += 1;
-            if unanswered > CATCH_UP_TRIES {
+        let end = ends.get(&key).copied();
+        if end.is_some_and(|end| now >= end) {
+            return Ok(found);
+        }
+        if end.is_none() || now <= before {
+            waits += 1;
+            if waits > CATCH_UP_TRIES {
+                let end = end.map_or("unknown".to_string(), |e| e.to_string());
                 return Err(crate::client::no_broker(format!(
-                    "{dlt}-{partition}: no Fetch answer for the partition at offset {now}"
+                    "{dlt}-{partition}: read stuck at offset {now} (end {end})"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        if now >= hw || now <= before {
-            return Ok(found);
         }
     }
 }
 
-/// Fetches [`catch_up`] tries (10 ms apart) when the broker's answer does
-/// not include the partition, before it gives up (the write then waits).
+/// Fetches [`catch_up`] tries (10 ms apart) when an answer says nothing
+/// about the partition's end or gives nothing below it, before it gives up
+/// (the write then waits).
 const CATCH_UP_TRIES: usize = 20;
 
 impl Loader {

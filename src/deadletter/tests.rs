@@ -457,3 +457,33 @@ async fn a_dlt_read_whose_answer_lacks_the_partition_is_retried_before_writing()
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [7], "offset 7 once: not written again");
 }
+
+#[tokio::test]
+async fn a_dlt_read_answered_below_its_end_without_records_is_retried_before_writing() {
+    let (mock, dl) = loaded_t_and_its_dlt().await;
+    // Written by another instance; the next Fetches give the partition's
+    // end past it but no records, as tansu 0.6 does between raising the
+    // watermark and storing the batch.
+    mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
+    mock.state().hide_records = 3;
+    let ok = divert_all(&dl, &[diversion("t", 0, 7, 10)]).await;
+    assert_eq!(ok, [true]);
+    assert_eq!(
+        mock.state().hide_records,
+        0,
+        "the answers without records were read"
+    );
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [7], "offset 7 once: not written again");
+}
+
+#[tokio::test]
+async fn a_dlt_that_never_gives_records_below_its_end_holds_the_write() {
+    let (mock, dl) = loaded_t_and_its_dlt().await;
+    mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
+    mock.state().hide_records = usize::MAX;
+    let ok = divert_all(&dl, &[diversion("t", 0, 8, 10)]).await;
+    assert_eq!(ok, [false], "the write waits: the DLT's end cannot be read");
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [7], "nothing written while the end is unknown");
+}
