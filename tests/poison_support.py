@@ -303,10 +303,17 @@ def topic_exists(ep: c.Endpoint, topic: str) -> bool:
     return t is not None and t.error is None
 
 
+def is_lease_marker(r: c.Rec) -> bool:
+    """A DLT partition's lease marker (written when a writer takes the lease
+    with an epoch above 0): no key, no value, one header."""
+    return r.headers == (("x-antidote-marker", b"lease"),) and r.key is None and r.value is None
+
+
 def read_dlt(ep: c.Endpoint, topic: str, partitions: int = 1, settle: float = 1.0,
-             timeout: float = 30) -> list[c.Rec]:
+             timeout: float = 30, lease_markers: bool = False) -> list[c.Rec]:
     """Every record of `topic` read directly from the broker with kafka-python,
-    up to the high watermark of each partition (ListOffsets is wrong on tansu)."""
+    up to the high watermark of each partition (ListOffsets is wrong on tansu);
+    lease markers only if asked for."""
     port = int(ep.bootstrap.rsplit(":", 1)[1])
     time.sleep(settle)
     hws = {p: high_watermark(port, topic, p) for p in range(partitions)}
@@ -314,7 +321,7 @@ def read_dlt(ep: c.Endpoint, topic: str, partitions: int = 1, settle: float = 1.
     if total == 0:
         return []
     got = c.kp_consume_assign(ep, topic, list(range(partitions)), total, timeout=timeout)
-    return got
+    return got if lease_markers else [r for r in got if not is_lease_marker(r)]
 
 
 def hdict(rec: c.Rec) -> dict[str, bytes]:

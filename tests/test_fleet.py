@@ -93,6 +93,33 @@ def test_three_instances_read_in_turn_write_each_poison_once(workdir, broker, br
         stop_fleet(fleet)
 
 
+def test_the_lease_passes_between_instances_through_lease_markers(workdir, broker,
+                                                                 broker_endpoint, policy_file):
+    """Instances 0, 1 and 0 again each divert a new poison record to one DLT
+    partition. The first lease (epoch 0) writes no marker. Each later one
+    writes a lease marker before its record: Kafka refuses an older epoch on
+    a partition only once the partition holds a batch of the newer one.
+    Instance 0's second write goes out under its stale lease, is refused,
+    and the lease is taken again."""
+    topic = fleet_topic(broker_endpoint, partitions=1)
+    fleet = start_fleet(workdir, broker, policy_file, n=2, tag="lease")
+    try:
+        for i, p in enumerate([0, 1, 0]):
+            c.ck_produce(broker_endpoint, topic,
+                         [ps.json_rec("valid", 2 * i), ps.json_rec("lat", 2 * i + 1)])
+            ps.wait_high_watermark(broker.port, topic, 0, 2 * i + 2)
+            got = c.kp_consume_assign(c.Endpoint(fleet[p].bootstrap, "proxy"), topic, [0], i + 1,
+                                      timeout=30)
+            assert [r.offset for r in got] == [2 * j for j in range(i + 1)]
+            time.sleep(1.0)  # past the tail delay: the other instance learns the diversion
+        dlt = ps.read_dlt(broker_endpoint, f"{topic}.dlt", lease_markers=True)
+        seq = ["lease" if ps.is_lease_marker(r) else int(ps.hdict(r)["x-original-offset"])
+               for r in dlt]
+        assert seq == [1, "lease", 3, "lease", 5]
+    finally:
+        stop_fleet(fleet)
+
+
 def test_three_instances_fetching_at_once(workdir, broker, broker_endpoint, policy_file):
     """The same records fetched through all three instances at the same moment
     (librdkafka, kafka-python and librdkafka again): every valid record is

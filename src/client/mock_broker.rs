@@ -46,6 +46,17 @@ pub struct State {
     /// Answer this many Fetches with the high watermark but no records
     /// first (tansu 0.6 between raising a watermark and storing the batch).
     pub hide_records: usize,
+    /// Fence as Apache Kafka does: InitProducerId bumps the epoch of its
+    /// transactional id, and a partition refuses a batch whose epoch is
+    /// older than the newest it has appended for that producer id (not the
+    /// newest handed out). Off: every InitProducerId gives epoch 0.
+    pub kafka_fencing: bool,
+    /// The last epoch handed out per transactional id (`kafka_fencing`).
+    pub epochs: HashMap<String, i16>,
+    /// The newest epoch appended per (topic, partition, producer id).
+    pub appended_epochs: HashMap<(String, i32, i64), i16>,
+    /// Each Produce waits this long before it is applied and answered.
+    pub produce_delay: Option<std::time::Duration>,
 }
 
 pub struct MockBroker {
@@ -117,6 +128,15 @@ async fn serve(mut sock: TcpStream, st: Arc<Mutex<State>>, me: HostPort) {
         if sock.read_exact(&mut buf).await.is_err() {
             return;
         }
+        let delay =
+            if buf.len() >= 2 && i16::from_be_bytes([buf[0], buf[1]]) == ApiKey::Produce as i16 {
+                st.lock().unwrap_or_else(|p| p.into_inner()).produce_delay
+            } else {
+                None
+            };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
         let Some(out) = answer(Bytes::from(buf), &st, &me) else {
             return;
         };
@@ -145,11 +165,22 @@ fn answer(mut body: Bytes, st: &Arc<Mutex<State>>, me: &HostPort) -> Option<Byte
         ApiKey::CreateTopics => create(&mut st, CreateTopicsRequest::decode(&mut body, v).ok()?)
             .encode(&mut out, v)
             .ok()?,
-        ApiKey::InitProducerId => InitProducerIdResponse::default()
-            .with_producer_id(ProducerId(4000))
-            .with_producer_epoch(0)
-            .encode(&mut out, v)
-            .ok()?,
+        ApiKey::InitProducerId => {
+            let req = InitProducerIdRequest::decode(&mut body, v).ok()?;
+            let epoch = match req.transactional_id {
+                Some(id) if st.kafka_fencing => {
+                    let e = st.epochs.entry(id.to_string()).or_insert(-1);
+                    *e += 1;
+                    *e
+                }
+                _ => 0,
+            };
+            InitProducerIdResponse::default()
+                .with_producer_id(ProducerId(4000))
+                .with_producer_epoch(epoch)
+                .encode(&mut out, v)
+                .ok()?
+        }
         ApiKey::Produce => produce(&mut st, ProduceRequest::decode(&mut body, v).ok()?)
             .encode(&mut out, v)
             .ok()?,
@@ -269,6 +300,19 @@ fn produce(st: &mut State, req: ProduceRequest) -> ProduceResponse {
                 c
             } else if st.max_batch_bytes.is_some_and(|m| batch.len() > m) {
                 crate::client::errors::MESSAGE_TOO_LARGE
+            } else if st.kafka_fencing && batch.len() >= 61 {
+                let pid = i64::from_be_bytes(batch[43..51].try_into().expect("8 bytes"));
+                let epoch = i16::from_be_bytes([batch[51], batch[52]]);
+                let newest = st
+                    .appended_epochs
+                    .entry((name.clone(), p.index, pid))
+                    .or_insert(epoch);
+                if pid >= 0 && epoch < *newest {
+                    crate::client::errors::INVALID_PRODUCER_EPOCH
+                } else {
+                    *newest = epoch;
+                    0
+                }
             } else {
                 0
             };

@@ -3,7 +3,8 @@
 //!
 //! Every instance asks InitProducerId for the same transactional id per DLT
 //! partition ([`transactional_id`]): the broker hands them one producer id
-//! and a new epoch each time, and refuses writes of older epochs
+//! and a new epoch each time, and once the partition holds a batch of the
+//! newer epoch (the lease marker below), it refuses writes of older ones
 //! (PRODUCER_FENCED / INVALID_PRODUCER_EPOCH). Whoever holds the newest
 //! epoch reads the partition to its end before writing, so it writes only
 //! what nobody wrote before its lease began, and nobody else can write
@@ -12,18 +13,22 @@
 //! (tansu 0.6 does not abort an older epoch's open transaction, see
 //! `scripts/tansu_txn_probe.py`).
 //!
-//! Where the fencing is weaker than that:
-//! - tansu 0.6 checks the epoch against the newest InitProducerId, then
-//!   raises the watermark, then stores the batch, not atomically: a write
-//!   checked just before another instance's lease can land just after that
-//!   instance's read. The read itself does not stop early while a raised
-//!   watermark has no batch behind it yet (`tail::catch_up`).
-//! - Apache Kafka fences an older epoch on a partition only once that
-//!   partition has appended a batch of the newer one: between taking the
-//!   lease and its first write, an instance does not fence a write another
-//!   instance had already read for. Two instances diverting the same record
-//!   at the same moment can then both write it. The ledger counts such a
-//!   record once; the DLT holds it twice.
+//! Taking the lease writes a `lease` marker (`dlt_marker::lease_record`)
+//! under the new epoch before the read, unless the epoch is 0 (the broker
+//! just made the producer id: nobody wrote with it before). Apache Kafka
+//! fences an older epoch on a partition only once that partition has
+//! appended a batch of the newer one, not when InitProducerId hands the
+//! newer one out: without the marker, a write another instance had
+//! already read for could land between our read and our write, and the
+//! record would be written twice. After the marker, every older-epoch
+//! write either is in the log before it (so the read finds it) or is
+//! refused. tansu 0.6 refuses older epochs from InitProducerId on.
+//!
+//! One gap is left on tansu 0.6: it checks the epoch, then raises the
+//! watermark, then stores the batch, not atomically, so a write checked
+//! just before our lease can land just after our read. The read does not
+//! stop early while a raised watermark has no batch behind it yet
+//! (`tail::catch_up`), which narrows this to the check-to-raise step.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -35,8 +40,9 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::backoff;
-use super::producer::{finish, Producer};
+use super::producer::{finish, ProduceError, Producer};
 use super::{LedgerKey, Origin, PendingWrite};
+use crate::clock::now_ms;
 use crate::kafka::builder::NewRecord;
 
 /// A DLT partition's producer: its id and epoch (from InitProducerId with a
@@ -70,28 +76,35 @@ impl Producer {
         failed_at: i64,
     ) -> bool {
         for attempt in 0..=MAX_FENCED_RETRIES {
-            self.ensure_lease(topic, partition).await;
-            let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
-                return false;
+            let fenced = match self.ensure_lease(topic, partition).await {
+                Claim::Held => {
+                    let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
+                        return false;
+                    };
+                    if todo.is_empty() {
+                        return true;
+                    }
+                    let records: Vec<NewRecord> = todo
+                        .iter()
+                        .map(|j| {
+                            j.diversion
+                                .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
+                        })
+                        .collect();
+                    let (ok, fenced) = self.send_split(topic, partition, &records).await;
+                    let (done, rest): (Vec<_>, Vec<_>) =
+                        todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
+                    done.into_iter()
+                        .for_each(|(j, _)| finish(&self.ledger, j, true));
+                    jobs = rest.into_iter().map(|(j, _)| j).collect();
+                    if jobs.is_empty() {
+                        return true;
+                    }
+                    fenced
+                }
+                Claim::Fenced => true,
+                Claim::Failed => false,
             };
-            if todo.is_empty() {
-                return true;
-            }
-            let records: Vec<NewRecord> = todo
-                .iter()
-                .map(|j| {
-                    j.diversion
-                        .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
-                })
-                .collect();
-            let (ok, fenced) = self.send_split(topic, partition, &records).await;
-            let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
-            done.into_iter()
-                .for_each(|(j, _)| finish(&self.ledger, j, true));
-            jobs = rest.into_iter().map(|(j, _)| j).collect();
-            if jobs.is_empty() {
-                return true;
-            }
             if !fenced || attempt == MAX_FENCED_RETRIES {
                 break;
             }
@@ -170,13 +183,14 @@ impl Producer {
     }
 
     /// Take `topic`/`partition`'s producer lease unless held: InitProducerId
-    /// with the partition's transactional id bumps its epoch, which fences
-    /// every other instance's writes to it. Brokers that refuse get
-    /// (-1, -1): writes without idempotence or fencing.
-    async fn ensure_lease(&mut self, topic: &str, partition: i32) {
+    /// with the partition's transactional id bumps its epoch, and the lease
+    /// marker written under it makes the partition refuse every other
+    /// instance's older epoch (see the module's doc). Brokers that refuse
+    /// InitProducerId get (-1, -1): writes without idempotence or fencing.
+    async fn ensure_lease(&mut self, topic: &str, partition: i32) -> Claim {
         let key = (topic.to_string(), partition);
         if self.leases.contains_key(&key) {
-            return;
+            return Claim::Held;
         }
         let req = InitProducerIdRequest::default()
             .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(
@@ -225,8 +239,38 @@ impl Producer {
                 }
             }
         };
-        self.leases.insert(key, lease);
+        self.leases.insert(key.clone(), lease);
+        if lease.pid < 0 || lease.epoch == 0 {
+            return Claim::Held;
+        }
+        let marker = crate::dlt_marker::lease_record(now_ms());
+        match self.produce(topic, partition, &[marker]).await {
+            Ok(()) => Claim::Held,
+            Err(e) => {
+                self.leases.remove(&key);
+                match e {
+                    ProduceError::Fenced(..) => {
+                        debug!(error = %e, dlt = topic, partition, "lease marker fenced by another writer of the DLT partition");
+                        Claim::Fenced
+                    }
+                    e => {
+                        warn!(error = %e, dlt = topic, partition, "writing the DLT partition's lease marker failed; the write waits");
+                        Claim::Failed
+                    }
+                }
+            }
+        }
     }
+}
+
+/// What taking a DLT partition's lease came to.
+pub(super) enum Claim {
+    /// Held: the partition can be read and written.
+    Held,
+    /// A newer epoch fenced the lease marker: take the lease again.
+    Fenced,
+    /// The lease marker could not be written: the write waits.
+    Failed,
 }
 
 /// The transactional id of DLT partition `topic`/`partition`: the same in

@@ -356,7 +356,7 @@ impl Producer {
 
     /// Produce one batch to one partition with acks=all, retrying network
     /// errors (jittered backoff) with the same bytes.
-    async fn produce(
+    pub(super) async fn produce(
         &mut self,
         topic: &str,
         partition: i32,

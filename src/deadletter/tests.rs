@@ -95,6 +95,9 @@ fn stored(mock: &MockBroker, topic: &str, partition: usize) -> Vec<(i64, Option<
         let b = Batch::new(b).expect("batch");
         let codec = b.compression();
         for r in b.decode().expect("decode").records() {
+            if crate::dlt_marker::is_marker(&r) {
+                continue;
+            }
             let o = Origin::of(&r).expect("origin headers");
             out.push((o.offset, codec));
         }
@@ -486,4 +489,53 @@ async fn a_dlt_that_never_gives_records_below_its_end_holds_the_write() {
     assert_eq!(ok, [false], "the write waits: the DLT's end cannot be read");
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [7], "nothing written while the end is unknown");
+}
+
+/// How many lease markers `topic`/`partition` holds.
+fn lease_markers(mock: &MockBroker, topic: &str, partition: usize) -> usize {
+    mock.records(topic, partition)
+        .into_iter()
+        .map(|(_, b)| {
+            let b = Batch::new(b).expect("batch");
+            let d = b.decode().expect("decode");
+            d.records()
+                .filter(|r| r.header(crate::dlt_marker::H_MARKER) == Some(Some(&b"lease"[..])))
+                .count()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_write_read_for_before_another_instance_took_the_lease_is_not_written_twice() {
+    // Kafka fences an older epoch only once the partition has appended a
+    // newer one. Instance 1 reads, then its write is slow to land; instance
+    // 2 takes the lease meanwhile. Without a lease marker, instance 2 reads
+    // before instance 1's write lands and writes the record again.
+    let (mock, dl1) = loaded_t_and_its_dlt().await;
+    let dl2 = start(&mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl2.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    {
+        let mut st = mock.state();
+        st.kafka_fencing = true;
+        st.produce_delay = Some(Duration::from_millis(300));
+    }
+    let d = diversion("t", 0, 7, 10);
+    let first = tokio::spawn({
+        let (dl1, d) = (dl1.clone(), d.clone());
+        async move { divert_all(&dl1, &[d]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = divert_all(&dl2, &[d]).await;
+    assert_eq!(first.await.expect("task"), [true]);
+    assert_eq!(second, [true]);
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [7], "offset 7 once");
+    assert_eq!(
+        lease_markers(&mock, "t.dlt", 0),
+        1,
+        "instance 2's lease (epoch 1) wrote a marker; instance 1's (epoch 0) did not"
+    );
 }

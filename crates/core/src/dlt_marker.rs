@@ -9,6 +9,10 @@
 //!   given up; K is released if nothing newer of it was diverted.
 //! - `attempt` (the re-drive loop): DLT record C was re-validated for the
 //!   N-th time, with this outcome.
+//! - `lease` (the DLT writer): a writer took the DLT partition's producer
+//!   lease with a new epoch; the marker makes the partition refuse older
+//!   epochs' writes (`deadletter::lease` in the proxy). It says nothing
+//!   else and is parsed as no marker ([`Marker::parse`] gives `None`).
 //!
 //! A marker never carries `x-original-offset`, so the ledger (which counts
 //! DLT records naming an origin) never takes one for a diversion. Owns the
@@ -142,6 +146,16 @@ impl Marker {
     }
 }
 
+/// The lease marker: no key, no value, one header.
+pub fn lease_record(now_ms: i64) -> NewRecord {
+    NewRecord {
+        timestamp: now_ms,
+        key: None,
+        value: None,
+        headers: vec![(H_MARKER.to_string(), Some(Bytes::from_static(b"lease")))],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +208,7 @@ mod tests {
         .to_record(0);
         bad.headers.retain(|(k, _)| k != H_MARKER_THROUGH);
         assert!(is_marker(&view(&bad)) && Marker::parse(&view(&bad)).is_none());
+        let lease = lease_record(5);
+        assert!(is_marker(&view(&lease)) && Marker::parse(&view(&lease)).is_none());
     }
 }

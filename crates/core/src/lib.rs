@@ -9,7 +9,7 @@
 //!   +-> policy      record -> verdict (schemas, field rules, classes)
 //!   +-> kafka       record batches: decode, splice, build, compress
 //!   +-> dlt_record  the DLT record format: context headers, written and read
-//!   +-> dlt_marker  release/discard/attempt markers kept in DLTs
+//!   +-> dlt_marker  release/discard/attempt/lease markers kept in DLTs
 //! text, clock       leaves: YAML error positions, durations, wall clock
 //! ```
 //!
