@@ -448,13 +448,13 @@ async fn a_record_another_instance_wrote_is_not_written_again() {
     assert_eq!(offsets, [7, 8], "offset 7 once, offset 8 written");
 }
 
-#[tokio::test]
-async fn a_dlt_read_whose_answer_lacks_the_partition_is_retried_before_writing() {
+/// Another instance's DLT record of offset 7 is in the DLT, and `disturb`
+/// makes the next Fetches say nothing about where the partition ends. The
+/// writer must still find the record, and not write it again.
+async fn offset_7_is_found_despite(disturb: impl FnOnce(&mut crate::client::mock_broker::State)) {
     let (mock, dl) = loaded_t_and_its_dlt().await;
-    // Written by another instance; the next Fetches name the partition only
-    // with an error, so their answers say nothing about its end.
     mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
-    mock.state().fail_fetches = 3;
+    disturb(&mut mock.state());
     let ok = divert_all(&dl, &[diversion("t", 0, 7, 10)]).await;
     assert_eq!(ok, [true]);
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
@@ -462,22 +462,17 @@ async fn a_dlt_read_whose_answer_lacks_the_partition_is_retried_before_writing()
 }
 
 #[tokio::test]
+async fn a_dlt_read_whose_answer_lacks_the_partition_is_retried_before_writing() {
+    // The next Fetches name the partition only with an error.
+    offset_7_is_found_despite(|st| st.fail_fetches = 3).await;
+}
+
+#[tokio::test]
 async fn a_dlt_read_answered_below_its_end_without_records_is_retried_before_writing() {
-    let (mock, dl) = loaded_t_and_its_dlt().await;
-    // Written by another instance; the next Fetches give the partition's
-    // end past it but no records, as tansu 0.6 does between raising the
-    // watermark and storing the batch.
-    mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 7, 10)));
-    mock.state().hide_records = 3;
-    let ok = divert_all(&dl, &[diversion("t", 0, 7, 10)]).await;
-    assert_eq!(ok, [true]);
-    assert_eq!(
-        mock.state().hide_records,
-        0,
-        "the answers without records were read"
-    );
-    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
-    assert_eq!(offsets, [7], "offset 7 once: not written again");
+    // The next Fetches give the partition's end past the record but no
+    // records, as tansu 0.6 does between raising the watermark and storing
+    // the batch.
+    offset_7_is_found_despite(|st| st.hide_records = 3).await;
 }
 
 #[tokio::test]

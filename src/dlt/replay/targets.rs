@@ -15,6 +15,11 @@
 //! older one's writes; the fenced run takes the lease back and reads P
 //! again, so a record the other run wrote meanwhile is skipped. Two runs of
 //! the same range write each record once. No transaction is ever begun.
+//! Against Apache Kafka, a newer lease fences only once it has written to
+//! P (a partition refuses an older epoch only after appending a newer
+//! one), and no lease marker is written into a production topic (the DLT
+//! writer's are, `deadletter::lease`): a write the older run had read for
+//! can land after the newer run's read, and both write that record.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
