@@ -12,8 +12,10 @@ Paths, read in rounds (a b0 c d, a b0 c d, ...), each read of a fresh topic
       `bench-*`; diversions go to a tansu broker (dead_letter.bootstrap_servers)
   d   `tansu proxy` in front of the bench broker (skipped when it fails)
 
-For each read: records/s (librdkafka consumer of scripts/bench/e2e.py,
-assign() on 3 partitions), the proxy's whole-process CPU per record read
+For each read: records/s (BENCH_CONSUMER=e2e, the default: the librdkafka
+consumer of scripts/bench/e2e.py, assign() on 3 partitions, capped at
+0.3-0.6 M records/s by Python; BENCH_CONSUMER=fetch_load:
+examples/fetch_load.rs, which speaks Fetch itself on one thread), the proxy's whole-process CPU per record read
 (/proc utime+stime), and for c the Fetch-rewrite CPU per judged record
 (`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`),
 the latency antidote added per response (p50 and p99 bucket bounds of
@@ -27,8 +29,9 @@ Env: BENCH_RECORDS (1000000), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 c d"),
 BENCH_FORMAT (json | avro | protobuf: record encoding and c's policy,
 policies/geofence{,-avro,-protobuf}.yaml), BENCH_BIN (target/release/antidote), BENCH_BROKER_BIN
 (target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port),
-BENCH_WORKERS (the proxies' runtime worker threads; default one per core).
-Build first: cargo build --release --bin antidote --example bench_broker
+BENCH_WORKERS (the proxies' runtime worker threads; default one per core),
+BENCH_CONSUMER (e2e | fetch_load), BENCH_FETCH_BIN (target/release/examples/fetch_load).
+Build first: cargo build --release --bin antidote --example bench_broker --example fetch_load
 """
 import json, os, random, re, socket, statistics, struct, subprocess, sys, tempfile, time, urllib.request
 
@@ -47,6 +50,8 @@ BIN = os.environ.get("BENCH_BIN", os.path.join(ROOT, "target/release/antidote"))
 BROKER_BIN = os.environ.get("BENCH_BROKER_BIN",
                             os.path.join(ROOT, "target/release/examples/bench_broker"))
 BASE = int(os.environ.get("BENCH_PORT", str(random.randint(20000, 40000))))
+CONSUMER = os.environ.get("BENCH_CONSUMER", "e2e")
+FETCH_BIN = os.environ.get("BENCH_FETCH_BIN", os.path.join(ROOT, "target/release/examples/fetch_load"))
 CLK = os.sysconf("SC_CLK_TCK")
 PROCS = []
 
@@ -167,10 +172,16 @@ def reference_policy(work):
 
 def consume(boot, topic, expected):
     env = dict(os.environ, BENCH_QUEUE_BACKOFF_MS="5")
-    if FORMAT != "json":
-        env["BENCH_POISON_MARK_HEX"] = struct.pack("<d", 91.5).hex()
-    r = subprocess.run([PY, E2E, "consume", boot, topic, "3", str(expected), f"det-{topic}", "15", "300"],
-                       env=env, capture_output=True, text=True)
+    mark = struct.pack("<d", 91.5).hex() if FORMAT != "json" else None
+    if mark:
+        env["BENCH_POISON_MARK_HEX"] = mark
+    if CONSUMER == "fetch_load":
+        args = [FETCH_BIN, boot, topic, "3", str(expected)] + ([mark] if mark else [])
+    else:
+        args = [PY, E2E, "consume", boot, topic, "3", str(expected), f"det-{topic}", "15", "300"]
+    r = subprocess.run(args, env=env, capture_output=True, text=True)
+    if not r.stdout.strip():
+        raise SystemExit(f"consumer failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
