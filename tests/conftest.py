@@ -10,15 +10,35 @@ proxy's own log in the message: it never skips.
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from pathlib import Path
 
 import pytest
 
 from clients import Endpoint, ck_create_topic
-from harness import Antidote, Certs, HarnessError, Tansu, make_certs, read_log
+from harness import (Antidote, Certs, HarnessError, Tansu, make_certs, port_claims_dir,
+                     read_log)
 
 PATHS = ["direct", "proxy"]
+
+
+def pytest_configure(config):
+    """In the controller (or a run without xdist): fix the run's id before
+    xdist hands it to the workers, so the port claims directory they share
+    is known here and removed at the end."""
+    if hasattr(config, "workerinput"):
+        return
+    run_id = getattr(config.option, "testrunuid", None) or uuid.uuid4().hex
+    if hasattr(config.option, "testrunuid"):
+        config.option.testrunuid = run_id
+    os.environ["PYTEST_XDIST_TESTRUNUID"] = run_id
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(port_claims_dir(), ignore_errors=True)
 
 # Every antidote started by a fixture, so its log can be attached to failures.
 _PROXIES: list[Antidote] = []

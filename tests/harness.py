@@ -37,10 +37,13 @@ class HarnessError(AssertionError):
 # Ports are picked here and bound later by another process, so two picks must
 # never coincide, across the xdist workers of one run too: every pick is
 # claimed by creating a file named after it in a directory the run's workers
-# share. Picks come from below the kernel's ephemeral range, so no outgoing
+# share (named after the run's id, which conftest.py sets in the controller
+# and xdist passes to the workers; the controller removes it at the end).
+# Picks come from below the kernel's ephemeral range, so no outgoing
 # connection's local port can take one between the pick and the bind.
-_PORT_CLAIMS = Path(os.environ.get("TMPDIR", "/tmp")) / (
-    "antidote-test-ports-" + os.environ.get("PYTEST_XDIST_TESTRUNUID", f"pid{os.getpid()}"))
+def port_claims_dir() -> Path:
+    return Path(os.environ.get("TMPDIR", "/tmp")) / (
+        "antidote-test-ports-" + os.environ.get("PYTEST_XDIST_TESTRUNUID", f"pid{os.getpid()}"))
 
 
 def _port_range() -> tuple[int, int]:
@@ -57,9 +60,10 @@ def _port_range() -> tuple[int, int]:
 
 def _claim(port: int) -> bool:
     """Claim `port` for this run; False if some worker already did."""
-    _PORT_CLAIMS.mkdir(exist_ok=True)
+    claims = port_claims_dir()
+    claims.mkdir(exist_ok=True)
     try:
-        os.close(os.open(_PORT_CLAIMS / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(claims / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True
