@@ -81,22 +81,10 @@ impl Producer {
                     let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
                         return false;
                     };
-                    if todo.is_empty() {
-                        return true;
-                    }
-                    let records: Vec<NewRecord> = todo
-                        .iter()
-                        .map(|j| {
-                            j.diversion
-                                .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
-                        })
-                        .collect();
-                    let (ok, fenced) = self.send_split(topic, partition, &records).await;
-                    let (done, rest): (Vec<_>, Vec<_>) =
-                        todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
-                    done.into_iter()
-                        .for_each(|(j, _)| finish(&self.ledger, j, true));
-                    jobs = rest.into_iter().map(|(j, _)| j).collect();
+                    let fenced;
+                    (jobs, fenced) = self
+                        .write_missing(topic, partition, todo, ids, failed_at)
+                        .await;
                     if jobs.is_empty() {
                         return true;
                     }
@@ -122,6 +110,34 @@ impl Producer {
         jobs.into_iter()
             .for_each(|j| finish(&self.ledger, j, false));
         false
+    }
+
+    /// Write `todo` (the jobs no one wrote yet) under the held lease and
+    /// finish those acknowledged; the jobs not written, and whether the
+    /// write was fenced.
+    async fn write_missing(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        todo: Vec<PendingWrite>,
+        ids: &HashMap<Arc<str>, Uuid>,
+        failed_at: i64,
+    ) -> (Vec<PendingWrite>, bool) {
+        if todo.is_empty() {
+            return (todo, false);
+        }
+        let records: Vec<NewRecord> = todo
+            .iter()
+            .map(|j| {
+                j.diversion
+                    .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
+            })
+            .collect();
+        let (ok, fenced) = self.send_split(topic, partition, &records).await;
+        let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
+        done.into_iter()
+            .for_each(|(j, _)| finish(&self.ledger, j, true));
+        (rest.into_iter().map(|(j, _)| j).collect(), fenced)
     }
 
     /// Read DLT partition `topic`/`partition` from where the ledger's tail

@@ -376,11 +376,7 @@ fn backoff_is_jittered_within_its_bounds() {
 async fn concurrent_submits_of_one_record_share_one_write() {
     let mock = MockBroker::start().await;
     mock.add_topic("t", 1);
-    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
-    tokio::time::timeout(Duration::from_secs(5), dl.ready())
-        .await
-        .expect("ledger loads")
-        .expect("running");
+    let dl = loaded_writer_of_t(&mock).await;
     // Two fetches divert the same record before either write is done. Both
     // submits happen before the producer task runs, so they would land in
     // one round, where the producer's own ledger check sees neither done:
@@ -400,17 +396,24 @@ async fn concurrent_submits_of_one_record_share_one_write() {
     assert!(dl.is_diverted(&super::ledger_key(&d)));
 }
 
+/// A dead-letter writer for topic `t` on `mock`, once its ledger has read
+/// the DLTs.
+async fn loaded_writer_of_t(mock: &MockBroker) -> Arc<DeadLetter> {
+    let dl = start(mock, &config(1, DltCompression::None), policies("t"));
+    tokio::time::timeout(Duration::from_secs(5), dl.ready())
+        .await
+        .expect("ledger loads")
+        .expect("running");
+    dl
+}
+
 /// A mock with topic `t` and its (empty) DLT, and a dead-letter writer
 /// whose ledger has read that DLT.
 async fn loaded_t_and_its_dlt() -> (MockBroker, Arc<DeadLetter>) {
     let mock = MockBroker::start().await;
     mock.add_topic("t", 1);
     mock.add_topic("t.dlt", 1);
-    let dl = start(&mock, &config(1, DltCompression::None), policies("t"));
-    tokio::time::timeout(Duration::from_secs(5), dl.ready())
-        .await
-        .expect("ledger loads")
-        .expect("running");
+    let dl = loaded_writer_of_t(&mock).await;
     (mock, dl)
 }
 
@@ -507,11 +510,7 @@ async fn a_write_read_for_before_another_instance_took_the_lease_is_not_written_
     // 2 takes the lease meanwhile. Without a lease marker, instance 2 reads
     // before instance 1's write lands and writes the record again.
     let (mock, dl1) = loaded_t_and_its_dlt().await;
-    let dl2 = start(&mock, &config(1, DltCompression::None), policies("t"));
-    tokio::time::timeout(Duration::from_secs(5), dl2.ready())
-        .await
-        .expect("ledger loads")
-        .expect("running");
+    let dl2 = loaded_writer_of_t(&mock).await;
     {
         let mut st = mock.state();
         st.kafka_fencing = true;
