@@ -217,9 +217,10 @@ async fn main() -> Result<(), Error> {
     };
     let expected: u64 = expected.parse()?;
     let mark: Vec<u8> = match rest.first() {
-        Some(hex) => (0..hex.len() / 2)
+        Some(hex) if hex.is_ascii() && hex.len() % 2 == 0 => (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
             .collect::<Result<_, _>>()?,
+        Some(hex) => return Err(format!("POISON_MARK_HEX {hex:?}: not pairs of hex digits").into()),
         None => br#""lat":91.500000"#.to_vec(),
     };
     let mark = memchr::memmem::Finder::new(&mark);

@@ -103,19 +103,27 @@ def metric(admin, name):
 
 
 RELAY = "antidote_response_relay_duration_seconds"
+# The parts of a rewritten response's wait: judging and splicing it, and the
+# acknowledgement of its diverted records' DLT write.
+PARTS = {"rewrite": ("antidote_fetch_rewrite_duration_seconds", ()),
+         "dlt_write": ("antidote_dlt_write_duration_seconds", ("result",))}
 
 
-def relay_buckets(admin):
-    """{response: {le: cumulative count}} of the proxy's relay histogram."""
+def histogram(admin, name, labels):
+    """{label values joined by _: {le: cumulative count}} of one histogram."""
     text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=5).read().decode()
     out = {}
     for l in text.splitlines():
-        if l.startswith(RELAY + "_bucket{"):
+        if l.startswith(name + "_bucket{"):
             le = re.search(r'le="([^"]+)"', l).group(1)
-            resp = re.search(r'response="([^"]+)"', l).group(1)
-            until = re.search(r'until="([^"]+)"', l).group(1)
-            out.setdefault(f"{resp}_{until}", {})[float(le)] = float(l.rsplit(" ", 1)[1])
+            key = "_".join(re.search(fr'{k}="([^"]+)"', l).group(1) for k in labels)
+            out.setdefault(key, {})[float(le)] = float(l.rsplit(" ", 1)[1])
     return out
+
+
+def relay_buckets(admin):
+    """{response_until: {le: cumulative count}} of the proxy's relay histogram."""
+    return histogram(admin, RELAY, ("response", "until"))
 
 
 def relay_quantile(before, after, q):
@@ -226,6 +234,7 @@ def main():
             c0 = cpu_s(proc.pid) if proc else 0.0
             f0 = minflt(proc.pid) if proc else 0
             r0 = relay_buckets(admin) if admin else {}
+            h0 = {p: histogram(admin, *PARTS[p]) for p in PARTS} if admin else {}
             m0 = (metric(admin, "antidote_fetch_rewrite_cpu_seconds_total"),
                   metric(admin, "antidote_records_validated_total")) if admin else (0, 0)
             # The bench broker writes one poison record in 1,000 (e2e.py's rule).
@@ -251,6 +260,14 @@ def main():
                         if count:
                             row[f"relay_{resp}_p{round(q * 100)}_ms_le"] = le
                             row[f"relay_{resp}_responses"] = count
+                for part, (name, labels) in PARTS.items():
+                    for key, after in histogram(admin, name, labels).items():
+                        label = f"{part}_{key}" if key else part
+                        for q in (0.5, 0.99):
+                            le, count = relay_quantile(h0[part].get(key, {}), after, q)
+                            if count:
+                                row[f"{label}_p{round(q * 100)}_ms_le"] = le
+                                row[f"{label}_count"] = count
             row["ok"] = res["records"] == expected and (path != "c" or res["poison_seen"] == 0)
             out.write(json.dumps(row) + "\n")
             out.flush()
@@ -262,7 +279,12 @@ def main():
                 + ", ".join(f"{k} {row.get(f'relay_{k}_p50_ms_le', '-')}/"
                             f"{row.get(f'relay_{k}_p99_ms_le', '-')} ({row.get(f'relay_{k}_responses', 0)})"
                             for k in ("forwarded_ready", "forwarded_sent",
-                                      "rewritten_ready", "rewritten_sent", "spliced_sent")))
+                                      "rewritten_ready", "rewritten_sent", "spliced_sent"))
+                + "; rewrite p50/p99 <= ms: "
+                + f"{row.get('rewrite_p50_ms_le', '-')}/{row.get('rewrite_p99_ms_le', '-')} "
+                + f"({row.get('rewrite_count', 0)}), DLT write p50/p99 <= ms: "
+                + f"{row.get('dlt_write_ok_p50_ms_le', '-')}/{row.get('dlt_write_ok_p99_ms_le', '-')} "
+                + f"({row.get('dlt_write_ok_count', 0)})")
     for path, (proc, _, _) in proxies.items():
         if proc:
             out.write(json.dumps({"commit": commit, "path": path, "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")
