@@ -48,6 +48,12 @@ impl<T> AsTcp for tokio::io::WriteHalf<T> {}
 /// default 64 KiB stays). 1 MiB is the unprivileged maximum by default.
 const PIPE_BYTES: usize = 1 << 20;
 
+/// While a frame is spliced, the source socket reports itself readable
+/// only once this many of the frame's bytes (or all that are left) have
+/// arrived (`SO_RCVLOWAT`). Without it, every 64 KiB loopback segment woke
+/// the task for a splice in and a splice out.
+const LOW_WATER: usize = 256 << 10;
+
 /// A pipe for one frame, or `None` when none can be opened now (say the
 /// descriptor limit is reached): the caller then copies instead.
 pub fn pipe() -> Option<Pipe> {
@@ -87,7 +93,10 @@ impl Pipe {
     ) -> Result<(), (Side, io::Error)> {
         use rustix::pipe::{splice, SpliceFlags};
         let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+        let mut low_water = LowWater { socket: from, set: 1 };
         while len > 0 {
+            // Never above what is left of the frame, so the wait always ends.
+            low_water.ask(len.min(self.capacity).min(LOW_WATER));
             // Fill: the pipe is empty, so EAGAIN means the socket is.
             let mut in_pipe = loop {
                 from.readable().await.map_err(|e| (Side::From, e))?;
@@ -128,6 +137,55 @@ impl Pipe {
         _len: usize,
     ) -> Result<(), (Side, io::Error)> {
         Err((Side::From, io::ErrorKind::Unsupported.into()))
+    }
+}
+
+/// The source socket's `SO_RCVLOWAT` while a frame is spliced, back to 1
+/// (the default: readable at the first byte) when the frame is done or
+/// its forwarding fails.
+#[cfg(target_os = "linux")]
+struct LowWater<'a> {
+    socket: &'a TcpStream,
+    set: usize,
+}
+
+#[cfg(target_os = "linux")]
+impl LowWater<'_> {
+    /// Ask for `bytes`. A socket that refuses keeps waking at every
+    /// segment, which costs only wakeups.
+    fn ask(&mut self, bytes: usize) {
+        if bytes != self.set && set_rcvlowat(self.socket, bytes).is_ok() {
+            self.set = bytes;
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for LowWater<'_> {
+    fn drop(&mut self) {
+        self.ask(1);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn set_rcvlowat(socket: &TcpStream, bytes: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is open for as long as `socket` is borrowed,
+    // and the option value is a live c_int whose size is passed with it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -186,10 +244,64 @@ pub(crate) mod tests {
             .unwrap();
         assert!(reader.await.unwrap() == body);
         let _src_w = writer.await.unwrap();
+        // The next frame's first bytes wake the reader again.
+        assert_eq!(rcvlowat(&src_r), 1);
         let mut rest = vec![0; tail.len()];
         let mut src_r = src_r;
         src_r.read_exact(&mut rest).await.unwrap();
         assert_eq!(rest, tail);
+    }
+
+    /// The source socket's `SO_RCVLOWAT`.
+    fn rcvlowat(s: &TcpStream) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a live c_int and its size, on a descriptor open for the borrow.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                std::ptr::from_mut(&mut v).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        v
+    }
+
+    #[tokio::test]
+    async fn a_frame_trickling_in_below_the_low_water_mark_is_still_forwarded() {
+        // 300 KiB in 7 KiB pieces, 1 ms apart: the mark (256 KiB, then
+        // what is left) is never more than what will arrive.
+        let (mut src_w, src_r) = pair().await;
+        let (dst_w, mut dst_r) = pair().await;
+        let body: Vec<u8> = (0..300 * 1024 + 1).map(|i| (i % 239) as u8).collect();
+        let n = body.len();
+        let writer = {
+            let body = body.clone();
+            tokio::spawn(async move {
+                for piece in body.chunks(7 * 1024) {
+                    src_w.write_all(piece).await.unwrap();
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                src_w
+            })
+        };
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0; n];
+            dst_r.read_exact(&mut got).await.unwrap();
+            got
+        });
+        let forwarded = pipe().unwrap().forward(&src_r, &dst_w, n);
+        tokio::time::timeout(std::time::Duration::from_secs(10), forwarded)
+            .await
+            .expect("forwarded within 10 s")
+            .unwrap();
+        assert!(reader.await.unwrap() == body);
+        assert_eq!(rcvlowat(&src_r), 1);
+        let _src_w = writer.await.unwrap();
     }
 
     #[tokio::test]
@@ -232,6 +344,7 @@ pub(crate) mod tests {
             .unwrap_err();
         assert_eq!(err.0, Side::From);
         assert_eq!(err.1.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(rcvlowat(&src_r), 1);
     }
 
     #[tokio::test]
