@@ -93,7 +93,10 @@ impl Pipe {
     ) -> Result<(), (Side, io::Error)> {
         use rustix::pipe::{splice, SpliceFlags};
         let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
-        let mut low_water = LowWater { socket: from, set: 1 };
+        let mut low_water = LowWater {
+            socket: from,
+            set: 1,
+        };
         while len > 0 {
             // Never above what is left of the frame, so the wait always ends.
             low_water.ask(len.min(self.capacity).min(LOW_WATER));
