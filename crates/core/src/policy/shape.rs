@@ -224,7 +224,9 @@ impl Shape {
         &self.nodes[0]
     }
 
-    fn get(&self, i: usize) -> Option<&ShapeNode> {
+    /// The schema node at `i` (as [`Shape::member_slot`] gives it).
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&ShapeNode> {
         self.nodes.get(i)
     }
 
@@ -232,9 +234,16 @@ impl Shape {
     /// the member is not allowed at all.
     #[inline]
     pub(crate) fn member(&self, node: &ShapeNode, m: Member) -> Result<Option<&ShapeNode>, ()> {
+        Ok(self.member_slot(node, m)?.and_then(|i| self.get(i)))
+    }
+
+    /// Where [`Shape::member`]'s schema is ([`Shape::get`] gives it), for
+    /// callers that keep it.
+    #[inline]
+    pub(crate) fn member_slot(&self, node: &ShapeNode, m: Member) -> Result<Option<usize>, ()> {
         let additional = match m {
             Member::Key(i) => match node.keys.get(i).and_then(|k| k.1) {
-                Some(child) => return Ok(self.get(child)),
+                Some(child) => return Ok(Some(child)),
                 None => node.additional,
             },
             Member::Other => node.additional,
@@ -242,7 +251,7 @@ impl Shape {
         match additional {
             Additional::Any => Ok(None),
             Additional::Never => Err(()),
-            Additional::Node(child) => Ok(self.get(child)),
+            Additional::Node(child) => Ok(Some(child)),
         }
     }
 

@@ -11,11 +11,12 @@
 //! scanner as whitespace, a plain key (no escape), whitespace and a colon,
 //! so the same bytes are the same tokens wherever they appear; what the
 //! entry says (trie child, schema member) was looked up for that key under
-//! the same schema node (checked on use). A mismatch costs a comparison and
+//! the same schema node (checked on use), so the entry also keeps what that
+//! schema node says of the key. A mismatch costs a comparison and
 //! the member is read as before. A layout is learned once per trie node and
 //! never replaced, so a mix of producers keeps the first one's layout.
 
-use crate::policy::shape::{same_bytes, Member, ShapeNode};
+use crate::policy::shape::{same_bytes, ShapeNode};
 
 /// Members at most remembered per object, and the longest member bytes
 /// remembered (a longer key is read as before).
@@ -39,8 +40,18 @@ pub(super) struct Entry {
     len: u32,
     /// The trie node below this key, if the rules read below it.
     pub(super) child: Option<usize>,
-    /// Which of the schema node's keys this is.
-    pub(super) member: Member,
+    /// What the schema node says of this key, looked up once: its
+    /// required-property bit and where the schema of its value is.
+    pub(super) schema: MemberSchema,
+}
+
+/// A key's required-property bit (0 if not required) and the index of the
+/// schema node for its value (`Shape::member_slot`), under the schema node
+/// a layout was learned under.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct MemberSchema {
+    pub(super) bit: u64,
+    pub(super) sub: Option<usize>,
 }
 
 /// The members of one object as they are read, for a layout.
@@ -80,14 +91,15 @@ impl Layout {
 }
 
 impl Learning {
-    /// A member read in full: its bytes, trie child and schema member.
-    pub(super) fn push(&mut self, text: &[u8], child: Option<usize>, member: Member) {
+    /// A member read in full: its bytes, trie child and what the schema
+    /// says of it.
+    pub(super) fn push(&mut self, text: &[u8], child: Option<usize>, schema: MemberSchema) {
         if self.members.len() < MAX_MEMBERS && text.len() <= MAX_BYTES {
             self.members.push(Entry {
                 start: self.bytes.len() as u32,
                 len: text.len() as u32,
                 child,
-                member,
+                schema,
             });
             self.bytes.extend_from_slice(text);
         }

@@ -17,9 +17,9 @@ use std::borrow::Cow;
 
 use serde_json::Number;
 
-use super::layout::Learning;
+use super::layout::{Learning, MemberSchema};
 use super::{Captured, Captures, Plan};
-use crate::policy::shape::{same_key, Member, Seen, ShapeNode};
+use crate::policy::shape::{same_key, Seen, ShapeNode};
 
 /// Why the scan stopped: the visitor path must decide.
 struct GiveUp;
@@ -295,31 +295,34 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
         } else {
             loop {
                 let start = self.i;
-                let (child, member) = match layout.and_then(|l| l.member_at(next, self.b, start)) {
+                let (child, schema) = match layout.and_then(|l| l.member_at(next, self.b, start)) {
                     Some((e, end, k)) => {
                         (self.i, next) = (end, k);
-                        (e.child, shape.map(|_| e.member))
+                        (e.child, e.schema)
                     }
                     None => {
                         self.eat(b'"')?;
                         let key = self.string()?;
                         self.eat(b':')?;
                         let child = children.iter().find(|c| same_key(&c.0, key)).map(|c| c.2);
-                        let member = shape.map(|s| s.key(key));
+                        let schema = match (shape, all) {
+                            (Some(s), Some(all)) => {
+                                let m = s.key(key);
+                                MemberSchema {
+                                    bit: s.bit(m),
+                                    sub: all.member_slot(s, m).map_err(|()| GiveUp)?,
+                                }
+                            }
+                            _ => MemberSchema::default(),
+                        };
                         if let Some(l) = &mut learning {
-                            let m = member.unwrap_or(Member::Other);
-                            l.push(&self.b[start..self.i], child, m);
+                            l.push(&self.b[start..self.i], child, schema);
                         }
-                        (child, member)
+                        (child, schema)
                     }
                 };
-                let sub = match (shape, all, member) {
-                    (Some(s), Some(all), Some(m)) => {
-                        seen |= s.bit(m);
-                        all.member(s, m).map_err(|()| GiveUp)?
-                    }
-                    _ => None,
-                };
+                seen |= schema.bit;
+                let sub = schema.sub.and_then(|i| all.and_then(|a| a.get(i)));
                 self.reset(child);
                 self.value(child, sub, depth)?;
                 match self.peek()? {
