@@ -15,10 +15,12 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 pub use antidote_core::text::{parse_duration, yaml_error};
+pub use limits::Limits;
 pub use redrive::Redrive;
 pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
 pub use sni::{Sni, SniPattern};
 
+mod limits;
 mod redrive;
 mod registry;
 mod sni;
@@ -215,48 +217,6 @@ pub struct ClientTls {
     pub relay_client_cert: bool,
 }
 
-/// Limits that protect the process from its peers.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// Largest frame accepted from a client or a broker.
-    #[serde(default = "default_max_frame_bytes")]
-    pub max_frame_bytes: u32,
-    /// How long shutdown waits for in-flight responses.
-    #[serde(default = "default_shutdown_grace", deserialize_with = "de_duration")]
-    pub shutdown_grace: Duration,
-    /// Decompressed record bytes that all Fetch rewrites in flight may hold
-    /// together (`plan::budget`).
-    #[serde(default = "default_decode_budget")]
-    pub decode_budget: usize,
-    /// Client connections served at once (all listeners); more are
-    /// accepted and closed at once. Each one also holds a broker connection.
-    #[serde(
-        default = "default_max_connections",
-        deserialize_with = "de_nonzero_u32"
-    )]
-    pub max_connections: u32,
-    /// A client connection with no request (and no answer pending) for
-    /// this long is closed.
-    #[serde(
-        default = "default_idle_timeout",
-        deserialize_with = "de_nonzero_duration"
-    )]
-    pub idle_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_frame_bytes: default_max_frame_bytes(),
-            shutdown_grace: default_shutdown_grace(),
-            decode_budget: default_decode_budget(),
-            max_connections: default_max_connections(),
-            idle_timeout: default_idle_timeout(),
-        }
-    }
-}
-
 /// The dead-letter producer's cluster and settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -369,27 +329,6 @@ fn default_connect_timeout() -> Duration {
 fn default_metadata_refresh() -> Duration {
     Duration::from_secs(30)
 }
-/// Four batches at the per-batch decompression cap (64 MiB).
-fn default_decode_budget() -> usize {
-    256 * 1024 * 1024
-}
-
-fn default_max_frame_bytes() -> u32 {
-    100 * 1024 * 1024
-}
-fn default_shutdown_grace() -> Duration {
-    Duration::from_secs(10)
-}
-/// Kafka's own default `max.connections` is unbounded; this bounds memory
-/// (two sockets and two frame buffers per connection) yet leaves room for
-/// large consumer fleets.
-fn default_max_connections() -> u32 {
-    10_000
-}
-/// Kafka's `connections.max.idle.ms` default.
-fn default_idle_timeout() -> Duration {
-    Duration::from_secs(600)
-}
 fn default_dlt_timeout() -> Duration {
     Duration::from_secs(5)
 }
@@ -477,23 +416,6 @@ pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
         Raw::Num(n) => parse_duration(&n.to_string()).map_err(de::Error::custom),
         Raw::Text(t) => parse_duration(&t).map_err(de::Error::custom),
     }
-}
-
-/// serde helper: a count that must be at least 1 (reported at its position).
-fn de_nonzero_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    match u32::deserialize(d)? {
-        0 => Err(de::Error::custom("must be at least 1")),
-        n => Ok(n),
-    }
-}
-
-/// serde helper: a duration that must not be zero (reported at its position).
-fn de_nonzero_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let t = de_duration(d)?;
-    if t.is_zero() {
-        return Err(de::Error::custom("must be longer than 0s"));
-    }
-    Ok(t)
 }
 
 impl Config {
@@ -659,15 +581,22 @@ mod tests {
         assert_eq!(c.limits.max_connections, 10_000);
         assert_eq!(c.limits.idle_timeout, Duration::from_secs(600));
         assert!(!c.dead_letter.allow_client_produce);
-        let text = format!("{MINIMAL}limits:\n  max_connections: 3\n  idle_timeout: 2s\n");
+        assert_eq!(c.limits.fetch_max_version, None);
+        let text = format!(
+            "{MINIMAL}limits:\n  max_connections: 3\n  idle_timeout: 2s\n  fetch_max_version: 15\n"
+        );
         let c = Config::parse(&text, Path::new("c.yaml")).unwrap();
         assert_eq!(c.limits.max_connections, 3);
         assert_eq!(c.limits.idle_timeout, Duration::from_secs(2));
+        assert_eq!(c.limits.fetch_max_version, Some(15));
         for (bad, line) in [
             ("  max_connections: 0\n", 7),
             ("  max_connections: -4\n", 7),
             ("  idle_timeout: 0s\n", 7),
             ("  idle_timeout: soon\n", 7),
+            ("  fetch_max_version: 3\n", 7),
+            ("  fetch_max_version: 99\n", 7),
+            ("  fetch_max_version: latest\n", 7),
         ] {
             let text = format!("{MINIMAL}limits:\n{bad}");
             let err = Config::parse(&text, Path::new("c.yaml")).unwrap_err().0;

@@ -50,6 +50,7 @@ class OpsAntidote(Antidote):
     """The harness's proxy, with policy files and an admin listener."""
     policy_files: tuple = ()
     admin_port: int = 0
+    extra_yaml: str = ""   # more top-level sections, as YAML text
 
     def config_yaml(self) -> str:
         text = super().config_yaml()
@@ -57,7 +58,7 @@ class OpsAntidote(Antidote):
         text = text.replace("policies: []\n", policies)
         if self.admin_port:
             text += f"admin:\n  listen: {HOST}:{self.admin_port}\n"
-        return text
+        return text + self.extra_yaml
 
     def wait_ready(self, timeout: float = 15) -> "OpsAntidote":
         """Until /readyz answers 200: metadata fetched, broker ports open,
@@ -210,6 +211,14 @@ def test_readyz_answers_503_while_a_broker_port_is_held_by_another_process(tmp_p
         proxy.stop_and_check()
 
 
+def spliced_count(proxy) -> float:
+    """Responses the proxy has spliced socket to socket so far."""
+    _, text = http_get(proxy.admin_port, "/metrics")
+    lines = [line for line in text.splitlines() if line.startswith(
+        'antidote_response_relay_duration_seconds_count{response="spliced",until="sent"}')]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
 def test_large_forwarded_responses_are_spliced_and_arrive_byte_for_byte(tmp_path, broker):
     """With no policy, forwarded Fetch responses over 64 KiB go socket to
     socket (splice(2)). ~2.5 MB of records in two partitions, read through
@@ -217,7 +226,9 @@ def test_large_forwarded_responses_are_spliced_and_arrive_byte_for_byte(tmp_path
     written, in order, and the proxy must stay up. kafka-python's Fetch
     (below v16) is forwarded, so spliced (the histogram counts it);
     librdkafka's v16+ responses may name brokers (NodeEndpoints, at their
-    end) and are read whole to rewrite them."""
+    end) and are read whole to rewrite them, unless a second proxy with
+    `limits.fetch_max_version: 15` keeps librdkafka at v15: then its
+    responses are spliced too, and still arrive byte for byte."""
     import random
     rng = random.Random(15)
     topic = f"spliced-{uuid.uuid4().hex[:8]}"
@@ -232,20 +243,32 @@ def test_large_forwarded_responses_are_spliced_and_arrive_byte_for_byte(tmp_path
     ck_produce(Endpoint(broker.bootstrap), topic, recs, timeout=60)
     proxy = OpsAntidote(tmp_path, upstream=[broker.bootstrap], admin_port=free_port(),
                         name="splice").start()
+    capped = OpsAntidote(tmp_path, upstream=[broker.bootstrap], admin_port=free_port(),
+                         name="splice-v15", extra_yaml="limits:\n  fetch_max_version: 15\n")
     try:
         ep = Endpoint(proxy.bootstrap, "proxy")
+        spliced = []
         for read in (ck_consume_assign, kp_consume_assign):
             got = read(ep, topic, [0, 1], len(recs), timeout=60)
             by_partition = sorted(got, key=lambda r: (r.partition, r.offset))
             assert len(got) == len(recs), f"{read.__name__}: {len(got)} of {len(recs)}"
             assert by_partition == recs, f"{read.__name__}: records differ"
-        _, text = http_get(proxy.admin_port, "/metrics")
-        spliced = [line for line in text.splitlines() if line.startswith(
-            'antidote_response_relay_duration_seconds_count{response="spliced",until="sent"}')]
-        assert spliced and float(spliced[0].rsplit(" ", 1)[1]) >= 1, text
+            spliced.append(spliced_count(proxy))
+        assert spliced[0] == 0, f"librdkafka's v16+ responses were spliced: {spliced}"
+        assert spliced[1] >= 1, f"kafka-python's responses were not spliced: {spliced}"
+        capped.start()
+        got = ck_consume_assign(Endpoint(capped.bootstrap, "proxy-v15"), topic, [0, 1],
+                                len(recs), timeout=60)
+        by_partition = sorted(got, key=lambda r: (r.partition, r.offset))
+        assert len(got) == len(recs) and by_partition == recs, "librdkafka at v15: records differ"
+        assert spliced_count(capped) >= 1, "librdkafka at v15 was not spliced"
+        capped.assert_running()
         proxy.assert_running()
     finally:
-        proxy.stop_and_check()
+        try:
+            proxy.stop_and_check()
+        finally:
+            capped.stop_and_check()
 
 
 def test_metrics_are_prometheus_text_and_count_the_diversion(ops):

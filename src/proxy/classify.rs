@@ -81,6 +81,8 @@ pub(super) struct Context<'a> {
     /// Set while client Produce requests are checked (writes to
     /// dead-letter topics refused, or a policy with `on_produce: reject`).
     pub produce_guard: Option<&'a dyn produce::Topics>,
+    /// `limits.fetch_max_version`.
+    pub fetch_max: Option<i16>,
 }
 
 /// Produce requests as the current policies see them: dead-letter topics
@@ -169,10 +171,12 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
             Handling::Local(response_frame(head.correlation_id, &[], &body))
         }
         // Raw tokens that happen to look like a request are still tokens.
-        _ if !versions::in_proxy_range(key, v) && ctx.raw_sasl => {
+        _ if !versions::in_proxy_range(key, v, ctx.fetch_max) && ctx.raw_sasl => {
             return Ok(Classified::forward(Some(raw_token())))
         }
-        _ if !versions::in_proxy_range(key, v) => Handling::Local(refusal(key, head)?),
+        _ if !versions::in_proxy_range(key, v, ctx.fetch_max) => {
+            Handling::Local(refusal(key, head)?)
+        }
         ApiKey::ApiVersions => Handling::ApiVersions,
         ApiKey::Produce if ctx.produce_guard.is_some() => {
             return classify_produce(frame, head, ctx.produce_guard)
@@ -326,6 +330,7 @@ mod tests {
             raw_sasl,
             intercepting: false,
             produce_guard: None,
+            fetch_max: None,
         }
     }
 

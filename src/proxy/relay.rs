@@ -299,6 +299,7 @@ fn classify_with_policies(
         raw_sasl,
         intercepting: shared.intercepting(),
         produce_guard: checked.then_some(&guard as &dyn produce::Topics),
+        fetch_max: shared.config.limits.fetch_max_version,
     };
     classify(frame, &ctx)
 }
@@ -489,7 +490,8 @@ async fn respond(
         }
         Handling::ApiVersions => {
             // The ApiVersions response header is always v0: the correlation id alone.
-            let body = versions::rewrite(frame.slice(8..), version).map_err(bad)?;
+            let fetch_max = shared.config.limits.fetch_max_version;
+            let body = versions::rewrite(frame.slice(8..), version, fetch_max).map_err(bad)?;
             Ok(ResponseFrame::new(
                 &frame[LENGTH_PREFIX..RESPONSE_ID_END],
                 Bytes::from(body),

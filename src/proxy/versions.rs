@@ -20,15 +20,17 @@
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, DescribeQuorumResponse, ShareAcknowledgeResponse,
+    ApiKey, ApiVersionsResponse, DescribeQuorumResponse, FetchResponse, ShareAcknowledgeResponse,
     ShareFetchResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
-/// The versions of `key` the proxy relays, or `None` if it must not be offered.
-pub fn proxy_range(key: ApiKey) -> Option<(i16, i16)> {
+/// The versions of `key` the proxy relays, or `None` if it must not be
+/// offered; `fetch_max` is `limits.fetch_max_version`.
+pub fn proxy_range(key: ApiKey, fetch_max: Option<i16>) -> Option<(i16, i16)> {
     let r = key.valid_versions();
     match key {
+        ApiKey::Fetch => Some((r.min, fetch_max.map_or(r.max, |m| m.min(r.max)))),
         ApiKey::ShareFetch | ApiKey::ShareAcknowledge => None,
         // v2 added listener endpoints that are not rewritten.
         ApiKey::DescribeQuorum => Some((r.min, r.max.min(1))),
@@ -40,8 +42,8 @@ pub fn proxy_range(key: ApiKey) -> Option<(i16, i16)> {
 }
 
 /// Whether a request for `key` at `version` may be relayed.
-pub fn in_proxy_range(key: ApiKey, version: i16) -> bool {
-    proxy_range(key).is_some_and(|(lo, hi)| (lo..=hi).contains(&version))
+pub fn in_proxy_range(key: ApiKey, version: i16, fetch_max: Option<i16>) -> bool {
+    proxy_range(key, fetch_max).is_some_and(|(lo, hi)| (lo..=hi).contains(&version))
 }
 
 /// The body of an UNSUPPORTED_VERSION answer to a refused `key`/`version`,
@@ -65,14 +67,16 @@ pub fn refusal(key: ApiKey, version: i16) -> Option<BytesMut> {
             DescribeQuorumResponse::default().with_error_code(code),
             version,
         ),
+        // v7+ (a Fetch above `limits.fetch_max_version`).
+        ApiKey::Fetch => encode(FetchResponse::default().with_error_code(code), version),
         _ => None,
     }
 }
 
 /// Intersect one broker range with the proxy's; `None` if they do not meet.
-fn intersect(v: &ApiVersion) -> Option<ApiVersion> {
+fn intersect(v: &ApiVersion, fetch_max: Option<i16>) -> Option<ApiVersion> {
     let key = ApiKey::try_from(v.api_key).ok()?;
-    let (min, max) = proxy_range(key)?;
+    let (min, max) = proxy_range(key, fetch_max)?;
     let lo = if key == ApiKey::Produce {
         v.min_version
     } else {
@@ -86,13 +90,17 @@ const UNSUPPORTED_VERSION: i16 = 35;
 
 /// Rewrite an ApiVersions response body (after the v0 response header).
 /// Returns the new body.
-pub fn rewrite(body: Bytes, version: i16) -> anyhow::Result<BytesMut> {
+pub fn rewrite(body: Bytes, version: i16, fetch_max: Option<i16>) -> anyhow::Result<BytesMut> {
     // A broker that does not support `version` answers UNSUPPORTED_VERSION
     // in the v0 body format (KIP-511); error_code leads every version.
     let unsupported = body.get(..2) == Some(&UNSUPPORTED_VERSION.to_be_bytes()[..]);
     let v = if unsupported { 0 } else { version };
     let mut m = ApiVersionsResponse::decode(&mut body.clone(), v)?;
-    m.api_keys = m.api_keys.iter().filter_map(intersect).collect();
+    m.api_keys = m
+        .api_keys
+        .iter()
+        .filter_map(|k| intersect(k, fetch_max))
+        .collect();
     let mut out = BytesMut::with_capacity(m.compute_size(v)?);
     m.encode(&mut out, v)?;
     Ok(out)
@@ -159,7 +167,7 @@ mod tests {
             ],
             3,
         );
-        let got = keys(rewrite(body, 3).unwrap(), 3);
+        let got = keys(rewrite(body, 3, None).unwrap(), 3);
         let fetch_max = ApiKey::Fetch.valid_versions().max;
         let produce_max = ApiKey::Produce.valid_versions().max;
         assert_eq!(
@@ -174,12 +182,31 @@ mod tests {
     }
 
     #[test]
+    fn fetch_is_offered_up_to_the_configured_version_and_refused_above_it() {
+        let body = response(&[(1, 0, 99), (3, 0, 12)], 3);
+        let got = keys(rewrite(body.clone(), 3, Some(15)).unwrap(), 3);
+        assert_eq!(got, vec![(1, 4, 15), (3, 0, 12)]);
+        // A cap above what the broker offers leaves the broker's maximum.
+        let broker = response(&[(1, 0, 13)], 3);
+        assert_eq!(
+            keys(rewrite(broker, 3, Some(15)).unwrap(), 3),
+            vec![(1, 4, 13)]
+        );
+        assert!(in_proxy_range(ApiKey::Fetch, 15, Some(15)));
+        assert!(!in_proxy_range(ApiKey::Fetch, 16, Some(15)));
+        assert!(in_proxy_range(ApiKey::Fetch, 16, None));
+        let body = refusal(ApiKey::Fetch, 16).unwrap();
+        let m = FetchResponse::decode(&mut body.freeze(), 16).unwrap();
+        assert_eq!(m.error_code, UNSUPPORTED_VERSION);
+    }
+
+    #[test]
     fn requests_outside_the_proxy_range_are_refused_with_a_top_level_error() {
-        assert!(!in_proxy_range(ApiKey::ShareFetch, 1));
-        assert!(!in_proxy_range(ApiKey::DescribeQuorum, 2));
-        assert!(in_proxy_range(ApiKey::DescribeQuorum, 1));
-        assert!(in_proxy_range(ApiKey::Produce, 0));
-        assert!(!in_proxy_range(ApiKey::Fetch, 3));
+        assert!(!in_proxy_range(ApiKey::ShareFetch, 1, None));
+        assert!(!in_proxy_range(ApiKey::DescribeQuorum, 2, None));
+        assert!(in_proxy_range(ApiKey::DescribeQuorum, 1, None));
+        assert!(in_proxy_range(ApiKey::Produce, 0, None));
+        assert!(!in_proxy_range(ApiKey::Fetch, 3, None));
         let body = refusal(ApiKey::DescribeQuorum, 2).unwrap();
         let m = DescribeQuorumResponse::decode(&mut body.freeze(), 2).unwrap();
         assert_eq!(m.error_code, UNSUPPORTED_VERSION);
@@ -197,6 +224,6 @@ mod tests {
         let mut body = BytesMut::from(&body[..]);
         body[..2].copy_from_slice(&35i16.to_be_bytes());
         let body = body.freeze();
-        assert_eq!(keys(rewrite(body, 9).unwrap(), 0), vec![(18, 0, 3)]);
+        assert_eq!(keys(rewrite(body, 9, None).unwrap(), 0), vec![(18, 0, 3)]);
     }
 }

@@ -1,0 +1,109 @@
+//! `limits:`, what protects the process from its peers: frame and
+//! decoding budgets, connection counts and idleness, and the Fetch versions
+//! offered to clients.
+
+use std::time::Duration;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+use super::de_duration;
+
+/// Limits that protect the process from its peers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest frame accepted from a client or a broker.
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: u32,
+    /// How long shutdown waits for in-flight responses.
+    #[serde(default = "default_shutdown_grace", deserialize_with = "de_duration")]
+    pub shutdown_grace: Duration,
+    /// Decompressed record bytes that all Fetch rewrites in flight may hold
+    /// together (`plan::budget`).
+    #[serde(default = "default_decode_budget")]
+    pub decode_budget: usize,
+    /// Client connections served at once (all listeners); more are
+    /// accepted and closed at once. Each one also holds a broker connection.
+    #[serde(
+        default = "default_max_connections",
+        deserialize_with = "de_nonzero_u32"
+    )]
+    pub max_connections: u32,
+    /// A client connection with no request (and no answer pending) for
+    /// this long is closed.
+    #[serde(
+        default = "default_idle_timeout",
+        deserialize_with = "de_nonzero_duration"
+    )]
+    pub idle_timeout: Duration,
+    /// The highest Fetch version offered to clients; unset, the highest
+    /// both the broker and the proxy know. A Fetch v16+ response may name
+    /// brokers at its end (KIP-951), so the proxy reads it whole to rewrite
+    /// them; at 15 or below, a response forwarded unchanged is spliced
+    /// socket to socket. Clients then learn a moved leader from Metadata.
+    #[serde(default, deserialize_with = "de_fetch_version")]
+    pub fetch_max_version: Option<i16>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: default_max_frame_bytes(),
+            shutdown_grace: default_shutdown_grace(),
+            decode_budget: default_decode_budget(),
+            max_connections: default_max_connections(),
+            idle_timeout: default_idle_timeout(),
+            fetch_max_version: None,
+        }
+    }
+}
+
+/// Four batches at the per-batch decompression cap (64 MiB).
+fn default_decode_budget() -> usize {
+    256 * 1024 * 1024
+}
+
+fn default_max_frame_bytes() -> u32 {
+    100 * 1024 * 1024
+}
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(10)
+}
+/// Kafka's own default `max.connections` is unbounded; this bounds memory
+/// (two sockets and two frame buffers per connection) yet leaves room for
+/// large consumer fleets.
+fn default_max_connections() -> u32 {
+    10_000
+}
+/// Kafka's `connections.max.idle.ms` default.
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// serde helper: a count that must be at least 1 (reported at its position).
+fn de_nonzero_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match u32::deserialize(d)? {
+        0 => Err(de::Error::custom("must be at least 1")),
+        n => Ok(n),
+    }
+}
+
+/// serde helper: a Fetch version the proxy can offer (4, the first with
+/// record batches and an isolation level, up to the newest it decodes).
+fn de_fetch_version<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i16>, D::Error> {
+    let max = kafka_protocol::messages::ApiKey::Fetch.valid_versions().max;
+    match i16::deserialize(d)? {
+        v if (4..=max).contains(&v) => Ok(Some(v)),
+        v => Err(de::Error::custom(format!("Fetch v{v}: must be 4 to {max}"))),
+    }
+}
+
+/// serde helper: a duration that must not be zero (reported at its position).
+fn de_nonzero_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let t = de_duration(d)?;
+    if t.is_zero() {
+        return Err(de::Error::custom("must be longer than 0s"));
+    }
+    Ok(t)
+}
