@@ -65,7 +65,9 @@ fuzz_target!(|data: &[u8]| {
     let addrs = Addresses::new("127.0.0.1", 29000);
     match which % 12 {
         0 => {
-            let _ = antidote::proxy::versions::rewrite(body, v % 5);
+            // With and without `limits.fetch_max_version`.
+            let cap = (version & 0x80 != 0).then_some(15);
+            let _ = antidote::proxy::versions::rewrite(body, v % 5, cap);
         }
         1 => {
             let _ = rewrite_body(ApiKey::Metadata, v % 14, body, &addrs, &mut Seen::default());

@@ -51,7 +51,12 @@ const PIPE_BYTES: usize = 1 << 20;
 /// While a frame is spliced, the source socket reports itself readable
 /// only once this many of the frame's bytes (or all that are left) have
 /// arrived (`SO_RCVLOWAT`). Without it, every 64 KiB loopback segment woke
-/// the task for a splice in and a splice out.
+/// the task for a splice in and a splice out. It is also kept to a quarter
+/// of the socket's receive buffer (`SO_RCVBUF`, which counts the kernel's
+/// overhead too), so that the window the broker may send into always holds
+/// it: kernels before 4.18 do not grow the buffer to the mark. The buffer
+/// grows as the connection is read, so only a connection's first frames get
+/// a lower mark.
 const LOW_WATER: usize = 256 << 10;
 
 /// A pipe for one frame, or `None` when none can be opened now (say the
@@ -97,9 +102,10 @@ impl Pipe {
             socket: from,
             set: 1,
         };
+        let most = rustix::net::sockopt::socket_recv_buffer_size(from).map_or(1, |b| b / 4);
         while len > 0 {
             // Never above what is left of the frame, so the wait always ends.
-            low_water.ask(len.min(self.capacity).min(LOW_WATER));
+            low_water.ask(len.min(self.capacity).min(LOW_WATER).min(most).max(1));
             // Fill: the pipe is empty, so EAGAIN means the socket is.
             let mut in_pipe = loop {
                 from.readable().await.map_err(|e| (Side::From, e))?;
@@ -330,6 +336,37 @@ pub(crate) mod tests {
             got
         });
         pipe().unwrap().forward(&src_r, &dst_w, n).await.unwrap();
+        writer.await.unwrap();
+        assert!(reader.await.unwrap() == body);
+    }
+
+    #[tokio::test]
+    async fn a_source_with_a_small_fixed_receive_buffer_is_still_forwarded() {
+        // SO_RCVBUF set by hand is never grown by the kernel, so the
+        // 256 KiB mark is above the window the broker may send into. The
+        // mark is kept to a quarter of the buffer for kernels before 4.18,
+        // which would then wait forever; this kernel wakes the reader anyway
+        // when the window is nearly closed, so here this only checks that
+        // such a socket is forwarded at all.
+        let (mut src_w, src_r) = pair().await;
+        let (dst_w, mut dst_r) = pair().await;
+        rustix::net::sockopt::set_socket_recv_buffer_size(&src_r, 16 * 1024).unwrap();
+        let body: Vec<u8> = (0..1 << 20).map(|i| (i % 233) as u8).collect();
+        let n = body.len();
+        let writer = {
+            let body = body.clone();
+            tokio::spawn(async move { src_w.write_all(&body).await.unwrap() })
+        };
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0; n];
+            dst_r.read_exact(&mut got).await.unwrap();
+            got
+        });
+        let forwarded = pipe().unwrap().forward(&src_r, &dst_w, n);
+        tokio::time::timeout(std::time::Duration::from_secs(10), forwarded)
+            .await
+            .expect("forwarded within 10 s")
+            .unwrap();
         writer.await.unwrap();
         assert!(reader.await.unwrap() == body);
     }
