@@ -280,12 +280,33 @@ pub(crate) mod tests {
         v
     }
 
+    /// Forward `n` bytes from `src` to `dst` (whose other end is `dst_r`),
+    /// failing after 10 s; what `dst_r` received.
+    async fn forward_within_10s(
+        src: &TcpStream,
+        dst: &TcpStream,
+        mut dst_r: TcpStream,
+        n: usize,
+    ) -> Vec<u8> {
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0; n];
+            dst_r.read_exact(&mut got).await.unwrap();
+            got
+        });
+        let forwarded = pipe().unwrap().forward(src, dst, n);
+        tokio::time::timeout(std::time::Duration::from_secs(10), forwarded)
+            .await
+            .expect("forwarded within 10 s")
+            .unwrap();
+        reader.await.unwrap()
+    }
+
     #[tokio::test]
     async fn a_frame_trickling_in_below_the_low_water_mark_is_still_forwarded() {
         // 300 KiB in 7 KiB pieces, 1 ms apart: the mark (256 KiB, then
         // what is left) is never more than what will arrive.
         let (mut src_w, src_r) = pair().await;
-        let (dst_w, mut dst_r) = pair().await;
+        let (dst_w, dst_r) = pair().await;
         let body: Vec<u8> = (0..300 * 1024 + 1).map(|i| (i % 239) as u8).collect();
         let n = body.len();
         let writer = {
@@ -298,17 +319,7 @@ pub(crate) mod tests {
                 src_w
             })
         };
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; n];
-            dst_r.read_exact(&mut got).await.unwrap();
-            got
-        });
-        let forwarded = pipe().unwrap().forward(&src_r, &dst_w, n);
-        tokio::time::timeout(std::time::Duration::from_secs(10), forwarded)
-            .await
-            .expect("forwarded within 10 s")
-            .unwrap();
-        assert!(reader.await.unwrap() == body);
+        assert!(forward_within_10s(&src_r, &dst_w, dst_r, n).await == body);
         assert_eq!(rcvlowat(&src_r), 1);
         let _src_w = writer.await.unwrap();
     }
@@ -349,7 +360,7 @@ pub(crate) mod tests {
         // when the window is nearly closed, so here this only checks that
         // such a socket is forwarded at all.
         let (mut src_w, src_r) = pair().await;
-        let (dst_w, mut dst_r) = pair().await;
+        let (dst_w, dst_r) = pair().await;
         rustix::net::sockopt::set_socket_recv_buffer_size(&src_r, 16 * 1024).unwrap();
         let body: Vec<u8> = (0..1 << 20).map(|i| (i % 233) as u8).collect();
         let n = body.len();
@@ -357,18 +368,8 @@ pub(crate) mod tests {
             let body = body.clone();
             tokio::spawn(async move { src_w.write_all(&body).await.unwrap() })
         };
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; n];
-            dst_r.read_exact(&mut got).await.unwrap();
-            got
-        });
-        let forwarded = pipe().unwrap().forward(&src_r, &dst_w, n);
-        tokio::time::timeout(std::time::Duration::from_secs(10), forwarded)
-            .await
-            .expect("forwarded within 10 s")
-            .unwrap();
+        assert!(forward_within_10s(&src_r, &dst_w, dst_r, n).await == body);
         writer.await.unwrap();
-        assert!(reader.await.unwrap() == body);
     }
 
     #[tokio::test]
