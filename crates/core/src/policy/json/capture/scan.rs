@@ -62,8 +62,8 @@ struct Scanner<'p, 'c, 'de> {
     plan: &'p Plan,
     max: usize,
     caps: &'c mut Captures<'de>,
-    /// Trie nodes entered so far (bit per node below 128).
-    entered: u128,
+    /// Trie nodes entered so far (bit per node below 64).
+    entered: u64,
 }
 
 impl<'p, 'de> Scanner<'p, '_, 'de> {
@@ -258,7 +258,7 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
     fn reset(&mut self, node: Option<usize>) {
         let Some(n) = node else { return };
         // A node entered for the first time has nothing captured below it.
-        if let Some(bit) = 1u128.checked_shl(n as u32).filter(|&b| b != 0) {
+        if let Some(bit) = u32::try_from(n).ok().and_then(|n| 1u64.checked_shl(n)) {
             if self.entered & bit == 0 {
                 self.entered |= bit;
                 return;
