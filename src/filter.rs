@@ -11,9 +11,9 @@
 //! partitions flow on.
 //!
 //! Planning (`plan`) is pure; this module adds running it for the
-//! partitions of a response (in parallel when there is enough data), the
-//! awaiting of diversions, the re-encoding of the response, and the
-//! accounting of the CPU all that takes.
+//! partitions of a response (on several cores when there is enough data:
+//! `parallel`), the awaiting of diversions, the re-encoding of the
+//! response, and the accounting of the CPU all that takes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,16 +28,17 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
-use crate::deadletter::blocked::{BlockedKeys, Gate};
+use crate::deadletter::blocked::BlockedKeys;
 use crate::deadletter::DeadLetter;
 use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
-use crate::plan::{self, PartitionPlan, Visibility};
+use crate::plan::{PartitionPlan, Visibility};
 use crate::policy::{KeyOrdering, PolicySet};
 use crate::registry::Registry;
 pub use holds::Holds;
+use parallel::PartitionJob;
 
 /// Pause before re-submitting a diversion whose write failed.
 const RETRY_BACKOFF: Duration = Duration::from_millis(250);
@@ -294,50 +295,6 @@ impl FetchFilter {
         (jobs, unloaded)
     }
 
-    /// Plan every partition, in order. When several partitions carry at
-    /// least [`PARALLEL_MIN_BYTES`] in all, all but the first are planned
-    /// on blocking threads while this task plans the first, so one Fetch
-    /// response can use more than one core.
-    async fn plan_all(
-        &self,
-        mut jobs: Vec<Arc<PartitionJob>>,
-        now_ms: i64,
-    ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
-        let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
-        if jobs.len() < 2 || bytes < PARALLEL_MIN_BYTES {
-            return Ok(jobs
-                .iter()
-                .map(|j| {
-                    (
-                        j.at,
-                        timed(|| j.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter)),
-                    )
-                })
-                .collect());
-        }
-        let rest: Vec<_> = jobs
-            .drain(1..)
-            .map(|j| {
-                let (verdicts, dl) = (self.verdicts.clone(), self.dead_letter.clone());
-                let budget = self.budget.clone();
-                tokio::task::spawn_blocking(move || {
-                    (j.at, timed(|| j.plan(now_ms, &verdicts, &budget, &dl)))
-                })
-            })
-            .collect();
-        let mut out = Vec::with_capacity(rest.len() + 1);
-        for j in &jobs {
-            out.push((
-                j.at,
-                timed(|| j.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter)),
-            ));
-        }
-        for handle in rest {
-            out.push(handle.await?);
-        }
-        Ok(out)
-    }
-
     /// Write every planned diversion; for each plan, the lowest offset whose
     /// diversion did not succeed in time (`None` if all did).
     async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
@@ -525,52 +482,6 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
     m.set_held(topic, partition, held_from.is_some());
 }
 
-/// Responses with less than this much record data across partitions are
-/// planned on the connection's task alone (a thread hand-off costs more).
-const PARALLEL_MIN_BYTES: usize = 256 * 1024;
-
-/// One partition of a Fetch response to plan.
-struct PartitionJob {
-    /// (topic index, partition index) in the response.
-    at: (usize, usize),
-    policy: Arc<crate::policy::Policy>,
-    topic: Arc<str>,
-    partition: i32,
-    records: Bytes,
-    vis: Visibility,
-    /// The partition's blocked keys, for a per_key policy only.
-    gate: Option<Gate>,
-}
-
-impl PartitionJob {
-    fn plan(
-        &self,
-        now_ms: i64,
-        verdicts: &VerdictCache,
-        budget: &Arc<DecodeBudget>,
-        dl: &DeadLetter,
-    ) -> PartitionPlan {
-        let ledger = dl.ledger();
-        let env = plan::Env {
-            verdicts,
-            budget,
-            already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
-        };
-        let input = plan::PartitionInput {
-            policy: &self.policy,
-            topic: &self.topic,
-            partition: self.partition,
-            records: &self.records,
-            visibility: &self.vis,
-            now_ms,
-        };
-        match &self.gate {
-            Some(gate) => plan::plan_partition_keyed(&input, &env, gate),
-            None => plan::plan_partition_with(&input, &env),
-        }
-    }
-}
-
 /// Run `f` and add the CPU time it took on this thread to
 /// `antidote_fetch_rewrite_cpu_seconds_total`. `f` is synchronous, so the
 /// task cannot move to another thread while it runs.
@@ -657,6 +568,7 @@ mod tests {
 
 mod holds;
 mod keys;
+mod parallel;
 mod patch;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.

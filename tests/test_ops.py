@@ -271,6 +271,51 @@ def test_large_forwarded_responses_are_spliced_and_arrive_byte_for_byte(tmp_path
             capped.stop_and_check()
 
 
+def test_one_large_partition_is_judged_on_several_cores_with_the_outcome_of_one(
+        tmp_path, broker):
+    """A partition whose Fetch response holds ~1 MiB is judged by the
+    connection's planner and, on the cores left idle, by helpers judging
+    ahead from the middle (filter/parallel.rs). What the consumer gets
+    must not depend on that: 5,000 records of ~330 bytes in 64 KiB batches
+    on one partition, 5 poison among them, read through the proxy by
+    kafka-python; every valid record arrives once, in order, the poison
+    goes to the DLT, each record is validated exactly once
+    (antidote_records_evaluated_total), and on a machine with two or more
+    cores helpers did judge some of them."""
+    import os
+    topic = f"ahead-{uuid.uuid4().hex[:8]}"
+    ck_create_topic(Endpoint(broker.bootstrap), topic, 1)
+    policy = tmp_path / f"{topic}.policy.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    pad = "x" * 280
+    poison = {i for i in range(5000) if i % 997 == 500}
+    recs = [Rec(0, -1, f"k{i}".encode(),
+                json.dumps({"lat": 95 if i in poison else i % 90, "id": i, "pad": pad}).encode(),
+                (), 1_700_000_000_000 + i)
+            for i in range(5000)]
+    ck_produce(Endpoint(broker.bootstrap), topic, recs, timeout=60, **{"batch.size": 65536})
+    proxy = OpsAntidote(tmp_path, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                        admin_port=free_port(), name=f"ahead-{topic}").start()
+    try:
+        want = [r.key for i, r in enumerate(recs) if i not in poison]
+        got = kp_consume_assign(Endpoint(proxy.bootstrap, "proxy"), topic, [0], len(want),
+                                timeout=90)
+        assert [r.key for r in got] == want, f"{len(got)} records, first keys {got[:3]}"
+        assert [r.offset for r in got] == [i for i in range(5000) if i not in poison]
+        dlt = read_all(broker.bootstrap, f"{topic}.dlt")
+        assert sorted(r.key for r in dlt) == sorted(f"k{i}".encode() for i in poison), dlt
+        _, text = http_get(proxy.admin_port, "/metrics")
+        assert metric(text, "antidote_records_evaluated_total", policy="ops-geo") == 5000, text
+        ahead = metric(text, "antidote_fetch_judged_ahead_records_total")
+        if len(os.sched_getaffinity(0)) >= 2:
+            assert 0 < ahead < 5000, f"judged ahead: {ahead}"
+        else:
+            assert ahead == 0, f"one core, yet judged ahead: {ahead}"
+        proxy.assert_running()
+    finally:
+        proxy.stop_and_check()
+
+
 def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
     status, text = http_get(ops.proxy.admin_port, "/metrics")
     assert status == 200

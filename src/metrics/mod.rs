@@ -45,35 +45,7 @@ pub mod keys;
 mod series;
 use series::*;
 
-/// Every exported metric name, in one place (as scraped: counters with
-/// their `_total`).
-pub mod names {
-    pub const VALIDATED: &str = "antidote_records_validated_total";
-    pub const PASSED: &str = "antidote_records_passed_total";
-    pub const EVALUATED: &str = "antidote_records_evaluated_total";
-    pub const FETCH_REWRITE_CPU: &str = "antidote_fetch_rewrite_cpu_seconds_total";
-    pub const INVALID: &str = "antidote_records_invalid_total";
-    pub const DLT_WRITES: &str = "antidote_dlt_writes_total";
-    pub const DLT_WRITE_SECONDS: &str = "antidote_dlt_write_duration_seconds";
-    pub const HELD_PARTITIONS: &str = "antidote_held_partitions";
-    pub const HELD_BATCHES: &str = "antidote_held_batches_total";
-    pub const FETCH_REWRITE_SECONDS: &str = "antidote_fetch_rewrite_duration_seconds";
-    pub const RESPONSE_RELAY_SECONDS: &str = "antidote_response_relay_duration_seconds";
-    pub const CONNECTIONS_OPEN: &str = "antidote_connections_open";
-    pub const CONNECTIONS_ACCEPTED: &str = "antidote_connections_accepted_total";
-    pub const UPSTREAM_ERRORS: &str = "antidote_upstream_errors_total";
-    pub const CONNECTIONS_REFUSED: &str = "antidote_connections_refused_total";
-    pub const REGISTRY_REQUESTS: &str = "antidote_schema_registry_requests_total";
-    pub const BUILD_INFO: &str = "antidote_build_info";
-    pub const START_TIME: &str = "antidote_process_start_time_seconds";
-    pub const DIVERSIONS: &str = "antidote_dlt_diversions_total";
-    pub const LEDGER_LAG: &str = "antidote_dlt_ledger_lag_records";
-
-    /// The name a counter is registered under: the encoder adds `_total`.
-    pub(super) fn counter_base(name: &'static str) -> &'static str {
-        name.strip_suffix("_total").unwrap_or(name)
-    }
-}
+pub mod names;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -118,6 +90,7 @@ pub struct Metrics {
     validated: Cached<TopicPartitionPolicy, Counter>,
     evaluated: Cached<PolicyLabel, Counter>,
     fetch_rewrite_cpu: Counter<f64, AtomicU64>,
+    judged_ahead: Counter,
     passed: Cached<TopicPartitionPolicy, Counter>,
     invalid: Cached<InvalidLabels, Counter>,
     dlt_writes: Cached<ResultLabel, Counter>,
@@ -150,6 +123,7 @@ impl Metrics {
             validated: Cached::new(),
             evaluated: Cached::new(),
             fetch_rewrite_cpu: Counter::default(),
+            judged_ahead: Counter::default(),
             passed: Cached::new(),
             invalid: Cached::new(),
             dlt_writes: Cached::new(),
@@ -233,6 +207,12 @@ impl Metrics {
         self.register_dlt_and_connections();
         self.keys.register(&mut self.registry);
         self.register_fleet();
+        register(
+            &mut self.registry,
+            names::JUDGED_AHEAD,
+            "Records judged by a helper thread ahead of their partition's planner (one large partition on several cores); part of antidote_records_evaluated_total.",
+            self.judged_ahead.clone(),
+        );
         self
     }
 
@@ -340,6 +320,11 @@ impl Metrics {
     /// Call site: `Interceptor::rewrite`, around its synchronous parts.
     pub fn fetch_rewrite_cpu(&self, d: Duration) {
         self.fetch_rewrite_cpu.inc_by(d.as_secs_f64());
+    }
+
+    /// `n` records judged ahead of their planner (`plan::judge_ahead`).
+    pub fn judged_ahead(&self, n: u64) {
+        self.judged_ahead.inc_by(n);
     }
 
     /// `n` valid records of `topic`/`partition` were delivered.

@@ -14,6 +14,7 @@
 //! client, so it is neither judged nor dead-lettered; it is forwarded as it
 //! is and the client drops it, as it would without the proxy.
 
+mod ahead;
 pub mod budget;
 pub mod keys;
 mod planner;
@@ -31,6 +32,7 @@ use crate::policy::{Action, Invalid, Policy};
 use budget::Reservation;
 use verdicts::Known;
 
+pub use ahead::{judge_ahead, stretches};
 pub use planner::{
     plan_partition, plan_partition_keyed, plan_partition_with, AlreadyDiverted, Env, PartitionInput,
 };
@@ -250,6 +252,8 @@ impl PartitionPlan {
     }
 }
 
+#[cfg(test)]
+mod ahead_tests;
 #[cfg(test)]
 mod keys_tests;
 #[cfg(test)]

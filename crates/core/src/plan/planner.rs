@@ -126,7 +126,10 @@ fn plan_batch(
     let earlier = (env.already)(batch.base_offset(), batch.next_offset());
     let known = env.verdicts.lookup(policy, topic, partition, &batch);
     let keyed = order.as_ref().is_some_and(|o| o.active());
+    // Verdicts a helper of this fetch reached count as reached here.
+    let mut ahead = false;
     if let Some(k) = &known {
+        ahead = count_known(plan, k, batch.records_count().max(0) as u64);
         // Under per_key a batch with removals is read record by record:
         // which records its blocks take depends on keys, not on the cache.
         let plain = k.verdicts().is_empty() && earlier.is_empty() && !keyed;
@@ -135,9 +138,6 @@ fn plan_batch(
                 plan.segments.push(seg);
                 return ControlFlow::Continue(());
             }
-        } else {
-            plan.stats.cached_batches += 1;
-            plan.stats.judged += batch.records_count().max(0) as u64;
         }
     }
     let (decoded, memory) = match decode_within(&batch, env.budget) {
@@ -145,7 +145,7 @@ fn plan_batch(
         Err(reason) => return plan_undecodable(plan, &batch, reason, &earlier),
     };
     let (known, cached) = match known {
-        Some(k) => (k, true),
+        Some(k) => (k, !ahead),
         None => judge_now(plan, input, env.verdicts, &batch, &decoded),
     };
     let invalid = known.verdicts().clone();
@@ -195,16 +195,14 @@ struct KeyedOutcome {
     full_at: Option<i64>,
 }
 
-/// A batch whose verdicts are cached: counted as judged; `Some` when it
-/// needs no decoding (nothing to remove, or resent as spliced before).
+/// A batch whose verdicts are cached (and counted): `Some` when it needs
+/// no decoding (nothing to remove, or resent as spliced before).
 fn plan_from_cache(
     plan: &mut PartitionPlan,
     batch: &Batch,
     known: &Known,
     earlier: &[i64],
 ) -> Option<SegmentPlan> {
-    plan.stats.cached_batches += 1;
-    plan.stats.judged += batch.records_count().max(0) as u64;
     if known.verdicts().is_empty() && earlier.is_empty() {
         return Some(keep(batch));
     }
@@ -248,7 +246,6 @@ fn judge_now(
     batch: &Batch,
     decoded: &DecodedBatch,
 ) -> (Known, bool) {
-    plan.stats.judged += decoded.len() as u64;
     let (k, judged_here) = cache.judge(
         input.policy,
         input.topic,
@@ -257,12 +254,28 @@ fn judge_now(
         decoded,
         input.now_ms,
     );
-    if judged_here {
+    let fresh = if judged_here {
+        plan.stats.judged += decoded.len() as u64;
         plan.stats.validated += decoded.len() as u64;
+        true
+    } else {
+        count_known(plan, &k, decoded.len() as u64)
+    };
+    (k, !fresh)
+}
+
+/// Counts `records` judged by verdicts found in the cache: validated now
+/// (true) if a helper of this fetch judged them ahead (`judge_ahead`),
+/// else recalled from an earlier judgement.
+fn count_known(plan: &mut PartitionPlan, known: &Known, records: u64) -> bool {
+    plan.stats.judged += records;
+    let ahead = known.claim_judged_ahead();
+    if ahead {
+        plan.stats.validated += records;
     } else {
         plan.stats.cached_batches += 1;
     }
-    (k, !judged_here)
+    ahead
 }
 
 /// Which records of `decoded` stay: not those diverted earlier, not the
@@ -522,7 +535,7 @@ const EXPANSION_GUESS: usize = 32;
 /// Decode `batch`, holding its decompressed bytes against `budget` (a
 /// reservation is `None` for uncompressed batches, whose records are a
 /// slice of the response).
-pub(super) fn decode_within(
+pub(crate) fn decode_within(
     batch: &Batch,
     budget: &Arc<DecodeBudget>,
 ) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {

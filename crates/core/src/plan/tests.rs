@@ -14,7 +14,7 @@ use kafka_protocol::messages::ProducerId;
 use std::path::Path;
 
 /// Partition 0 of `topic` at the test clock.
-fn input<'a>(
+pub(super) fn input<'a>(
     policy: &'a Arc<Policy>,
     topic: &'a Arc<str>,
     records: &'a Bytes,
@@ -32,14 +32,14 @@ fn input<'a>(
 
 const POLICY: &str = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n    rules:\n      - coordinates: { lat: /lat, lon: /lon }\n";
 
-fn policy(action: &str) -> Arc<Policy> {
+pub(super) fn policy(action: &str) -> Arc<Policy> {
     let text = format!("{POLICY}    on_invalid: {action}\n");
     let set = PolicySet::parse(&text, Path::new("p.yaml")).unwrap();
     set.for_topic("t").unwrap().clone()
 }
 
 /// A batch at `base` whose records are valid unless their index is in `poison`.
-fn batch(
+pub(super) fn batch(
     base: i64,
     n: usize,
     poison: &[usize],
@@ -157,7 +157,7 @@ fn a_removed_tail_ends_in_a_marker_but_never_at_a_hold() {
     assert_eq!(markers(&p.apply(None).unwrap()), vec![1]);
 }
 
-fn uncommitted() -> Visibility {
+pub(super) fn uncommitted() -> Visibility {
     Visibility::new(false, None)
 }
 
@@ -515,7 +515,7 @@ fn a_corrupt_copy_of_a_spliced_batch_is_not_replaced_by_the_good_one() {
 }
 
 /// `batch` with its last byte flipped: the stored CRC no longer matches.
-fn corrupt(mut b: Vec<u8>) -> Vec<u8> {
+pub(super) fn corrupt(mut b: Vec<u8>) -> Vec<u8> {
     let last = b.len() - 1;
     b[last] ^= 0x55;
     b

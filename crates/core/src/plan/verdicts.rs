@@ -12,12 +12,18 @@
 //! share one validation: the first computes, the others wait for it. The
 //! cache is bounded; when full it is cleared, costing only re-validation.
 //!
+//! A batch may be judged ahead, by a helper of the fetch that plans it
+//! ([`super::judge_ahead`](crate::plan::judge_ahead)); the entry says so until a planner claims it
+//! ([`Known::claim_judged_ahead`]), so the records count as validated once
+//! and are not mistaken for verdicts recalled from an earlier fetch.
+//!
 //! An entry may also hold the batch as it is sent once its invalid records
 //! are removed ([`Known::spliced`]), so a later fetch whose invalid records
 //! are all dead-lettered already gets it without decoding or splicing. Those
 //! bytes are bounded separately ([`SPLICED_BUDGET`]), oldest dropped first.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use bytes::Bytes;
@@ -48,6 +54,8 @@ struct Entry {
     policy: Arc<Policy>,
     /// Set once, by whichever fetch judges the batch first.
     invalid: OnceLock<Verdicts>,
+    /// Judged by a helper ahead of the planner, and not yet claimed by one.
+    ahead: AtomicBool,
     /// The batch without its removed records (see [`Known::spliced`]).
     spliced: Mutex<Option<Bytes>>,
 }
@@ -58,6 +66,7 @@ impl Entry {
             crc: batch.crc(),
             policy: policy.clone(),
             invalid: OnceLock::new(),
+            ahead: AtomicBool::new(false),
             spliced: Mutex::new(None),
         }
     }
@@ -93,6 +102,12 @@ pub struct Known {
 impl Known {
     pub fn verdicts(&self) -> &Verdicts {
         &self.verdicts
+    }
+
+    /// Whether a helper judged this batch ahead of the planner and no
+    /// planner has counted it yet; true for the first caller only.
+    pub fn claim_judged_ahead(&self) -> bool {
+        self.entry.ahead.swap(false, Ordering::AcqRel)
     }
 
     /// The batch as sent once the records its verdicts remove are removed
@@ -179,6 +194,32 @@ impl VerdictCache {
         decoded: &DecodedBatch,
         now_ms: i64,
     ) -> (Known, bool) {
+        self.judge_as(policy, (topic, partition), (batch, decoded), now_ms, false)
+    }
+
+    /// [`VerdictCache::judge`] by a helper judging ahead of the planner:
+    /// when this call judges, the entry is marked for the planner to claim
+    /// (marked before the verdicts are visible, so no planner misses it).
+    pub fn judge_ahead(
+        &self,
+        policy: &Arc<Policy>,
+        (topic, partition): (&Arc<str>, i32),
+        batch: &Batch,
+        decoded: &DecodedBatch,
+        now_ms: i64,
+    ) -> bool {
+        self.judge_as(policy, (topic, partition), (batch, decoded), now_ms, true)
+            .1
+    }
+
+    fn judge_as(
+        &self,
+        policy: &Arc<Policy>,
+        (topic, partition): (&Arc<str>, i32),
+        (batch, decoded): (&Batch, &DecodedBatch),
+        now_ms: i64,
+        ahead: bool,
+    ) -> (Known, bool) {
         let key = (topic.clone(), partition, batch.base_offset());
         let entry = {
             if self.map.len() >= self.capacity {
@@ -198,6 +239,7 @@ impl VerdictCache {
             .invalid
             .get_or_init(|| {
                 judged_here = true;
+                entry.ahead.store(ahead, Ordering::Release);
                 let mut invalid = Vec::new();
                 decoded.each_record(|index, r| {
                     if let Verdict::Invalid(v) = policy.judge_in(topic, r, now_ms) {
