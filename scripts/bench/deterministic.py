@@ -13,7 +13,7 @@ Paths, read in rounds (a b0 c d, a b0 c d, ...), each read of a fresh topic
   d   `tansu proxy` in front of the bench broker (skipped when it fails)
 
 For each read: records/s (BENCH_CONSUMER=e2e, the default: the librdkafka
-consumer of scripts/bench/e2e.py, assign() on 3 partitions, capped at
+consumer of scripts/bench/e2e.py, assign() on BENCH_PARTITIONS (3) partitions, capped at
 0.3-0.6 M records/s by Python; BENCH_CONSUMER=fetch_load:
 examples/fetch_load.rs, which speaks Fetch itself on one thread), the proxy's whole-process CPU per record read
 (/proc utime+stime), and for c the Fetch-rewrite CPU per judged record
@@ -30,7 +30,8 @@ BENCH_FORMAT (json | avro | protobuf: record encoding and c's policy,
 policies/geofence{,-avro,-protobuf}.yaml), BENCH_BIN (target/release/antidote), BENCH_BROKER_BIN
 (target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port),
 BENCH_WORKERS (the proxies' runtime worker threads; default one per core),
-BENCH_CONSUMER (e2e | fetch_load), BENCH_FETCH_BIN (target/release/examples/fetch_load).
+BENCH_CONSUMER (e2e | fetch_load), BENCH_FETCH_BIN (target/release/examples/fetch_load),
+BENCH_PARTITIONS (3: partitions per topic, each read in every Fetch).
 Build first: cargo build --release --bin antidote --example bench_broker --example fetch_load
 """
 import json, os, random, re, socket, statistics, struct, subprocess, sys, tempfile, time, urllib.request
@@ -41,6 +42,7 @@ E2E = os.path.join(ROOT, "scripts/bench/e2e.py")
 TANSU = os.path.join(ROOT, ".tools/bin/tansu")
 N = int(os.environ.get("BENCH_RECORDS", "1000000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+PARTITIONS = os.environ.get("BENCH_PARTITIONS", "3")
 PATHS = os.environ.get("BENCH_PATHS", "a b0 c d").split()
 # json | avro | protobuf: the record encoding and the reference policy of c.
 FORMAT = os.environ.get("BENCH_FORMAT", "json")
@@ -184,9 +186,9 @@ def consume(boot, topic, expected):
     if mark:
         env["BENCH_POISON_MARK_HEX"] = mark
     if CONSUMER == "fetch_load":
-        args = [FETCH_BIN, boot, topic, "3", str(expected)] + ([mark] if mark else [])
+        args = [FETCH_BIN, boot, topic, PARTITIONS, str(expected)] + ([mark] if mark else [])
     else:
-        args = [PY, E2E, "consume", boot, topic, "3", str(expected), f"det-{topic}", "15", "300"]
+        args = [PY, E2E, "consume", boot, topic, PARTITIONS, str(expected), f"det-{topic}", "15", "300"]
     r = subprocess.run(args, env=env, capture_output=True, text=True)
     if not r.stdout.strip():
         raise SystemExit(f"consumer failed: {r.stderr[-2000:]}")
@@ -202,7 +204,7 @@ def main():
     bport, tport = BASE, BASE + 1
     topics = ROUNDS * len(PATHS) + 1
     start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N),
-           "--format", FORMAT],
+           "--format", FORMAT, "--partitions", PARTITIONS],
           os.path.join(work, "bench-broker.log"), bport)
     start([TANSU, "broker", "--listener-url", f"tcp://127.0.0.1:{tport}",
            "--advertised-listener-url", f"tcp://127.0.0.1:{tport}", "--storage-engine", "memory://tansu/"],

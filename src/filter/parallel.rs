@@ -1,12 +1,16 @@
 //! Planning the partitions of one Fetch response on more than one core.
 //! Small responses are planned on the connection's task alone. Larger ones
 //! put every partition but the first on a blocking thread, and give the
-//! cores the partitions leave idle to helpers that judge ahead in the
-//! largest partitions (`plan::judge_ahead`), so even a response of one
-//! partition is judged on several cores. Helpers never cut a partition
+//! cores left idle to helpers that judge ahead in the largest partitions
+//! (`plan::judge_ahead`), so even a response of one partition is judged on
+//! several cores. Idle means not planning any response (every connection's
+//! planners and helpers are counted): a helper costs a few per cent more
+//! CPU per record (batches decoded twice, threads handed work), worth it
+//! only on a core that would otherwise wait. Helpers never cut a partition
 //! into stretches smaller than [`STRETCH_MIN_BYTES`].
 
 use std::cmp::Reverse;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -100,7 +104,9 @@ impl FetchFilter {
     ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
         let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
         let sizes: Vec<usize> = jobs.iter().map(|j| j.records.len()).collect();
-        let helpers = helpers(&sizes, cores());
+        let idle = cores().saturating_sub(PLANNING.load(Ordering::Relaxed));
+        let helpers = helpers(&sizes, idle);
+        let _planning = Planning::enter(jobs.len() + helpers.iter().sum::<usize>());
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
         if alone || bytes < PARALLEL_MIN_BYTES {
             return Ok(jobs
@@ -168,10 +174,29 @@ pub(super) fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Partitions being planned and helpers judging, over all connections.
+static PLANNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts `n` planners and helpers in [`PLANNING`] while it lives.
+struct Planning(usize);
+
+impl Planning {
+    fn enter(n: usize) -> Planning {
+        PLANNING.fetch_add(n, Ordering::Relaxed);
+        Planning(n)
+    }
+}
+
+impl Drop for Planning {
+    fn drop(&mut self) {
+        PLANNING.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
 /// Helpers per partition, for partitions of `sizes` bytes and `cores`
-/// cores: each partition is planned on a core of its own, and the cores
-/// left over go one at a time to the largest partitions whose stretches
-/// would stay at least [`STRETCH_MIN_BYTES`] long.
+/// idle cores: each partition is planned on a core of its own, and the
+/// cores left over go one at a time to the largest partitions whose
+/// stretches would stay at least [`STRETCH_MIN_BYTES`] long.
 pub(super) fn helpers(sizes: &[usize], cores: usize) -> Vec<usize> {
     let mut out = vec![0usize; sizes.len()];
     let mut spare = cores.saturating_sub(sizes.len());
