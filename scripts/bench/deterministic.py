@@ -238,7 +238,8 @@ def main():
             r0 = relay_buckets(admin) if admin else {}
             h0 = {p: histogram(admin, *PARTS[p]) for p in PARTS} if admin else {}
             m0 = (metric(admin, "antidote_fetch_rewrite_cpu_seconds_total"),
-                  metric(admin, "antidote_records_validated_total")) if admin else (0, 0)
+                  metric(admin, "antidote_records_validated_total"),
+                  metric(admin, "antidote_fetch_judged_ahead_records_total")) if admin else (0, 0, 0)
             # The bench broker writes one poison record in 1,000 (e2e.py's rule).
             expected = N - N // 1000 if path == "c" else N
             res = consume(boot, topic, expected)
@@ -252,6 +253,10 @@ def main():
                 rw = metric(admin, "antidote_fetch_rewrite_cpu_seconds_total") - m0[0]
                 judged = metric(admin, "antidote_records_validated_total") - m0[1]
                 row["judged"] = int(judged)
+                # Judged by helpers ahead of their partition's planner
+                # (0 for builds before the counter existed).
+                ahead = metric(admin, "antidote_fetch_judged_ahead_records_total") - m0[2]
+                row["judged_ahead"] = int(ahead)
                 if judged:
                     row["rewrite_ns_per_judged"] = round(rw * 1e9 / judged)
                 # Added latency per response: bucket bounds of p50 and p99.
@@ -276,7 +281,8 @@ def main():
             rows.append(row)
             log(f"round {rnd} {path}: {res['records']} records, {res['steady_records_per_s']} rec/s steady, "
                 f"proxy {row.get('proxy_ns_per_record', '-')} ns/record, "
-                f"rewrite {row.get('rewrite_ns_per_judged', '-')} ns/judged, "
+                f"rewrite {row.get('rewrite_ns_per_judged', '-')} ns/judged "
+                f"({row.get('judged_ahead', '-')} ahead), "
                 f"{row.get('proxy_page_faults', '-')} page faults, relay p50/p99 <= ms: "
                 + ", ".join(f"{k} {row.get(f'relay_{k}_p50_ms_le', '-')}/"
                             f"{row.get(f'relay_{k}_p99_ms_le', '-')} ({row.get(f'relay_{k}_responses', 0)})"
