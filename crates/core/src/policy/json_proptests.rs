@@ -151,7 +151,12 @@ const SCHEMAS: &[(&str, &str)] = &[
 /// Loaded once: the schemas are written to a temporary directory.
 fn schema_policies() -> &'static PolicySet {
     static SET: std::sync::OnceLock<PolicySet> = std::sync::OnceLock::new();
-    SET.get_or_init(|| {
+    SET.get_or_init(load_schema_policies)
+}
+
+/// The schema policies, fresh (no layout learned yet).
+fn load_schema_policies() -> PolicySet {
+    {
         let dir = tempfile::tempdir().expect("tempdir");
         let reference = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../policies/schemas/trigger.schema.json");
@@ -163,7 +168,7 @@ fn schema_policies() -> &'static PolicySet {
             Ok(s) => s,
             Err(e) => panic!("{e:#?}"),
         }
-    })
+    }
 }
 
 fn record(value: &[u8]) -> Record<'_> {
@@ -513,6 +518,68 @@ fn documents_unlike_the_learned_layout_agree() {
         assert_ne!(d, &first, "replacement {i} applies");
         if let Err(e) = agree(&set, d.as_bytes()) {
             panic!("{e}");
+        }
+    }
+}
+
+/// The flat reader (`capture/flat.rs`) reads a compact record of the
+/// root's learned layout in one pass. Records that leave members out
+/// (required or not), break the schema, nest, respace, escape, repeat or
+/// add members, or trail bytes are judged as serde_json and the JSON
+/// Schema validator judge them.
+#[test]
+fn flat_records_after_a_learned_layout_agree() {
+    let (set, fresh) = (policies(), load_schema_policies());
+    let first = format!(
+        r#"{{"device_id":"dev-1","geofence_id":"fence-42","lat":52.1,"lon":4.3,"transition":"ENTER","speed_mps":12.5,"event_time_ms":{},"accuracy_m":3}}"#,
+        NOW - 1_000
+    );
+    for s in [&set, &fresh] {
+        agree(s, first.as_bytes()).expect("the first record");
+        for p in s.policies() {
+            let agrees = p.inner.scanner_agrees(first.as_bytes());
+            assert!(
+                matches!(agrees, None | Some(Ok(_))),
+                "{}: {agrees:?}",
+                p.name
+            );
+        }
+    }
+    let docs = [
+        first.replace(r#""geofence_id":"fence-42","#, ""),
+        first.replace(r#""speed_mps":12.5,"#, ""),
+        first
+            .replace(r#""speed_mps":12.5,"#, "")
+            .replace(r#""lon":4.3,"#, ""),
+        first.replace(r#""accuracy_m":3"#, r#""accuracy_m":-1"#),
+        first.replace(r#""transition":"ENTER""#, r#""transition":5"#),
+        first.replace(r#""lat":52.1"#, r#""lat":95"#),
+        first.replace(r#""lat":52.1"#, r#""lat":{"a":1}"#),
+        first.replace(r#""lat":52.1"#, r#""lat":[52.1]"#),
+        first.replace(r#""lat":52.1"#, r#""lat":null"#),
+        first.replace(r#""lat":52.1"#, r#""lat":true"#),
+        first.replace(r#""lat":52.1"#, r#""lat": 52.1 "#),
+        first.replace(r#""lat":52.1,"#, r#""lat":52.1,"lat":95,"#),
+        first.replace(r#""lon":4.3,"#, r#""lon":4.3,"lat":95,"#),
+        first.replace(r#""accuracy_m":3"#, r#""accuracy_m":3,"x":1"#),
+        first.replace(r#""dev-1""#, r#""dev\u002d1""#),
+        first.replace(r#""dev-1""#, r#""""#),
+        first.replace(r#""lat":52.1"#, r#""lat":52.1e400"#),
+        first.replace(r#""lat":52.1"#, r#""lat":-0"#),
+        first.replace(r#""lat":52.1"#, r#""lat":5210000000000000000000"#),
+        format!("{first} "),
+        format!(" {first}"),
+        format!("{first}x"),
+        format!("{first}}}"),
+        first[..first.len() - 1].to_string(),
+        first.replace('{', "[").replace('}', "]"),
+    ];
+    for (i, d) in docs.iter().enumerate() {
+        assert_ne!(d, &first, "replacement {i} applies");
+        for s in [&set, &fresh] {
+            if let Err(e) = agree(s, d.as_bytes()) {
+                panic!("{i}: {e}");
+            }
         }
     }
 }

@@ -13,6 +13,7 @@ use serde_json::{Number, Value};
 
 use super::{too_deep, BuildValue};
 
+mod flat;
 mod layout;
 mod scan;
 mod skip;
@@ -125,6 +126,9 @@ pub(crate) struct Plan {
     pointers: Vec<Pointer>,
     /// The policy's JSON Schema, when it compiles to the fast subset.
     shape: Option<Shape>,
+    /// The root's members for the flat reader, once the root has a layout
+    /// (`None` inside when that layout is not flat).
+    flat: std::sync::OnceLock<Option<flat::Flat>>,
 }
 
 #[derive(Debug, Default)]
@@ -175,7 +179,19 @@ impl Plan {
             slots: pointers.len(),
             pointers,
             shape,
+            flat: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The flat members of the root's learned layout, once there is one.
+    fn flat(&self) -> Option<&flat::Flat> {
+        if let Some(f) = self.flat.get() {
+            return f.as_ref();
+        }
+        let layout = self.nodes.first()?.layout.get()?;
+        self.flat
+            .get_or_init(|| flat::Flat::build(self, layout))
+            .as_ref()
     }
 }
 

@@ -90,6 +90,15 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// Every remembered member, in document order: its bytes and entry.
+    pub(super) fn members(&self) -> impl Iterator<Item = (&[u8], Entry)> + '_ {
+        self.members
+            .iter()
+            .map(|e| (&self.bytes[e.start as usize..][..e.len as usize], *e))
+    }
+}
+
 impl Learning {
     /// A member read in full: its bytes, trie child and what the schema
     /// says of it.

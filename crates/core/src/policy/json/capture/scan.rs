@@ -17,6 +17,7 @@ use std::borrow::Cow;
 
 use serde_json::Number;
 
+use super::flat::Flat;
 use super::layout::{Learning, MemberSchema};
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_key, Seen, ShapeNode};
@@ -47,6 +48,15 @@ pub(super) fn scan<'de>(
         caps,
         entered: 0,
     };
+    // A flat record in its layout's order first (`flat.rs`); if it is not
+    // one, from the start again with fresh captures.
+    if let Some(flat) = plan.flat() {
+        if s.flat(flat).is_ok() {
+            return true;
+        }
+        s.i = 0;
+        *s.caps = Captures::new(plan.slots);
+    }
     let shape = plan.shape.as_ref().map(|sh| sh.root());
     if s.value(Some(0), shape, 0).is_err() {
         return false;
@@ -248,6 +258,66 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
         }
         if let Some(slot) = trie.and_then(|t| t.slot) {
             self.caps.set(slot, captured(seen));
+        }
+        Ok(())
+    }
+
+    /// The whole document as one object of `flat`'s members in their order
+    /// (an optional one may be left out), every value a scalar: what
+    /// [`Self::value`] reads from the root, with the same readers, checks
+    /// and captures, without its per-member lookups. A member's bytes
+    /// (whitespace before its key included) must be the remembered ones.
+    /// `Err` to give up: the caller starts again.
+    fn flat(&mut self, flat: &Flat) -> Scan<()> {
+        let b = self.b;
+        let all = self.plan.shape.as_ref();
+        let root = all.map(|a| a.root());
+        if self.max == 0 || self.peek()? != b'{' || root.is_some_and(|s| !s.open_object()) {
+            return Err(GiveUp);
+        }
+        self.i += 1;
+        let (mut next, mut seen) = (0usize, 0u64);
+        loop {
+            let (m, end, k) = flat.member_at(next, b, self.i).ok_or(GiveUp)?;
+            (self.i, next) = (end, k);
+            let value = match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    Seen::Str(self.string()?)
+                }
+                b't' => {
+                    self.literal(b"true")?;
+                    Seen::Bool(true)
+                }
+                b'f' => {
+                    self.literal(b"false")?;
+                    Seen::Bool(false)
+                }
+                b'n' => {
+                    self.literal(b"null")?;
+                    Seen::Null
+                }
+                b'-' | b'0'..=b'9' => self.number()?,
+                _ => return Err(GiveUp),
+            };
+            let shape = m.shape.and_then(|i| all.and_then(|a| a.get(i)));
+            if shape.is_some_and(|s| !s.scalar(value)) {
+                return Err(GiveUp);
+            }
+            if let Some(slot) = m.slot {
+                self.caps.set(slot, captured(value));
+            }
+            seen |= m.bit;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => break,
+                _ => return Err(GiveUp),
+            }
+        }
+        self.i += 1;
+        self.ws();
+        if self.i != b.len() || root.is_some_and(|s| !s.complete(seen)) {
+            return Err(GiveUp);
         }
         Ok(())
     }
