@@ -223,6 +223,8 @@ def main():
             proxies["d"] = (p, f"127.0.0.1:{dport}", None)
         except SystemExit as e:
             log(f"tansu proxy: {e}; path d skipped")
+    # The checkout's commit; the proxy measured is BENCH_BIN ("bin"), which
+    # may be a build of another commit.
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     rows, t = [], 0
@@ -243,7 +245,7 @@ def main():
             # The bench broker writes one poison record in 1,000 (e2e.py's rule).
             expected = N - N // 1000 if path == "c" else N
             res = consume(boot, topic, expected)
-            row = {"commit": commit, "round": rnd, "path": path, "topic": topic, **res}
+            row = {"commit": commit, "bin": BIN, "round": rnd, "path": path, "topic": topic, **res}
             if proc:
                 row["proxy_cpu_s"] = round(cpu_s(proc.pid) - c0, 3)
                 row["proxy_ns_per_record"] = round(row["proxy_cpu_s"] * 1e9 / max(res["records"], 1))
@@ -295,7 +297,8 @@ def main():
                 + f"({row.get('dlt_write_ok_count', 0)})")
     for path, (proc, _, _) in proxies.items():
         if proc:
-            out.write(json.dumps({"commit": commit, "path": path, "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")
+            out.write(json.dumps({"commit": commit, "bin": BIN, "path": path,
+                                  "peak_rss_mb": round(hwm_mb(proc.pid), 1)}) + "\n")
     summary(rows, proxies)
     log(f"raw results: {out_path}")
 
