@@ -92,6 +92,8 @@ pub struct FetchFilter {
     registry: Option<Arc<Registry>>,
     /// Keys parked behind a diverted record (`ordering: per_key`).
     pub blocked: Arc<BlockedKeys>,
+    /// Idle cores judge ahead in large partitions (`filter::parallel`).
+    judge_ahead: bool,
 }
 
 impl FetchFilter {
@@ -111,7 +113,15 @@ impl FetchFilter {
             budget: DecodeBudget::new(decode_budget),
             registry: None,
             blocked,
+            judge_ahead: true,
         }
+    }
+
+    /// Whether idle cores judge ahead in large partitions
+    /// (`limits.judge_ahead`, on by default).
+    pub fn with_judge_ahead(mut self, on: bool) -> Self {
+        self.judge_ahead = on;
+        self
     }
 
     /// Resolve schema ids through `registry` (`schema_registry`).

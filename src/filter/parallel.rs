@@ -104,7 +104,10 @@ impl FetchFilter {
     ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
         let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
         let sizes: Vec<usize> = jobs.iter().map(|j| j.records.len()).collect();
-        let idle = cores().saturating_sub(PLANNING.load(Ordering::Relaxed));
+        let idle = match self.judge_ahead {
+            true => cores().saturating_sub(PLANNING.load(Ordering::Relaxed)),
+            false => 0,
+        };
         let helpers = helpers(&sizes, idle);
         let _planning = Planning::enter(jobs.len() + helpers.iter().sum::<usize>());
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);

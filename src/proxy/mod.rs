@@ -134,7 +134,8 @@ impl Shared {
                 dlt.timeout,
                 config.limits.decode_budget,
             )
-            .with_registry(registry),
+            .with_registry(registry)
+            .with_judge_ahead(config.limits.judge_ahead),
         );
         crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
         let config_max_connections = config.limits.max_connections;
