@@ -235,6 +235,21 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
                     self.array(node, shape, depth + 1)
                 };
             }
+            first => self.scalar(first)?,
+        };
+        if shape.is_some_and(|s| !s.scalar(seen)) {
+            return Err(GiveUp);
+        }
+        if let Some(slot) = trie.and_then(|t| t.slot) {
+            self.caps.set(slot, captured(seen));
+        }
+        Ok(())
+    }
+
+    /// A string, literal or number starting with `first` (not yet read).
+    #[inline]
+    fn scalar(&mut self, first: u8) -> Scan<Seen<'de>> {
+        Ok(match first {
             b'"' => {
                 self.i += 1;
                 Seen::Str(self.string()?)
@@ -252,14 +267,7 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
                 Seen::Null
             }
             _ => self.number()?,
-        };
-        if shape.is_some_and(|s| !s.scalar(seen)) {
-            return Err(GiveUp);
-        }
-        if let Some(slot) = trie.and_then(|t| t.slot) {
-            self.caps.set(slot, captured(seen));
-        }
-        Ok(())
+        })
     }
 
     /// The whole document as one object of `flat`'s members in their order
@@ -281,24 +289,8 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
             let (m, end, k) = flat.member_at(next, b, self.i).ok_or(GiveUp)?;
             (self.i, next) = (end, k);
             let value = match self.peek()? {
-                b'"' => {
-                    self.i += 1;
-                    Seen::Str(self.string()?)
-                }
-                b't' => {
-                    self.literal(b"true")?;
-                    Seen::Bool(true)
-                }
-                b'f' => {
-                    self.literal(b"false")?;
-                    Seen::Bool(false)
-                }
-                b'n' => {
-                    self.literal(b"null")?;
-                    Seen::Null
-                }
-                b'-' | b'0'..=b'9' => self.number()?,
-                _ => return Err(GiveUp),
+                b'{' | b'[' => return Err(GiveUp),
+                first => self.scalar(first)?,
             };
             let shape = m.shape.and_then(|i| all.and_then(|a| a.get(i)));
             if shape.is_some_and(|s| !s.scalar(value)) {
