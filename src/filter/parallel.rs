@@ -4,10 +4,11 @@
 //! cores left idle to helpers that judge ahead in the largest partitions
 //! (`plan::judge_ahead`), so even a response of one partition is judged on
 //! several cores. Idle means not planning any response (every connection's
-//! planners and helpers are counted): a helper costs a few per cent more
-//! CPU per record (batches decoded twice, threads handed work), worth it
-//! only on a core that would otherwise wait. Helpers never cut a partition
-//! into stretches smaller than [`STRETCH_MIN_BYTES`].
+//! planners and helpers are counted): a helper costs more CPU per record
+//! (6-15 % in BENCHMARKS.md: batches decoded twice, work handed between
+//! threads), worth it only on a core that would otherwise wait;
+//! `limits.judge_ahead: false` turns helpers off. Helpers never cut a
+//! partition into stretches smaller than [`STRETCH_MIN_BYTES`].
 
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicUsize, Ordering};

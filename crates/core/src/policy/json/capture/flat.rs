@@ -1,7 +1,7 @@
 //! The members of a flat record, compiled once per plan from the root
-//! object's learned layout (`layout.rs`): per member, its bytes from the
-//! opening quote of its key through the colon, where its value is
-//! captured, its value's schema and its required-property bit.
+//! object's learned layout (`layout.rs`): per member, its bytes from after
+//! `{` or `,` through the colon, where its value is captured, its value's
+//! schema and its required-property bit.
 //!
 //! Most records are one object of scalars whose keys come in the same
 //! order every time. For them the scanner's `flat` reads `{`, then each
