@@ -6,12 +6,15 @@
 //! A batch that cannot be judged holds the partition there, never passes.
 //! Fetched again once its diversions are acknowledged (batches resent as
 //! spliced before, from the verdict cache), the section comes out the same.
+//! Judged ahead from its middle first (`plan::judge_ahead`, a helper of
+//! another core), the plan sends, diverts and holds exactly what the
+//! planner alone does, and counts every record it validates once.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
 
 use antidote::plan::budget::DecodeBudget;
-use antidote::plan::{plan_partition, plan_partition_with, Env, PartitionInput, Visibility};
+use antidote::plan::{judge_ahead, plan_partition, plan_partition_with, Env, PartitionInput, Visibility};
 use antidote::plan::verdicts::VerdictCache;
 use antidote::kafka::batch::{segments, Segment};
 use antidote::policy::{Policy, PolicySet};
@@ -82,6 +85,18 @@ fuzz_target!(|data: &[u8]| {
     let topic: Arc<str> = Arc::from("geofence.triggers");
     let cache = VerdictCache::new(64);
     let plan = plan_partition(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &cache);
+    {
+        let ahead_cache = VerdictCache::new(64);
+        let env = Env { verdicts: &ahead_cache, budget: &DecodeBudget::unlimited(), already: &|_, _| Vec::new() };
+        let input = PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 };
+        judge_ahead(&input, &env, section.len() / 2..section.len());
+        let helped = plan_partition_with(&input, &env);
+        let offsets = |p: &antidote::plan::PartitionPlan| p.diversions.iter().map(|d| d.origin_offset).collect::<Vec<_>>();
+        assert_eq!(offsets(&helped), offsets(&plan), "judged ahead: other diversions");
+        assert_eq!(helped.held.as_ref().map(|h| h.offset), plan.held.as_ref().map(|h| h.offset), "judged ahead: another hold");
+        assert_eq!(helped.apply(None).ok(), plan.apply(None).ok(), "judged ahead: other bytes");
+        assert_eq!(helped.stats.validated, plan.stats.validated, "judged ahead: records counted twice or not at all");
+    }
     let before = batches(&section);
     let failed = (flags & 2 == 2).then(|| plan.diversions.first().map(|d| d.origin_offset)).flatten();
     let held = plan.held_from(failed);

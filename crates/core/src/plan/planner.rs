@@ -124,7 +124,13 @@ fn plan_batch(
     // nothing to remove passes without even being decoded; one whose
     // removals are all done may be sent as spliced before.
     let earlier = (env.already)(batch.base_offset(), batch.next_offset());
-    let known = env.verdicts.lookup(policy, topic, partition, &batch);
+    // A verdict was reached on the bytes judged then: it stands for these
+    // only if their CRC holds (a corrupt copy is decoded, fails and is
+    // held, never passed on the good copy's verdict).
+    let known = env
+        .verdicts
+        .lookup(policy, topic, partition, &batch)
+        .filter(|_| batch.crc_valid());
     let keyed = order.as_ref().is_some_and(|o| o.active());
     // Verdicts a helper of this fetch reached count as reached here.
     let mut ahead = false;
@@ -454,9 +460,8 @@ fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {
 /// would splice it the same way and has nothing left to divert in it:
 /// every invalid record removed (and, when diverted, already in its DLT),
 /// nothing else removed. Counts what it stands for as the full path does.
-/// The batch's CRC is checked first: the cache matches on the stored CRC,
-/// and a corrupt copy must go out as it came (as the full path sends an
-/// undecodable batch), not be replaced by the good one.
+/// `known` came from a lookup of a batch whose CRC holds (`plan_batch`):
+/// a corrupt copy is never replaced by the good one.
 fn resend_spliced(
     plan: &mut PartitionPlan,
     batch: &Batch,
@@ -481,9 +486,6 @@ fn resend_spliced(
         return None;
     }
     let bytes = known.spliced()?;
-    if !batch.crc_valid() {
-        return None;
-    }
     for j in invalid.iter() {
         match action {
             Action::Divert => {

@@ -514,6 +514,44 @@ fn a_corrupt_copy_of_a_spliced_batch_is_not_replaced_by_the_good_one() {
     assert_eq!(again.apply(again.held_from(None)).unwrap(), Bytes::new());
 }
 
+/// A clean batch's verdict is for its bytes: a corrupt copy at the same
+/// offset, with the same stored CRC and length (a broker that flips bits),
+/// is decoded, fails its CRC and holds the partition. Before, the cached
+/// "nothing to remove" passed it on unread, poison and all.
+#[test]
+fn a_corrupt_copy_of_a_clean_batch_is_held_not_passed_on_its_verdict() {
+    let cache = VerdictCache::new(16);
+    let pol = policy("divert");
+    let t: Arc<str> = Arc::from("t");
+    let good = batch(0, 4, &[], Compression::None, -1, false);
+    let first = plan_partition(
+        &input(&pol, &t, &Bytes::from(good.clone()), &uncommitted()),
+        &cache,
+    );
+    assert!(!first.changes_anything());
+    // The last record's value, `{"lat":52,"lon":4}`, made out of range.
+    let mut bad = good.clone();
+    let at = bad
+        .windows(5)
+        .rposition(|w| w == b"52,\"l")
+        .expect("the last lat");
+    bad[at..at + 2].copy_from_slice(b"95");
+    assert_eq!(bad.len(), good.len());
+    let bad = Bytes::from(bad);
+    let again = plan_partition(&input(&pol, &t, &bad, &uncommitted()), &cache);
+    assert_eq!(
+        again.held.as_ref().map(|h| h.offset),
+        Some(0),
+        "held, not passed"
+    );
+    assert_eq!(again.stats.undecodable_batches, 1);
+    assert_eq!(again.apply(again.held_from(None)).unwrap(), Bytes::new());
+    // The good copy still passes on its verdict, unread.
+    let third = plan_partition(&input(&pol, &t, &Bytes::from(good), &uncommitted()), &cache);
+    assert!(!third.changes_anything());
+    assert_eq!(third.stats.cached_batches, 1);
+}
+
 /// `batch` with its last byte flipped: the stored CRC no longer matches.
 pub(super) fn corrupt(mut b: Vec<u8>) -> Vec<u8> {
     let last = b.len() - 1;

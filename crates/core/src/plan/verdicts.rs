@@ -3,8 +3,13 @@
 //! not validated again.
 //!
 //! Keyed by (topic, partition, base offset) and checked against the batch's
-//! CRC, so a different batch at the same offset (after a truncation) is
-//! judged afresh. An entry remembers the policy it was judged under (by
+//! length and CRC, so a different batch at the same offset (after a
+//! truncation) is judged afresh. A verdict is only for the bytes judged:
+//! the planner takes one from the cache only for a batch whose CRC holds
+//! (a corrupt copy is decoded, fails, and is held). CRC32C is not a
+//! cryptographic hash: a broker that forges a batch with the same length
+//! and CRC at an offset already judged gets it past the cache (README,
+//! Limitations). An entry remembers the policy it was judged under (by
 //! `Arc` identity, kept alive by the entry): after a policy reload old
 //! verdicts are never reused. A staleness verdict is fixed when first made:
 //! every consumer sees the same records for the same batch. Consumers that
@@ -51,6 +56,7 @@ pub const SPLICED_BUDGET: usize = 32 << 20;
 
 struct Entry {
     crc: u32,
+    len: usize,
     policy: Arc<Policy>,
     /// Set once, by whichever fetch judges the batch first.
     invalid: OnceLock<Verdicts>,
@@ -64,6 +70,7 @@ impl Entry {
     fn new(batch: &Batch, policy: &Arc<Policy>) -> Self {
         Entry {
             crc: batch.crc(),
+            len: batch.bytes().len(),
             policy: policy.clone(),
             invalid: OnceLock::new(),
             ahead: AtomicBool::new(false),
@@ -72,7 +79,9 @@ impl Entry {
     }
 
     fn matches(&self, batch: &Batch, policy: &Arc<Policy>) -> bool {
-        self.crc == batch.crc() && Arc::ptr_eq(&self.policy, policy)
+        self.crc == batch.crc()
+            && self.len == batch.bytes().len()
+            && Arc::ptr_eq(&self.policy, policy)
     }
 }
 
