@@ -212,7 +212,7 @@ fn plan_from_cache(
     if known.verdicts().is_empty() && earlier.is_empty() {
         return Some(keep(batch));
     }
-    let bytes = resend_spliced(plan, batch, known, earlier)?;
+    let bytes = resend_spliced(plan, known, earlier)?;
     Some(SegmentPlan::Spliced {
         bytes,
         next: batch.next_offset(),
@@ -462,12 +462,7 @@ fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {
 /// nothing else removed. Counts what it stands for as the full path does.
 /// `known` came from a lookup of a batch whose CRC holds (`plan_batch`):
 /// a corrupt copy is never replaced by the good one.
-fn resend_spliced(
-    plan: &mut PartitionPlan,
-    batch: &Batch,
-    known: &Known,
-    earlier: &[i64],
-) -> Option<Bytes> {
+fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> Option<Bytes> {
     let invalid = known.verdicts();
     let action = plan.policy.on_invalid;
     let removes_exactly = match action {
