@@ -366,6 +366,38 @@ def test_a_corrupt_batch_on_a_policy_topic_holds_the_partition_instead_of_passin
     assert got == [b"batch-2"]
 
 
+def test_a_corrupt_copy_of_a_batch_judged_before_is_held_not_passed_on_its_verdict(lying):
+    """Three batches are fetched and judged clean: their verdicts are
+    cached. The broker then sends the same section again with the last
+    batch corrupted (same offset, same stored CRC, a byte of its last record
+    flipped). That copy must be held like any batch that does not decode,
+    not passed unread on the good copy's cached verdict (on 4d7af57 it
+    was). The next, uncorrupted fetch delivers it from the cache."""
+    _, front, p = lying
+    topic = f"lying-recopy-{uuid.uuid4().hex[:8]}"
+    ep = Endpoint(p.bootstrap, "proxy")
+    ck_create_topic(ep, topic, 1)
+    for i in range(3):  # three flushes: three batches
+        ck_produce(ep, topic, [Rec(0, i, None, b"batch-%d" % i)], **{"linger.ms": 0})
+
+    def fetch(corr: int) -> list[bytes]:
+        with connect(p.broker_port()) as s:
+            body = h.roundtrip(s, 1, 11, corr, h.fetch_v11_body(topic, 0, 0))
+        err, topics = h.parse_fetch_v11(body)
+        assert err == 0
+        return [r.value for r in h.decode_uncompressed_batches(topics[topic][0].records or b"")]
+
+    assert fetch(31) == [b"batch-0", b"batch-1", b"batch-2"]
+    corrupted = front.corrupted
+    front.corrupt_next_fetch()
+    got = fetch(32)
+    assert front.corrupted == corrupted + 1
+    assert got == [b"batch-0", b"batch-1"], f"the corrupt copy was relayed: {got}"
+    metrics = admin_metrics(p)
+    assert f'antidote_held_batches_total{{topic="{topic}",partition="0",reason="undecodable"}} 1' in metrics
+    assert fetch(33) == [b"batch-0", b"batch-1", b"batch-2"]
+
+
 # ---------------------------------------------------------------------------
 # Decompression bombs
 # ---------------------------------------------------------------------------
