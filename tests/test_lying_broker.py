@@ -336,17 +336,24 @@ def test_lying_metadata_on_the_proxys_own_refresh_is_survived(lying):
     assert [r.value for r in got] == [r.value for r in recs]
 
 
+def three_batches(p, prefix: str) -> str:
+    """A new one-partition topic `prefix-...` holding three batches,
+    `batch-0` to `batch-2`, produced through the proxy."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    ep = Endpoint(p.bootstrap, "proxy")
+    ck_create_topic(ep, topic, 1)
+    for i in range(3):  # three flushes: three batches
+        ck_produce(ep, topic, [Rec(0, i, None, b"batch-%d" % i)], **{"linger.ms": 0})
+    return topic
+
+
 def test_a_corrupt_batch_on_a_policy_topic_holds_the_partition_instead_of_passing(lying):
     """A batch whose CRC does not match cannot be judged: the records before
     it are delivered, it and everything after it are not (fail closed; on
     005719a it was forwarded unfiltered). The next, uncorrupted fetch
     delivers it."""
     _, front, p = lying
-    topic = f"lying-corrupt-{uuid.uuid4().hex[:8]}"
-    ep = Endpoint(p.bootstrap, "proxy")
-    ck_create_topic(ep, topic, 1)
-    for i in range(3):  # three flushes: three batches
-        ck_produce(ep, topic, [Rec(0, i, None, b"batch-%d" % i)], **{"linger.ms": 0})
+    topic = three_batches(p, "lying-corrupt")
     front.corrupt_next_fetch()
     with connect(p.broker_port()) as s:
         body = h.roundtrip(s, 1, 11, 21, h.fetch_v11_body(topic, 0, 0))
@@ -374,11 +381,7 @@ def test_a_corrupt_copy_of_a_batch_judged_before_is_held_not_passed_on_its_verdi
     not passed unread on the good copy's cached verdict (on 4d7af57 it
     was). The next, uncorrupted fetch delivers it from the cache."""
     _, front, p = lying
-    topic = f"lying-recopy-{uuid.uuid4().hex[:8]}"
-    ep = Endpoint(p.bootstrap, "proxy")
-    ck_create_topic(ep, topic, 1)
-    for i in range(3):  # three flushes: three batches
-        ck_produce(ep, topic, [Rec(0, i, None, b"batch-%d" % i)], **{"linger.ms": 0})
+    topic = three_batches(p, "lying-recopy")
 
     def fetch(corr: int) -> list[bytes]:
         with connect(p.broker_port()) as s:
