@@ -103,8 +103,8 @@ impl FetchFilter {
         mut jobs: Vec<Arc<PartitionJob>>,
         now_ms: i64,
     ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
-        let bytes: usize = jobs.iter().map(|j| j.records.len()).sum();
         let sizes: Vec<usize> = jobs.iter().map(|j| j.records.len()).collect();
+        let bytes: usize = sizes.iter().sum();
         let idle = match self.judge_ahead {
             true => cores().saturating_sub(PLANNING.load(Ordering::Relaxed)),
             false => 0,

@@ -28,6 +28,7 @@ use crate::kafka::compression::Compression;
 /// stretch its first byte is in), putting their verdicts in
 /// `env.verdicts`. Returns the records this call judged.
 pub fn judge_ahead(input: &PartitionInput<'_>, env: &Env<'_>, bytes: Range<usize>) -> u64 {
+    let (policy, topic) = (input.policy, input.topic);
     let mut judged = 0u64;
     let mut at = 0usize;
     for seg in batch::segments(input.records) {
@@ -43,7 +44,6 @@ pub fn judge_ahead(input: &PartitionInput<'_>, env: &Env<'_>, bytes: Range<usize
         if b.is_control() {
             continue;
         }
-        let (policy, topic) = (input.policy, input.topic);
         if env
             .verdicts
             .lookup(policy, topic, input.partition, &b)
