@@ -47,6 +47,18 @@ if [[ -z "${CARGO_TARGET_DIR:-}" ]] && [[ -n "${ANTIDOTE_BUILD_CACHE:-}" || "${C
   fi
   export CARGO_TARGET_DIR="$CACHE/target"
   FUZZ_TARGET_DIR="$CACHE/fuzz-target"
+  # The fuzz crate is a workspace of its own, so the proxy's crates are path
+  # dependencies outside it, hashed by their absolute path: every clone
+  # builds them (and the fuzz targets) under new names, ~1.6 GB a run that
+  # no later run can use. Remove the previous clones' copies first.
+  # (In the main workspace the hashes are relative to its root: no growth.)
+  FUZZ_OUT="$FUZZ_TARGET_DIR/x86_64-unknown-linux-gnu/release"
+  if [[ -d "$FUZZ_OUT" ]]; then
+    for name in antidote antidote_core antidote_fuzz kafka_protocol \
+                $(grep -A1 '^\[\[bin\]\]' fuzz/Cargo.toml | sed -n 's/^name = "\(.*\)"/\1/p'); do
+      rm -rf "$FUZZ_OUT"/deps/{,lib}"$name"-* "$FUZZ_OUT"/{.fingerprint,build}/"${name//_/-}"-*
+    done
+  fi
   printf '[test] cargo builds into %s\n' "$CARGO_TARGET_DIR"
 fi
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
