@@ -21,6 +21,8 @@ pub(crate) const AVRO_MAX_ALLOCATION: usize = 64 << 20;
 
 mod capture;
 
+pub(crate) use capture::Prog;
+
 #[derive(Debug)]
 pub(crate) struct AvroDecoder {
     pub(crate) wire: Wire,
@@ -31,10 +33,10 @@ pub(crate) struct AvroDecoder {
     /// path ([`capture`]) for writer schemas it reads, when no reader
     /// schema asks for resolution.
     pub(crate) plan: Option<Plan>,
-    /// The schema ids whose writer schema the fast path reads (sorted), and
-    /// whether it reads `schema` (for `raw`).
-    readable_ids: Vec<u32>,
-    readable_raw: bool,
+    /// The writer schemas the fast path reads, compiled against `plan`:
+    /// by schema id (sorted), and `schema` (for `raw`).
+    fast_ids: Vec<(u32, capture::Prog)>,
+    fast_raw: Option<capture::Prog>,
 }
 
 /// Read and parse an `.avsc` file.
@@ -133,20 +135,19 @@ impl AvroDecoder {
             schema,
             ids,
             plan: None,
-            readable_ids: Vec::new(),
-            readable_raw: false,
+            fast_ids: Vec::new(),
+            fast_raw: None,
         }
     }
 
     /// Turn the fast path on for the rules' pointers.
     pub(crate) fn set_plan(&mut self, plan: Plan) {
-        let mut ids: Vec<u32> = (self.ids.iter())
-            .filter(|(_, s)| capture::supported(s))
-            .map(|(&id, _)| id)
+        let mut ids: Vec<(u32, capture::Prog)> = (self.ids.iter())
+            .filter_map(|(&id, s)| Some((id, capture::Prog::compile(s, &plan)?)))
             .collect();
-        ids.sort_unstable();
-        self.readable_ids = ids;
-        self.readable_raw = self.schema.as_ref().is_some_and(capture::supported);
+        ids.sort_unstable_by_key(|e| e.0);
+        self.fast_ids = ids;
+        self.fast_raw = (self.schema.as_ref()).and_then(|s| capture::Prog::compile(s, &plan));
         self.plan = Some(plan);
     }
 
@@ -154,16 +155,16 @@ impl AvroDecoder {
     /// full decoder ([`Self::decode`]) must judge it.
     pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
         let plan = self.plan.as_ref()?;
-        let (writer, datum) = match self.wire {
-            Wire::Raw if self.readable_raw => (self.schema.as_ref()?, bytes),
+        let (prog, datum) = match self.wire {
+            Wire::Raw => (self.fast_raw.as_ref()?, bytes),
             Wire::Confluent if self.schema.is_none() => {
                 let (id, rest) = confluent_header(bytes).ok()?;
-                self.readable_ids.binary_search(&id).ok()?;
-                (self.ids.get(&id)?, rest)
+                let i = self.fast_ids.binary_search_by_key(&id, |e| e.0).ok()?;
+                (&self.fast_ids[i].1, rest)
             }
             _ => return None,
         };
-        capture::capture(writer, datum, plan)
+        capture::capture(prog, datum, plan)
     }
 
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
@@ -182,19 +183,24 @@ impl AvroDecoder {
     }
 }
 
-/// The fast path for a registered writer schema (no reader schema, no
-/// named references): the rules' values read straight from the datum, or
-/// `None` when the full decoder must judge it.
-pub(crate) fn capture_registered<'a>(
-    writer: &'a Schema,
-    named: &[Schema],
+/// The fast path's program for a registered writer schema (read without a
+/// reader schema), or `None` when it has named references or the fast path
+/// does not read it.
+pub(crate) fn compile_registered(writer: &Schema, named: &[Schema], plan: &Plan) -> Option<Prog> {
+    if !named.is_empty() {
+        return None;
+    }
+    Prog::compile(writer, plan)
+}
+
+/// The rules' values read straight from `datum` with `prog`, or `None`
+/// when the full decoder must judge it.
+pub(crate) fn capture_with<'a>(
+    prog: &'a Prog,
     datum: &'a [u8],
     plan: &Plan,
 ) -> Option<Captures<'a>> {
-    if !named.is_empty() || !capture::supported(writer) {
-        return None;
-    }
-    capture::capture(writer, datum, plan)
+    capture::capture(prog, datum, plan)
 }
 
 /// An Avro value as JSON, with `bytes` and `fixed` as base64 text: the

@@ -182,6 +182,7 @@ fn compile_registry(
             .map(|m| m.v.trim_start_matches('.').to_string()),
         max_depth,
         plan: None,
+        compiled: Default::default(),
     };
     Ok((Decoder::Registry(decoder), own_schema))
 }

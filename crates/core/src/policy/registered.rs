@@ -10,13 +10,14 @@
 //! `schema-id`); an id not registered under the subject is `poison` (rule
 //! `subject`); a datum that does not decode under its schema is `poison`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use dashmap::DashMap;
 use serde_json::Value;
 
 use super::registry::{Known, Registered, SchemaCache};
 use super::wire::confluent_header;
-use super::{avro, json, Class, Invalid};
+use super::{avro, json, protobuf, Class, Invalid};
 
 /// The format a registry-backed value must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +107,30 @@ pub(crate) struct RegistryDecoder {
     /// The rules' pointers, set at load: the Avro and Protobuf fast paths
     /// ([`Self::judge_fast`]).
     pub(crate) plan: Option<json::Plan>,
+    /// Per schema id, the fast path's program for its schema and `plan`,
+    /// made on first use.
+    pub(crate) compiled: DashMap<u32, Compiled, foldhash::quality::RandomState>,
+}
+
+/// Programs kept at most (then all are dropped and made again as needed):
+/// ids are the registry's, so their number is not this process's to bound.
+const MAX_COMPILED: usize = 4096;
+
+/// A registered schema compiled against a policy's plan.
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    /// The schema it was made from: a cached schema that was replaced (the
+    /// cache started afresh) is compiled again.
+    from: Weak<Registered>,
+    program: Program,
+}
+
+#[derive(Debug)]
+enum Program {
+    Avro(avro::Prog),
+    Protobuf(protobuf::Links),
+    /// The fast path does not read this schema.
+    None,
 }
 
 /// The verdict while the registry has not answered for `what`.
@@ -151,16 +176,51 @@ impl RegistryDecoder {
                 _ => return None,
             }
         }
-        let caps = match (&*schema, self.format) {
-            (Registered::Avro(writer, named), RegFormat::Avro) if self.reader.is_none() => {
-                avro::capture_registered(writer, named, rest, plan)?
+        let compiled = self.compiled(id, &schema, plan);
+        let caps = match (&*schema, self.format, &compiled.program) {
+            (Registered::Avro(..), RegFormat::Avro, Program::Avro(prog)) => {
+                avro::capture_with(prog, rest, plan)?
             }
-            (Registered::Protobuf(file), RegFormat::Protobuf) => {
-                file.capture(rest, self.message.as_deref(), plan)?
+            (Registered::Protobuf(file), RegFormat::Protobuf, Program::Protobuf(links)) => {
+                file.capture(rest, self.message.as_deref(), plan, links)?
             }
             _ => return None,
         };
         Some(check(&caps))
+    }
+
+    /// Id `id`'s program for `schema`, made now if there is none or it was
+    /// made from another schema.
+    fn compiled(
+        &self,
+        id: u32,
+        schema: &Arc<Registered>,
+        plan: &json::Plan,
+    ) -> dashmap::mapref::one::Ref<'_, u32, Compiled> {
+        if let Some(c) = self.compiled.get(&id) {
+            // The weak reference keeps the allocation: its address is not
+            // reused while the entry exists.
+            if std::ptr::eq(c.from.as_ptr(), Arc::as_ptr(schema)) {
+                return c;
+            }
+        }
+        let program = match (&**schema, self.format) {
+            (Registered::Avro(writer, named), RegFormat::Avro) if self.reader.is_none() => {
+                avro::compile_registered(writer, named, plan).map_or(Program::None, Program::Avro)
+            }
+            (Registered::Protobuf(file), RegFormat::Protobuf) => {
+                Program::Protobuf(file.links(plan))
+            }
+            _ => Program::None,
+        };
+        if self.compiled.len() >= MAX_COMPILED {
+            self.compiled.clear();
+        }
+        let from = Arc::downgrade(schema);
+        self.compiled
+            .entry(id)
+            .insert(Compiled { from, program })
+            .downgrade()
     }
 
     pub(crate) fn decode(&self, bytes: &[u8], topic: &str, now_ms: i64) -> Result<Value, Invalid> {

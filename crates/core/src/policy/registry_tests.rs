@@ -480,3 +480,34 @@ fn record_of(value: &[u8]) -> Record<'_> {
         }],
     }
 }
+
+/// The fast path's program is made per id from the schema cached for it;
+/// a schema cached again for the id (the cache started afresh) is read
+/// with its own program, not the one made from the schema before it.
+#[test]
+fn a_schema_cached_again_for_an_id_gets_its_own_program() {
+    use apache_avro::types::Value as A;
+    let cache = SchemaCache::new();
+    let s = set(&avro_policy(""), &cache);
+    let p = s.for_topic("geo.avro").expect("policy");
+    cache.put_schema(9, compile(None, TRIGGER_AVSC, &[]));
+    let ok = framed(9, &avro_datum(52.0, None));
+    assert!(p.judge_in("geo.avro", &rec(None, &ok), NOW).is_valid());
+    // The same fields, lon first: lat 95 is out of range. Read with the
+    // first schema's program, 95 would be the lon and 4 the lat.
+    let swapped = TRIGGER_AVSC.replace(
+        r#"{"name":"lat","type":"double"},{"name":"lon","type":"double"}"#,
+        r#"{"name":"lon","type":"double"},{"name":"lat","type":"double"}"#,
+    );
+    assert_ne!(swapped, TRIGGER_AVSC);
+    cache.put_schema(9, compile(None, &swapped, &[]));
+    let schema = apache_avro::Schema::parse_str(&swapped).expect("schema");
+    let v = A::Record(vec![
+        ("lon".into(), A::Double(4.0)),
+        ("lat".into(), A::Double(95.0)),
+        ("ssn".into(), A::Union(0, Box::new(A::Null))),
+    ]);
+    let bad = framed(9, &apache_avro::to_avro_datum(&schema, v).expect("encodes"));
+    let i = invalid(p.judge_in("geo.avro", &rec(None, &bad), NOW));
+    assert_eq!(i.rule, "coordinates", "{i:?}");
+}

@@ -213,10 +213,10 @@ impl Plan {
         n.children.iter().find(|c| same_key(&c.0, key)).map(|c| c.2)
     }
 
-    /// The node below `node` for array index `i`.
-    pub(crate) fn index_child(&self, node: usize, i: usize) -> Option<usize> {
-        let n = self.nodes.get(node)?;
-        n.children.iter().find(|c| c.1 == Some(i)).map(|c| c.2)
+    /// The nodes below `node`: object key, array index (when the key is
+    /// one), node.
+    pub(crate) fn children(&self, node: usize) -> &[(String, Option<usize>, usize)] {
+        self.nodes.get(node).map_or(&[], |n| &n.children)
     }
 
     /// Slots of every pointer ending at or below `node`.

@@ -44,6 +44,20 @@ struct Msg {
     supported: bool,
 }
 
+impl Msg {
+    /// The index of field `number`: where it is when the fields are
+    /// numbered from 1 without gaps (most messages), else searched.
+    /// `number` is not 0 (a key with field number 0 gives up before).
+    #[inline]
+    fn field(&self, number: u32) -> Result<usize, usize> {
+        let at = (number as usize).wrapping_sub(1);
+        match self.fields.get(at) {
+            Some(f) if f.number == number => Ok(at),
+            _ => self.fields.binary_search_by_key(&number, |f| f.number),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Field {
     number: u32,
@@ -196,9 +210,10 @@ impl Tables {
         desc: &MessageDescriptor,
         payload: &'a [u8],
         plan: &Plan,
+        links: &Links,
     ) -> Option<Captures<'a>> {
         let &m = self.by_name.get(desc.full_name())?;
-        self.capture_index(m, payload, plan)
+        self.capture_index(m, payload, plan, links)
     }
 
     /// The table index of message type `name`.
@@ -212,6 +227,7 @@ impl Tables {
         m: usize,
         payload: &'a [u8],
         plan: &Plan,
+        links: &Links,
     ) -> Option<Captures<'a>> {
         if !self.msgs.get(m)?.supported {
             return None;
@@ -221,11 +237,56 @@ impl Tables {
             b: payload,
             i: 0,
             plan,
+            links,
             caps: Captures::new(plan.slots()),
             entered: 0,
         };
         r.message(m, Some(0), payload.len(), 0).ok()?;
         Some(r.caps)
+    }
+}
+
+/// One [`Plan`]'s trie nodes for the fields of a [`Tables`]' message
+/// types, looked up once (by field name, which per field and record was
+/// about a fifth of a record's CPU): per message type, per trie node it can
+/// be read at, each field's child node, in the type's field order.
+#[derive(Debug, Default)]
+pub(crate) struct Links {
+    at: Vec<Vec<(usize, Kids)>>,
+}
+
+/// A message type's fields' child nodes, in its field order.
+type Kids = Box<[Option<usize>]>;
+
+impl Links {
+    /// Every type read at the root (an index array may name any of them),
+    /// and every nested type at each node a rule reaches it by.
+    pub(crate) fn new(t: &Tables, plan: &Plan) -> Links {
+        let mut at: Vec<Vec<(usize, Kids)>> = vec![Vec::new(); t.msgs.len()];
+        let mut todo: Vec<(usize, usize)> = (0..t.msgs.len()).map(|m| (m, 0)).collect();
+        while let Some((m, node)) = todo.pop() {
+            if at[m].iter().any(|e| e.0 == node) {
+                continue;
+            }
+            let fields = &t.msgs[m].fields;
+            let kids: Box<[Option<usize>]> = fields
+                .iter()
+                .map(|f| plan.key_child(node, &f.name))
+                .collect();
+            for (f, kid) in fields.iter().zip(kids.iter()) {
+                if let (K::Message(inner), Some(k)) = (&f.kind, kid) {
+                    todo.push((*inner, *k));
+                }
+            }
+            at[m].push((node, kids));
+        }
+        Links { at }
+    }
+
+    /// The child nodes of message type `m`'s fields, read at `node`.
+    fn get(&self, m: usize, node: usize) -> Option<&[Option<usize>]> {
+        let e = self.at.get(m)?.iter().find(|e| e.0 == node)?;
+        Some(&e.1)
     }
 }
 
@@ -266,6 +327,7 @@ struct Reader<'p, 'a> {
     b: &'a [u8],
     i: usize,
     plan: &'p Plan,
+    links: &'p Links,
     caps: Captures<'a>,
     /// Trie nodes of nested messages entered so far (bit per node < 128).
     entered: u128,
@@ -314,6 +376,7 @@ impl<'a> Reader<'_, 'a> {
     fn message(&mut self, m: usize, node: Option<usize>, end: usize, depth: usize) -> Read<()> {
         let t = self.t;
         let msg = t.msgs.get(m).ok_or(GiveUp)?;
+        let mut kids: &[Option<usize>] = &[];
         if let Some(n) = node {
             if n != 0 {
                 // prost merges a repeated message field; not followed here.
@@ -326,8 +389,9 @@ impl<'a> Reader<'_, 'a> {
                 }
                 self.entered |= bit;
             }
-            for f in &msg.fields {
-                if let (Some(d), Some(slot)) = (&f.default, self.child_slot(n, f)) {
+            kids = self.links.get(m, n).ok_or(GiveUp)?;
+            for (f, kid) in msg.fields.iter().zip(kids) {
+                if let (Some(d), Some(slot)) = (&f.default, kid.and_then(|c| self.plan.slot(c))) {
                     self.caps.set(slot, def(d));
                 }
             }
@@ -339,8 +403,11 @@ impl<'a> Reader<'_, 'a> {
                 return Err(GiveUp);
             }
             let wire = (key & 7) as u8;
-            match msg.fields.binary_search_by_key(&number, |f| f.number) {
-                Ok(fi) => self.field(&msg.fields[fi], wire, node, end, depth)?,
+            match msg.field(number) {
+                Ok(fi) => {
+                    let child = kids.get(fi).copied().flatten();
+                    self.field(&msg.fields[fi], wire, child, end, depth)?
+                }
                 Err(_) => self.skip(wire, end)?,
             }
         }
@@ -348,12 +415,6 @@ impl<'a> Reader<'_, 'a> {
             return Err(GiveUp);
         }
         Ok(())
-    }
-
-    fn child_slot(&self, node: usize, f: &Field) -> Option<usize> {
-        self.plan
-            .key_child(node, &f.name)
-            .and_then(|c| self.plan.slot(c))
     }
 
     /// An unknown field's value.
@@ -381,11 +442,10 @@ impl<'a> Reader<'_, 'a> {
         &mut self,
         f: &'a Field,
         wire: u8,
-        node: Option<usize>,
+        child: Option<usize>,
         end: usize,
         depth: usize,
     ) -> Read<()> {
-        let child = node.and_then(|n| self.plan.key_child(n, &f.name));
         let slot = child.and_then(|c| self.plan.slot(c));
         let expected = match f.kind {
             K::Float | K::Fixed32 | K::Sfixed32 => 5,
@@ -424,7 +484,7 @@ impl<'a> Reader<'_, 'a> {
             }
             K::Str => {
                 let n = self.len(end)?;
-                let s = std::str::from_utf8(self.take(n, end)?).map_err(|_| GiveUp)?;
+                let s = simdutf8::basic::from_utf8(self.take(n, end)?).map_err(|_| GiveUp)?;
                 Captured::Str(Cow::Borrowed(s))
             }
             K::Bytes => {

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use prost_reflect::{FileDescriptor, MessageDescriptor};
 use serde_json::Value;
 
-use super::capture::Tables;
+use super::capture::{Links, Tables};
 use super::{check_type_name, decode_message};
 use crate::policy::json::{Captures, Plan};
 use crate::policy::wire::read_zigzag;
@@ -53,6 +53,11 @@ impl IndexedFile {
         IndexedFile { file, top, tables }
     }
 
+    /// The trie nodes of `plan` for this file's message types.
+    pub(crate) fn links(&self, plan: &Plan) -> Links {
+        Links::new(&self.tables, plan)
+    }
+
     pub fn file(&self) -> &FileDescriptor {
         &self.file
     }
@@ -71,6 +76,7 @@ impl IndexedFile {
         rest: &'a [u8],
         expected: Option<&str>,
         plan: &Plan,
+        links: &Links,
     ) -> Option<Captures<'a>> {
         let mut payload = rest;
         let named = match self.first_of(&mut payload) {
@@ -81,8 +87,8 @@ impl IndexedFile {
             return None;
         }
         match named.table {
-            Some(t) => self.tables.capture_index(t, payload, plan),
-            None => self.tables.capture(&named.desc, payload, plan),
+            Some(t) => self.tables.capture_index(t, payload, plan, links),
+            None => self.tables.capture(&named.desc, payload, plan, links),
         }
     }
 
