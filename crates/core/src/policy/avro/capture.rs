@@ -178,8 +178,20 @@ impl<'a> Reader<'_, 'a> {
     }
 
     /// A variable-length integer, as apache-avro reads it: at most 10
-    /// bytes, bits past 64 dropped.
+    /// bytes, bits past 64 dropped. One byte (lengths below 64, union and
+    /// enum indexes) without a call.
+    #[inline(always)]
     fn varint(&mut self) -> Read<u64> {
+        match self.b.get(self.i) {
+            Some(&byte) if byte < 0x80 => {
+                self.i += 1;
+                Ok(u64::from(byte))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Read<u64> {
         let mut v = 0u64;
         for j in 0..10 {
             let byte = *self.b.get(self.i).ok_or(GiveUp)?;
@@ -235,7 +247,9 @@ impl<'a> Reader<'_, 'a> {
         simdutf8::basic::from_utf8(self.take(n)?).map_err(|_| GiveUp)
     }
 
-    /// The value `prog` reads.
+    /// The value `prog` reads: a leaf here, without a call (most record
+    /// fields are leaves), anything else in [`Self::compound`].
+    #[inline(always)]
     fn value(&mut self, prog: &'a Prog) -> Read<()> {
         let v = match &prog.kind {
             Kind::Null => Captured::Null,
@@ -271,15 +285,26 @@ impl<'a> Reader<'_, 'a> {
                 let i = usize::try_from(self.int()?).map_err(|_| GiveUp)?;
                 Captured::Str(Cow::Borrowed(symbols.get(i).ok_or(GiveUp)?))
             }
+            _ => return self.compound(prog),
+        };
+        if let Some(s) = prog.slot {
+            self.caps.set(s, v);
+        }
+        Ok(())
+    }
+
+    /// A union, record, array or map.
+    fn compound(&mut self, prog: &'a Prog) -> Read<()> {
+        match &prog.kind {
             Kind::Union(variants) => {
                 let i = usize::try_from(self.long()?).map_err(|_| GiveUp)?;
-                return self.value(variants.get(i).ok_or(GiveUp)?);
+                self.value(variants.get(i).ok_or(GiveUp)?)
             }
             Kind::Record(fields) => {
                 for f in fields {
                     self.value(f)?;
                 }
-                return Ok(());
+                Ok(())
             }
             Kind::Array { items, at } => {
                 let mut i = 0usize;
@@ -315,12 +340,8 @@ impl<'a> Reader<'_, 'a> {
                     self.value(value)?;
                 }
             },
-            Kind::Whole => return Err(GiveUp),
-        };
-        if let Some(s) = prog.slot {
-            self.caps.set(s, v);
+            _ => Err(GiveUp),
         }
-        Ok(())
     }
 }
 

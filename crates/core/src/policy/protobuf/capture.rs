@@ -63,6 +63,8 @@ struct Field {
     number: u32,
     name: String,
     kind: K,
+    /// The wire type its values must have.
+    wire: u8,
     /// What the JSON shows when the field is absent: `None` for fields
     /// with presence (absent from the object).
     default: Option<Def>,
@@ -192,10 +194,17 @@ impl Tables {
                     }
                 }
             };
+            let wire = match kind {
+                K::Float | K::Fixed32 | K::Sfixed32 => 5,
+                K::Double | K::Fixed64 | K::Sfixed64 => 1,
+                K::Str | K::Bytes | K::Message(_) => 2,
+                _ => 0,
+            };
             fields.push(Field {
                 number: f.number(),
                 name: f.name().to_string(),
                 kind,
+                wire,
                 default,
             });
         }
@@ -335,7 +344,20 @@ struct Reader<'p, 'a> {
 
 impl<'a> Reader<'_, 'a> {
     /// A varint as prost reads it: at most 10 bytes, the 10th at most 1.
+    /// One byte (every key of a field numbered below 16, small values)
+    /// without a call.
+    #[inline(always)]
     fn varint(&mut self) -> Read<u64> {
+        match self.b.get(self.i) {
+            Some(&byte) if byte < 0x80 => {
+                self.i += 1;
+                Ok(u64::from(byte))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Read<u64> {
         let mut v = 0u64;
         for j in 0..10 {
             let byte = *self.b.get(self.i).ok_or(GiveUp)?;
@@ -447,13 +469,7 @@ impl<'a> Reader<'_, 'a> {
         depth: usize,
     ) -> Read<()> {
         let slot = child.and_then(|c| self.plan.slot(c));
-        let expected = match f.kind {
-            K::Float | K::Fixed32 | K::Sfixed32 => 5,
-            K::Double | K::Fixed64 | K::Sfixed64 => 1,
-            K::Str | K::Bytes | K::Message(_) => 2,
-            _ => 0,
-        };
-        if wire != expected {
+        if wire != f.wire {
             return Err(GiveUp);
         }
         let v = match &f.kind {
