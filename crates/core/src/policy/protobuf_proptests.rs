@@ -308,3 +308,44 @@ fn the_fast_path_reads_encoded_messages() {
         .inner
         .binary_fast_path_takes(&framed));
 }
+
+/// A message type with more fields than the reader tracks as read (64)
+/// gets its defaults before its fields, and still judges as the full
+/// decoder does: fields absent (defaults), present, and given twice.
+#[test]
+fn a_message_of_more_than_64_fields_judges_as_the_full_decoder() {
+    let fields: String = (1..=70).map(|i| format!("int32 f{i} = {i}; ")).collect();
+    let proto = format!("syntax = \"proto3\"; package w; message W {{ {fields}}}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("w.proto"), &proto).expect("write schema");
+    let policies = "policies:\n  - name: wide\n    topics: [wide]\n    \
+         value: {format: protobuf, wire: raw, schema: w.proto, message: w.W}\n    \
+         rules:\n      - field: /f70\n        min: 1\n      - field: /f2\n        max: 5\n";
+    let set = PolicySet::parse(policies, &dir.path().join("w.yaml")).expect("loads");
+    let p = &set.policies()[0];
+    let pool = super::protobuf::load_file(&dir.path().join("w.proto"))
+        .expect("compiles")
+        .0;
+    let write = |set: &[(&str, i32)]| {
+        let mut m = DynamicMessage::new(pool.get_message_by_name("w.W").expect("W"));
+        for (name, v) in set {
+            m.set_field_by_name(name, P::I32(*v));
+        }
+        m.encode_to_vec()
+    };
+    let mut twice = write(&[("f70", 3), ("f2", 1)]);
+    twice.extend(write(&[("f2", 9)]));
+    let cases: [(Vec<u8>, bool); 5] = [
+        (write(&[("f70", 3)]), true),
+        (write(&[("f70", 3), ("f2", 6)]), false),
+        (write(&[("f2", 1)]), false), // f70 absent: 0
+        (write(&[("f70", 3), ("f40", 8)]), true),
+        (twice, false), // the last f2 (9) wins
+    ];
+    for (bytes, valid) in &cases {
+        assert!(p.inner.binary_fast_path_takes(bytes));
+        let r = record(bytes, NOW);
+        assert_eq!(p.inner.judge("", &r, NOW).is_ok(), *valid, "{bytes:?}");
+        assert_eq!(p.inner.judge("", &r, NOW), p.inner.judge_reference(&r, NOW));
+    }
+}

@@ -245,7 +245,6 @@ impl Tables {
             t: self,
             b: payload,
             i: 0,
-            plan,
             links,
             caps: Captures::new(plan.slots()),
             entered: 0,
@@ -258,44 +257,69 @@ impl Tables {
 /// One [`Plan`]'s trie nodes for the fields of a [`Tables`]' message
 /// types, looked up once (by field name, which per field and record was
 /// about a fifth of a record's CPU): per message type, per trie node it can
-/// be read at, each field's child node, in the type's field order.
+/// be read at, each field's child node and slot, and the defaults to set.
 #[derive(Debug, Default)]
 pub(crate) struct Links {
-    at: Vec<Vec<(usize, Kids)>>,
+    at: Vec<Vec<At>>,
 }
 
-/// A message type's fields' child nodes, in its field order.
-type Kids = Box<[Option<usize>]>;
+/// Message type `m` read at trie node `node`.
+#[derive(Debug)]
+struct At {
+    node: usize,
+    /// Per field, in the type's field order.
+    kids: Box<[Kid]>,
+    /// (field index, slot) of the fields without presence a rule reads:
+    /// their defaults are set before the fields are read.
+    defaults: Box<[(usize, usize)]>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Kid {
+    node: Option<usize>,
+    slot: Option<usize>,
+}
 
 impl Links {
     /// Every type read at the root (an index array may name any of them),
     /// and every nested type at each node a rule reaches it by.
     pub(crate) fn new(t: &Tables, plan: &Plan) -> Links {
-        let mut at: Vec<Vec<(usize, Kids)>> = vec![Vec::new(); t.msgs.len()];
+        let mut at: Vec<Vec<At>> = (0..t.msgs.len()).map(|_| Vec::new()).collect();
         let mut todo: Vec<(usize, usize)> = (0..t.msgs.len()).map(|m| (m, 0)).collect();
         while let Some((m, node)) = todo.pop() {
-            if at[m].iter().any(|e| e.0 == node) {
+            if at[m].iter().any(|e| e.node == node) {
                 continue;
             }
             let fields = &t.msgs[m].fields;
-            let kids: Box<[Option<usize>]> = fields
-                .iter()
-                .map(|f| plan.key_child(node, &f.name))
+            let kids: Box<[Kid]> = (fields.iter())
+                .map(|f| {
+                    let child = plan.key_child(node, &f.name);
+                    Kid {
+                        node: child,
+                        slot: child.and_then(|c| plan.slot(c)),
+                    }
+                })
                 .collect();
             for (f, kid) in fields.iter().zip(kids.iter()) {
-                if let (K::Message(inner), Some(k)) = (&f.kind, kid) {
-                    todo.push((*inner, *k));
+                if let (K::Message(inner), Some(k)) = (&f.kind, kid.node) {
+                    todo.push((*inner, k));
                 }
             }
-            at[m].push((node, kids));
+            let defaults = (fields.iter().zip(kids.iter()).enumerate())
+                .filter_map(|(i, (f, kid))| Some((i, kid.slot.filter(|_| f.default.is_some())?)))
+                .collect();
+            at[m].push(At {
+                node,
+                kids,
+                defaults,
+            });
         }
         Links { at }
     }
 
-    /// The child nodes of message type `m`'s fields, read at `node`.
-    fn get(&self, m: usize, node: usize) -> Option<&[Option<usize>]> {
-        let e = self.at.get(m)?.iter().find(|e| e.0 == node)?;
-        Some(&e.1)
+    /// Message type `m` read at `node`.
+    fn get(&self, m: usize, node: usize) -> Option<&At> {
+        self.at.get(m)?.iter().find(|e| e.node == node)
     }
 }
 
@@ -335,7 +359,6 @@ struct Reader<'p, 'a> {
     t: &'a Tables,
     b: &'a [u8],
     i: usize,
-    plan: &'p Plan,
     links: &'p Links,
     caps: Captures<'a>,
     /// Trie nodes of nested messages entered so far (bit per node < 128).
@@ -398,7 +421,13 @@ impl<'a> Reader<'_, 'a> {
     fn message(&mut self, m: usize, node: Option<usize>, end: usize, depth: usize) -> Read<()> {
         let t = self.t;
         let msg = t.msgs.get(m).ok_or(GiveUp)?;
-        let mut kids: &[Option<usize>] = &[];
+        let mut kids: &[Kid] = &[];
+        let mut defaults: &[(usize, usize)] = &[];
+        // Defaults go to the fields a rule reads that the message left out,
+        // once it is read; a message with more fields than `seen` has bits
+        // gets them first, to be replaced as fields are read.
+        let early = msg.fields.len() > 64;
+        let mut seen = 0u64;
         if let Some(n) = node {
             if n != 0 {
                 // prost merges a repeated message field; not followed here.
@@ -411,11 +440,10 @@ impl<'a> Reader<'_, 'a> {
                 }
                 self.entered |= bit;
             }
-            kids = self.links.get(m, n).ok_or(GiveUp)?;
-            for (f, kid) in msg.fields.iter().zip(kids) {
-                if let (Some(d), Some(slot)) = (&f.default, kid.and_then(|c| self.plan.slot(c))) {
-                    self.caps.set(slot, def(d));
-                }
+            let at = self.links.get(m, n).ok_or(GiveUp)?;
+            (kids, defaults) = (&at.kids, &at.defaults);
+            if early {
+                self.defaults(msg, defaults, 0);
             }
         }
         while self.i < end {
@@ -427,8 +455,9 @@ impl<'a> Reader<'_, 'a> {
             let wire = (key & 7) as u8;
             match msg.field(number) {
                 Ok(fi) => {
-                    let child = kids.get(fi).copied().flatten();
-                    self.field(&msg.fields[fi], wire, child, end, depth)?
+                    seen |= 1u64 << (fi & 63);
+                    let kid = kids.get(fi).copied().unwrap_or_default();
+                    self.field(&msg.fields[fi], wire, kid, end, depth)?
                 }
                 Err(_) => self.skip(wire, end)?,
             }
@@ -436,7 +465,23 @@ impl<'a> Reader<'_, 'a> {
         if self.i != end {
             return Err(GiveUp);
         }
+        if !early {
+            self.defaults(msg, defaults, seen);
+        }
         Ok(())
+    }
+
+    /// The defaults of `defaults` (field index, slot) whose field's bit is
+    /// not set in `seen`.
+    fn defaults(&mut self, msg: &'a Msg, defaults: &[(usize, usize)], seen: u64) {
+        for &(fi, slot) in defaults {
+            if fi < 64 && seen & (1 << fi) != 0 {
+                continue;
+            }
+            if let Some(d) = msg.fields.get(fi).and_then(|f| f.default.as_ref()) {
+                self.caps.set(slot, def(d));
+            }
+        }
     }
 
     /// An unknown field's value.
@@ -460,15 +505,8 @@ impl<'a> Reader<'_, 'a> {
         Ok(())
     }
 
-    fn field(
-        &mut self,
-        f: &'a Field,
-        wire: u8,
-        child: Option<usize>,
-        end: usize,
-        depth: usize,
-    ) -> Read<()> {
-        let slot = child.and_then(|c| self.plan.slot(c));
+    fn field(&mut self, f: &'a Field, wire: u8, kid: Kid, end: usize, depth: usize) -> Read<()> {
+        let Kid { node: child, slot } = kid;
         if wire != f.wire {
             return Err(GiveUp);
         }
