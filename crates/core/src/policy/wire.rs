@@ -40,6 +40,45 @@ pub(crate) fn unknown_id(id: u32) -> Invalid {
     }
 }
 
+/// Varints as the binary decoders read them: which rule a 10th byte follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tenth {
+    /// apache-avro: any 10th byte, the bits past 64 dropped.
+    Any,
+    /// prost: the 10th byte is 0 or 1.
+    ZeroOrOne,
+}
+
+/// The base-128 varint at `b[*i..]` (at most 10 bytes), with `*i` moved
+/// past it; `None` if it is cut off or breaks `tenth`. One byte is read
+/// without a call (the caller's loop keeps it inline).
+#[inline(always)]
+pub(crate) fn varint_at(b: &[u8], i: &mut usize, tenth: Tenth) -> Option<u64> {
+    match b.get(*i) {
+        Some(&byte) if byte < 0x80 => {
+            *i += 1;
+            Some(u64::from(byte))
+        }
+        _ => long_varint_at(b, i, tenth),
+    }
+}
+
+fn long_varint_at(b: &[u8], i: &mut usize, tenth: Tenth) -> Option<u64> {
+    let mut v = 0u64;
+    for j in 0..10 {
+        let byte = *b.get(*i)?;
+        *i += 1;
+        if j == 9 && tenth == Tenth::ZeroOrOne && byte > 1 {
+            return None;
+        }
+        v |= u64::from(byte & 0x7f) << (j * 7);
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
 /// Read a zigzag varint (Confluent Protobuf message indexes).
 pub(crate) fn read_zigzag(buf: &mut &[u8]) -> Option<i64> {
     let mut n: u64 = 0;
@@ -69,6 +108,24 @@ mod tests {
             Class::Poison
         );
         assert_eq!(confluent_header(&[0, 0]).unwrap_err().rule, "decode");
+    }
+
+    #[test]
+    fn varints_follow_their_tenth_byte_rule() {
+        let at = |b: &[u8], tenth| {
+            let mut i = 0;
+            varint_at(b, &mut i, tenth).map(|v| (v, i))
+        };
+        assert_eq!(at(&[0x05, 0xff], Tenth::Any), Some((5, 1)));
+        assert_eq!(at(&[0xac, 0x02], Tenth::ZeroOrOne), Some((300, 2)));
+        assert_eq!(at(&[0x80, 0x80], Tenth::Any), None);
+        let mut ten = [0xff; 10];
+        ten[9] = 0x01;
+        assert_eq!(at(&ten, Tenth::ZeroOrOne), Some((u64::MAX, 10)));
+        ten[9] = 0x03;
+        assert_eq!(at(&ten, Tenth::ZeroOrOne), None);
+        assert_eq!(at(&ten, Tenth::Any), Some((u64::MAX, 10)));
+        assert_eq!(at(&[0xff; 11], Tenth::Any), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use serde_json::Number;
 use super::AVRO_MAX_ALLOCATION;
 use crate::policy::json::{Captured, Captures, Plan};
 use crate::policy::shape::same_key;
+use crate::policy::wire::{varint_at, Tenth};
 
 /// A writer schema compiled against a [`Plan`] once: the schema's shape,
 /// with every record field's trie node looked up in advance (the lookup by
@@ -178,30 +179,10 @@ impl<'a> Reader<'_, 'a> {
     }
 
     /// A variable-length integer, as apache-avro reads it: at most 10
-    /// bytes, bits past 64 dropped. One byte (lengths below 64, union and
-    /// enum indexes) without a call.
+    /// bytes, bits past 64 dropped.
     #[inline(always)]
     fn varint(&mut self) -> Read<u64> {
-        match self.b.get(self.i) {
-            Some(&byte) if byte < 0x80 => {
-                self.i += 1;
-                Ok(u64::from(byte))
-            }
-            _ => self.long_varint(),
-        }
-    }
-
-    fn long_varint(&mut self) -> Read<u64> {
-        let mut v = 0u64;
-        for j in 0..10 {
-            let byte = *self.b.get(self.i).ok_or(GiveUp)?;
-            self.i += 1;
-            v |= u64::from(byte & 0x7f) << (j * 7);
-            if byte & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(GiveUp)
+        varint_at(self.b, &mut self.i, Tenth::Any).ok_or(GiveUp)
     }
 
     fn long(&mut self) -> Read<i64> {

@@ -26,6 +26,7 @@ use prost_reflect::{Kind, MessageDescriptor, Value as P};
 use serde_json::Number;
 
 use crate::policy::json::{Captured, Captures, Plan};
+use crate::policy::wire::{varint_at, Tenth};
 
 /// Nested messages read at most this deep (prost allows 100).
 const MAX_DEPTH: usize = 32;
@@ -367,33 +368,9 @@ struct Reader<'p, 'a> {
 
 impl<'a> Reader<'_, 'a> {
     /// A varint as prost reads it: at most 10 bytes, the 10th at most 1.
-    /// One byte (every key of a field numbered below 16, small values)
-    /// without a call.
     #[inline(always)]
     fn varint(&mut self) -> Read<u64> {
-        match self.b.get(self.i) {
-            Some(&byte) if byte < 0x80 => {
-                self.i += 1;
-                Ok(u64::from(byte))
-            }
-            _ => self.long_varint(),
-        }
-    }
-
-    fn long_varint(&mut self) -> Read<u64> {
-        let mut v = 0u64;
-        for j in 0..10 {
-            let byte = *self.b.get(self.i).ok_or(GiveUp)?;
-            self.i += 1;
-            if j == 9 && byte > 1 {
-                return Err(GiveUp);
-            }
-            v |= u64::from(byte & 0x7f) << (j * 7);
-            if byte & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(GiveUp)
+        varint_at(self.b, &mut self.i, Tenth::ZeroOrOne).ok_or(GiveUp)
     }
 
     fn take(&mut self, n: usize, end: usize) -> Read<&'a [u8]> {
