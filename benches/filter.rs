@@ -171,7 +171,6 @@ fn bench_filter(c: &mut Criterion) {
                             verdicts: &cache,
                             budget: &budget,
                             already: &ledger,
-                            handoff: None,
                         },
                     );
                     assert_eq!(plan.stats.cached_batches as usize, BATCHES);

@@ -299,7 +299,6 @@ impl FetchFilter {
                         p.aborted_transactions.as_deref(),
                     ),
                     gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
-                    handoff: Default::default(),
                 }));
             }
         }

@@ -14,7 +14,7 @@
 use std::sync::{Arc, OnceLock};
 
 use antidote::plan::budget::DecodeBudget;
-use antidote::plan::{judge_ahead, plan_partition, Handoff, plan_partition_with, Env, PartitionInput, Visibility};
+use antidote::plan::{judge_ahead, plan_partition, plan_partition_with, Env, PartitionInput, Visibility};
 use antidote::plan::verdicts::VerdictCache;
 use antidote::kafka::batch::{segments, Segment};
 use antidote::policy::{Policy, PolicySet};
@@ -86,8 +86,8 @@ fuzz_target!(|data: &[u8]| {
     let cache = VerdictCache::new(64);
     let plan = plan_partition(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &cache);
     {
-        let (ahead_cache, handoff) = (VerdictCache::new(64), Handoff::default());
-        let env = Env { verdicts: &ahead_cache, budget: &DecodeBudget::unlimited(), already: &|_, _| Vec::new(), handoff: Some(&handoff) };
+        let ahead_cache = VerdictCache::new(64);
+        let env = Env { verdicts: &ahead_cache, budget: &DecodeBudget::unlimited(), already: &|_, _| Vec::new() };
         let input = PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 };
         judge_ahead(&input, &env, section.len() / 2..section.len());
         let helped = plan_partition_with(&input, &env);
@@ -135,7 +135,7 @@ fuzz_target!(|data: &[u8]| {
                 let ledger = |from: i64, to: i64| -> Vec<i64> {
                     done.iter().copied().filter(|o| (from..to).contains(o)).collect()
                 };
-                let env = Env { verdicts: &cache, budget: &DecodeBudget::unlimited(), already: &ledger, handoff: None };
+                let env = Env { verdicts: &cache, budget: &DecodeBudget::unlimited(), already: &ledger };
                 let again = plan_partition_with(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &env);
                 assert!(again.diversions.is_empty(), "an acknowledged diversion was planned again");
                 // What the interceptor sends: the rebuilt section, or the

@@ -5,8 +5,8 @@
 //! (`plan::judge_ahead`), so even a response of one partition is judged on
 //! several cores. Idle means not planning any response (every connection's
 //! planners and helpers are counted): a helper costs more CPU per record
-//! (6-15 % in BENCHMARKS.md, measured before a helper handed the batches
-//! it decoded to the planner), worth it only on a core that would otherwise wait;
+//! (6-15 % in BENCHMARKS.md: batches decoded twice, work handed between
+//! threads), worth it only on a core that would otherwise wait;
 //! `limits.judge_ahead: false` turns helpers off. Helpers never cut a
 //! partition into stretches smaller than [`STRETCH_MIN_BYTES`].
 
@@ -39,8 +39,6 @@ pub(super) struct PartitionJob {
     pub(super) vis: Visibility,
     /// The partition's blocked keys, for a per_key policy only.
     pub(super) gate: Option<Gate>,
-    /// Batches its helpers decoded, for its planner.
-    pub(super) handoff: plan::Handoff,
 }
 
 impl PartitionJob {
@@ -56,7 +54,6 @@ impl PartitionJob {
             verdicts,
             budget,
             already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
-            handoff: Some(&self.handoff),
         };
         let input = self.input(now_ms);
         match &self.gate {
@@ -89,7 +86,6 @@ impl PartitionJob {
             verdicts,
             budget,
             already: &|_, _| Vec::new(),
-            handoff: Some(&self.handoff),
         };
         let input = self.input(now_ms);
         plan::judge_ahead(&input, &env, stretch)

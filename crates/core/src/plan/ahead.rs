@@ -16,60 +16,12 @@
 //! it and decides, as it would alone. It never takes more than half of
 //! the decode budget, so a planner is not held for lack of budget because
 //! a helper was decoding.
-//!
-//! A batch the helper found records to remove in must be decoded by the
-//! planner too (to splice it and divert them): the helper hands its
-//! decoded batch over ([`Handoff`]) instead of dropping it.
 
-use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Mutex;
 
-use super::budget::Reservation;
 use super::planner::{decode_within, Env, PartitionInput};
-use crate::kafka::batch::{self, Batch, DecodedBatch, Segment};
+use crate::kafka::batch::{self, Segment};
 use crate::kafka::compression::Compression;
-
-/// Batches a helper decoded and found records to remove in, for the
-/// planner of the same partition to splice without decoding them again.
-/// Keyed by where the batch's bytes are in memory: the planner takes an
-/// entry only for the very bytes the helper decoded (the same response
-/// buffer), never for another batch at the same offsets. What is not taken
-/// (the planner held before it) is dropped with the handoff, and its
-/// decode memory goes back to the budget then.
-#[derive(Debug, Default)]
-pub struct Handoff(Mutex<HashMap<(usize, usize), Decoded>>);
-
-/// A decoded batch and the decode memory it holds.
-type Decoded = (DecodedBatch, Option<Reservation>);
-
-impl Handoff {
-    fn put(&self, batch: &Batch, decoded: Decoded) {
-        if let Ok(mut map) = self.0.lock() {
-            map.insert(where_(batch), decoded);
-        }
-    }
-
-    /// The helper's decoded copy of `batch`, if it left one.
-    pub(crate) fn take(&self, batch: &Batch) -> Option<Decoded> {
-        self.0.lock().ok()?.remove(&where_(batch))
-    }
-
-    /// Batches left, not taken.
-    pub fn len(&self) -> usize {
-        self.0.lock().map_or(0, |m| m.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Where `batch`'s bytes are: address and length.
-fn where_(batch: &Batch) -> (usize, usize) {
-    let b = batch.bytes();
-    (b.as_ptr() as usize, b.len())
-}
 
 /// Judge the data batches of `input` that start within `bytes` of its
 /// records section (batch boundaries decide: a batch belongs to the
@@ -103,17 +55,14 @@ pub fn judge_ahead(input: &PartitionInput<'_>, env: &Env<'_>, bytes: Range<usize
         if compressed && env.budget.used() > env.budget.limit() / 2 {
             break;
         }
-        let Ok((decoded, memory)) = decode_within(&b, env.budget) else {
+        let Ok((decoded, _memory)) = decode_within(&b, env.budget) else {
             break;
         };
-        let (here, removes) =
+        let here =
             env.verdicts
                 .judge_ahead(policy, (topic, input.partition), &b, &decoded, input.now_ms);
         if here {
             judged += decoded.len() as u64;
-            if let (true, Some(handoff)) = (removes, env.handoff) {
-                handoff.put(&b, (decoded, memory));
-            }
         }
     }
     judged

@@ -54,19 +54,6 @@ fn env<'a>(cache: &'a VerdictCache, budget: &'a Arc<DecodeBudget>) -> Env<'a> {
         verdicts: cache,
         budget,
         already: &|_, _| Vec::new(),
-        handoff: None,
-    }
-}
-
-/// [`env`] with the partition's handoff between helpers and the planner.
-fn env_with<'a>(
-    cache: &'a VerdictCache,
-    budget: &'a Arc<DecodeBudget>,
-    handoff: &'a Handoff,
-) -> Env<'a> {
-    Env {
-        handoff: Some(handoff),
-        ..env(cache, budget)
     }
 }
 
@@ -85,8 +72,8 @@ fn stretch_judged_ahead(action: &str, parts: usize) {
     let total = (BATCHES as u64) * PER_BATCH as u64;
     let removed = alone.diversions.len() as u64 + alone.stats.dropped;
     assert_eq!((alone.stats.validated, removed), (total, 4), "{action}");
-    let (cache, handoff) = (VerdictCache::new(64), Handoff::default());
-    let e = env_with(&cache, &budget, &handoff);
+    let cache = VerdictCache::new(64);
+    let e = env(&cache, &budget);
     let inp = input(&pol, &t, &records, &vis);
     let stretches = stretches(records.len(), parts);
     let ahead: u64 = stretches[1..]
@@ -97,10 +84,7 @@ fn stretch_judged_ahead(action: &str, parts: usize) {
         ahead > 0 && ahead < total,
         "{parts}: helpers judged {ahead}"
     );
-    // Batch 11 (poison) is always in a helper's stretch.
-    assert!(!handoff.is_empty(), "{parts}: nothing handed over");
     let p = plan_partition_with(&inp, &e);
-    assert!(handoff.is_empty(), "{parts}: the planner took every one");
     assert_eq!(outcome(&p), outcome(&alone), "{action}, {parts} stretches");
     assert_eq!(p.stats.dropped, alone.stats.dropped);
     assert_eq!(
@@ -125,14 +109,14 @@ fn a_helper_and_the_planner_at_the_same_time_give_the_plan_made_alone() {
     let alone = plan_partition(&input(&pol, &t, &records, &vis), &VerdictCache::new(64));
     let total = (BATCHES as u64) * PER_BATCH as u64;
     for round in 0..50 {
-        let (cache, handoff) = (VerdictCache::new(64), Handoff::default());
-        let e = env_with(&cache, &budget, &handoff);
+        let cache = VerdictCache::new(64);
+        let e = env(&cache, &budget);
         let inp = input(&pol, &t, &records, &vis);
         // From the middle, or from the start (racing the planner batch for batch).
         let from = if round % 2 == 0 { records.len() / 2 } else { 0 };
         let (p, ahead) = std::thread::scope(|s| {
             let helper = s.spawn(|| {
-                let e = env_with(&cache, &budget, &handoff);
+                let e = env(&cache, &budget);
                 judge_ahead(&input(&pol, &t, &records, &vis), &e, from..records.len())
             });
             let p = plan_partition_with(&inp, &e);
@@ -186,33 +170,6 @@ fn a_helper_leaves_half_the_decode_budget_to_planners() {
     assert_eq!(budget.used(), 0, "a helper keeps no decoded batch");
     let p = plan_partition_with(&inp, &e);
     assert_eq!((p.stats.validated, p.diversions.len()), (4, 1));
-}
-
-/// A batch with records to remove goes from the helper to the planner
-/// with its decode memory, which returns to the budget when the plan (or
-/// the handoff, if the planner never took it) is dropped.
-#[test]
-fn a_handed_over_batch_keeps_its_decode_memory_until_used() {
-    let (pol, t, vis) = (policy("divert"), Arc::from("t"), uncommitted());
-    let records = Bytes::from(batch(0, 4, &[2], Compression::Zstd, -1, false));
-    let budget = DecodeBudget::new(64 << 20);
-    let inp = input(&pol, &t, &records, &vis);
-    for taken in [true, false] {
-        let (cache, handoff) = (VerdictCache::new(16), Handoff::default());
-        let e = env_with(&cache, &budget, &handoff);
-        assert_eq!(judge_ahead(&inp, &e, 0..records.len()), 4);
-        assert_eq!(handoff.len(), 1);
-        assert!(budget.used() > 0, "the handed-over batch holds its memory");
-        if taken {
-            let p = plan_partition_with(&inp, &e);
-            assert!(handoff.is_empty());
-            assert_eq!((p.stats.validated, p.diversions.len()), (4, 1));
-            assert!(budget.used() > 0, "the plan's splice holds it now");
-            drop(p);
-        }
-        drop(handoff);
-        assert_eq!(budget.used(), 0, "taken: {taken}");
-    }
 }
 
 #[test]

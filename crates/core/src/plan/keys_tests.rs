@@ -79,7 +79,6 @@ fn plan(p: &Arc<Policy>, records: &[u8], gate: &Gate) -> PartitionPlan {
         verdicts: &cache,
         budget: &budget::DecodeBudget::unlimited(),
         already: &|_, _| Vec::new(),
-        handoff: None,
     };
     plan_partition_keyed(&input, &env, gate)
 }
@@ -376,7 +375,6 @@ fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
                 .filter(|o| (from..to).contains(o))
                 .collect()
         },
-        handoff: None,
     };
     let plan = plan_partition_keyed(&input, &env, &Gate::default());
     assert_eq!(delivered(&plan), [some("B"), some("K")]);

@@ -32,7 +32,7 @@ use crate::policy::{Action, Invalid, Policy};
 use budget::Reservation;
 use verdicts::Known;
 
-pub use ahead::{judge_ahead, stretches, Handoff};
+pub use ahead::{judge_ahead, stretches};
 pub use planner::{
     plan_partition, plan_partition_keyed, plan_partition_with, AlreadyDiverted, Env, PartitionInput,
 };

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::ahead::Handoff;
 use super::budget::{DecodeBudget, Reservation};
 use super::keys::{blocked_invalid, KeyGate, KeyOrder, KeyStep, KeyedRecord, NoKeys, Release};
 use super::verdicts::{Judged, Known, VerdictCache};
@@ -40,9 +39,6 @@ pub struct Env<'a> {
     pub verdicts: &'a VerdictCache,
     pub budget: &'a Arc<DecodeBudget>,
     pub already: AlreadyDiverted<'a>,
-    /// Batches this partition's helpers decoded (judging ahead), for the
-    /// planner to use instead of decoding them again.
-    pub handoff: Option<&'a Handoff>,
 }
 
 /// Plan one partition: judge (or recall) every visible record of every
@@ -52,7 +48,6 @@ pub fn plan_partition(input: &PartitionInput<'_>, cache: &VerdictCache) -> Parti
         verdicts: cache,
         budget: &DecodeBudget::unlimited(),
         already: &|_, _| Vec::new(),
-        handoff: None,
     };
     plan_partition_with(input, &env)
 }
@@ -151,8 +146,7 @@ fn plan_batch(
             }
         }
     }
-    let handed = env.handoff.and_then(|h| h.take(&batch));
-    let (decoded, memory) = match handed.map_or_else(|| decode_within(&batch, env.budget), Ok) {
+    let (decoded, memory) = match decode_within(&batch, env.budget) {
         Ok(d) => d,
         Err(reason) => return plan_undecodable(plan, &batch, reason, &earlier),
     };

@@ -307,7 +307,6 @@ fn a_record_diverted_earlier_stays_out_even_when_now_valid() {
             verdicts: &cache,
             budget: &DecodeBudget::unlimited(),
             already: &already,
-            handoff: None,
         },
     );
     assert!(
@@ -360,7 +359,6 @@ fn replan(pol: &Arc<Policy>, section: &Bytes, cache: &VerdictCache, done: &[i64]
             verdicts: cache,
             budget: &DecodeBudget::unlimited(),
             already: &already,
-            handoff: None,
         },
     )
 }
@@ -674,7 +672,6 @@ fn a_spent_budget_holds_a_compressed_batch_and_a_free_one_decodes_it() {
         verdicts: &cache,
         budget: &budget,
         already: &|_, _| Vec::new(),
-        handoff: None,
     };
     let pol = policy("divert");
     let t: Arc<str> = Arc::from("t");

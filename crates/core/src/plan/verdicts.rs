@@ -209,7 +209,6 @@ impl VerdictCache {
     /// [`VerdictCache::judge`] by a helper judging ahead of the planner:
     /// when this call judges, the entry is marked for the planner to claim
     /// (marked before the verdicts are visible, so no planner misses it).
-    /// Whether this call judged, and whether the verdicts remove records.
     pub fn judge_ahead(
         &self,
         policy: &Arc<Policy>,
@@ -217,10 +216,9 @@ impl VerdictCache {
         batch: &Batch,
         decoded: &DecodedBatch,
         now_ms: i64,
-    ) -> (bool, bool) {
-        let (known, here) =
-            self.judge_as(policy, (topic, partition), (batch, decoded), now_ms, true);
-        (here, !known.verdicts().is_empty())
+    ) -> bool {
+        self.judge_as(policy, (topic, partition), (batch, decoded), now_ms, true)
+            .1
     }
 
     fn judge_as(
