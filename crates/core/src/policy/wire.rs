@@ -40,6 +40,14 @@ pub(crate) fn unknown_id(id: u32) -> Invalid {
     }
 }
 
+/// Whether `b` is UTF-8, as `std::str::from_utf8` decides, for text no
+/// rule reads: ASCII (most of it) is checked a word at a time, without
+/// the validator (which takes `std`'s byte path below 64 bytes).
+#[inline]
+pub(crate) fn is_utf8(b: &[u8]) -> bool {
+    b.is_ascii() || simdutf8::basic::from_utf8(b).is_ok()
+}
+
 /// Varints as the binary decoders read them: which rule a 10th byte follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tenth {
@@ -108,6 +116,22 @@ mod tests {
             Class::Poison
         );
         assert_eq!(confluent_header(&[0, 0]).unwrap_err().rule, "decode");
+    }
+
+    #[test]
+    fn is_utf8_is_what_std_accepts() {
+        let cases: [&[u8]; 7] = [
+            b"",
+            b"device-0042",
+            "gr\u{fc}n \u{1f600}".as_bytes(),
+            b"\xff",
+            b"ab\xc3",
+            b"\xed\xa0\x80",
+            b"plain ascii, then \xe2\x82",
+        ];
+        for b in cases {
+            assert_eq!(is_utf8(b), std::str::from_utf8(b).is_ok(), "{b:?}");
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use serde_json::Number;
 use super::AVRO_MAX_ALLOCATION;
 use crate::policy::json::{Captured, Captures, Plan};
 use crate::policy::shape::same_key;
-use crate::policy::wire::{varint_at, Tenth};
+use crate::policy::wire::{is_utf8, varint_at, Tenth};
 
 /// A writer schema compiled against a [`Plan`] once: the schema's shape,
 /// with every record field's trie node looked up in advance (the lookup by
@@ -260,6 +260,14 @@ impl<'a> Reader<'_, 'a> {
             Kind::Fixed(size) => {
                 let b = self.take(*size)?;
                 bytes(b, prog.slot)
+            }
+            Kind::String if prog.slot.is_none() => {
+                // No rule reads it: only whether it is text matters.
+                let n = self.len()?;
+                return match is_utf8(self.take(n)?) {
+                    true => Ok(()),
+                    false => Err(GiveUp),
+                };
             }
             Kind::String => Captured::Str(Cow::Borrowed(self.string()?)),
             Kind::Enum(symbols) => {

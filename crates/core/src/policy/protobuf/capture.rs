@@ -26,7 +26,7 @@ use prost_reflect::{Kind, MessageDescriptor, Value as P};
 use serde_json::Number;
 
 use crate::policy::json::{Captured, Captures, Plan};
-use crate::policy::wire::{varint_at, Tenth};
+use crate::policy::wire::{is_utf8, varint_at, Tenth};
 
 /// Nested messages read at most this deep (prost allows 100).
 const MAX_DEPTH: usize = 32;
@@ -515,7 +515,12 @@ impl<'a> Reader<'_, 'a> {
             }
             K::Str => {
                 let n = self.len(end)?;
-                let s = simdutf8::basic::from_utf8(self.take(n, end)?).map_err(|_| GiveUp)?;
+                let b = self.take(n, end)?;
+                if slot.is_none() {
+                    // No rule reads it: only whether it is text matters.
+                    return if is_utf8(b) { Ok(()) } else { Err(GiveUp) };
+                }
+                let s = simdutf8::basic::from_utf8(b).map_err(|_| GiveUp)?;
                 Captured::Str(Cow::Borrowed(s))
             }
             K::Bytes => {
