@@ -402,6 +402,14 @@ impl DecodedBatch {
                 return Err(malformed(&r, "header count larger than the record"));
             }
             let h_start = self.headers.len();
+            if n_headers > 0 && self.headers.capacity() == 0 {
+                // Records of a batch mostly look alike: room for the
+                // headers of `count` records like this first one (no more
+                // than that many of its size fit the bytes), instead of
+                // growing one doubling at a time.
+                let like_this = count.min(buf.len() / len.max(1));
+                self.headers.reserve(n_headers.saturating_mul(like_this));
+            }
             for _ in 0..n_headers {
                 let key = need(r.nullable(), &r, "header key")?
                     .ok_or_else(|| malformed(&r, "null header key"))?;
@@ -438,8 +446,8 @@ impl DecodedBatch {
         } else {
             self.buf.len()
         };
-        buf + self.entries.len() * std::mem::size_of::<Entry>()
-            + self.headers.len() * std::mem::size_of::<HeaderEntry>()
+        buf + self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.headers.capacity() * std::mem::size_of::<HeaderEntry>()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -794,5 +802,27 @@ mod tests {
             Err(BatchError::TooLarge { .. })
         ));
         assert_eq!(b.decode().unwrap().len(), 1);
+    }
+
+    /// The index is sized once from the first record (no doublings), and
+    /// `memory` counts what it holds: a budget sees every byte.
+    #[test]
+    fn the_index_is_sized_once_and_counted_whole() {
+        let d = Batch::new(batch_of(1000, 0)).unwrap().decode().unwrap();
+        let whole = 1000 * std::mem::size_of::<Entry>() + 2000 * std::mem::size_of::<HeaderEntry>();
+        assert_eq!(d.memory(), whole);
+        // A first record with more headers than the rest: room for records
+        // like it, no more than fit the bytes, all of it counted.
+        let mut records: Vec<RawRecord> = (0..100).map(|i| RawRecord::simple(i, "v")).collect();
+        records[0].headers = vec![("h".into(), None); 50];
+        let raw = RawBatch {
+            records,
+            ..RawBatch::default()
+        };
+        let bytes = raw.encode();
+        let d = Batch::new(bytes.clone()).unwrap().decode().unwrap();
+        assert_eq!(d.headers.len(), 50 + 99 * 2);
+        assert!(d.headers.capacity() * 2 <= bytes.len());
+        assert!(d.memory() >= d.headers.capacity() * std::mem::size_of::<HeaderEntry>());
     }
 }
