@@ -332,16 +332,18 @@ def test_metrics_are_prometheus_text_and_count_the_diversion(ops):
 
 
 def documented_metric_names() -> set[str]:
-    """Every `antidote_*` name the README and the shipped alert rules and
-    dashboard use (what operators and their Prometheus depend on)."""
+    """Every `antidote_*` name the README, the manual (docs/) and the shipped
+    alert rules and dashboard use (what operators and their Prometheus
+    depend on)."""
     import re
     root = Path(__file__).resolve().parent.parent
-    texts = [root / "README.md", *sorted((root / "ops").iterdir())]
+    texts = [root / "README.md", *sorted((root / "docs").rglob("*.md")),
+             *sorted((root / "ops").iterdir())]
     return {m for f in texts for m in re.findall(r"\bantidote_[a-z0-9_]+", f.read_text())}
 
 
 def test_every_documented_metric_name_is_served(ops):
-    """A metric the README or ops/ names must be on /metrics (declared by a
+    """A metric the README, docs/ or ops/ names must be on /metrics (declared by a
     `# TYPE` line; histograms by their _bucket/_sum/_count series), so a
     renamed or dropped metric fails here, not in someone's alerting."""
     status, text = http_get(ops.proxy.admin_port, "/metrics")
