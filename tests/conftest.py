@@ -1,7 +1,8 @@
-"""pytest fixtures: a tansu broker, the antidote proxy in front of it, and the
-`endpoint` every transparency test runs against, once per path:
+"""pytest fixtures: a broker (Apache Kafka; tansu with ANTIDOTE_TEST_BROKER=tansu),
+the antidote proxy in front of it, and the `endpoint` every transparency test
+runs against, once per path:
 
-  direct: the client talks to tansu itself (validates the test);
+  direct: the client talks to the broker itself (validates the test);
   proxy:  the client is given only antidote's bootstrap address.
 
 While antidote cannot start, every proxy-path test errors at setup with the
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from clients import Endpoint, ck_create_topic
-from harness import (Antidote, Certs, HarnessError, Tansu, make_certs, port_claims_dir,
+from harness import (Antidote, Certs, HarnessError, make_certs, new_broker, port_claims_dir,
                      read_log)
 
 PATHS = ["direct", "proxy"]
@@ -51,8 +52,10 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def broker(workdir):
-    """One in-memory tansu for the session; tests use unique topic names."""
-    t = Tansu(workdir).start()
+    """One broker per worker for the session; tests use unique topic and group
+    names. Apache Kafka (KRaft, harness.KafkaBroker) unless
+    ANTIDOTE_TEST_BROKER=tansu, which runs an in-memory tansu instead."""
+    t = new_broker(workdir).start()
     yield t
     t.stop()
 

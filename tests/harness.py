@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -24,6 +25,15 @@ TANSU_BIN = Path(os.environ.get("TANSU_BIN", REPO / ".tools" / "bin" / "tansu"))
 ANTIDOTE_BIN = Path(os.environ.get("ANTIDOTE_BIN", REPO / "target" / "debug" / "antidote"))
 HOST = "127.0.0.1"
 TANSU_NODE_ID = 111  # tansu always reports itself as node 111
+# The suite's broker: Apache Kafka (fetched by scripts/setup.sh) unless
+# ANTIDOTE_TEST_BROKER=tansu. Tests that need the broker's node id (the proxy
+# serves node N at port_base + N) use BROKER_NODE_ID.
+TEST_BROKER = os.environ.get("ANTIDOTE_TEST_BROKER", "kafka")
+if TEST_BROKER not in ("kafka", "tansu"):
+    raise ValueError(f"ANTIDOTE_TEST_BROKER={TEST_BROKER!r}: use kafka or tansu")
+KAFKA_NODE_ID = 1
+BROKER_NODE_ID = TANSU_NODE_ID if TEST_BROKER == "tansu" else KAFKA_NODE_ID
+KAFKA_HOME = Path(os.environ.get("KAFKA_HOME", REPO / ".tools" / "kafka"))
 
 
 class HarnessError(AssertionError):
@@ -90,7 +100,7 @@ def free_port(tries: int = 500) -> int:
     raise HarnessError("no free port found")
 
 
-def free_port_base(node_id: int = TANSU_NODE_ID, tries: int = 500) -> int:
+def free_port_base(node_id: int = BROKER_NODE_ID, tries: int = 500) -> int:
     """A base such that base + node_id is free (the proxy's per-broker port)."""
     import random
     lo, hi = _port_range()
@@ -185,6 +195,197 @@ class Tansu:
 
 
 # ---------------------------------------------------------------------------
+# Apache Kafka
+# ---------------------------------------------------------------------------
+
+KAFKA_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = STDOUT
+logger.raft.name = kafka.server.KafkaRaftServer
+logger.raft.level = INFO
+"""
+
+# One combined broker+controller on loopback, tuned to start fast and to be
+# small: internal topics with one replica and one partition, no initial
+# rebalance delay, a 2 MiB cleaner buffer (default 128 MiB of heap), two
+# threads each. The controller quorum is static (controller.quorum.voters),
+# so a formatted directory names no port and can be copied: every broker of
+# a worker starts from one template formatted once (StorageTool costs ~2.5 s).
+KAFKA_PROPERTIES = """\
+process.roles=broker,controller
+node.id={node_id}
+controller.quorum.voters={node_id}@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{advertised_port}
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={log_dir}
+num.partitions=1
+default.replication.factor=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+min.insync.replicas=1
+group.initial.rebalance.delay.ms=0
+log.cleaner.dedupe.buffer.size=2097152
+log.cleaner.threads=1
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+num.recovery.threads.per.data.dir=1
+num.replica.fetchers=1
+log.flush.offset.checkpoint.interval.ms=60000
+"""
+
+KAFKA_JVM = ["-Xms256m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             "-XX:-UsePerfData", "-Djava.awt.headless=true"]
+KAFKA_CLUSTER_ID = "AntidoteTestCluster00w"  # 22 chars of base64url: a valid cluster id
+# AppCDS: an archive of the classes a broker loads until it has started,
+# dumped once by scripts/setup.sh (`python tests/harness.py --build-kafka-cds`).
+# It halves a start here (2.0 s instead of 3.5-4.2 s). A stale or missing
+# archive is harmless: the JVM then loads classes as usual.
+KAFKA_CDS = KAFKA_HOME / "kafka.jsa"
+
+
+def kafka_jvm() -> list[str]:
+    if KAFKA_CDS.exists():
+        return [*KAFKA_JVM, f"-XX:SharedArchiveFile={KAFKA_CDS}", "-Xlog:cds=off",
+                "-Xlog:class+path=off"]
+    return list(KAFKA_JVM)
+
+_kafka_templates: dict[int, Path] = {}
+
+
+def kafka_classpath() -> str:
+    lib = KAFKA_HOME / "lib"
+    if not lib.is_dir():
+        raise HarnessError(f"Kafka not found at {lib}: run scripts/setup.sh")
+    return str(lib / "*")
+
+
+def kafka_version() -> str:
+    return KAFKA_HOME.resolve().name.removeprefix("kafka-")
+
+
+def _kafka_template(workdir: Path, node_id: int) -> Path:
+    """A log dir formatted once (per process and node id) for copying."""
+    if node_id in _kafka_templates:
+        return _kafka_templates[node_id]
+    base = workdir / f"kafka-template-{node_id}-{os.getpid()}"
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    props = base / "format.properties"
+    props.write_text(KAFKA_PROPERTIES.format(node_id=node_id, controller_port=1, port=2,
+                                             advertised_port=2, log_dir=base / "data"))
+    (base / "log4j2.properties").write_text(KAFKA_LOG4J2)
+    out = subprocess.run(
+        ["java", *KAFKA_JVM, f"-Dlog4j2.configurationFile={base / 'log4j2.properties'}",
+         "-cp", kafka_classpath(), "kafka.tools.StorageTool", "format",
+         "-t", KAFKA_CLUSTER_ID, "-c", str(props)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    if out.returncode != 0:
+        raise HarnessError(f"kafka-storage format failed ({out.returncode}):\n"
+                           f"{out.stdout.decode(errors='replace')[-5000:]}")
+    _kafka_templates[node_id] = base / "data"
+    return base / "data"
+
+
+@dataclass
+class KafkaBroker:
+    """An Apache Kafka broker (KRaft, combined broker and controller) on
+    loopback, from the jars scripts/setup.sh fetched.
+
+    Same surface as `Tansu`: `port`, `advertised_port` (a relay may sit in
+    front: Kafka then advertises that port), `bootstrap`, `start`, `stop`.
+    Unlike tansu it keeps its data on disk: `start` after `stop` comes back
+    with every topic and record (pass `fresh=True` to start empty)."""
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    advertised_port: Optional[int] = None
+    controller_port: int = field(default_factory=free_port)
+    node_id: int = KAFKA_NODE_ID
+    extra_properties: dict = field(default_factory=dict)
+    proc: Optional[subprocess.Popen] = None
+    started_in: float = 0.0  # seconds from launch to "Kafka Server started"
+    jvm: Optional[list[str]] = None  # JVM options instead of kafka_jvm()
+
+    @property
+    def dir(self) -> Path:
+        return self.workdir / f"kafka-{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.advertised_port or self.port}"
+
+    def properties(self) -> str:
+        text = KAFKA_PROPERTIES.format(node_id=self.node_id, controller_port=self.controller_port,
+                                       port=self.port,
+                                       advertised_port=self.advertised_port or self.port,
+                                       log_dir=self.dir / "data")
+        return text + "".join(f"{k}={v}\n" for k, v in self.extra_properties.items())
+
+    def start(self, fresh: bool = False, timeout: float = 90) -> "KafkaBroker":
+        data = self.dir / "data"
+        if fresh and data.exists():
+            shutil.rmtree(data)
+        if not data.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(_kafka_template(self.workdir, self.node_id), data)
+        (self.dir / "server.properties").write_text(self.properties())
+        (self.dir / "log4j2.properties").write_text(KAFKA_LOG4J2)
+        cmd = ["java", *(self.jvm or kafka_jvm()),
+               f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+               "-cp", kafka_classpath(), "kafka.Kafka", str(self.dir / "server.properties")]
+        t0 = time.monotonic()
+        with open(self.log, "ab") as out:
+            start_at = out.tell()
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=self.dir)
+        deadline = t0 + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise HarnessError(f"kafka exited with {self.proc.returncode} before it started"
+                                   f"\n{read_log(self.log)}")
+            with open(self.log, "rb") as f:
+                f.seek(start_at)
+                if b"Kafka Server started" in f.read():
+                    break
+            if time.monotonic() > deadline:
+                stop_process(self.proc, 10)
+                raise HarnessError(f"kafka did not start within {timeout}s\n{read_log(self.log)}")
+            time.sleep(0.05)
+        self.started_in = time.monotonic() - t0
+        wait_for_port(self.port, 10, self.proc, self.log, "kafka")
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
+
+
+def new_broker(workdir: Path, **kw):
+    """The suite's broker (Kafka, or tansu under ANTIDOTE_TEST_BROKER=tansu), not started."""
+    return (Tansu if TEST_BROKER == "tansu" else KafkaBroker)(workdir, **kw)
+
+
+# ---------------------------------------------------------------------------
 # antidote
 # ---------------------------------------------------------------------------
 
@@ -212,7 +413,7 @@ class Antidote:
     def bootstrap(self) -> str:
         return f"{HOST}:{self.bootstrap_port}"
 
-    def broker_port(self, node_id: int = TANSU_NODE_ID) -> int:
+    def broker_port(self, node_id: int = BROKER_NODE_ID) -> int:
         return self.port_base + node_id
 
     def config_yaml(self) -> str:
@@ -647,3 +848,27 @@ def decode_uncompressed_batches(records: bytes) -> list[RawRecord]:
                                  fields[1], headers))
         pos = end
     return out
+
+
+def build_kafka_cds() -> None:
+    """Start and stop one broker with -XX:ArchiveClassesAtExit (scripts/setup.sh)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        tmp = KAFKA_CDS.with_suffix(".jsa.tmp")
+        b = KafkaBroker(Path(d), jvm=[*KAFKA_JVM, f"-XX:ArchiveClassesAtExit={tmp}"])
+        try:
+            b.start()
+        finally:
+            b.stop()
+            shutil.rmtree(port_claims_dir(), ignore_errors=True)
+        if not tmp.exists():
+            raise HarnessError(f"no CDS archive written\n{read_log(b.log)}")
+        tmp.replace(KAFKA_CDS)
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["--build-kafka-cds"]:
+        build_kafka_cds()
+    else:
+        sys.exit("usage: harness.py --build-kafka-cds")
