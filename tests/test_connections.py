@@ -51,5 +51,5 @@ def test_proxied_client_connects_only_to_proxy_ports(kind, proxy, broker, new_to
     ports = run_probe(kind, proxy.bootstrap, new_topic(1))
     assert broker.port not in ports, f"client connected to the broker itself: {ports}"
     assert ports <= {proxy.bootstrap_port, proxy.broker_port()}, f"unexpected peers: {ports}"
-    # Metadata names node 111 at base+111, so real traffic must have gone there.
+    # Metadata names the broker's node N at base+N, so real traffic must have gone there.
     assert proxy.broker_port() in ports, f"never used the per-broker port: {ports}"

@@ -34,7 +34,7 @@ import yaml
 
 from clients import (Endpoint, Rec, ck_consume_assign, ck_create_topic, ck_produce,
                      kp_consume_assign)
-from harness import (ANTIDOTE_BIN, HOST, REPO, TANSU_NODE_ID, free_port, free_port_base,
+from harness import (ANTIDOTE_BIN, BROKER_NODE_ID, HOST, REPO, free_port, free_port_base,
                      read_log, stop_process, wait_for_port)
 
 DEPLOY = REPO / "deploy"
@@ -302,7 +302,7 @@ def test_antidote_config_and_env_variables_serve_real_clients(workdir, broker):
         wait_for_port(port, 15, p.proc, p.log, "antidote (ANTIDOTE_CONFIG)")
         produce_and_read_through(f"{HOST}:{port}", broker)
         # The broker is served at base + node id: the substituted number is a number.
-        wait_for_port(base + TANSU_NODE_ID, 5, p.proc, p.log, "broker listener")
+        wait_for_port(base + BROKER_NODE_ID, 5, p.proc, p.log, "broker listener")
     finally:
         p.stop_and_check()
 

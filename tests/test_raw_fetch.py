@@ -21,7 +21,7 @@ def raw_fetch(port: int, topic: str, isolation_level: int = 0) -> bytes:
 
 
 def fetch_port(path: str, broker, request) -> int:
-    """Port of node 111 on this path (the proxy serves it at base + 111)."""
+    """Port of the broker's node on this path (the proxy serves node N at base + N)."""
     if path == "direct":
         return broker.port
     return request.getfixturevalue("proxy").broker_port()

@@ -27,7 +27,7 @@ import pytest
 
 import clients as c
 from conftest import _PROXIES
-from harness import (HOST, TANSU_NODE_ID, Antidote, free_port, read_log, roundtrip,
+from harness import (BROKER_NODE_ID, HOST, Antidote, free_port, read_log, roundtrip,
                      tcp_connections)
 
 SUFFIX = ".kafka.test"
@@ -186,7 +186,7 @@ print(json.dumps({"same": got == recs, "read": len(got),
 def test_librdkafka_produces_and_consumes_through_sni_names(sni_proxy, sni_certs, resolver_shim,
                                                            new_topic, workdir):
     topic = new_topic(1)
-    before = accepted_by_listener(sni_proxy).get(f"broker-{TANSU_NODE_ID}", 0)
+    before = accepted_by_listener(sni_proxy).get(f"broker-{BROKER_NODE_ID}", 0)
     script = workdir / "sni_rdkafka.py"
     script.write_text(RDKAFKA_SCRIPT)
     env = {**os.environ, "LD_PRELOAD": str(resolver_shim)}
@@ -196,9 +196,9 @@ def test_librdkafka_produces_and_consumes_through_sni_names(sni_proxy, sni_certs
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["same"], result
-    assert result["brokers"] == {str(TANSU_NODE_ID): [f"broker-{TANSU_NODE_ID}{SUFFIX}",
+    assert result["brokers"] == {str(BROKER_NODE_ID): [f"broker-{BROKER_NODE_ID}{SUFFIX}",
                                                       sni_proxy.bootstrap_port]}, result
-    after = accepted_by_listener(sni_proxy).get(f"broker-{TANSU_NODE_ID}", 0)
+    after = accepted_by_listener(sni_proxy).get(f"broker-{BROKER_NODE_ID}", 0)
     assert after > before, "no connection was routed to the broker by its server name"
     assert listening_ports(sni_proxy) == {sni_proxy.bootstrap_port, sni_proxy.admin_port}
     assert "serving broker" not in read_log(sni_proxy.log)
@@ -208,7 +208,7 @@ def test_kafka_python_produces_and_consumes_through_sni_names(sni_proxy, sni_cer
                                                              kafka_test_names):
     import kafka as kp
     topic = new_topic(1)
-    before = accepted_by_listener(sni_proxy).get(f"broker-{TANSU_NODE_ID}", 0)
+    before = accepted_by_listener(sni_proxy).get(f"broker-{BROKER_NODE_ID}", 0)
     ep = sni_endpoint(sni_proxy, sni_certs)
     recs = c.sample_records(8, tag="sni-kp")
     c.kp_produce(ep, topic, recs)
@@ -219,9 +219,9 @@ def test_kafka_python_produces_and_consumes_through_sni_names(sni_proxy, sni_cer
         brokers = {(b.node_id, b.host, b.port) for b in consumer._client.cluster.brokers()}
     finally:
         consumer.close()
-    assert brokers == {(TANSU_NODE_ID, f"broker-{TANSU_NODE_ID}{SUFFIX}",
+    assert brokers == {(BROKER_NODE_ID, f"broker-{BROKER_NODE_ID}{SUFFIX}",
                         sni_proxy.bootstrap_port)}
-    assert accepted_by_listener(sni_proxy).get(f"broker-{TANSU_NODE_ID}", 0) > before
+    assert accepted_by_listener(sni_proxy).get(f"broker-{BROKER_NODE_ID}", 0) > before
 
 
 def tls_attempt(port: int, server_name: str | None, ca: Path) -> str:
@@ -255,7 +255,7 @@ def test_unknown_or_missing_server_name_is_refused_and_the_proxy_keeps_serving(
     assert 'server_name=Some("unknown.kafka.test")' in log, log[-3000:]
     sni_proxy.assert_running()
     # Still serving real clients.
-    assert tls_attempt(port, f"broker-{TANSU_NODE_ID}{SUFFIX}", sni_certs.ca) == "served"
+    assert tls_attempt(port, f"broker-{BROKER_NODE_ID}{SUFFIX}", sni_certs.ca) == "served"
     topic = new_topic(1)
     ep = sni_endpoint(sni_proxy, sni_certs)
     recs = c.sample_records(3, tag="sni-after-refusals")
