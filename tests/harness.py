@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 TANSU_BIN = Path(os.environ.get("TANSU_BIN", REPO / ".tools" / "bin" / "tansu"))
 ANTIDOTE_BIN = Path(os.environ.get("ANTIDOTE_BIN", REPO / "target" / "debug" / "antidote"))
@@ -36,13 +38,11 @@ BROKER_NODE_ID = TANSU_NODE_ID if TEST_BROKER == "tansu" else KAFKA_NODE_ID
 KAFKA_HOME = Path(os.environ.get("KAFKA_HOME", REPO / ".tools" / "kafka"))
 
 
-def needs_kafka(fn):
-    """Marks a test that shows what only Apache Kafka does (aborted-transaction
-    lists, ...): it runs in every default run and is left out only under
-    ANTIDOTE_TEST_BROKER=tansu, whose broker cannot show it."""
-    import pytest
-    return pytest.mark.skipif(TEST_BROKER == "tansu",
-                              reason="needs Apache Kafka (ANTIDOTE_TEST_BROKER=tansu)")(fn)
+# Marks a test that shows what only Apache Kafka does (aborted-transaction
+# lists, ...): it runs in every default run and is left out only under
+# ANTIDOTE_TEST_BROKER=tansu, whose broker cannot show it.
+needs_kafka = pytest.mark.skipif(TEST_BROKER == "tansu",
+                                 reason="needs Apache Kafka (ANTIDOTE_TEST_BROKER=tansu)")
 
 
 class HarnessError(AssertionError):
