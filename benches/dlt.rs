@@ -35,9 +35,11 @@ fn bench_dlt(c: &mut Criterion) {
         panic!("record must be poison")
     };
     let diversion = Diversion::new(&policy, &topic, 2, &record, &invalid);
+    let keys = antidote::dlt_context::Keys::none();
+    let seal = antidote::dlt_context::Seal::new(&keys, "geo.dlt", 0);
     // Sanity: the encoded batch parses and carries the original value.
     let batch = build_batch(
-        &[diversion.to_record(common::NOW_MS, None)],
+        &[diversion.to_record(common::NOW_MS, None, &seal)],
         &BuildOptions::default(),
     )
     .unwrap();
@@ -62,7 +64,7 @@ fn bench_dlt(c: &mut Criterion) {
     });
     group.bench_function("to_record+build_batch/1", |b| {
         b.iter(|| {
-            let r = black_box(&diversion).to_record(common::NOW_MS, None);
+            let r = black_box(&diversion).to_record(common::NOW_MS, None, &seal);
             black_box(build_batch(std::slice::from_ref(&r), &BuildOptions::default()).unwrap())
         })
     });
@@ -70,7 +72,7 @@ fn bench_dlt(c: &mut Criterion) {
     group.bench_function("to_record+build_batch/100", |b| {
         b.iter(|| {
             let rs: Vec<_> = (0..100)
-                .map(|_| black_box(&diversion).to_record(common::NOW_MS, None))
+                .map(|_| black_box(&diversion).to_record(common::NOW_MS, None, &seal))
                 .collect();
             black_box(build_batch(&rs, &BuildOptions::default()).unwrap())
         })

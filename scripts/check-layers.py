@@ -28,6 +28,7 @@ LAYERS = [
     ["clock", "text"],
     ["kafka"],
     ["policy"],
+    ["dlt_context"],
     ["dlt_record"],
     ["dlt_marker"],
     ["plan"],

@@ -18,11 +18,13 @@ pub use antidote_core::text::{parse_duration, yaml_error};
 pub use limits::Limits;
 pub use redrive::Redrive;
 pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
+pub use signing::{SigningKey, UnsignedRecords};
 pub use sni::{Sni, SniPattern};
 
 mod limits;
 mod redrive;
 mod registry;
+mod signing;
 mod sni;
 
 /// A config file that could not be used; the message starts with `file:line:column`.
@@ -249,6 +251,20 @@ pub struct DeadLetterConfig {
     /// Re-validate records of some classes by themselves (optional).
     #[serde(default)]
     pub redrive: Option<Redrive>,
+    /// Secrets that sign what antidote writes to DLTs and verify what it
+    /// reads back (`config/signing.rs`); the first signs.
+    #[serde(default)]
+    pub signing_keys: Vec<SigningKey>,
+    /// With keys: refuse (default) or accept records without a signature.
+    #[serde(default)]
+    pub unsigned_records: UnsignedRecords,
+}
+
+impl DeadLetterConfig {
+    /// The signing keys, read from the environment and files.
+    pub fn keys(&self) -> Result<antidote_core::dlt_context::Keys, String> {
+        signing::keys(&self.signing_keys, self.unsigned_records)
+    }
 }
 
 /// `dead_letter.compression`. gzip by default: it is the one codec every
@@ -291,6 +307,8 @@ impl Default for DeadLetterConfig {
             allow_client_produce: false,
             compression: DltCompression::default(),
             redrive: None,
+            signing_keys: Vec::new(),
+            unsigned_records: UnsignedRecords::default(),
         }
     }
 }
@@ -447,6 +465,9 @@ impl Config {
             }
         };
         self.policies.iter_mut().for_each(fix);
+        for k in &mut self.dead_letter.signing_keys {
+            k.resolve(base);
+        }
         if let Some(t) = &mut self.listen.tls {
             fix(&mut t.cert);
             fix(&mut t.key);
@@ -493,6 +514,7 @@ impl Config {
                 s.password().map_err(|e| format!("{name}: {e}"))?;
             }
         }
+        self.dead_letter.keys()?;
         if self.limits.max_frame_bytes < 1024 {
             return Err("limits.max_frame_bytes: must be at least 1024".into());
         }

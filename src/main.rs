@@ -71,6 +71,9 @@ fn main() -> ExitCode {
             Ok((cfg, _)) => {
                 println!("{}: ok", config.display());
                 report_registry(&cfg);
+                if cfg.dead_letter.signing_keys.is_empty() {
+                    eprintln!("{}: warning: dead_letter.signing_keys is not set: what antidote reads back from its DLTs is trusted by its frame alone, so anyone who can write a DLT can forge it; let only antidote's principal write the DLTs (ACLs), and set signing keys for a fleet (docs/guarantees.md)", config.display());
+                }
                 if connect && !check_connect(&cfg) {
                     return ExitCode::FAILURE;
                 }
@@ -234,6 +237,13 @@ fn run(path: &Path) -> ExitCode {
         }
     };
     antidote::policy::set_log_record_contents(config.logging.record_contents);
+    match config.dead_letter.keys() {
+        Ok(keys) => antidote::deadletter::trust::set_keys(keys),
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    }
     return_large_blocks_to_the_os();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -305,8 +305,10 @@ def topic_exists(ep: c.Endpoint, topic: str) -> bool:
 
 def is_lease_marker(r: c.Rec) -> bool:
     """A DLT partition's lease marker (written when a writer takes the lease
-    with an epoch above 0): no key, no value, one header."""
-    return r.headers == (("x-antidote-marker", b"lease"),) and r.key is None and r.value is None
+    with an epoch above 0): no key, no value, one context header in its frame
+    (and a signature with signing keys)."""
+    return (r.headers[:2] == (("x-antidote-marker", b"lease"), ("x-antidote-context", b"2 1"))
+            and r.key is None and r.value is None)
 
 
 def read_dlt(ep: c.Endpoint, topic: str, partitions: int = 1, settle: float = 1.0,
@@ -336,13 +338,15 @@ CONTEXT_HEADERS = ("x-original-topic", "x-original-topic-id", "x-original-partit
 
 def check_dlt_record(dlt: c.Rec, orig: c.Rec, topic: str, policy: str, rule: str,
                      klass: str = "poison", t_before_ms: Optional[int] = None) -> None:
-    """A DLT record carries the original key, value and headers, then the context."""
+    """A DLT record carries the original key, value and headers, then the
+    context, then the trailer that frames it (`x-antidote-context: 2 <n>`)."""
     assert dlt.key == orig.key
     assert dlt.value == orig.value
     n = len(orig.headers)
     assert dlt.headers[:n] == tuple(orig.headers), "original headers not kept first, in order"
-    ctx = dict(dlt.headers[n:])
-    assert sorted(k for k, _ in dlt.headers[n:]) == sorted(CONTEXT_HEADERS), dlt.headers[n:]
+    assert dlt.headers[-1] == ("x-antidote-context", f"2 {len(dlt.headers) - n - 1}".encode())
+    ctx = dict(dlt.headers[n:-1])
+    assert sorted(k for k, _ in dlt.headers[n:-1]) == sorted(CONTEXT_HEADERS), dlt.headers[n:]
     assert ctx["x-original-topic"] == topic.encode()
     assert uuid.UUID(ctx["x-original-topic-id"].decode()).int != 0  # the broker's topic id
     assert ctx["x-original-partition"] == str(orig.partition).encode()

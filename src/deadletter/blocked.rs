@@ -213,6 +213,9 @@ impl KeyGate for Gate {
     fn len(&self) -> usize {
         self.read(|p| p.keys.len()).unwrap_or(0)
     }
+    fn signing_keys(&self) -> &crate::dlt_context::Keys {
+        super::trust::keys()
+    }
 }
 
 /// The class whose DLT `dlt` is for `topic` under `policy` (the class of a
@@ -321,7 +324,7 @@ impl Follower {
                 let from = self.next.get(&(dlt.clone(), partition)).copied();
                 let (set, pol) = (&self.set, &policies);
                 let mut f = |r: &Record<'_>| {
-                    observe(set, pol, &dlt, r);
+                    observe(set, pol, (&dlt, partition), r);
                     true
                 };
                 let next = follow::follow(&mut self.dlt, &dlt, partition, from, &mut f).await?;
@@ -361,8 +364,11 @@ impl Follower {
 
 /// Learn one DLT record: a parked record of a per_key topic, or a
 /// release/discard marker.
-fn observe(set: &BlockedKeys, policies: &PolicySet, dlt: &str, r: &Record<'_>) {
-    if let Some(Marker::Release(m)) = Marker::parse(r) {
+fn observe(set: &BlockedKeys, policies: &PolicySet, (dlt, p): (&str, i32), r: &Record<'_>) {
+    let Some(ctx) = super::trust::open(super::trust::Reader::BlockedKeys, dlt, p, r) else {
+        return;
+    };
+    if let Some(Marker::Release(m)) = Marker::parse(&ctx, r.key) {
         let writes_here = policies.for_topic(&m.topic).is_some_and(|p| {
             Class::ALL
                 .iter()
@@ -373,7 +379,7 @@ fn observe(set: &BlockedKeys, policies: &PolicySet, dlt: &str, r: &Record<'_>) {
         }
         return;
     }
-    let (Some(o), Some(key)) = (Origin::of(r), r.key) else {
+    let (Some(o), Some(key)) = (Origin::of(&ctx), r.key) else {
         return;
     };
     if !trusted(policies, dlt, &o, None) {
@@ -385,11 +391,7 @@ fn observe(set: &BlockedKeys, policies: &PolicySet, dlt: &str, r: &Record<'_>) {
     else {
         return;
     };
-    let text = |k| {
-        r.header(k)
-            .flatten()
-            .and_then(|v| std::str::from_utf8(v).ok())
-    };
+    let text = |k| ctx.text(k);
     let class = head_class(policy, &o.topic, dlt, class_of(text(H_CLASS).unwrap_or("")));
     let parked = Parked {
         key,

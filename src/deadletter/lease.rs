@@ -129,8 +129,11 @@ impl Producer {
         let records: Vec<NewRecord> = todo
             .iter()
             .map(|j| {
-                j.diversion
-                    .to_record(failed_at, ids.get(&j.diversion.origin_topic).copied())
+                j.diversion.to_record(
+                    failed_at,
+                    ids.get(&j.diversion.origin_topic).copied(),
+                    &super::trust::seal(topic, partition),
+                )
             })
             .collect();
         let (ok, fenced) = self.send_split(topic, partition, &records).await;
@@ -259,7 +262,8 @@ impl Producer {
         if lease.pid < 0 || lease.epoch == 0 {
             return Claim::Held;
         }
-        let marker = crate::dlt_marker::lease_record(now_ms());
+        let marker =
+            crate::dlt_marker::lease_record(now_ms(), &super::trust::seal(topic, partition));
         match self.produce(topic, partition, &[marker]).await {
             Ok(()) => Claim::Held,
             Err(e) => {

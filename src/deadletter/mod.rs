@@ -30,6 +30,7 @@ mod rebuild;
 mod tail;
 #[cfg(test)]
 mod tests;
+pub mod trust;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use super::trust::Reader;
 use super::{backoff, Ledger};
 use crate::client::{errors, no_broker, ClientError, Cluster};
 use crate::kafka::batch::{self, Segment};
@@ -403,8 +404,11 @@ impl Loader {
         dlt: &str,
     ) -> Result<(u64, u64), ClientError> {
         let (ledger, mut kept, mut ignored) = (&self.ledger, 0u64, 0u64);
-        let mut f = |_, r: &Record<'_>| {
-            let Some(o) = Origin::of(r) else { return };
+        let mut f = |p, r: &Record<'_>| {
+            let Some(ctx) = super::trust::open(Reader::Ledger, dlt, p, r) else {
+                return;
+            };
+            let Some(o) = Origin::of(&ctx) else { return };
             if trusted(policies, dlt, &o, ids.get(&*o.topic).copied()) {
                 ledger.insert(&(o.topic, o.partition, o.offset));
                 kept += 1;

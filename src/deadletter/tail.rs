@@ -25,6 +25,7 @@ use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
 use super::rebuild::{trusted, Loader};
+use super::trust::Reader;
 use crate::client::{errors, ClientError, Cluster};
 use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
@@ -231,8 +232,9 @@ pub async fn catch_up(
     let mut waits = 0;
     loop {
         let before = positions.get(&key).copied().unwrap_or(from);
-        let ends = read_new(cluster, &mut positions, &mut |_, _, r| {
-            if let Some(o) = Origin::of(r).filter(|o| wanted(o)) {
+        let ends = read_new(cluster, &mut positions, &mut |dlt, p, r| {
+            let ctx = super::trust::open(Reader::Tail, dlt, p, r);
+            if let Some(o) = ctx.and_then(|c| Origin::of(&c)).filter(|o| wanted(o)) {
                 found.push(o);
             }
         })
@@ -295,8 +297,11 @@ impl Loader {
         }
         let (ledger, ids) = (&self.ledger, &self.ids);
         let mut learned = 0u64;
-        let hws = read_new(&mut self.dlt, &mut positions, &mut |dlt, _, r| {
-            let Some(o) = Origin::of(r) else { return };
+        let hws = read_new(&mut self.dlt, &mut positions, &mut |dlt, p, r| {
+            let Some(ctx) = super::trust::open(Reader::Tail, dlt, p, r) else {
+                return;
+            };
+            let Some(o) = Origin::of(&ctx) else { return };
             if trusted(&policies, dlt, &o, ids.get(&*o.topic).copied())
                 && ledger.learn(&(o.topic, o.partition, o.offset))
             {

@@ -72,6 +72,7 @@ fn diversion(topic: &str, partition: i32, offset: i64, len: usize) -> Diversion 
         },
         policy: Arc::from("p"),
         blocked_by: None,
+        last_offset: None,
     }
 }
 
@@ -95,10 +96,13 @@ fn stored(mock: &MockBroker, topic: &str, partition: usize) -> Vec<(i64, Option<
         let b = Batch::new(b).expect("batch");
         let codec = b.compression();
         for r in b.decode().expect("decode").records() {
-            if crate::dlt_marker::is_marker(&r) {
+            let ctx =
+                super::trust::open(super::trust::Reader::Inspect, topic, partition as i32, &r)
+                    .expect("antidote's frame");
+            if crate::dlt_marker::is_marker(&ctx) {
                 continue;
             }
-            let o = Origin::of(&r).expect("origin headers");
+            let o = Origin::of(&ctx).expect("origin headers");
             out.push((o.offset, codec));
         }
     }
@@ -176,7 +180,9 @@ async fn dlt_batches_are_compressed_and_topics_created_with_max_message_bytes() 
 fn dlt_batch(records: &[(&str, i64, Option<Uuid>)]) -> Bytes {
     let recs: Vec<_> = records
         .iter()
-        .map(|(t, o, id)| diversion(t, 0, *o, 10).to_record(1, *id))
+        .map(|(t, o, id)| {
+            diversion(t, 0, *o, 10).to_record(1, *id, &super::trust::seal("t.dlt", 0))
+        })
         .collect();
     build_batch(&recs, &BuildOptions::default()).expect("batch")
 }
@@ -344,7 +350,7 @@ async fn a_dlt_first_asked_about_later_is_loaded_on_demand() {
 fn x_error_is_bounded_in_the_written_record() {
     let mut d = diversion("t", 0, 1, 10);
     d.invalid.reason = format!("/payload: {} is not valid", "é".repeat(100_000));
-    let r = d.to_record(1, None);
+    let r = d.to_record(1, None, &super::trust::seal("t.dlt", 0));
     let (_, v) = r
         .headers
         .iter()
@@ -420,7 +426,7 @@ async fn loaded_t_and_its_dlt() -> (MockBroker, Arc<DeadLetter>) {
 /// A DLT record of `d` as another instance would have written it.
 fn written_elsewhere(d: &Diversion) -> Bytes {
     build_batch(
-        &[d.to_record(1_700_000_000_000, None)],
+        &[d.to_record(1_700_000_000_000, None, &super::trust::seal("t.dlt", 0))],
         &BuildOptions::default(),
     )
     .expect("batch")

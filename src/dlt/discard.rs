@@ -9,6 +9,7 @@
 //! the records it covers when it gathers a key's records. Dry run unless
 //! `--execute`.
 
+use crate::deadletter::trust::Reader;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -51,7 +52,7 @@ pub async fn run(args: &DiscardArgs, out: &mut dyn Write) -> Result<usize, DltEr
     }
     let done = released(&mut cluster, &args.topic).await?;
     let key = args.key.as_bytes();
-    let records = read_dlt(&mut cluster, &args.topic, |r| {
+    let records = read_dlt(Reader::Discard, &mut cluster, &args.topic, |r| {
         r.key.as_deref() == Some(key)
             && args
                 .origin_topic

@@ -5,6 +5,7 @@
 //! Read-only: it fetches the DLT from its start to its high watermark and
 //! never writes or commits anything.
 
+use crate::deadletter::trust::Reader;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -64,7 +65,12 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
     };
     let mut records = Vec::new();
     for t in &topics {
-        records.extend(read_dlt(&mut cluster, t, |r| args.filters.matches(r)).await?);
+        records.extend(
+            read_dlt(Reader::Inspect, &mut cluster, t, |r| {
+                args.filters.matches(r)
+            })
+            .await?,
+        );
     }
     if let Some(n) = args.limit {
         records.truncate(n);
@@ -99,7 +105,6 @@ pub fn record_json(r: &DltRecord) -> Value {
     let other_headers: Vec<Value> = r
         .headers
         .iter()
-        .filter(|(k, _)| !super::CONTEXT_HEADERS.contains(&k.as_str()) || k == super::H_ATTEMPT)
         .map(|(k, v)| json!({"key": esc(k), "value": v.as_deref().map(|v| show_bytes(Some(v)))}))
         .collect();
     json!({
@@ -314,6 +319,7 @@ mod tests {
             policy: "p".into(),
             failed_at: Some(1_795_997_596_000 + offset),
             attempt: 0,
+            redacted: false,
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from_static(b"{\"lat\":91}")),
             headers: vec![("idempotency-key".into(), Some(Bytes::from_static(b"i1")))],

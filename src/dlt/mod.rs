@@ -23,10 +23,12 @@ use bytes::Bytes;
 use crate::client::{ClientError, Cluster, Endpoint};
 use crate::config::Config;
 // The DLT record format is defined once, beside the code that writes it.
+use crate::deadletter::trust::{self, Reader};
 pub use crate::deadletter::{
     CONTEXT_HEADERS, H_ATTEMPT, H_CLASS, H_ERROR, H_FAILED_AT, H_OFFSET, H_PARTITION, H_POLICY,
     H_REPLAYED_FROM, H_RULE, H_TIMESTAMP, H_TOPIC,
 };
+use crate::dlt_context::Context as Ctx;
 use crate::dlt_marker::{is_marker, Attempt, Marker};
 use crate::kafka::record::Record;
 use crate::policy::PolicySet;
@@ -72,29 +74,65 @@ pub struct DltRecord {
     pub failed_at: Option<i64>,
     /// The previous replay's attempt number carried by the record, 0 if none.
     pub attempt: u32,
+    /// A record classed `redact`: context headers only.
+    pub redacted: bool,
     pub key: Option<Bytes>,
     pub value: Option<Bytes>,
-    /// Every header, in order, context headers included.
+    /// The original record's headers, in order, as its producer sent them
+    /// (duplicates and null values kept; no context header of antidote's).
     pub headers: Vec<(String, Option<Bytes>)>,
     /// The re-drive attempts recorded for it (attempt markers in its DLT).
     pub redrive: Vec<Attempt>,
 }
 
 impl DltRecord {
-    pub fn from_record(topic: &str, partition: i32, r: &Record<'_>) -> Self {
-        let text = |k: &str| {
-            r.header(k)
-                .flatten()
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
-        let num = |k: &str| text(k).and_then(|t| t.trim().parse::<i64>().ok());
+    /// The DLT record `r` read at `topic`/`partition`, if it is antidote's
+    /// (its frame opens, see [`crate::deadletter::trust`]); markers are
+    /// `Some` too (with no origin). `headers` are the original record's
+    /// own headers, byte for byte, without any frame of a previous replay.
+    pub fn from_record(
+        reader: Reader,
+        topic: &str,
+        partition: i32,
+        r: &Record<'_>,
+    ) -> Option<Self> {
+        let ctx = trust::open(reader, topic, partition, r)?;
+        Some(Self::from_context(topic, partition, r, &ctx))
+    }
+
+    pub fn from_context(topic: &str, partition: i32, r: &Record<'_>, ctx: &Ctx<'_>) -> Self {
+        let text = |k: &str| ctx.text(k).map(str::to_string);
+        let num = |k: &str| ctx.num(k);
+        let origin_topic = text(H_TOPIC);
+        let origin_partition = num(H_PARTITION).and_then(|p| i32::try_from(p).ok());
+        // A record replayed before and diverted again: its own headers end
+        // in the replay's frame (format 2), which says which attempt it
+        // was. Format 1 kept `x-attempt` among the context headers.
+        let mut originals = ctx.originals.clone();
+        let mut attempt = num(H_ATTEMPT);
+        if let (2, Some(t), Some(p)) = (ctx.format, &origin_topic, origin_partition) {
+            let inner = Record {
+                offset: r.offset,
+                timestamp: r.timestamp,
+                key: r.key,
+                value: r.value,
+                headers: originals.clone(),
+            };
+            if let Some(prev) = crate::dlt_context::open(&inner, t, p, trust::keys())
+                .ok()
+                .filter(|c| c.format == 2 && c.get(H_REPLAYED_FROM).is_some())
+            {
+                attempt = prev.num(H_ATTEMPT);
+                originals = prev.originals;
+            }
+        }
         DltRecord {
             dlt_topic: topic.to_string(),
             dlt_partition: partition,
             dlt_offset: r.offset,
             timestamp: r.timestamp,
-            origin_topic: text(H_TOPIC),
-            origin_partition: num(H_PARTITION).and_then(|p| i32::try_from(p).ok()),
+            origin_topic,
+            origin_partition,
             origin_offset: num(H_OFFSET),
             origin_timestamp: num(H_TIMESTAMP),
             class: text(H_CLASS).unwrap_or_default(),
@@ -102,13 +140,11 @@ impl DltRecord {
             reason: text(H_ERROR).unwrap_or_default(),
             policy: text(H_POLICY).unwrap_or_default(),
             failed_at: num(H_FAILED_AT),
-            attempt: num(H_ATTEMPT)
-                .and_then(|a| u32::try_from(a).ok())
-                .unwrap_or(0),
+            redacted: ctx.get(crate::dlt_record::H_REDACTED).is_some(),
+            attempt: attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
             key: r.key.map(Bytes::copy_from_slice),
             value: r.value.map(Bytes::copy_from_slice),
-            headers: r
-                .headers
+            headers: originals
                 .iter()
                 .map(|h| {
                     (
@@ -222,6 +258,8 @@ pub struct Context {
 impl Context {
     pub fn load(path: &Path) -> Result<Context, DltError> {
         let config = Config::load(path).map_err(|e| DltError::Config(e.to_string()))?;
+        // The `dlt` commands read and write with the fleet's keys.
+        trust::set_keys(config.dead_letter.keys().map_err(DltError::Config)?);
         let policies = PolicySet::load(&config.policies).map_err(|errs| {
             DltError::Policy(
                 errs.iter()
@@ -284,6 +322,7 @@ impl Context {
 /// topic is read (to its high watermark); only the kept records (and the
 /// attempt markers) are held in memory. Marker records are never returned.
 pub async fn read_dlt(
+    reader: Reader,
     cluster: &mut Cluster,
     topic: &str,
     keep: impl Fn(&DltRecord) -> bool,
@@ -291,13 +330,16 @@ pub async fn read_dlt(
     let mut out = Vec::new();
     let mut attempts: HashMap<String, Vec<Attempt>> = HashMap::new();
     crate::deadletter::read_topic(cluster, topic, |p, r| {
-        if is_marker(r) {
-            if let Some(Marker::Attempt(a)) = Marker::parse(r) {
+        let Some(ctx) = trust::open(reader, topic, p, r) else {
+            return;
+        };
+        if is_marker(&ctx) {
+            if let Some(Marker::Attempt(a)) = Marker::parse(&ctx, r.key) {
                 attempts.entry(a.of.clone()).or_default().push(a);
             }
             return;
         }
-        let d = DltRecord::from_record(topic, p, r);
+        let d = DltRecord::from_context(topic, p, r, &ctx);
         if keep(&d) {
             out.push(d);
         }
@@ -513,7 +555,7 @@ mod tests {
             value: Some(b"{}"),
             headers: headers.to_vec(),
         };
-        let d = DltRecord::from_record("geo.dlt", 0, &r);
+        let d = DltRecord::from_record(Reader::Inspect, "geo.dlt", 0, &r).expect("format 1");
         assert_eq!(d.origin(), "geo-2@41");
         assert_eq!(d.coordinate(), "geo.dlt/0/7");
         assert_eq!(

@@ -1,9 +1,10 @@
 //! Metrics of a fleet of instances sharing DLTs: where the ledger's entries
 //! come from (written here, learned from another instance's write by the
 //! tail, found in the DLT just before a write) and how far the tail is
-//! behind the DLTs' ends.
+//! behind the DLTs' ends; and the records read back from DLTs (or replayed
+//! into origin topics) that were refused as not antidote's.
 
-use super::series::SourceLabel;
+use super::series::{RefusedLabels, SourceLabel};
 use super::{names, register, Metrics};
 
 impl Metrics {
@@ -20,6 +21,24 @@ impl Metrics {
             "DLT records not yet read by the ledger's tail, summed over DLT partitions (as of the last tail round).",
             self.ledger_lag.clone(),
         );
+        register(
+            &mut self.registry,
+            names::DLT_REFUSED,
+            "Records read back from a DLT that were refused as not antidote's own, by reader (ledger, tail, blocked_keys, redrive, replay, inspect, discard) and reason (bad_frame, duplicate_reserved_header, unexpected_reserved_header, unsigned, bad_signature).",
+            self.dlt_refused.family.clone(),
+        );
+    }
+
+    /// A reader refused a DLT record (`reason`: `Refusal::as_str`).
+    pub fn dlt_record_refused(&self, reader: &'static str, reason: &'static str) {
+        self.dlt_refused
+            .with(&RefusedLabels { reader, reason }, |c| c.inc());
+    }
+
+    /// How many records `reader` refused for `reason` (tests, `check`).
+    pub fn dlt_records_refused(&self, reader: &'static str, reason: &'static str) -> u64 {
+        self.dlt_refused
+            .with(&RefusedLabels { reader, reason }, |c| c.get())
     }
 
     fn diversions_add(&self, source: &'static str, n: u64) {

@@ -108,6 +108,7 @@ pub struct Metrics {
     pub keys: keys::KeyMetrics,
     diversions: Cached<SourceLabel, Counter>,
     ledger_lag: Gauge,
+    dlt_refused: Cached<RefusedLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -140,6 +141,7 @@ impl Metrics {
             keys: keys::KeyMetrics::default(),
             diversions: Cached::new(),
             ledger_lag: Gauge::default(),
+            dlt_refused: Cached::new(),
         };
         m.registered()
     }

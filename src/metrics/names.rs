@@ -22,6 +22,7 @@ pub const START_TIME: &str = "antidote_process_start_time_seconds";
 pub const DIVERSIONS: &str = "antidote_dlt_diversions_total";
 pub const JUDGED_AHEAD: &str = "antidote_fetch_judged_ahead_records_total";
 pub const LEDGER_LAG: &str = "antidote_dlt_ledger_lag_records";
+pub const DLT_REFUSED: &str = "antidote_dlt_records_refused_total";
 
 /// The name a counter is registered under: the encoder adds `_total`.
 pub(super) fn counter_base(name: &'static str) -> &'static str {

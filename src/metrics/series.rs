@@ -73,6 +73,12 @@ pub(super) struct SourceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RefusedLabels {
+    pub(super) reader: &'static str,
+    pub(super) reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct TopicPartition {
     pub(super) topic: String,
     pub(super) partition: i32,

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::client::{ClientError, Cluster};
 use crate::config::Redrive;
+use crate::deadletter::trust::{self, Reader};
 use crate::deadletter::{backoff, follow};
 use crate::dlt::replay::{decide, produce, Decision, ReplayArgs};
 use crate::dlt::{DltError, DltRecord, Filters};
@@ -169,7 +170,10 @@ impl Loop {
         let (pending, attempts) = (&mut self.pending, &mut self.attempts);
         let bytes = &mut self.pending_bytes;
         let mut f = |r: &crate::kafka::record::Record<'_>| {
-            if let Some(m) = Marker::parse(r) {
+            let Some(ctx) = trust::open(Reader::Redrive, dlt, p, r) else {
+                return true;
+            };
+            if let Some(m) = Marker::parse(&ctx, r.key) {
                 // A record's markers follow it in its partition: only
                 // those of records waiting here matter.
                 if let Marker::Attempt(a) = m {
@@ -182,7 +186,7 @@ impl Loop {
                 }
                 return true;
             }
-            let d = DltRecord::from_record(dlt, p, r);
+            let d = DltRecord::from_context(dlt, p, r, &ctx);
             if d.origin_topic.is_none() || !classes.contains(&d.class.as_str()) {
                 return true;
             }
@@ -208,7 +212,8 @@ impl Loop {
         let coord = r.coordinate();
         let mut out = self.attempts.get(&coord).cloned().unwrap_or_default();
         let mut f = |rec: &crate::kafka::record::Record<'_>| {
-            if let Some(Marker::Attempt(a)) = Marker::parse(rec) {
+            let ctx = trust::open(Reader::Redrive, &dlt, p, rec);
+            if let Some(Marker::Attempt(a)) = ctx.and_then(|c| Marker::parse(&c, rec.key)) {
                 if a.of == coord {
                     out.push(Seen::of(&a, rec.offset));
                 }
@@ -276,7 +281,10 @@ impl Loop {
             reason,
         });
         let batch = build_batch(
-            &[marker.to_record(crate::clock::now_ms())],
+            &[marker.to_record(
+                crate::clock::now_ms(),
+                &crate::deadletter::trust::seal(&r.dlt_topic, r.dlt_partition),
+            )],
             &Default::default(),
         )
         .map_err(|e| DltError::Produce(e.to_string()))?;
@@ -394,7 +402,7 @@ mod tests {
                 value: Some(b"1000"),
             }],
         };
-        let mut d = DltRecord::from_record("t.dlt", 0, &r);
+        let mut d = DltRecord::from_record(Reader::Redrive, "t.dlt", 0, &r).unwrap();
         d.failed_at = Some(failed_at);
         d
     }

@@ -21,8 +21,8 @@
 
 use bytes::Bytes;
 
+use crate::dlt_context::{Context, Seal};
 use crate::kafka::builder::NewRecord;
-use crate::kafka::record::Record;
 
 /// `release`, `discard` or `attempt`: what kind of marker this record is.
 pub const H_MARKER: &str = "x-antidote-marker";
@@ -66,41 +66,38 @@ pub enum Marker {
     Attempt(Attempt),
 }
 
-/// Whether `r` is a marker (of any kind, well-formed or not).
-pub fn is_marker(r: &Record<'_>) -> bool {
-    r.header(H_MARKER).is_some()
-}
-
-fn text<'a>(r: &Record<'a>, k: &str) -> Option<&'a str> {
-    r.header(k)
-        .flatten()
-        .and_then(|v| std::str::from_utf8(v).ok())
+/// Whether a record's context makes it a marker (of any kind, well-formed
+/// or not).
+pub fn is_marker(ctx: &Context<'_>) -> bool {
+    ctx.get(H_MARKER).is_some()
 }
 
 impl Marker {
-    /// The marker `r` carries, if it is a well-formed one.
-    pub fn parse(r: &Record<'_>) -> Option<Marker> {
-        let num = |k| text(r, k).and_then(|t| t.trim().parse::<i64>().ok());
-        match text(r, H_MARKER)? {
+    /// The marker a record's context carries (`key` is the record's key),
+    /// if it is a well-formed one.
+    pub fn parse(ctx: &Context<'_>, key: Option<&[u8]>) -> Option<Marker> {
+        let num = |k| ctx.num(k);
+        let text = |k| ctx.text(k);
+        match text(H_MARKER)? {
             kind @ ("release" | "discard") => Some(Marker::Release(Release {
-                topic: text(r, H_MARKER_TOPIC)?.to_string(),
+                topic: text(H_MARKER_TOPIC)?.to_string(),
                 partition: i32::try_from(num(H_MARKER_PARTITION)?).ok()?,
-                key: Bytes::copy_from_slice(r.key?),
+                key: Bytes::copy_from_slice(key?),
                 through: num(H_MARKER_THROUGH)?,
                 discard: kind == "discard",
             })),
             "attempt" => Some(Marker::Attempt(Attempt {
-                of: text(r, H_MARKER_OF)?.to_string(),
+                of: text(H_MARKER_OF)?.to_string(),
                 attempt: u32::try_from(num(H_MARKER_ATTEMPT)?).ok()?,
-                redriven: text(r, H_MARKER_OUTCOME)? == "redriven",
-                reason: text(r, H_MARKER_REASON).unwrap_or_default().to_string(),
+                redriven: text(H_MARKER_OUTCOME)? == "redriven",
+                reason: text(H_MARKER_REASON).unwrap_or_default().to_string(),
             })),
             _ => None,
         }
     }
 
-    /// The record written to the DLT.
-    pub fn to_record(&self, now_ms: i64) -> NewRecord {
+    /// The record written to the DLT, framed for where `seal` says.
+    pub fn to_record(&self, now_ms: i64, seal: &Seal<'_>) -> NewRecord {
         let h = |k: &str, v: String| (k.to_string(), Some(Bytes::from(v)));
         let (key, headers) = match self {
             Marker::Release(r) => (
@@ -137,29 +134,26 @@ impl Marker {
                 ],
             ),
         };
-        NewRecord {
-            timestamp: now_ms,
-            key,
-            value: None,
-            headers,
-        }
+        seal.frame(now_ms, key, None, Vec::new(), headers)
     }
 }
 
-/// The lease marker: no key, no value, one header.
-pub fn lease_record(now_ms: i64) -> NewRecord {
-    NewRecord {
-        timestamp: now_ms,
-        key: None,
-        value: None,
-        headers: vec![(H_MARKER.to_string(), Some(Bytes::from_static(b"lease")))],
-    }
+/// The lease marker: no key, no value, one context header.
+pub fn lease_record(now_ms: i64, seal: &Seal<'_>) -> NewRecord {
+    seal.frame(
+        now_ms,
+        None,
+        None,
+        Vec::new(),
+        vec![(H_MARKER.to_string(), Some(Bytes::from_static(b"lease")))],
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kafka::record::Header;
+    use crate::dlt_context::{open, Keys};
+    use crate::kafka::record::{Header, Record};
 
     fn view(n: &NewRecord) -> Record<'_> {
         Record {
@@ -193,10 +187,16 @@ mod tests {
             redriven: false,
             reason: "schema id 9".into(),
         });
+        let keys = Keys::none();
+        let seal = Seal::new(&keys, "geo.dlt", 0);
+        let ctx = |n: &NewRecord| -> (Option<Marker>, bool) {
+            let r = view(n);
+            let c = open(&r, "geo.dlt", 0, &keys).unwrap();
+            (Marker::parse(&c, r.key), is_marker(&c))
+        };
         for m in [rel, att] {
-            let rec = m.to_record(5);
-            assert!(is_marker(&view(&rec)));
-            assert_eq!(Marker::parse(&view(&rec)), Some(m));
+            let rec = m.to_record(5, &seal);
+            assert_eq!(ctx(&rec), (Some(m), true));
         }
         let mut bad = Marker::Release(Release {
             topic: "geo".into(),
@@ -205,10 +205,12 @@ mod tests {
             through: 1,
             discard: false,
         })
-        .to_record(0);
+        .to_record(0, &seal);
         bad.headers.retain(|(k, _)| k != H_MARKER_THROUGH);
-        assert!(is_marker(&view(&bad)) && Marker::parse(&view(&bad)).is_none());
-        let lease = lease_record(5);
-        assert!(is_marker(&view(&lease)) && Marker::parse(&view(&lease)).is_none());
+        let n = bad.headers.len();
+        bad.headers[n - 1].1 = Some(Bytes::from(format!("2 {}", n - 1)));
+        assert_eq!(ctx(&bad), (None, true));
+        let lease = lease_record(5, &seal);
+        assert_eq!(ctx(&lease), (None, true));
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use uuid::Uuid;
 
+use crate::dlt_context::{Context, Seal};
 use crate::kafka::batch::Batch;
 use crate::kafka::builder::NewRecord;
 use crate::kafka::record::Record;
@@ -56,8 +57,8 @@ pub const RULE_KEY: &str = "key";
 /// marker too, for restarts and other instances).
 pub const H_RELEASED_THROUGH: &str = "x-released-through";
 
-/// Context headers the proxy adds to a DLT record (plus the replay headers);
-/// replay strips exactly these, and keeps every other header, `x-` or not.
+/// Context headers the proxy adds to a DLT record (plus the replay
+/// headers). Every one is a reserved name (`dlt_context::is_reserved`).
 pub const CONTEXT_HEADERS: &[&str] = &[
     H_TOPIC,
     H_TOPIC_ID,
@@ -107,18 +108,17 @@ pub struct Origin {
 }
 
 impl Origin {
-    /// The origin named by `r`'s context headers, if it names a whole one.
-    pub fn of(r: &Record<'_>) -> Option<Origin> {
-        let text = |k| {
-            r.header(k)
-                .flatten()
-                .and_then(|v| std::str::from_utf8(v).ok())
-        };
+    /// The origin named by a DLT record's context, if it names a whole one.
+    /// Only a context [`crate::dlt_context::open`] accepted is read, never
+    /// a header of the original record.
+    pub fn of(ctx: &Context<'_>) -> Option<Origin> {
         Some(Origin {
-            topic: Arc::from(text(H_TOPIC)?),
-            partition: text(H_PARTITION)?.trim().parse().ok()?,
-            offset: text(H_OFFSET)?.trim().parse().ok()?,
-            topic_id: text(H_TOPIC_ID).and_then(|t| Uuid::parse_str(t.trim()).ok()),
+            topic: Arc::from(ctx.text(H_TOPIC)?),
+            partition: i32::try_from(ctx.num(H_PARTITION)?).ok()?,
+            offset: ctx.num(H_OFFSET)?,
+            topic_id: ctx
+                .text(H_TOPIC_ID)
+                .and_then(|t| Uuid::parse_str(t.trim()).ok()),
         })
     }
 }
@@ -139,6 +139,9 @@ pub struct Diversion {
     /// `x-blocked-by`: set when the record is parked behind its key's
     /// first diverted record (`ordering: per_key`).
     pub blocked_by: Option<i64>,
+    /// `x-original-last-offset`: the last offset of a whole batch diverted
+    /// as one record (rule `batch`).
+    pub last_offset: Option<i64>,
 }
 
 impl Diversion {
@@ -173,6 +176,7 @@ impl Diversion {
             invalid: invalid.clone(),
             policy: Arc::from(policy.name.as_str()),
             blocked_by: None,
+            last_offset: None,
         }
     }
 
@@ -201,6 +205,7 @@ impl Diversion {
             },
             policy: Arc::from(policy.name.as_str()),
             blocked_by: None,
+            last_offset: None,
         }
     }
 
@@ -228,26 +233,31 @@ impl Diversion {
             origin_timestamp: batch.base_timestamp(),
             key: None,
             value: Some(batch.bytes().clone()),
-            headers: vec![(
-                Bytes::from_static(H_LAST_OFFSET.as_bytes()),
-                Some(Bytes::from(last.to_string())),
-            )],
+            headers: Vec::new(),
             invalid: Invalid::poison(RULE_WHOLE_BATCH, reason),
             policy: Arc::from(policy.name.as_str()),
             blocked_by: None,
+            last_offset: Some(last),
         }
     }
 
     /// The record written to the DLT: original key, value and headers, plus
-    /// the context headers an operator needs to act on it. `topic_id` is
-    /// the origin topic's id, when metadata knows it.
-    pub fn to_record(&self, failed_at_ms: i64, topic_id: Option<Uuid>) -> NewRecord {
-        let mut headers: Vec<(String, Option<Bytes>)> = self
+    /// the context headers an operator needs to act on it, framed (and
+    /// signed) for the DLT partition `seal` names. `topic_id` is the origin
+    /// topic's id, when metadata knows it.
+    pub fn to_record(
+        &self,
+        failed_at_ms: i64,
+        topic_id: Option<Uuid>,
+        seal: &Seal<'_>,
+    ) -> NewRecord {
+        let originals: Vec<(String, Option<Bytes>)> = self
             .headers
             .iter()
             .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
             .collect();
-        let mut add = |k: &str, v: String| headers.push((k.to_string(), Some(Bytes::from(v))));
+        let mut context: Vec<(String, Option<Bytes>)> = Vec::with_capacity(12);
+        let mut add = |k: &str, v: String| context.push((k.to_string(), Some(Bytes::from(v))));
         add(H_TOPIC, self.origin_topic.to_string());
         if let Some(id) = topic_id.filter(|id| !id.is_nil()) {
             add(H_TOPIC_ID, id.to_string());
@@ -260,18 +270,22 @@ impl Diversion {
         add(H_RULE, self.invalid.rule.clone());
         add(H_POLICY, self.policy.to_string());
         add(H_FAILED_AT, failed_at_ms.to_string());
+        if let Some(last) = self.last_offset {
+            add(H_LAST_OFFSET, last.to_string());
+        }
         if self.is_redacted() {
             add(H_REDACTED, "true".to_string());
         }
         if let Some(first) = self.blocked_by {
             add(H_BLOCKED_BY, first.to_string());
         }
-        NewRecord {
-            timestamp: self.origin_timestamp,
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers,
-        }
+        seal.frame(
+            self.origin_timestamp,
+            self.key.clone(),
+            self.value.clone(),
+            originals,
+            context,
+        )
     }
 }
 

@@ -16,6 +16,7 @@
 //! Each module depends only on modules below it (`scripts/check-layers.py`).
 
 pub mod clock;
+pub mod dlt_context;
 pub mod dlt_marker;
 pub mod dlt_record;
 pub mod kafka;

@@ -11,6 +11,7 @@
 //! releases the key as it delivers that record), and once all are written a
 //! release marker goes to the DLT (for restarts and other instances).
 
+use crate::deadletter::trust::Reader;
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
@@ -46,8 +47,11 @@ pub async fn released(
     topic: &str,
 ) -> Result<HashMap<GroupKey, i64>, DltError> {
     let mut out: HashMap<GroupKey, i64> = HashMap::new();
-    crate::deadletter::read_topic(cluster, topic, |_, r| {
-        if let Some(Marker::Release(m)) = Marker::parse(r) {
+    crate::deadletter::read_topic(cluster, topic, |p, r| {
+        let Some(ctx) = crate::deadletter::trust::open(Reader::Replay, topic, p, r) else {
+            return;
+        };
+        if let Some(Marker::Release(m)) = Marker::parse(&ctx, r.key) {
             let t = out
                 .entry((m.topic, m.partition, m.key))
                 .or_insert(m.through);
@@ -81,7 +85,7 @@ pub async fn units(
         r.origin_offset
             .is_some_and(|o| released.get(g).is_none_or(|t| o > *t))
     };
-    let members = read_dlt(cluster, topic, |r| {
+    let members = read_dlt(Reader::Replay, cluster, topic, |r| {
         group_of(policies, r).is_some_and(|g| wanted.contains(&g) && open(&g, r))
     })
     .await?;
@@ -127,8 +131,11 @@ pub async fn write_marker(
         through,
         discard,
     });
-    let record = marker.to_record(crate::clock::now_ms());
     let partition = g.1.rem_euclid(n as i32);
+    let record = marker.to_record(
+        crate::clock::now_ms(),
+        &crate::deadletter::trust::seal(dlt, partition),
+    );
     super::run::produce(cluster, dlt, partition, &record).await?;
     Ok(())
 }

@@ -45,7 +45,9 @@ use bytes::Bytes;
 
 pub use run::{produce, run};
 
-use super::{DltRecord, Filters, CONTEXT_HEADERS, H_ATTEMPT, H_REPLAYED_FROM};
+use super::{DltRecord, Filters, H_ATTEMPT, H_REPLAYED_FROM};
+use crate::deadletter::trust;
+use crate::dlt_context::Seal;
 use crate::kafka::builder::NewRecord;
 use crate::kafka::record::{Header, Record};
 use crate::policy::{PolicySet, Verdict};
@@ -164,29 +166,41 @@ impl Report {
     }
 }
 
-/// The record a replay writes: original key, value and non-context headers,
-/// plus `x-replayed-from-dlt` and `x-attempt`.
-pub fn replay_record(r: &DltRecord, attempt: u32, timestamp: i64) -> NewRecord {
-    let mut headers: Vec<(String, Option<Bytes>)> = r
-        .headers
-        .iter()
-        .filter(|(k, _)| !CONTEXT_HEADERS.contains(&k.as_str()))
-        .cloned()
-        .collect();
-    headers.push((
-        H_REPLAYED_FROM.to_string(),
-        Some(Bytes::from(r.coordinate())),
-    ));
-    headers.push((
-        H_ATTEMPT.to_string(),
-        Some(Bytes::from(attempt.to_string())),
-    ));
-    NewRecord {
-        timestamp,
-        key: r.key.clone(),
-        value: r.value.clone(),
-        headers,
+/// The record a replay writes to `seal`'s topic and partition: the
+/// original key, value and headers, exactly, plus a frame of
+/// `x-replayed-from-dlt`, `x-attempt` and, on the last record of a blocked
+/// key, `x-released-through` (signed with keys, so that no producer of the
+/// topic can pass its own record off as a replay).
+pub fn replay_record(
+    r: &DltRecord,
+    attempt: u32,
+    timestamp: i64,
+    released_through: Option<i64>,
+    seal: &Seal<'_>,
+) -> NewRecord {
+    let mut context = vec![
+        (
+            H_REPLAYED_FROM.to_string(),
+            Some(Bytes::from(r.coordinate())),
+        ),
+        (
+            H_ATTEMPT.to_string(),
+            Some(Bytes::from(attempt.to_string())),
+        ),
+    ];
+    if let Some(t) = released_through {
+        context.push((
+            crate::dlt_record::H_RELEASED_THROUGH.to_string(),
+            Some(Bytes::from(t.to_string())),
+        ));
     }
+    seal.frame(
+        timestamp,
+        r.key.clone(),
+        r.value.clone(),
+        r.headers.clone(),
+        context,
+    )
 }
 
 /// Whether `r` passes the command-line selection (filters and origin offsets).
@@ -227,11 +241,7 @@ pub fn decide(
     if r.class == crate::policy::Class::Stale.as_str() && !args.include_stale {
         return Decision::RefusedStale;
     }
-    if r.class == crate::policy::Class::Redact.as_str()
-        || r.headers
-            .iter()
-            .any(|(k, _)| k == crate::dlt_record::H_REDACTED)
-    {
+    if r.class == crate::policy::Class::Redact.as_str() || r.redacted {
         return Decision::RefusedRedacted;
     }
     if r.rule == crate::deadletter::RULE_WHOLE_BATCH {
@@ -244,7 +254,11 @@ pub fn decide(
         return Decision::AlreadyReplayed { topic };
     }
     let attempt = r.attempt + 1;
-    let record = replay_record(r, attempt, now_ms);
+    let partition = match r.origin_partition {
+        Some(p) if p >= 0 && (p as usize) < n => p,
+        _ => 0,
+    };
+    let record = replay_record(r, attempt, now_ms, None, &trust::seal(&topic, partition));
     if let Some(policy) = policies
         .for_topic(&topic)
         .filter(|_| !policies.is_dead_letter_topic(&topic))
@@ -271,10 +285,6 @@ pub fn decide(
             };
         }
     }
-    let partition = match r.origin_partition {
-        Some(p) if p >= 0 && (p as usize) < n => p,
-        _ => 0,
-    };
     Decision::Replay {
         topic,
         partition,
@@ -351,6 +361,7 @@ policies:
             policy: "p".into(),
             failed_at: Some(2),
             attempt: attempt.unwrap_or(0),
+            redacted: false,
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from(value.to_string())),
             headers,

@@ -6,6 +6,7 @@
 //! Owns the I/O side of a replay only; every decision is made by the pure
 //! [`super::decide`].
 
+use crate::deadletter::trust::Reader;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -18,7 +19,6 @@ use super::targets::{Targets as Seen, Written};
 use super::{decide, selected, Decision, ReplayArgs, Report};
 use crate::client::Cluster;
 use crate::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
-use crate::dlt_record::H_RELEASED_THROUGH;
 use crate::kafka::builder::NewRecord;
 use crate::registry::Registry;
 
@@ -39,7 +39,10 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
             args.topic
         )));
     }
-    let mut records = read_dlt(&mut cluster, &args.topic, |r| selected(args, r)).await?;
+    let mut records = read_dlt(Reader::Replay, &mut cluster, &args.topic, |r| {
+        selected(args, r)
+    })
+    .await?;
     if let Some(n) = args.limit {
         records.truncate(n);
     }
@@ -204,15 +207,27 @@ impl Runner<'_> {
             .filter_map(|r| r.origin_offset)
             .max()
             .unwrap_or(-1);
-        if let Some(Decision::Replay { record, .. }) = ds
-            .iter_mut()
+        if let Some((
+            r,
+            Decision::Replay {
+                record,
+                topic,
+                partition,
+                attempt,
+            },
+        )) = rs
+            .iter()
+            .zip(ds.iter_mut())
             .rev()
-            .find(|d| matches!(d, Decision::Replay { .. }))
+            .find(|(_, d)| matches!(d, Decision::Replay { .. }))
         {
-            record.headers.push((
-                H_RELEASED_THROUGH.to_string(),
-                Some(through.to_string().into()),
-            ));
+            *record = super::replay_record(
+                r,
+                *attempt,
+                record.timestamp,
+                Some(through),
+                &crate::deadletter::trust::seal(topic, *partition),
+            );
         }
         let failed = self.report.failed;
         for (r, d) in rs.iter().zip(&ds) {

@@ -29,6 +29,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::client::{errors, Cluster};
 use crate::deadletter::read_partition_from;
+use crate::deadletter::trust::Reader;
 use crate::dlt::{DltError, H_REPLAYED_FROM};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
@@ -95,9 +96,12 @@ impl Targets {
         let since = self.oldest.get(topic).copied().unwrap_or(0);
         let from = start_offset(cluster, topic, partition, since).await?;
         let replayed = &mut self.replayed;
-        self.read += read_partition_from(cluster, topic, partition, from, &mut |_, rec| {
-            if let Some(Some(v)) = rec.header(H_REPLAYED_FROM) {
-                replayed.insert(String::from_utf8_lossy(v).into_owned());
+        self.read += read_partition_from(cluster, topic, partition, from, &mut |p, rec| {
+            // Only a replay's own frame names the DLT record it came from
+            // (a producer's header of that name is not antidote's).
+            let ctx = crate::deadletter::trust::open(Reader::Replay, topic, p, rec);
+            if let Some(v) = ctx.as_ref().and_then(|c| c.text(H_REPLAYED_FROM)) {
+                replayed.insert(v.to_string());
             }
         })
         .await?;

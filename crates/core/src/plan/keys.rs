@@ -17,7 +17,9 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::dlt_record::RULE_KEY;
+use crate::dlt_context::{self, Keys, NO_KEYS};
+use crate::dlt_record::{H_RELEASED_THROUGH, H_REPLAYED_FROM, RULE_KEY};
+use crate::kafka::record::Record;
 use crate::policy::{Class, Invalid};
 
 /// Blocked keys of one partition per proxy, at most: a key blocked past
@@ -42,6 +44,12 @@ pub trait KeyGate: Sync {
     fn releases(&self, key: &[u8], through: i64) -> bool;
     /// How many keys are blocked now.
     fn len(&self) -> usize;
+    /// The keys that authenticate a replayed record coming home (its
+    /// `x-replayed-from-dlt` and `x-released-through` are antidote's only
+    /// if its frame opens under them).
+    fn signing_keys(&self) -> &Keys {
+        &NO_KEYS
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -111,6 +119,22 @@ impl<'a> KeyOrder<'a> {
     /// Whether any record of this plan may be blocked.
     pub(super) fn active(&self) -> bool {
         !self.local.is_empty() || !self.gate.is_empty()
+    }
+
+    /// Whether `record` (of `topic`/`partition`) is a record `dlt replay`
+    /// wrote back: its frame opens under the gate's keys and names the DLT
+    /// record it came from. `Some` of its `x-released-through`, if any. A
+    /// producer's own `x-replayed-from-dlt` header is never enough: it is
+    /// outside the frame, or the frame does not verify.
+    pub(super) fn homecoming(
+        &self,
+        record: &Record<'_>,
+        topic: &str,
+        partition: i32,
+    ) -> Option<Option<i64>> {
+        let ctx = dlt_context::open(record, topic, partition, self.gate.signing_keys()).ok()?;
+        ctx.get(H_REPLAYED_FROM)?;
+        Some(ctx.num(H_RELEASED_THROUGH))
     }
 
     fn current(&self, key: &[u8]) -> Option<Block> {

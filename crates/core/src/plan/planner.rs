@@ -12,7 +12,7 @@ use super::keys::{blocked_invalid, KeyGate, KeyOrder, KeyStep, KeyedRecord, NoKe
 use super::verdicts::{Judged, Known, VerdictCache};
 use super::visibility::{AbortTracker, Visibility};
 use super::{Hold, HoldReason, PartitionPlan, SegmentPlan};
-use crate::dlt_record::{Diversion, H_RELEASED_THROUGH, H_REPLAYED_FROM};
+use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
 use crate::kafka::record::Record;
@@ -360,14 +360,13 @@ fn apply_verdicts(
 
 /// A delivered replayed record that carries `x-released-through` frees its
 /// key for the rest of this response, and (once delivered) in the proxy.
-fn note_release(plan: &mut PartitionPlan, order: &mut KeyOrder<'_>, record: &Record<'_>) {
-    let (Some(key), Some(Some(v))) = (record.key, record.header(H_RELEASED_THROUGH)) else {
-        return;
-    };
-    let Some(through) = std::str::from_utf8(v)
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-    else {
+fn note_release(
+    plan: &mut PartitionPlan,
+    order: &mut KeyOrder<'_>,
+    record: &Record<'_>,
+    through: Option<i64>,
+) {
+    let (Some(key), Some(through)) = (record.key, through) else {
         return;
     };
     if order.release(key, through) {
@@ -408,7 +407,8 @@ fn divert_keyed(
         if !live && own.is_none() {
             continue; // dropped
         }
-        let replayed = record.header(H_REPLAYED_FROM).is_some();
+        let homecoming = order.homecoming(&record, &plan.topic, plan.partition);
+        let replayed = homecoming.is_some();
         let step = order.step(&KeyedRecord {
             key: record.key,
             offset: record.offset,
@@ -423,8 +423,8 @@ fn divert_keyed(
             KeyStep::Free => match own {
                 Some(v) => (v.clone(), None, v.class),
                 None => {
-                    if replayed {
-                        note_release(plan, order, &record);
+                    if let Some(through) = homecoming {
+                        note_release(plan, order, &record, through);
                     }
                     continue;
                 }
