@@ -258,6 +258,22 @@ pub struct DeadLetterConfig {
     /// With keys: refuse (default) or accept records without a signature.
     #[serde(default)]
     pub unsigned_records: UnsignedRecords,
+    /// `strict` (default): a DLT partition is written only under its
+    /// producer lease; `best_effort`: without one when it cannot be had.
+    #[serde(default)]
+    pub fencing: Fencing,
+}
+
+/// `dead_letter.fencing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fencing {
+    /// Writes wait (their partition is held) until the lease is had.
+    #[default]
+    Strict,
+    /// Writes go on without fencing or idempotence while InitProducerId
+    /// fails: a fleet may then write a record twice.
+    BestEffort,
 }
 
 impl DeadLetterConfig {
@@ -309,6 +325,7 @@ impl Default for DeadLetterConfig {
             redrive: None,
             signing_keys: Vec::new(),
             unsigned_records: UnsignedRecords::default(),
+            fencing: Fencing::default(),
         }
     }
 }

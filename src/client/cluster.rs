@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
-use kafka_protocol::messages::{BrokerId, ProduceRequest, TopicName};
+use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::{errors, no_broker, ClientError, Connection, Endpoint};
@@ -287,6 +287,40 @@ impl Cluster {
                     "{topic}-{partition}: no partition in the produce response"
                 ))
             })
+    }
+
+    /// A connection to the transaction coordinator of `transactional_id`
+    /// (FindCoordinator, key type 1): InitProducerId with a transactional
+    /// id must go there, or a cluster of several brokers answers
+    /// NOT_COORDINATOR. A coordinator error (still loading, not available)
+    /// is returned as an error for the caller to retry.
+    pub async fn transaction_coordinator(
+        &mut self,
+        transactional_id: &str,
+    ) -> Result<&mut Connection, ClientError> {
+        let conn = self.any().await?;
+        let v = conn.version::<FindCoordinatorRequest>(1, 6)?;
+        let key = StrBytes::from_string(transactional_id.to_string());
+        let mut req = FindCoordinatorRequest::default().with_key_type(1);
+        req = if v >= 4 {
+            req.with_coordinator_keys(vec![key])
+        } else {
+            req.with_key(key)
+        };
+        let resp = conn.send_at(req, v).await?;
+        let (code, node) = match resp.coordinators.first() {
+            Some(c) if v >= 4 => (c.error_code, c.node_id.0),
+            _ => (resp.error_code, resp.node_id.0),
+        };
+        if code != 0 || node < 0 {
+            return Err(no_broker(format!(
+                "FindCoordinator for {transactional_id}: error {code}"
+            )));
+        }
+        if !self.brokers.contains_key(&node) {
+            self.metadata(None).await?;
+        }
+        self.node(node).await
     }
 
     /// A connection to broker `node`.

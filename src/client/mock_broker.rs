@@ -4,7 +4,8 @@
 //! partition of a DLT write, start a log after offset 0 as retention does).
 //!
 //! It speaks just enough of the protocol for the proxy's own client:
-//! ApiVersions, Metadata, CreateTopics (configs recorded), InitProducerId,
+//! ApiVersions, Metadata, CreateTopics (configs recorded), FindCoordinator,
+//! InitProducerId,
 //! Produce (batches stored, with rules for refusing them), ListOffsets and
 //! Fetch. Test-only; one node (id 1) on loopback.
 
@@ -57,6 +58,8 @@ pub struct State {
     pub appended_epochs: HashMap<(String, i32, i64), i16>,
     /// Each Produce waits this long before it is applied and answered.
     pub produce_delay: Option<std::time::Duration>,
+    /// FindCoordinator answers this error (e.g. 15, COORDINATOR_NOT_AVAILABLE).
+    pub coordinator_error: Option<i16>,
 }
 
 pub struct MockBroker {
@@ -181,6 +184,34 @@ fn answer(mut body: Bytes, st: &Arc<Mutex<State>>, me: &HostPort) -> Option<Byte
                 .encode(&mut out, v)
                 .ok()?
         }
+        ApiKey::FindCoordinator => {
+            let req = FindCoordinatorRequest::decode(&mut body, v).ok()?;
+            let code = st.coordinator_error.unwrap_or(0);
+            let node = if code == 0 { 1 } else { -1 };
+            let mut resp = FindCoordinatorResponse::default();
+            if v >= 4 {
+                resp = resp.with_coordinators(
+                    req.coordinator_keys
+                        .into_iter()
+                        .map(|k| {
+                            find_coordinator_response::Coordinator::default()
+                                .with_key(k)
+                                .with_node_id(BrokerId(node))
+                                .with_host(StrBytes::from_string(me.host.clone()))
+                                .with_port(i32::from(me.port))
+                                .with_error_code(code)
+                        })
+                        .collect(),
+                );
+            } else {
+                resp = resp
+                    .with_error_code(code)
+                    .with_node_id(BrokerId(node))
+                    .with_host(StrBytes::from_string(me.host.clone()))
+                    .with_port(i32::from(me.port));
+            }
+            resp.encode(&mut out, v).ok()?
+        }
         ApiKey::Produce => produce(&mut st, ProduceRequest::decode(&mut body, v).ok()?)
             .encode(&mut out, v)
             .ok()?,
@@ -208,6 +239,7 @@ fn api_versions() -> ApiVersionsResponse {
         k(ApiKey::Metadata, 4, 12),
         k(ApiKey::CreateTopics, 2, 7),
         k(ApiKey::InitProducerId, 0, 4),
+        k(ApiKey::FindCoordinator, 1, 6),
         k(ApiKey::Produce, 3, 9),
         k(ApiKey::ListOffsets, 1, 7),
         k(ApiKey::Fetch, 4, 12),

@@ -10,14 +10,16 @@ use serde::Deserialize;
 
 use antidote_core::dlt_context::{Keys, MIN_KEY_BYTES};
 
-/// One signing key: where its secret is.
+/// One signing key: where its secret is, `{ env: NAME }` or `{ file: PATH }`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "lowercase")]
-pub enum SigningKey {
+#[serde(deny_unknown_fields)]
+pub struct SigningKey {
     /// An environment variable holding the secret.
-    Env(String),
+    #[serde(default)]
+    pub env: Option<String>,
     /// A file holding the secret (one trailing newline is ignored).
-    File(PathBuf),
+    #[serde(default)]
+    pub file: Option<PathBuf>,
 }
 
 /// `dead_letter.unsigned_records`: what readers do with a record that has
@@ -35,11 +37,12 @@ pub enum UnsignedRecords {
 
 impl SigningKey {
     fn secret(&self) -> Result<Vec<u8>, String> {
-        let mut s = match self {
-            SigningKey::Env(var) => std::env::var(var)
+        let mut s = match (&self.env, &self.file) {
+            (Some(var), None) => std::env::var(var)
                 .map_err(|_| format!("environment variable {var} is not set"))?
                 .into_bytes(),
-            SigningKey::File(p) => std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?,
+            (None, Some(p)) => std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?,
+            _ => return Err("each key needs exactly one of `env` or `file`".into()),
         };
         if s.last() == Some(&b'\n') {
             s.pop();
@@ -54,14 +57,15 @@ impl SigningKey {
     }
 
     fn name(&self) -> String {
-        match self {
-            SigningKey::Env(v) => format!("env {v}"),
-            SigningKey::File(p) => format!("file {}", p.display()),
+        match (&self.env, &self.file) {
+            (Some(v), _) => format!("env {v}"),
+            (_, Some(p)) => format!("file {}", p.display()),
+            _ => "key".into(),
         }
     }
 
     pub(super) fn resolve(&mut self, base: &std::path::Path) {
-        if let SigningKey::File(p) = self {
+        if let Some(p) = &mut self.file {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
@@ -89,16 +93,23 @@ mod tests {
         let f = dir.path().join("k");
         std::fs::write(&f, "a-secret-from-a-file-0001\n").unwrap();
         std::env::set_var("ANTIDOTE_TEST_SIGNING_KEY", "a-secret-from-the-env-01");
+        let env = |v: &str| SigningKey {
+            env: Some(v.into()),
+            file: None,
+        };
         let list = vec![
-            SigningKey::Env("ANTIDOTE_TEST_SIGNING_KEY".into()),
-            SigningKey::File(f),
+            env("ANTIDOTE_TEST_SIGNING_KEY"),
+            SigningKey {
+                env: None,
+                file: Some(f),
+            },
         ];
         let k = keys(&list, UnsignedRecords::Refuse).unwrap();
         assert!(k.signing() && !k.accept_unsigned);
         assert!(!format!("{k:?}").contains("secret"));
         std::env::set_var("ANTIDOTE_TEST_SIGNING_KEY_SHORT", "short");
         let e = keys(
-            &[SigningKey::Env("ANTIDOTE_TEST_SIGNING_KEY_SHORT".into())],
+            &[env("ANTIDOTE_TEST_SIGNING_KEY_SHORT")],
             UnsignedRecords::Refuse,
         )
         .unwrap_err();
@@ -106,11 +117,14 @@ mod tests {
             e.contains("at least 16 bytes") && !e.contains("short\""),
             "{e}"
         );
-        let e = keys(
-            &[SigningKey::Env("ANTIDOTE_TEST_UNSET_KEY".into())],
-            UnsignedRecords::Refuse,
-        )
-        .unwrap_err();
+        let e = keys(&[env("ANTIDOTE_TEST_UNSET_KEY")], UnsignedRecords::Refuse).unwrap_err();
         assert!(e.contains("ANTIDOTE_TEST_UNSET_KEY is not set"), "{e}");
+        let both = SigningKey {
+            env: Some("X".into()),
+            file: Some("y".into()),
+        };
+        assert!(keys(&[both], UnsignedRecords::Refuse)
+            .unwrap_err()
+            .contains("exactly one"));
     }
 }

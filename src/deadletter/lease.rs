@@ -13,9 +13,14 @@
 //! (tansu 0.6 does not abort an older epoch's open transaction, see
 //! `scripts/tansu_txn_probe.py`).
 //!
+//! InitProducerId goes to the transaction coordinator of the transactional
+//! id (FindCoordinator), as Kafka requires on a cluster of several brokers.
+//! If it cannot be had, the write waits (fails closed) unless
+//! `dead_letter.fencing: best_effort`.
+//!
 //! Taking the lease writes a `lease` marker (`dlt_marker::lease_record`)
-//! under the new epoch before the read, unless the epoch is 0 (the broker
-//! just made the producer id: nobody wrote with it before). Apache Kafka
+//! under the new epoch before the read, at epoch 0 too (a new producer id,
+//! after the transactional id expired, fences no one by itself). Apache Kafka
 //! fences an older epoch on a partition only once that partition has
 //! appended a batch of the newer one, not when InitProducerId hands the
 //! newer one out: without the marker, a write another instance had
@@ -34,6 +39,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use kafka_protocol::messages::InitProducerIdRequest;
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, warn};
@@ -43,6 +50,7 @@ use super::backoff;
 use super::producer::{finish, ProduceError, Producer};
 use super::{LedgerKey, Origin, PendingWrite};
 use crate::clock::now_ms;
+use crate::config::Fencing;
 use crate::kafka::builder::NewRecord;
 
 /// A DLT partition's producer: its id and epoch (from InitProducerId with a
@@ -54,6 +62,8 @@ pub(super) struct Lease {
     pub(super) pid: i64,
     pub(super) epoch: i16,
     pub(super) seq: i32,
+    /// When InitProducerId handed it out (see [`LEASE_REFRESH`]).
+    pub(super) taken: Instant,
 }
 
 /// Most times one round re-reads and re-writes a DLT partition after being
@@ -201,22 +211,33 @@ impl Producer {
         Some(todo)
     }
 
-    /// Take `topic`/`partition`'s producer lease unless held: InitProducerId
-    /// with the partition's transactional id bumps its epoch, and the lease
-    /// marker written under it makes the partition refuse every other
-    /// instance's older epoch (see the module's doc). Brokers that refuse
-    /// InitProducerId get (-1, -1): writes without idempotence or fencing.
+    /// Take `topic`/`partition`'s producer lease unless held (and younger
+    /// than [`LEASE_REFRESH`]): InitProducerId at the transaction
+    /// coordinator of the partition's transactional id bumps its epoch, and
+    /// the lease marker written under it makes the partition refuse every
+    /// other instance's older epoch (see the module's doc).
+    ///
+    /// Fails closed: when InitProducerId cannot be had (coordinator moving
+    /// or loading, refused, unreachable), no lease is cached and the write
+    /// waits (its partition is held), unless `dead_letter.fencing:
+    /// best_effort`, which writes without fencing or idempotence then.
     async fn ensure_lease(&mut self, topic: &str, partition: i32) -> Claim {
         let key = (topic.to_string(), partition);
-        if self.leases.contains_key(&key) {
+        if self
+            .leases
+            .get(&key)
+            .is_some_and(|l| l.taken.elapsed() < LEASE_REFRESH)
+        {
             return Claim::Held;
         }
+        self.leases.remove(&key);
+        let tid = transactional_id(topic, partition);
         let req = InitProducerIdRequest::default()
             .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(
-                StrBytes::from_string(transactional_id(topic, partition)),
+                StrBytes::from_string(tid.clone()),
             )))
             .with_transaction_timeout_ms(60_000);
-        let result = match self.cluster.any().await {
+        let result = match self.cluster.transaction_coordinator(&tid).await {
             // v2+ in practice: tansu answers v0 and v1 with error -1.
             Ok(conn) => conn.send(req, 0, 4).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
@@ -234,34 +255,38 @@ impl Producer {
                     pid: r.producer_id.0,
                     epoch: r.producer_epoch,
                     seq: 0,
+                    taken: Instant::now(),
                 }
             }
-            Ok(r) => {
-                warn!(
-                    dlt = topic,
-                    partition,
-                    error_code = r.error_code,
-                    "InitProducerId refused; writing without fencing"
-                );
-                Lease {
-                    pid: -1,
-                    epoch: -1,
-                    seq: -1,
-                }
-            }
-            Err(e) => {
-                warn!(dlt = topic, partition, error = %e, "InitProducerId failed; writing without fencing");
-                Lease {
-                    pid: -1,
-                    epoch: -1,
-                    seq: -1,
+            other => {
+                let why = match other {
+                    Ok(r) => format!("error code {}", r.error_code),
+                    Err(e) => e,
+                };
+                // The coordinator may have moved: look it up again next time.
+                self.cluster.reset();
+                if self.cfg.fencing == Fencing::BestEffort {
+                    warn!(dlt = topic, partition, error = %why, "InitProducerId failed; writing without fencing (dead_letter.fencing: best_effort)");
+                    Lease {
+                        pid: -1,
+                        epoch: -1,
+                        seq: -1,
+                        taken: Instant::now(),
+                    }
+                } else {
+                    crate::metrics::global().dlt_write_result("lease_failed", Duration::ZERO);
+                    warn!(dlt = topic, partition, error = %why, "InitProducerId failed: the DLT partition's writes wait (held) and are retried; antidote_dlt_writes_total{{result=\"lease_failed\"}}");
+                    return Claim::Failed;
                 }
             }
         };
         self.leases.insert(key.clone(), lease);
-        if lease.pid < 0 || lease.epoch == 0 {
+        if lease.pid < 0 {
             return Claim::Held;
         }
+        // Written at every epoch, 0 included: a new producer id (after the
+        // transactional id expired, or its epochs ran out) fences nothing by
+        // itself; its marker on the partition is what the others meet.
         let marker =
             crate::dlt_marker::lease_record(now_ms(), &super::trust::seal(topic, partition));
         match self.produce(topic, partition, &[marker]).await {
@@ -282,6 +307,13 @@ impl Producer {
         }
     }
 }
+
+/// How long a lease is used before InitProducerId is asked again. Asking
+/// keeps the transactional id alive (Kafka expires one unused for
+/// `transactional.id.expiration.ms`, 7 days by default; a new producer id
+/// would fence no one), and lets an instance notice a newer epoch without
+/// waiting for a refused write.
+pub(super) const LEASE_REFRESH: Duration = Duration::from_secs(3600);
 
 /// What taking a DLT partition's lease came to.
 pub(super) enum Claim {

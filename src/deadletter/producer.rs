@@ -368,6 +368,7 @@ impl Producer {
             pid: -1,
             epoch: -1,
             seq: -1,
+            taken: tokio::time::Instant::now(),
         });
         let opts = BuildOptions::default()
             .compression(self.cfg.compression.codec())

@@ -398,7 +398,10 @@ async fn concurrent_submits_of_one_record_share_one_write() {
         "written once"
     );
     let records_produced: i32 = mock.state().produced.iter().map(|p| p.2).sum();
-    assert_eq!(records_produced, 1, "one record sent to the DLT in all");
+    assert_eq!(
+        records_produced, 2,
+        "the lease marker and one record sent to the DLT in all"
+    );
     assert!(dl.is_diverted(&super::ledger_key(&d)));
 }
 
@@ -533,9 +536,23 @@ async fn a_write_read_for_before_another_instance_took_the_lease_is_not_written_
     assert_eq!(second, [true]);
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [7], "offset 7 once");
-    assert_eq!(
-        lease_markers(&mock, "t.dlt", 0),
-        1,
-        "instance 2's lease (epoch 1) wrote a marker; instance 1's (epoch 0) did not"
-    );
+    // Each lease writes its marker, epoch 0 included (a new producer id
+    // fences no one by itself); instance 1, fenced, takes a third.
+    assert!(lease_markers(&mock, "t.dlt", 0) >= 2);
+}
+
+/// Fencing fails closed: while the transaction coordinator cannot be had,
+/// a diversion is not written (its partition is held by the caller) and
+/// nothing is cached; once it answers, the same diversion is written once.
+#[tokio::test]
+async fn without_a_lease_nothing_is_written_and_the_next_try_takes_one() {
+    let (mock, dl) = loaded_t_and_its_dlt().await;
+    mock.state().coordinator_error = Some(15); // COORDINATOR_NOT_AVAILABLE
+    let d = diversion("t", 0, 7, 20);
+    assert!(dl.submit(&d).expect("submit").wait().await.is_err());
+    assert!(stored(&mock, "t.dlt", 0).is_empty(), "nothing written unfenced");
+    assert!(!dl.is_diverted(&super::ledger_key(&d)));
+    mock.state().coordinator_error = None;
+    assert!(dl.submit(&d).expect("submit").wait().await.is_ok());
+    assert_eq!(stored(&mock, "t.dlt", 0), [(7, Some(Compression::None))]);
 }

@@ -253,6 +253,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_redrive_total counter",
         "antidote_dlt_diversions_total counter",
         "antidote_dlt_ledger_lag_records gauge",
+        // Added with signed DLT records (issue 28, deadletter/trust.rs).
+        "antidote_dlt_records_refused_total counter",
         // Added with judging ahead (issue 15, filter/parallel.rs).
         "antidote_fetch_judged_ahead_records_total counter",
     ];

@@ -6,14 +6,16 @@
 //! dead-letter topics are refused or a policy judges Produce
 //! (`on_produce: reject`): see `produce` and `door`. A request outside the
 //! versions the proxy offers is answered UNSUPPORTED_VERSION locally or
-//! ends the connection; after a SaslHandshake v0 the broker accepted,
-//! frames that are no request are raw SASL tokens.
+//! ends the connection. Raw SASL tokens (after a SaslHandshake v0 the
+//! broker accepted) are forwarded unread only while `sasl_phase` says the
+//! exchange is still going on.
 
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use crate::policy::PolicySet;
 use crate::proxy::relay::RelayError;
+use crate::proxy::sasl_phase::{self, Raw, Tokens};
 use crate::proxy::{addresses, door, produce, versions, Shared};
 use crate::transport::frame::{self, response_frame, Cursor};
 
@@ -30,9 +32,10 @@ pub(super) enum Handling {
     Local(Bytes),
     /// A Fetch response to inspect for poison records.
     Fetch { isolation: i8 },
-    /// A SaslHandshake answer: raw SASL tokens follow only when a v0
-    /// handshake is accepted (with v1 they travel in SaslAuthenticate).
-    SaslHandshake,
+    /// A SaslHandshake answer: the raw SASL tokens its request announced
+    /// follow only when a v0 handshake is accepted (with v1 they travel in
+    /// SaslAuthenticate).
+    SaslHandshake(Tokens),
     /// A Produce answer into which the partitions the proxy refused
     /// (dead-letter topics, the door) are merged.
     Produce(produce::Refused),
@@ -75,8 +78,10 @@ impl Classified {
 
 /// What classifying a request needs to know about the connection and the proxy.
 pub(super) struct Context<'a> {
-    /// The broker accepted a SaslHandshake v0: unparseable frames are tokens.
-    pub raw_sasl: bool,
+    /// What the raw SASL phase makes of this frame.
+    pub raw: Raw,
+    /// Policies are loaded: no raw SASL exchange of unknown length is allowed.
+    pub policies_loaded: bool,
     pub intercepting: bool,
     /// Set while client Produce requests are checked (writes to
     /// dead-letter topics refused, or a policy with `on_produce: reject`).
@@ -143,9 +148,14 @@ fn fetch_isolation(frame: &[u8], version: i16) -> Option<i8> {
 /// broker; a request the proxy refuses outright is an error (the
 /// connection closes).
 pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, RelayError> {
+    if ctx.raw == Raw::Token {
+        return Ok(Classified::forward(Some(raw_token())));
+    }
+    // A v0 exchange of unknown length, allowed only with no policy loaded.
+    let open_ended = ctx.raw == Raw::Unbounded && !ctx.policies_loaded;
     let head = frame::peek_request(frame).filter(|h| is_known_request(h.api_key, h.api_version));
     let Some(head) = head else {
-        if ctx.raw_sasl {
+        if open_ended {
             return Ok(Classified::forward(Some(raw_token())));
         }
         return Err(RelayError::BadRequest(match frame::peek_request(frame) {
@@ -171,7 +181,7 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
             Handling::Local(response_frame(head.correlation_id, &[], &body))
         }
         // Raw tokens that happen to look like a request are still tokens.
-        _ if !versions::in_proxy_range(key, v, ctx.fetch_max) && ctx.raw_sasl => {
+        _ if !versions::in_proxy_range(key, v, ctx.fetch_max) && open_ended => {
             return Ok(Classified::forward(Some(raw_token())))
         }
         _ if !versions::in_proxy_range(key, v, ctx.fetch_max) => {
@@ -184,7 +194,9 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
         ApiKey::Produce if produce_acks(frame, v) == Some(0) => {
             return Ok(Classified::forward(None))
         }
-        ApiKey::SaslHandshake => Handling::SaslHandshake,
+        ApiKey::SaslHandshake => {
+            Handling::SaslHandshake(sasl_phase::handshake(frame, v, ctx.policies_loaded)?)
+        }
         ApiKey::Fetch if ctx.intercepting => Handling::Fetch {
             isolation: fetch_isolation(frame, v)
                 .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
@@ -325,45 +337,68 @@ mod tests {
         frame::with_length_prefix(&b)
     }
 
-    fn ctx(raw_sasl: bool) -> Context<'static> {
+    fn ctx(raw: Raw) -> Context<'static> {
         Context {
-            raw_sasl,
+            raw,
+            policies_loaded: false,
             intercepting: false,
             produce_guard: None,
             fetch_max: None,
         }
     }
 
-    fn pending(frame: &Bytes, raw_sasl: bool) -> Option<Pending> {
-        classify(frame, &ctx(raw_sasl)).unwrap().pending
+    fn pending(frame: &Bytes, raw: Raw) -> Option<Pending> {
+        classify(frame, &ctx(raw)).unwrap().pending
     }
 
     #[test]
     fn produce_with_acks_zero_expects_no_response() {
         // v3: transactional_id null (-1), acks 0
-        assert!(pending(&request(0, 3, &[0xff, 0xff, 0, 0]), false).is_none());
+        assert!(pending(&request(0, 3, &[0xff, 0xff, 0, 0]), Raw::Closed).is_none());
         // v9 (flexible): compact null transactional id (0), acks -1
-        assert!(pending(&request(0, 9, &[0, 0xff, 0xff]), false).is_some());
+        assert!(pending(&request(0, 9, &[0, 0xff, 0xff]), Raw::Closed).is_some());
         assert_eq!(produce_acks(&request(0, 2, &[0, 1]), 2), Some(1));
     }
 
     #[test]
-    fn raw_sasl_tokens_are_relayed_only_in_raw_mode() {
+    fn raw_sasl_tokens_are_relayed_only_while_the_phase_is_open() {
         let token = frame::with_length_prefix(b"\0admin\0secret");
-        assert!(classify(&token, &ctx(false)).is_err());
-        let p = pending(&token, true).unwrap();
+        assert!(classify(&token, &ctx(Raw::Closed)).is_err());
+        let p = pending(&token, Raw::Token).unwrap();
+        assert_eq!(p.correlation_id, None);
+        // In the open phase every frame is a token, as the broker reads it,
+        // even one that looks like an offered request.
+        let p = pending(&request(3, 1, &[]), Raw::Token).unwrap();
         assert_eq!(p.correlation_id, None);
         // The handshake itself does not switch modes: its answer does.
-        for v in [0, 1] {
-            let p = pending(&request(17, v, &[]), false).unwrap();
-            assert!(matches!(p.handling, Handling::SaslHandshake));
-        }
+        let plain = [&5i16.to_be_bytes()[..], b"PLAIN"].concat();
+        let p = pending(&request(17, 0, &plain), Raw::Closed).unwrap();
+        assert!(matches!(p.handling, Handling::SaslHandshake(Tokens::Count(1))));
+        let p = pending(&request(17, 1, &plain), Raw::Closed).unwrap();
+        assert!(matches!(p.handling, Handling::SaslHandshake(Tokens::Count(0))));
+    }
+
+    #[test]
+    fn an_open_ended_raw_exchange_ends_as_soon_as_policies_are_loaded() {
+        let fetch3 = request(1, 3, &[]);
+        // No policy: a v0 exchange of unknown length keeps today's rule.
+        assert!(pending(&fetch3, Raw::Unbounded)
+            .unwrap()
+            .correlation_id
+            .is_none());
+        let loaded = Context {
+            policies_loaded: true,
+            ..ctx(Raw::Unbounded)
+        };
+        assert!(classify(&fetch3, &loaded).is_err());
+        let token = frame::with_length_prefix(b"\x60\x81kerberos");
+        assert!(classify(&token, &loaded).is_err());
     }
 
     #[test]
     fn requests_outside_the_offered_versions_are_refused() {
         // ShareFetch v1: answered locally with UNSUPPORTED_VERSION.
-        let c = classify(&request(78, 1, &[]), &ctx(false)).unwrap();
+        let c = classify(&request(78, 1, &[]), &ctx(Raw::Closed)).unwrap();
         assert!(matches!(c.send, Send::Nothing));
         let Some(Pending {
             handling: Handling::Local(out),
@@ -378,21 +413,16 @@ mod tests {
         assert_eq!(&out[9..13], &[0, 0, 0, 0]);
         assert_eq!(&out[13..15], &35i16.to_be_bytes());
         // Fetch v3 has no top-level error code: the connection closes.
-        assert!(classify(&request(1, 3, &[]), &ctx(false)).is_err());
-        // In raw SASL mode such a frame is a token.
-        assert!(pending(&request(1, 3, &[]), true)
-            .unwrap()
-            .correlation_id
-            .is_none());
+        assert!(classify(&request(1, 3, &[]), &ctx(Raw::Closed)).is_err());
     }
 
     #[test]
     fn metadata_and_coordinator_responses_are_marked_for_rewriting() {
         for key in [3i16, 10, 60] {
-            let p = pending(&request(key, 1, &[]), false).unwrap();
+            let p = pending(&request(key, 1, &[]), Raw::Closed).unwrap();
             assert!(matches!(p.handling, Handling::Addresses(_)), "key {key}");
         }
-        let p = pending(&request(1, 12, &[]), false).unwrap();
+        let p = pending(&request(1, 12, &[]), Raw::Closed).unwrap();
         assert!(matches!(p.handling, Handling::Forward));
     }
 }

@@ -15,7 +15,7 @@
 //! or oversized frame from either side ends this connection only, with one
 //! log line.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -29,6 +29,7 @@ use crate::proxy::addresses::{self, Seen};
 use crate::proxy::classify::{
     classify, Classified, Context, Handling, Pending, ProduceGuard, Send,
 };
+use crate::proxy::sasl_phase::{Raw, SaslPhase};
 use crate::proxy::{produce, versions, Shared};
 use crate::transport::frame::{
     self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
@@ -45,6 +46,8 @@ pub enum RelayError {
     BrokerFrame(FrameError),
     #[error("client sent a malformed request: {0}")]
     BadRequest(String),
+    #[error("refused the client's request: {0}")]
+    Refused(String),
     #[error("broker sent a malformed response: {0}")]
     BadResponse(String),
     #[error("Fetch response: {0}")]
@@ -60,9 +63,8 @@ pub enum RelayError {
 /// State the two pumps of one connection share.
 #[derive(Default)]
 struct ConnState {
-    /// Set from the response side, when the broker accepts a SaslHandshake
-    /// v0 (the client sends no token before it has seen that answer).
-    raw_sasl: AtomicBool,
+    /// The raw SASL tokens expected after a SaslHandshake v0, if any.
+    sasl: SaslPhase,
     /// Requests whose answers have not yet been written to the client; the
     /// idle timeout never closes a connection with one pending.
     in_flight: AtomicUsize,
@@ -205,9 +207,8 @@ where
         let c = classify_request(shared, state, frame.clone()).await?;
         let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
-            if matches!(p.handling, Handling::SaslHandshake) {
-                // Until the broker accepts it, frames are still requests.
-                state.raw_sasl.store(false, Ordering::SeqCst);
+            if matches!(p.handling, Handling::SaslHandshake(_)) {
+                state.sasl.handshake_sent();
             }
             state.in_flight.fetch_add(1, Ordering::SeqCst);
             if pending.send(p).await.is_err() {
@@ -269,7 +270,7 @@ async fn classify_request(
     state: &ConnState,
     frame: Bytes,
 ) -> Result<Classified, RelayError> {
-    let raw_sasl = state.raw_sasl.load(Ordering::SeqCst);
+    let raw_sasl = state.sasl.next_frame();
     let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
     if !(produce && frame.len() >= OFFLOAD_BYTES) {
         return classify_with_policies(shared, raw_sasl, &frame);
@@ -284,7 +285,7 @@ async fn classify_request(
 /// reload applies to open connections too).
 fn classify_with_policies(
     shared: &Shared,
-    raw_sasl: bool,
+    raw_sasl: Raw,
     frame: &Bytes,
 ) -> Result<Classified, RelayError> {
     let policies = shared.fetch_filter.policies();
@@ -296,7 +297,8 @@ fn classify_with_policies(
     };
     let checked = refuse_dlt || policies.rejects_at_produce();
     let ctx = Context {
-        raw_sasl,
+        raw: raw_sasl,
+        policies_loaded: !policies.is_empty(),
         intercepting: shared.intercepting(),
         produce_guard: checked.then_some(&guard as &dyn produce::Topics),
         fetch_max: shared.config.limits.fetch_max_version,
@@ -361,11 +363,8 @@ where
                 };
                 check_correlation_id(&frame, p.correlation_id)?;
                 arrived = Some(std::time::Instant::now());
-                if matches!(handling, Handling::SaslHandshake) {
-                    // Set before the client sees the answer, hence before
-                    // its first token can arrive.
-                    let raw = p.version == 0 && handshake_accepted(&frame).unwrap_or(false);
-                    state.raw_sasl.store(raw, Ordering::SeqCst);
+                if let Handling::SaslHandshake(tokens) = handling {
+                    state.sasl.handshake_answered(tokens, p.version, &frame);
                 }
                 respond(shared, &mut holds, handling, p.version, frame).await?
             }
@@ -464,7 +463,7 @@ async fn respond(
 ) -> Result<ResponseFrame, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
-        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake => {
+        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake(_) => {
             Ok(ResponseFrame::whole(frame))
         }
         Handling::Produce(refused) => {
@@ -535,14 +534,6 @@ async fn respond(
     }
 }
 
-/// Whether a SaslHandshake v0 answer (v0 header, then error_code) accepts
-/// the mechanism.
-fn handshake_accepted(frame: &[u8]) -> Option<bool> {
-    Cursor::new(frame, RESPONSE_ID_END)
-        .i16()
-        .map(|code| code == 0)
-}
-
 /// Where a response's body starts (length prefix included in the offset).
 fn response_header_end(frame: &[u8], key: ApiKey, version: i16) -> Option<usize> {
     let mut r = Cursor::new(frame, RESPONSE_ID_END);
@@ -555,19 +546,6 @@ fn response_header_end(frame: &[u8], key: ApiKey, version: i16) -> Option<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_handshake_answer_switches_to_raw_mode_only_when_it_accepts() {
-        let answer = |code: i16| {
-            let mut b = 9i32.to_be_bytes().to_vec();
-            b.extend_from_slice(&code.to_be_bytes());
-            b.extend_from_slice(&0i32.to_be_bytes()); // no mechanisms
-            frame::with_length_prefix(&b)
-        };
-        assert_eq!(handshake_accepted(&answer(0)), Some(true));
-        assert_eq!(handshake_accepted(&answer(33)), Some(false));
-        assert_eq!(handshake_accepted(&[0, 0, 0, 4, 0, 0, 0, 9]), None);
-    }
 
     #[test]
     fn an_answer_to_an_acks_zero_request_is_dropped_once_and_only_it() {

@@ -437,5 +437,4 @@ fn format1<'a>(r: &Record<'a>, keys: &Keys) -> Result<Context<'a>, Refusal> {
 }
 
 #[cfg(test)]
-#[path = "dlt_context_tests.rs"]
 mod tests;

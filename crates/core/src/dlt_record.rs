@@ -294,6 +294,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_context_header_is_a_reserved_name() {
+        for n in CONTEXT_HEADERS {
+            assert!(crate::dlt_context::is_reserved(n.as_bytes()), "{n}");
+        }
+    }
+
+    #[test]
     fn a_short_reason_is_kept_whole() {
         assert_eq!(bound_reason("/lat: 91 is outside"), "/lat: 91 is outside");
         let exact = "a".repeat(MAX_ERROR_BYTES);

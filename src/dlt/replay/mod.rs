@@ -327,25 +327,11 @@ policies:
     }
 
     fn rec(value: &str, class: &str, attempt: Option<u32>) -> DltRecord {
-        let mut headers = vec![
+        // The original record's own headers: the context is in the fields.
+        let headers = vec![
             ("trace".to_string(), Some(Bytes::from_static(b"t1"))),
-            (
-                "x-original-topic".to_string(),
-                Some(Bytes::from_static(b"geo")),
-            ),
-            (
-                "x-error-class".to_string(),
-                Some(Bytes::from(class.to_string())),
-            ),
             ("x-request-id".to_string(), Some(Bytes::from_static(b"r1"))),
         ];
-        if let Some(a) = attempt {
-            headers.push(("x-attempt".to_string(), Some(Bytes::from(a.to_string()))));
-            headers.push((
-                "x-replayed-from-dlt".to_string(),
-                Some(Bytes::from_static(b"geo.dlt/0/1")),
-            ));
-        }
         DltRecord {
             dlt_topic: "geo.dlt".into(),
             dlt_partition: 0,
@@ -396,8 +382,15 @@ policies:
         let keys: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             keys,
-            ["trace", "x-request-id", "x-replayed-from-dlt", "x-attempt"]
+            [
+                "trace",
+                "x-request-id",
+                "x-replayed-from-dlt",
+                "x-attempt",
+                "x-antidote-context"
+            ]
         );
+        assert_eq!(record.headers[4].1.as_deref(), Some(&b"2 2"[..]));
         assert_eq!(record.headers[2].1.as_deref(), Some(&b"geo.dlt/0/4"[..]));
         assert_eq!(record.headers[3].1.as_deref(), Some(&b"1"[..]));
         assert_eq!(record.key.as_deref(), Some(&b"k"[..]));

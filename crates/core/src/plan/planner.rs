@@ -75,6 +75,12 @@ pub fn plan_partition_keyed(
     for seg in batch::segments(input.records) {
         let step = match seg {
             // is_aborted first: it must see the abort markers (control batches).
+            // An aborted transaction's batch in a READ_COMMITTED response is
+            // neither judged nor diverted (it was never committed) and goes
+            // out as it came: the client asked for read_committed and drops
+            // it by the abort list beside it (emptying it instead would
+            // leave librdkafka an empty batch it may not step past when it
+            // ends a response; see kafka::marker).
             Segment::Batch(b) if aborts.is_aborted(&b) || b.is_control() => {
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())

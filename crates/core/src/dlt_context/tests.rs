@@ -233,9 +233,6 @@ fn reserved_names_cover_every_context_header_antidote_writes() {
     for n in FORMAT1_NAMES.iter().chain([&H_CONTEXT, &H_SIGNATURE]) {
         assert!(is_reserved(n.as_bytes()), "{n}");
     }
-    for n in crate::dlt_record::CONTEXT_HEADERS {
-        assert!(is_reserved(n.as_bytes()), "{n}");
-    }
     assert!(!is_reserved(b"x-request-id"));
     assert!(!is_reserved(b"trace"));
 }
