@@ -373,9 +373,15 @@ mod tests {
         // The handshake itself does not switch modes: its answer does.
         let plain = [&5i16.to_be_bytes()[..], b"PLAIN"].concat();
         let p = pending(&request(17, 0, &plain), Raw::Closed).unwrap();
-        assert!(matches!(p.handling, Handling::SaslHandshake(Tokens::Count(1))));
+        assert!(matches!(
+            p.handling,
+            Handling::SaslHandshake(Tokens::Count(1))
+        ));
         let p = pending(&request(17, 1, &plain), Raw::Closed).unwrap();
-        assert!(matches!(p.handling, Handling::SaslHandshake(Tokens::Count(0))));
+        assert!(matches!(
+            p.handling,
+            Handling::SaslHandshake(Tokens::Count(0))
+        ));
     }
 
     #[test]

@@ -13,11 +13,11 @@
 pub mod addresses;
 mod classify;
 mod door;
-mod sasl_phase;
 pub mod limits;
 pub mod produce;
 pub mod relay;
 pub mod reload;
+mod sasl_phase;
 pub mod topics;
 pub mod versions;
 
