@@ -802,6 +802,28 @@ def parse_fetch_v11(body: bytes) -> tuple[int, dict[str, list[FetchPartition]]]:
     return error, topics
 
 
+def wait_transactions_settled(port: int, topic: str, partition: int = 0,
+                              timeout: float = 20) -> None:
+    """Until the partition has no open transaction: its last stable offset
+    equals its high watermark. On Kafka a producer's commit or abort returns
+    once the coordinator has decided; the markers are written to the
+    partitions after that, so a Fetch right away may not hold them yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.create_connection((HOST, port), timeout=10) as s:
+            s.settimeout(10)
+            body = roundtrip(s, 1, 11, 1, fetch_v11_body(topic, partition, 0, isolation_level=1,
+                                                         max_bytes=1))
+        _err, topics = parse_fetch_v11(body)
+        p = topics[topic][0]
+        if p.error_code == 0 and p.last_stable_offset == p.high_watermark:
+            return
+        if time.monotonic() > deadline:
+            raise HarnessError(f"{topic}-{partition}: last stable offset {p.last_stable_offset} "
+                               f"< high watermark {p.high_watermark} after {timeout}s")
+        time.sleep(0.05)
+
+
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     """Zigzag varint (Kafka record fields): returns (value, new position)."""
     shift = raw = 0

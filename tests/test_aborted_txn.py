@@ -49,6 +49,7 @@ def _produce_transactions(ep: c.Endpoint, topic: str, txns) -> None:
             i += 1
         p.flush(30)
         (p.commit_transaction if commit else p.abort_transaction)(30)
+    h.wait_transactions_settled(int(ep.bootstrap.rsplit(":", 1)[1]), topic)
 
 
 TXNS = [(True, ["valid", "lat", "valid"]),     # committed poison: diverted

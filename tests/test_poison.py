@@ -123,9 +123,11 @@ def has_offsets(last_offset: int, partition: int = 0):
 
 
 def produce_batches(ep: c.Endpoint, topic: str, batches: list[list[c.Rec]], codec: str) -> None:
-    """One librdkafka flush per list, so each list becomes one batch."""
+    """One librdkafka flush per list, so each list becomes one batch (flush
+    sends at once; the long linger only keeps a slow, loaded producer from
+    splitting a list into two batches)."""
     for recs in batches:
-        c.ck_produce(ep, topic, recs, **{"compression.type": codec, "linger.ms": 200})
+        c.ck_produce(ep, topic, recs, **{"compression.type": codec, "linger.ms": 5000})
 
 
 # ---------------------------------------------------------------------------
@@ -456,6 +458,7 @@ def test_read_committed_diverts_committed_poison_but_not_aborted_poison(broker_e
             i += 1
         p.flush(30)
         (p.commit_transaction if commit else p.abort_transaction)(30)
+    h.wait_transactions_settled(broker_endpoint_port(broker_endpoint), topic)
     # The premise: the broker reports the aborted transaction under read_committed
     # (Kafka does; tansu 0.6 sends an empty list, so this test needs Kafka).
     fp = ps.fetch_partition(broker_endpoint_port(broker_endpoint), topic, isolation_level=1)

@@ -63,6 +63,7 @@ def _produce_transactions(ep, topic):
             p.produce(topic, key=f"k{i}{j}".encode(), value=f"v{i}{j}".encode(), partition=0)
         p.flush(30)
         (p.commit_transaction if commit else p.abort_transaction)(30)
+    h.wait_transactions_settled(int(ep.bootstrap.rsplit(":", 1)[1]), topic)
 
 
 DATASETS = {"plain": _produce_plain, "gzip": _produce_codec("gzip"),
