@@ -1,12 +1,13 @@
 """A broker that lies: responses whose arrays and strings claim billions of
-elements. tansu cannot send such bytes, so a small relay in front of it
+elements. No real broker sends such bytes, so a small relay in front of it
 (`LyingFront`) forwards everything and replaces the next response of a
 chosen API with a lie. antidote must end that one connection (the broker's
 bytes cannot be decoded) and keep running and serving every other
 connection; before the bounded decoder (vendor/kafka-protocol) a 7-byte
 ApiVersions body aborted the process.
 
-tansu advertises the front's port, so every broker connection of the proxy
+The broker (Kafka; tansu under ANTIDOTE_TEST_BROKER=tansu) advertises the
+front's port, so every broker connection of the proxy
 (bootstrap, per-broker listeners, its own metadata and DLT traffic) passes
 through the front."""
 
@@ -208,12 +209,12 @@ def admin_metrics(p: RefreshingAntidote) -> str:
 
 @pytest.fixture(scope="module")
 def lying(tmp_path_factory):
-    """tansu advertising a LyingFront's port, and antidote in front of both,
+    """The broker advertising a LyingFront's port, and antidote in front of both,
     with a pass-through bytes policy on every topic (so Fetch responses are
     decoded)."""
     d = tmp_path_factory.mktemp("lying")
     front_port = h.free_port()
-    t = h.Tansu(d, advertised_port=front_port).start()
+    t = h.new_broker(d, advertised_port=front_port).start()
     front = LyingFront(front_port, t.port)
     policy = fs.write_bytes_policy(d / "policies", ["lying-*"])
     p = RefreshingAntidote(d, upstream=[f"{h.HOST}:{front_port}"],
