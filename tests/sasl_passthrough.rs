@@ -1,5 +1,7 @@
 //! SASL passthrough against a mock broker: raw SASL tokens after a
-//! SaslHandshake v0, SaslHandshake v1 + SaslAuthenticate, and KIP-368
+//! SaslHandshake v0 (and only as many as the mechanism takes: after them,
+//! requests outside the offered versions are refused, never relayed as
+//! tokens), SaslHandshake v1 + SaslAuthenticate, and KIP-368
 //! re-authentication mid-connection with other requests interleaved.
 //!
 //! A mock broker is used because the test broker (tansu) cannot be made to
@@ -46,8 +48,10 @@ fn response<M: Encodable>(key: ApiKey, version: i16, correlation: i32, m: &M) ->
     out
 }
 
-/// A broker that speaks just enough: ApiVersions, Metadata, SASL. Raw
-/// tokens after a v0 handshake are answered with "server:" + token.
+/// A broker that speaks just enough: ApiVersions, Metadata, SASL (PLAIN,
+/// and SCRAM-SHA-256 with its two raw tokens after a v0 handshake). Raw
+/// tokens after a v0 handshake are answered with "server:" + token. Every
+/// token, and any other request that reaches it, is recorded in `tokens`.
 async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Bytes>>>) {
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
@@ -55,14 +59,15 @@ async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Byt
         };
         let tokens = tokens.clone();
         tokio::spawn(async move {
-            let mut raw = false;
+            // Raw tokens still expected after a v0 handshake.
+            let mut raw = 0;
             while let Some(mut frame) = read_frame(&mut s).await {
-                if raw {
+                if raw > 0 {
                     tokens.lock().unwrap().push(frame.clone());
                     let mut reply = b"server:".to_vec();
                     reply.extend_from_slice(&frame);
                     write_frame(&mut s, &reply).await;
-                    raw = false;
+                    raw -= 1;
                     continue;
                 }
                 let Ok(key) = ApiKey::try_from((&frame[..2]).get_i16()) else {
@@ -105,10 +110,16 @@ async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Byt
                     ),
                     ApiKey::SaslHandshake => {
                         let req = SaslHandshakeRequest::decode(&mut frame, version).unwrap();
-                        // Only PLAIN is offered: anything else is refused
-                        // (UNSUPPORTED_SASL_MECHANISM) and no token follows.
-                        let ok = req.mechanism.as_str() == "PLAIN";
-                        raw = version == 0 && ok;
+                        // Only PLAIN and SCRAM-SHA-256 are offered: anything
+                        // else is refused (UNSUPPORTED_SASL_MECHANISM) and no
+                        // token follows.
+                        let rounds = match req.mechanism.as_str() {
+                            "PLAIN" => 1,
+                            "SCRAM-SHA-256" => 2,
+                            _ => 0,
+                        };
+                        let ok = rounds > 0;
+                        raw = if version == 0 { rounds } else { 0 };
                         response(
                             key,
                             version,
@@ -132,7 +143,11 @@ async fn mock_broker(listener: TcpListener, port: u16, tokens: Arc<Mutex<Vec<Byt
                                 .with_session_lifetime_ms(60_000),
                         )
                     }
-                    _ => return,
+                    _ => {
+                        // Anything else: record that it got here, hang up.
+                        tokens.lock().unwrap().push(frame.clone());
+                        return;
+                    }
                 };
                 write_frame(&mut s, &out).await;
             }
@@ -167,6 +182,13 @@ async fn start_proxy() -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
 async fn start_proxy_with(
     upstream_extra: &str,
 ) -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
+    start_proxy_with_policies(upstream_extra, PolicySet::load(&[]).unwrap()).await
+}
+
+async fn start_proxy_with_policies(
+    upstream_extra: &str,
+    policies: PolicySet,
+) -> (Arc<proxy::Shared>, u16, Arc<Mutex<Vec<Bytes>>>) {
     let broker = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let broker_port = broker.local_addr().unwrap().port();
     let tokens = Arc::new(Mutex::new(Vec::new()));
@@ -188,9 +210,7 @@ async fn start_proxy_with(
         "listen:\n  bootstrap: 127.0.0.1:{proxy_port}\n  broker_port_base: {base}\nupstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n{upstream_extra}"
     );
     let config = Config::parse(&yaml, Path::new("test.yaml")).unwrap();
-    let shared = proxy::start(config, PolicySet::load(&[]).unwrap())
-        .await
-        .unwrap();
+    let shared = proxy::start(config, policies).await.unwrap();
     (shared, proxy_port, tokens)
 }
 
@@ -290,5 +310,143 @@ async fn the_proxys_own_connections_authenticate_with_sasl_plain() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(tokens.lock().unwrap()[0], Bytes::from_static(b"\0svc\0pw"));
+    proxy::stop(&shared).await;
+}
+
+/// A request frame built by hand (for versions the crate will not encode):
+/// header with client id "t", tagged fields when flexible, then `body`.
+fn raw_request(key: ApiKey, version: i16, correlation: i32, body: &[u8]) -> Vec<u8> {
+    let mut b = (key as i16).to_be_bytes().to_vec();
+    b.extend_from_slice(&version.to_be_bytes());
+    b.extend_from_slice(&correlation.to_be_bytes());
+    b.extend_from_slice(&1i16.to_be_bytes());
+    b.push(b't');
+    if key.request_header_version(version) >= 2 {
+        b.push(0);
+    }
+    b.extend_from_slice(body);
+    b
+}
+
+/// A v0 handshake for `mechanism`, accepted by the mock broker.
+async fn v0_handshake(c: &mut TcpStream, mechanism: &'static str) {
+    let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(mechanism));
+    write_frame(c, &request(1, 0, &hs)).await;
+    let resp = decode::<SaslHandshakeRequest>(read_frame(c).await.unwrap(), 0, 1);
+    assert_eq!(resp.error_code, 0);
+}
+
+/// One raw token and the mock broker's raw answer to it.
+async fn raw_round(c: &mut TcpStream, token: &[u8]) {
+    write_frame(c, token).await;
+    let reply = tokio::time::timeout(Duration::from_secs(5), read_frame(c))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&reply[..], &[b"server:", token].concat()[..]);
+}
+
+/// After the exchange: ShareFetch (whose answers carry broker endpoints
+/// the proxy does not rewrite) is answered UNSUPPORTED_VERSION by the
+/// proxy, and a Fetch v3 (no top-level error code) closes the connection;
+/// neither reaches the broker.
+async fn out_of_range_requests_are_refused(c: &mut TcpStream) {
+    write_frame(c, &raw_request(ApiKey::ShareFetch, 1, 8, &[0; 24])).await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), read_frame(c))
+        .await
+        .unwrap()
+        .expect("an UNSUPPORTED_VERSION answer");
+    let resp = decode::<ShareFetchRequest>(answer, 1, 8);
+    assert_eq!(resp.error_code, 35);
+    write_frame(c, &raw_request(ApiKey::Fetch, 3, 9, &[0; 16])).await;
+    let closed = tokio::time::timeout(Duration::from_secs(5), read_frame(c))
+        .await
+        .expect("the proxy must close the connection");
+    assert!(closed.is_none(), "a Fetch v3 was answered");
+}
+
+#[tokio::test]
+async fn after_a_plain_v0_token_out_of_range_requests_are_refused_not_relayed() {
+    let (shared, port, tokens) = start_proxy().await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    v0_handshake(&mut c, "PLAIN").await;
+    raw_round(&mut c, b"\0alice\0secret").await;
+    out_of_range_requests_are_refused(&mut c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        *tokens.lock().unwrap(),
+        vec![Bytes::from_static(b"\0alice\0secret")],
+        "only the token reached the broker"
+    );
+    proxy::stop(&shared).await;
+}
+
+#[tokio::test]
+async fn after_scrams_two_v0_tokens_requests_are_classified_again() {
+    let (shared, port, tokens) = start_proxy().await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    v0_handshake(&mut c, "SCRAM-SHA-256").await;
+    let first = b"n,,n=alice,r=rOprNGfwEbeRWgbNEkqO";
+    // A client-final whose first bytes happen to look like Fetch v3.
+    let last = b"\x00\x01\x00\x03c=biws,r=rOprNGfwEbeRWgbNEkqO,p=proof";
+    raw_round(&mut c, first).await;
+    raw_round(&mut c, last).await;
+    // Back to Kafka framing: metadata flows, with the proxy's address.
+    write_frame(&mut c, &request(2, 1, &MetadataRequest::default())).await;
+    let md = decode::<MetadataRequest>(read_frame(&mut c).await.unwrap(), 1, 2);
+    assert_eq!(md.brokers[0].port, shared.addrs.port_for(1).unwrap() as i32);
+    out_of_range_requests_are_refused(&mut c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let seen = tokens.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![Bytes::from_static(first), Bytes::from_static(last)]
+    );
+    proxy::stop(&shared).await;
+}
+
+fn a_policy() -> PolicySet {
+    PolicySet::parse(
+        "policies:\n  - name: f\n    topics: [orders]\n",
+        Path::new("/tmp/sasl-test-policies.yaml"),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn with_policies_loaded_a_gssapi_v0_handshake_is_refused_and_v1_is_not() {
+    let (shared, port, tokens) = start_proxy_with_policies("", a_policy()).await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let hs = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("GSSAPI"));
+    write_frame(&mut c, &request(1, 0, &hs)).await;
+    let closed = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut c))
+        .await
+        .expect("the proxy must close the connection");
+    assert!(closed.is_none(), "the v0 handshake was answered");
+
+    // v1 is relayed as before (the mock broker offers no GSSAPI).
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    write_frame(&mut c, &request(1, 1, &hs)).await;
+    let resp = decode::<SaslHandshakeRequest>(read_frame(&mut c).await.unwrap(), 1, 1);
+    assert_eq!(resp.error_code, 33);
+
+    // PLAIN v0 still works with policies loaded, for one token.
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    v0_handshake(&mut c, "PLAIN").await;
+    raw_round(&mut c, b"\0alice\0secret").await;
+    out_of_range_requests_are_refused(&mut c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The proxy's own connections may have sent requests of their own.
+    let seen = tokens.lock().unwrap().clone();
+    assert!(
+        seen.contains(&Bytes::from_static(b"\0alice\0secret")),
+        "{seen:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|f| f.starts_with(&[0, 1, 0, 3]) || f.starts_with(&[0, 78])),
+        "a refused request reached the broker: {seen:?}"
+    );
     proxy::stop(&shared).await;
 }
