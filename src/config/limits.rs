@@ -50,6 +50,15 @@ pub struct Limits {
     /// judged record. Off: one thread per partition.
     #[serde(default = "default_judge_ahead")]
     pub judge_ahead: bool,
+    /// Request bytes all client connections may be receiving and handling
+    /// at once (Kafka's `queued.max.request.bytes`, KIP-72): a frame larger
+    /// than 64 KiB waits, unread, until there is room.
+    #[serde(default = "default_max_queued_request_bytes")]
+    pub max_queued_request_bytes: usize,
+}
+
+fn default_max_queued_request_bytes() -> usize {
+    256 * 1024 * 1024
 }
 
 impl Default for Limits {
@@ -62,6 +71,7 @@ impl Default for Limits {
             idle_timeout: default_idle_timeout(),
             fetch_max_version: None,
             judge_ahead: default_judge_ahead(),
+            max_queued_request_bytes: default_max_queued_request_bytes(),
         }
     }
 }

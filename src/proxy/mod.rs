@@ -90,6 +90,9 @@ pub struct Shared {
     pub fetch_filter: Arc<FetchFilter>,
     /// Client connections served at once (`limits.max_connections`).
     pub connections: limits::ConnectionLimit,
+    /// Request bytes being received and handled across connections
+    /// (`limits.max_queued_request_bytes`).
+    pub request_queue: crate::transport::frame::RequestQueue,
     /// Single-flight, negatively cached lookups of unknown topic ids.
     topic_resolver: topics::TopicResolver,
 }
@@ -140,6 +143,8 @@ impl Shared {
         );
         crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
         let config_max_connections = config.limits.max_connections;
+        let request_queue =
+            crate::transport::frame::RequestQueue::new(config.limits.max_queued_request_bytes);
         // The background refresh learns new topics at this pace anyway.
         let negative_ttl = config.upstream.metadata_refresh;
         Ok(Arc::new(Shared {
@@ -158,6 +163,7 @@ impl Shared {
             ready: AtomicBool::new(false),
             fetch_filter,
             connections: limits::ConnectionLimit::new(config_max_connections),
+            request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),
         }))
     }

@@ -148,7 +148,8 @@ where
     let max = shared.config.limits.max_frame_bytes;
     let (tx, rx) = mpsc::channel(MAX_PENDING);
     let state = ConnState::default();
-    let requests = request_pump(shared, &state, FrameReader::new(cr, max), bw, tx);
+    let client = FrameReader::new(cr, max).with_queue(shared.request_queue.clone());
+    let requests = request_pump(shared, &state, client, bw, tx);
     let responses = response_pump(shared, &state, FrameReader::new(br, max), cw, rx);
     tokio::pin!(requests, responses);
     tokio::select! {

@@ -9,8 +9,37 @@
 
 use std::io::IoSlice;
 
+use std::sync::Arc;
+
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+
+/// The process-wide cap on request bytes being received and handled
+/// (`limits.max_queued_request_bytes`), one permit a KiB, shared by every
+/// client connection's [`FrameReader::with_queue`].
+#[derive(Debug, Clone)]
+pub struct RequestQueue {
+    sem: Arc<Semaphore>,
+    permits: u32,
+}
+
+impl RequestQueue {
+    pub fn new(bytes: usize) -> Self {
+        // tokio's own limit is far above 2^30 KiB (1 TiB).
+        let permits = (bytes / 1024).clamp(1, 1 << 30);
+        RequestQueue {
+            sem: Arc::new(Semaphore::new(permits)),
+            permits: permits as u32,
+        }
+    }
+
+    /// Bytes held by frames right now.
+    pub fn held_bytes(&self) -> usize {
+        (self.permits as usize - self.sem.available_permits()) * 1024
+    }
+}
 
 /// Why a peer's byte stream could not be framed.
 #[derive(Debug, thiserror::Error)]
@@ -37,11 +66,24 @@ const READ_CHUNK: usize = 4 << 20;
 /// Most bytes [`FrameReader::next_head`] reads at once.
 const HEAD_READ: usize = 64 * 1024;
 
+/// Frames that arrive whole within this many bytes take nothing from a
+/// [`FrameReader::with_queue`] cap: each connection buffers at most this
+/// much of a frame before it has to wait for room.
+const QUEUE_FREE: usize = HEAD_READ;
+
 /// Reads whole frames (length prefix included) from one side of a connection.
 pub struct FrameReader<R> {
     inner: R,
     buf: BytesMut,
     max: u32,
+    /// The process-wide cap on request bytes being received and handled
+    /// (`limits.max_queued_request_bytes`, in KiB permits), if any.
+    queue: Option<RequestQueue>,
+    /// What the current (or last returned) frame holds of `queue`.
+    held: Option<OwnedSemaphorePermit>,
+    /// A frame was returned: its hold ends at the next call for a frame
+    /// (the caller has handled it by then).
+    returned: bool,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -50,14 +92,49 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             inner,
             buf: BytesMut::with_capacity(64 * 1024),
             max,
+            queue: None,
+            held: None,
+            returned: false,
         }
+    }
+
+    /// Hold every frame larger than [`QUEUE_FREE`] against `queue` (one
+    /// permit a KiB) from before its body is read until the next frame is
+    /// asked for: the bytes all connections buffer at once are bounded, as
+    /// Kafka's `queued.max.request.bytes` (KIP-72) bounds a broker's. A
+    /// frame waits (its connection is not read) until there is room; one
+    /// larger than the whole cap takes all of it.
+    pub fn with_queue(mut self, queue: RequestQueue) -> Self {
+        self.queue = Some(queue);
+        self
+    }
+
+    /// Wait for room in the queue for a frame of `total` bytes.
+    async fn hold(&mut self, total: usize) -> Result<(), FrameError> {
+        let Some(q) = self.queue.clone().filter(|_| self.held.is_none()) else {
+            return Ok(());
+        };
+        let want = u32::try_from(total.div_ceil(1024)).unwrap_or(u32::MAX);
+        let permits = want.min(q.permits).max(1);
+        let permit = q.sem.acquire_many_owned(permits).await.map_err(|_| {
+            FrameError::Io(std::io::Error::other("the request queue is closed"))
+        })?;
+        self.held = Some(permit);
+        Ok(())
     }
 
     /// The next whole frame, or `None` on a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Bytes>, FrameError> {
+        if std::mem::take(&mut self.returned) {
+            self.held = None;
+        }
         loop {
             if let Some(total) = self.complete_frame_len()? {
+                self.returned = true;
                 return Ok(Some(self.buf.split_to(total).freeze()));
+            }
+            if let Some(total) = self.claimed_len().filter(|&t| t > QUEUE_FREE) {
+                self.hold(total).await?;
             }
             let want = match self.claimed_len() {
                 Some(total) => (total - self.buf.len()).min(READ_CHUNK),
@@ -405,5 +482,37 @@ mod tests {
         buf.extend_from_slice(&[0xff, 0xff]);
         assert_eq!(request_body_offset(&buf, false), Some(14));
         assert_eq!(request_body_offset(&buf, true), None);
+    }
+
+    /// Two connections each sending a frame of 600 KiB slowly, under a cap
+    /// of 1 MiB: the second waits (unread) until the first is handled.
+    #[tokio::test]
+    async fn frames_past_the_request_queue_wait_until_earlier_ones_are_handled() {
+        let queue = RequestQueue::new(1 << 20);
+        let frame = |fill: u8| {
+            let mut f = (600u32 * 1024 - 4).to_be_bytes().to_vec();
+            f.resize(600 * 1024, fill);
+            f
+        };
+        let (mut a_tx, a_rx) = tokio::io::duplex(1 << 20);
+        let (mut b_tx, b_rx) = tokio::io::duplex(1 << 20);
+        let mut a = FrameReader::new(a_rx, 1 << 30).with_queue(queue.clone());
+        let mut b = FrameReader::new(b_rx, 1 << 30).with_queue(queue.clone());
+        let fa = frame(1);
+        a_tx.write_all(&fa[..100_000]).await.unwrap();
+        b_tx.write_all(&frame(2)).await.unwrap();
+        // a has claimed its frame's bytes; b cannot get room.
+        let a_first = tokio::time::timeout(std::time::Duration::from_millis(100), a.next()).await;
+        assert!(a_first.is_err(), "a's frame is not complete yet");
+        assert_eq!(queue.held_bytes(), 600 * 1024);
+        let b_wait = tokio::time::timeout(std::time::Duration::from_millis(100), b.next()).await;
+        assert!(b_wait.is_err(), "b waits for room");
+        a_tx.write_all(&fa[100_000..]).await.unwrap();
+        assert_eq!(a.next().await.unwrap().unwrap().len(), 600 * 1024);
+        // a's frame is handled once a asks for the next one.
+        drop(a_tx);
+        assert!(a.next().await.unwrap().is_none());
+        assert_eq!(b.next().await.unwrap().unwrap().len(), 600 * 1024);
+        assert_eq!(queue.held_bytes(), 600 * 1024, "b's frame until b's next call");
     }
 }

@@ -330,7 +330,12 @@ impl Batch {
             entries: Vec::new(),
             headers: Vec::new(),
         };
-        decoded.index(count)?;
+        // The index counts against the same limit as the decompressed
+        // bytes: records can be 7 bytes and headers 2, while an index entry
+        // is tens of bytes, so a batch of tiny records must not be able to
+        // allocate past what its decoder was allowed.
+        let room = limit.saturating_sub(decoded.memory());
+        decoded.index(count, room)?;
         Ok(decoded)
     }
 }
@@ -378,10 +383,20 @@ fn malformed(c: &Cursor, what: &str) -> BatchError {
 }
 
 impl DecodedBatch {
-    fn index(&mut self, count: usize) -> Result<(), BatchError> {
+    /// Index `count` records, allocating at most `room` bytes for the
+    /// index (else `TooLarge`, like a decompression past its limit).
+    fn index(&mut self, count: usize, room: usize) -> Result<(), BatchError> {
         let buf = &self.buf[..];
-        // Every record takes at least 7 bytes, so this bounds the allocation.
-        self.entries.reserve(count.min(buf.len() / 7));
+        let too_large = || BatchError::TooLarge { limit: room };
+        const ENTRY: usize = std::mem::size_of::<Entry>();
+        const HEADER: usize = std::mem::size_of::<HeaderEntry>();
+        // Every record takes at least 7 bytes, so this bounds the count.
+        let entries = count.min(buf.len() / 7);
+        if entries.saturating_mul(ENTRY) > room {
+            return Err(too_large());
+        }
+        let room = room - entries * ENTRY;
+        self.entries.reserve_exact(entries);
         let mut c = Cursor::new(buf, 0);
         for _ in 0..count {
             let start = c.pos();
@@ -402,13 +417,23 @@ impl DecodedBatch {
                 return Err(malformed(&r, "header count larger than the record"));
             }
             let h_start = self.headers.len();
-            if n_headers > 0 && self.headers.capacity() == 0 {
+            let needed = h_start.saturating_add(n_headers);
+            if needed > self.headers.capacity() {
                 // Records of a batch mostly look alike: room for the
                 // headers of `count` records like this first one (no more
                 // than that many of its size fit the bytes), instead of
-                // growing one doubling at a time.
-                let like_this = count.min(buf.len() / len.max(1));
-                self.headers.reserve(n_headers.saturating_mul(like_this));
+                // growing one doubling at a time; then doubling, within
+                // the room left.
+                let want = if self.headers.capacity() == 0 {
+                    n_headers.saturating_mul(count.min(buf.len() / len.max(1)))
+                } else {
+                    self.headers.capacity().saturating_mul(2)
+                };
+                let cap = want.max(needed).min(room / HEADER);
+                if cap < needed {
+                    return Err(too_large());
+                }
+                self.headers.reserve_exact(cap - self.headers.len());
             }
             for _ in 0..n_headers {
                 let key = need(r.nullable(), &r, "header key")?
@@ -824,5 +849,37 @@ mod tests {
         assert_eq!(d.headers.len(), 50 + 99 * 2);
         assert!(d.headers.capacity() * 2 <= bytes.len());
         assert!(d.memory() >= d.headers.capacity() * std::mem::size_of::<HeaderEntry>());
+    }
+
+    /// Tiny records and tiny headers: the index (tens of bytes per 7-byte
+    /// record, per 2-byte header) is held to the decoder's limit, which
+    /// the planner reserves from the decode budget.
+    #[test]
+    fn the_index_of_tiny_records_never_allocates_past_the_limit() {
+        let tiny = |headers: usize| RawBatch {
+            records: (0..20_000)
+                .map(|i| RawRecord {
+                    key: None,
+                    value: None,
+                    headers: vec![(String::new(), None); headers],
+                    ..RawRecord::simple(i, "")
+                })
+                .collect(),
+            ..RawBatch::default()
+        };
+        for headers in [0, 40] {
+            let b = Batch::new(tiny(headers).encode()).unwrap();
+            let len = b.bytes().len();
+            let whole = b.decode().unwrap();
+            assert!(whole.memory() > 5 * len, "{} vs {len}", whole.memory());
+            let limit = 2 * len;
+            assert!(matches!(
+                b.decode_with_limit(limit),
+                Err(BatchError::TooLarge { .. })
+            ));
+            let enough = b.decode_with_limit(whole.memory() * 2).unwrap();
+            assert!(enough.memory() <= whole.memory() * 2);
+            assert_eq!(enough.len(), 20_000);
+        }
     }
 }

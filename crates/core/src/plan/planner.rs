@@ -535,23 +535,33 @@ fn divert_whole(
 /// the per-batch cap.
 const EXPANSION_GUESS: usize = 32;
 
-/// Decode `batch`, holding its decompressed bytes against `budget` (a
-/// reservation is `None` for uncompressed batches, whose records are a
-/// slice of the response).
+/// Bytes first reserved for the index of an uncompressed batch (whose
+/// records are a slice of the response), as a multiple of its size: an
+/// index entry per record of ~200 bytes is well under it.
+const INDEX_GUESS: usize = 2;
+
+/// Decode `batch`, holding what decoding allocates (decompressed bytes and
+/// the index of records and headers) against `budget`: the decoder is
+/// limited to the bytes reserved, so it can never allocate past them.
 pub(crate) fn decode_within(
     batch: &Batch,
     budget: &Arc<DecodeBudget>,
 ) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {
     let undecodable = |e: BatchError| HoldReason::Undecodable(e.to_string());
-    if batch.compression() == Some(Compression::None) || batch.compression().is_none() {
-        return batch.decode().map(|d| (d, None)).map_err(undecodable);
-    }
     let cap = DEFAULT_MAX_DECOMPRESSED;
+    let uncompressed =
+        batch.compression() == Some(Compression::None) || batch.compression().is_none();
+    let factor = if uncompressed {
+        INDEX_GUESS
+    } else {
+        EXPANSION_GUESS
+    };
+    let floor = if uncompressed { 64 << 10 } else { 1 << 20 };
     let guess = batch
         .bytes()
         .len()
-        .saturating_mul(EXPANSION_GUESS)
-        .clamp(1 << 20, cap);
+        .saturating_mul(factor)
+        .clamp(floor, cap);
     let mut limit = guess;
     loop {
         let mut memory = budget.try_reserve(limit).ok_or(HoldReason::Budget)?;

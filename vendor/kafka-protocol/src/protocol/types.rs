@@ -27,10 +27,13 @@ fn bounded_len<B: ByteBuf>(buf: &B, n: usize) -> Result<usize> {
 }
 
 /// Initial capacity for a declared element count: every element takes at
-/// least one byte on the wire, so more than `remaining` cannot be real; the
-/// vector still grows if the elements are really there.
-fn bounded_capacity<B: ByteBuf>(buf: &B, n: usize) -> usize {
-    n.min(buf.remaining())
+/// least one byte on the wire, so more than `remaining` cannot be real, and
+/// the reservation is held to `remaining` bytes of elements (a decoded
+/// struct is 8-16 times its wire size: a count reserved whole would ask
+/// for gigabytes of a 100 MiB frame at once); the vector still grows if
+/// the elements are really there.
+fn bounded_capacity<T, B: ByteBuf>(buf: &B, n: usize) -> usize {
+    n.min(buf.remaining() / std::mem::size_of::<T>().max(1))
 }
 
 macro_rules! define_copy_impl {
@@ -1008,7 +1011,7 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut result = Vec::with_capacity(bounded_capacity(buf, n as usize));
+                let mut result = Vec::with_capacity(bounded_capacity::<T, B>(buf, n as usize));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1116,7 +1119,7 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut result = Vec::with_capacity(bounded_capacity(buf, (n - 1) as usize));
+                let mut result = Vec::with_capacity(bounded_capacity::<T, B>(buf, (n - 1) as usize));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
