@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from clients import Endpoint, ck_create_topic
-from harness import (Antidote, Certs, HarnessError, make_certs, new_broker, port_claims_dir,
-                     read_log)
+from harness import (Antidote, Certs, HarnessError, Tansu, make_certs, new_broker,
+                     port_claims_dir, read_log)
 
 PATHS = ["direct", "proxy"]
 
@@ -56,6 +56,15 @@ def broker(workdir):
     names. Apache Kafka (KRaft, harness.KafkaBroker) unless
     ANTIDOTE_TEST_BROKER=tansu, which runs an in-memory tansu instead."""
     t = new_broker(workdir).start()
+    yield t
+    t.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_broker(workdir):
+    """An in-memory tansu for the few tests that run on tansu even when the
+    suite's broker is Kafka; each says why. Started only if asked for."""
+    t = Tansu(workdir).start()
     yield t
     t.stop()
 

@@ -175,6 +175,7 @@ class Tansu:
     port: int = field(default_factory=free_port)
     advertised_port: Optional[int] = None
     proc: Optional[subprocess.Popen] = None
+    node_id: int = TANSU_NODE_ID
 
     @property
     def log(self) -> Path:
@@ -395,6 +396,20 @@ class KafkaBroker:
             stop_process(self.proc, timeout)
 
 
+def ensure_transaction_coordinator(bootstrap: str, timeout: float = 30) -> None:
+    """Make the broker load a transaction coordinator, as any cluster that has
+    seen a transactional producer has: one librdkafka transactional producer
+    runs init_transactions(). Kafka creates `__transaction_state` only on
+    the first FindCoordinator(TRANSACTION); the proxy's DLT lease sends
+    InitProducerId without one, and on a fresh Kafka it is answered
+    NOT_COORDINATOR (16) and the proxy writes without fencing."""
+    import uuid
+    import confluent_kafka as ck
+    p = ck.Producer({"bootstrap.servers": bootstrap,
+                     "transactional.id": f"coordinator-{uuid.uuid4().hex[:8]}"})
+    p.init_transactions(timeout)
+
+
 def new_broker(workdir: Path, **kw):
     """The suite's broker (Kafka, or tansu under ANTIDOTE_TEST_BROKER=tansu), not started."""
     return (Tansu if TEST_BROKER == "tansu" else KafkaBroker)(workdir, **kw)
@@ -412,9 +427,14 @@ class Antidote:
     listen_tls: Optional[dict] = None      # {cert, key, client_ca?}
     upstream_tls: Optional[dict] = None    # {ca, cert?, key?}
     bootstrap_port: int = field(default_factory=free_port)
-    port_base: int = field(default_factory=free_port_base)
+    port_base: Optional[int] = None  # claimed so that port_base + node_id is free
     proc: Optional[subprocess.Popen] = None
     name: str = "antidote"
+    node_id: int = BROKER_NODE_ID    # the upstream broker's node id (tansu: 111)
+
+    def __post_init__(self) -> None:
+        if self.port_base is None:
+            self.port_base = free_port_base(self.node_id)
 
     @property
     def config_path(self) -> Path:
@@ -428,8 +448,8 @@ class Antidote:
     def bootstrap(self) -> str:
         return f"{HOST}:{self.bootstrap_port}"
 
-    def broker_port(self, node_id: int = BROKER_NODE_ID) -> int:
-        return self.port_base + node_id
+    def broker_port(self, node_id: Optional[int] = None) -> int:
+        return self.port_base + (self.node_id if node_id is None else node_id)
 
     def config_yaml(self) -> str:
         # Written by hand (no PyYAML dependency); all values are plain scalars.
