@@ -95,6 +95,8 @@ pub struct Shared {
     pub request_queue: crate::transport::frame::RequestQueue,
     /// Single-flight, negatively cached lookups of unknown topic ids.
     topic_resolver: topics::TopicResolver,
+    /// The same for broker node ids a client names (SNI server names).
+    node_resolver: topics::NodeResolver,
 }
 
 impl Shared {
@@ -165,6 +167,7 @@ impl Shared {
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),
+            node_resolver: topics::NodeResolver::new(NODE_NEGATIVE_TTL),
         }))
     }
 
@@ -543,14 +546,28 @@ async fn accept_client(
     }
 }
 
+/// How long a node id still unknown after a metadata lookup is not looked
+/// up again (its connections are refused meanwhile; the background refresh
+/// learns new brokers anyway).
+const NODE_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A raw byte stream to the broker behind `target`.
 async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Result<net::Conn> {
     let addrs: Vec<HostPort> = match target {
         Target::Bootstrap => shared.config.upstream.bootstrap_servers.clone(),
         Target::Broker(node) => {
-            if !shared.brokers.contains_key(&node) {
-                let _ = refresh_metadata(shared).await;
-            }
+            // Single-flight and negatively cached: a client can name any
+            // node id in its TLS server name, once per handshake.
+            shared
+                .node_resolver
+                .resolve(
+                    &[node],
+                    |n| shared.brokers.contains_key(n),
+                    || async {
+                        let _ = refresh_metadata(shared).await;
+                    },
+                )
+                .await;
             match shared.brokers.get(&node) {
                 Some(a) => vec![a.clone()],
                 None => {

@@ -8,9 +8,14 @@
 //! (an id still unknown after a refresh is not looked up again for `ttl`;
 //! callers keep withholding its records). The cache is bounded: when full,
 //! expired entries go first, then all of them.
+//!
+//! The same resolver serves broker node ids: under SNI routing a client
+//! names a node in its TLS server name, and an unknown one must not cost a
+//! metadata request per handshake either.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -19,19 +24,24 @@ use uuid::Uuid;
 /// Most ids remembered as unknown at once.
 const MAX_UNKNOWN: usize = 10_000;
 
-/// Single-flight lookups with a negative cache.
+/// Single-flight lookups of unknown topic ids.
+pub type TopicResolver = Resolver<Uuid>;
+/// Single-flight lookups of unknown broker node ids.
+pub type NodeResolver = Resolver<i32>;
+
+/// Single-flight lookups with a negative cache, of ids of type `K`.
 #[derive(Debug)]
-pub struct TopicResolver {
+pub struct Resolver<K> {
     /// Held while a metadata request is in flight.
     in_flight: tokio::sync::Mutex<()>,
     /// Ids still unknown after a refresh, and when that refresh ended.
-    unknown: Mutex<HashMap<Uuid, Instant>>,
+    unknown: Mutex<HashMap<K, Instant>>,
     ttl: Duration,
 }
 
-impl TopicResolver {
+impl<K: Copy + Eq + Hash + Ord> Resolver<K> {
     pub fn new(ttl: Duration) -> Self {
-        TopicResolver {
+        Resolver {
             in_flight: tokio::sync::Mutex::new(()),
             unknown: Mutex::new(HashMap::new()),
             ttl,
@@ -41,9 +51,9 @@ impl TopicResolver {
     /// Make sure every id of `ids` that `known` does not know has been
     /// looked up (by `refresh`, which learns names as a side effect) unless
     /// it was looked up recently and found missing.
-    pub async fn resolve<K, F, Fut>(&self, ids: &[Uuid], known: K, refresh: F)
+    pub async fn resolve<Kn, F, Fut>(&self, ids: &[K], known: Kn, refresh: F)
     where
-        K: Fn(&Uuid) -> bool,
+        Kn: Fn(&K) -> bool,
         F: FnOnce() -> Fut,
         Fut: Future<Output = ()>,
     {
@@ -71,10 +81,10 @@ impl TopicResolver {
     }
 
     /// Ids neither known nor recently found missing (deduplicated).
-    fn wanted<K: Fn(&Uuid) -> bool>(&self, ids: &[Uuid], known: &K) -> Vec<Uuid> {
+    fn wanted<Kn: Fn(&K) -> bool>(&self, ids: &[K], known: &Kn) -> Vec<K> {
         let now = Instant::now();
         let unknown = self.lock_unknown();
-        let mut out: Vec<Uuid> = ids
+        let mut out: Vec<K> = ids
             .iter()
             .filter(|id| !known(id))
             .filter(|id| {
@@ -89,7 +99,7 @@ impl TopicResolver {
         out
     }
 
-    fn lock_unknown(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Instant>> {
+    fn lock_unknown(&self) -> std::sync::MutexGuard<'_, HashMap<K, Instant>> {
         match self.unknown.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -187,5 +197,28 @@ mod tests {
         assert_eq!(r.lock_unknown().len(), MAX_UNKNOWN);
         cluster.resolve(&r, &ids[MAX_UNKNOWN..]).await;
         assert!(r.lock_unknown().len() <= MAX_UNKNOWN);
+    }
+
+    /// SNI handshakes naming a node the cluster does not have: one
+    /// metadata request for all of them, and none again within the TTL.
+    #[tokio::test]
+    async fn unknown_node_ids_cost_one_lookup_for_many_handshakes() {
+        let refreshes = Arc::new(AtomicUsize::new(0));
+        let r = Arc::new(NodeResolver::new(Duration::from_secs(60)));
+        let lookup = |r: Arc<NodeResolver>, n: Arc<AtomicUsize>| async move {
+            r.resolve(&[4242], |_| false, || async {
+                n.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            })
+            .await
+        };
+        let tasks: Vec<_> = (0..50)
+            .map(|_| tokio::spawn(lookup(r.clone(), refreshes.clone())))
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        lookup(r.clone(), refreshes.clone()).await;
+        assert_eq!(refreshes.load(Ordering::SeqCst), 1);
     }
 }
