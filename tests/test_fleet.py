@@ -117,8 +117,8 @@ def test_three_instances_read_in_turn_write_each_poison_once(workdir, broker, br
 def test_the_lease_passes_between_instances_through_lease_markers(workdir, broker,
                                                                  broker_endpoint, policy_file):
     """Instances 0, 1 and 0 again each divert a new poison record to one DLT
-    partition. The first lease (epoch 0) writes no marker. Each later one
-    writes a lease marker before its record: Kafka refuses an older epoch on
+    partition. Every lease, the first (epoch 0) included, writes a lease
+    marker before its record: Kafka refuses an older epoch on
     a partition only once the partition holds a batch of the newer one.
     Instance 0's second write goes out under its stale lease, is refused,
     and the lease is taken again."""
@@ -136,7 +136,7 @@ def test_the_lease_passes_between_instances_through_lease_markers(workdir, broke
         dlt = ps.read_dlt(broker_endpoint, f"{topic}.dlt", lease_markers=True)
         seq = ["lease" if ps.is_lease_marker(r) else int(ps.hdict(r)["x-original-offset"])
                for r in dlt]
-        assert seq == [1, "lease", 3, "lease", 5]
+        assert seq == ["lease", 1, "lease", 3, "lease", 5]
     finally:
         stop_fleet(fleet)
 
@@ -389,10 +389,13 @@ def test_policy_fix_then_two_concurrent_replays_through_a_fleet(workdir, tansu_b
         assert sum(n["already replayed"] for n in counts) == 1, counts
         assert [r.key for r in read_all(broker.bootstrap, topic)] == [b"a", b"b", b"c", b"b"]
         time.sleep(1.0)
+        # The DLT record b came from (after the writer's lease marker).
+        (d,) = ps.read_dlt(direct, f"{topic}.dlt")
         for ep in eps:
             got = c.ck_consume_assign(ep, topic, [0], 3, timeout=30)
             assert [r.key for r in got] == [b"a", b"c", b"b"], got
-            assert dict(got[2].headers)["x-replayed-from-dlt"] == f"{topic}.dlt/0/0".encode()
+            assert dict(got[2].headers)["x-replayed-from-dlt"] == \
+                f"{topic}.dlt/0/{d.offset}".encode()
     finally:
         stop_fleet(fleet)
 

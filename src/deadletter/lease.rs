@@ -237,11 +237,34 @@ impl Producer {
                 StrBytes::from_string(tid.clone()),
             )))
             .with_transaction_timeout_ms(60_000);
-        let result = match self.cluster.transaction_coordinator(&tid).await {
-            // v2+ in practice: tansu answers v0 and v1 with error -1.
-            Ok(conn) => conn.send(req, 0, 4).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let mut result = Err(String::new());
+        for attempt in 0..LEASE_TRIES {
+            result = match self.cluster.transaction_coordinator(&tid).await {
+                // v2+ in practice: tansu answers v0 and v1 with error -1.
+                Ok(conn) => conn
+                    .send(req.clone(), 0, 4)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            // Retriable: another instance's InitProducerId for the same id
+            // in progress (CONCURRENT_TRANSACTIONS), the coordinator loading,
+            // moving or not there yet, the network. Ask again shortly.
+            let retriable = match &result {
+                Ok(r) => matches!(r.error_code, 14 | 15 | 16 | 51),
+                Err(_) => true,
+            };
+            if !retriable || attempt + 1 == LEASE_TRIES {
+                break;
+            }
+            self.cluster.reset();
+            let pause = backoff(
+                attempt,
+                Duration::from_millis(20),
+                Duration::from_millis(500),
+            );
+            tokio::time::sleep(pause).await;
+        }
         let lease = match result {
             Ok(r) if r.error_code == 0 => {
                 debug!(
@@ -307,6 +330,10 @@ impl Producer {
         }
     }
 }
+
+/// How many times InitProducerId is asked when its answer is retriable,
+/// before the write waits for the next round (about 1.5 s in all).
+const LEASE_TRIES: u32 = 6;
 
 /// How long a lease is used before InitProducerId is asked again. Asking
 /// keeps the transactional id alive (Kafka expires one unused for

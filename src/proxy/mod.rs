@@ -19,6 +19,7 @@ pub mod relay;
 pub mod reload;
 mod sasl_phase;
 pub mod topics;
+mod upstream;
 pub mod versions;
 
 use std::collections::HashSet;
@@ -167,7 +168,7 @@ impl Shared {
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),
-            node_resolver: topics::NodeResolver::new(NODE_NEGATIVE_TTL),
+            node_resolver: topics::NodeResolver::new(upstream::NODE_NEGATIVE_TTL),
         }))
     }
 
@@ -481,7 +482,7 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
         Target::Broker(n) => format!("broker-{n}"),
     };
     let _open = metrics::ConnectionGuard::new(metrics::global().clone(), label);
-    let broker = match connect_upstream(&shared, target).await {
+    let broker = match upstream::connect(&shared, target).await {
         Ok(b) => b,
         Err(e) => {
             metrics::global().upstream_error("connect");
@@ -544,49 +545,6 @@ async fn accept_client(
             None
         }
     }
-}
-
-/// How long a node id still unknown after a metadata lookup is not looked
-/// up again (its connections are refused meanwhile; the background refresh
-/// learns new brokers anyway).
-const NODE_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// A raw byte stream to the broker behind `target`.
-async fn connect_upstream(shared: &Arc<Shared>, target: Target) -> std::io::Result<net::Conn> {
-    let addrs: Vec<HostPort> = match target {
-        Target::Bootstrap => shared.config.upstream.bootstrap_servers.clone(),
-        Target::Broker(node) => {
-            // Single-flight and negatively cached: a client can name any
-            // node id in its TLS server name, once per handshake.
-            shared
-                .node_resolver
-                .resolve(
-                    &[node],
-                    |n| shared.brokers.contains_key(n),
-                    || async {
-                        let _ = refresh_metadata(shared).await;
-                    },
-                )
-                .await;
-            match shared.brokers.get(&node) {
-                Some(a) => vec![a.clone()],
-                None => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!("broker {node} is not in the cluster metadata"),
-                    ))
-                }
-            }
-        }
-    };
-    let mut last = None;
-    for addr in &addrs {
-        match net::connect_conn(addr, shared.relay_tls.as_ref(), shared.upstream.timeout).await {
-            Ok(io) => return Ok(io),
-            Err(e) => last = Some(std::io::Error::new(e.kind(), format!("{addr}: {e}"))),
-        }
-    }
-    Err(last.unwrap_or_else(|| std::io::Error::other("no upstream address")))
 }
 
 /// The Fetch filter's view of the proxy: addresses and topic names.

@@ -206,10 +206,14 @@ mod tests {
         let refreshes = Arc::new(AtomicUsize::new(0));
         let r = Arc::new(NodeResolver::new(Duration::from_secs(60)));
         let lookup = |r: Arc<NodeResolver>, n: Arc<AtomicUsize>| async move {
-            r.resolve(&[4242], |_| false, || async {
-                n.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            })
+            r.resolve(
+                &[4242],
+                |_| false,
+                || async {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                },
+            )
             .await
         };
         let tasks: Vec<_> = (0..50)
