@@ -11,6 +11,7 @@ antidote_dlt_records_refused_total."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import clients as c
@@ -208,3 +209,60 @@ def test_without_keys_a_record_with_a_reserved_name_twice_is_refused(
                       reason="duplicate_reserved_header") >= 1, text
     finally:
         p.stop_and_check()
+
+
+KEYS_POLICY = """\
+policies:
+  - name: trust-keys
+    topics: ["{topic}"]
+    value:
+      format: json
+    rules:
+      - field: /lat
+        min: -90
+        max: {max_lat}
+    ordering: per_key
+"""
+
+
+def test_with_keys_a_forged_release_of_a_blocked_key_releases_nothing_and_a_real_replay_does(
+        workdir, broker, broker_endpoint):
+    from test_keys import metric as keys_metric, rec, tags, through_proxy, wait_metric
+    from test_reload_replay import replay_counts, wait_for_log
+    topic = f"trust-key-{uuid.uuid4().hex[:8]}"
+    dlt = f"{topic}.dlt"
+    c.ck_create_topic(broker_endpoint, topic, 1)
+    policy = workdir / f"{topic}.policy.yaml"
+    policy.write_text(KEYS_POLICY.format(topic=topic, max_lat=90))
+    keys = workdir / f"{topic}.key"
+    keys.write_text(KEY + "\n")
+    proxy = _proxy(workdir, broker, topic, policy, f"trust-k-{topic}", keys).start()
+    try:
+        c.ck_produce(broker_endpoint, topic, [rec(0, "A", "A1", lat=95), rec(0, "B", "B1")])
+        assert through_proxy(proxy, topic, 0, "B1") == ["B1"]
+        wait_metric(proxy, "antidote_blocked_keys", 1)
+        # A producer forges a replay frame that releases A, and a writer of
+        # the DLT forges a release marker for A.
+        forged = c.Rec(0, -1, b"A", json.dumps({"lat": 1, "id": "AF"}).encode(), (
+            ("x-replayed-from-dlt", f"{dlt}/0/1".encode()), ("x-attempt", b"1"),
+            ("x-released-through", b"1000"), ("x-antidote-context", b"2 3")), 1_700_000_000_000)
+        c.ck_produce(broker_endpoint, topic, [forged])
+        c.ck_produce(broker_endpoint, dlt, [c.Rec(0, -1, b"A", None, (
+            ("x-antidote-marker", b"release"), ("x-marker-topic", topic.encode()),
+            ("x-marker-partition", b"0"), ("x-marker-through", b"1000"),
+            ("x-antidote-context", b"2 4")), 1_700_000_000_000)])
+        c.ck_produce(broker_endpoint, topic, [rec(0, "A", "A2"), rec(0, "C", "C1")])
+        assert through_proxy(proxy, topic, 0, "C1") == ["B1", "C1"]
+        time.sleep(1.5)  # past the blocked-key follower's round: the marker was read
+        assert keys_metric(proxy, "antidote_blocked_keys") == 1
+        # The fleet's own replay, signed, does release A once the cause is fixed.
+        policy.write_text(KEYS_POLICY.format(topic=topic, max_lat=100))
+        wait_for_log(proxy, "policies reloaded")
+        r = cli("dlt", "replay", "--config", str(proxy.config_path), "--topic", dlt, "--key", "A",
+                "--execute")
+        out = ok(r) + r.stderr
+        assert replay_counts(out)["replayed"] == 3, out
+        c.ck_produce(broker_endpoint, topic, [rec(0, "A", "A3")])
+        assert through_proxy(proxy, topic, 0, "A3") == ["B1", "C1", "A1", "AF", "A2", "A3"]
+    finally:
+        proxy.stop_and_check()
