@@ -327,20 +327,38 @@ impl Connection {
     }
 }
 
-/// Error codes the proxy's own client reacts to.
+/// The one table of Kafka error codes antidote uses, taken from the
+/// vendored kafka-protocol's `ResponseError` (never written by hand), as
+/// constants so that they can be matched on.
 pub mod errors {
-    pub const OFFSET_OUT_OF_RANGE: i16 = 1;
-    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-    pub const LEADER_NOT_AVAILABLE: i16 = 5;
-    pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
-    pub const MESSAGE_TOO_LARGE: i16 = 10;
-    pub const RECORD_LIST_TOO_LARGE: i16 = 18;
-    pub const TOPIC_ALREADY_EXISTS: i16 = 36;
-    pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
-    pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
-    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
-    pub const UNKNOWN_PRODUCER_ID: i16 = 59;
-    pub const PRODUCER_FENCED: i16 = 90;
+    use kafka_protocol::ResponseError as E;
+
+    pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
+    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = E::UnknownTopicOrPartition.code();
+    pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
+    pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
+    pub const MESSAGE_TOO_LARGE: i16 = E::MessageTooLarge.code();
+    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = E::CoordinatorLoadInProgress.code();
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = E::CoordinatorNotAvailable.code();
+    pub const NOT_COORDINATOR: i16 = E::NotCoordinator.code();
+    pub const RECORD_LIST_TOO_LARGE: i16 = E::RecordListTooLarge.code();
+    /// Retriable and "not written", which is what a Produce batch refused
+    /// for a spent decode budget is.
+    pub const NOT_ENOUGH_REPLICAS: i16 = E::NotEnoughReplicas.code();
+    pub const TOPIC_AUTHORIZATION_FAILED: i16 = E::TopicAuthorizationFailed.code();
+    pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
+    pub const TOPIC_ALREADY_EXISTS: i16 = E::TopicAlreadyExists.code();
+    pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = E::OutOfOrderSequenceNumber.code();
+    pub const DUPLICATE_SEQUENCE_NUMBER: i16 = E::DuplicateSequenceNumber.code();
+    pub const INVALID_PRODUCER_EPOCH: i16 = E::InvalidProducerEpoch.code();
+    pub const CONCURRENT_TRANSACTIONS: i16 = E::ConcurrentTransactions.code();
+    pub const UNKNOWN_PRODUCER_ID: i16 = E::UnknownProducerId.code();
+    /// KIP-467: not retriable.
+    pub const INVALID_RECORD: i16 = E::InvalidRecord.code();
+    pub const PRODUCER_FENCED: i16 = E::ProducerFenced.code();
+    /// Retriable: a Produce v13+ topic id the proxy could not resolve, so
+    /// it cannot tell whether a policy covers it.
+    pub const UNKNOWN_TOPIC_ID: i16 = E::UnknownTopicId.code();
 }
 
 /// An error that belongs to no one broker (no leader known, no bootstrap

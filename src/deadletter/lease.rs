@@ -49,6 +49,7 @@ use uuid::Uuid;
 use super::backoff;
 use super::producer::{finish, ProduceError, Producer};
 use super::{LedgerKey, Origin, PendingWrite};
+use crate::client::errors;
 use crate::clock::now_ms;
 use crate::config::Fencing;
 use crate::kafka::builder::NewRecord;
@@ -251,7 +252,13 @@ impl Producer {
             // in progress (CONCURRENT_TRANSACTIONS), the coordinator loading,
             // moving or not there yet, the network. Ask again shortly.
             let retriable = match &result {
-                Ok(r) => matches!(r.error_code, 14 | 15 | 16 | 51),
+                Ok(r) => matches!(
+                    r.error_code,
+                    errors::COORDINATOR_LOAD_IN_PROGRESS
+                        | errors::COORDINATOR_NOT_AVAILABLE
+                        | errors::NOT_COORDINATOR
+                        | errors::CONCURRENT_TRANSACTIONS
+                ),
                 Err(_) => true,
             };
             if !retriable || attempt + 1 == LEASE_TRIES {

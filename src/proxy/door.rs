@@ -25,12 +25,7 @@ use crate::plan::HoldReason;
 use crate::policy::{Class, OnProduce, Policy, PolicySet};
 use crate::proxy::produce::{Refusal, INVALID_RECORD};
 
-/// Kafka's NOT_ENOUGH_REPLICAS: retriable and "not written", which is what
-/// a batch refused for a spent decode budget is.
-pub const NOT_ENOUGH_REPLICAS: i16 = 19;
-/// Kafka's UNKNOWN_TOPIC_ID (retriable): a Produce v13+ topic id the proxy
-/// could not resolve, so it cannot tell whether a policy covers it.
-pub const UNKNOWN_TOPIC_ID: i16 = 100;
+pub use crate::client::errors::{NOT_ENOUGH_REPLICAS, UNKNOWN_TOPIC_ID};
 
 /// Longest text of one record error or error message, in bytes: reasons
 /// can quote a whole value.

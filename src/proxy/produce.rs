@@ -35,10 +35,7 @@ use uuid::Uuid;
 
 use crate::transport::frame;
 
-/// Kafka's TOPIC_AUTHORIZATION_FAILED.
-pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
-/// Kafka's INVALID_RECORD (KIP-467): not retriable.
-pub const INVALID_RECORD: i16 = 87;
+pub use crate::client::errors::{INVALID_RECORD, TOPIC_AUTHORIZATION_FAILED};
 
 /// Why a Produce request could not be checked.
 #[derive(Debug, thiserror::Error)]

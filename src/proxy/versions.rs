@@ -86,7 +86,7 @@ fn intersect(v: &ApiVersion, fetch_max: Option<i16>) -> Option<ApiVersion> {
     (lo <= hi).then(|| v.clone().with_min_version(lo).with_max_version(hi))
 }
 
-const UNSUPPORTED_VERSION: i16 = 35;
+use crate::client::errors::UNSUPPORTED_VERSION;
 
 /// Rewrite an ApiVersions response body (after the v0 response header).
 /// Returns the new body.
