@@ -47,25 +47,12 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::backoff;
-use super::producer::{finish, ProduceError, Producer};
+use super::producer::{finish, Lease, ProduceError, Producer};
 use super::{LedgerKey, Origin, PendingWrite};
 use crate::client::errors;
 use crate::clock::now_ms;
 use crate::config::Fencing;
 use crate::kafka::builder::NewRecord;
-
-/// A DLT partition's producer: its id and epoch (from InitProducerId with a
-/// transactional id derived from the partition, so every instance of a
-/// fleet shares the id and the newest epoch fences the older writers), and
-/// the next sequence number. (-1, -1) when the broker gives none.
-#[derive(Clone, Copy)]
-pub(super) struct Lease {
-    pub(super) pid: i64,
-    pub(super) epoch: i16,
-    pub(super) seq: i32,
-    /// When InitProducerId handed it out (see [`LEASE_REFRESH`]).
-    pub(super) taken: Instant,
-}
 
 /// Most times one round re-reads and re-writes a DLT partition after being
 /// fenced by another instance.

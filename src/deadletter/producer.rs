@@ -30,7 +30,6 @@ use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use super::backoff;
-use super::lease::Lease;
 use super::{Ledger, PendingWrite};
 use crate::client::{errors, Cluster};
 use crate::clock::now_ms;
@@ -57,6 +56,19 @@ pub(super) enum ProduceError {
     /// broker lost our producer state): read the partition again first.
     #[error("{0}: producer fenced or unknown (error {1})")]
     Fenced(String, i16),
+}
+
+/// A DLT partition's producer: its id and epoch (from InitProducerId with a
+/// transactional id derived from the partition, so every instance of a
+/// fleet shares the id and the newest epoch fences the older writers), and
+/// the next sequence number. (-1, -1) when the broker gives none.
+#[derive(Clone, Copy)]
+pub(super) struct Lease {
+    pub(super) pid: i64,
+    pub(super) epoch: i16,
+    pub(super) seq: i32,
+    /// When InitProducerId handed it out (see `lease::LEASE_REFRESH`).
+    pub(super) taken: tokio::time::Instant,
 }
 
 pub struct Producer {

@@ -226,6 +226,12 @@ pub fn trusted(policies: &PolicySet, dlt: &str, origin: &Origin, current_id: Opt
     }
 }
 
+/// Pause between two tail rounds when nothing new arrived.
+pub const TAIL_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the upstream's topics are listed again, to learn DLTs of
+/// policy topics created since (and their ids).
+pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The task that keeps the ledger loaded: on start, on every policy change
 /// and whenever a DLT is first asked about, it reads every DLT not yet
 /// loaded.
@@ -269,7 +275,7 @@ impl Loader {
                 tokio::select! {
                     r = self.policies.changed() => if r.is_err() { return } else { break },
                     w = self.wake.recv() => if w.is_none() { return } else { break },
-                    _ = tokio::time::sleep(super::tail::TAIL_INTERVAL) => {}
+                    _ = tokio::time::sleep(TAIL_INTERVAL) => {}
                 }
                 if self.tail_tick().await {
                     break;
@@ -283,7 +289,7 @@ impl Loader {
     async fn tail_tick(&mut self) -> bool {
         let due = self
             .discovered
-            .is_none_or(|at| at.elapsed() >= super::tail::DISCOVER_INTERVAL);
+            .is_none_or(|at| at.elapsed() >= DISCOVER_INTERVAL);
         if due {
             let policies = self.policies.borrow().clone();
             if let Err(e) = self.origin_topics(&policies).await {

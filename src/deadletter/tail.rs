@@ -1,7 +1,7 @@
 //! Tailing the dead-letter topics: after the start-up rebuild, every DLT in
 //! the ledger keeps being read from where the rebuild (or the last tail)
 //! stopped, so diversions written by other instances of a fleet reach this
-//! instance's ledger within about [`TAIL_INTERVAL`] plus one Fetch round
+//! instance's ledger within about `TAIL_INTERVAL` (the loader's) plus one Fetch round
 //! trip, and their records keep being removed from responses.
 //!
 //! Also the catch-up the producer runs just before a DLT write: read the DLT
@@ -31,8 +31,6 @@ use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
 use antidote_core::dlt_record::Origin;
 
-/// Pause between two tail rounds when nothing new arrived.
-pub const TAIL_INTERVAL: Duration = Duration::from_millis(200);
 /// Most bytes of one tail Fetch response.
 const FETCH_MAX_BYTES: i32 = 8 << 20;
 /// Most bytes of one partition in a tail Fetch response.
@@ -44,9 +42,6 @@ const PARTITION_MAX_BYTES: i32 = 1 << 20;
 const MAX_WAIT_MS: i32 = 1;
 /// Most Fetch rounds per tick.
 const MAX_ROUNDS: usize = 16;
-/// How often the upstream's topics are listed again, to learn DLTs of
-/// policy topics created since (and their ids).
-pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(5);
 
 /// (DLT, partition).
 pub type DltPartition = (String, i32);

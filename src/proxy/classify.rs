@@ -14,7 +14,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use crate::policy::PolicySet;
-use crate::proxy::relay::RelayError;
+use crate::proxy::error::RelayError;
 use crate::proxy::sasl_phase::{self, Raw, Tokens};
 use crate::proxy::{addresses, door, produce, versions, Shared};
 use crate::transport::frame::{self, response_frame, Cursor};

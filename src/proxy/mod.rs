@@ -13,6 +13,7 @@
 pub mod addresses;
 mod classify;
 mod door;
+mod error;
 pub mod limits;
 pub mod produce;
 pub mod relay;

@@ -37,28 +37,7 @@ use crate::transport::frame::{
 use crate::transport::net::Conn;
 use crate::transport::splice::{self, AsTcp};
 
-/// Why a connection ended abnormally.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error("client: {0}")]
-    ClientFrame(FrameError),
-    #[error("broker: {0}")]
-    BrokerFrame(FrameError),
-    #[error("client sent a malformed request: {0}")]
-    BadRequest(String),
-    #[error("refused the client's request: {0}")]
-    Refused(String),
-    #[error("broker sent a malformed response: {0}")]
-    BadResponse(String),
-    #[error("Fetch response: {0}")]
-    Filter(#[from] crate::filter::FilterError),
-    #[error("broker closed the connection with {0} response(s) pending")]
-    BrokerClosed(usize),
-    #[error("writing to client: {0}")]
-    ClientWrite(std::io::Error),
-    #[error("writing to broker: {0}")]
-    BrokerWrite(std::io::Error),
-}
+pub use super::error::RelayError;
 
 /// State the two pumps of one connection share.
 #[derive(Default)]

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 
 use kafka_protocol::messages::ApiKey;
 
-use crate::proxy::relay::RelayError;
+use crate::proxy::error::RelayError;
 use crate::transport::frame::{self, Cursor, RESPONSE_ID_END};
 
 /// How many client tokens follow a SaslHandshake once it is accepted.

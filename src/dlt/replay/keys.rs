@@ -136,6 +136,6 @@ pub async fn write_marker(
         crate::clock::now_ms(),
         &crate::deadletter::trust::seal(dlt, partition),
     );
-    super::run::produce(cluster, dlt, partition, &record).await?;
+    super::targets::produce_plain(cluster, dlt, partition, &record).await?;
     Ok(())
 }

@@ -129,7 +129,7 @@ impl LoadState {
     }
 
     fn load_text(&mut self, text: &str, path: &Path) {
-        let doc = match parse_doc(text, None) {
+        let doc = match parse_doc::<FileDoc>(text, None) {
             Ok(d) => d,
             Err(e) => {
                 self.errors.push(from_yaml(path, &e));
@@ -145,7 +145,7 @@ impl LoadState {
             }
         }
         for a in ats {
-            self.errors.push(place(text, path, a));
+            self.errors.push(place::<FileDoc>(text, path, a));
         }
     }
 

@@ -15,7 +15,6 @@ use std::path::Path;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::document::FileDoc;
 use super::PolicyError;
 
 thread_local! {
@@ -116,10 +115,13 @@ pub(super) fn at<T>(l: &Located<T>, msg: impl Into<String>) -> At {
     }
 }
 
-pub(super) fn parse_doc(
+/// Parse `text` as a `D` whose `Located` nodes are numbered in document
+/// order; with `fail`, the node with that number fails with its message
+/// (how [`place`] finds a semantic error's line and column).
+pub(super) fn parse_doc<D: serde::de::DeserializeOwned>(
     text: &str,
     fail: Option<(u32, &str)>,
-) -> Result<FileDoc, serde_yaml::Error> {
+) -> Result<D, serde_yaml::Error> {
     NEXT_ID.with(|n| n.set(0));
     FAIL_AT.with(|f| f.set(fail.map(|(id, _)| id)));
     FAIL_MSG.with(|m| *m.borrow_mut() = fail.map(|(_, s)| s.to_string()).unwrap_or_default());
@@ -144,9 +146,14 @@ pub(super) fn from_yaml(path: &Path, e: &serde_yaml::Error) -> PolicyError {
     }
 }
 
-/// Place a semantic error by re-parsing with a probe at its node.
-pub(super) fn place(text: &str, path: &Path, err: At) -> PolicyError {
-    match parse_doc(text, Some((err.id, &err.msg))) {
+/// Place a semantic error by re-parsing `text` as a `D` with a probe at
+/// its node.
+pub(super) fn place<D: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &Path,
+    err: At,
+) -> PolicyError {
+    match parse_doc::<D>(text, Some((err.id, &err.msg))) {
         Err(e) if e.location().is_some() => {
             let mut pe = from_yaml(path, &e);
             // serde_yaml prefixes the full key path (`policies[0].value.schema: `);
