@@ -64,7 +64,7 @@ impl SaslConfig {
 }
 
 /// A secret from the config: prints as `"<redacted>"` in `{:?}`, so a
-/// logged or debug-printed config never shows it (threat model: passwords
+/// logged or debug-printed config never shows it (docs/design/threat-model.md: passwords
 /// never appear in logs or Debug output).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]

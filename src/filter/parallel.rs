@@ -5,7 +5,7 @@
 //! (`plan::judge_ahead`), so even a response of one partition is judged on
 //! several cores. Idle means not planning any response (every connection's
 //! planners and helpers are counted): a helper costs more CPU per record
-//! (6-15 % in BENCHMARKS.md: batches decoded twice, work handed between
+//! (6-15 % measured when judging ahead was built, see git history of BENCHMARKS.md: batches decoded twice, work handed between
 //! threads), worth it only on a core that would otherwise wait;
 //! `limits.judge_ahead: false` turns helpers off. Helpers never cut a
 //! partition into stretches smaller than [`STRETCH_MIN_BYTES`].

@@ -1,7 +1,7 @@
 //! ApiVersions negotiation: the client is offered the intersection of what
 //! the broker supports and what the proxy can relay safely.
 //!
-//! Rules (protocol-notes §5): API keys the proxy does not know are dropped
+//! Rules (docs/design/protocol-notes.md §5): API keys the proxy does not know are dropped
 //! (it could not find their header versions); APIs whose responses carry
 //! broker addresses the proxy does not rewrite are dropped or capped
 //! (ShareFetch, ShareAcknowledge, DescribeQuorum v2+); Produce keeps the

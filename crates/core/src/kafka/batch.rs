@@ -3,7 +3,7 @@
 //! batch that loses records. Pure: bytes in, bytes out, no I/O.
 //!
 //! This module owns the wire layout of a v2 batch (see
-//! `shared/design/protocol-notes.md` sections 1-4 and 9) so that no other
+//! `docs/design/protocol-notes.md` sections 1-4 and 9) so that no other
 //! layer has to know it. The rules it keeps:
 //! - splitting and header reads never copy (`Bytes::slice`), and an
 //!   uncompressed batch is decoded without copying record bytes;

@@ -9,7 +9,7 @@
 //! it again. Undecodable and legacy batches stay held until an operator acts
 //! (the `antidote_held_partitions` alert); a budget hold clears by itself.
 //!
-//! Visibility comes first (protocol-notes §4): under READ_COMMITTED a
+//! Visibility comes first (docs/design/protocol-notes.md §4): under READ_COMMITTED a
 //! transactional batch of an aborted transaction is never surfaced to the
 //! client, so it is neither judged nor dead-lettered; it is forwarded as it
 //! is and the client drops it, as it would without the proxy.

@@ -8,7 +8,7 @@
 //! the planner takes one from the cache only for a batch whose CRC holds
 //! (a corrupt copy is decoded, fails, and is held). CRC32C is not a
 //! cryptographic hash: a broker that forges a batch with the same length
-//! and CRC at an offset already judged gets it past the cache (README,
+//! and CRC at an offset already judged gets it past the cache (docs/guarantees.md,
 //! Limitations). An entry remembers the policy it was judged under (by
 //! `Arc` identity, kept alive by the entry): after a policy reload old
 //! verdicts are never reused. A staleness verdict is fixed when first made:

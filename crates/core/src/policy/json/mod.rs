@@ -15,7 +15,7 @@
 //!   input unless escaped, numbers as `serde_json::Number`), which the rules
 //!   read by slot. Everything else is visited and dropped without
 //!   allocating. Building and freeing a `serde_json::Value` was ~75 % of the
-//!   cost of judging a 200-byte record (`BENCHMARKS.md` §2).
+//!   cost of judging a 200-byte record (measured when the scanner was built; see git history of BENCHMARKS.md).
 //! - [`decode`], for JSON Schema policies (the validator takes a `Value`):
 //!   builds the `Value` with a visitor that counts depth as it goes.
 //!
