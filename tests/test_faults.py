@@ -74,8 +74,24 @@ def produce_bulk(ep: c.Endpoint, topic: str, n: int, size: int, partition: int =
     return values
 
 
+def read_dlt_records(ep: c.Endpoint, topic: str, n: int, timeout: float = 30) -> list[c.Rec]:
+    """The first `n` records of partition 0 of a DLT that are not lease markers
+    (a lease taken with an epoch above 0 writes one first)."""
+    import poison_support as ps
+
+    def enough(got):
+        return sum(not ps.is_lease_marker(r) for r in got) >= n
+    got = c.ck_consume_assign(ep, topic, [0], 10**9, timeout=timeout, until=enough)
+    return [r for r in got if not ps.is_lease_marker(r)][:n]
+
+
 @pytest.fixture
 def restartable_broker(workdir):
+    """A broker of the test's own that it may crash, restart or fill with
+    stuck responses. Still tansu (node 111), also in a Kafka run: these tests
+    were written for a broker that restarts in well under a second and comes
+    back empty (in memory); Kafka comes back with its data after log recovery,
+    which the crash test's expectations do not describe yet."""
     t = h.Tansu(workdir).start()
     yield t
     t.stop()
@@ -161,10 +177,10 @@ def test_broker_crash_and_restart_on_same_port_proxy_survives_and_consumer_resum
     broker_ep = c.Endpoint(t.bootstrap, "direct")
     topic = f"faults-restart-{uid()}"
     if mode == "relay":
-        proxy = own_proxy(workdir, [t.bootstrap])
+        proxy = own_proxy(workdir, [t.bootstrap], node_id=t.node_id)
     else:
         policy = fs.write_bytes_policy(workdir / f"policy-{uid()}", [topic])
-        proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote,
+        proxy = own_proxy(workdir, [t.bootstrap], node_id=t.node_id, cls=fs.PolicyAntidote,
                           name="antidote-restart", policy_paths=[str(policy)])
     ep = c.Endpoint(proxy.bootstrap, "proxy")
     c.ck_create_topic(broker_ep, topic, 1)
@@ -292,7 +308,7 @@ def test_client_that_never_reads_pipelined_fetches_keeps_proxy_memory_bounded_an
         workdir, restartable_broker, request):
     t = restartable_broker                     # its own broker: it will hold stuck responses
     broker_ep = c.Endpoint(t.bootstrap, "direct")
-    proxy = own_proxy(workdir, [t.bootstrap])
+    proxy = own_proxy(workdir, [t.bootstrap], node_id=t.node_id)
     topic, other = f"faults-stuck-{uid()}", f"faults-other-{uid()}"
     c.ck_create_topic(broker_ep, topic, 1)
     c.ck_create_topic(broker_ep, other, 1)
@@ -562,7 +578,7 @@ class HoldScenario:
         self.topic = f"faults-dlt-{uid()}"
         c.ck_create_topic(self.broker_ep, self.topic, 2)
         policy = fs.write_json_policy(workdir / f"policy-{uid()}", [self.topic])
-        self.proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote,
+        self.proxy = own_proxy(workdir, [t.bootstrap], node_id=t.node_id, cls=fs.PolicyAntidote,
                                name="antidote-dlt", policy_paths=[str(policy)],
                                dead_letter={"bootstrap_servers": [self.dlt.bootstrap],
                                             "timeout": "2s"})
@@ -652,7 +668,7 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
                         f"(resumed within {resumed_after:.1f}s)")
         assert offsets(0) == [i for i in range(10) if i != POISON_OFFSET]
         assert all(_is_clean(v) for _, _, v in got), "a poison record reached the consumer"
-        dlt_recs = c.ck_consume_assign(s.dlt_ep, f"{topic}.dlt", [0], 1, timeout=30)
+        dlt_recs = read_dlt_records(s.dlt_ep, f"{topic}.dlt", 1)
         headers = dict(dlt_recs[0].headers)
         assert dlt_recs[0].value == b"{not json"
         assert (headers.get("x-original-topic"), headers.get("x-original-partition"),
@@ -719,7 +735,7 @@ def test_dlt_bootstrap_list_whose_first_server_is_a_black_hole_still_diverts_via
         topic = f"faults-dlt2-{uid()}"
         c.ck_create_topic(broker_ep, topic, 1)
         policy = fs.write_json_policy(workdir / f"policy-{uid()}", [topic])
-        proxy = own_proxy(workdir, [t.bootstrap], cls=fs.PolicyAntidote, name="antidote-dlt2",
+        proxy = own_proxy(workdir, [t.bootstrap], node_id=t.node_id, cls=fs.PolicyAntidote, name="antidote-dlt2",
                           policy_paths=[str(policy)],
                           dead_letter={"bootstrap_servers": [f"{h.HOST}:{hole.port}",
                                                              dlt.bootstrap],
@@ -733,8 +749,7 @@ def test_dlt_bootstrap_list_whose_first_server_is_a_black_hole_still_diverts_via
         report(request, f"offsets {[r.offset for r in got]} read in {took:.1f}s; black hole "
                         f"accepted {hole.accepted} connection(s)")
         assert [r.offset for r in got] == [0, 2]
-        dlt_recs = c.ck_consume_assign(c.Endpoint(dlt.bootstrap, "direct"), f"{topic}.dlt", [0],
-                                       1, timeout=30)
+        dlt_recs = read_dlt_records(c.Endpoint(dlt.bootstrap, "direct"), f"{topic}.dlt", 1)
         assert dlt_recs[0].value == b"{broken"
         proxy.stop_and_check()
     finally:
