@@ -218,6 +218,7 @@ fn every_series_once() -> Metrics {
     m.registry_request("ok");
     m.keys.redriven(true, 1);
     m.fleet_written(1);
+    m.dlt_record_refused("ledger", "unsigned");
     m
 }
 

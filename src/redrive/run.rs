@@ -18,7 +18,6 @@
 //! never forgets one.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,8 +27,8 @@ use crate::client::{ClientError, Cluster};
 use crate::config::Redrive;
 use crate::deadletter::trust::{self, Reader};
 use crate::deadletter::{backoff, follow};
-use crate::dlt::replay::{decide, produce, Decision, ReplayArgs};
-use crate::dlt::{DltError, DltRecord, Filters};
+use crate::dlt::replay::{decide, produce, Decision, Rule};
+use crate::dlt::{DltError, DltRecord};
 use crate::dlt_marker::{Attempt, Marker};
 use crate::filter::FetchFilter;
 use crate::kafka::builder::build_batch;
@@ -258,7 +257,7 @@ impl Loop {
         let target = r.origin_topic.clone().unwrap_or_default();
         let parts = self.target.partitions(&target).await?;
         let d = decide(
-            &args(r),
+            Rule::redrive(),
             policies,
             r,
             |_| parts,
@@ -339,24 +338,6 @@ fn record_bytes(r: &DltRecord) -> usize {
         .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
         .sum();
     r.key.as_ref().map_or(0, |k| k.len()) + r.value.as_ref().map_or(0, |v| v.len()) + h + 256
-}
-
-/// The replay settings re-drive decides with: the listed classes only, no
-/// cap on earlier replays (the delays are the ceiling).
-fn args(r: &DltRecord) -> ReplayArgs {
-    ReplayArgs {
-        config: PathBuf::new(),
-        topic: r.dlt_topic.clone(),
-        to: None,
-        execute: true,
-        rate: None,
-        from_offset: None,
-        to_offset: None,
-        include_stale: true,
-        max_attempts: u32::MAX,
-        limit: None,
-        filters: Filters::default(),
-    }
 }
 
 #[cfg(test)]

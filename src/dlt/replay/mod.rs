@@ -89,6 +89,41 @@ pub struct ReplayArgs {
     pub filters: Filters,
 }
 
+/// What a replay decision goes by besides the record and the policies:
+/// the operator's choices (`dlt replay`'s flags) or re-drive's, so that the
+/// runtime never builds command-line arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Write to this topic instead of each record's original topic.
+    pub to: Option<String>,
+    /// Refuse records already replayed this many times.
+    pub max_attempts: u32,
+    /// Also replay `stale` records.
+    pub include_stale: bool,
+}
+
+impl Rule {
+    /// Re-drive's rule: back to the original topic, stale records too, no
+    /// cap on earlier replays (its delays are the ceiling).
+    pub fn redrive() -> Rule {
+        Rule {
+            to: None,
+            max_attempts: u32::MAX,
+            include_stale: true,
+        }
+    }
+}
+
+impl From<&ReplayArgs> for Rule {
+    fn from(a: &ReplayArgs) -> Rule {
+        Rule {
+            to: a.to.clone(),
+            max_attempts: a.max_attempts,
+            include_stale: a.include_stale,
+        }
+    }
+}
+
 /// What replay does with one DLT record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -223,13 +258,14 @@ pub fn selected(args: &ReplayArgs, r: &DltRecord) -> bool {
 /// `partitions(topic)` is the target's partition count (`None`: missing);
 /// `replayed` holds the DLT coordinates already found in the target.
 pub fn decide(
-    args: &ReplayArgs,
+    rule: impl Into<Rule>,
     policies: &PolicySet,
     r: &DltRecord,
     partitions: impl Fn(&str) -> Option<usize>,
     replayed: &HashSet<String>,
     now_ms: i64,
 ) -> Decision {
+    let args = rule.into();
     let Some(topic) = args.to.clone().or_else(|| r.origin_topic.clone()) else {
         return Decision::NoOrigin;
     };
