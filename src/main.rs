@@ -77,6 +77,9 @@ fn main() -> ExitCode {
                 if connect && !check_connect(&cfg) {
                     return ExitCode::FAILURE;
                 }
+                if connect {
+                    check_dlts(&config);
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => {
@@ -189,6 +192,26 @@ fn check_connect(cfg: &Config) -> bool {
         }
         ok
     })
+}
+
+/// `check --connect`: report each DLT whose configuration can break a
+/// promise (retention, cleanup policy, durability); warnings only.
+fn check_dlts(path: &Path) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let found = rt.block_on(async {
+        let ctx = antidote::dlt::Context::load(path)?;
+        antidote::dlt::check::dlt_warnings(&ctx).await
+    });
+    match found {
+        Ok(lines) if lines.is_empty() => println!("dead-letter topics: no configuration breaks a promise"),
+        Ok(lines) => lines.iter().for_each(|l| eprintln!("{}: warning: {l}", path.display())),
+        Err(e) => eprintln!("{}: warning: dead-letter topics not checked: {e}", path.display()),
+    }
 }
 
 /// glibc's malloc raises its mmap threshold each time a large block is

@@ -10,6 +10,7 @@
 //! [`crate::deadletter::read_topic`] and never changes how the proxy writes
 //! DLT records: the header names come from `crate::deadletter`.
 
+pub mod check;
 pub mod decode;
 pub mod discard;
 pub mod inspect;
@@ -269,6 +270,15 @@ impl Context {
             )
         })?;
         Ok(Context { config, policies })
+    }
+
+    /// A client for the upstream cluster (the origin topics).
+    pub fn upstream_cluster(&self) -> Result<Cluster, DltError> {
+        let c = &self.config;
+        Ok(Cluster::new(
+            c.upstream.bootstrap_servers.clone(),
+            Endpoint::upstream(c)?,
+        ))
     }
 
     /// A client for the dead-letter cluster (`dead_letter.bootstrap_servers`,

@@ -368,15 +368,6 @@ fn refusal(d: &Decision, max_attempts: u32) -> String {
     }
 }
 
-impl Context {
-    /// A client for the upstream cluster (the replay targets).
-    fn upstream_cluster(&self) -> Result<Cluster, DltError> {
-        let c = &self.config;
-        let endpoint = crate::client::Endpoint::upstream(&self.config)?;
-        Ok(Cluster::new(c.upstream.bootstrap_servers.clone(), endpoint))
-    }
-}
-
 /// The progress line on stderr: an `indicatif` line redrawn in place when
 /// stderr is a terminal; otherwise (a log, a pipe) a plain line at most once
 /// a second and a final one, which scripts read.
