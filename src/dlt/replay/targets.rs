@@ -194,9 +194,11 @@ async fn start_offset(
 async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease {
     let id = format!("antidote-replay/{topic}/{partition}");
     let req = InitProducerIdRequest::default()
-        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id))))
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))))
         .with_transaction_timeout_ms(60_000);
-    let r = match cluster.any().await {
+    // At the transaction coordinator of the id (FindCoordinator): any
+    // other broker of a cluster answers NOT_COORDINATOR.
+    let r = match cluster.transaction_coordinator(&id).await {
         Ok(conn) => conn.send(req, 0, 4).await,
         Err(e) => Err(e),
     };
