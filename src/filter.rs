@@ -94,6 +94,8 @@ pub struct FetchFilter {
     pub blocked: Arc<BlockedKeys>,
     /// Idle cores judge ahead in large partitions (`filter::parallel`).
     judge_ahead: bool,
+    /// The diversion circuit breakers (`breaker:` of a policy).
+    breakers: breaker::Breakers,
 }
 
 impl FetchFilter {
@@ -114,6 +116,7 @@ impl FetchFilter {
             registry: None,
             blocked,
             judge_ahead: true,
+            breakers: breaker::Breakers::default(),
         }
     }
 
@@ -155,6 +158,7 @@ impl FetchFilter {
             Err(poisoned) => *poisoned.into_inner() = new,
         }
         self.verdicts.clear();
+        self.breakers.reset();
     }
 
     /// Filter a Fetch response body; `Ok(None)` means forward it unchanged.
@@ -195,6 +199,23 @@ impl FetchFilter {
         }
         for (at, mut plan) in planned {
             metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
+            // The circuit breaker: diversions from its cut on are not
+            // written, and the partition holds there (as on a DLT failure).
+            let ledger = self.dead_letter.ledger();
+            if let Some(cut) = self.breakers.cut(&plan, |d| {
+                ledger.contains(&(d.origin_topic.clone(), d.origin_partition, d.origin_offset))
+            }) {
+                plan.diversions.retain(|d| d.origin_offset < cut);
+                plan.held = Some(plan.held.take().map_or(
+                    crate::plan::Hold {
+                        offset: cut,
+                        reason: crate::plan::HoldReason::Breaker,
+                    },
+                    |h| if h.offset <= cut { h } else {
+                        crate::plan::Hold { offset: cut, reason: crate::plan::HoldReason::Breaker }
+                    },
+                ));
+            }
             if plan.changes_anything() {
                 // Its blocks are learnt once its diversions are done.
                 transient_at.push(transient::take_transient(&mut plan));
@@ -576,6 +597,7 @@ mod tests {
     }
 }
 
+mod breaker;
 mod holds;
 mod keys;
 mod parallel;

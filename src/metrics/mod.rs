@@ -40,6 +40,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub mod breaker;
 mod fleet;
 pub mod keys;
 mod series;
@@ -106,6 +107,8 @@ pub struct Metrics {
     registry_requests: Cached<KindLabel, Counter>,
     /// Blocked keys and re-drive (`keys`).
     pub keys: keys::KeyMetrics,
+    /// The diversion circuit breaker (`breaker`).
+    pub breaker: breaker::BreakerMetrics,
     diversions: Cached<SourceLabel, Counter>,
     ledger_lag: Gauge,
     dlt_refused: Cached<RefusedLabels, Counter>,
@@ -139,6 +142,7 @@ impl Metrics {
             connections_refused: Counter::default(),
             registry_requests: Cached::new(),
             keys: keys::KeyMetrics::default(),
+            breaker: breaker::BreakerMetrics::default(),
             diversions: Cached::new(),
             ledger_lag: Gauge::default(),
             dlt_refused: Cached::new(),
@@ -209,6 +213,7 @@ impl Metrics {
         self.register_dlt_and_connections();
         self.keys.register(&mut self.registry);
         self.register_fleet();
+        self.breaker.register(&mut self.registry);
         register(
             &mut self.registry,
             names::JUDGED_AHEAD,

@@ -219,6 +219,7 @@ fn every_series_once() -> Metrics {
     m.keys.redriven(true, 1);
     m.fleet_written(1);
     m.dlt_record_refused("ledger", "unsigned");
+    m.breaker.tripped("t", 0, "p");
     m
 }
 
@@ -257,6 +258,9 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_dlt_ledger_lag_records gauge",
         // Added with signed DLT records (issue 28, deadletter/trust.rs).
         "antidote_dlt_records_refused_total counter",
+        // Added with the diversion circuit breaker (issue 33, metrics/breaker.rs).
+        "antidote_breaker_open gauge",
+        "antidote_breaker_trips_total counter",
         // Added with judging ahead (issue 15, filter/parallel.rs).
         "antidote_fetch_judged_ahead_records_total counter",
     ];

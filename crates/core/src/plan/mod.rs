@@ -80,6 +80,10 @@ pub struct PartitionPlan {
     /// The first batch that could not be judged: nothing from it on is
     /// delivered in this response.
     pub held: Option<Hold>,
+    /// The base offset of the first data batch judged whole, and the last
+    /// offset of the last one (the circuit breaker counts judged offsets).
+    pub judged_from: Option<i64>,
+    pub judged_to: Option<i64>,
 }
 
 /// Where and why a partition is held because a batch could not be judged.
@@ -103,6 +107,8 @@ pub enum HoldReason {
     /// Diverting the record would block one key more than
     /// [`keys::MAX_BLOCKED_KEYS_PER_PARTITION`] (`ordering: per_key`).
     BlockedKeys,
+    /// The policy's diversion circuit breaker is open (`breaker:`).
+    Breaker,
 }
 
 impl HoldReason {
@@ -113,6 +119,7 @@ impl HoldReason {
             HoldReason::Legacy => "legacy",
             HoldReason::Budget => "budget",
             HoldReason::BlockedKeys => "blocked_keys",
+            HoldReason::Breaker => "breaker",
         }
     }
 }
@@ -123,6 +130,7 @@ impl std::fmt::Display for HoldReason {
             HoldReason::Undecodable(e) => write!(f, "batch cannot be decoded: {e}"),
             HoldReason::Legacy => f.write_str("legacy (magic 0/1) message set"),
             HoldReason::Budget => f.write_str("decode budget spent by responses in flight"),
+            HoldReason::Breaker => f.write_str("diversion circuit breaker open"),
             HoldReason::BlockedKeys => f.write_str("too many blocked keys in this partition"),
         }
     }
@@ -156,6 +164,8 @@ impl PartitionPlan {
             releases: Vec::new(),
             stats: PlanStats::default(),
             held: None,
+            judged_from: None,
+            judged_to: None,
         }
     }
 

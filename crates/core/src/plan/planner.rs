@@ -85,7 +85,15 @@ pub fn plan_partition_keyed(
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())
             }
-            Segment::Batch(b) => plan_batch(&mut plan, input, env, order.as_mut(), b),
+            Segment::Batch(b) => {
+                let (base, last) = (b.base_offset(), b.last_offset());
+                let step = plan_batch(&mut plan, input, env, order.as_mut(), b);
+                if step.is_continue() {
+                    plan.judged_from.get_or_insert(base);
+                    plan.judged_to = Some(last);
+                }
+                step
+            }
             Segment::Legacy(bytes) => {
                 plan.held = Some(legacy_hold(&bytes));
                 ControlFlow::Break(())

@@ -42,6 +42,18 @@ pub(super) struct PolicyDoc {
     pub(super) ordering: OrderingDoc,
     #[serde(default)]
     pub(super) dead_letter: DeadLetterDoc,
+    /// The diversion circuit breaker (off when absent).
+    #[serde(default)]
+    pub(super) breaker: Option<Located<BreakerDoc>>,
+}
+
+/// `breaker: { max_ratio, over, min_diverted }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BreakerDoc {
+    pub(super) max_ratio: f64,
+    pub(super) over: u32,
+    pub(super) min_diverted: u32,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

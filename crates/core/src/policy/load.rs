@@ -16,7 +16,7 @@ use super::judge::{Compiled, Decoder, KeyCheck};
 use super::located::{at, from_yaml, parse_doc, place, At};
 use super::registry::SchemaCache;
 use super::rules;
-use super::{Action, KeyOrdering, OnProduce, Policy, PolicyError, Undecodable};
+use super::{Action, Breaker, KeyOrdering, OnProduce, Policy, PolicyError, Undecodable};
 use std::sync::Arc;
 
 /// Load every file named (directories: their `*.yaml`/`*.yml`, sorted).
@@ -281,6 +281,25 @@ impl LoadState {
                 ));
             }
         }
+        let breaker = p.breaker.as_ref().and_then(|located| {
+            let b = &located.v;
+            let ok = b.max_ratio > 0.0
+                && b.max_ratio < 1.0
+                && b.over >= 1
+                && b.min_diverted >= 1
+                && b.min_diverted <= b.over;
+            if !ok {
+                errs.push(at(
+                    located,
+                    "breaker: max_ratio must be above 0 and below 1, over at least 1, and min_diverted from 1 to over",
+                ));
+            }
+            ok.then_some(Breaker {
+                max_ratio: b.max_ratio,
+                over: b.over,
+                min_diverted: b.min_diverted,
+            })
+        });
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -310,6 +329,7 @@ impl LoadState {
                 OrderingDoc::None => KeyOrdering::None,
                 OrderingDoc::PerKey => KeyOrdering::PerKey,
             },
+            breaker,
             topics,
             source: file.to_path_buf(),
             inner: Compiled {

@@ -63,6 +63,7 @@
 //!     on_undecodable: hold             # hold (default) | divert: a batch that cannot be read
 //!     on_produce: pass                 # pass (default: judged on fetch only) | reject: refuse invalid batches at Produce
 //!     ordering: none                   # none (default) | per_key: a diverted record blocks its key's later records
+//!     breaker: { max_ratio: 0.05, over: 1000, min_diverted: 50 }   # optional: hold instead of diverting past this share
 //!     dead_letter:
 //!       topic: "{topic}.dlt"           # default; placeholders {topic} and {class}
 //! ```
@@ -281,6 +282,16 @@ impl Verdict {
     }
 }
 
+/// `breaker:` of a policy: a partition holds at the record that would be
+/// diverted once more than `max_ratio` of its last `over` judged offsets
+/// were diverted, with at least `min_diverted` of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Breaker {
+    pub max_ratio: f64,
+    pub over: u32,
+    pub min_diverted: u32,
+}
+
 /// One compiled policy.
 #[derive(Debug)]
 pub struct Policy {
@@ -289,6 +300,8 @@ pub struct Policy {
     pub on_undecodable: Undecodable,
     pub on_produce: OnProduce,
     pub ordering: KeyOrdering,
+    /// The diversion circuit breaker, when the policy sets one.
+    pub breaker: Option<Breaker>,
     /// The `topics` patterns as written (exact names and globs).
     pub topics: Vec<String>,
     /// The file this policy was loaded from.

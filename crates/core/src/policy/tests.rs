@@ -130,6 +130,31 @@ fn assert_error(text: &str, pos: &str, has: &str) {
 const BASE: &str = "policies:\n  - name: t\n    topics: [a.b]\n";
 
 #[test]
+fn a_breaker_out_of_range_or_with_unknown_keys_is_an_error_at_its_position() {
+    let ok = format!("{BASE}    breaker: {{ max_ratio: 0.05, over: 1000, min_diverted: 50 }}\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("p.yaml"), &ok).expect("write");
+    let set = PolicySet::load(&[dir.path().to_path_buf()]).expect("loads");
+    let b = set.for_topic("a.b").and_then(|p| p.breaker).expect("breaker");
+    assert_eq!((b.max_ratio, b.over, b.min_diverted), (0.05, 1000, 50));
+    assert_error(
+        &format!("{BASE}    breaker: {{ max_ratio: 1.5, over: 1000, min_diverted: 50 }}\n"),
+        "4:14",
+        "breaker: max_ratio must be above 0 and below 1",
+    );
+    assert_error(
+        &format!("{BASE}    breaker: {{ max_ratio: 0.1, over: 10, min_diverted: 50 }}\n"),
+        "4:14",
+        "min_diverted from 1 to over",
+    );
+    assert_error(
+        &format!("{BASE}    breaker: {{ max_ratio: 0.1, over: 10, min: 5 }}\n"),
+        "4:42",
+        "unknown field `min`",
+    );
+}
+
+#[test]
 fn unknown_key_is_an_error_at_its_position() {
     assert_error(
         &format!("{BASE}    on_invalidd: drop\n"),
