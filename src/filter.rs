@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
+use crate::deadletter::breaker::Breakers;
 use crate::deadletter::blocked::BlockedKeys;
 use crate::deadletter::DeadLetter;
 use crate::kafka::batch::BatchError;
@@ -95,7 +96,7 @@ pub struct FetchFilter {
     /// Idle cores judge ahead in large partitions (`filter::parallel`).
     judge_ahead: bool,
     /// The diversion circuit breakers (`breaker:` of a policy).
-    breakers: breaker::Breakers,
+    pub breakers: Arc<Breakers>,
 }
 
 impl FetchFilter {
@@ -116,7 +117,7 @@ impl FetchFilter {
             registry: None,
             blocked,
             judge_ahead: true,
-            breakers: breaker::Breakers::default(),
+            breakers: Arc::new(Breakers::default()),
         }
     }
 
@@ -597,7 +598,6 @@ mod tests {
     }
 }
 
-mod breaker;
 mod holds;
 mod keys;
 mod parallel;

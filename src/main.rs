@@ -49,6 +49,19 @@ enum Command {
         #[command(subcommand)]
         command: DltCommand,
     },
+    /// The diversion circuit breaker of a policy (`breaker:`).
+    Breaker {
+        #[command(subcommand)]
+        command: BreakerCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BreakerCommand {
+    /// Close a partition's breaker (a marker in its DLT every instance reads):
+    /// the held record is judged again, or with --divert-through the
+    /// diversions up to that offset are accepted.
+    Close(Box<antidote::dlt::breaker::CloseArgs>),
 }
 
 #[derive(Subcommand)]
@@ -67,6 +80,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config } => run(&config),
         Command::Dlt { command } => dlt(command),
+        Command::Breaker {
+            command: BreakerCommand::Close(args),
+        } => breaker_close(&args),
         Command::Check { config, connect } => match load(&config) {
             Ok((cfg, _)) => {
                 println!("{}: ok", config.display());
@@ -282,6 +298,24 @@ fn run(path: &Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn breaker_close(args: &antidote::dlt::breaker::CloseArgs) -> ExitCode {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        eprintln!("cannot start the runtime");
+        return ExitCode::FAILURE;
+    };
+    let mut out = std::io::stdout().lock();
+    match runtime.block_on(antidote::dlt::breaker::close(args, &mut out)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
             ExitCode::FAILURE
         }
     }

@@ -58,6 +58,13 @@ def _offsets(recs):
     return [r.offset for r in recs]
 
 
+def _diverted(ep, dlt):
+    """Origin offsets of the diversions in `dlt` (markers left out)."""
+    recs = ps.read_dlt(ep, dlt, settle=0.5)
+    return sorted(int(ps.hdict(r)["x-original-offset"]) for r in recs
+                  if "x-original-offset" in ps.hdict(r))
+
+
 def test_a_stream_turning_invalid_trips_the_breaker_holds_and_a_fixed_policy_releases_it(
         workdir, broker, broker_endpoint):
     topic, policy, proxy = _setup(workdir, broker, broker_endpoint, "trip")
@@ -71,8 +78,7 @@ def test_a_stream_turning_invalid_trips_the_breaker_holds_and_a_fixed_policy_rel
         got = c.ck_consume_assign(ep, topic, [0], 500, timeout=60)
         assert _offsets(got) == list(range(500))
         time.sleep(2)  # the consumer keeps fetching at the held record
-        dlt = ps.read_dlt(broker_endpoint, f"{topic}.dlt")
-        diverted = sorted(int(ps.hdict(r)["x-original-offset"]) for r in dlt)
+        diverted = _diverted(broker_endpoint, f"{topic}.dlt")
         # Trips at the n-th poison record where n >= 20 and n / (500 + n) > 5 %:
         # n = 27, so 26 are diverted, offsets 500-525, and 526 is held.
         assert diverted == list(range(500, 526)), diverted
@@ -88,7 +94,7 @@ def test_a_stream_turning_invalid_trips_the_breaker_holds_and_a_fixed_policy_rel
         wait_for_log(proxy, "policies reloaded")
         got = c.ck_consume_assign(ep, topic, [0], 974, timeout=60)
         assert _offsets(got) == list(range(500)) + list(range(526, 1000))
-        assert len(ps.read_dlt(broker_endpoint, f"{topic}.dlt")) == 26
+        assert _diverted(broker_endpoint, f"{topic}.dlt") == list(range(500, 526))
     finally:
         proxy.stop_and_check()
 
@@ -102,7 +108,7 @@ def test_without_a_breaker_the_same_stream_is_diverted_whole(workdir, broker, br
         ep = c.Endpoint(proxy.bootstrap, "proxy")
         got = c.ck_consume_assign(ep, topic, [0], 501, timeout=60)
         assert _offsets(got) == list(range(500)) + [1000]
-        assert len(ps.read_dlt(broker_endpoint, f"{topic}.dlt")) == 500
+        assert _diverted(broker_endpoint, f"{topic}.dlt") == list(range(500, 1000))
     finally:
         proxy.stop_and_check()
 
@@ -115,8 +121,52 @@ def test_sporadic_poison_never_trips_a_five_per_cent_breaker(workdir, broker, br
         ep = c.Endpoint(proxy.bootstrap, "proxy")
         got = c.ck_consume_assign(ep, topic, [0], 2997, timeout=60)
         assert _offsets(got) == [i for i in range(3000) if i % 1000 != 999]
-        assert len(ps.read_dlt(broker_endpoint, f"{topic}.dlt")) == 3
+        assert _diverted(broker_endpoint, f"{topic}.dlt") == [999, 1999, 2999]
         text = http_get(proxy.admin_port, "/metrics")[1]
         assert metric(text, "antidote_breaker_trips_total", topic=topic) == 0
     finally:
         proxy.stop_and_check()
+
+
+def test_two_instances_agree_through_the_marker_and_divert_through_reopens_after_it(
+        workdir, broker, broker_endpoint):
+    from test_ops import cli, ok
+    topic, policy, a = _setup(workdir, broker, broker_endpoint, "fleet")
+    b = OpsAntidote(workdir, upstream=[broker.bootstrap], name=f"brk-b-{topic}",
+                    policy_files=(str(policy),), admin_port=free_port())
+    import conftest
+    conftest._PROXIES.append(b)
+    b.start()
+    dlt = f"{topic}.dlt"
+
+    def diverted():
+        return _diverted(broker_endpoint, dlt)
+    try:
+        c.ck_produce(broker_endpoint, topic,
+                     [_rec(0, i, 10) for i in range(500)] + [_rec(0, i, 95) for i in range(500, 1000)])
+        got = c.ck_consume_assign(c.Endpoint(a.bootstrap, "proxy"), topic, [0], 500, timeout=60)
+        assert _offsets(got) == list(range(500))
+        time.sleep(2)  # A's follower writes the open marker; B's reads it
+        assert diverted() == list(range(500, 526))
+        # B holds at the same record: on its own it would divert 526-551.
+        got = c.ck_consume_assign(c.Endpoint(b.bootstrap, "proxy"), topic, [0], 500, timeout=60)
+        assert _offsets(got) == list(range(500))
+        time.sleep(1)
+        assert diverted() == list(range(500, 526))
+        text = http_get(b.admin_port, "/metrics")[1]
+        assert metric(text, "antidote_breaker_open", topic=topic, partition="0") == 1, text
+        # The producer was at fault: accept the diversions through 700.
+        out = ok(cli("breaker", "close", "--config", str(a.config_path), "--topic", topic,
+                     "--partition", "0", "--divert-through", "700"))
+        assert "diversions accepted through offset 700" in out, out
+        time.sleep(1.5)  # both followers read the close marker
+        got = c.ck_consume_assign(c.Endpoint(a.bootstrap, "proxy"), topic, [0], 500, timeout=60)
+        assert _offsets(got) == list(range(500))
+        time.sleep(2)
+        # Re-armed after 700: it trips again at the 20th new poison record.
+        assert diverted() == list(range(500, 720))
+        text = http_get(a.admin_port, "/metrics")[1]
+        assert metric(text, "antidote_breaker_open", topic=topic, partition="0") == 1, text
+    finally:
+        a.stop_and_check()
+        b.stop_and_check()

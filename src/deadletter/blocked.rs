@@ -241,6 +241,9 @@ fn class_of(text: &str) -> Class {
 /// Keeps [`BlockedKeys`] in step with the DLTs of per_key policies.
 pub struct Follower {
     pub set: Arc<BlockedKeys>,
+    /// The diversion circuit breakers: their markers are read and written
+    /// here too.
+    pub breakers: Arc<super::breaker::Breakers>,
     /// The dead-letter cluster and the upstream cluster (origin topics).
     pub dlt: Cluster,
     pub upstream: Cluster,
@@ -256,9 +259,15 @@ pub struct Follower {
 const REFRESH_EVERY: u64 = 20;
 
 impl Follower {
-    pub fn new(set: Arc<BlockedKeys>, dlt: Cluster, upstream: Cluster) -> Self {
+    pub fn new(
+        set: Arc<BlockedKeys>,
+        breakers: Arc<super::breaker::Breakers>,
+        dlt: Cluster,
+        upstream: Cluster,
+    ) -> Self {
         Follower {
             set,
+            breakers,
             dlt,
             upstream,
             next: HashMap::new(),
@@ -303,13 +312,10 @@ impl Follower {
     /// Read what is new in every DLT of a per_key policy topic.
     async fn pass(&mut self) -> Result<(), ClientError> {
         let policies = self.set.policies.borrow().clone();
-        if !policies
-            .policies()
-            .iter()
-            .any(|p| p.ordering == KeyOrdering::PerKey)
-        {
+        if !policies.policies().iter().any(followed) {
             return Ok(());
         }
+        self.write_breaker_marks(&policies).await;
         // The topic list changes rarely: looked up every REFRESH_EVERY passes.
         if self.passes % REFRESH_EVERY == 0 || !Arc::ptr_eq(&policies, &self.seen_policies) {
             self.known = self.dlts(&policies).await?;
@@ -322,9 +328,9 @@ impl Follower {
             };
             for partition in 0..n as i32 {
                 let from = self.next.get(&(dlt.clone(), partition)).copied();
-                let (set, pol) = (&self.set, &policies);
+                let (set, pol, brk) = (&self.set, &policies, &self.breakers);
                 let mut f = |r: &Record<'_>| {
-                    observe(set, pol, (&dlt, partition), r);
+                    observe((set, brk), pol, (&dlt, partition), r);
                     true
                 };
                 let next = follow::follow(&mut self.dlt, &dlt, partition, from, &mut f).await?;
@@ -332,6 +338,31 @@ impl Follower {
             }
         }
         Ok(())
+    }
+
+    /// Write the breaker markers this instance owes (it tripped) to the
+    /// DLT of their topic's policy; those that fail are tried next pass.
+    async fn write_breaker_marks(&mut self, policies: &PolicySet) {
+        for m in self.breakers.take_outbox() {
+            let Some(p) = policies.for_topic(&m.topic) else {
+                continue;
+            };
+            let dlt = p.dead_letter_topic(&m.topic, Class::Poison);
+            let written = async {
+                let n = self.dlt.partitions(&dlt).await.ok().flatten()?;
+                let partition = m.partition.rem_euclid(i32::try_from(n).ok()?.max(1));
+                let record = Marker::Breaker(m.clone())
+                    .to_record(crate::clock::now_ms(), &super::trust::seal(&dlt, partition));
+                let batch = crate::kafka::builder::build_batch(&[record], &Default::default()).ok()?;
+                let resp = self.dlt.produce(&dlt, partition, batch).await.ok()?;
+                (resp.error_code == 0).then_some(())
+            }
+            .await;
+            if written.is_none() {
+                self.breakers.owe(m);
+                break; // the next pass tries again
+            }
+        }
     }
 
     /// The DLTs of the upstream's per_key policy topics.
@@ -345,10 +376,7 @@ impl Follower {
             if policies.is_dead_letter_topic(&name) {
                 continue;
             }
-            let Some(p) = policies
-                .for_topic(&name)
-                .filter(|p| p.ordering == KeyOrdering::PerKey)
-            else {
+            let Some(p) = policies.for_topic(&name).filter(|p| followed(p)) else {
                 continue;
             };
             for c in Class::ALL {
@@ -362,12 +390,33 @@ impl Follower {
     }
 }
 
+/// Whether the follower reads `p`'s DLTs: for blocked keys (per_key) or
+/// for breaker markers.
+fn followed(p: &Arc<crate::policy::Policy>) -> bool {
+    p.ordering == KeyOrdering::PerKey || p.breaker.is_some()
+}
+
 /// Learn one DLT record: a parked record of a per_key topic, or a
 /// release/discard marker.
-fn observe(set: &BlockedKeys, policies: &PolicySet, (dlt, p): (&str, i32), r: &Record<'_>) {
+fn observe(
+    (set, breakers): (&BlockedKeys, &super::breaker::Breakers),
+    policies: &PolicySet,
+    (dlt, p): (&str, i32),
+    r: &Record<'_>,
+) {
     let Some(ctx) = super::trust::open(super::trust::Reader::BlockedKeys, dlt, p, r) else {
         return;
     };
+    if let Some(Marker::Breaker(m)) = Marker::parse(&ctx, r.key) {
+        if let Some(policy) = policies.for_topic(&m.topic).filter(|p| {
+            Class::ALL
+                .iter()
+                .any(|c| p.dead_letter_topic(&m.topic, *c) == dlt)
+        }) {
+            breakers.apply(&m, &policy.name);
+        }
+        return;
+    }
     if let Some(Marker::Release(m)) = Marker::parse(&ctx, r.key) {
         let writes_here = policies.for_topic(&m.topic).is_some_and(|p| {
             Class::ALL

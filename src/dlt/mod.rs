@@ -10,6 +10,7 @@
 //! [`crate::deadletter::read_topic`] and never changes how the proxy writes
 //! DLT records: the header names come from `crate::deadletter`.
 
+pub mod breaker;
 pub mod check;
 pub mod decode;
 pub mod discard;

@@ -57,6 +57,14 @@ impl BreakerMetrics {
         self.open.get_or_create(&l).set(1);
     }
 
+    /// The breaker of `topic`/`partition` opened by another instance's (or
+    /// this one's) marker: held here too, no trip counted.
+    pub fn opened(&self, topic: &str, partition: i32, policy: &str) {
+        self.open
+            .get_or_create(&Self::labels(topic, partition, policy))
+            .set(1);
+    }
+
     /// The breaker of `topic`/`partition` closed.
     pub fn closed(&self, topic: &str, partition: i32, policy: &str) {
         self.open

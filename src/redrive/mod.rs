@@ -22,6 +22,7 @@ pub fn start(config: &Config, filter: &Arc<FetchFilter>, upstream: &Endpoint, dl
         .unwrap_or_else(|| upstream_bootstrap.clone());
     let follower = Follower::new(
         filter.blocked.clone(),
+        filter.breakers.clone(),
         Cluster::new(dlt_bootstrap.clone(), dlt.clone()),
         Cluster::new(upstream_bootstrap.clone(), upstream.clone()),
     );

@@ -9,6 +9,11 @@
 //!   given up; K is released if nothing newer of it was diverted.
 //! - `attempt` (the re-drive loop): DLT record C was re-validated for the
 //!   N-th time, with this outcome.
+//! - `breaker-open` / `breaker-close` (the diversion circuit breaker): the
+//!   breaker of origin partition P opened at origin offset `through` (an
+//!   instance tripped), or closed (an operator's `antidote breaker close`;
+//!   with `--divert-through`, diversions up to that offset are accepted).
+//!   Every instance follows them, so a fleet holds the same partitions.
 //! - `lease` (the DLT writer): a writer took the DLT partition's producer
 //!   lease with a new epoch; the marker makes the partition refuse older
 //!   epochs' writes (`deadletter::lease` in the proxy). It says nothing
@@ -49,6 +54,20 @@ pub struct Release {
     pub discard: bool,
 }
 
+/// What a breaker marker says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerMark {
+    pub topic: String,
+    pub partition: i32,
+    /// `breaker-open` (true) or `breaker-close`.
+    pub open: bool,
+    /// Open: the origin offset held. Close: the offset it closes at, or
+    /// through which diversions are accepted (`--divert-through`).
+    pub through: i64,
+    /// Close: diversions up to `through` are accepted (re-armed after).
+    pub divert: bool,
+}
+
 /// What an attempt marker says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
@@ -64,6 +83,7 @@ pub struct Attempt {
 pub enum Marker {
     Release(Release),
     Attempt(Attempt),
+    Breaker(BreakerMark),
 }
 
 /// Whether a record's context makes it a marker (of any kind, well-formed
@@ -86,6 +106,15 @@ impl Marker {
                 through: num(H_MARKER_THROUGH)?,
                 discard: kind == "discard",
             })),
+            kind @ ("breaker-open" | "breaker-close" | "breaker-divert") => {
+                Some(Marker::Breaker(BreakerMark {
+                    topic: text(H_MARKER_TOPIC)?.to_string(),
+                    partition: i32::try_from(num(H_MARKER_PARTITION)?).ok()?,
+                    open: kind == "breaker-open",
+                    through: num(H_MARKER_THROUGH)?,
+                    divert: kind == "breaker-divert",
+                }))
+            }
             "attempt" => Some(Marker::Attempt(Attempt {
                 of: text(H_MARKER_OF)?.to_string(),
                 attempt: u32::try_from(num(H_MARKER_ATTEMPT)?).ok()?,
@@ -110,6 +139,23 @@ impl Marker {
                     h(H_MARKER_TOPIC, r.topic.clone()),
                     h(H_MARKER_PARTITION, r.partition.to_string()),
                     h(H_MARKER_THROUGH, r.through.to_string()),
+                ],
+            ),
+            Marker::Breaker(b) => (
+                None,
+                vec![
+                    h(
+                        H_MARKER,
+                        match (b.open, b.divert) {
+                            (true, _) => "breaker-open",
+                            (false, false) => "breaker-close",
+                            (false, true) => "breaker-divert",
+                        }
+                        .into(),
+                    ),
+                    h(H_MARKER_TOPIC, b.topic.clone()),
+                    h(H_MARKER_PARTITION, b.partition.to_string()),
+                    h(H_MARKER_THROUGH, b.through.to_string()),
                 ],
             ),
             Marker::Attempt(a) => (
@@ -194,7 +240,14 @@ mod tests {
             let c = open(&r, "geo.dlt", 0, &keys).unwrap();
             (Marker::parse(&c, r.key), is_marker(&c))
         };
-        for m in [rel, att] {
+        let brk = Marker::Breaker(BreakerMark {
+            topic: "geo".into(),
+            partition: 1,
+            open: false,
+            through: 99,
+            divert: true,
+        });
+        for m in [rel, att, brk] {
             let rec = m.to_record(5, &seal);
             assert_eq!(ctx(&rec), (Some(m), true));
         }
