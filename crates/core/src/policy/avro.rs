@@ -19,6 +19,7 @@ use super::Invalid;
 /// Largest allocation a hostile length prefix can make the Avro decoder do.
 pub(crate) const AVRO_MAX_ALLOCATION: usize = 64 << 20;
 
+pub(super) mod bound;
 mod capture;
 
 pub(crate) use capture::Prog;
@@ -106,6 +107,9 @@ pub(crate) fn decode_datum_with(
     reader: Option<&Schema>,
     mut datum: &[u8],
 ) -> Result<Value, Invalid> {
+    // What apache-avro builds is bounded by the datum's bytes first.
+    limit_allocations();
+    bound::check(writer, named, datum)?;
     let value = if named.is_empty() {
         apache_avro::from_avro_datum(writer, &mut datum, reader)
     } else {

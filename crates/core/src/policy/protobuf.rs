@@ -22,6 +22,7 @@ use super::json::{Captures, Plan};
 use super::wire::{confluent_header, unknown_id, Wire};
 use super::Invalid;
 
+mod bound;
 mod capture;
 mod indexes;
 
@@ -190,6 +191,8 @@ pub(crate) fn check_type_name(
 pub(crate) fn decode_message(desc: MessageDescriptor, payload: &[u8]) -> Result<Value, Invalid> {
     let msg = DynamicMessage::decode(desc, payload)
         .map_err(|e| Invalid::poison("decode", format!("value is not valid Protobuf: {e}")))?;
+    // Unset fields become defaults: bounded by the message's bytes first.
+    bound::check(&msg, payload.len())?;
     message_to_json(&msg).map_err(|r| Invalid::poison("decode", r))
 }
 

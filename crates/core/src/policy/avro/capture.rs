@@ -8,7 +8,8 @@
 //! it does not surely accept: a read past the end, a bad boolean, union or
 //! enum index, invalid UTF-8, a NaN or infinite float anywhere (the full
 //! path cannot judge those), trailing bytes, a block count larger than the
-//! bytes left, and a rule that wants a record, array or map whole. Schemas
+//! bytes left, more items in all than [`bound::check`] allows (it charges
+//! the same budget), and a rule that wants a record, array or map whole. Schemas
 //! with logical types or named references never take it. What it accepts,
 //! `apache_avro::from_avro_datum` accepts too and decodes to the same
 //! values (reads replicate its varint, length and block rules);
@@ -20,7 +21,7 @@ use apache_avro::Schema;
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use serde_json::Number;
 
-use super::AVRO_MAX_ALLOCATION;
+use super::{bound, AVRO_MAX_ALLOCATION};
 use crate::policy::json::{Captured, Captures, Plan};
 use crate::policy::shape::same_key;
 use crate::policy::wire::{is_utf8, varint_at, Tenth};
@@ -52,10 +53,12 @@ enum Kind {
     Union(Vec<Prog>),
     Record(Vec<Prog>),
     /// `items` for elements no rule reads; `at`: the elements that have a
-    /// trie node, by index.
+    /// trie node, by index; `weight`: what an item is charged
+    /// ([`bound::item_weight`]).
     Array {
         items: Box<Prog>,
         at: Vec<(usize, Prog)>,
+        weight: usize,
     },
     /// `values` for keys no rule reads; `at`: the keys that have a trie
     /// node, with it.
@@ -119,7 +122,8 @@ impl Prog {
                 if whole {
                     Kind::Whole
                 } else {
-                    Kind::Array { items, at }
+                    let weight = bound::item_weight(&a.items);
+                    Kind::Array { items, at, weight }
                 }
             }
             Schema::Map(m) => {
@@ -152,6 +156,7 @@ pub(super) fn capture<'a>(prog: &'a Prog, datum: &'a [u8], plan: &Plan) -> Optio
     let mut r = Reader {
         b: datum,
         i: 0,
+        left: bound::item_budget(datum.len()),
         plan,
         caps: Captures::new(plan.slots()),
     };
@@ -162,6 +167,8 @@ pub(super) fn capture<'a>(prog: &'a Prog, datum: &'a [u8], plan: &Plan) -> Optio
 struct Reader<'p, 'a> {
     b: &'a [u8],
     i: usize,
+    /// What is left of the datum's item budget ([`bound::item_budget`]).
+    left: usize,
     plan: &'p Plan,
     caps: Captures<'a>,
 }
@@ -221,6 +228,12 @@ impl<'a> Reader<'_, 'a> {
             .ok()
             .filter(|&n| n <= self.b.len() - self.i)
             .ok_or(GiveUp)
+    }
+
+    /// Charge `n` items of weight `w` ([`bound::check`]'s rule).
+    fn charge(&mut self, n: usize, w: usize) -> Read<()> {
+        self.left = self.left.checked_sub(n.saturating_mul(w)).ok_or(GiveUp)?;
+        Ok(())
     }
 
     fn string(&mut self) -> Read<&'a str> {
@@ -295,13 +308,14 @@ impl<'a> Reader<'_, 'a> {
                 }
                 Ok(())
             }
-            Kind::Array { items, at } => {
+            Kind::Array { items, at, weight } => {
                 let mut i = 0usize;
                 loop {
                     let n = self.block()?;
                     if n == 0 {
                         return Ok(());
                     }
+                    self.charge(n, *weight)?;
                     for _ in 0..n {
                         let item = at.iter().find(|e| e.0 == i).map_or(&**items, |e| &e.1);
                         self.value(item)?;
@@ -314,6 +328,7 @@ impl<'a> Reader<'_, 'a> {
                 if n == 0 {
                     return Ok(());
                 }
+                self.charge(n, 1)?;
                 for _ in 0..n {
                     let key = self.string()?;
                     let value = match at.iter().find(|e| same_key(&e.0, key)) {
