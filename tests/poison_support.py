@@ -326,6 +326,22 @@ def read_dlt(ep: c.Endpoint, topic: str, partitions: int = 1, settle: float = 1.
     return got if lease_markers else [r for r in got if not is_lease_marker(r)]
 
 
+def without_markers(recs: list[c.Rec]) -> list[c.Rec]:
+    """A DLT's records without its lease markers (every lease, epoch 0
+    included, writes one before its first record: 47d1769)."""
+    return [r for r in recs if not is_lease_marker(r)]
+
+
+def read_dlt_records(ep: c.Endpoint, topic: str, n: int, timeout: float = 30,
+                     **conf) -> list[c.Rec]:
+    """The first `n` records of partition 0 of a DLT that are not lease
+    markers, read directly with librdkafka (`conf`: extra client settings)."""
+    def enough(got):
+        return len(without_markers(got)) >= n
+    got = c.ck_consume_assign(ep, topic, [0], 10**9, timeout=timeout, until=enough, **conf)
+    return without_markers(got)[:n]
+
+
 def hdict(rec: c.Rec) -> dict[str, bytes]:
     """Headers as a dict (last wins); use `rec.headers` for the full list."""
     return {k: v for k, v in rec.headers}

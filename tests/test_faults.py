@@ -25,6 +25,7 @@ import clients as c
 import conftest
 import fault_support as fs
 import harness as h
+import poison_support as ps
 
 
 def report(request, line: str) -> None:
@@ -72,17 +73,6 @@ def produce_bulk(ep: c.Endpoint, topic: str, n: int, size: int, partition: int =
     assert p.flush(60) == 0, "not all records delivered within 60s"
     assert not errors, errors[:5]
     return values
-
-
-def read_dlt_records(ep: c.Endpoint, topic: str, n: int, timeout: float = 30) -> list[c.Rec]:
-    """The first `n` records of partition 0 of a DLT that are not lease markers
-    (a lease taken with an epoch above 0 writes one first)."""
-    import poison_support as ps
-
-    def enough(got):
-        return sum(not ps.is_lease_marker(r) for r in got) >= n
-    got = c.ck_consume_assign(ep, topic, [0], 10**9, timeout=timeout, until=enough)
-    return [r for r in got if not ps.is_lease_marker(r)][:n]
 
 
 @pytest.fixture
@@ -668,7 +658,7 @@ def test_dlt_black_hole_holds_poison_partition_while_clean_partition_flows_then_
                         f"(resumed within {resumed_after:.1f}s)")
         assert offsets(0) == [i for i in range(10) if i != POISON_OFFSET]
         assert all(_is_clean(v) for _, _, v in got), "a poison record reached the consumer"
-        dlt_recs = read_dlt_records(s.dlt_ep, f"{topic}.dlt", 1)
+        dlt_recs = ps.read_dlt_records(s.dlt_ep, f"{topic}.dlt", 1)
         headers = dict(dlt_recs[0].headers)
         assert dlt_recs[0].value == b"{not json"
         assert (headers.get("x-original-topic"), headers.get("x-original-partition"),
@@ -749,7 +739,7 @@ def test_dlt_bootstrap_list_whose_first_server_is_a_black_hole_still_diverts_via
         report(request, f"offsets {[r.offset for r in got]} read in {took:.1f}s; black hole "
                         f"accepted {hole.accepted} connection(s)")
         assert [r.offset for r in got] == [0, 2]
-        dlt_recs = read_dlt_records(c.Endpoint(dlt.bootstrap, "direct"), f"{topic}.dlt", 1)
+        dlt_recs = ps.read_dlt_records(c.Endpoint(dlt.bootstrap, "direct"), f"{topic}.dlt", 1)
         assert dlt_recs[0].value == b"{broken"
         proxy.stop_and_check()
     finally:

@@ -479,7 +479,9 @@ def test_replay_revalidates_dry_runs_replays_once_and_counts_attempts(ops, broke
     assert (new.key, new.value) == (b"k2", POISON)
     assert list(new.headers) == [("trace", b"t2"), ("x-request-id", b"r2"),
                                  ("x-replayed-from-dlt", f"{ops.dlt}/0/{dlt_off}".encode()),
-                                 ("x-attempt", b"1")], new.headers
+                                 ("x-attempt", b"1"),
+                                 # the replay frame (issue 28): two replay headers
+                                 ("x-antidote-context", b"2 2")], new.headers
 
     # Again: the DLT coordinate is found in the target, so no second copy.
     out = ok(cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt,
@@ -492,21 +494,22 @@ def test_replay_revalidates_dry_runs_replays_once_and_counts_attempts(ops, broke
     got = ck_consume_assign(Endpoint(ops.proxy.bootstrap, "proxy"), ops.topic, [0], 2, timeout=60)
     assert [r.key for r in got] == [b"k1", b"k3"], got
     recs = dlt_json(ops)
-    assert [(r["dlt_offset"], r["origin_offset"], r["attempt"]) for r in recs] == [(0, 1, 0), (1, 3, 1)]
+    assert [(r["dlt_offset"], r["origin_offset"], r["attempt"]) for r in recs] == \
+        [(dlt_off, 1, 0), (dlt_off + 1, 3, 1)]
 
     # ... so --max-attempts 1 refuses it, and by default it goes out as attempt 2.
     out = ok(cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt,
                  "--execute", "--max-attempts", "1"))
-    assert f"{ops.dlt}/0/1: already replayed 1 times" in out, out
+    assert f"{ops.dlt}/0/{dlt_off + 1}: already replayed 1 times" in out, out
     assert len(read_all(broker.bootstrap, ops.topic)) == 4
     out = ok(cli("dlt", "replay", "--config", str(ops.fixed_config), "--topic", ops.dlt,
                  "--execute", "--from-offset", "3"))
-    assert f"replayed          {ops.dlt}/0/1 -> {ops.topic}-0@4 (origin {ops.topic}-0@3, attempt 2)" \
+    assert f"replayed          {ops.dlt}/0/{dlt_off + 1} -> {ops.topic}-0@4 (origin {ops.topic}-0@3, attempt 2)" \
         in out, out
     after = read_all(broker.bootstrap, ops.topic)
     assert len(after) == 5, after
     assert dict(after[4].headers)["x-attempt"] == b"2"
-    assert dict(after[4].headers)["x-replayed-from-dlt"] == f"{ops.dlt}/0/1".encode()
+    assert dict(after[4].headers)["x-replayed-from-dlt"] == f"{ops.dlt}/0/{dlt_off + 1}".encode()
 
 
 def dlt_json(ops: Setup, want: int = 2, timeout: float = 15) -> list[dict]:
@@ -616,7 +619,7 @@ def test_dlt_commands_speak_tls_to_the_cluster(workdir, certs):
             assert m is not None and not m.error(), "replayed record not found in partition 1"
             assert (m.key(), m.value()) == (b"k9", b'{"lat": 1}')
             assert m.headers() == [("keep", b"me"), ("x-replayed-from-dlt", f"{dlt}/0/0".encode()),
-                                   ("x-attempt", b"1")]
+                                   ("x-attempt", b"1"), ("x-antidote-context", b"2 2")]
         finally:
             c.close()
     finally:

@@ -20,7 +20,8 @@ async function main() {
     consumer.run({
       eachMessage: async ({ partition, message }) => {
         console.log(JSON.stringify({ partition, offset: Number(message.offset),
-          value: message.value.toString(), headers: Object.keys(message.headers) }));
+          value: message.value === null ? null : message.value.toString(),
+          headers: Object.keys(message.headers) }));
         if (++seen === n) resolve();
       },
     }).catch(reject);
