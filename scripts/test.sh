@@ -13,22 +13,38 @@ cd "$ROOT"
 
 declare -a RESULTS=()
 FAILED=0
+# Time budget of each stage in seconds (2 cores; the whole run must stay under
+# 30 minutes). The summary shows each stage's time against its budget; a stage
+# over budget is flagged OVER, which does not fail the run by itself.
+declare -A BUDGET=(
+  ["setup"]=120 ["module layers and file sizes"]=15 ["cargo build"]=420
+  ["pytest (integration)"]=600 ["cargo test (unit)"]=120 ["pytest (serial)"]=240
+  ["install cargo-fuzz"]=300 ["fuzz smoke"]=300
+)
+over() {  # over NAME SECONDS: " of Bs budget" or " of Bs budget: OVER"
+  local b="${BUDGET[$1]:-}"
+  [[ -z "$b" ]] && return
+  if (( $2 > b )); then printf ' of %ss budget: OVER' "$b"; else printf ' of %ss budget' "$b"; fi
+}
 stage() {  # stage NAME CMD...: run, record pass/fail, never abort the script
   local name="$1"; shift
   local t0=$SECONDS
   printf '\n==== %s ====\n' "$name"
   if "$@"; then
-    RESULTS+=("PASS  $name ($((SECONDS - t0))s)")
+    local t=$((SECONDS - t0))
+    RESULTS+=("PASS  $name (${t}s$(over "$name" "$t"))")
   else
-    local rc=$?
-    RESULTS+=("FAIL  $name (exit $rc, $((SECONDS - t0))s)")
+    local rc=$? t=$((SECONDS - t0))
+    RESULTS+=("FAIL  $name (exit $rc, ${t}s$(over "$name" "$t"))")
     FAILED=1
   fi
 }
 
 # Setup failing means nothing else can run meaningfully.
 printf '==== setup ====\n'
+t0=$SECONDS
 bash scripts/setup.sh
+RESULTS+=("PASS  setup ($((SECONDS - t0))s$(over setup $((SECONDS - t0))))")
 
 # Build cache. A CI run starts from a fresh clone, so its target/ is empty
 # and the dependencies' build alone took most of a 9-minute stage. Under
@@ -105,7 +121,8 @@ fi
 # is a backstop; each test also has its own (tests/pytest.ini).
 # Three workers (pytest-xdist), one test file per worker at a time: the tests
 # mostly wait on brokers and group joins, so 2 cores serve 3 of them. Each
-# worker starts its own tansu (session fixtures are per worker), every port
+# worker starts its own Apache Kafka broker (session fixtures are per worker;
+# ANTIDOTE_TEST_BROKER=tansu runs them on tansu instead), every port
 # is claimed once per run (harness.free_port) and every topic/group name is
 # unique, so files do not share state. PYTEST_WORKERS=0 runs serially.
 PYTEST_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
@@ -146,5 +163,7 @@ if [[ "${ANTIDOTE_SKIP_FUZZ:-0}" != 1 ]]; then
 fi
 
 printf '\n==== summary ====\n'
+printf 'broker: %s\n' "${ANTIDOTE_TEST_BROKER:-kafka ($(basename "$(readlink -f .tools/kafka)"))}"
 printf '%s\n' "${RESULTS[@]}"
+printf 'total: %ss of 1800s\n' "$SECONDS"
 exit "$FAILED"
