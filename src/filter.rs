@@ -152,14 +152,15 @@ impl FetchFilter {
     /// are dropped now to free memory.
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
+        let old = self.policies();
         self.dead_letter.policies_changed(new.clone());
         self.blocked.policies_changed(new.clone());
         match self.policies.write() {
-            Ok(mut p) => *p = new,
-            Err(poisoned) => *poisoned.into_inner() = new,
+            Ok(mut p) => *p = new.clone(),
+            Err(poisoned) => *poisoned.into_inner() = new.clone(),
         }
         self.verdicts.clear();
-        self.breakers.reset();
+        self.breakers.reset(&old, &new);
     }
 
     /// Filter a Fetch response body; `Ok(None)` means forward it unchanged.

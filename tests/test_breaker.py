@@ -132,7 +132,10 @@ def test_two_instances_agree_through_the_marker_and_divert_through_reopens_after
         workdir, broker, broker_endpoint):
     from test_ops import cli, ok
     topic, policy, a = _setup(workdir, broker, broker_endpoint, "fleet")
-    b = OpsAntidote(workdir, upstream=[broker.bootstrap], name=f"brk-b-{topic}",
+    # Its config in a directory of its own: a new .yaml beside A's policy
+    # file would be a reload for A.
+    (workdir / f"b-{topic}").mkdir()
+    b = OpsAntidote(workdir / f"b-{topic}", upstream=[broker.bootstrap], name=f"brk-b-{topic}",
                     policy_files=(str(policy),), admin_port=free_port())
     import conftest
     conftest._PROXIES.append(b)
@@ -167,6 +170,12 @@ def test_two_instances_agree_through_the_marker_and_divert_through_reopens_after
         assert diverted() == list(range(500, 720))
         text = http_get(a.admin_port, "/metrics")[1]
         assert metric(text, "antidote_breaker_open", topic=topic, partition="0") == 1, text
+        # `dlt inspect --summary` lists the trips and the close, in order.
+        out = ok(cli("dlt", "inspect", "--config", str(a.config_path), "--topic", dlt,
+                     "--summary"))
+        events = [line.split() for line in out.splitlines() if line.startswith(f"{topic}-0")]
+        assert [(e[1], e[-1]) for e in events] == [("tripped", "526"), ("closed", "700"),
+                                                   ("tripped", "720")], out
     finally:
         a.stop_and_check()
         b.stop_and_check()

@@ -41,6 +41,7 @@ use crate::dlt_marker::BreakerMark;
 use crate::dlt_record::{Diversion, RULE_KEY};
 use crate::metrics;
 use crate::plan::PartitionPlan;
+use crate::policy::PolicySet;
 
 /// One partition's window.
 #[derive(Debug, Default)]
@@ -224,11 +225,19 @@ impl Breakers {
         }
     }
 
-    /// Policies were reloaded: every breaker closes, and its held records
-    /// are judged again under the policies in force.
-    pub fn reset(&self) {
+    /// Policies were reloaded: the breaker of every partition whose policy
+    /// changed (or went) closes, and its held records are judged again
+    /// under the policies in force; the others stay as they are.
+    pub fn reset(&self, old: &PolicySet, new: &PolicySet) {
         let mut parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
         for ((topic, partition), w) in parts.iter_mut() {
+            let same = match (old.for_topic(topic), new.for_topic(topic)) {
+                (Some(o), Some(n)) => o.name == n.name && o.revision == n.revision,
+                _ => false,
+            };
+            if same {
+                continue;
+            }
             if let Some(at) = w.open_at {
                 warn!(%topic, partition, offset = at, "diversion circuit breaker closed by a policy reload");
             }

@@ -76,7 +76,26 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
         records.truncate(n);
     }
     if args.summary {
-        let s = Summary::of(&records);
+        let mut s = Summary::of(&records);
+        for t in &topics {
+            crate::deadletter::read_topic(&mut cluster, t, |p, r| {
+                let Some(c) = crate::deadletter::trust::open(Reader::Inspect, t, p, r) else {
+                    return;
+                };
+                if let Some(crate::dlt_marker::Marker::Breaker(m)) =
+                    crate::dlt_marker::Marker::parse(&c, r.key)
+                {
+                    let what = match (m.open, m.divert) {
+                        (true, _) => "tripped (held)",
+                        (false, false) => "closed (judged again)",
+                        (false, true) => "closed (diversions accepted through)",
+                    };
+                    s.breaker
+                        .push((format!("{}-{}", esc(&m.topic), m.partition), what, m.through));
+                }
+            })
+            .await?;
+        }
         if args.json {
             writeln!(out, "{}", s.to_json())?;
         } else {
@@ -226,6 +245,9 @@ pub struct Summary {
     pub by_dlt: BTreeMap<String, u64>,
     pub first_failed_at: Option<i64>,
     pub last_failed_at: Option<i64>,
+    /// The diversion circuit breaker's markers in these DLTs, in order:
+    /// `topic-partition`, what happened, at which origin offset.
+    pub breaker: Vec<(String, &'static str, i64)>,
 }
 
 impl Summary {
@@ -260,6 +282,9 @@ impl Summary {
             "by_dlt": self.by_dlt,
             "first_failed_at": self.first_failed_at.map(format_time),
             "last_failed_at": self.last_failed_at.map(format_time),
+            "breaker": self.breaker.iter().map(|(tp, what, at)| {
+                json!({"origin_partition": tp, "event": what, "offset": at})
+            }).collect::<Vec<_>>(),
         })
     }
 
@@ -293,6 +318,15 @@ impl Summary {
                 .map(|(k, n)| [n.to_string(), cut(k, 200)])
                 .collect();
             write_aligned(out, &["COUNT", title], &rows)?;
+        }
+        if !self.breaker.is_empty() {
+            writeln!(out)?;
+            let rows: Vec<[String; 3]> = self
+                .breaker
+                .iter()
+                .map(|(tp, what, at)| [tp.clone(), what.to_string(), at.to_string()])
+                .collect();
+            write_aligned(out, &["CIRCUIT BREAKER", "EVENT", "OFFSET"], &rows)?;
         }
         Ok(())
     }

@@ -138,9 +138,21 @@ impl LoadState {
         };
         let base = path.parent().unwrap_or(Path::new("."));
         let mut ats = Vec::new();
+        // What a reload compares to tell a changed policy from one read
+        // again unchanged (the whole file's text: an edit anywhere in it
+        // counts as a change of each of its policies).
+        let revision = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            text.hash(&mut h);
+            h.finish()
+        };
         for p in doc.policies {
             match self.compile(p, base, path) {
-                Ok(policy) => self.policies.push(policy),
+                Ok(mut policy) => {
+                    policy.revision = revision;
+                    self.policies.push(policy)
+                }
                 Err(mut e) => ats.append(&mut e),
             }
         }
@@ -330,6 +342,7 @@ impl LoadState {
                 OrderingDoc::PerKey => KeyOrdering::PerKey,
             },
             breaker,
+            revision: 0,
             topics,
             source: file.to_path_buf(),
             inner: Compiled {

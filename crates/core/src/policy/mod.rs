@@ -302,6 +302,9 @@ pub struct Policy {
     pub ordering: KeyOrdering,
     /// The diversion circuit breaker, when the policy sets one.
     pub breaker: Option<Breaker>,
+    /// A hash of the text the policy was compiled from: a reload that
+    /// leaves it unchanged leaves the policy's breakers as they are.
+    pub revision: u64,
     /// The `topics` patterns as written (exact names and globs).
     pub topics: Vec<String>,
     /// The file this policy was loaded from.
