@@ -199,23 +199,10 @@ pub fn lease_record(now_ms: i64, seal: &Seal<'_>) -> NewRecord {
 mod tests {
     use super::*;
     use crate::dlt_context::{open, Keys};
-    use crate::kafka::record::{Header, Record};
+    use crate::kafka::record::Record;
 
     fn view(n: &NewRecord) -> Record<'_> {
-        Record {
-            offset: 0,
-            timestamp: n.timestamp,
-            key: n.key.as_deref(),
-            value: n.value.as_deref(),
-            headers: n
-                .headers
-                .iter()
-                .map(|(k, v)| Header {
-                    key: k.as_bytes(),
-                    value: v.as_deref(),
-                })
-                .collect(),
-        }
+        n.as_record()
     }
 
     #[test]

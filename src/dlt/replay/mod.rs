@@ -49,7 +49,6 @@ use super::{DltRecord, Filters, H_ATTEMPT, H_REPLAYED_FROM};
 use crate::deadletter::trust;
 use crate::dlt_context::Seal;
 use crate::kafka::builder::NewRecord;
-use crate::kafka::record::{Header, Record};
 use crate::policy::{PolicySet, Verdict};
 
 /// Arguments of `antidote dlt replay`.
@@ -299,20 +298,7 @@ pub fn decide(
         .for_topic(&topic)
         .filter(|_| !policies.is_dead_letter_topic(&topic))
     {
-        let view = Record {
-            offset: 0,
-            timestamp: record.timestamp,
-            key: record.key.as_deref(),
-            value: record.value.as_deref(),
-            headers: record
-                .headers
-                .iter()
-                .map(|(k, v)| Header {
-                    key: k.as_bytes(),
-                    value: v.as_deref(),
-                })
-                .collect(),
-        };
+        let view = record.as_record();
         if let Verdict::Invalid(inv) = policy.judge_in(&topic, &view, now_ms) {
             return Decision::StillInvalid {
                 class: inv.class.as_str().to_string(),

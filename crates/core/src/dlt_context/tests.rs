@@ -5,20 +5,7 @@ fn h(k: &str, v: &str) -> (String, Option<Bytes>) {
 }
 
 fn view(n: &NewRecord) -> Record<'_> {
-    Record {
-        offset: 0,
-        timestamp: n.timestamp,
-        key: n.key.as_deref(),
-        value: n.value.as_deref(),
-        headers: n
-            .headers
-            .iter()
-            .map(|(k, v)| Header {
-                key: k.as_bytes(),
-                value: v.as_deref(),
-            })
-            .collect(),
-    }
+    n.as_record()
 }
 
 /// A diverted record whose producer forged antidote's headers, a whole

@@ -23,6 +23,27 @@ pub struct NewRecord {
     pub headers: Vec<(String, Option<Bytes>)>,
 }
 
+impl NewRecord {
+    /// The record as a reader sees it (offset 0): for judging or reading
+    /// back a record before it is written.
+    pub fn as_record(&self) -> crate::kafka::record::Record<'_> {
+        crate::kafka::record::Record {
+            offset: 0,
+            timestamp: self.timestamp,
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| crate::kafka::record::Header {
+                    key: k.as_bytes(),
+                    value: v.as_deref(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Batch-level settings for `build_batch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BuildOptions {
