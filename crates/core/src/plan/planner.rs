@@ -556,9 +556,17 @@ pub(crate) fn decode_within(
     budget: &Arc<DecodeBudget>,
 ) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {
     let undecodable = |e: BatchError| HoldReason::Undecodable(e.to_string());
-    let cap = DEFAULT_MAX_DECOMPRESSED;
     let uncompressed =
         batch.compression() == Some(Compression::None) || batch.compression().is_none();
+    // An uncompressed batch's index may need more than the decompression
+    // cap (records of a few bytes, tens of index bytes each): up to the
+    // whole decode budget, so that only an index larger than the budget
+    // makes a batch undecodable.
+    let cap = if uncompressed {
+        DEFAULT_MAX_DECOMPRESSED.max(budget.limit())
+    } else {
+        DEFAULT_MAX_DECOMPRESSED
+    };
     let factor = if uncompressed {
         INDEX_GUESS
     } else {
