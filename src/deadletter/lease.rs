@@ -19,8 +19,14 @@
 //! `dead_letter.fencing: best_effort`.
 //!
 //! Taking the lease writes a `lease` marker (`dlt_marker::lease_record`)
-//! under the new epoch before the read, at epoch 0 too (a new producer id,
-//! after the transactional id expired, fences no one by itself). Apache Kafka
+//! under the new epoch before the read, unless the epoch is 0 (the broker
+//! just made the producer id: nobody wrote with it before). A new producer
+//! id also comes back after the transactional id expired
+//! (`transactional.id.expiration.ms`, 7 days by default) and would fence
+//! no one; that cannot meet a live writer, because a lease older than
+//! [`LEASE_REFRESH`] (1 hour) is taken again before it writes, which keeps
+//! the id alive and moves a stale writer to the new id's newest epoch.
+//! Apache Kafka
 //! fences an older epoch on a partition only once that partition has
 //! appended a batch of the newer one, not when InitProducerId hands the
 //! newer one out: without the marker, a write another instance had
@@ -298,12 +304,9 @@ impl Producer {
             }
         };
         self.leases.insert(key.clone(), lease);
-        if lease.pid < 0 {
+        if lease.pid < 0 || lease.epoch == 0 {
             return Claim::Held;
         }
-        // Written at every epoch, 0 included: a new producer id (after the
-        // transactional id expired, or its epochs ran out) fences nothing by
-        // itself; its marker on the partition is what the others meet.
         let marker =
             crate::dlt_marker::lease_record(now_ms(), &super::trust::seal(topic, partition));
         match self.produce(topic, partition, &[marker]).await {
