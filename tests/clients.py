@@ -134,6 +134,9 @@ def ck_produce(ep: Endpoint, topic: str, recs: list[Rec], timeout: float = 30, *
         if err is not None:
             errors.append(err)
 
+    # The topic's leader first: records queued before it is known are
+    # batched apart from later ones (a layout's batch came out as two).
+    p.list_topics(topic, timeout=timeout)
     for r in recs:
         p.produce(topic, value=r.value, key=r.key, partition=r.partition,
                   headers=_ck_headers(r.headers), timestamp=r.timestamp or 0, on_delivery=report)
