@@ -474,7 +474,7 @@ class Antidote:
             raise HarnessError(f"antidote binary not found at {ANTIDOTE_BIN}: run cargo build "
                                "or set ANTIDOTE_BIN")
         env = dict(os.environ)
-        env.setdefault("RUST_LOG", "info")
+        env.setdefault("ANTIDOTE_LOG", "info")  # the variable the binary reads
         env.setdefault("RUST_BACKTRACE", "1")
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(
