@@ -116,7 +116,7 @@ start_antidote() { # name index policyfile|"" -> sets PROXY_PID, PROXY_BOOT, PRO
     echo "upstream:"; echo "  bootstrap_servers:"; echo "    - 127.0.0.1:$BP"
     if [[ -n "$pol" ]]; then echo "policies:"; echo "  - $pol"; else echo "policies: []"; fi
   } >"$WORK/antidote-$name.yaml"
-  RUST_LOG="${BENCH_RUST_LOG:-warn}" "$BIN" run --config "$WORK/antidote-$name.yaml" >"$WORK/antidote-$name.log" 2>&1 &
+  ANTIDOTE_LOG="${BENCH_RUST_LOG:-warn}" "$BIN" run --config "$WORK/antidote-$name.yaml" >"$WORK/antidote-$name.log" 2>&1 &
   PROXY_PID=$!; PIDS+=("$PROXY_PID")
   wait_port "$boot" 15 "$PROXY_PID"
   PROXY_BOOT="127.0.0.1:$boot"

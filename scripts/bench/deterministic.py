@@ -152,7 +152,7 @@ def antidote(work, name, idx, broker_port, dlt_port, policy):
                 f"upstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n"
                 f"dead_letter:\n  bootstrap_servers: [127.0.0.1:{dlt_port}]\n"
                 + (f"policies: [{policy}]\n" if policy else "policies: []\n"))
-    env = dict(os.environ, RUST_LOG=os.environ.get("BENCH_RUST_LOG", "warn"))
+    env = dict(os.environ, ANTIDOTE_LOG=os.environ.get("BENCH_RUST_LOG", "warn"))
     if os.environ.get("BENCH_WORKERS"):
         env["TOKIO_WORKER_THREADS"] = os.environ["BENCH_WORKERS"]
     p = subprocess.Popen([BIN, "run", "--config", cfg], env=env,

@@ -76,7 +76,7 @@ def main():
             path = f"{work}/{i}.yaml"
             open(path, "w").write(cfg)
             p = subprocess.Popen([BIN, "run", "--config", path], stdout=open(f"{work}/{i}.log", "wb"),
-                                 stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"})
+                                 stderr=subprocess.STDOUT, env={**os.environ, "ANTIDOTE_LOG": "warn"})
             procs.append(p)
             wait_port(boot, p)
             proxies[name] = (p, f"127.0.0.1:{boot}", admin)
