@@ -246,11 +246,19 @@ def raw_fetch(port: int, topic: str, partition: int = 0, offset: int = 0,
 
 def fetch_partition(port: int, topic: str, partition: int = 0, offset: int = 0,
                     isolation_level: int = 0) -> h.FetchPartition:
-    err, topics = h.parse_fetch_v11(raw_fetch(port, topic, partition, offset, isolation_level))
-    assert err == 0, f"fetch error {err}"
-    [p] = topics[topic]
-    assert p.error_code == 0, f"partition error {p.error_code}"
-    return p
+    # A topic created a moment ago may not have its leader yet (Kafka:
+    # NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION):
+    # ask again for a few seconds.
+    deadline = time.monotonic() + 10
+    while True:
+        err, topics = h.parse_fetch_v11(raw_fetch(port, topic, partition, offset, isolation_level))
+        assert err == 0, f"fetch error {err}"
+        [p] = topics[topic]
+        if p.error_code in (3, 5, 6) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        assert p.error_code == 0, f"partition error {p.error_code}"
+        return p
 
 
 @dataclass(frozen=True)
