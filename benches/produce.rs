@@ -46,7 +46,7 @@ impl Topics for Door {
         None
     }
     fn at_door(&self, _: Option<&str>, _: i32, records: &Bytes) -> Option<Refusal> {
-        match judge_produce(&self.policy, records, &self.budget, common::NOW_MS) {
+        match judge_produce(&self.policy, "", records, &self.budget, common::NOW_MS) {
             DoorVerdict::Accept { .. } => None,
             _ => Some(Refusal {
                 code: INVALID_RECORD,
@@ -102,7 +102,7 @@ fn bench_door(c: &mut Criterion) {
         // One poison record in 1,000 (`is_poison` with every = RECORDS).
         for (poison_name, every) in [("clean", 0usize), ("one_poison", RECORDS)] {
             let section = common::json_section(1, RECORDS, every, codec);
-            let verdict = judge_produce(&door.policy, &section, &door.budget, common::NOW_MS);
+            let verdict = judge_produce(&door.policy, "", &section, &door.budget, common::NOW_MS);
             match (every, &verdict) {
                 (0, DoorVerdict::Accept { records }) => assert_eq!(*records, RECORDS as u64),
                 (_, DoorVerdict::Reject(r)) => assert_eq!(r.invalid(), 1),
@@ -117,7 +117,15 @@ fn bench_door(c: &mut Criterion) {
             );
             let id = format!("{codec_name}/{poison_name}");
             group.bench_with_input(BenchmarkId::new("judge", &id), &section, |b, s| {
-                b.iter(|| black_box(judge_produce(&door.policy, s, &door.budget, common::NOW_MS)))
+                b.iter(|| {
+                    black_box(judge_produce(
+                        &door.policy,
+                        "",
+                        s,
+                        &door.budget,
+                        common::NOW_MS,
+                    ))
+                })
             });
             group.bench_with_input(BenchmarkId::new("request", &id), &frame, |b, f| {
                 b.iter(|| black_box(check(f, VERSION, &door).expect("check")))

@@ -128,6 +128,11 @@ impl FetchFilter {
         self
     }
 
+    /// The schema registry client, when `schema_registry` is configured.
+    pub fn registry(&self) -> Option<&Arc<Registry>> {
+        self.registry.as_ref()
+    }
+
     /// Resolve schema ids through `registry` (`schema_registry`).
     pub fn with_registry(mut self, registry: Option<Arc<Registry>>) -> Self {
         self.registry = registry;

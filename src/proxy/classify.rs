@@ -97,6 +97,10 @@ pub(super) struct ProduceGuard<'a> {
     pub shared: &'a Shared,
     pub policies: &'a PolicySet,
     pub refuse_dead_letters: bool,
+    /// The connection's partitions answered retriably.
+    pub marks: Option<&'a door::Marks>,
+    /// What judging left to do (filled while the request is checked).
+    pub notes: std::cell::RefCell<door::Notes>,
 }
 
 impl produce::Topics for ProduceGuard<'_> {
@@ -116,14 +120,16 @@ impl produce::Topics for ProduceGuard<'_> {
             door::Gate::Open => None,
             door::Gate::UnknownTopic => Some(door::unknown_topic_id()),
             door::Gate::Judge(policy) => {
+                let topic = topic.unwrap_or_default();
+                if let Some(r) = self
+                    .marks
+                    .and_then(|m| m.still_refused(topic, partition, records))
+                {
+                    return Some(r);
+                }
                 let budget = &self.shared.fetch_filter.budget;
-                door::judge(
-                    policy,
-                    topic.unwrap_or_default(),
-                    partition,
-                    records,
-                    budget,
-                )
+                let mut notes = self.notes.borrow_mut();
+                door::judge(policy, topic, partition, records, budget, &mut notes)
             }
         }
     }

@@ -10,12 +10,30 @@
 //! A batch that cannot be judged is refused whole (fail closed); only a
 //! spent decode budget gets a retriable error, since it clears by itself.
 //!
+//! Registry-backed policies: a batch whose schema ids the registry has not
+//! given yet is never accepted and never refused as invalid. The relay asks
+//! the registry (at most its `timeout`) and judges the request again; a
+//! batch still waiting then gets a retriable error (NOT_ENOUGH_REPLICAS with
+//! a message naming the registry), so producers retry by themselves and
+//! lose nothing within their `delivery.timeout.ms`. A batch refused only
+//! for an earlier registry answer (an unknown id, an id not under the
+//! subject) is judged again after asking past the negative cache.
+//!
+//! Counts and logs are [`Notes`] applied once the answer is final, so a
+//! request judged twice is counted once. [`Marks`] keep, per connection,
+//! the partitions answered retriably: a later batch of such a partition
+//! already in flight gets the same answer, so a producer with several
+//! requests in flight neither reorders records nor (idempotent) meets
+//! OUT_OF_ORDER_SEQUENCE_NUMBER.
+//!
 //! This module never touches the request's bytes; `produce` does.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::clock::now_ms;
 use crate::metrics::{self, InvalidAction};
@@ -61,23 +79,252 @@ pub(super) fn gate<'p>(policies: &'p PolicySet, topic: Option<&str>) -> Gate<'p>
     }
 }
 
+/// A negative registry answer younger than this is not asked again at the
+/// door: it bounds the registry requests a producer of bad ids can cause.
+pub(super) const RECHECK_FLOOR_MS: i64 = 1_000;
+
+/// What judging one Produce request left to do: ask the registry and judge
+/// again, and the counts and logs of the final answer.
+#[derive(Default)]
+pub(super) struct Notes {
+    /// Some partition waits for a schema the registry has not given.
+    wait: bool,
+    /// Schema ids to ask about again before refusing.
+    recheck: Vec<u32>,
+    /// Partitions answered retriably, and how.
+    retriable: Vec<((String, i32), Retriable)>,
+    effects: Vec<Effect>,
+}
+
+enum Effect {
+    Rejected(Arc<Policy>, String, i32, Rejection),
+    Unjudgeable(Arc<Policy>, String, i32, HoldReason),
+    Waiting(Arc<Policy>, String, i32, String),
+    Accepted(bool),
+}
+
+/// Set while registry-backed batches are answered retriably: the outage is
+/// logged once, when it begins.
+static WAITING: AtomicBool = AtomicBool::new(false);
+
+impl Notes {
+    /// Whether asking the registry could change the answer.
+    pub(super) fn ask_registry(&self) -> bool {
+        self.wait || !self.recheck.is_empty()
+    }
+
+    /// Schema ids to ask about again past the negative cache.
+    pub(super) fn recheck(&self) -> &[u32] {
+        &self.recheck
+    }
+
+    /// The answer is final: count and log it, and mark the partitions
+    /// answered retriably (request number `request` of the connection).
+    pub(super) fn apply(self, marks: Option<&Marks>, request: u64) {
+        for e in self.effects {
+            match e {
+                Effect::Rejected(p, topic, partition, r) => {
+                    count(&p, &topic, partition, &r);
+                    log_rejection(&p, &topic, partition, &r);
+                }
+                Effect::Unjudgeable(p, topic, partition, reason) => {
+                    unjudgeable_effects(&p, &topic, partition, &reason)
+                }
+                Effect::Waiting(p, topic, partition, reason) => {
+                    metrics::global().held_batch(&topic, partition, "transient");
+                    if !WAITING.swap(true, Ordering::Relaxed) {
+                        warn!(%topic, partition, policy = %p.name, %reason,
+                            "Produce batches answered retriably: the schema registry has not given a schema they need");
+                    }
+                }
+                Effect::Accepted(registry) => {
+                    if registry && WAITING.swap(false, Ordering::Relaxed) {
+                        info!("schema registry answers again: Produce batches are judged");
+                    }
+                }
+            }
+        }
+        if let Some(marks) = marks {
+            for (at, r) in self.retriable {
+                marks.mark(at, request, r);
+            }
+        }
+    }
+}
+
+/// Partitions of one connection answered retriably at the door, and how
+/// many of its requests have been answered.
+#[derive(Default)]
+pub(super) struct Marks {
+    marked: Mutex<HashMap<(String, i32), Mark>>,
+    /// Requests expecting an answer, classified so far.
+    asked: AtomicU64,
+    /// Answers written to the client so far.
+    answered: AtomicU64,
+}
+
+struct Mark {
+    /// The request answered retriably, numbered in the connection's order.
+    request: u64,
+    /// The refused batch's producer id and first sequence (-1 when the
+    /// producer is not idempotent).
+    producer_id: i64,
+    base_sequence: i32,
+    refusal: Refusal,
+    at: std::time::Instant,
+}
+
+/// A mark outlives no producer's delivery timeout (Java's default: 120 s).
+const MARK_LIFETIME: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl Marks {
+    /// The number the next request expecting an answer gets.
+    pub(super) fn next_request(&self) -> u64 {
+        self.asked.load(Ordering::SeqCst)
+    }
+
+    /// A request expecting an answer was classified.
+    pub(super) fn asked(&self) {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// An answer was written to the client.
+    pub(super) fn answered(&self) {
+        self.answered.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn mark(&self, at: (String, i32), request: u64, retriable: Retriable) {
+        let mut m = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        let (producer_id, base_sequence) = retriable.identity;
+        m.insert(
+            at,
+            Mark {
+                request,
+                producer_id,
+                base_sequence,
+                refusal: retriable.refusal,
+                at: std::time::Instant::now(),
+            },
+        );
+    }
+
+    /// The same retriable answer for a later batch of a partition answered
+    /// retriably, while that batch was already in flight: for an idempotent
+    /// producer, a batch with a later sequence than the refused one (its
+    /// retry, with the same sequence, is judged); for others, a batch read
+    /// before the refusal was written to the client.
+    pub(super) fn still_refused(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: &Bytes,
+    ) -> Option<Refusal> {
+        let mut m = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        if m.is_empty() {
+            return None;
+        }
+        let key = (topic.to_string(), partition);
+        let mark = m.get(&key)?;
+        let (producer_id, base_sequence) = batch_identity(records);
+        let sequenced = mark.producer_id >= 0
+            && producer_id == mark.producer_id
+            && mark.base_sequence >= 0
+            && base_sequence >= 0;
+        let in_flight = if sequenced {
+            base_sequence > mark.base_sequence
+        } else {
+            self.answered.load(Ordering::SeqCst) <= mark.request
+        };
+        if in_flight && mark.at.elapsed() < MARK_LIFETIME {
+            return Some(mark.refusal.clone());
+        }
+        m.remove(&key);
+        None
+    }
+}
+
+/// One partition answered retriably: the answer and the refused batch's
+/// producer id and first sequence.
+struct Retriable {
+    refusal: Refusal,
+    identity: (i64, i32),
+}
+
+/// The producer id and first sequence of a records section's first batch.
+fn batch_identity(records: &Bytes) -> (i64, i32) {
+    match crate::kafka::batch::segments(records).into_iter().next() {
+        Some(crate::kafka::batch::Segment::Batch(b)) => (b.producer_id(), b.base_sequence()),
+        _ => (-1, -1),
+    }
+}
+
+fn retriable(refusal: &Refusal, records: &Bytes) -> Retriable {
+    Retriable {
+        refusal: refusal.clone(),
+        identity: batch_identity(records),
+    }
+}
+
 /// Judge one partition's records under `policy`; `None` when they may be
-/// forwarded.
+/// forwarded. What is left to do (ask the registry, count, log) goes to
+/// `notes`.
 pub(super) fn judge(
     policy: &Arc<Policy>,
     topic: &str,
     partition: i32,
     records: &Bytes,
     budget: &Arc<DecodeBudget>,
+    notes: &mut Notes,
 ) -> Option<Refusal> {
-    match judge_produce(policy, records, budget, now_ms()) {
-        DoorVerdict::Accept { .. } => None,
-        DoorVerdict::Reject(r) => {
-            count(policy, topic, partition, &r);
-            log_rejection(policy, topic, partition, &r);
-            Some(rejection(policy, &r))
+    let registry = policy.uses_registry();
+    let at = (topic.to_string(), partition);
+    match judge_produce(policy, topic, records, budget, now_ms()) {
+        DoorVerdict::Accept { .. } => {
+            notes.effects.push(Effect::Accepted(registry));
+            None
         }
-        DoorVerdict::Unjudgeable(reason) => Some(unjudgeable(policy, topic, partition, reason)),
+        DoorVerdict::Reject(r) => {
+            for id in &r.recheck {
+                if !notes.recheck.contains(id) {
+                    notes.recheck.push(*id);
+                }
+            }
+            let refusal = rejection(policy, &r);
+            notes
+                .effects
+                .push(Effect::Rejected(policy.clone(), at.0, partition, r));
+            Some(refusal)
+        }
+        DoorVerdict::Wait { reason, .. } => {
+            notes.wait = true;
+            let refusal = Refusal {
+                code: NOT_ENOUGH_REPLICAS,
+                message: cut(format!(
+                    "antidote: policy {} is waiting for the schema registry ({reason}); retry",
+                    policy.name
+                )),
+                record_errors: Vec::new(),
+            };
+            notes
+                .retriable
+                .push((at.clone(), retriable(&refusal, records)));
+            notes
+                .effects
+                .push(Effect::Waiting(policy.clone(), at.0, partition, reason));
+            Some(refusal)
+        }
+        DoorVerdict::Unjudgeable(reason) => {
+            let refusal = unjudgeable(policy, &reason);
+            if refusal.code == NOT_ENOUGH_REPLICAS {
+                notes
+                    .retriable
+                    .push((at.clone(), retriable(&refusal, records)));
+            }
+            notes
+                .effects
+                .push(Effect::Unjudgeable(policy.clone(), at.0, partition, reason));
+            Some(refusal)
+        }
     }
 }
 
@@ -123,15 +370,29 @@ fn rejection(policy: &Policy, r: &Rejection) -> Refusal {
     }
 }
 
-fn unjudgeable(policy: &Policy, topic: &str, partition: i32, reason: HoldReason) -> Refusal {
-    let name = &policy.name;
-    if reason == HoldReason::Budget {
-        debug!(%topic, partition, policy = %name, "Produce batch refused for now: decode budget spent");
+fn unjudgeable(policy: &Policy, reason: &HoldReason) -> Refusal {
+    if *reason == HoldReason::Budget {
         return Refusal {
             code: NOT_ENOUGH_REPLICAS,
             message: "antidote: decode budget spent by requests in flight; retry".into(),
             record_errors: Vec::new(),
         };
+    }
+    Refusal {
+        code: INVALID_RECORD,
+        message: cut(format!(
+            "antidote: policy {} cannot judge the batch ({reason}); rejected",
+            policy.name
+        )),
+        record_errors: Vec::new(),
+    }
+}
+
+fn unjudgeable_effects(policy: &Policy, topic: &str, partition: i32, reason: &HoldReason) {
+    let name = &policy.name;
+    if *reason == HoldReason::Budget {
+        debug!(%topic, partition, policy = %name, "Produce batch refused for now: decode budget spent");
+        return;
     }
     info!(%topic, partition, policy = %name, reason = %reason, "Produce batch rejected: it cannot be judged");
     metrics::global().record_invalid(
@@ -142,13 +403,6 @@ fn unjudgeable(policy: &Policy, topic: &str, partition: i32, reason: HoldReason)
         "batch",
         InvalidAction::Rejected,
     );
-    Refusal {
-        code: INVALID_RECORD,
-        message: cut(format!(
-            "antidote: policy {name} cannot judge the batch ({reason}); rejected"
-        )),
-        record_errors: Vec::new(),
-    }
 }
 
 /// Count every refused record under its class and rule.

@@ -30,7 +30,7 @@ use crate::proxy::classify::{
     classify, Classified, Context, Handling, Pending, ProduceGuard, Send,
 };
 use crate::proxy::sasl_phase::{Raw, SaslPhase};
-use crate::proxy::{produce, versions, Shared};
+use crate::proxy::{door, produce, versions, Shared};
 use crate::transport::frame::{
     self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
 };
@@ -50,6 +50,8 @@ struct ConnState {
     /// Correlation ids of the last requests sent expecting no answer
     /// (Produce with acks=0), at most [`MAX_PENDING`].
     unanswered: std::sync::Mutex<std::collections::VecDeque<i32>>,
+    /// Partitions the door answered retriably, and the requests answered.
+    door: Arc<door::Marks>,
 }
 
 impl ConnState {
@@ -184,9 +186,10 @@ where
             return Ok(());
         };
         learn_produce_topic_ids(shared, &frame).await;
-        let c = classify_request(shared, state, frame.clone()).await?;
+        let (c, frame) = classify_request(shared, state, frame).await?;
         let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
+            state.door.asked();
             if matches!(p.handling, Handling::SaslHandshake(_)) {
                 state.sasl.handshake_sent();
             }
@@ -244,19 +247,48 @@ async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
 /// and a worker thread busy with it stalls every connection it serves.
 const OFFLOAD_BYTES: usize = 256 * 1024;
 
-/// Classify one frame, large Produce requests off the async workers.
+/// Classify one frame (its `send` is the frame itself unless replaced).
+/// A Produce the door could not answer yet for want of schemas is judged
+/// again once the registry has answered (at most its `timeout`, 200 ms
+/// while it is down), so the request waits, in order on its connection.
 async fn classify_request(
     shared: &Arc<Shared>,
     state: &ConnState,
     frame: Bytes,
-) -> Result<Classified, RelayError> {
+) -> Result<(Classified, Bytes), RelayError> {
     let raw_sasl = state.sasl.next_frame();
+    let request = state.door.next_request();
+    let (c, notes) = classify_maybe_offloaded(shared, state, raw_sasl, frame.clone()).await?;
+    let registry = shared.fetch_filter.registry();
+    let (c, notes) = match registry {
+        Some(registry) if notes.ask_registry() => {
+            let now = crate::clock::now_ms();
+            for id in notes.recheck() {
+                registry.cache().recheck(*id, now, door::RECHECK_FLOOR_MS);
+            }
+            registry.resolve_wants(registry.wait()).await;
+            classify_maybe_offloaded(shared, state, raw_sasl, frame.clone()).await?
+        }
+        _ => (c, notes),
+    };
+    notes.apply(Some(&state.door), request);
+    Ok((c, frame))
+}
+
+/// Classify one frame, large Produce requests off the async workers.
+async fn classify_maybe_offloaded(
+    shared: &Arc<Shared>,
+    state: &ConnState,
+    raw_sasl: Raw,
+    frame: Bytes,
+) -> Result<(Classified, door::Notes), RelayError> {
     let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
     if !(produce && frame.len() >= OFFLOAD_BYTES) {
-        return classify_with_policies(shared, raw_sasl, &frame);
+        return classify_with_policies(shared, &state.door, raw_sasl, &frame);
     }
     let shared = shared.clone();
-    tokio::task::spawn_blocking(move || classify_with_policies(&shared, raw_sasl, &frame))
+    let marks = state.door.clone();
+    tokio::task::spawn_blocking(move || classify_with_policies(&shared, &marks, raw_sasl, &frame))
         .await
         .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
 }
@@ -265,15 +297,18 @@ async fn classify_request(
 /// reload applies to open connections too).
 fn classify_with_policies(
     shared: &Shared,
+    marks: &door::Marks,
     raw_sasl: Raw,
     frame: &Bytes,
-) -> Result<Classified, RelayError> {
+) -> Result<(Classified, door::Notes), RelayError> {
     let policies = shared.fetch_filter.policies();
     let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
     let guard = ProduceGuard {
         shared,
         policies: &policies,
         refuse_dead_letters: refuse_dlt,
+        marks: Some(marks),
+        notes: Default::default(),
     };
     let checked = refuse_dlt || policies.rejects_at_produce();
     let ctx = Context {
@@ -283,7 +318,8 @@ fn classify_with_policies(
         produce_guard: checked.then_some(&guard as &dyn produce::Topics),
         fetch_max: shared.config.limits.fetch_max_version,
     };
-    classify(frame, &ctx)
+    let c = classify(frame, &ctx)?;
+    Ok((c, guard.notes.into_inner()))
 }
 
 async fn response_pump<R, W>(
@@ -322,6 +358,7 @@ where
                 splice_response(&mut broker, &mut client, p.correlation_id, closed).await?
             {
                 crate::metrics::global().response_spliced(started.elapsed());
+                state.door.answered();
                 state.in_flight.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
@@ -359,6 +396,7 @@ where
         if let (Some(t), Some(ready)) = (arrived, ready) {
             crate::metrics::global().response_relayed(out.rewritten(), ready, t.elapsed());
         }
+        state.door.answered();
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

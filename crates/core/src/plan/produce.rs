@@ -13,6 +13,16 @@
 //! refused whole, never forwarded unjudged. Only a spent decode budget is
 //! worth a retry; the caller answers it with a retriable error.
 //!
+//! Registry-backed policies (`registry: true`): a record whose schema the
+//! registry has not given yet (class `transient`) is neither accepted nor
+//! refused as invalid: the verdict is [`DoorVerdict::Wait`], which the
+//! caller answers after asking the registry, or with a retriable error. A
+//! batch refused only for what the registry said before (an id it did not
+//! know, class `unknown`; an id not under the policy's subject) names those
+//! ids in [`Rejection::recheck`], so that the caller can ask again past the
+//! negative cache before refusing: a registry replica that lags is not a
+//! bad record.
+//!
 //! Memory: the verdict keeps the details of at most [`MAX_DETAILED`]
 //! invalid records and a count per (class, rule) for the rest, so a frame
 //! full of tiny poison records cannot make it grow with the records.
@@ -46,9 +56,16 @@ pub enum DoorVerdict {
     Accept { records: u64 },
     /// At least one record is invalid: the whole batch is refused.
     Reject(Rejection),
+    /// Some record's schema is not known yet (the registry has not
+    /// answered): no record is invalid for another reason. `reason` names
+    /// what is awaited, never a record's contents.
+    Wait { records: u64, reason: String },
     /// The records cannot be judged: refused whole.
     Unjudgeable(HoldReason),
 }
+
+/// Most schema ids a rejection names for a second look at the registry.
+pub const MAX_RECHECK: usize = 16;
 
 /// What a refused batch held.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -59,6 +76,13 @@ pub struct Rejection {
     pub detailed: Vec<RefusedRecord>,
     /// Every invalid record counted by (class, rule), first seen first.
     pub tally: Vec<(Class, String, u64)>,
+    /// When every invalid record was refused only for an earlier registry
+    /// answer (an unknown id, an id not under the subject): the schema ids
+    /// their keys and values name, at most [`MAX_RECHECK`]. Empty when any
+    /// record is invalid for another reason.
+    pub recheck: Vec<u32>,
+    /// Invalid records refused for a reason a registry answer cannot change.
+    definite: u64,
 }
 
 impl Rejection {
@@ -67,7 +91,20 @@ impl Rejection {
         self.tally.iter().map(|(_, _, n)| n).sum()
     }
 
-    fn add(&mut self, index: i32, invalid: Invalid) {
+    fn add(&mut self, index: i32, invalid: Invalid, record: &crate::kafka::record::Record<'_>) {
+        if invalid.class == Class::Unknown || invalid.rule.ends_with("subject") {
+            for id in [record.key, record.value]
+                .into_iter()
+                .flatten()
+                .filter_map(framed_id)
+            {
+                if !self.recheck.contains(&id) && self.recheck.len() < MAX_RECHECK {
+                    self.recheck.push(id);
+                }
+            }
+        } else {
+            self.definite += 1;
+        }
         match self
             .tally
             .iter_mut()
@@ -82,17 +119,27 @@ impl Rejection {
     }
 }
 
+/// The schema id of a Confluent-framed key or value.
+fn framed_id(bytes: &[u8]) -> Option<u32> {
+    match bytes {
+        [0, a, b, c, d, ..] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
+        _ => None,
+    }
+}
+
 /// Judge every record of one partition's records section from a Produce
 /// request. Control batches are not judged (they carry no client records;
 /// the broker refuses them from clients anyway).
 pub fn judge_produce(
     policy: &Policy,
+    topic: &str,
     records: &Bytes,
     budget: &Arc<DecodeBudget>,
     now_ms: i64,
 ) -> DoorVerdict {
     let mut index: i32 = 0;
     let mut rejection = Rejection::default();
+    let mut waiting: Option<String> = None;
     for seg in batch::segments(records) {
         let b = match seg {
             Segment::Batch(b) => b,
@@ -113,13 +160,29 @@ pub fn judge_produce(
         };
         for record in decoded.records() {
             rejection.records += 1;
-            if let Verdict::Invalid(invalid) = policy.judge(&record, now_ms) {
-                if invalid.class != Class::Stale {
-                    rejection.add(index, invalid);
+            if let Verdict::Invalid(invalid) = policy.judge_in(topic, &record, now_ms) {
+                match invalid.class {
+                    Class::Stale => {}
+                    // Judging goes on, so that one round of registry
+                    // requests covers every id the batch needs.
+                    Class::Transient => {
+                        waiting.get_or_insert(invalid.reason);
+                    }
+                    _ => rejection.add(index, invalid, &record),
                 }
             }
             index = index.saturating_add(1);
         }
+    }
+    if rejection.definite > 0 {
+        rejection.recheck.clear(); // refused whatever the registry says
+        return DoorVerdict::Reject(rejection);
+    }
+    if let Some(reason) = waiting {
+        return DoorVerdict::Wait {
+            records: rejection.records,
+            reason,
+        };
     }
     if rejection.tally.is_empty() {
         DoorVerdict::Accept {
@@ -161,7 +224,7 @@ mod tests {
     }
 
     fn judge(records: &Bytes) -> DoorVerdict {
-        judge_produce(&policy(), records, &DecodeBudget::unlimited(), NOW)
+        judge_produce(&policy(), "t", records, &DecodeBudget::unlimited(), NOW)
     }
 
     #[test]
@@ -260,7 +323,7 @@ mod tests {
         let budget = DecodeBudget::new(1024);
         let _held = budget.try_reserve(1000).expect("first reservation");
         assert_eq!(
-            judge_produce(&policy(), &s, &budget, NOW),
+            judge_produce(&policy(), "t", &s, &budget, NOW),
             DoorVerdict::Unjudgeable(HoldReason::Budget)
         );
         assert_eq!(budget.used(), 1000, "nothing of the door's left reserved");

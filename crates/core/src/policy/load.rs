@@ -283,16 +283,6 @@ impl LoadState {
             },
         };
 
-        let registry =
-            matches!(decoder, Decoder::Registry(_)) || matches!(&key, Some(k) if k.is_registry());
-        if registry && matches!(p.on_produce, OnProduceDoc::Reject) {
-            if let Some(v) = &p.value {
-                errs.push(at(
-                    &v.format,
-                    "on_produce: reject is not supported with `registry: true` yet (schemas are resolved on fetch)",
-                ));
-            }
-        }
         let breaker = p.breaker.as_ref().and_then(|located| {
             let b = &located.v;
             let ok = b.max_ratio > 0.0

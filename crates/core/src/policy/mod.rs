@@ -313,6 +313,11 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Whether the value or the key reads schemas from the registry.
+    pub fn uses_registry(&self) -> bool {
+        self.inner.uses_registry()
+    }
+
     /// Judge one record. `now_ms` is wall-clock milliseconds since the epoch,
     /// used by `max_age` rules only.
     pub fn judge(&self, record: &Record<'_>, now_ms: i64) -> Verdict {

@@ -187,6 +187,32 @@ impl SchemaCache {
         }
     }
 
+    /// Ask again about `id` past the negative cache (the door, before it
+    /// refuses a record for an earlier answer): a "no such id" and a subject
+    /// list at least `floor_ms` old are forgotten and asked for again.
+    /// Compiled schemas are kept (an id's schema never changes). Whether
+    /// anything was queued.
+    pub fn recheck(&self, id: u32, now_ms: i64, floor_ms: i64) -> bool {
+        let old = |at_ms: i64| now_ms.saturating_sub(at_ms) >= floor_ms;
+        let mut queued = false;
+        if self
+            .schemas
+            .remove_if(
+                &id,
+                |_, e| matches!(e, SchemaEntry::NotFound { at_ms } if old(*at_ms)),
+            )
+            .is_some()
+        {
+            self.want(Want::Schema(id));
+            queued = true;
+        }
+        if self.subjects.remove_if(&id, |_, e| old(e.1)).is_some() {
+            self.want(Want::Subjects(id));
+            queued = true;
+        }
+        queued
+    }
+
     /// Store the registry's schema for `id`.
     pub fn put_schema(&self, id: u32, schema: Registered) {
         if self.schemas.len() >= MAX_SCHEMAS {

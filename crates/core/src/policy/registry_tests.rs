@@ -301,8 +301,6 @@ fn registry_keys_are_checked_with_positions() {
     assert!(e.contains("key.registry"), "{e}");
     let e = bad("policies:\n  - name: a\n    topics: [t]\n    value: { format: json }\n    rules:\n      - field: /a\n        class: transient\n        absent: true\n");
     assert!(e.starts_with("p.yaml:7:"), "{e}");
-    let e = bad("policies:\n  - name: a\n    topics: [t]\n    on_produce: reject\n    value: { format: avro, wire: confluent, registry: true }\n");
-    assert!(e.contains("on_produce"), "{e}");
 }
 
 #[test]
@@ -510,4 +508,85 @@ fn a_schema_cached_again_for_an_id_gets_its_own_program() {
     let bad = framed(9, &apache_avro::to_avro_datum(&schema, v).expect("encodes"));
     let i = invalid(p.judge_in("geo.avro", &rec(None, &bad), NOW));
     assert_eq!(i.rule, "coordinates", "{i:?}");
+}
+
+/// The door's verdicts under a registry policy: a missing schema waits, a
+/// batch refused only for earlier registry answers names the ids to ask
+/// again, and a definite poison record refuses the batch whatever else.
+#[test]
+fn the_door_waits_for_the_registry_and_names_ids_to_ask_again() {
+    use crate::kafka::compression::Compression;
+    use crate::kafka::testutil::{RawBatch, RawRecord};
+    use crate::plan::budget::DecodeBudget;
+    use crate::plan::produce::{judge_produce, DoorVerdict};
+    let cache = SchemaCache::new();
+    let s = set(&avro_policy(r#", subject: "{topic}-value""#), &cache);
+    let p = s.for_topic("geo.avro").expect("policy");
+    let section = |values: Vec<Vec<u8>>| {
+        let mut b = RawBatch::compacted_five(Compression::None, 0);
+        b.records = values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| RawRecord {
+                value: Some(v),
+                ..RawRecord::simple(i as i32, "")
+            })
+            .collect();
+        b.last_offset_delta = None;
+        b.encode()
+    };
+    let judge = |b: &bytes::Bytes| judge_produce(p, "geo.avro", b, &DecodeBudget::unlimited(), NOW);
+    let good = framed(5, &avro_datum(1.0, None));
+    let batch = section(vec![good.clone(), framed(7, &avro_datum(2.0, None))]);
+    // Nothing cached: wait, and one round of wants covers both ids.
+    assert!(matches!(
+        judge(&batch),
+        DoorVerdict::Wait { records: 2, .. }
+    ));
+    let mut wants = cache.take_wants();
+    wants.sort();
+    assert_eq!(
+        wants,
+        vec![
+            Want::Schema(5),
+            Want::Schema(7),
+            Want::Subjects(5),
+            Want::Subjects(7)
+        ]
+    );
+    // Id 5 is fine; id 7 is not in the registry: refused, and 7 named.
+    cache.put_schema(5, compile(None, TRIGGER_AVSC, &[]));
+    cache.put_subjects(5, vec!["geo.avro-value".into()], NOW);
+    cache.put_not_found(7, NOW);
+    cache.put_subjects(7, vec![], NOW);
+    let DoorVerdict::Reject(r) = judge(&batch) else {
+        panic!("expected a rejection");
+    };
+    assert_eq!(r.recheck, vec![7]);
+    assert_eq!(r.tally[0].0, Class::Unknown);
+    // Asked again past the negative cache, only once the answer is old enough.
+    assert!(!cache.recheck(7, NOW + 500, 1_000));
+    assert!(cache.recheck(7, NOW + 1_000, 1_000));
+    let mut wants = cache.take_wants();
+    wants.sort();
+    assert_eq!(wants, vec![Want::Schema(7), Want::Subjects(7)]);
+    // A record that is poison for its own sake: refused, nothing to recheck.
+    cache.put_not_found(7, NOW);
+    let far = framed(5, &avro_datum(95.0, None));
+    let DoorVerdict::Reject(r) = judge(&section(vec![far, framed(7, &[])])) else {
+        panic!("expected a rejection");
+    };
+    assert!(r.recheck.is_empty(), "{:?}", r.recheck);
+    // Poison wins over waiting: the batch is refused either way.
+    let DoorVerdict::Reject(_) = judge(&section(vec![
+        framed(5, &avro_datum(95.0, None)),
+        framed(8, &avro_datum(1.0, None)),
+    ])) else {
+        panic!("expected a rejection");
+    };
+    // Known and valid: accepted.
+    assert_eq!(
+        judge(&section(vec![good])),
+        DoorVerdict::Accept { records: 1 }
+    );
 }
