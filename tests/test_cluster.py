@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -241,3 +242,72 @@ def test_each_broker_is_served_at_its_own_proxy_port(kind, cluster, proxy, workd
         assert proxy.port_base + n in ports, f"broker {n}'s proxy port never used: {ports}"
     assert cluster.leaders(topic) == {0: 1, 1: 2, 2: 3}
     proxy.assert_running()
+
+
+# --- SNI -------------------------------------------------------------------
+
+from test_sni import (BOOTSTRAP_NAME, SUFFIX, SniAntidote, accepted_by_listener,  # noqa: E402
+                      kafka_test_names, resolver_shim, sni_certs)  # noqa: F401 (fixtures)
+
+SNI_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[4])
+import clients as c
+from confluent_kafka.admin import AdminClient
+ep = c.Endpoint(sys.argv[1], "proxy", ca=sys.argv[2])
+topic = sys.argv[3]
+recs = [r for p in range(3) for r in c.sample_records(4, partition=p, tag=f"sni-{p}")]
+c.ck_produce(ep, topic, recs)
+got = c.ck_consume_assign(ep, topic, [0, 1, 2], len(recs), timeout=60)
+md = AdminClient(ep.ck()).list_topics(topic, timeout=15)
+print(json.dumps({"same": c.by_partition_in_order(got) == c.by_partition_in_order(recs),
+                  "brokers": {str(k): [b.host, b.port] for k, b in md.brokers.items()},
+                  "leaders": {str(p): m.leader for p, m in md.topics[topic].partitions.items()}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def sni_proxy(workdir, cluster, sni_certs):
+    import conftest
+    p = SniAntidote(workdir, upstream=[b.bootstrap for b in cluster.brokers.values()],
+                    name="antidote-cluster-sni",
+                    listen_tls={"cert": sni_certs.cert, "key": sni_certs.key},
+                    admin_port=h.free_port())
+    conftest._PROXIES.append(p)
+    p.start()
+    yield p
+    p.stop_and_check()
+
+
+def test_sni_names_serve_each_broker(cluster, sni_proxy, sni_certs, resolver_shim, workdir,
+                                     kafka_test_names):
+    """Under SNI routing, librdkafka (LD_PRELOAD resolver) and kafka-python
+    read partitions led by each broker; metadata names `broker-N.kafka.test`
+    on the one port for each of the three, and each name took connections."""
+    topic = unique("cluster-sni.", "")
+    cluster.create_topic(topic, MAP_ASSIGNMENT)
+    before = accepted_by_listener(sni_proxy)
+    script = workdir / "cluster_sni.py"
+    script.write_text(SNI_SCRIPT)
+    bootstrap = f"{BOOTSTRAP_NAME}:{sni_proxy.bootstrap_port}"
+    out = subprocess.run([sys.executable, str(script), bootstrap, str(sni_certs.ca), topic,
+                          str(TESTS)], env={**os.environ, "LD_PRELOAD": str(resolver_shim)},
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["same"], result
+    assert result["brokers"] == {str(n): [f"broker-{n}{SUFFIX}", sni_proxy.bootstrap_port]
+                                 for n in NODE_IDS}, result
+    assert result["leaders"] == {"0": 1, "1": 2, "2": 3}, result
+    after = accepted_by_listener(sni_proxy)
+    for n in NODE_IDS:
+        assert after.get(f"broker-{n}", 0) > before.get(f"broker-{n}", 0), (n, before, after)
+    # kafka-python, in this process (names resolved by the wrapped getaddrinfo).
+    ep = c.Endpoint(bootstrap, "proxy", ca=str(sni_certs.ca))
+    recs = [r for p in range(3) for r in c.sample_records(3, partition=p, tag=f"sni-kp-{p}")]
+    c.kp_produce(ep, topic, recs)
+    first = [r for p in range(3) for r in c.sample_records(4, partition=p, tag=f"sni-{p}")]
+    want = first + [dataclasses.replace(r, offset=r.offset + 4) for r in recs]
+    got = c.kp_consume_assign(ep, topic, [0, 1, 2], len(want), timeout=60)
+    assert c.by_partition_in_order(got) == c.by_partition_in_order(want)
+    sni_proxy.assert_running()
