@@ -2,7 +2,13 @@
 relayed blind: UNSUPPORTED_VERSION (35) from the proxy itself where the
 response has a top-level error code, otherwise the connection is closed (as a
 Kafka broker does). Frames are built by hand: no client sends these after
-reading the proxy's ApiVersions."""
+reading the proxy's ApiVersions.
+
+Share groups (KIP-932) are not offered at all (src/proxy/versions.rs,
+SHARE_GROUP_APIS): a ShareGroupHeartbeat, ShareFetch, ShareAcknowledge or
+Alter/DeleteShareGroupOffsets gets the proxy's UNSUPPORTED_VERSION with its
+reason, the others (ShareGroupDescribe, DescribeShareGroupOffsets, the
+inter-broker state APIs) close the connection."""
 
 from __future__ import annotations
 
@@ -13,6 +19,33 @@ import harness as h
 from test_robustness import api_versions_ok, closed_by_peer
 
 UNSUPPORTED_VERSION = 35
+SHARE_GROUPS_REFUSED = ("share groups (KIP-932) are not supported through antidote: "
+                        "ShareFetch is not filtered")
+
+
+def compact_str(s: str | None) -> bytes:
+    """A compact (nullable) string of a flexible version; lengths under 127."""
+    if s is None:
+        return b"\x00"
+    b = s.encode()
+    assert len(b) < 127
+    return bytes([len(b) + 1]) + b
+
+
+def compact_str_at(body: bytes, pos: int) -> tuple[str | None, int]:
+    n = body[pos]
+    assert n < 128, "one-byte varint lengths only"
+    if n == 0:
+        return None, pos + 1
+    return body[pos + 1:pos + n].decode(), pos + n
+
+
+def share_group_heartbeat_v1(group: str, topic: str) -> bytes:
+    """ShareGroupHeartbeat v1: GroupId, MemberId, MemberEpoch 0 (join), RackId
+    null, SubscribedTopicNames [topic], no tags."""
+    member = "0123456789abcdefABCDEF"  # the client generates its member id (KIP-1082)
+    return (compact_str(group) + compact_str(member) + struct.pack(">i", 0) + b"\x00"
+            + b"\x02" + compact_str(topic) + b"\x00")
 
 
 def flexible_request(api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
@@ -62,3 +95,54 @@ def test_a_refused_request_without_a_top_level_error_code_closes_only_its_connec
     assert api_versions_ok(proxy.bootstrap_port)
     log = h.read_log(proxy.log)
     assert "Fetch v3 is outside the versions the proxy offers" in log
+
+
+def test_share_group_heartbeat_gets_the_proxys_refusal(proxy):
+    """A share consumer that ignored ApiVersions: no member is created through
+    the proxy (a Java share consumer against a broker with share groups on,
+    directly and through the proxy, is in test_group_protocols.py)."""
+    with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
+        s.settimeout(5)
+        assert 76 not in h.api_versions(s), "ShareGroupHeartbeat must not be advertised"
+        s.sendall(flexible_request(76, 1, 44, share_group_heartbeat_v1("edge-share", "t")))
+        body = flexible_answer(s, 44)
+        throttle, err = struct.unpack(">ih", body[:6])
+        msg, pos = compact_str_at(body, 6)
+        member, _ = compact_str_at(body, pos)
+        assert (err, msg, member) == (UNSUPPORTED_VERSION, SHARE_GROUPS_REFUSED, None)
+        assert 0 in h.api_versions(s), "the connection stays usable"
+
+
+def test_share_acknowledge_and_share_offsets_are_refused_with_the_reason(proxy):
+    frames = {
+        # ShareAcknowledge v1: GroupId, MemberId, ShareSessionEpoch, no topics.
+        79: (1, compact_str("g") + compact_str("m") + struct.pack(">i", 1) + b"\x01\x00"),
+        # AlterShareGroupOffsets v0: GroupId, no topics.
+        91: (0, compact_str("g") + b"\x01\x00"),
+        # DeleteShareGroupOffsets v0: GroupId, no topics.
+        92: (0, compact_str("g") + b"\x01\x00"),
+    }
+    with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
+        s.settimeout(5)
+        offered = h.api_versions(s)
+        for i, (key, (version, body)) in enumerate(frames.items()):
+            assert key not in offered
+            s.sendall(flexible_request(key, version, 50 + i, body))
+            answer = flexible_answer(s, 50 + i)
+            _, err = struct.unpack(">ih", answer[:6])
+            msg, _ = compact_str_at(answer, 6)
+            assert (key, err, msg) == (key, UNSUPPORTED_VERSION, SHARE_GROUPS_REFUSED)
+
+
+def test_share_group_describe_closes_only_its_connection(proxy):
+    """ShareGroupDescribe's response has no top-level error code: the proxy
+    hangs up, logs why, and serves the next connection."""
+    with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
+        s.settimeout(5)
+        assert 77 not in h.api_versions(s)
+        # ShareGroupDescribe v1: GroupIds ["g"], IncludeAuthorizedOperations false.
+        s.sendall(flexible_request(77, 1, 60, b"\x02" + compact_str("g") + b"\x00\x00"))
+        assert closed_by_peer(s, 5)
+    assert api_versions_ok(proxy.bootstrap_port)
+    assert "ShareGroupDescribe v1 is outside the versions the proxy offers" in \
+        h.read_log(proxy.log)

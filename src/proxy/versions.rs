@@ -4,7 +4,8 @@
 //! Rules (docs/design/protocol-notes.md §5): API keys the proxy does not know are dropped
 //! (it could not find their header versions); APIs whose responses carry
 //! broker addresses the proxy does not rewrite are dropped or capped
-//! (ShareFetch, ShareAcknowledge, DescribeQuorum v2+); Produce keeps the
+//! (DescribeQuorum v2+); none of the share-group APIs (KIP-932) is offered,
+//! whether or not policies are loaded (`SHARE_GROUP_APIS`); Produce keeps the
 //! broker's minimum (raising it made older librdkafka stop compressing,
 //! KAFKA-18659); SASL keys are kept. The response header is always v0, and a
 //! client asking for a newer ApiVersions than the broker knows gets the
@@ -20,10 +21,44 @@
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, DescribeQuorumResponse, FetchResponse, ShareAcknowledgeResponse,
-    ShareFetchResponse,
+    AlterShareGroupOffsetsResponse, ApiKey, ApiVersionsResponse, DeleteShareGroupOffsetsResponse,
+    DescribeQuorumResponse, FetchResponse, ShareAcknowledgeResponse, ShareFetchResponse,
+    ShareGroupHeartbeatResponse,
 };
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::protocol::{Decodable, Encodable};
+
+/// Every share-group API of KIP-932 (Kafka 4.1's ApiKeys): never offered.
+///
+/// A share consumer reads with ShareFetch, whose records the proxy does not
+/// judge and whose NodeEndpoints it does not rewrite, so ShareFetch cannot
+/// be relayed, with or without policies (without policies a relayed
+/// ShareFetch would still hand the client the brokers' own addresses).
+/// Offering the rest alone would let a share consumer join its group
+/// (ShareGroupHeartbeat) and only then fail, and leave its assignment to
+/// time out on the broker; offering none makes it fail at once, in the
+/// client, before it joins. The admin APIs (describe, offsets) go too: a
+/// share group cannot be used through the proxy, so it is administered at
+/// the broker. 83-87 are the share coordinator's inter-broker state APIs,
+/// which the broker lists on its client listener too.
+pub const SHARE_GROUP_APIS: [ApiKey; 12] = [
+    ApiKey::ShareGroupHeartbeat,        // 76
+    ApiKey::ShareGroupDescribe,         // 77
+    ApiKey::ShareFetch,                 // 78
+    ApiKey::ShareAcknowledge,           // 79
+    ApiKey::InitializeShareGroupState,  // 83
+    ApiKey::ReadShareGroupState,        // 84
+    ApiKey::WriteShareGroupState,       // 85
+    ApiKey::DeleteShareGroupState,      // 86
+    ApiKey::ReadShareGroupStateSummary, // 87
+    ApiKey::DescribeShareGroupOffsets,  // 90
+    ApiKey::AlterShareGroupOffsets,     // 91
+    ApiKey::DeleteShareGroupOffsets,    // 92
+];
+
+/// The message of the proxy's refusal of a share-group request.
+pub const SHARE_GROUPS_REFUSED: &str =
+    "share groups (KIP-932) are not supported through antidote: ShareFetch is not filtered";
 
 /// The versions of `key` the proxy relays, or `None` if it must not be
 /// offered; `fetch_max` is `limits.fetch_max_version`.
@@ -31,7 +66,7 @@ pub fn proxy_range(key: ApiKey, fetch_max: Option<i16>) -> Option<(i16, i16)> {
     let r = key.valid_versions();
     match key {
         ApiKey::Fetch => Some((r.min, fetch_max.map_or(r.max, |m| m.min(r.max)))),
-        ApiKey::ShareFetch | ApiKey::ShareAcknowledge => None,
+        k if SHARE_GROUP_APIS.contains(&k) => None,
         // v2 added listener endpoints that are not rewritten.
         ApiKey::DescribeQuorum => Some((r.min, r.max.min(1))),
         // Produce requests are relayed opaquely; only v10+ responses are
@@ -57,10 +92,36 @@ pub fn refusal(key: ApiKey, version: i16) -> Option<BytesMut> {
         Some(out)
     }
     let code = UNSUPPORTED_VERSION;
+    let why = || Some(StrBytes::from_static_str(SHARE_GROUPS_REFUSED));
     match key {
-        ApiKey::ShareFetch => encode(ShareFetchResponse::default().with_error_code(code), version),
+        ApiKey::ShareGroupHeartbeat => encode(
+            ShareGroupHeartbeatResponse::default()
+                .with_error_code(code)
+                .with_error_message(why()),
+            version,
+        ),
+        ApiKey::ShareFetch => encode(
+            ShareFetchResponse::default()
+                .with_error_code(code)
+                .with_error_message(why()),
+            version,
+        ),
         ApiKey::ShareAcknowledge => encode(
-            ShareAcknowledgeResponse::default().with_error_code(code),
+            ShareAcknowledgeResponse::default()
+                .with_error_code(code)
+                .with_error_message(why()),
+            version,
+        ),
+        ApiKey::AlterShareGroupOffsets => encode(
+            AlterShareGroupOffsetsResponse::default()
+                .with_error_code(code)
+                .with_error_message(why()),
+            version,
+        ),
+        ApiKey::DeleteShareGroupOffsets => encode(
+            DeleteShareGroupOffsetsResponse::default()
+                .with_error_code(code)
+                .with_error_message(why()),
             version,
         ),
         ApiKey::DescribeQuorum => encode(
@@ -216,6 +277,101 @@ mod tests {
         // No top-level error code the crate can encode: the caller closes.
         assert!(refusal(ApiKey::Fetch, 3).is_none());
         assert!(refusal(ApiKey::ShareFetch, 0).is_none());
+    }
+
+    #[test]
+    fn no_share_group_api_is_offered_and_consumer_group_heartbeat_is() {
+        // The numbers the issue names, as Kafka 4.1's ApiKeys has them.
+        let nums: Vec<i16> = SHARE_GROUP_APIS.iter().map(|&k| k as i16).collect();
+        assert_eq!(nums, [76, 77, 78, 79, 83, 84, 85, 86, 87, 90, 91, 92]);
+        // Every share API the crate knows is in the list (a new one added
+        // to the crate is not offered by mistake).
+        for n in 0..=1000i16 {
+            if let Ok(k) = ApiKey::try_from(n) {
+                if format!("{k:?}").contains("Share") {
+                    assert!(SHARE_GROUP_APIS.contains(&k), "{k:?} ({n}) is offered");
+                }
+            }
+        }
+        // What Apache Kafka 4.1.2 lists above key 60 on its client listener.
+        let broker: Vec<(i16, i16, i16)> = vec![
+            (60, 0, 2),
+            (61, 0, 0),
+            (64, 0, 0),
+            (65, 0, 0),
+            (66, 0, 2),
+            (68, 0, 1),
+            (69, 0, 1),
+            (74, 0, 1),
+            (75, 0, 0),
+            (76, 1, 1),
+            (77, 1, 1),
+            (78, 1, 1),
+            (79, 1, 1),
+            (80, 0, 0),
+            (81, 0, 0),
+            (83, 0, 0),
+            (84, 0, 0),
+            (85, 0, 0),
+            (86, 0, 0),
+            (87, 0, 0),
+            (90, 0, 0),
+            (91, 0, 0),
+            (92, 0, 0),
+        ];
+        let got = keys(rewrite(response(&broker, 3), 3, None).unwrap(), 3);
+        let want: Vec<_> = broker
+            .iter()
+            .copied()
+            .filter(|&(k, _, _)| !nums.contains(&k))
+            .collect();
+        assert_eq!(got, want);
+        assert!(got.contains(&(68, 0, 1)) && got.contains(&(69, 0, 1)));
+        for k in SHARE_GROUP_APIS {
+            let r = k.valid_versions();
+            for v in r.min..=r.max {
+                assert!(!in_proxy_range(k, v, None), "{k:?} v{v}");
+            }
+        }
+    }
+
+    #[test]
+    fn share_group_requests_get_the_refusal_with_its_reason_or_close() {
+        let why = Some(StrBytes::from_static_str(SHARE_GROUPS_REFUSED));
+        let b = refusal(ApiKey::ShareGroupHeartbeat, 1).unwrap();
+        let m = ShareGroupHeartbeatResponse::decode(&mut b.freeze(), 1).unwrap();
+        assert_eq!(
+            (m.error_code, &m.error_message),
+            (UNSUPPORTED_VERSION, &why)
+        );
+        assert_eq!(m.member_id, None);
+        let b = refusal(ApiKey::ShareAcknowledge, 1).unwrap();
+        let m = ShareAcknowledgeResponse::decode(&mut b.freeze(), 1).unwrap();
+        assert_eq!(
+            (m.error_code, &m.error_message),
+            (UNSUPPORTED_VERSION, &why)
+        );
+        let b = refusal(ApiKey::AlterShareGroupOffsets, 0).unwrap();
+        let m = AlterShareGroupOffsetsResponse::decode(&mut b.freeze(), 0).unwrap();
+        assert_eq!(
+            (m.error_code, &m.error_message),
+            (UNSUPPORTED_VERSION, &why)
+        );
+        let b = refusal(ApiKey::DeleteShareGroupOffsets, 0).unwrap();
+        let m = DeleteShareGroupOffsetsResponse::decode(&mut b.freeze(), 0).unwrap();
+        assert_eq!(
+            (m.error_code, &m.error_message),
+            (UNSUPPORTED_VERSION, &why)
+        );
+        // Responses without a top-level error code: the connection closes.
+        for (k, v) in [
+            (ApiKey::ShareGroupDescribe, 1),
+            (ApiKey::InitializeShareGroupState, 0),
+            (ApiKey::ReadShareGroupStateSummary, 0),
+            (ApiKey::DescribeShareGroupOffsets, 0),
+        ] {
+            assert!(refusal(k, v).is_none(), "{k:?}");
+        }
     }
 
     #[test]
