@@ -24,7 +24,7 @@
 pub mod blocked;
 pub mod breaker;
 pub mod follow;
-mod lease;
+pub(crate) mod lease;
 mod ledger;
 mod producer;
 mod rebuild;

@@ -24,9 +24,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use kafka_protocol::messages::{InitProducerIdRequest, TransactionalId};
-use kafka_protocol::protocol::StrBytes;
-
 use crate::client::{errors, Cluster};
 use crate::deadletter::read_partition_from;
 use crate::deadletter::trust::Reader;
@@ -189,35 +186,55 @@ async fn start_offset(
     Ok(Some(at))
 }
 
-/// Take the lease of target `topic`/`partition`; (-1, -1) when the broker
-/// gives none (the replay then writes without fencing).
+/// Most times taking a target's lease starts over after another run's
+/// InitProducerId came in between.
+const MAX_LOST: u32 = 8;
+
+/// Take the lease of target `topic`/`partition` and make the partition
+/// fence every older lease (`deadletter::lease::fence_partition`: an
+/// aborted empty transaction leaves an ABORT marker of the new epoch in the
+/// partition, which no consumer sees). (-1, -1) when the broker gives none
+/// (the replay then writes without fencing). A broker without those
+/// transaction requests (tansu 0.6 fences from InitProducerId on) leaves
+/// the InitProducerId answer as the lease.
 async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease {
+    use crate::deadletter::lease::{fence_partition, Fence};
     let id = format!("antidote-replay/{topic}/{partition}");
-    let req = InitProducerIdRequest::default()
-        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))))
-        .with_transaction_timeout_ms(60_000);
-    // At the transaction coordinator of the id (FindCoordinator): any
-    // other broker of a cluster answers NOT_COORDINATOR.
-    let r = match cluster.transaction_coordinator(&id).await {
-        Ok(conn) => conn.send(req, 0, 4).await,
-        Err(e) => Err(e),
+    let none = Lease {
+        pid: -1,
+        epoch: -1,
+        seq: -1,
     };
-    match r {
-        Ok(r) if r.error_code == 0 => Lease {
-            pid: r.producer_id.0,
-            epoch: r.producer_epoch,
-            seq: 0,
-        },
-        other => {
-            tracing::warn!(topic, partition, result = ?other.map(|r| r.error_code).map_err(|e| e.to_string()),
-                "no producer lease for the replay target: concurrent replays may both write");
-            Lease {
-                pid: -1,
-                epoch: -1,
-                seq: -1,
+    for attempt in 0..MAX_LOST {
+        match fence_partition(cluster, &id, topic, partition).await {
+            Ok(Fence::At { pid, epoch }) => {
+                tracing::debug!(topic, partition, pid, epoch, "replay target lease taken");
+                return Lease { pid, epoch, seq: 0 };
+            }
+            Ok(Fence::Unsupported { pid, epoch, why }) => {
+                tracing::debug!(topic, partition, pid, epoch, why, "replay target lease from InitProducerId only");
+                return Lease { pid, epoch, seq: 0 };
+            }
+            Ok(Fence::Lost) => {
+                tracing::debug!(topic, partition, attempt, "another replay took the target's lease meanwhile; again");
+                cluster.reset();
+                let pause = crate::deadletter::backoff(
+                    attempt,
+                    Duration::from_millis(20),
+                    Duration::from_millis(1000),
+                );
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) => {
+                tracing::warn!(topic, partition, error = %e,
+                    "no producer lease for the replay target: concurrent replays may both write");
+                cluster.reset();
+                return none;
             }
         }
     }
+    tracing::warn!(topic, partition, "no producer lease for the replay target (another replay kept taking it): concurrent replays may both write");
+    none
 }
 
 /// Produce one record with acks=all under lease `l`: `Ok(Ok(offset))`,
