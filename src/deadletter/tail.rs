@@ -106,11 +106,20 @@ where
             if p.error_code != 0 {
                 debug!(dlt = %name, partition = p.partition_index, error = p.error_code, "tail fetch error");
                 if p.error_code == errors::OFFSET_OUT_OF_RANGE {
+                    // Retention or DeleteRecords moved the log start past
+                    // `from`: go on from the log start. The answer says
+                    // nothing of the end (Kafka gives no high watermark
+                    // with an error), and the log start is not the end:
+                    // records may follow it. Ask for the end.
                     let start = cluster.log_start(&name, p.partition_index).await?;
+                    let end = cluster.list_offset(&name, p.partition_index, -1).await?;
                     let next = start.max(from);
                     out.insert(
                         (name.clone(), p.partition_index),
-                        Progress { next, end: next },
+                        Progress {
+                            next,
+                            end: end.max(next),
+                        },
                     );
                 }
                 continue;

@@ -555,3 +555,23 @@ async fn without_a_lease_nothing_is_written_and_the_next_try_takes_one() {
     assert!(dl.submit(&d).expect("submit").wait().await.is_ok());
     assert_eq!(stored(&mock, "t.dlt", 0), [(7, Some(Compression::None))]);
 }
+
+#[tokio::test]
+async fn a_read_before_a_write_that_starts_below_the_log_start_reads_on_to_the_end() {
+    // Retention (or DeleteRecords) moved the DLT's log start past where this
+    // instance had read to; another instance's records lie between the new
+    // log start and the end. The read before a write must go on from the log
+    // start to the end, not take the log start for the end.
+    let mock = MockBroker::start().await;
+    mock.add_topic("t.dlt", 1);
+    for o in 0..6 {
+        mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 10 + o, 10)));
+    }
+    mock.state().topics.get_mut("t.dlt").expect("dlt").1[0].log_start = 3;
+    let mut cluster = client::Cluster::new(vec![mock.addr.clone()], endpoint());
+    let found = super::tail::catch_up(&mut cluster, "t.dlt", 0, 1, |_| true)
+        .await
+        .expect("read");
+    let offsets: Vec<i64> = found.iter().map(|o| o.offset).collect();
+    assert_eq!(offsets, [13, 14, 15], "the records from the log start to the end");
+}
