@@ -311,3 +311,285 @@ def test_sni_names_serve_each_broker(cluster, sni_proxy, sni_certs, resolver_shi
     got = c.kp_consume_assign(ep, topic, [0, 1, 2], len(want), timeout=60)
     assert c.by_partition_in_order(got) == c.by_partition_in_order(want)
     sni_proxy.assert_running()
+
+
+# ---------------------------------------------------------------------------
+# Leader moves while a group consumes and poison is diverted
+# ---------------------------------------------------------------------------
+
+# The topic's partitions are led by nodes 1 and 2, its DLT by node 3.
+TOPIC_ASSIGNMENT = [[1, 2, 3], [2, 3, 1], [1, 3, 2]]
+DLT_ASSIGNMENT = [[3, 1, 2]]
+
+
+@dataclass
+class Delivery:
+    member: str
+    partition: int
+    offset: int
+    value: bytes
+    committed: bool = False  # its synchronous commit succeeded
+
+
+class Member(threading.Thread):
+    """A member of `group` reading `topic` through `ep` until stopped; every
+    record delivered is committed synchronously before the next poll."""
+
+    def __init__(self, name: str, kind: str, ep: c.Endpoint, topic: str, group: str,
+                 out: list, lock: threading.Lock):
+        super().__init__(daemon=True, name=name)
+        self.kind, self.ep, self.topic, self.group = kind, ep, topic, group
+        self.out, self.lock = out, lock
+        self.stop_evt = threading.Event()
+        self.errors: list[str] = []
+        self.commit_failures: list[str] = []
+        self.failed: BaseException | None = None
+
+    def record(self, partition: int, offset: int, value: bytes) -> Delivery:
+        d = Delivery(self.name, partition, offset, value)
+        with self.lock:
+            self.out.append(d)
+        return d
+
+    def run(self) -> None:
+        try:
+            (self.run_ck if self.kind == "librdkafka" else self.run_kp)()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.failed = e
+
+    def run_ck(self) -> None:
+        import confluent_kafka as ck
+        cons = ck.Consumer(self.ep.ck(**{"group.id": self.group, "enable.auto.commit": False,
+                                         "auto.offset.reset": "earliest",
+                                         "client.id": self.name}))
+        try:
+            cons.subscribe([self.topic])
+            while not self.stop_evt.is_set():
+                m = cons.poll(0.3)
+                if m is None:
+                    continue
+                if m.error():
+                    self.errors.append(str(m.error()))
+                    continue
+                d = self.record(m.partition(), m.offset(), m.value())
+                try:
+                    cons.commit(message=m, asynchronous=False)
+                    d.committed = True
+                except ck.KafkaException as e:
+                    self.commit_failures.append(f"{m.partition()}@{m.offset()}: {e}")
+        finally:
+            cons.close()
+
+    def run_kp(self) -> None:
+        import kafka as kp
+        from kafka.structs import OffsetAndMetadata
+        cons = kp.KafkaConsumer(**self.ep.kp(group_id=self.group, enable_auto_commit=False,
+                                             auto_offset_reset="earliest", client_id=self.name))
+        try:
+            cons.subscribe([self.topic])
+            while not self.stop_evt.is_set():
+                for tp, msgs in cons.poll(timeout_ms=300).items():
+                    for m in msgs:
+                        d = self.record(m.partition, m.offset, m.value)
+                        try:
+                            cons.commit({tp: OffsetAndMetadata(m.offset + 1, "", -1)})
+                            d.committed = True
+                        except Exception as e:  # noqa: BLE001 - CommitFailedError, KafkaError
+                            self.commit_failures.append(f"{m.partition}@{m.offset}: {e!r}")
+        finally:
+            cons.close()
+
+
+class Source(threading.Thread):
+    """Writes `rounds` rounds of one record per partition straight to the
+    cluster (idempotent librdkafka producer, acks=all): every fourth round
+    poison (kinds in turn), the others valid. `produced` holds each record
+    with the offset its delivery report gave."""
+
+    def __init__(self, cluster, topic: str, partitions: int, rounds: int, pause: float):
+        super().__init__(daemon=True, name="source")
+        self.cluster, self.topic, self.partitions = cluster, topic, partitions
+        self.rounds, self.pause = rounds, pause
+        self.produced: list[tuple[str, c.Rec]] = []  # (kind, record with its offset)
+        self.errors: list[str] = []
+        self.failed: BaseException | None = None
+
+    def run(self) -> None:
+        import confluent_kafka as ck
+        try:
+            p = ck.Producer({"bootstrap.servers": self.cluster.bootstrap, "linger.ms": 10,
+                             "enable.idempotence": True, "log_level": 3})
+
+            def report(kind, rec):
+                def cb(err, msg):
+                    if err is not None:
+                        self.errors.append(str(err))
+                    else:
+                        self.produced.append((kind, dataclasses.replace(rec, offset=msg.offset())))
+                return cb
+
+            for i in range(self.rounds):
+                for part in range(self.partitions):
+                    kind = POISON_KINDS[(i // 4) % len(POISON_KINDS)] if i % 4 == 1 else "valid"
+                    r = ps.json_rec(kind, i, partition=part)
+                    p.produce(self.topic, value=r.value, key=r.key, partition=part,
+                              headers=list(r.headers), timestamp=r.timestamp,
+                              on_delivery=report(kind, r))
+                p.poll(0)
+                time.sleep(self.pause)
+            left = p.flush(60)
+            assert left == 0, f"{left} records not delivered"
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.failed = e
+
+    def count(self) -> int:
+        return len(self.produced)
+
+
+def group_run(cluster, topic: str, members: list[tuple[str, c.Endpoint]], moves,
+              rounds: int = 60, pause: float = 0.08, partitions: int = 3):
+    """Members (kind, endpoint) of one group read `topic` while `Source`
+    writes to it; `moves` (callables) run one after the other while it
+    writes, each once a further share of the records has been delivered.
+    Returns (source, deliveries, members) once every valid record was
+    delivered (or 120 s passed) and 2 s more for late duplicates."""
+    group = f"cluster-group-{uuid.uuid4().hex[:8]}"
+    out: list[Delivery] = []
+    lock = threading.Lock()
+    ms = [Member(f"{kind}-{i}", kind, ep, topic, group, out, lock)
+          for i, (kind, ep) in enumerate(members)]
+    for m in ms:
+        m.start()
+    src = Source(cluster, topic, partitions, rounds, pause)
+    src.start()
+    total = rounds * partitions
+    try:
+        for k, move in enumerate(moves, start=1):
+            share = total * k // (len(moves) + 1)
+            deadline = time.monotonic() + 60
+            while src.count() < share and src.is_alive():
+                assert time.monotonic() < deadline, f"source stuck at {src.count()} of {total}"
+                time.sleep(0.05)
+            move()
+        src.join(120)
+        assert not src.is_alive() and src.failed is None and not src.errors, \
+            (src.failed, src.errors[:5])
+        want = {(r.partition, r.offset) for kind, r in src.produced if kind == "valid"}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with lock:
+                got = {(d.partition, d.offset) for d in out}
+            if want <= got or any(m.failed for m in ms):
+                break
+            time.sleep(0.2)
+        time.sleep(2.0)
+    finally:
+        for m in ms:
+            m.stop_evt.set()
+        for m in ms:
+            m.join(30)
+    return src, out, ms
+
+
+def check_group_run(cluster, topic: str, src: Source, out: list[Delivery], ms: list[Member]):
+    """Each valid record delivered once (again only after a failed commit),
+    no poison record delivered, each poison record in the DLT once."""
+    for m in ms:
+        assert m.failed is None, f"{m.name}: {m.failed!r}"
+    valid = {(r.partition, r.offset): r for kind, r in src.produced if kind == "valid"}
+    poison = {(r.partition, r.offset): (kind, r) for kind, r in src.produced if kind != "valid"}
+    assert len(valid) + len(poison) == len(src.produced)
+    seen: dict[tuple[int, int], list[Delivery]] = {}
+    for d in out:
+        seen.setdefault((d.partition, d.offset), []).append(d)
+    leaked = sorted(set(seen) & set(poison))
+    assert not leaked, f"poison records delivered: {leaked}"
+    missing = sorted(set(valid) - set(seen))
+    assert not missing, f"valid records never delivered: {missing[:20]} ({len(missing)})"
+    assert set(seen) <= set(valid), f"unknown records: {sorted(set(seen) - set(valid))[:10]}"
+    for key, ds in seen.items():
+        assert ds[-1].value == valid[key].value, key
+        unexplained = [d for d in ds[:-1] if d.committed]
+        assert not unexplained, (f"{key} delivered {len(ds)} times, an earlier delivery "
+                                 f"committed: {ds}")
+    dlt = f"{topic}.dlt"
+    recs = ps.without_markers(read_topic_direct(cluster, dlt))
+    got = sorted(ps.origin_offsets(recs))
+    assert got == sorted(poison), (f"DLT holds {len(got)} records for {len(poison)} poison ones; "
+                                   f"extra {sorted(set(got) - set(poison))[:10]}, duplicates "
+                                   f"{sorted(k for k in set(got) if got.count(k) > 1)[:10]}, "
+                                   f"missing {sorted(set(poison) - set(got))[:10]}")
+    for r in recs:
+        kind, orig = poison[(int(ps.hdict(r)["x-original-partition"]),
+                             int(ps.hdict(r)["x-original-offset"]))]
+        ps.check_dlt_record(r, orig, topic, "pz-json", ps.JSON_RULE[kind])
+    redelivered = sum(len(ds) - 1 for ds in seen.values())
+    return {"valid": len(valid), "poison": len(poison), "redelivered": redelivered,
+            "commit_failures": sum(len(m.commit_failures) for m in ms)}
+
+
+def policy_topic(cluster, tag: str) -> str:
+    """A policy-covered topic led by nodes 1 and 2 and its DLT led by node 3."""
+    topic = unique(ps.JSON_PREFIX, tag)
+    cluster.create_topic(topic, TOPIC_ASSIGNMENT)
+    cluster.create_topic(f"{topic}.dlt", DLT_ASSIGNMENT)
+    assert set(cluster.leaders(topic).values()) == {1, 2}
+    assert cluster.leaders(f"{topic}.dlt") == {0: 3}
+    return topic
+
+
+def test_leaders_moved_by_reassignment_while_a_group_reads_through_two_instances(
+        workdir, cluster, proxy, policy_file):
+    """Two librdkafka members of one group, each through another instance of
+    a fleet; the leader of a topic partition moves (2 -> 3, onto the DLT's
+    broker) and then the DLT's (3 -> 1) by AlterPartitionReassignments and a
+    preferred election, while records and poison keep coming."""
+    topic = policy_topic(cluster, "reassign")
+    dlt = f"{topic}.dlt"
+    other = start_cluster_proxy(workdir, cluster, "cluster-b", policies=[policy_file])
+    try:
+        moves = [lambda: cluster.move_leader(topic, 1, 3),
+                 lambda: cluster.move_leader(dlt, 0, 1)]
+        src, out, ms = group_run(cluster, topic, [("librdkafka", proxy.endpoint()),
+                                                  ("librdkafka", other.endpoint())], moves)
+        assert cluster.leaders(topic) == {0: 1, 1: 3, 2: 1}
+        assert cluster.leaders(dlt) == {0: 1}
+        stats = check_group_run(cluster, topic, src, out, ms)
+        print("reassignment run:", stats)
+        assert {d.member for d in out} == {m.name for m in ms}, "a member read nothing"
+        proxy.assert_running()
+        other.assert_running()
+    finally:
+        other.stop_and_check(15)
+
+
+def test_leader_brokers_stopped_and_restarted_while_a_group_reads(cluster, proxy):
+    """A librdkafka and a kafka-python member of one group, through one
+    instance; the DLT's leader (node 3) is stopped (controlled shutdown)
+    and started again, then node 1, which leads two of the topic's
+    partitions and by then the DLT too."""
+    topic = policy_topic(cluster, "restart")
+    dlt = f"{topic}.dlt"
+
+    while_down = {}
+
+    def bounce(node):
+        def go():
+            cluster.stop_node(node)
+            while_down[node] = (cluster.leaders(topic), cluster.leaders(dlt))
+            time.sleep(1.0)  # records and poison keep coming meanwhile
+            cluster.start_node(node)
+            cluster.wait_full_isr(topic)
+            cluster.wait_full_isr(dlt)
+        return go
+
+    src, out, ms = group_run(cluster, topic, [("librdkafka", proxy.endpoint()),
+                                              ("kafka-python", proxy.endpoint())],
+                             [bounce(3), bounce(1)], rounds=80)
+    stats = check_group_run(cluster, topic, src, out, ms)
+    print("restart run:", stats, while_down)
+    # Leaders while each node was down: the DLT's moved off node 3, then
+    # topic partitions 0 and 2 (and the DLT, if it had gone there) off node 1.
+    assert while_down[3][1][0] in (1, 2), while_down
+    assert 1 not in (while_down[1][0][0], while_down[1][0][2], while_down[1][1][0]), while_down
+    proxy.assert_running()
