@@ -224,7 +224,7 @@ impl Producer {
         if self
             .leases
             .get(&key)
-            .is_some_and(|l| l.taken.elapsed() < LEASE_REFRESH)
+            .is_some_and(|l| l.taken.elapsed() < l.refresh)
         {
             return Claim::Held;
         }
@@ -240,11 +240,13 @@ impl Producer {
                     epoch = r.producer_epoch,
                     "DLT partition lease taken"
                 );
+                let taken = Instant::now();
                 Lease {
                     pid: r.producer_id.0,
                     epoch: r.producer_epoch,
                     seq: 0,
-                    taken: Instant::now(),
+                    taken,
+                    refresh: refresh(&mut self.cluster, &tid).await,
                 }
             }
             other => {
@@ -261,6 +263,7 @@ impl Producer {
                         epoch: -1,
                         seq: -1,
                         taken: Instant::now(),
+                        refresh: LEASE_REFRESH,
                     }
                 } else {
                     crate::metrics::global().dlt_write_result("lease_failed", Duration::ZERO);
@@ -298,12 +301,93 @@ impl Producer {
 /// before the write waits for the next round (about 1.5 s in all).
 const LEASE_TRIES: u32 = 6;
 
-/// How long a lease is used before InitProducerId is asked again. Asking
+/// Longest a lease is used before InitProducerId is asked again. Asking
 /// keeps the transactional id alive (Kafka expires one unused for
 /// `transactional.id.expiration.ms`, 7 days by default; a new producer id
 /// would fence no one), and lets an instance notice a newer epoch without
-/// waiting for a refused write.
+/// waiting for a refused write. Shorter when the coordinator expires ids
+/// sooner ([`refresh`]).
 pub(super) const LEASE_REFRESH: Duration = Duration::from_secs(3600);
+
+/// How long a lease of `tid` may be used: [`LEASE_REFRESH`], or half the
+/// `transactional.id.expiration.ms` of `tid`'s coordinator if that is less.
+///
+/// Kafka expires a transactional id `transactional.id.expiration.ms` after
+/// its last InitProducerId or transaction step (`TransactionStateManager.
+/// shouldExpire`: `txnLastUpdateTimestamp`; writes under the producer id do
+/// not count), checking every `transaction.remove.expired.transaction.
+/// cleanup.interval.ms`; the next InitProducerId then makes a new producer
+/// id, whose epochs fence nothing of the old one. A writer that re-takes its
+/// lease within half the expiration has it taken at least half the
+/// expiration before the id can expire, so no write under the old producer
+/// id comes after a new one is handed out. The value is asked of the
+/// coordinator (DescribeConfigs); if it cannot be had, the default (7 days)
+/// is assumed.
+async fn refresh(cluster: &mut Cluster, tid: &str) -> Duration {
+    match id_expiration(cluster, tid).await {
+        Ok(exp) => LEASE_REFRESH.min(exp / 2),
+        Err(e) => {
+            debug!(error = %e, tid, "transactional.id.expiration.ms of the coordinator unknown; the lease is taken again after the longest refresh");
+            LEASE_REFRESH
+        }
+    }
+}
+
+/// `transactional.id.expiration.ms` of `tid`'s transaction coordinator
+/// (DescribeConfigs of that broker).
+pub(crate) async fn id_expiration(cluster: &mut Cluster, tid: &str) -> Result<Duration, String> {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::{DescribeConfigsRequest, FindCoordinatorRequest};
+    const KEY: &str = "transactional.id.expiration.ms";
+    // Learns the brokers (metadata) if the coordinator is a new one.
+    cluster
+        .transaction_coordinator(tid)
+        .await
+        .map_err(|e| e.to_string())?;
+    let conn = cluster.any().await.map_err(|e| e.to_string())?;
+    let v = conn
+        .version::<FindCoordinatorRequest>(1, 6)
+        .map_err(|e| e.to_string())?;
+    let key = StrBytes::from_string(tid.to_string());
+    let mut req = FindCoordinatorRequest::default().with_key_type(1);
+    req = if v >= 4 {
+        req.with_coordinator_keys(vec![key])
+    } else {
+        req.with_key(key)
+    };
+    let resp = conn.send_at(req, v).await.map_err(|e| e.to_string())?;
+    let node = match resp.coordinators.first() {
+        Some(c) if v >= 4 => c.node_id.0,
+        _ => resp.node_id.0,
+    };
+    let req = DescribeConfigsRequest::default().with_resources(vec![
+        DescribeConfigsResource::default()
+            .with_resource_type(4) // BROKER
+            .with_resource_name(StrBytes::from_string(node.to_string()))
+            .with_configuration_keys(Some(vec![StrBytes::from_static_str(KEY)])),
+    ]);
+    let resp = cluster
+        .node(node)
+        .await
+        .map_err(|e| e.to_string())?
+        .send(req, 1, 4)
+        .await
+        .map_err(|e| e.to_string())?;
+    let r = resp
+        .results
+        .first()
+        .ok_or_else(|| "DescribeConfigs: no result".to_string())?;
+    if r.error_code != 0 {
+        return Err(format!("DescribeConfigs: error code {}", r.error_code));
+    }
+    r.configs
+        .iter()
+        .find(|c| c.name.as_str() == KEY)
+        .and_then(|c| c.value.as_ref())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("DescribeConfigs: no {KEY}"))
+}
 
 /// What taking a DLT partition's lease came to.
 pub(super) enum Claim {

@@ -69,6 +69,9 @@ pub(super) struct Lease {
     pub(super) seq: i32,
     /// When InitProducerId handed it out (see `lease::LEASE_REFRESH`).
     pub(super) taken: tokio::time::Instant,
+    /// How long it is used before InitProducerId is asked again: under half
+    /// the coordinator's `transactional.id.expiration.ms` (`lease::refresh`).
+    pub(super) refresh: Duration,
 }
 
 pub struct Producer {
@@ -381,6 +384,7 @@ impl Producer {
             epoch: -1,
             seq: -1,
             taken: tokio::time::Instant::now(),
+            refresh: Duration::ZERO,
         });
         let opts = BuildOptions::default()
             .compression(self.cfg.compression.codec())

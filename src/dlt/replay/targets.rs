@@ -10,16 +10,21 @@
 //! one (tansu 0.6 answers 0), only makes the read longer.
 //!
 //! Concurrent replays: every replay of target partition P takes P's lease
-//! (InitProducerId with the transactional id `antidote-replay/<topic>/<P>`,
-//! shared by every run), then reads P, then writes. A newer lease fences an
-//! older one's writes; the fenced run takes the lease back and reads P
-//! again, so a record the other run wrote meanwhile is skipped. Two runs of
-//! the same range write each record once. No transaction is ever begun.
-//! Against Apache Kafka, a newer lease fences only once it has written to
-//! P (a partition refuses an older epoch only after appending a newer
-//! one), and no lease marker is written into a production topic (the DLT
-//! writer's are, `deadletter::lease`): a write the older run had read for
-//! can land after the newer run's read, and both write that record.
+//! (transactional id `antidote-replay/<topic>/<P>`, shared by every run),
+//! then reads P, then writes with the lease's producer id and epoch. A newer
+//! lease fences an older one's writes; the fenced run takes the lease back
+//! and reads P again, so a record the other run wrote meanwhile is skipped.
+//! Two runs of the same range write each record once.
+//!
+//! Apache Kafka refuses an older epoch on P only once P has appended a
+//! batch of a newer one (not when InitProducerId hands the newer one out):
+//! with InitProducerId alone, run A's write (older epoch) could land after
+//! run B had read P and before B's first write, and both wrote that record
+//! (one of thirty, every time, in `test_fleet.py`). So taking the lease
+//! also writes the new epoch into P, as an ABORT marker of an empty
+//! transaction (`deadletter::lease::fence_partition`): a control batch, which
+//! no consumer sees (it takes an offset). No record is ever written in a
+//! transaction; the replays are plain idempotent batches.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
