@@ -19,6 +19,10 @@ nothing after it), is retried at a bounded rate (not a hot loop), is
 reported (error log, `antidote_dlt_writes_total{result="too_large"}`,
 `antidote_held_partitions`), and lands once when the operator raises the
 limit, after which the partition flows again.
+
+The boundary of "consumers get a replayed copy, never both": the original
+stays hidden while the DLT keeps its copy, and comes back beside the
+replayed copy once retention took it and the proxy restarted.
 """
 
 from __future__ import annotations
@@ -407,3 +411,49 @@ def test_a_record_larger_than_the_dlt_limit_holds_its_partition_until_the_limit_
         assert metric(text, "antidote_held_partitions", topic=topic, partition="0") == 0
     finally:
         proxy.stop_and_check()
+
+
+def test_never_both_holds_while_the_dlt_keeps_the_copy_and_ends_with_it(
+        workdir, broker, broker_endpoint):
+    """The boundary of "consumers get the replayed copy, never both": the
+    proxy hides the original of a diverted record because its ledger, rebuilt
+    from the DLT, names it. Once retention (here DeleteRecords) took the DLT
+    copy of a record that was fixed and replayed, a restarted proxy no longer
+    knows it was diverted, judges the original valid under the fixed policy
+    and delivers it beside its replayed copy. So a DLT must keep its records
+    at least as long as the origin topic keeps the originals (`check
+    --connect` warns when its retention.ms is shorter; docs/operations.md)."""
+    from test_ops import POLICY, OpsAntidote
+    topic = f"never-both-{os.urandom(4).hex()}"
+    dlt = f"{topic}.dlt"
+    c.ck_create_topic(broker_endpoint, topic, 1)
+    policy = workdir / f"{topic}.policy.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    c.ck_produce(broker_endpoint, topic, [
+        c.Rec(0, -1, b"a", b'{"lat": 10}', (), 1_700_000_000_001),
+        c.Rec(0, -1, b"b", b'{"lat": 95}', (), 1_700_000_000_002),
+        c.Rec(0, -1, b"c", b'{"lat": 20}', (), 1_700_000_000_003)])
+
+    def run(name: str) -> list[tuple[int, bytes]]:
+        import conftest
+        p = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                        name=name)
+        conftest._PROXIES.append(p)
+        p.start()
+        try:
+            return [(r.offset, r.key) for r in read_valid(p, topic, 1)]
+        finally:
+            p.stop_and_check()
+
+    assert run(f"nb-strict-{topic}") == [(0, b"a"), (2, b"c")]
+    policy.write_text(POLICY.format(topic=topic, max_lat=100))  # the fix
+    cfg = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                      name=f"nb-replay-{topic}")
+    cfg.config_path.write_text(cfg.config_yaml())
+    ok(cli("dlt", "replay", "--config", str(cfg.config_path), "--topic", dlt, "--execute"))
+    # The DLT keeps the copy: the replayed copy, never the original.
+    kept = run(f"nb-kept-{topic}")
+    assert [k for _, k in kept] == [b"a", b"c", b"b"] and kept[2][0] > 2, kept
+    # The DLT's copy deleted: the original comes back beside its replay.
+    delete_records(broker_endpoint, dlt, watermarks(broker_endpoint, dlt)[1])
+    assert run(f"nb-deleted-{topic}") == [(0, b"a"), (1, b"b"), (2, b"c"), kept[2]]
