@@ -337,6 +337,13 @@ impl Cluster {
         self.conns.get_mut(&node).ok_or_else(unreachable_conn)
     }
 
+    /// Forget the cached leaders of `topic` (a broker answered that it no
+    /// longer leads one of its partitions): the next request for it looks
+    /// them up in metadata again. Connections stay open.
+    pub fn forget_leaders(&mut self, topic: &str) {
+        self.leaders.remove(topic);
+    }
+
     /// Drop every connection and cached leader (after an error).
     pub fn reset(&mut self) {
         self.conns.clear();

@@ -105,6 +105,14 @@ where
             };
             if p.error_code != 0 {
                 debug!(dlt = %name, partition = p.partition_index, error = p.error_code, "tail fetch error");
+                if moved(p.error_code) {
+                    // The leader moved (a reassignment took the partition
+                    // off this broker, a broker stopped): without this the
+                    // cached leader is asked forever and the tail stands
+                    // still, silently (the answer is not an error of the
+                    // request). The next round looks the leader up again.
+                    cluster.forget_leaders(&name);
+                }
                 if p.error_code == errors::OFFSET_OUT_OF_RANGE {
                     // Retention or DeleteRecords moved the log start past
                     // `from`: go on from the log start. The answer says
@@ -135,6 +143,22 @@ where
         }
     }
     Ok(out)
+}
+
+/// Partition errors of a Fetch that mean the broker asked is no longer
+/// the partition's leader (or does not hold it at all).
+fn moved(code: i16) -> bool {
+    use kafka_protocol::ResponseError as E;
+    [
+        errors::NOT_LEADER_OR_FOLLOWER,
+        errors::LEADER_NOT_AVAILABLE,
+        errors::UNKNOWN_TOPIC_OR_PARTITION,
+        E::FencedLeaderEpoch.code(),
+        E::UnknownLeaderEpoch.code(),
+        E::ReplicaNotAvailable.code(),
+        E::KafkaStorageError.code(),
+    ]
+    .contains(&code)
 }
 
 /// Call `f` for every record of `records` at or after `from`; the offset
@@ -327,5 +351,56 @@ impl Loader {
         crate::metrics::global().fleet_learned(learned);
         crate::metrics::global().set_ledger_lag(lag);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::client::mock_broker::MockBroker;
+    use crate::client::{Cluster, Endpoint};
+
+    fn endpoint() -> Endpoint {
+        Endpoint {
+            tls: None,
+            sasl: None,
+            timeout: Duration::from_secs(2),
+            max_frame: 1 << 20,
+        }
+    }
+
+    /// A broker answering a tail Fetch with NOT_LEADER_OR_FOLLOWER (its
+    /// partition moved away, as a reassignment off it does on Kafka): the
+    /// cached leader is forgotten, so the next round asks metadata for the
+    /// new one instead of the old broker forever.
+    #[tokio::test]
+    async fn a_tail_fetch_answered_not_leader_forgets_the_cached_leader() {
+        let mock = MockBroker::start().await;
+        mock.add_topic("t.dlt", 1);
+        let mut cluster = Cluster::new(vec![mock.addr.clone()], endpoint());
+        assert_eq!(
+            cluster.partitions("t.dlt").await.expect("metadata"),
+            Some(1)
+        );
+        mock.state().fail_fetches = 1;
+        let mut positions = std::collections::HashMap::from([(("t.dlt".to_string(), 0), 0)]);
+        let ends = super::read_new(&mut cluster, &mut positions, &mut |_, _, _| {})
+            .await
+            .expect("read");
+        assert!(
+            ends.is_empty(),
+            "the refused partition has no end: {ends:?}"
+        );
+        assert_eq!(
+            cluster.known_partitions("t.dlt"),
+            None,
+            "the leader that refused is still cached"
+        );
+        // The next round looks the leader up and reads.
+        let ends = super::read_new(&mut cluster, &mut positions, &mut |_, _, _| {})
+            .await
+            .expect("read");
+        assert_eq!(ends.get(&("t.dlt".to_string(), 0)), Some(&0));
     }
 }
