@@ -236,29 +236,41 @@ class KafkaCluster:
             time.sleep(0.2)
         raise h.HarnessError(f"{topic}: ISR not full after {timeout}s: {seen}")
 
+    def reassign(self, topic: str, partition: int, replicas: list[int],
+                 timeout: float = 60) -> None:
+        """AlterPartitionReassignments of `topic`/`partition` to `replicas`
+        (Admin API, kafka-python); waits until no reassignment of it is
+        ongoing and metadata names exactly these replicas, in this order."""
+        from kafka.structs import TopicPartition
+        tp = TopicPartition(topic, partition)
+        admin = self.kp_admin()
+        try:
+            errs = admin.alter_partition_reassignments({tp: list(replicas)})
+            assert all(e is None for e in errs.values()), errs
+            deadline = time.monotonic() + timeout
+            while True:
+                ongoing = admin.list_partition_reassignments([tp])
+                if not ongoing and self.describe(topic)[partition][1] == list(replicas):
+                    return
+                if time.monotonic() > deadline:
+                    raise h.HarnessError(f"reassignment of {topic}-{partition} to {replicas} "
+                                         f"not done after {timeout}s: {ongoing}, "
+                                         f"{self.describe(topic)}")
+                time.sleep(0.2)
+        finally:
+            admin.close()
+
     def move_leader(self, topic: str, partition: int, to: int, timeout: float = 60) -> None:
         """Move the leadership of `topic`/`partition` to node `to` through the
         Admin API: an AlterPartitionReassignments that puts `to` first among
         the same replicas (its preferred leader), then an ElectLeaders
         (preferred). Waits until metadata names `to` as the leader."""
-        from kafka.structs import TopicPartition
         self.wait_full_isr(topic, timeout)
         _, replicas, _ = self.describe(topic)[partition]
         assert to in replicas, f"{topic}-{partition}: {to} is not a replica of {replicas}"
-        order = [to] + [r for r in replicas if r != to]
+        self.reassign(topic, partition, [to] + [r for r in replicas if r != to], timeout)
         admin = self.kp_admin()
         try:
-            errs = admin.alter_partition_reassignments({TopicPartition(topic, partition): order})
-            assert all(e is None for e in errs.values()), errs
-            deadline = time.monotonic() + timeout
-            while True:
-                ongoing = admin.list_partition_reassignments([TopicPartition(topic, partition)])
-                if not ongoing and self.describe(topic)[partition][1] == order:
-                    break
-                if time.monotonic() > deadline:
-                    raise h.HarnessError(f"reassignment of {topic}-{partition} to {order} "
-                                         f"not done after {timeout}s: {ongoing}")
-                time.sleep(0.2)
             # 0: preferred (ELECTION_NOT_NEEDED when `to` leads already).
             admin.elect_leaders(0, {topic: [partition]}, raise_errors=False)
         finally:

@@ -593,3 +593,111 @@ def test_leader_brokers_stopped_and_restarted_while_a_group_reads(cluster, proxy
     assert while_down[3][1][0] in (1, 2), while_down
     assert 1 not in (while_down[1][0][0], while_down[1][0][2], while_down[1][1][0]), while_down
     proxy.assert_running()
+
+
+# ---------------------------------------------------------------------------
+# The proxy's own clients follow new leaders
+# ---------------------------------------------------------------------------
+
+def java_hash(s: str) -> int:
+    """Java's String.hashCode (ASCII), as an unsigned 32-bit value."""
+    v = 0
+    for ch in s:
+        v = (31 * v + ord(ch)) & 0xFFFFFFFF
+    return v
+
+
+def lease_coordinator_partition(dlt: str, partition: int = 0) -> int:
+    """The __transaction_state partition of the DLT partition's lease (its
+    transactional id `antidote-dlt/{dlt}/{partition}`, as Kafka's
+    TransactionStateManager.partitionFor places it)."""
+    tid = f"antidote-dlt/{dlt}/{partition}"
+    return (java_hash(tid) & 0x7FFFFFFF) % 3
+
+
+def wait_metric(p: ClusterProxy, name: str, labels: str, want: float, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while (got := p.metric(name, labels)) != want:
+        assert time.monotonic() < deadline, f"{p.name}: {name}{{{labels}}} = {got}, want {want}"
+        time.sleep(0.2)
+
+
+def test_a_fleet_follows_the_dlt_leader_and_the_lease_its_coordinator(workdir, cluster,
+                                                                       policy_file,
+                                                                       txn_coordinator):
+    """Two instances bootstrapped from node 1 only, the topic led by node 1,
+    its DLT by node 2, and the DLT partition's transaction coordinator (the
+    lease's) moved to node 3 first. Instances 0, 1, 0 each divert one
+    poison record; between rounds the DLT's leader moves (2 -> 3 -> 1) and
+    the coordinator too (3 -> 2). The DLT then reads: record, lease marker,
+    record, lease marker, record (each later lease took a new epoch from
+    the coordinator and fenced the other instance), and each instance's
+    ledger tail, following the DLT's leader, learned the other's records."""
+    topic = unique(ps.JSON_PREFIX, "lease")
+    dlt = f"{topic}.dlt"
+    cluster.create_topic(topic, [[1, 2, 3]])
+    cluster.create_topic(dlt, [[2, 3, 1]])
+    coord = lease_coordinator_partition(dlt)
+    cluster.move_leader("__transaction_state", coord, 3)
+    bootstrap = [cluster.brokers[1].bootstrap]
+    fleet = [start_cluster_proxy(workdir, cluster, f"cluster-lease-{i}", upstream=bootstrap,
+                                 policies=[policy_file]) for i in range(2)]
+    moves = {1: lambda: cluster.move_leader(dlt, 0, 3),
+             2: lambda: (cluster.move_leader(dlt, 0, 1),
+                         cluster.move_leader("__transaction_state", coord, 2))}
+    try:
+        for i, p in enumerate([0, 1, 0]):
+            if i in moves:
+                moves[i]()
+            recs = [ps.json_rec("valid", 2 * i), ps.json_rec("lat", 2 * i + 1)]
+            c.ck_produce(cluster.endpoint(), topic, recs)
+            got = c.ck_consume_assign(fleet[p].endpoint(), topic, [0], i + 1, timeout=60)
+            assert [r.offset for r in got] == [2 * j for j in range(i + 1)], got
+            time.sleep(1.0)  # past the tail delay: the other instance learns the diversion
+        dlt_recs = read_topic_direct(cluster, dlt)
+        seq = ["lease" if ps.is_lease_marker(r) else int(ps.hdict(r)["x-original-offset"])
+               for r in dlt_recs]
+        assert seq == [1, "lease", 3, "lease", 5], seq
+        assert cluster.leaders(dlt) == {0: 1}
+        assert cluster.leaders("__transaction_state")[coord] == 2
+        # Instance 1 learned offsets 1 and 5 from its tail (5 written by
+        # instance 0 with the DLT led by node 1), instance 0 offset 3 (led
+        # by node 3); both tails reached the DLT's end.
+        wait_metric(fleet[1], "antidote_dlt_diversions_total", 'source="learned"', 2)
+        wait_metric(fleet[0], "antidote_dlt_diversions_total", 'source="learned"', 1)
+        for f in fleet:
+            wait_metric(f, "antidote_dlt_ledger_lag_records", "", 0)
+            f.assert_running()
+    finally:
+        for f in fleet:
+            f.stop_and_check(15)
+
+
+def test_an_idle_instance_tail_follows_a_dlt_moved_off_its_broker(workdir, cluster,
+                                                                  policy_file, txn_coordinator):
+    """A DLT with two replicas, led by node 2, is reassigned to nodes 3 and
+    1: node 2 no longer holds it at all (a leader move that a read from a
+    former leader, now a follower, cannot hide). Instance A diverts before
+    and after; instance B, which no client uses, must learn both diversions
+    from its ledger tail."""
+    topic = unique(ps.JSON_PREFIX, "tailmove")
+    dlt = f"{topic}.dlt"
+    cluster.create_topic(topic, [[1, 2, 3]])
+    cluster.create_topic(dlt, [[2, 1]])
+    a, b = [start_cluster_proxy(workdir, cluster, f"cluster-tail-{n}", policies=[policy_file])
+            for n in "ab"]
+    try:
+        for i in range(2):
+            if i == 1:
+                cluster.reassign(dlt, 0, [3, 1])
+                cluster.wait_leaders(dlt, {0: 3})
+            c.ck_produce(cluster.endpoint(), topic,
+                         [ps.json_rec("valid", 2 * i), ps.json_rec("lat", 2 * i + 1)])
+            got = c.ck_consume_assign(a.endpoint(), topic, [0], i + 1, timeout=60)
+            assert [r.offset for r in got] == [2 * j for j in range(i + 1)], got
+            wait_metric(b, "antidote_dlt_diversions_total", 'source="learned"', i + 1)
+        assert dlt_origins(cluster, dlt) == [(0, 1), (0, 3)]
+        wait_metric(b, "antidote_dlt_ledger_lag_records", "", 0)
+    finally:
+        a.stop_and_check(15)
+        b.stop_and_check(15)
