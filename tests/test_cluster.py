@@ -701,3 +701,60 @@ def test_an_idle_instance_tail_follows_a_dlt_moved_off_its_broker(workdir, clust
     finally:
         a.stop_and_check(15)
         b.stop_and_check(15)
+
+
+def test_the_blocked_key_follower_follows_a_dlt_moved_off_its_broker(workdir, cluster,
+                                                                     txn_coordinator):
+    """`ordering: per_key`: key A is blocked by a poison record (the DLT led
+    by node 2, the topic by node 1). The DLT is then reassigned to nodes 3
+    and 1. A's next record is still parked (a new diversion after the move,
+    once), `dlt discard` writes its release marker to the new leader, and
+    the proxy's blocked-key follower reads it there: A is released and its
+    next record delivered."""
+    from test_keys import POLICY, rec, tags
+    from test_ops import cli, ok
+    topic = f"cluster-keys-{uuid.uuid4().hex[:8]}"
+    dlt = f"{topic}.dlt"
+    cluster.create_topic(topic, [[1, 2, 3]])
+    cluster.create_topic(dlt, [[2, 1]])
+    policy = workdir / f"{topic}.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    p = start_cluster_proxy(workdir, cluster, "cluster-keys", policies=[policy])
+
+    def through_proxy(last_tag):
+        got = c.ck_consume_assign(p.endpoint(), topic, [0], 10_000, timeout=60,
+                                  until=lambda rs: last_tag in tags(rs))
+        return tags(got)
+
+    def parked(n):
+        deadline = time.monotonic() + 30
+        while True:
+            got = [r for r in read_topic_direct(cluster, dlt)
+                   if "x-antidote-marker" not in dict(r.headers)]
+            if len(got) >= n or time.monotonic() > deadline:
+                return tags(got)
+            time.sleep(0.3)
+
+    try:
+        c.ck_produce(cluster.endpoint(), topic, [rec(0, "A", "A1", lat=95), rec(0, "B", "B1"),
+                                                 rec(0, "A", "A2"), rec(0, "C", "C1")])
+        assert through_proxy("C1") == ["B1", "C1"]
+        assert parked(2) == ["A1", "A2"]
+        wait_metric(p, "antidote_blocked_keys", "", 1)
+
+        cluster.reassign(dlt, 0, [3, 1])
+        cluster.wait_leaders(dlt, {0: 3})
+        c.ck_produce(cluster.endpoint(), topic, [rec(0, "A", "A3"), rec(0, "D", "D1")])
+        assert through_proxy("D1") == ["B1", "C1", "D1"]
+        assert parked(3) == ["A1", "A2", "A3"]
+
+        out = ok(cli("dlt", "discard", "--config", str(p.config_path), "--topic", dlt,
+                     "--key", "A", "--execute"))
+        assert "discarded         key A" in out, out
+        wait_metric(p, "antidote_blocked_keys", "", 0, timeout=30)
+        c.ck_produce(cluster.endpoint(), topic, [rec(0, "A", "A4")])
+        assert through_proxy("A4") == ["B1", "C1", "D1", "A4"]
+        assert parked(3) == ["A1", "A2", "A3"], "a record parked twice, or A4 parked"
+        p.assert_running()
+    finally:
+        p.stop_and_check(15)
