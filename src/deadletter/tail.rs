@@ -52,6 +52,9 @@ pub type DltPartition = (String, i32);
 struct Progress {
     next: i64,
     end: i64,
+    /// The partition ends below where it was read to (the DLT was deleted
+    /// and created again, or truncated): `next` goes back to its start.
+    reset: bool,
 }
 
 /// Fetch `parts` (each at its position) from `node`, read_committed, no
@@ -119,14 +122,23 @@ where
                     // nothing of the end (Kafka gives no high watermark
                     // with an error), and the log start is not the end:
                     // records may follow it. Ask for the end.
+                    // A position past the end means another partition
+                    // under the same name (recreated) or a truncated one:
+                    // read it from its start.
                     let start = cluster.log_start(&name, p.partition_index).await?;
                     let end = cluster.list_offset(&name, p.partition_index, -1).await?;
-                    let next = start.max(from);
+                    let reset = from > end;
+                    let next = if reset { start } else { start.max(from) };
+                    if reset {
+                        tracing::warn!(dlt = %name, partition = p.partition_index, position = from, end,
+                            "DLT partition ends below the position read to (recreated or truncated): reading it from its start");
+                    }
                     out.insert(
                         (name.clone(), p.partition_index),
                         Progress {
                             next,
                             end: end.max(next),
+                            reset,
                         },
                     );
                 }
@@ -139,7 +151,14 @@ where
                 lso if lso >= 0 => lso.min(p.high_watermark),
                 _ => p.high_watermark,
             };
-            out.insert((name.clone(), p.partition_index), Progress { next, end });
+            out.insert(
+                (name.clone(), p.partition_index),
+                Progress {
+                    next,
+                    end,
+                    reset: false,
+                },
+            );
         }
     }
     Ok(out)
@@ -221,10 +240,18 @@ where
             for (dp, pr) in fetch_round(cluster, node, &parts, f).await? {
                 ends.insert(dp.clone(), pr.end);
                 let old = positions.get(&dp).copied().unwrap_or(0);
-                positions.insert(dp.clone(), pr.next.max(old));
+                let moved = if pr.reset {
+                    pr.next != old
+                } else {
+                    pr.next > old
+                };
+                positions.insert(
+                    dp.clone(),
+                    if pr.reset { pr.next } else { pr.next.max(old) },
+                );
                 // More to read: another round (a partition that made no
                 // progress below its end waits for the next tick).
-                if pr.next > old && pr.next < pr.end {
+                if moved && pr.next < pr.end {
                     todo.push(dp);
                 }
             }

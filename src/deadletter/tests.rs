@@ -565,7 +565,11 @@ async fn a_read_before_a_write_that_starts_below_the_log_start_reads_on_to_the_e
     let mock = MockBroker::start().await;
     mock.add_topic("t.dlt", 1);
     for o in 0..6 {
-        mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 10 + o, 10)));
+        mock.append(
+            "t.dlt",
+            0,
+            written_elsewhere(&diversion("t", 0, 10 + o, 10)),
+        );
     }
     mock.state().topics.get_mut("t.dlt").expect("dlt").1[0].log_start = 3;
     let mut cluster = client::Cluster::new(vec![mock.addr.clone()], endpoint());
@@ -573,5 +577,27 @@ async fn a_read_before_a_write_that_starts_below_the_log_start_reads_on_to_the_e
         .await
         .expect("read");
     let offsets: Vec<i64> = found.iter().map(|o| o.offset).collect();
-    assert_eq!(offsets, [13, 14, 15], "the records from the log start to the end");
+    assert_eq!(offsets, [13, 14, 15], "from the log start to the end");
+}
+
+#[tokio::test]
+async fn a_read_before_a_write_past_the_end_of_a_recreated_dlt_reads_it_from_its_start() {
+    // The DLT was deleted and created again (or truncated): this instance had
+    // read the old one to offset 5, the new one ends at 2. Its records are
+    // another instance's writes: the read must find them, from the start.
+    let mock = MockBroker::start().await;
+    mock.add_topic("t.dlt", 1);
+    for o in 0..2 {
+        mock.append(
+            "t.dlt",
+            0,
+            written_elsewhere(&diversion("t", 0, 20 + o, 10)),
+        );
+    }
+    let mut cluster = client::Cluster::new(vec![mock.addr.clone()], endpoint());
+    let found = super::tail::catch_up(&mut cluster, "t.dlt", 0, 5, |_| true)
+        .await
+        .expect("read");
+    let offsets: Vec<i64> = found.iter().map(|o| o.offset).collect();
+    assert_eq!(offsets, [20, 21], "the new DLT's records, from its start");
 }
