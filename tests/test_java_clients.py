@@ -15,6 +15,14 @@ that xdist workers share one build) against the jars scripts/setup.sh put in
 - JavaProducer at the door (`on_produce: reject`): the refusal reaches the
   application as InvalidRecordException with the policy's message, the other
   records land, and idempotent and transactional producers carry on.
+- JavaAdmin through the proxy: describeCluster names only the proxy's
+  addresses (nodes and controller), createTopics, describeTopics (leaders at
+  the proxy), listOffsets (earliest, latest, by timestamp, max timestamp: the
+  same answers as directly), listTopics and deleteTopics; the process is
+  watched and never connects to the broker's port.
+
+KIP-848 groups, Admin's describeConsumerGroups and share consumers (JavaMember,
+JavaShare) are in test_group_protocols.py.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -64,6 +73,26 @@ def run_java(classes: Path, main: str, *args: str, timeout: float = 90) -> list[
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"{main} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def run_java_watched(classes: Path, main: str, *args: str,
+                     timeout: float = 90) -> tuple[list[dict], set[int]]:
+    """run_java, and every remote port the process was seen connected to."""
+    cp = f"{h.kafka_classpath()}:{classes}"
+    proc = subprocess.Popen(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                             "-Dlog4j2.level=WARN", "-cp", cp, main, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        with h.ConnectionWatcher(proc.pid) as w:
+            stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert proc.returncode == 0, f"{main} exited {proc.returncode}\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")], \
+        w.remote_ports
 
 
 def records(out: list[dict]) -> list[tuple[int, int, bytes, bytes]]:
@@ -205,3 +234,60 @@ def test_java_transactional_producer_aborts_the_refused_transaction_and_commits_
         [v.encode() for v in (V[1], V[2], V[3])]
     every = landed(broker_endpoint, topic, 4, **{"isolation.level": "read_uncommitted"})
     assert every == [v.encode() for v in (V[0], V[1], V[2], V[3])]
+
+
+# ---------------------------------------------------------------------------
+# The Admin client
+# ---------------------------------------------------------------------------
+
+TS0 = 1_700_000_000_000
+
+
+def test_java_admin_through_the_proxy_sees_only_proxy_addresses_and_the_brokers_answers(
+        java_classes, pproxy, broker, broker_endpoint):
+    topic = f"java-admin-{uuid.uuid4().hex[:8]}"
+    ours = {pproxy.bootstrap_port, pproxy.broker_port()}
+    me = [1, h.HOST, pproxy.broker_port()]
+
+    out, ports = run_java_watched(java_classes, "JavaAdmin", pproxy.bootstrap, "cluster",
+                                  f"create:{topic}:3", f"describe:{topic}")
+    assert [x.get("error") for x in out] == [None, None, None], out
+    cluster, created, desc = out
+    [direct] = run_java(java_classes, "JavaAdmin", broker.bootstrap, "cluster")
+    assert direct["nodes"] == [[1, h.HOST, broker.port]], direct  # validates the comparison
+    assert cluster == {"cluster": direct["cluster"], "controller": me, "nodes": [me]}, cluster
+    assert created == {"created": topic}
+    assert desc["topic"] == topic and desc["partitions"] == [[p, me, [1]] for p in range(3)], desc
+
+    # Records with known timestamps: 5 on partition 0, 3 on partition 1, none on 2.
+    for p, n in ((0, 5), (1, 3)):
+        c.ck_produce(broker_endpoint, topic,
+                     [c.Rec(p, i, f"k{i}".encode(), f"v{i}".encode(), (), TS0 + 1000 * i)
+                      for i in range(n)])
+    ask = f"offsets:{topic}:3:{TS0 + 1500}"
+    [direct_offsets] = run_java(java_classes, "JavaAdmin", broker.bootstrap, ask)
+    out2, ports2 = run_java_watched(java_classes, "JavaAdmin", pproxy.bootstrap, ask, "topics",
+                                    f"delete:{topic}")
+    assert [x.get("error") for x in out2] == [None, None, None], out2
+    offsets, listed, deleted = out2
+    assert offsets == {"offsets": {
+        "earliest": {"0": 0, "1": 0, "2": 0},
+        "latest": {"0": 5, "1": 3, "2": 0},
+        "ts": {"0": 2, "1": 2, "2": -1},          # the first record at or after TS0 + 1500
+        "max_ts": {"0": 4, "1": 2, "2": -1},      # the record with the highest timestamp
+    }}, offsets
+    assert offsets == direct_offsets
+    assert topic in listed["topics"]
+    assert deleted == {"deleted": topic}
+    # The topic is gone for the broker too (deletion is asynchronous: bounded wait).
+    deadline = time.monotonic() + 30
+    while True:
+        [now] = run_java(java_classes, "JavaAdmin", broker.bootstrap, "topics")
+        if topic not in now["topics"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert topic not in now["topics"]
+
+    for seen in (ports, ports2):
+        assert seen, "the admin process was never seen connected"
+        assert seen <= ours, f"connected to {seen - ours}; the broker is at {broker.port}"
