@@ -121,13 +121,13 @@ impl produce::Topics for ProduceGuard<'_> {
             door::Gate::UnknownTopic => Some(door::unknown_topic_id()),
             door::Gate::Judge(policy) => {
                 let topic = topic.unwrap_or_default();
+                let budget = &self.shared.fetch_filter.budget;
                 if let Some(r) = self
                     .marks
                     .and_then(|m| m.still_refused(topic, partition, records))
                 {
                     return Some(r);
                 }
-                let budget = &self.shared.fetch_filter.budget;
                 let mut notes = self.notes.borrow_mut();
                 door::judge(policy, topic, partition, records, budget, &mut notes)
             }

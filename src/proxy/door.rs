@@ -21,15 +21,15 @@
 //!
 //! Counts and logs are [`Notes`] applied once the answer is final, so a
 //! request judged twice is counted once. [`Marks`] keep, per connection,
-//! the partitions answered retriably: a later batch of such a partition
-//! already in flight gets the same answer, so a producer with several
-//! requests in flight neither reorders records nor (idempotent) meets
-//! OUT_OF_ORDER_SEQUENCE_NUMBER.
+//! the partitions answered retriably: later batches of such a partition get
+//! the same answer until the refused batch's retry arrives, so a producer
+//! with several requests in flight neither reorders records nor
+//! (idempotent) meets OUT_OF_ORDER_SEQUENCE_NUMBER.
 //!
 //! This module never touches the request's bytes; `produce` does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -38,7 +38,7 @@ use tracing::{debug, info, warn};
 use crate::clock::now_ms;
 use crate::metrics::{self, InvalidAction};
 use crate::plan::budget::DecodeBudget;
-use crate::plan::produce::{judge_produce, DoorVerdict, Rejection};
+use crate::plan::produce::{judge_produce, retry_identity, DoorVerdict, Rejection};
 use crate::plan::HoldReason;
 use crate::policy::{Class, OnProduce, Policy, PolicySet};
 use crate::proxy::produce::{Refusal, INVALID_RECORD};
@@ -100,12 +100,11 @@ enum Effect {
     Rejected(Arc<Policy>, String, i32, Rejection),
     Unjudgeable(Arc<Policy>, String, i32, HoldReason),
     Waiting(Arc<Policy>, String, i32, String),
-    Accepted(bool),
 }
 
-/// Set while registry-backed batches are answered retriably: the outage is
-/// logged once, when it begins.
-static WAITING: AtomicBool = AtomicBool::new(false);
+/// The registry outage (`Registry::outages`) the door last logged: each
+/// outage is logged once, by the first batch answered retriably in it.
+static LOGGED_OUTAGE: AtomicU64 = AtomicU64::new(u64::MAX);
 
 impl Notes {
     /// Whether asking the registry could change the answer.
@@ -119,8 +118,9 @@ impl Notes {
     }
 
     /// The answer is final: count and log it, and mark the partitions
-    /// answered retriably (request number `request` of the connection).
-    pub(super) fn apply(self, marks: Option<&Marks>, request: u64) {
+    /// answered retriably. `outage` numbers the registry's outages, so that
+    /// each is logged once.
+    pub(super) fn apply(self, marks: Option<&Marks>, outage: u64) {
         for e in self.effects {
             match e {
                 Effect::Rejected(p, topic, partition, r) => {
@@ -132,87 +132,59 @@ impl Notes {
                 }
                 Effect::Waiting(p, topic, partition, reason) => {
                     metrics::global().held_batch(&topic, partition, "transient");
-                    if !WAITING.swap(true, Ordering::Relaxed) {
+                    if LOGGED_OUTAGE.swap(outage, Ordering::Relaxed) != outage {
                         warn!(%topic, partition, policy = %p.name, %reason,
                             "Produce batches answered retriably: the schema registry has not given a schema they need");
-                    }
-                }
-                Effect::Accepted(registry) => {
-                    if registry && WAITING.swap(false, Ordering::Relaxed) {
-                        info!("schema registry answers again: Produce batches are judged");
                     }
                 }
             }
         }
         if let Some(marks) = marks {
             for (at, r) in self.retriable {
-                marks.mark(at, request, r);
+                marks.mark(at, r);
             }
         }
     }
 }
 
-/// Partitions of one connection answered retriably at the door, and how
-/// many of its requests have been answered.
+/// Partitions of one connection answered retriably at the door.
+///
+/// Until the refused batch's retry arrives (a batch starting with the same
+/// record: producers retry in order), every batch of that partition gets
+/// the same answer: those already in flight when the refusal was sent must
+/// not be written before the records refused ahead of them. A producer that
+/// gave up on the refused records never sends that retry: the mark lapses
+/// [`RETRY_WINDOW`] after the refusal (producers retry within about a
+/// second: librdkafka's and Java's `retry.backoff.max.ms` is 1 s).
 #[derive(Default)]
 pub(super) struct Marks {
     marked: Mutex<HashMap<(String, i32), Mark>>,
-    /// Requests expecting an answer, classified so far.
-    asked: AtomicU64,
-    /// Answers written to the client so far.
-    answered: AtomicU64,
 }
 
 struct Mark {
-    /// The request answered retriably, numbered in the connection's order.
-    request: u64,
-    /// The refused batch's producer id and first sequence (-1 when the
-    /// producer is not idempotent).
-    producer_id: i64,
-    base_sequence: i32,
+    retry: Option<(i64, i32, i64, u64)>,
     refusal: Refusal,
     at: std::time::Instant,
 }
 
-/// A mark outlives no producer's delivery timeout (Java's default: 120 s).
-const MARK_LIFETIME: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long a partition's later batches wait for the retry of its refused one.
+pub(super) const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Marks {
-    /// The number the next request expecting an answer gets.
-    pub(super) fn next_request(&self) -> u64 {
-        self.asked.load(Ordering::SeqCst)
-    }
-
-    /// A request expecting an answer was classified.
-    pub(super) fn asked(&self) {
-        self.asked.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// An answer was written to the client.
-    pub(super) fn answered(&self) {
-        self.answered.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn mark(&self, at: (String, i32), request: u64, retriable: Retriable) {
+    fn mark(&self, at: (String, i32), retriable: Retriable) {
         let mut m = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        let (producer_id, base_sequence) = retriable.identity;
         m.insert(
             at,
             Mark {
-                request,
-                producer_id,
-                base_sequence,
+                retry: retriable.retry,
                 refusal: retriable.refusal,
                 at: std::time::Instant::now(),
             },
         );
     }
 
-    /// The same retriable answer for a later batch of a partition answered
-    /// retriably, while that batch was already in flight: for an idempotent
-    /// producer, a batch with a later sequence than the refused one (its
-    /// retry, with the same sequence, is judged); for others, a batch read
-    /// before the refusal was written to the client.
+    /// The same retriable answer for a batch of a partition answered
+    /// retriably, unless it is the refused batch's retry or the mark lapsed.
     pub(super) fn still_refused(
         &self,
         topic: &str,
@@ -225,17 +197,8 @@ impl Marks {
         }
         let key = (topic.to_string(), partition);
         let mark = m.get(&key)?;
-        let (producer_id, base_sequence) = batch_identity(records);
-        let sequenced = mark.producer_id >= 0
-            && producer_id == mark.producer_id
-            && mark.base_sequence >= 0
-            && base_sequence >= 0;
-        let in_flight = if sequenced {
-            base_sequence > mark.base_sequence
-        } else {
-            self.answered.load(Ordering::SeqCst) <= mark.request
-        };
-        if in_flight && mark.at.elapsed() < MARK_LIFETIME {
+        let lapsed = mark.at.elapsed() >= RETRY_WINDOW;
+        if !lapsed && (mark.retry.is_none() || retry_identity(records) != mark.retry) {
             return Some(mark.refusal.clone());
         }
         m.remove(&key);
@@ -243,25 +206,16 @@ impl Marks {
     }
 }
 
-/// One partition answered retriably: the answer and the refused batch's
-/// producer id and first sequence.
+/// One partition answered retriably: the answer and what its retry looks like.
 struct Retriable {
     refusal: Refusal,
-    identity: (i64, i32),
-}
-
-/// The producer id and first sequence of a records section's first batch.
-fn batch_identity(records: &Bytes) -> (i64, i32) {
-    match crate::kafka::batch::segments(records).into_iter().next() {
-        Some(crate::kafka::batch::Segment::Batch(b)) => (b.producer_id(), b.base_sequence()),
-        _ => (-1, -1),
-    }
+    retry: Option<(i64, i32, i64, u64)>,
 }
 
 fn retriable(refusal: &Refusal, records: &Bytes) -> Retriable {
     Retriable {
         refusal: refusal.clone(),
-        identity: batch_identity(records),
+        retry: retry_identity(records),
     }
 }
 
@@ -276,13 +230,9 @@ pub(super) fn judge(
     budget: &Arc<DecodeBudget>,
     notes: &mut Notes,
 ) -> Option<Refusal> {
-    let registry = policy.uses_registry();
     let at = (topic.to_string(), partition);
     match judge_produce(policy, topic, records, budget, now_ms()) {
-        DoorVerdict::Accept { .. } => {
-            notes.effects.push(Effect::Accepted(registry));
-            None
-        }
+        DoorVerdict::Accept { .. } => None,
         DoorVerdict::Reject(r) => {
             for id in &r.recheck {
                 if !notes.recheck.contains(id) {
@@ -337,6 +287,17 @@ pub(super) fn unknown_topic_id() -> Refusal {
     }
 }
 
+/// The reason a producer is told: its own bytes may be quoted back to it,
+/// except under a `redact` rule, whose answer names the rule only (an
+/// answer may reach logs and dashboards the value must never reach).
+fn answer_reason(v: &crate::policy::Invalid) -> &str {
+    if v.class == Class::Redact {
+        "withheld (class redact)"
+    } else {
+        &v.reason
+    }
+}
+
 fn rejection(policy: &Policy, r: &Rejection) -> Refusal {
     let record_errors = r
         .detailed
@@ -345,7 +306,10 @@ fn rejection(policy: &Policy, r: &Rejection) -> Refusal {
             let v = &d.invalid;
             let text = format!(
                 "policy {}, rule {} ({}): {}",
-                policy.name, v.rule, v.class, v.reason
+                policy.name,
+                v.rule,
+                v.class,
+                answer_reason(v)
             );
             (d.index, cut(text))
         })
@@ -359,7 +323,7 @@ fn rejection(policy: &Policy, r: &Rejection) -> Refusal {
             d.index,
             d.invalid.rule,
             d.invalid.class,
-            d.invalid.reason
+            answer_reason(&d.invalid)
         ),
         None => format!("antidote: policy {} rejected the batch", policy.name),
     };
@@ -449,6 +413,7 @@ fn cut(mut text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
     fn policies() -> PolicySet {
         let text = "policies:\n  - name: door\n    topics: [\"geo.*\"]\n    on_produce: reject\n  - name: fetch-only\n    topics: [orders]\n";
@@ -478,6 +443,36 @@ mod tests {
         .expect("policies");
         assert!(matches!(gate(&none, None), Gate::Open));
         assert_eq!(unknown_topic_id().code, UNKNOWN_TOPIC_ID);
+    }
+
+    #[test]
+    fn a_partition_answered_retriably_stays_refused_until_its_retry() {
+        let batch = |value: &str| {
+            let record = NewRecord {
+                timestamp: 1_700_000_000_000,
+                key: None,
+                value: Some(Bytes::copy_from_slice(value.as_bytes())),
+                headers: vec![],
+            };
+            build_batch(&[record], &BuildOptions::default()).expect("batch")
+        };
+        let marks = Marks::default();
+        let refused = batch("a");
+        let refusal = Refusal {
+            code: NOT_ENOUGH_REPLICAS,
+            message: "wait".into(),
+            record_errors: Vec::new(),
+        };
+        marks.mark(("t".into(), 0), retriable(&refusal, &refused));
+        // Another partition, and the same partition's later batch.
+        assert_eq!(marks.still_refused("t", 1, &batch("b")), None);
+        assert_eq!(
+            marks.still_refused("t", 0, &batch("b")),
+            Some(refusal.clone())
+        );
+        // The retry is judged, and the mark is gone.
+        assert_eq!(marks.still_refused("t", 0, &refused), None);
+        assert_eq!(marks.still_refused("t", 0, &batch("b")), None);
     }
 
     #[test]

@@ -189,7 +189,6 @@ where
         let (c, frame) = classify_request(shared, state, frame).await?;
         let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
-            state.door.asked();
             if matches!(p.handling, Handling::SaslHandshake(_)) {
                 state.sasl.handshake_sent();
             }
@@ -257,7 +256,6 @@ async fn classify_request(
     frame: Bytes,
 ) -> Result<(Classified, Bytes), RelayError> {
     let raw_sasl = state.sasl.next_frame();
-    let request = state.door.next_request();
     let (c, notes) = classify_maybe_offloaded(shared, state, raw_sasl, frame.clone()).await?;
     let registry = shared.fetch_filter.registry();
     let (c, notes) = match registry {
@@ -271,7 +269,8 @@ async fn classify_request(
         }
         _ => (c, notes),
     };
-    notes.apply(Some(&state.door), request);
+    let outage = registry.map_or(0, |r| r.outages());
+    notes.apply(Some(&state.door), outage);
     Ok((c, frame))
 }
 
@@ -358,7 +357,6 @@ where
                 splice_response(&mut broker, &mut client, p.correlation_id, closed).await?
             {
                 crate::metrics::global().response_spliced(started.elapsed());
-                state.door.answered();
                 state.in_flight.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
@@ -396,7 +394,6 @@ where
         if let (Some(t), Some(ready)) = (arrived, ready) {
             crate::metrics::global().response_relayed(out.rewritten(), ready, t.elapsed());
         }
-        state.door.answered();
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -21,7 +21,7 @@ mod http;
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +97,8 @@ pub struct Registry {
     cache: Arc<SchemaCache>,
     inflight: Mutex<HashMap<Want, watch::Receiver<Option<bool>>>>,
     down: AtomicBool,
+    /// Outages begun so far (the door logs each once).
+    outages: AtomicU64,
 }
 
 impl Registry {
@@ -121,11 +123,18 @@ impl Registry {
             cache,
             inflight: Mutex::new(HashMap::new()),
             down: AtomicBool::new(false),
+            outages: AtomicU64::new(0),
         }))
     }
 
     pub fn cache(&self) -> &Arc<SchemaCache> {
         &self.cache
+    }
+
+    /// Outages begun so far: a number that changes when the registry
+    /// stops answering.
+    pub fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Relaxed)
     }
 
     /// How long one request may take.
@@ -222,6 +231,7 @@ impl Registry {
             }
             Err(e) => {
                 if !self.down.swap(true, Ordering::Relaxed) {
+                    self.outages.fetch_add(1, Ordering::Relaxed);
                     warn!(error = %e, "schema registry cannot be used: records that need it are held");
                 } else {
                     debug!(error = %e, "schema registry still cannot be used");

@@ -119,6 +119,57 @@ impl Rejection {
     }
 }
 
+/// What identifies the retry of a refused batch: the producer id and first
+/// sequence of its first batch (-1 when the producer is not idempotent),
+/// its first timestamp and, for an uncompressed batch, a digest of its
+/// first record's bytes. Producers retry refused records in order, so a
+/// retry starts with the same record even when its records are batched
+/// anew. Read from the headers and the first record only: no decoding, so
+/// it is known even while the decode budget is spent. `None` when the
+/// section holds no record batch.
+pub fn retry_identity(records: &Bytes) -> Option<(i64, i32, i64, u64)> {
+    use std::hash::{Hash, Hasher};
+    let b = batch::segments(records).into_iter().find_map(|s| match s {
+        Segment::Batch(b) if !b.is_control() => Some(b),
+        _ => None,
+    })?;
+    let mut digest = 0;
+    if b.compression() == Some(crate::kafka::compression::Compression::None) {
+        let section = b.records_section();
+        if let Some(first) = first_record(&section) {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            first.hash(&mut h);
+            digest = h.finish();
+        }
+    }
+    Some((
+        b.producer_id(),
+        b.base_sequence(),
+        b.base_timestamp(),
+        digest,
+    ))
+}
+
+/// The bytes of the first record of an uncompressed records section (its
+/// zigzag varint length, then that many bytes).
+fn first_record(section: &[u8]) -> Option<&[u8]> {
+    let (mut value, mut shift, mut at) = (0u64, 0u32, 0usize);
+    loop {
+        let byte = *section.get(at)?;
+        at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 28 {
+            return None;
+        }
+    }
+    let len = usize::try_from((value >> 1) as i64 ^ -((value & 1) as i64)).ok()?;
+    section.get(at..at.checked_add(len)?)
+}
+
 /// The schema id of a Confluent-framed key or value.
 fn framed_id(bytes: &[u8]) -> Option<u32> {
     match bytes {
@@ -315,6 +366,17 @@ mod tests {
             judge(&Bytes::from(legacy)),
             DoorVerdict::Unjudgeable(HoldReason::Legacy)
         );
+    }
+
+    #[test]
+    fn a_retry_is_known_by_its_first_record_even_batched_anew() {
+        let one = section(&[value(1, NOW)], Compression::None);
+        let more = section(&[value(1, NOW), value(2, NOW)], Compression::None);
+        let other = section(&[value(2, NOW), value(1, NOW)], Compression::None);
+        assert!(retry_identity(&one).is_some());
+        assert_eq!(retry_identity(&one), retry_identity(&more));
+        assert_ne!(retry_identity(&one), retry_identity(&other));
+        assert_eq!(retry_identity(&Bytes::new()), None);
     }
 
     #[test]
