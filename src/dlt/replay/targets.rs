@@ -217,11 +217,23 @@ async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease
                 return Lease { pid, epoch, seq: 0 };
             }
             Ok(Fence::Unsupported { pid, epoch, why }) => {
-                tracing::debug!(topic, partition, pid, epoch, why, "replay target lease from InitProducerId only");
+                tracing::debug!(
+                    topic,
+                    partition,
+                    pid,
+                    epoch,
+                    why,
+                    "replay target lease from InitProducerId only"
+                );
                 return Lease { pid, epoch, seq: 0 };
             }
             Ok(Fence::Lost) => {
-                tracing::debug!(topic, partition, attempt, "another replay took the target's lease meanwhile; again");
+                tracing::debug!(
+                    topic,
+                    partition,
+                    attempt,
+                    "another replay took the target's lease meanwhile; again"
+                );
                 cluster.reset();
                 let pause = crate::deadletter::backoff(
                     attempt,
