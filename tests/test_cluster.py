@@ -90,14 +90,16 @@ class ClusterProxy(ps.PolicyProxy):
         return total
 
 
-def start_cluster_proxy(workdir: Path, cluster, name: str, upstream=None, **kw) -> ClusterProxy:
+def start_cluster_proxy(workdir: Path, cluster, name: str, upstream=None, serve_all: bool = True,
+                        **kw) -> ClusterProxy:
     import conftest
     p = ClusterProxy(workdir, upstream=upstream or [b.bootstrap for b in cluster.brokers.values()],
                      port_base=cluster_proxy_base(), admin_port=h.free_port(),
                      name=f"{name}-{uuid.uuid4().hex[:6]}", **kw)
     conftest._PROXIES.append(p)
     p.start()
-    wait_serving_all(p)
+    if serve_all:
+        wait_serving_all(p)
     return p
 
 
@@ -758,3 +760,55 @@ def test_the_blocked_key_follower_follows_a_dlt_moved_off_its_broker(workdir, cl
         p.assert_running()
     finally:
         p.stop_and_check(15)
+
+
+def test_a_broker_that_joins_after_the_proxy_started_is_served(workdir, cluster, policy_file):
+    """Node 3 is down when an instance starts (metadata names nodes 1 and 2
+    only); it comes back, a partition's leadership moves to it, and a client
+    of the proxy reads that partition through the port of node 3, which the
+    proxy opened when it learned the broker."""
+    cluster.stop_node(3)
+    try:
+        p = start_cluster_proxy(workdir, cluster, "cluster-join", serve_all=False,
+                                policies=[policy_file])
+        for n in (1, 2):
+            h.wait_for_port(p.port_base + n, 15, p.proc, p.log, f"broker {n}")
+        time.sleep(0.5)
+        assert h.port_is_free(p.port_base + 3), "node 3 served while it was down"
+    finally:
+        cluster.start_node(3)
+    try:
+        topic = unique("cluster-join.", "")
+        cluster.create_topic(topic, [[1, 3, 2]])
+        recs = c.sample_records(5, tag="join")
+        c.ck_produce(cluster.endpoint(), topic, recs)
+        cluster.move_leader(topic, 0, 3)
+        proc = subprocess.Popen([sys.executable, "-c", READ_SCRIPT, p.bootstrap, topic,
+                                 str(len(recs)), str(TESTS)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            with h.ConnectionWatcher(proc.pid) as w:
+                out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        assert proc.returncode == 0 and out.strip() == "OK", err[-4000:]
+        assert p.port_base + 3 in w.remote_ports, w.remote_ports
+        assert not w.remote_ports & cluster.ports, w.remote_ports
+        assert any("serving broker" in ln and "node=3" in ln
+                   for ln in h.read_log(p.log, 10**7).splitlines())
+        p.assert_running()
+    finally:
+        p.stop_and_check(15)
+
+
+READ_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[4])
+import clients as c
+bootstrap, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+got = c.ck_consume_assign(c.Endpoint(bootstrap, "proxy"), topic, [0], n, timeout=90)
+assert [r.value for r in got] == [r.value for r in c.sample_records(n, tag="join")], got
+print("OK")
+"""
