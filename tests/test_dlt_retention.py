@@ -20,6 +20,10 @@ reported (error log, `antidote_dlt_writes_total{result="too_large"}`,
 `antidote_held_partitions`), and lands once when the operator raises the
 limit, after which the partition flows again.
 
+A DLT deleted and created again under two running instances: the new DLT
+ends below where they had read to, and each reads it again from its start,
+so a diversion through one is not written again through the other.
+
 The boundary of "consumers get a replayed copy, never both": the original
 stays hidden while the DLT keeps its copy, and comes back beside the
 replayed copy once retention took it and the proxy restarted.
@@ -457,3 +461,49 @@ def test_never_both_holds_while_the_dlt_keeps_the_copy_and_ends_with_it(
     # The DLT's copy deleted: the original comes back beside its replay.
     delete_records(broker_endpoint, dlt, watermarks(broker_endpoint, dlt)[1])
     assert run(f"nb-deleted-{topic}") == [(0, b"a"), (1, b"b"), (2, b"c"), kept[2]]
+
+
+# ---------------------------------------------------------------------------
+# A DLT deleted and created again under two running instances
+# ---------------------------------------------------------------------------
+
+def test_a_dlt_deleted_and_recreated_under_two_instances_holds_each_new_diversion_once(
+        workdir, broker, broker_endpoint, tmp_path):
+    """Two instances have read a DLT to offset 11 or so; the DLT is deleted
+    and created again by the next diversion (through B), so it ends below
+    where they had read to. Instance A must read the new DLT from its start
+    (its tail and the read before a write), learn B's diversion, and not
+    write it again when its own consumer reads that record."""
+    h.ensure_transaction_coordinator(broker.bootstrap)
+    policy_file = ps.write_policies(tmp_path)
+    topic = ps.unique_topic(ps.JSON_PREFIX, "recreate")
+    dlt = f"{topic}.dlt"
+    c.ck_create_topic(broker_endpoint, topic, 1)
+    c.ck_produce(broker_endpoint, topic, [ps.json_rec("lat", i) for i in range(10)]
+                 + [ps.json_rec("valid", 10)])
+    a = start_proxy(workdir, broker, policy_file, "antidote-recreate-a")
+    b = start_proxy(workdir, broker, policy_file, "antidote-recreate-b")
+    try:
+        assert [r.offset for r in read_valid(a, topic, 1)] == [10]
+        assert origins(dlt_records(broker_endpoint, dlt)) == list(range(10))
+        old_end = watermarks(broker_endpoint, dlt)[1]
+        time.sleep(1)  # B's tail learns A's ten diversions
+        assert [r.offset for r in read_valid(b, topic, 1)] == [10]
+        admin = AdminClient(broker_endpoint.ck())
+        admin.delete_topics([dlt], operation_timeout=30)[dlt].result(30)
+        deadline = time.monotonic() + 30
+        while ps.topic_exists(broker_endpoint, dlt) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not ps.topic_exists(broker_endpoint, dlt)
+
+        c.ck_produce(broker_endpoint, topic, [ps.json_rec("lat", 11), ps.json_rec("valid", 12)])
+        assert [r.offset for r in read_valid(b, topic, 2)] == [10, 12]
+        assert origins(dlt_records(broker_endpoint, dlt)) == [11]
+        new_end = watermarks(broker_endpoint, dlt)[1]
+        assert new_end < old_end, (new_end, old_end)
+        for _ in range(2):
+            assert [r.offset for r in read_valid(a, topic, 2)] == [10, 12]
+        assert origins(dlt_records(broker_endpoint, dlt)) == [11], "written again by A"
+    finally:
+        a.stop_and_check()
+        b.stop_and_check()
