@@ -434,3 +434,29 @@ def test_without_retries_the_producer_sees_a_retriable_error_naming_the_registry
     # Once it answers, the same record is written.
     assert kp_send_each(proxy_ep(door), topic, values) == [None]
     assert read_back(broker, topic, 1) == values
+
+
+def test_a_request_writes_the_partitions_whose_ids_are_known_while_another_waits(
+        door, broker, registry):
+    """One Produce request, two partitions: partition 0's schema is cached,
+    partition 1's is not and the registry is down. Partition 0 is written
+    by that request; partition 1 gets the retriable answer."""
+    topic = f"dsr.avro.{uuid.uuid4().hex[:10]}"
+    c.ck_create_topic(c.Endpoint(broker.bootstrap), topic, 2)
+    known = avro_values(registry, topic, [trigger(0), trigger(1)])
+    fresh = outage_values(registry, topic, 1)
+    first = ck.Producer(proxy_ep(door).ck(**{"linger.ms": 0}))
+    first.produce(topic, value=known[0], partition=0)
+    assert first.flush(30) == 0                       # id of `known` now cached
+    registry.mode = "down"
+    p = ck.Producer(proxy_ep(door).ck(**{"linger.ms": 200, "message.send.max.retries": 0}))
+    errors: dict[int, object] = {}
+    p.produce(topic, value=known[1], partition=0,
+              on_delivery=lambda err, _m: errors.__setitem__(0, err))
+    p.produce(topic, value=fresh[0], partition=1,
+              on_delivery=lambda err, _m: errors.__setitem__(1, err))
+    assert p.flush(30) == 0
+    assert errors[0] is None, errors
+    assert errors[1] is not None and errors[1].code() == ck.KafkaError.NOT_ENOUGH_REPLICAS, errors
+    registry.mode = "ok"
+    assert read_back(broker, topic, 2) == known[:2]
