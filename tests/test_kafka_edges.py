@@ -12,7 +12,8 @@ Apache Kafka (issue 32):
   `auto.offset.reset` (earliest, latest, or an error to the application)
   through the proxy exactly as directly: librdkafka and kafka-python, on
   three paths (the broker itself, a proxy with no policies, a proxy whose
-  policy covers the topic).
+  policy covers the topic); a group whose committed offset was deleted
+  starts again at the log start.
 - acks=0 Produce on one raw connection: no answer on the wire, directly or
   through the proxy, and the requests after it on the same connection are
   answered in order; an acks=0 Produce to a partition that does not exist
@@ -477,3 +478,21 @@ def test_door_drops_a_refused_acks_zero_batch_unanswered_and_the_connection_goes
     got = read_direct(broker_endpoint, topic, 2)
     assert [r.value for r in got] == [ps.json_rec("valid", 1).value, ps.json_rec("valid", 2).value]
     assert ps.high_watermark(broker_endpoint_port(broker_endpoint), topic, 1) == 0
+
+
+def test_a_group_whose_committed_offset_was_deleted_resets_to_the_log_start(oor):
+    """A consumer group's committed offset (2) lies before the log start (4,
+    after DeleteRecords). Joining (librdkafka, `auto.offset.reset` earliest), it
+    fetches at 2, gets OFFSET_OUT_OF_RANGE and reads from 4; its next commit
+    is the end."""
+    ep, topic = oor
+    group = f"oor-group-{uuid.uuid4().hex[:8]}"
+    cons = ck.Consumer(ep.ck(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        cons.commit(offsets=[ck.TopicPartition(topic, 0, 2)], asynchronous=False)
+    finally:
+        cons.close()
+    assert c.ck_committed(ep, topic, group, [0]) == {0: 2}
+    got = c.ck_consume_group(ep, topic, group, 6, timeout=60)
+    assert [r.offset for r in got] == list(range(4, 10)), f"{ep.path}: {got}"
+    assert c.ck_committed(ep, topic, group, [0]) == {0: 10}
