@@ -346,7 +346,9 @@ def test_many_poison_records_of_one_fetch_are_split_into_batches_the_dlt_accepts
     poison = [r.offset for r in recs if r.offset % 4 != 3]
     valid = [r.offset for r in recs if r.offset % 4 == 3]
     c.ck_produce(broker_endpoint, topic, recs, **{"linger.ms": 2000})
-    assert len(ps.split_batches(ps.fetch_partition(broker.port, topic).records)) == 1
+    # One Fetch response holds them all.
+    first = ps.split_batches(ps.fetch_partition(broker.port, topic).records)
+    assert sum(b.count for b in first) == len(recs), [(b.base_offset, b.count) for b in first]
 
     proxy = start_proxy(workdir, broker, policy_file, "antidote-split")
     try:
@@ -396,9 +398,9 @@ def test_a_record_larger_than_the_dlt_limit_holds_its_partition_until_the_limit_
         assert metric(text1, "antidote_held_partitions", topic=topic, partition="0") == 1
         tries = (metric(text1, "antidote_dlt_writes_total", result="too_large")
                  - metric(text0, "antidote_dlt_writes_total", result="too_large"))
-        # Retried, at a bounded rate (every 250-500 ms while a fetch waits),
-        # not in a hot loop.
-        assert 1 <= tries <= 6 * window, f"{tries} too-large writes in {window:.1f}s"
+        # Retried, at a bounded rate (every 250-500 ms while a fetch waits,
+        # about 3 a second), not in a hot loop (hundreds a second).
+        assert 1 <= tries <= 8 * window, f"{tries} too-large writes in {window:.1f}s"
         assert 2 not in origins(dlt_records(broker_endpoint, dlt))
 
         # The operator raises the DLT's limit: the record lands once, the
