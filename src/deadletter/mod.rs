@@ -44,7 +44,7 @@ use crate::policy::{Class, Policy, PolicySet};
 
 pub use antidote_core::dlt_record::*;
 pub use ledger::{Ledger, LedgerKey, OffsetSet};
-pub use rebuild::{read_partition, read_partition_from, read_topic, trusted};
+pub use rebuild::{read_partition, read_partition_end, read_partition_from, read_topic, trusted};
 
 /// Why a diversion did not complete.
 #[derive(Debug, Clone, thiserror::Error)]

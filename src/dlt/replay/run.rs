@@ -121,8 +121,11 @@ struct Runner<'a> {
 impl Runner<'_> {
     /// Learn each target topic's partitions, and read each existing target
     /// partition, from the oldest `x-failed-at` of the records going there,
-    /// for the DLT coordinates it already holds (no double replays); when
-    /// executing, take each target partition's lease first (see `targets`).
+    /// for the DLT coordinates it already holds (no double replays). No
+    /// lease yet: a partition's lease is taken, and the partition read
+    /// again, before its first write (`targets::Targets::write`), so a run
+    /// that writes nothing to a partition leaves nothing in it (on Kafka a
+    /// lease leaves an ABORT control batch, one offset).
     async fn load_targets(&mut self, records: &[&DltRecord]) -> Result<(), DltError> {
         for r in records {
             if let Some(t) = self.args.to.clone().or_else(|| r.origin_topic.clone()) {
@@ -133,9 +136,7 @@ impl Runner<'_> {
         for (t, n) in self.targets.iter_mut() {
             *n = self.cluster.partitions(t).await?;
             for p in 0..n.unwrap_or(0) as i32 {
-                self.seen
-                    .learn(&mut self.cluster, t, p, self.args.execute)
-                    .await?;
+                self.seen.learn(&mut self.cluster, t, p, false).await?;
             }
         }
         tracing::debug!(

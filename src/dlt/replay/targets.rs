@@ -9,9 +9,11 @@
 //! its log start. A broker that answers no offset, or one below the true
 //! one (tansu 0.6 answers 0), only makes the read longer.
 //!
-//! Concurrent replays: every replay of target partition P takes P's lease
-//! (transactional id `antidote-replay/<topic>/<P>`, shared by every run),
-//! then reads P, then writes with the lease's producer id and epoch. A newer
+//! Concurrent replays: before its first write to target partition P, a
+//! replay takes P's lease (transactional id `antidote-replay/<topic>/<P>`,
+//! shared by every run), then reads P again, then writes with the lease's
+//! producer id and epoch (the first read, for the decisions, takes no
+//! lease: a run that writes nothing to P leaves nothing in it). A newer
 //! lease fences an older one's writes; the fenced run takes the lease back
 //! and reads P again, so a record the other run wrote meanwhile is skipped.
 //! Two runs of the same range write each record once.
@@ -30,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::client::{errors, Cluster};
-use crate::deadletter::read_partition_from;
+use crate::deadletter::read_partition_end;
 use crate::deadletter::trust::Reader;
 use crate::dlt::{DltError, H_REPLAYED_FROM};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
@@ -69,6 +71,9 @@ pub struct Targets {
     /// Per target topic, the oldest `x-failed-at` of the chosen records.
     oldest: HashMap<String, i64>,
     leases: HashMap<(String, i32), Lease>,
+    /// Per target partition, the offset its last read ended at (the next
+    /// read, after taking the lease, goes on from there).
+    read_to: HashMap<(String, i32), i64>,
     /// Target records read to learn what was replayed (for the report).
     pub read: u64,
 }
@@ -82,8 +87,9 @@ impl Targets {
         *e = (*e).min(at);
     }
 
-    /// Read `topic`/`partition` (from the bounded start) for what was
-    /// replayed into it; with `lease`, take its producer lease first.
+    /// Read `topic`/`partition` for what was replayed into it: the first
+    /// time from the bounded start, then from where the last read ended;
+    /// with `lease`, take its producer lease first.
     pub async fn learn(
         &mut self,
         cluster: &mut Cluster,
@@ -95,10 +101,16 @@ impl Targets {
             let l = take_lease(cluster, topic, partition).await;
             self.leases.insert((topic.to_string(), partition), l);
         }
-        let since = self.oldest.get(topic).copied().unwrap_or(0);
-        let from = start_offset(cluster, topic, partition, since).await?;
+        let key = (topic.to_string(), partition);
+        let from = match self.read_to.get(&key) {
+            Some(&end) => Some(end),
+            None => {
+                let since = self.oldest.get(topic).copied().unwrap_or(0);
+                start_offset(cluster, topic, partition, since).await?
+            }
+        };
         let replayed = &mut self.replayed;
-        self.read += read_partition_from(cluster, topic, partition, from, &mut |p, rec| {
+        let (n, end) = read_partition_end(cluster, topic, partition, from, &mut |p, rec| {
             // Only a replay's own frame names the DLT record it came from
             // (a producer's header of that name is not antidote's).
             let ctx = crate::deadletter::trust::open(Reader::Replay, topic, p, rec);
@@ -107,6 +119,8 @@ impl Targets {
             }
         })
         .await?;
+        self.read += n;
+        self.read_to.insert(key, end);
         Ok(())
     }
 
