@@ -185,7 +185,13 @@ def test_librdkafka_mixed_request_writes_only_the_good_partition(door, broker):
     assert read_back(broker, topic, 1, 0) == []
 
 
-def test_acks_zero_drops_the_bad_partition_counts_it_and_forwards_the_rest(door, broker):
+def test_acks_zero_writes_the_good_partition_and_closes_the_connection_as_kafka_does(
+        door, broker):
+    """acks=0: the producer gets no answer to tell it of a refusal. As Kafka
+    does for an acks=0 request with an error, the good partitions are
+    written and the connection is closed, so that the producer notices
+    (it reconnects; its records were sent "successfully" as far as acks=0
+    goes). The refusal is counted and later sends on a new connection work."""
     topic = new_topic(broker, partitions=2)
     recs = [ps.json_rec("valid", 0, partition=0), ps.json_rec("lon", 0, partition=1)]
     errors = ck_send(proxy_ep(door), topic, recs, flush_each=False,
@@ -196,6 +202,9 @@ def test_acks_zero_drops_the_bad_partition_counts_it_and_forwards_the_rest(door,
     assert ps.high_watermark(broker.port, topic, 1) == 0
     counted = metric(door.admin_port, f'topic="{topic}".*action="rejected"')
     assert counted == 1, counted
+    # A plain acks=0 write on a new connection still lands.
+    ck_send(proxy_ep(door), topic, [ps.json_rec("valid", 1, partition=0)], acks=0)
+    ps.wait_high_watermark(broker.port, topic, 0, 2)
 
 
 def test_stale_records_pass_the_door(door, broker):

@@ -64,6 +64,12 @@ pub(super) enum Send {
 pub(super) struct Classified {
     pub pending: Option<Pending>,
     pub send: Send,
+    /// Close the connection once this frame is sent (and the answers
+    /// pending before it are delivered): a Produce with acks=0 some
+    /// partition of which the proxy refused. The producer cannot be told
+    /// otherwise; Kafka closes the connection in that case too, so that the
+    /// producer notices, refreshes its metadata and reports the records.
+    pub close: bool,
 }
 
 impl Classified {
@@ -72,7 +78,11 @@ impl Classified {
             Some(Handling::Local(_)) => Send::Nothing,
             _ => Send::Original,
         };
-        Classified { pending, send }
+        Classified {
+            pending,
+            send,
+            close: false,
+        }
     }
 }
 
@@ -288,8 +298,10 @@ fn classify_produce(
                 pending(Handling::Produce(refused))
             },
             send: Send::Replaced(request),
+            close: acks == 0,
         },
         produce::Decision::AllRefused { body } => Classified {
+            close: body.is_none(),
             pending: body.and_then(|b| {
                 let out =
                     response_frame(head.correlation_id, response_tags(ApiKey::Produce, v), &b);

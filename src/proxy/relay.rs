@@ -197,9 +197,14 @@ where
                 return Ok(()); // response side is gone; its error is reported there
             }
         }
+        let close = c.close;
         let out = match c.send {
             Send::Original => frame,
             Send::Replaced(f) => f,
+            Send::Nothing if close => {
+                closing_for_acks_zero();
+                return Ok(());
+            }
             Send::Nothing => continue,
         };
         if !expects_answer {
@@ -214,7 +219,19 @@ where
             .map_err(RelayError::BrokerWrite)?;
         // A no-op on TCP; on TLS it pushes the record out now.
         broker.flush().await.map_err(RelayError::BrokerWrite)?;
+        if close {
+            closing_for_acks_zero();
+            return Ok(());
+        }
     }
+}
+
+/// The request side ends after a Produce with acks=0 was refused in part:
+/// the answers pending are still delivered, then the connection closes.
+fn closing_for_acks_zero() {
+    debug!(
+        "closing the client connection: a Produce with acks=0 was refused in part, as Kafka does"
+    );
 }
 
 /// Produce v13+ names topics by id: before checking it for dead-letter

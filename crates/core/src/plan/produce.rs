@@ -245,6 +245,10 @@ pub fn judge_produce(
 }
 
 #[cfg(test)]
+#[path = "produce_registry_tests.rs"]
+mod registry_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::kafka::compression::Compression;
