@@ -208,6 +208,9 @@ async fn start_offset(
 /// Most times taking a target's lease starts over after another run's
 /// InitProducerId came in between.
 const MAX_LOST: u32 = 8;
+/// Most times taking a target's lease is tried when it fails (each try asks
+/// InitProducerId up to six times): then the run writes without fencing.
+const MAX_FAILED: u32 = 3;
 
 /// Take the lease of target `topic`/`partition` and make the partition
 /// fence every older lease (`deadletter::lease::fence_partition`: an
@@ -257,10 +260,21 @@ async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease
                 tokio::time::sleep(pause).await;
             }
             Err(e) => {
-                tracing::warn!(topic, partition, error = %e,
-                    "no producer lease for the replay target: concurrent replays may both write");
+                // Another run's abort can keep InitProducerId answering
+                // CONCURRENT_TRANSACTIONS for a while: ask a few more times.
                 cluster.reset();
-                return none;
+                if attempt + 1 >= MAX_FAILED {
+                    tracing::warn!(topic, partition, error = %e,
+                        "no producer lease for the replay target: concurrent replays may both write");
+                    return none;
+                }
+                tracing::debug!(topic, partition, error = %e, "taking the replay target's lease failed; again");
+                let pause = crate::deadletter::backoff(
+                    attempt,
+                    Duration::from_millis(100),
+                    Duration::from_millis(1000),
+                );
+                tokio::time::sleep(pause).await;
             }
         }
     }
