@@ -401,14 +401,18 @@ def test_librdkafka_retries_through_a_registry_outage_land_every_record_once_in_
     assert "answered retriably: the schema registry has not given a schema" in log
 
 
-def test_kafka_python_retries_through_a_registry_outage(door, broker, registry):
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_kafka_python_retries_through_a_registry_outage(door, broker, registry, idempotent):
     topic = new_topic(broker, "dsr.avro.")
     values = outage_values(registry, topic, 10)
     registry.mode = "down"
     timer = back_up_after(registry, 3.0)
+    extra = ({"enable_idempotence": True, "acks": "all",
+              "max_in_flight_requests_per_connection": 5} if idempotent else
+             {"enable_idempotence": False, "max_in_flight_requests_per_connection": 1})
     p = kp.KafkaProducer(**proxy_ep(door).kp(linger_ms=5, retries=50, retry_backoff_ms=200,
-                                             max_in_flight_requests_per_connection=1,
-                                             delivery_timeout_ms=60000, request_timeout_ms=30000))
+                                             delivery_timeout_ms=60000, request_timeout_ms=30000,
+                                             **extra))
     try:
         futs = [p.send(topic, value=v) for v in values]
         p.flush(60)
