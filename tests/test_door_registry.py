@@ -158,28 +158,11 @@ def framed(schema_id: int, payload: bytes) -> bytes:
     return b"\x00" + schema_id.to_bytes(4, "big") + payload
 
 
-def read_back(broker, topic: str, n: int) -> list[bytes]:
-    """The partition's values read from the broker itself, until its end
-    once at least `n` were read (so that extra records show)."""
-    cons = ck.Consumer(c.Endpoint(broker.bootstrap).ck(**{
-        "group.id": f"dsr-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-        "auto.offset.reset": "earliest", "enable.partition.eof": True}))
-    got: list[bytes] = []
-    try:
-        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            m = cons.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == ck.KafkaError._PARTITION_EOF and len(got) >= n:
-                    break
-                continue
-            got.append(m.value())
-    finally:
-        cons.close()
-    return got
+def read_back(broker, topic: str, n: int, partition: int = 0) -> list[bytes]:
+    """The partition's values read from the broker itself (test_produce_door's
+    reader: until its end once at least `n` were read, so extras show)."""
+    from test_produce_door import read_back as read_records
+    return [r.value for r in read_records(broker, topic, partition, n)]
 
 
 def ck_send_each(ep: c.Endpoint, topic: str, values: list[bytes], keys=None, **conf) -> list:
