@@ -130,7 +130,7 @@ def transaction_coordinator(broker):
     h.ensure_transaction_coordinator(broker.bootstrap)
 
 
-def test_the_second_lease_fences_the_first(workdir, broker):
+def test_the_second_lease_fences_the_first(workdir, broker, monkeypatch):
     """A writes at epoch 0 (no marker); B's lease (epoch 1) writes its marker,
     which fences A; A's next write is refused, A takes the lease again
     (epoch 2, marker), reads and writes. Then both divert the same ten
@@ -144,6 +144,8 @@ def test_the_second_lease_fences_the_first(workdir, broker):
     c.ck_create_topic(direct, dlt, 1)
     recs = poison(1, 0, "a") + poison(1, 1, "b") + poison(1, 2, "c") + poison(10, 3, "d")
     c.ck_produce(direct, topic, recs)
+    # The refused write is logged at debug level, with Kafka's error code.
+    monkeypatch.setenv("ANTIDOTE_LOG", "info,antidote::deadletter=debug")
     a, b = start_pair(workdir, broker, topic, "lease")
     try:
         divert(a, topic, 0)
@@ -159,6 +161,12 @@ def test_the_second_lease_fences_the_first(workdir, broker):
         assert seen == [(0, 0, [b"a0"]), (1, 1, []), (1, 0, [b"b0"]),
                          (2, 1, []), (2, 0, [b"c0"])], shape(bs)
         assert (fenced_count(a), fenced_count(b)) == (1, 0)
+        # INVALID_PRODUCER_EPOCH (47): Kafka's answer to an older epoch on a
+        # partition that appended a newer one (PRODUCER_FENCED, 90, is the
+        # coordinator's).
+        log = a.log.read_text()
+        assert "fenced by another writer of the DLT partition" in log
+        assert "producer fenced or unknown (error 47)" in log, log[-3000:]
         # Both at once, the same ten records: one of them writes each.
         concurrent_divert([a, b], topic, 3)
         got, bs = dlt_view(broker, dlt)
