@@ -263,6 +263,37 @@ def test_librdkafka_idempotent_refusal_is_not_fatal_and_only_the_bad_batch_is_re
     assert values(read_back(broker, topic, 0, len(landed))) == landed
 
 
+def test_librdkafka_gapless_guarantee_makes_a_refusal_fatal(door, broker):
+    """`enable.gapless.guarantee=true` (idempotent librdkafka): a batch
+    refused for good leaves a gap in what was produced, which that setting
+    turns into a fatal error (_GAPLESS_GUARANTEE) instead of the epoch bump
+    above: the producer must be recreated. Nothing after it is written."""
+    topic = new_topic(broker)
+    recs = [ps.json_rec("valid", 0), ps.json_rec("lat", 1), ps.json_rec("valid", 2)]
+    p = ck.Producer(proxy_ep(door).ck(**{"enable.idempotence": True,
+                                         "enable.gapless.guarantee": True, "linger.ms": 5}))
+    fatal: list = []
+    errors: list = [None] * len(recs)
+
+    def report_for(i):
+        def report(err, _msg):
+            errors[i] = err
+        return report
+
+    for i, r in enumerate(recs):
+        try:
+            p.produce(topic, value=r.value, key=r.key, headers=list(r.headers),
+                      on_delivery=report_for(i))
+            p.flush(10)
+        except ck.KafkaException as e:
+            fatal.append(e.args[0])
+            break
+    assert errors[0] is None, errors
+    assert [e.code() for e in fatal] == [ck.KafkaError._GAPLESS_GUARANTEE], (errors, fatal)
+    assert fatal[0].fatal(), fatal
+    assert values(read_back(broker, topic, 0, 1)) == [recs[0].value]
+
+
 def test_librdkafka_transactional_refusal_aborts_the_transaction_only(door, broker):
     topic = new_topic(broker)
     p = ck.Producer(proxy_ep(door).ck(**{"transactional.id": f"door-{topic}", "linger.ms": 5}))
