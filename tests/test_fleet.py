@@ -398,6 +398,16 @@ def test_two_concurrent_replays_of_thirty_records_write_each_once(workdir, broke
     """Thirty diverted records, the policy fixed, then two `dlt replay
     --execute` of the whole DLT started at the same moment: the target gets
     each record once (the runs' lines say which wrote what)."""
+    concurrent_replays(workdir, broker, 2)
+
+
+def test_three_concurrent_replays_of_thirty_records_write_each_once(workdir, broker):
+    """As above with three runs: leases taken back while another run's
+    empty transaction is being aborted (CONCURRENT_TRANSACTIONS)."""
+    concurrent_replays(workdir, broker, 3)
+
+
+def concurrent_replays(workdir, broker, k: int) -> None:
     from test_ops import POLICY, OpsAntidote, cli, read_all
     from test_reload_replay import wait_for_log
     direct = c.Endpoint(broker.bootstrap)
@@ -417,11 +427,14 @@ def test_two_concurrent_replays_of_thirty_records_write_each_once(workdir, broke
         wait_for_log(proxy, "policies reloaded")
         args = ("dlt", "replay", "--config", str(proxy.config_path), "--topic", f"{topic}.dlt",
                 "--execute")
-        with ThreadPoolExecutor(2) as pool:
-            runs = list(pool.map(lambda _: cli(*args), range(2)))
+        with ThreadPoolExecutor(k) as pool:
+            runs = list(pool.map(lambda _: cli(*args), range(k)))
         assert all(r.returncode == 0 for r in runs), runs
         counts = [final_counts(r) for r in runs]
         assert sum(x["replayed"] for x in counts) == n, [r.stdout + r.stderr for r in runs]
+        assert all(x["considered"] == n and x["failed"] == 0 for x in counts), counts
+        # Every run held a fencing lease (none fell back to unfenced writes).
+        assert not [r.stderr for r in runs if "no producer lease" in r.stderr]
         # Records, not offsets: each lease leaves an ABORT marker (a control
         # batch no consumer sees) in the target, so the end offset is more.
         time.sleep(0.5)
