@@ -22,6 +22,13 @@ pub struct Cluster {
     brokers: HashMap<i32, HostPort>,
     conns: HashMap<i32, Connection>,
     bootstrap_conn: Option<Connection>,
+    /// The bootstrap server tried first, and the one `bootstrap_conn` is to.
+    /// A server that accepts connections but never answers (a frozen
+    /// broker: its kernel still completes handshakes) would otherwise take
+    /// every attempt, the first server that accepts being the one used: a
+    /// failure moves the next server to the front.
+    first: usize,
+    used: Option<usize>,
     /// topic -> leader node id per partition (index = partition).
     leaders: HashMap<String, Vec<i32>>,
 }
@@ -34,6 +41,8 @@ impl Cluster {
             brokers: HashMap::new(),
             conns: HashMap::new(),
             bootstrap_conn: None,
+            first: 0,
+            used: None,
             leaders: HashMap::new(),
         }
     }
@@ -42,10 +51,14 @@ impl Cluster {
     pub async fn any(&mut self) -> Result<&mut Connection, ClientError> {
         if self.bootstrap_conn.is_none() {
             let mut last = None;
-            for addr in &self.bootstrap {
-                match Connection::connect(addr, &self.ep).await {
+            let n = self.bootstrap.len();
+            for i in (0..n).map(|k| (self.first + k) % n) {
+                match Connection::connect(&self.bootstrap[i], &self.ep).await {
                     Ok(c) => {
                         self.bootstrap_conn = Some(c);
+                        // Servers that failed to connect before it go last.
+                        self.first = i;
+                        self.used = Some(i);
                         break;
                     }
                     Err(e) => last = Some(e),
@@ -79,7 +92,7 @@ impl Cluster {
         let resp = match self.any().await?.send(req, 4, 12).await {
             Ok(r) => r,
             Err(e) => {
-                self.bootstrap_conn = None;
+                self.drop_bootstrap();
                 return Err(e);
             }
         };
@@ -348,10 +361,72 @@ impl Cluster {
     pub fn reset(&mut self) {
         self.conns.clear();
         self.bootstrap_conn = None;
+        self.used = None;
         self.leaders.clear();
+    }
+
+    /// Drop the bootstrap connection after a request through it failed:
+    /// the next one starts at the bootstrap server after the one it was to.
+    fn drop_bootstrap(&mut self) {
+        if let Some(i) = self.used.take() {
+            self.first = (i + 1) % self.bootstrap.len().max(1);
+        }
+        self.bootstrap_conn = None;
     }
 }
 
 fn unreachable_conn() -> ClientError {
     no_broker("no connection".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::client::mock_broker::MockBroker;
+
+    /// A bootstrap server that accepts connections and never answers, as a
+    /// frozen broker does (its kernel completes the handshakes): once a
+    /// connection to it timed out, later connections (after a reset) go
+    /// to the server that answered, not through it again first.
+    #[tokio::test]
+    async fn a_silent_bootstrap_server_is_passed_over_after_a_timeout() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let silent_addr = HostPort {
+            host: "127.0.0.1".into(),
+            port: silent.local_addr().expect("addr").port(),
+        };
+        let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = held.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = silent.accept().await {
+                h.lock().expect("lock").push(sock); // kept open, never read
+            }
+        });
+        let accepted = || held.lock().expect("lock").len();
+        let mock = MockBroker::start().await;
+        mock.add_topic("t", 1);
+        let ep = Endpoint {
+            tls: None,
+            sasl: None,
+            timeout: Duration::from_millis(300),
+            max_frame: 1 << 20,
+        };
+        let mut cluster = Cluster::new(vec![silent_addr, mock.addr.clone()], ep);
+        let t = ["t".to_string()];
+        cluster
+            .metadata(Some(&t))
+            .await
+            .expect("through the second server");
+        assert_eq!(accepted(), 1);
+        for _ in 0..3 {
+            cluster.reset();
+            cluster.metadata(Some(&t)).await.expect("metadata");
+        }
+        assert_eq!(accepted(), 1, "the silent server was tried first again");
+        assert_eq!(cluster.known_partitions("t"), Some(1));
+    }
 }

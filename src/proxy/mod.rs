@@ -99,6 +99,8 @@ pub struct Shared {
     topic_resolver: topics::TopicResolver,
     /// The same for broker node ids a client names (SNI server names).
     node_resolver: topics::NodeResolver,
+    /// Which bootstrap server is tried first.
+    bootstrap_order: upstream::BootstrapOrder,
 }
 
 impl Shared {
@@ -170,6 +172,7 @@ impl Shared {
             request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),
             node_resolver: topics::NodeResolver::new(upstream::NODE_NEGATIVE_TTL),
+            bootstrap_order: upstream::BootstrapOrder::default(),
         }))
     }
 
@@ -365,10 +368,12 @@ async fn metadata_loop(shared: Arc<Shared>) {
 
 /// Ask a bootstrap server for the brokers and topics; learn them.
 pub async fn refresh_metadata(shared: &Arc<Shared>) -> Result<(), client::ClientError> {
-    let mut conn = connect_any(shared, &shared.config.upstream.bootstrap_servers).await?;
+    let servers = &shared.config.upstream.bootstrap_servers;
+    let (used, mut conn) = connect_any(shared, servers).await?;
     let resp = conn
         .send(MetadataRequest::default().with_topics(None), 1, 12)
-        .await?;
+        .await
+        .inspect_err(|_| shared.bootstrap_order.failed(used, servers.len()))?;
     let mut seen = Seen::default();
     for b in &resp.brokers {
         if let Ok(port) = u16::try_from(b.port) {
@@ -392,16 +397,22 @@ pub async fn refresh_metadata(shared: &Arc<Shared>) -> Result<(), client::Client
     Ok(())
 }
 
-/// The first of `servers` that accepts a connection.
+/// The first of `servers` (in `bootstrap_order`) that accepts a
+/// connection, and its index.
 async fn connect_any(
     shared: &Shared,
     servers: &[HostPort],
-) -> Result<Connection, client::ClientError> {
+) -> Result<(usize, Connection), client::ClientError> {
     let mut last = None;
-    for addr in servers {
-        match Connection::connect(addr, &shared.upstream).await {
-            Ok(c) => return Ok(c),
-            Err(e) => last = Some(e),
+    for i in shared.bootstrap_order.order(servers.len()) {
+        match Connection::connect(&servers[i], &shared.upstream).await {
+            Ok(c) => return Ok((i, c)),
+            Err(e) => {
+                // Refused or silent: clients' bootstrap connections, which
+                // cannot tell, go to the next server first from now on.
+                shared.bootstrap_order.failed(i, servers.len());
+                last = Some(e)
+            }
         }
     }
     Err(last.unwrap_or_else(|| client::ClientError::Protocol {

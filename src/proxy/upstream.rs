@@ -2,6 +2,7 @@
 //! bootstrap servers, or one broker by node id (learned from metadata; an
 //! unknown id costs one single-flight lookup, then a negative cache).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::{refresh_metadata, Shared, Target};
@@ -13,10 +14,45 @@ use crate::transport::net;
 /// learns new brokers anyway).
 pub(super) const NODE_NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Which bootstrap server is tried first, for the proxy's metadata requests
+/// and for clients' bootstrap connections. The first server that accepts a
+/// connection is used, and a server that accepts but never answers (a
+/// frozen broker: its kernel still completes handshakes) would take every
+/// one of them: a metadata request that fails through a server moves the
+/// next one to the front.
+#[derive(Debug, Default)]
+pub struct BootstrapOrder {
+    first: AtomicUsize,
+}
+
+impl BootstrapOrder {
+    /// Indexes of `n` servers, in the order to try them.
+    pub fn order(&self, n: usize) -> impl Iterator<Item = usize> {
+        let first = self.first.load(Ordering::Relaxed) % n.max(1);
+        (0..n).map(move |k| (first + k) % n)
+    }
+
+    /// A request through server `i` of `n` failed: the next server comes
+    /// first (unless another failure moved the order meanwhile).
+    pub fn failed(&self, i: usize, n: usize) {
+        let next = (i + 1) % n.max(1);
+        let _ = self
+            .first
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
 /// A raw byte stream to the broker behind `target`.
 pub(super) async fn connect(shared: &Arc<Shared>, target: Target) -> std::io::Result<net::Conn> {
     let addrs: Vec<HostPort> = match target {
-        Target::Bootstrap => shared.config.upstream.bootstrap_servers.clone(),
+        Target::Bootstrap => {
+            let servers = &shared.config.upstream.bootstrap_servers;
+            shared
+                .bootstrap_order
+                .order(servers.len())
+                .map(|i| servers[i].clone())
+                .collect()
+        }
         Target::Broker(node) => {
             // Single-flight and negatively cached: a client can name any
             // node id in its TLS server name, once per handshake.
@@ -49,4 +85,25 @@ pub(super) async fn connect(shared: &Arc<Shared>, target: Target) -> std::io::Re
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no upstream address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BootstrapOrder;
+
+    #[test]
+    fn a_failed_server_goes_to_the_back_of_the_order() {
+        let o = BootstrapOrder::default();
+        assert_eq!(o.order(3).collect::<Vec<_>>(), [0, 1, 2]);
+        o.failed(0, 3);
+        assert_eq!(o.order(3).collect::<Vec<_>>(), [1, 2, 0]);
+        // A failure through a server no longer first (reported late, by
+        // another request) does not move the order again.
+        o.failed(0, 3);
+        assert_eq!(o.order(3).collect::<Vec<_>>(), [1, 2, 0]);
+        o.failed(1, 3);
+        o.failed(2, 3);
+        assert_eq!(o.order(3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(o.order(0).count(), 0);
+    }
 }
