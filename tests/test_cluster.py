@@ -61,9 +61,12 @@ class ClusterProxy(ps.PolicyProxy):
     """A policy proxy with an admin listener (metrics) and extra YAML."""
     admin_port: int = 0
     extra_yaml: str = ""
+    upstream_extra: dict = field(default_factory=dict)  # more keys of `upstream:`
 
     def config_yaml(self) -> str:
         text = ps.PolicyProxy.config_yaml(self)
+        extra = "".join(f"  {k}: {v}\n" for k, v in self.upstream_extra.items())
+        text = text.replace("upstream:\n", "upstream:\n" + extra, 1)
         if self.admin_port:
             text += f"admin:\n  listen: {h.HOST}:{self.admin_port}\n"
         return text + self.extra_yaml
@@ -812,3 +815,52 @@ got = c.ck_consume_assign(c.Endpoint(bootstrap, "proxy"), topic, [0], n, timeout
 assert [r.value for r in got] == [r.value for r in c.sample_records(n, tag="join")], got
 print("OK")
 """
+
+
+
+def test_a_frozen_first_bootstrap_server_is_passed_over(workdir, cluster, policy_file,
+                                                        txn_coordinator):
+    """Node 1, the first of the proxy's `upstream.bootstrap_servers`, is
+    frozen (SIGSTOP, as a long GC pause or a half-open network would): its
+    kernel still accepts connections, nothing answers. The controller fences
+    it and the cluster goes on with nodes 2 and 3. A new client of the proxy
+    bootstraps, reads a policy topic led by node 2 and its poison is
+    diverted, within a bounded time: the proxy's metadata refresh (every 2 s
+    here) finds node 1 silent and its clients' bootstrap connections go to
+    the next server from then on. (Before, every bootstrap connection went
+    to node 1, the first server that accepted a connection: no new client
+    could start while it was frozen.)"""
+    import signal
+    topic = unique(ps.JSON_PREFIX, "frozen")
+    dlt = f"{topic}.dlt"
+    cluster.create_topic(topic, [[2, 3, 1]])
+    cluster.create_topic(dlt, [[3, 2, 1]])
+    p = start_cluster_proxy(workdir, cluster, "cluster-frozen", policies=[policy_file],
+                            upstream_extra={"metadata_refresh": "2s", "connect_timeout": "3s"})
+    first = [ps.json_rec("valid", 0), ps.json_rec("lat", 1)]
+    later = [ps.json_rec("valid", 2), ps.json_rec("enum", 3), ps.json_rec("valid", 4)]
+    node1 = cluster.brokers[1].proc
+    try:
+        c.ck_produce(cluster.endpoint(), topic, first)
+        assert [r.offset for r in c.ck_consume_assign(p.endpoint(), topic, [0], 1)] == [0]
+        os.kill(node1.pid, signal.SIGSTOP)
+        try:
+            cluster.wait_brokers({2, 3}, timeout=60)
+            c.ck_produce(c.Endpoint(f"{cluster.brokers[2].bootstrap},"
+                                    f"{cluster.brokers[3].bootstrap}"), topic, later)
+            t0 = time.monotonic()
+            got = c.ck_consume_assign(p.endpoint(), topic, [0], 3, timeout=60)
+            took = time.monotonic() - t0
+            assert [r.offset for r in got] == [0, 2, 4], got
+            print(f"read through the proxy with node 1 frozen in {took:.1f} s")
+            assert wait_dlt_origins(cluster, dlt, [1, 3]) == [(0, 1), (0, 3)]
+        finally:
+            os.kill(node1.pid, signal.SIGCONT)
+        cluster.wait_brokers(set(NODE_IDS), timeout=60)
+        cluster.wait_full_isr(topic)
+        cluster.wait_full_isr(dlt)
+        p.assert_running()
+    finally:
+        if node1.poll() is None:
+            os.kill(node1.pid, signal.SIGCONT)
+        p.stop_and_check(15)
