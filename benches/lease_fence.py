@@ -19,7 +19,9 @@ unless --bootstrap names a running one), N times each:
                        record (what `dlt replay` does now).
 
 Prints one line per measure (ms: mean, p50, p90, p99, max) and, with
---raw FILE, writes every sample as JSON lines.
+--raw FILE, writes every sample as JSON lines. --check-fencing only checks
+that a transaction is fenced by a newer InitProducerId of its id (no marker
+record needed) and that its record stays unread under read_committed.
 
     .venv/bin/python benches/lease_fence.py -n 200 --raw benches/results/x.jsonl
 """
@@ -133,6 +135,48 @@ class Raw:
         return state, epoch
 
 
+def check_transactional_fencing(bootstrap: str, topic: str) -> str:
+    """Does a real transaction fence without a marker record? Producer 1
+    opens a transaction and writes; producer 2 (same transactional id)
+    runs init_transactions; producer 1's commit must fail and its record
+    must not be readable by a read_committed consumer."""
+    tid = f"lease-bench-zombie-{uuid.uuid4().hex[:8]}"
+    conf = {"bootstrap.servers": bootstrap, "transactional.id": tid, "acks": "all"}
+    p1 = ck.Producer(conf)
+    p1.init_transactions(30)
+    p1.begin_transaction()
+    p1.produce(topic, b"zombie", key=b"zombie")
+    p1.flush(30)
+    p2 = ck.Producer(conf)
+    p2.init_transactions(30)
+    try:
+        p1.commit_transaction(30)
+        outcome = "producer 1 committed after producer 2's InitProducerId: NOT fenced"
+    except ck.KafkaException as e:
+        err = e.args[0]
+        outcome = (f"producer 1's commit refused: {err.name()} (fatal={err.fatal()}, "
+                   f"abortable={err.txn_requires_abort()})")
+    seen = {}
+    for level in ("read_committed", "read_uncommitted"):
+        c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"zombie-{tid}-{level}",
+                         "isolation.level": level, "auto.offset.reset": "earliest",
+                         "enable.partition.eof": True})
+        c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+        n, deadline = 0, time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == ck.KafkaError._PARTITION_EOF:
+                    break
+                continue
+            n += m.key() == b"zombie"
+        c.close()
+        seen[level] = n
+    return f"{outcome}; the fenced transaction's record is read {seen}"
+
+
 def stats(xs: list[float]) -> str:
     s = sorted(xs)
 
@@ -147,6 +191,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--bootstrap", help="host:port of a running single Kafka broker")
     ap.add_argument("--raw", help="write every sample (ms) here as JSON lines")
+    ap.add_argument("--check-fencing", action="store_true",
+                    help="only check that a transaction is fenced by a newer InitProducerId")
     args = ap.parse_args()
     broker = None
     if args.bootstrap:
@@ -161,6 +207,9 @@ def main() -> None:
         topic = f"lease-bench-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+        if args.check_fencing:
+            print("transactional fencing:", check_transactional_fencing(bootstrap, topic))
+            return
         samples: dict[str, list[float]] = {}
 
         idem = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
