@@ -325,7 +325,8 @@ impl FetchFilter {
                     vis: Visibility::new(
                         isolation == READ_COMMITTED,
                         p.aborted_transactions.as_deref(),
-                    ),
+                    )
+                    .with_log_start(p.log_start_offset),
                     gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
                 }));
             }

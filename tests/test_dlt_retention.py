@@ -516,3 +516,27 @@ def test_a_dlt_deleted_and_recreated_under_two_instances_holds_each_new_diversio
     finally:
         a.stop_and_check()
         b.stop_and_check()
+
+
+def test_records_deleted_from_the_origin_are_never_diverted(
+        workdir, broker, broker_endpoint, tmp_path):
+    """DeleteRecords cuts the origin's one batch at offset 5: Kafka still
+    returns the whole batch, but records 0-4 are deleted. A consumer from
+    the earliest offset gets the valid records from 5 on; only the poison
+    records from 5 on (6 and 9) reach the DLT, never the deleted 1, 3, 4
+    (a DLT copy of a deleted record would bring it back through a replay)."""
+    policy_file = ps.write_policies(tmp_path)
+    topic = ps.unique_topic(ps.JSON_PREFIX, "origdel")
+    dlt = f"{topic}.dlt"
+    c.ck_create_topic(broker_endpoint, topic, 1)
+    recs = produce_layout(broker_endpoint, topic)
+    assert delete_records(broker_endpoint, topic, 5) == 5
+    proxy = start_proxy(workdir, broker, policy_file, "antidote-origdel")
+    try:
+        got = read_valid(proxy, topic, len([i for i in VALID if i >= 5]))
+        assert [r.offset for r in got] == [i for i in VALID if i >= 5]
+        assert [r.value for r in got] == [recs[i].value for i in VALID if i >= 5]
+        assert origins(dlt_records(broker_endpoint, dlt)) == [i for i in POISON if i >= 5]
+        proxy.assert_running()
+    finally:
+        proxy.stop_and_check()

@@ -81,7 +81,11 @@ pub fn plan_partition_keyed(
             // it by the abort list beside it (emptying it instead would
             // leave librdkafka an empty batch it may not step past when it
             // ends a response; see kafka::marker).
-            Segment::Batch(b) if aborts.is_aborted(&b) || b.is_control() => {
+            Segment::Batch(b)
+                if aborts.is_aborted(&b)
+                    || b.is_control()
+                    || input.visibility.deleted(b.last_offset()) =>
+            {
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())
             }
@@ -173,7 +177,15 @@ fn plan_batch(
         plan.segments.push(keep(&batch));
         return ControlFlow::Continue(());
     }
-    let (keep_mask, keyed_out) = apply_verdicts(plan, &decoded, &invalid, &earlier, cached, order);
+    // Records below the log start are deleted: never judged into a DLT (a
+    // batch cut by DeleteRecords or retention still comes whole).
+    let deleted = |j: &Judged| input.visibility.deleted(j.offset);
+    let visible: std::borrow::Cow<'_, [Judged]> = if invalid.iter().any(deleted) {
+        invalid.iter().filter(|j| !deleted(j)).cloned().collect()
+    } else {
+        std::borrow::Cow::Borrowed(&invalid[..])
+    };
+    let (keep_mask, keyed_out) = apply_verdicts(plan, &decoded, &visible, &earlier, cached, order);
     if keep_mask.iter().all(|k| *k) {
         plan.segments.push(keep(&batch));
     } else {
@@ -181,6 +193,7 @@ fn plan_batch(
         // what the verdicts remove (not also records diverted under an
         // earlier policy).
         let exact = policy.on_invalid != Action::Pass
+            && visible.len() == invalid.len()
             && !keyed_out.blocked_any
             && keyed_out.full_at.is_none()
             && earlier

@@ -230,6 +230,30 @@ fn drop_removes_without_diverting_and_pass_delivers() {
     assert_eq!(p.stats.passed_invalid, 1);
 }
 
+/// DeleteRecords (or retention) cut a batch: Kafka returns it whole, but
+/// records below the log start are deleted. None of them is diverted (a
+/// DLT copy would bring back what an operator deleted); records from the
+/// log start on are judged as usual. A batch wholly below it is untouched.
+#[test]
+fn records_below_the_log_start_are_never_diverted() {
+    let mut section = batch(0, 5, &[0, 2], Compression::None, -1, false);
+    section.extend(batch(5, 3, &[0], Compression::Lz4, -1, false));
+    let p = plan(section.clone(), "divert", &uncommitted().with_log_start(2));
+    let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
+    assert_eq!(diverted, vec![2, 5]);
+    assert_eq!(
+        offsets(&p.apply(None).unwrap()),
+        vec![(0, vec![0, 1, 3, 4], 5), (5, vec![6, 7], 8)]
+    );
+    let p = plan(section, "divert", &uncommitted().with_log_start(5));
+    let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
+    assert_eq!(
+        diverted,
+        vec![5],
+        "the first batch is wholly below the log start"
+    );
+}
+
 /// The abort marker closes its producer's aborted transaction: a later,
 /// committed transaction of the same producer is visible and judged (it was
 /// skipped unjudged while control batches bypassed the abort tracker).

@@ -1,6 +1,11 @@
 //! What the requesting consumer will see of transactional batches: under
 //! READ_COMMITTED, batches of aborted transactions are dropped by the
-//! client, so the planner neither judges nor diverts them.
+//! client, so the planner neither judges nor diverts them. Nor records
+//! below the partition's log start: Kafka returns a whole batch that
+//! DeleteRecords or retention cut in the middle, but those records are
+//! deleted (no client position can be below the log start, so no client
+//! hands them to its application), and diverting one would copy a record
+//! an operator deleted into a DLT, from which a replay could bring it back.
 
 use crate::kafka::batch::Batch;
 
@@ -9,6 +14,8 @@ pub struct Visibility {
     read_committed: bool,
     /// (producer id, first offset), sorted by first offset.
     aborted: Vec<(i64, i64)>,
+    /// The partition's log start offset (-1: not known, Fetch v0-4).
+    log_start: i64,
 }
 
 impl Visibility {
@@ -25,7 +32,19 @@ impl Visibility {
         Visibility {
             read_committed,
             aborted,
+            log_start: -1,
         }
+    }
+
+    /// The partition's log start offset, from the Fetch response (v5+).
+    pub fn with_log_start(mut self, log_start: i64) -> Self {
+        self.log_start = log_start;
+        self
+    }
+
+    /// Whether the record at `offset` is below the log start: deleted.
+    pub fn deleted(&self, offset: i64) -> bool {
+        offset < self.log_start
     }
 }
 
