@@ -15,7 +15,11 @@ the broker, so they see the producer id and epoch of every batch:
 - a transactional id that expired (`transactional.id.expiration.ms` set to a
   few seconds on a broker of this test): the next lease gets a new producer
   id at epoch 0 (no marker: it fences nobody and needs no fence), and two
-  instances then writing the same records at once write each once.
+  instances then writing the same records at once write each once;
+- `dlt replay` runs longer than that expiration: the run takes its target
+  lease again within half of it, so a second run's lease still fences it
+  and each record is replayed once (five of twenty were replayed twice
+  when the first lease was kept for the whole run).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -247,3 +252,52 @@ def test_an_expired_transactional_id_gets_a_new_producer_id_and_writes_once(
     finally:
         for p in (a, b):
             p.stop_and_check()
+
+
+def test_a_replay_longer_than_the_id_expiration_still_writes_each_once(workdir, expiring_broker):
+    """`dlt replay --execute --rate 2` of twenty records (about ten seconds,
+    more than the 4 s expiration), and a second run started after the
+    expiration would have passed: the first run takes its target lease
+    again every half expiration, so the id never expires and the second
+    run's lease fences it; each record is written once. (With the first
+    lease kept, the second run got a new producer id that fenced nothing,
+    and both wrote the rest.)"""
+    from test_ops import cli, read_all
+    from test_reload_replay import replay_counts, wait_for_log
+    broker = expiring_broker
+    topic = f"expiry-replay-{uuid.uuid4().hex[:8]}"
+    direct = c.Endpoint(broker.bootstrap)
+    c.ck_create_topic(direct, topic, 1)
+    policy = workdir / f"{topic}.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    proxy = OpsAntidote(workdir, upstream=[broker.bootstrap], policy_files=(str(policy),),
+                        name=f"expiry-replay-{topic}", node_id=broker.node_id).start()
+    try:
+        n = 20
+        c.ck_produce(direct, topic, poison(n, 0, "r"))
+        ps.wait_high_watermark(broker.port, topic, 0, n)
+        divert(proxy, topic, 0)
+        ps.wait_high_watermark(broker.port, f"{topic}.dlt", 0, n)
+        policy.write_text(POLICY.format(topic=topic, max_lat=100))
+        wait_for_log(proxy, "policies reloaded")
+        args = ("dlt", "replay", "--config", str(proxy.config_path), "--topic", f"{topic}.dlt",
+                "--execute")
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(cli, *args, "--rate", "2")
+            time.sleep((EXPIRY_MS + 3 * CLEANUP_MS) / 1000 + 1.5)
+            assert not slow.done(), slow.result()
+            fast = cli(*args)
+            slow = slow.result()
+        runs = [slow, fast]
+        assert all(r.returncode == 0 for r in runs), runs
+        counts = [replay_counts([ln for ln in r.stderr.splitlines()
+                                 if ln.startswith("replay: ")][-1]) for r in runs]
+        got = read_all(broker.bootstrap, topic)
+        replays = Counter(r.key for r in got if dict(r.headers).get("x-replayed-from-dlt"))
+        assert sorted(replays.values()) == [1] * n, \
+            f"replays per key: {dict(replays)}; runs: {counts}"
+        assert sum(x["replayed"] for x in counts) == n, counts
+        # Both wrote: the second run's lease did fence the first.
+        assert all(x["replayed"] > 0 for x in counts), counts
+    finally:
+        proxy.stop_and_check()

@@ -333,7 +333,7 @@ pub(super) const LEASE_REFRESH: Duration = Duration::from_secs(3600);
 /// id comes after a new one is handed out. The value is asked of the
 /// coordinator (DescribeConfigs); if it cannot be had, the default (7 days)
 /// is assumed.
-async fn refresh(cluster: &mut Cluster, tid: &str) -> Duration {
+pub(crate) async fn refresh(cluster: &mut Cluster, tid: &str) -> Duration {
     match id_expiration(cluster, tid).await {
         Ok(exp) => LEASE_REFRESH.min(exp / 2),
         Err(e) => {

@@ -53,6 +53,10 @@ struct Lease {
     pid: i64,
     epoch: i16,
     seq: i32,
+    /// When it was taken, and how long it may be used (half the
+    /// coordinator's `transactional.id.expiration.ms`, an hour at most).
+    taken: std::time::Instant,
+    refresh: Duration,
 }
 
 /// What one write of a replay did.
@@ -145,6 +149,15 @@ impl Targets {
                 );
                 tokio::time::sleep(pause).await;
             }
+            // Taken again before the transactional id can expire: a new
+            // producer id would fence nothing of ours (as the DLT lease).
+            if self
+                .leases
+                .get(&key)
+                .is_some_and(|l| l.taken.elapsed() >= l.refresh)
+            {
+                self.leases.remove(&key);
+            }
             if !self.leases.contains_key(&key) {
                 self.learn(cluster, topic, partition, true).await?;
             }
@@ -155,6 +168,8 @@ impl Targets {
                 pid: -1,
                 epoch: -1,
                 seq: -1,
+                taken: std::time::Instant::now(),
+                refresh: Duration::MAX,
             });
             match produce(cluster, topic, partition, record, l).await? {
                 Ok(offset) => {
@@ -220,18 +235,35 @@ const MAX_FAILED: u32 = 3;
 /// transaction requests (tansu 0.6 fences from InitProducerId on) leaves
 /// the InitProducerId answer as the lease.
 async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease {
-    use crate::deadletter::lease::{fence_partition, Fence};
+    use crate::deadletter::lease::{fence_partition, refresh, Fence};
     let id = format!("antidote-replay/{topic}/{partition}");
     let none = Lease {
         pid: -1,
         epoch: -1,
         seq: -1,
+        taken: std::time::Instant::now(),
+        refresh: Duration::MAX,
     };
     for attempt in 0..MAX_LOST {
+        let taken = std::time::Instant::now();
         match fence_partition(cluster, &id, topic, partition).await {
             Ok(Fence::At { pid, epoch }) => {
-                tracing::debug!(topic, partition, pid, epoch, "replay target lease taken");
-                return Lease { pid, epoch, seq: 0 };
+                let refresh = refresh(cluster, &id).await;
+                tracing::debug!(
+                    topic,
+                    partition,
+                    pid,
+                    epoch,
+                    ?refresh,
+                    "replay target lease taken"
+                );
+                return Lease {
+                    pid,
+                    epoch,
+                    seq: 0,
+                    taken,
+                    refresh,
+                };
             }
             Ok(Fence::Unsupported { pid, epoch, why }) => {
                 tracing::debug!(
@@ -242,7 +274,13 @@ async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease
                     why,
                     "replay target lease from InitProducerId only"
                 );
-                return Lease { pid, epoch, seq: 0 };
+                return Lease {
+                    pid,
+                    epoch,
+                    seq: 0,
+                    taken,
+                    refresh: refresh(cluster, &id).await,
+                };
             }
             Ok(Fence::Lost) => {
                 tracing::debug!(
