@@ -26,7 +26,10 @@
 //! also writes the new epoch into P, as an ABORT marker of an empty
 //! transaction (`deadletter::lease::fence_partition`): a control batch, which
 //! no consumer sees (it takes an offset). No record is ever written in a
-//! transaction; the replays are plain idempotent batches.
+//! transaction; the replays are plain idempotent batches. The lease is
+//! taken again within half the coordinator's `transactional.id.expiration.ms`
+//! (`deadletter::lease::refresh`): after the id expired, a second run would
+//! get a new producer id that fences nothing of this run's.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
