@@ -147,22 +147,25 @@ class KafkaCluster:
     def running(self) -> list[int]:
         return [n for n, b in self.brokers.items() if b.proc is not None and b.proc.poll() is None]
 
-    def wait_brokers(self, want: set[int], timeout: float = 60) -> None:
-        """Until a Metadata request to a running node lists exactly `want`."""
+    def wait_brokers(self, want: set[int], timeout: float = 60,
+                     ask: Optional[list[int]] = None) -> None:
+        """Until a Metadata request to each node of `ask` (default: every
+        running node) lists exactly `want`: brokers learn a fenced or
+        returning broker from the metadata log at slightly different times."""
         from confluent_kafka.admin import AdminClient
         deadline = time.monotonic() + timeout
-        seen: Optional[set] = None
+        seen: dict = {}
         while time.monotonic() < deadline:
-            for n in self.running():
+            seen = {}
+            for n in (ask or self.running()):
                 try:
                     md = AdminClient({"bootstrap.servers": self.brokers[n].bootstrap,
                                       "log_level": 0}).list_topics(timeout=5)
-                    seen = set(md.brokers)
+                    seen[n] = set(md.brokers)
                 except Exception as e:  # noqa: BLE001 - retried until the deadline
-                    seen = {f"error: {e}"}
-                    continue
-                if seen == want:
-                    return
+                    seen[n] = f"error: {e}"
+            if seen and all(v == want for v in seen.values()):
+                return
             time.sleep(0.2)
         raise h.HarnessError(f"metadata names brokers {seen}, not {want}, after {timeout}s\n"
                              + "\n".join(h.read_log(b.log, 4000) for b in self.brokers.values()))

@@ -845,7 +845,7 @@ def test_a_frozen_first_bootstrap_server_is_passed_over(workdir, cluster, policy
         assert [r.offset for r in c.ck_consume_assign(p.endpoint(), topic, [0], 1)] == [0]
         os.kill(node1.pid, signal.SIGSTOP)
         try:
-            cluster.wait_brokers({2, 3}, timeout=60)
+            cluster.wait_brokers({2, 3}, timeout=60, ask=[2, 3])
             c.ck_produce(c.Endpoint(f"{cluster.brokers[2].bootstrap},"
                                     f"{cluster.brokers[3].bootstrap}"), topic, later)
             t0 = time.monotonic()
