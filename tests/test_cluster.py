@@ -533,6 +533,13 @@ def check_group_run(cluster, topic: str, src: Source, out: list[Delivery], ms: l
             "commit_failures": sum(len(m.commit_failures) for m in ms)}
 
 
+def settled(p: ClusterProxy) -> None:
+    """No client connection left open and no partition held once the
+    clients are gone (nothing leaked)."""
+    wait_metric(p, "antidote_connections_open", "", 0)
+    wait_metric(p, "antidote_held_partitions", "", 0)
+
+
 def policy_topic(cluster, tag: str) -> str:
     """A policy-covered topic led by nodes 1 and 2 and its DLT led by node 3."""
     topic = unique(ps.JSON_PREFIX, tag)
@@ -564,6 +571,8 @@ def test_leaders_moved_by_reassignment_while_a_group_reads_through_two_instances
         assert {d.member for d in out} == {m.name for m in ms}, "a member read nothing"
         proxy.assert_running()
         other.assert_running()
+        settled(proxy)
+        settled(other)
     finally:
         other.stop_and_check(15)
 
@@ -577,9 +586,11 @@ def test_leader_brokers_stopped_and_restarted_while_a_group_reads(cluster, proxy
     dlt = f"{topic}.dlt"
 
     while_down = {}
+    open_during = []
 
     def bounce(node):
         def go():
+            open_during.append(proxy.metric("antidote_connections_open"))
             cluster.stop_node(node)
             while_down[node] = (cluster.leaders(topic), cluster.leaders(dlt))
             time.sleep(1.0)  # records and poison keep coming meanwhile
@@ -598,6 +609,8 @@ def test_leader_brokers_stopped_and_restarted_while_a_group_reads(cluster, proxy
     assert while_down[3][1][0] in (1, 2), while_down
     assert 1 not in (while_down[1][0][0], while_down[1][0][2], while_down[1][1][0]), while_down
     proxy.assert_running()
+    assert min(open_during) > 0, open_during  # the gauge counts these clients
+    settled(proxy)
 
 
 # ---------------------------------------------------------------------------
