@@ -338,6 +338,9 @@ pub(crate) async fn refresh(cluster: &mut Cluster, tid: &str) -> Duration {
         Ok(exp) => LEASE_REFRESH.min(exp / 2),
         Err(e) => {
             debug!(error = %e, tid, "transactional.id.expiration.ms of the coordinator unknown; the lease is taken again after the longest refresh");
+            // A broker may close the connection on a request it does not
+            // serve (tansu 0.6): open new ones for what follows.
+            cluster.reset();
             LEASE_REFRESH
         }
     }
