@@ -877,3 +877,52 @@ def test_a_frozen_first_bootstrap_server_is_passed_over(workdir, cluster, policy
         if node1.poll() is None:
             os.kill(node1.pid, signal.SIGCONT)
         p.stop_and_check(15)
+
+
+def test_the_dlt_leader_killed_then_frozen_while_a_group_reads(cluster, proxy):
+    """Harsher than a controlled shutdown, through one instance with a
+    librdkafka and a kafka-python member: node 3, the DLT's leader, is
+    SIGKILLed (its connections reset, no leadership handed over) and
+    started again; then whichever node leads the DLT is frozen (SIGSTOP:
+    connections stay open and silent until the controller fences it) and
+    thawed. Same promises: each valid record once, no poison delivered, each
+    poison record in the DLT once, nothing left open or held."""
+    import signal
+    topic = policy_topic(cluster, "kill")
+    dlt = f"{topic}.dlt"
+    seen = {}
+
+    def kill3():
+        b = cluster.brokers[3]
+        b.proc.kill()
+        b.proc.wait(10)
+        cluster.wait_brokers({1, 2}, timeout=60)
+        seen["after kill"] = cluster.leaders(dlt)[0]
+        time.sleep(1.0)
+        cluster.start_node(3)
+        cluster.wait_full_isr(topic)
+        cluster.wait_full_isr(dlt)
+
+    def freeze_dlt_leader():
+        n = cluster.leaders(dlt)[0]
+        b = cluster.brokers[n]
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        try:
+            others = [m for m in NODE_IDS if m != n]
+            cluster.wait_brokers(set(others), timeout=60, ask=others)
+            seen["frozen"], seen["while frozen"] = n, cluster.leaders(dlt)[0]
+            time.sleep(2.0)
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+        cluster.wait_brokers(set(NODE_IDS), timeout=60)
+        cluster.wait_full_isr(topic)
+        cluster.wait_full_isr(dlt)
+
+    src, out, ms = group_run(cluster, topic, [("librdkafka", proxy.endpoint()),
+                                              ("kafka-python", proxy.endpoint())],
+                             [kill3, freeze_dlt_leader], rounds=80)
+    stats = check_group_run(cluster, topic, src, out, ms)
+    print("kill/freeze run:", stats, seen)
+    assert seen["after kill"] != 3 and seen["while frozen"] != seen["frozen"], seen
+    proxy.assert_running()
+    settled(proxy)
