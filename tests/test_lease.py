@@ -19,7 +19,14 @@ the broker, so they see the producer id and epoch of every batch:
 - `dlt replay` runs longer than that expiration: the run takes its target
   lease again within half of it, so a second run's lease still fences it
   and each record is replayed once (five of twenty were replayed twice
-  when the first lease was kept for the whole run).
+  when the first lease was kept for the whole run);
+- on the 3-node cluster (`cluster_support`, started for this module's last
+  test only), three concurrent replays into a partition led by another node
+  than the lease's transaction coordinator write each record once.
+
+Without replay's ABORT-marker fence (InitProducerId alone), the cluster test
+and test_fleet.py's concurrent replays fail every time (12 to 16 of thirty
+records written twice by three runs).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import pytest
 import clients as c
 import harness as h
 import poison_support as ps
+from cluster_support import cluster  # noqa: F401 (fixture)
 from test_ops import POLICY, OpsAntidote, http_get, metric
 
 FENCED = 'antidote_dlt_writes_total'
@@ -301,3 +309,58 @@ def test_a_replay_longer_than_the_id_expiration_still_writes_each_once(workdir, 
         assert all(x["replayed"] > 0 for x in counts), counts
     finally:
         proxy.stop_and_check()
+
+
+def java_hash(s: str) -> int:
+    """Java's String.hashCode (Kafka places a transactional id by it)."""
+    n = 0
+    for ch in s.encode("utf-16-be").decode("utf-16-be"):
+        n = (31 * n + ord(ch)) & 0xFFFFFFFF
+    return n - (1 << 32) if n & 0x80000000 else n
+
+
+def test_concurrent_replays_on_three_nodes_with_the_coordinator_elsewhere(workdir, cluster):
+    """On the 3-node cluster: three `dlt replay --execute` of the same thirty
+    DLT records at once, into a target partition led by another node than
+    the transaction coordinator of its lease (AddPartitionsToTxn, EndTxn and
+    DescribeTransactions go to the coordinator, the ABORT marker to the
+    partition's leader, acks=all with a minimum ISR of 2): each record is
+    written once, and no run fell back to writing without a lease."""
+    from test_ops import cli
+    h.ensure_transaction_coordinator(cluster.bootstrap, timeout=60)
+    topic = f"lease-cluster-{uuid.uuid4().hex[:8]}"
+    dlt = f"{topic}.dlt"
+    tid = f"antidote-replay/{topic}/0"
+    txn_leaders = cluster.leaders("__transaction_state")
+    coordinator = txn_leaders[(java_hash(tid) & 0x7FFFFFFF) % len(txn_leaders)]
+    leader = next(n for n in (1, 2, 3) if n != coordinator)
+    others = [n for n in (1, 2, 3) if n != leader]
+    cluster.create_topic(topic, [[leader, *others]])
+    cluster.create_topic(dlt, [[coordinator, *[n for n in (1, 2, 3) if n != coordinator]]])
+    ep = cluster.endpoint()
+    n = 30
+    c.ck_produce(ep, dlt, [c.Rec(0, -1, b"k%d" % i, b'{"lat": 1}', (
+        ("x-original-topic", topic.encode()), ("x-original-partition", b"0"),
+        ("x-original-offset", str(i).encode()), ("x-original-timestamp", b"1700000000000"),
+        ("x-error-class", b"poison"), ("x-error", b"/lat: 95 is outside [-90, 90]"),
+        ("x-error-rule", b"range:/lat"), ("x-policy", b"ops-geo"),
+        ("x-failed-at", b"1700000000500")), 1_700_000_000_000) for i in range(n)])
+    policy = workdir / f"{topic}.yaml"
+    policy.write_text(POLICY.format(topic=topic, max_lat=90))
+    cfg = OpsAntidote(workdir, upstream=[b.bootstrap for b in cluster.brokers.values()],
+                      name=f"lease-cluster-{topic}", policy_files=(str(policy),))
+    cfg.config_path.write_text(cfg.config_yaml())
+    args = ("dlt", "replay", "--config", str(cfg.config_path), "--topic", dlt, "--execute")
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda _: cli(*args, timeout=120), range(3)))
+    assert all(r.returncode == 0 for r in runs), [r.stdout + r.stderr for r in runs]
+    assert not [r.stderr for r in runs if "no producer lease" in r.stderr]
+    from test_reload_replay import replay_counts
+    counts = [replay_counts([ln for ln in r.stderr.splitlines()
+                             if ln.startswith("replay: ")][-1]) for r in runs]
+    assert sum(x["replayed"] for x in counts) == n, counts
+    from test_ops import read_all
+    got = read_all(cluster.bootstrap, topic, timeout=60)
+    per_key = Counter(r.key for r in got)
+    assert sorted(per_key.values()) == [1] * n, f"{dict(per_key)}; runs: {counts}"
+    assert cluster.leaders(topic)[0] == leader != coordinator
