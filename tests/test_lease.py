@@ -25,8 +25,8 @@ the broker, so they see the producer id and epoch of every batch:
   than the lease's transaction coordinator write each record once.
 
 Without replay's ABORT-marker fence (InitProducerId alone), the cluster test
-and test_fleet.py's concurrent replays fail every time (12 to 16 of thirty
-records written twice by three runs).
+and test_fleet.py's concurrent replays fail every time (on the cluster, three runs
+wrote 38 and 39 replays of thirty records in two tries).
 """
 
 from __future__ import annotations
