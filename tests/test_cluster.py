@@ -11,11 +11,13 @@
   moved by the Admin API (AlterPartitionReassignments, then a preferred
   leader election), with the two members on two instances of a fleet; and
   by stopping and restarting brokers (the DLT's leader, then a topic
-  partition's). Every valid record is consumed once per group (each member
-  commits each record synchronously; a record is allowed again only after
-  its first delivery's commit failed), no poison record reaches a
+  partition's), and by killing the DLT's leader (SIGKILL) and freezing the
+  next one (SIGSTOP). Every valid record is consumed once per group (each
+  member commits each record synchronously; a record is allowed again only
+  after its first delivery's commit failed), no poison record reaches a
   consumer, each poison record is in the DLT once (read from the brokers),
-  and the proxies keep running.
+  the proxies keep running and no client connection or held partition is
+  left over.
 - The proxy's own clients follow new leaders: after the DLT partition's
   leader (and the lease's transaction coordinator) moves, new diversions
   land once, another instance's ledger tail still learns them, the lease
@@ -23,6 +25,12 @@
   the transaction coordinator, which is not the broker the instances
   bootstrap from), and the blocked-key follower of `ordering: per_key`
   still reads the DLT (a discard written after the move releases the key).
+  An idle instance's ledger tail follows a DLT reassigned off its broker
+  (the tail used to keep asking the old broker: fixed in 7f7ab76).
+- A broker that joins after the proxy started is served at its port; a
+  frozen first bootstrap server (SIGSTOP: it accepts connections, answers
+  nothing) is passed over, so new clients still bootstrap (fixed in
+  bce081c: every bootstrap connection used to go to it).
 """
 
 from __future__ import annotations
