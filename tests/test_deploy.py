@@ -216,7 +216,7 @@ def on_loopback(text: str, bootstrap: int, base: int, admin: int) -> str:
 
 
 # What an operator sets differently here than in the manifests: the names
-# clients resolve (no cluster DNS on this machine), one broker (tansu).
+# clients resolve (no cluster DNS on this machine), one broker.
 TEST_ENV = {"ANTIDOTE_ADVERTISED_HOST": HOST, "ANTIDOTE_DLT_REPLICATION_FACTOR": "1"}
 
 

@@ -1,4 +1,4 @@
-"""Dead-letter writes and the once-only ledger against tansu with real clients:
+"""Dead-letter writes and the once-only ledger against the suite's broker (Apache Kafka) with real clients:
 compressed DLT batches read back by kafka-python and librdkafka (and the
 default, gzip, by kafkajs when it is installed), in DLTs
 created with a `max.message.bytes` that fits; DLT records
@@ -7,9 +7,10 @@ incarnation of the topic by its id) are ignored after a restart; a policy
 reload that adds a topic reads that topic's DLT into the ledger; `dlt inspect`
 never prints a raw control character.
 
-What tansu cannot produce (a batch refused as too large, one failed DLT
-partition, retention moving a log start) is covered by the Rust unit tests
-in src/deadletter/tests.rs against a mock broker."""
+A batch refused as too large and retention moving a log start are shown on
+Kafka in test_dlt_retention.py; one failed DLT partition of several, which
+no real broker produces on demand, by the Rust unit tests in
+src/deadletter/tests.rs against a mock broker."""
 
 from __future__ import annotations
 

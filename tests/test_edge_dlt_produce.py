@@ -5,7 +5,7 @@ ledger is rebuilt from, and so make a restarted proxy hide chosen valid
 records. The partitions of a DLT topic in a client's Produce get
 TOPIC_AUTHORIZATION_FAILED; other topics in the same request are written and
 answered as the broker answers them. `dead_letter.allow_client_produce: true`
-turns the refusal off. Real clients (librdkafka, kafka-python) against tansu.
+turns the refusal off. Real clients (librdkafka, kafka-python) against the suite's broker (Apache Kafka).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-key ordering (`ordering: per_key`) against tansu with librdkafka (and
+"""Per-key ordering (`ordering: per_key`) against the suite's broker (Apache Kafka) with librdkafka (and
 kafka-python for the spliced partition).
 
 A partition holding A1 (poison), B1, A2, C1, A3 delivers B1 and C1 only, and

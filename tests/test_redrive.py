@@ -1,4 +1,4 @@
-"""Re-drive (`dead_letter.redrive`) against tansu with librdkafka.
+"""Re-drive (`dead_letter.redrive`) against the suite's broker (Apache Kafka) with librdkafka.
 
 Two Avro records with Confluent schema ids the policy does not know are
 diverted as `unknown`. The schema of one is added to the policy (hot

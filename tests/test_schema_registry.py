@@ -1,4 +1,4 @@
-"""Policies backed by a schema registry (`registry: true`), against tansu,
+"""Policies backed by a schema registry (`registry: true`), against the suite's broker (Apache Kafka),
 with records written by confluent-kafka's own `confluent_kafka.schema_registry`
 serializers (AvroSerializer, ProtobufSerializer, JSONSerializer) registering
 through a stub registry (tests/registry_stub.py), so the wire framing, the
