@@ -207,6 +207,24 @@ class KafkaCluster:
             return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in t.partitions.items()}
         raise h.HarnessError(f"no node answered metadata for {topic}: {last}")
 
+    def ensure_offsets_topic(self, timeout: float = 60) -> None:
+        """Make Kafka create __consumer_offsets (on the first FindCoordinator
+        of a group) and wait until each of its partitions has a leader."""
+        import confluent_kafka as ck
+        deadline = time.monotonic() + timeout
+        while len([l for l in self.leaders("__consumer_offsets").values() if l >= 0]) < \
+                CLUSTER_PROPERTIES["offsets.topic.num.partitions"]:
+            assert time.monotonic() < deadline, "__consumer_offsets not created"
+            cons = ck.Consumer({"bootstrap.servers": self.bootstrap, "log_level": 0,
+                                "group.id": "cluster-offsets-topic"})
+            try:
+                cons.committed([ck.TopicPartition("cluster-none", 0)], timeout=5)
+            except ck.KafkaException:
+                pass  # coordinator not available yet: asked again
+            finally:
+                cons.close()
+            time.sleep(0.2)
+
     def leaders(self, topic: str) -> dict[int, int]:
         return {p: d[0] for p, d in self.describe(topic).items()}
 

@@ -460,13 +460,14 @@ class Source(threading.Thread):
 
 
 def group_run(cluster, topic: str, members: list[tuple[str, c.Endpoint]], moves,
-              rounds: int = 60, pause: float = 0.08, partitions: int = 3):
+              rounds: int = 60, pause: float = 0.08, partitions: int = 3,
+              group: str | None = None):
     """Members (kind, endpoint) of one group read `topic` while `Source`
     writes to it; `moves` (callables) run one after the other while it
     writes, each once a further share of the records has been delivered.
     Returns (source, deliveries, members) once every valid record was
     delivered (or 120 s passed) and 2 s more for late duplicates."""
-    group = f"cluster-group-{uuid.uuid4().hex[:8]}"
+    group = group or f"cluster-group-{uuid.uuid4().hex[:8]}"
     out: list[Delivery] = []
     lock = threading.Lock()
     ms = [Member(f"{kind}-{i}", kind, ep, topic, group, out, lock)
@@ -562,18 +563,28 @@ def test_leaders_moved_by_reassignment_while_a_group_reads_through_two_instances
         workdir, cluster, proxy, policy_file):
     """Two librdkafka members of one group, each through another instance of
     a fleet; the leader of a topic partition moves (2 -> 3, onto the DLT's
-    broker) and then the DLT's (3 -> 1) by AlterPartitionReassignments and a
+    broker), then the DLT's (3 -> 1), then the group coordinator's (its
+    __consumer_offsets partition) by AlterPartitionReassignments and a
     preferred election, while records and poison keep coming."""
     topic = policy_topic(cluster, "reassign")
     dlt = f"{topic}.dlt"
     other = start_cluster_proxy(workdir, cluster, "cluster-b", policies=[policy_file])
     try:
+        group = f"cluster-group-{uuid.uuid4().hex[:8]}"
+        offsets_partition = (java_hash(group) & 0x7FFFFFFF) % 3  # the group's coordinator
+        cluster.ensure_offsets_topic()
+        coordinator = cluster.leaders("__consumer_offsets")[offsets_partition]
+        new_coordinator = next(n for n in NODE_IDS if n != coordinator)
         moves = [lambda: cluster.move_leader(topic, 1, 3),
-                 lambda: cluster.move_leader(dlt, 0, 1)]
+                 lambda: cluster.move_leader(dlt, 0, 1),
+                 lambda: cluster.move_leader("__consumer_offsets", offsets_partition,
+                                             new_coordinator)]
         src, out, ms = group_run(cluster, topic, [("librdkafka", proxy.endpoint()),
-                                                  ("librdkafka", other.endpoint())], moves)
+                                                  ("librdkafka", other.endpoint())], moves,
+                                 group=group)
         assert cluster.leaders(topic) == {0: 1, 1: 3, 2: 1}
         assert cluster.leaders(dlt) == {0: 1}
+        assert cluster.leaders("__consumer_offsets")[offsets_partition] == new_coordinator
         stats = check_group_run(cluster, topic, src, out, ms)
         print("reassignment run:", stats)
         assert {d.member for d in out} == {m.name for m in ms}, "a member read nothing"
