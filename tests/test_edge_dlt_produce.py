@@ -4,8 +4,9 @@ Whoever writes to a DLT can forge the `x-original-*` headers the once-only
 ledger is rebuilt from, and so make a restarted proxy hide chosen valid
 records. The partitions of a DLT topic in a client's Produce get
 TOPIC_AUTHORIZATION_FAILED; other topics in the same request are written and
-answered as the broker answers them. `dead_letter.allow_client_produce: true`
-turns the refusal off. Real clients (librdkafka, kafka-python) against the suite's broker (Apache Kafka).
+answered as the broker answers them; with acks=0 the connection is closed
+after the refusal, as Kafka closes it. `dead_letter.allow_client_produce:
+true` turns the refusal off. Real clients (librdkafka, kafka-python) against the suite's broker (Apache Kafka).
 """
 
 from __future__ import annotations
@@ -74,13 +75,27 @@ def test_librdkafka_write_to_a_dlt_is_refused_and_the_other_topic_is_written(
     guarded.assert_running()
 
 
-def test_librdkafka_acks_zero_write_to_a_dlt_is_dropped(guarded, broker, topics):
+def test_librdkafka_acks_zero_write_to_a_dlt_is_dropped_and_the_connection_closed(
+        guarded, broker, topics):
+    """acks=0: the producer cannot be told of the refusal, so the proxy
+    closes the connection after it, as Kafka does for an acks=0 request it
+    refuses (requests pipelined behind it on that connection are lost, as
+    with Kafka: acks=0 promises nothing). librdkafka reconnects by itself
+    and later records land."""
     dlt, plain = topics
-    ck_send_both(c.Endpoint(guarded.bootstrap, "proxy"), dlt, plain, acks=0)
-    deadline = time.monotonic() + 10
-    while ps.high_watermark(broker.port, plain) < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ps.high_watermark(broker.port, plain) == 1
+    ep = c.Endpoint(guarded.bootstrap, "proxy")
+    p = ck.Producer(ep.ck(**{"linger.ms": 0, "acks": 0}))
+    p.produce(plain, value=b"before")
+    assert p.flush(30) == 0
+    p.produce(dlt, value=b"forged", headers=[("x-original-offset", b"3")])
+    assert p.flush(30) == 0
+    time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while ps.high_watermark(broker.port, plain) < 2 and time.monotonic() < deadline:
+        p.produce(plain, value=b"after")
+        p.flush(30)
+        time.sleep(0.5)
+    assert ps.high_watermark(broker.port, plain) >= 2
     assert ps.high_watermark(broker.port, dlt) == 0
 
 
@@ -113,3 +128,24 @@ def test_allow_client_produce_lets_dlt_writes_through(workdir, broker, policy_fi
         assert ps.high_watermark(broker.port, dlt) == 1
     finally:
         p.stop_and_check()
+
+
+def test_an_acks_zero_write_to_a_dlt_closes_the_connection_after_the_pending_answers(
+        guarded, broker, topics):
+    """On the wire: a Metadata request, then an acks=0 Produce v3 to the DLT,
+    then another Metadata. The first is answered, then the connection closes
+    without an answer to the last (nothing written to the DLT)."""
+    import socket
+    import struct
+    import harness as h
+    from test_kafka_edges import batch, closed_within, metadata_v1, produce_v3_parts
+    dlt, _plain = topics
+    with socket.create_connection((h.HOST, guarded.broker_port()), timeout=10) as s:
+        s.sendall(h.request_frame(3, 1, 71, metadata_v1(dlt))
+                  + h.request_frame(0, 3, 72, produce_v3_parts(dlt, [(0, batch([b"forged"]))], 0))
+                  + h.request_frame(3, 1, 73, metadata_v1(dlt)))
+        s.settimeout(10)
+        size = struct.unpack(">i", h.recv_exact(s, 4))[0]
+        assert struct.unpack(">i", h.recv_exact(s, size)[:4])[0] == 71
+        assert closed_within(s, 10), "the connection stayed open after the refused acks=0 write"
+    assert ps.high_watermark(broker.port, dlt) == 0
