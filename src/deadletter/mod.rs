@@ -22,6 +22,7 @@
 //! partition to its end before writing, so a record is written once.
 
 pub mod blocked;
+pub(crate) mod fence;
 pub mod breaker;
 pub mod follow;
 pub(crate) mod lease;

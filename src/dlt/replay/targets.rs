@@ -24,7 +24,7 @@
 //! run B had read P and before B's first write, and both wrote that record
 //! (one of thirty, every time, in `test_fleet.py`). So taking the lease
 //! also writes the new epoch into P, as an ABORT marker of an empty
-//! transaction (`deadletter::lease::fence_partition`): a control batch, which
+//! transaction (`deadletter::fence::fence_partition`): a control batch, which
 //! no consumer sees (it takes an offset). No record is ever written in a
 //! transaction; the replays are plain idempotent batches. The lease is
 //! taken again within half the coordinator's `transactional.id.expiration.ms`
@@ -231,14 +231,15 @@ const MAX_LOST: u32 = 8;
 const MAX_FAILED: u32 = 3;
 
 /// Take the lease of target `topic`/`partition` and make the partition
-/// fence every older lease (`deadletter::lease::fence_partition`: an
+/// fence every older lease (`deadletter::fence::fence_partition`: an
 /// aborted empty transaction leaves an ABORT marker of the new epoch in the
 /// partition, which no consumer sees). (-1, -1) when the broker gives none
 /// (the replay then writes without fencing). A broker without those
 /// transaction requests (tansu 0.6 fences from InitProducerId on) leaves
 /// the InitProducerId answer as the lease.
 async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease {
-    use crate::deadletter::lease::{fence_partition, refresh, Fence};
+    use crate::deadletter::fence::{fence_partition, Fence};
+    use crate::deadletter::lease::refresh;
     let id = format!("antidote-replay/{topic}/{partition}");
     let none = Lease {
         pid: -1,

@@ -94,6 +94,20 @@ pub struct Hold {
     pub reason: HoldReason,
 }
 
+impl Hold {
+    /// A magic 0/1 message set is not judged: hold at its first offset.
+    pub(crate) fn legacy(bytes: &Bytes) -> Hold {
+        let base = bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, i64::from_be_bytes);
+        Hold {
+            offset: base,
+            reason: HoldReason::Legacy,
+        }
+    }
+}
+
 /// Why a batch could not be judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HoldReason {

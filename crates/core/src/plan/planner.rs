@@ -99,7 +99,7 @@ pub fn plan_partition_keyed(
                 step
             }
             Segment::Legacy(bytes) => {
-                plan.held = Some(legacy_hold(&bytes));
+                plan.held = Some(Hold::legacy(&bytes));
                 ControlFlow::Break(())
             }
             Segment::Partial(bytes) => {
@@ -115,18 +115,6 @@ pub fn plan_partition_keyed(
         }
     }
     plan
-}
-
-/// A magic 0/1 message set is not judged: hold at its first offset.
-fn legacy_hold(bytes: &Bytes) -> Hold {
-    let base = bytes
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, i64::from_be_bytes);
-    Hold {
-        offset: base,
-        reason: HoldReason::Legacy,
-    }
 }
 
 /// Plan one visible data batch. `Break` when the partition is held here.
@@ -179,12 +167,7 @@ fn plan_batch(
     }
     // Records below the log start are deleted: never judged into a DLT (a
     // batch cut by DeleteRecords or retention still comes whole).
-    let deleted = |j: &Judged| input.visibility.deleted(j.offset);
-    let visible: std::borrow::Cow<'_, [Judged]> = if invalid.iter().any(deleted) {
-        invalid.iter().filter(|j| !deleted(j)).cloned().collect()
-    } else {
-        std::borrow::Cow::Borrowed(&invalid[..])
-    };
+    let visible = input.visibility.not_deleted(&invalid);
     let (keep_mask, keyed_out) = apply_verdicts(plan, &decoded, &visible, &earlier, cached, order);
     if keep_mask.iter().all(|k| *k) {
         plan.segments.push(keep(&batch));

@@ -7,6 +7,9 @@
 //! hands them to its application), and diverting one would copy a record
 //! an operator deleted into a DLT, from which a replay could bring it back.
 
+use std::borrow::Cow;
+
+use super::verdicts::Judged;
 use crate::kafka::batch::Batch;
 
 /// Which transactional batches the requesting consumer will see.
@@ -45,6 +48,20 @@ impl Visibility {
     /// Whether the record at `offset` is below the log start: deleted.
     pub fn deleted(&self, offset: i64) -> bool {
         offset < self.log_start
+    }
+
+    /// `invalid` without the records below the log start (borrowed when
+    /// none is: the common case costs no copy).
+    pub(super) fn not_deleted<'a>(&self, invalid: &'a [Judged]) -> Cow<'a, [Judged]> {
+        if invalid.iter().any(|j| self.deleted(j.offset)) {
+            invalid
+                .iter()
+                .filter(|j| !self.deleted(j.offset))
+                .cloned()
+                .collect()
+        } else {
+            Cow::Borrowed(invalid)
+        }
     }
 }
 
