@@ -237,8 +237,9 @@ pub struct DeadLetterConfig {
     /// Partitions of a dead-letter topic the proxy creates.
     #[serde(default = "one_i32")]
     pub partitions: i32,
-    /// Replication factor of a dead-letter topic the proxy creates.
-    #[serde(default = "one_i16")]
+    /// Replication factor of a dead-letter topic the proxy creates; -1
+    /// (the default): the cluster's `default.replication.factor`.
+    #[serde(default = "broker_default")]
     pub replication_factor: i16,
     /// Relay client Produce requests to dead-letter topics. Off by default:
     /// whoever writes to a DLT can forge the `x-original-*` headers the
@@ -319,7 +320,7 @@ impl Default for DeadLetterConfig {
             sasl: None,
             timeout: default_dlt_timeout(),
             partitions: 1,
-            replication_factor: 1,
+            replication_factor: -1,
             allow_client_produce: false,
             compression: DltCompression::default(),
             redrive: None,
@@ -370,8 +371,9 @@ fn default_dlt_timeout() -> Duration {
 fn one_i32() -> i32 {
     1
 }
-fn one_i16() -> i16 {
-    1
+/// -1 in CreateTopics (v4+, KIP-464): the broker's default.
+fn broker_default() -> i16 {
+    -1
 }
 
 /// A `host:port` pair, checked when the config is read.
@@ -532,6 +534,11 @@ impl Config {
             }
         }
         self.dead_letter.keys()?;
+        if !matches!(self.dead_letter.replication_factor, -1 | 1..) {
+            return Err(
+                "dead_letter.replication_factor: -1 (the cluster's default) or at least 1".into(),
+            );
+        }
         if self.limits.max_frame_bytes < 1024 {
             return Err("limits.max_frame_bytes: must be at least 1024".into());
         }
@@ -554,6 +561,10 @@ mod tests {
         assert_eq!(c.listen.advertised_host(), "127.0.0.1");
         assert_eq!(c.limits.max_frame_bytes, 100 * 1024 * 1024);
         assert_eq!(c.upstream.bootstrap_servers[0].port, 9092);
+        assert_eq!(
+            c.dead_letter.replication_factor, -1,
+            "the cluster's default"
+        );
     }
 
     #[test]

@@ -953,3 +953,20 @@ def test_the_dlt_leader_killed_then_frozen_while_a_group_reads(cluster, proxy):
     assert seen["after kill"] != 3 and seen["while frozen"] != seen["frozen"], seen
     proxy.assert_running()
     settled(proxy)
+
+
+def test_a_dlt_the_proxy_creates_gets_the_clusters_replication_factor(cluster, proxy):
+    """`dead_letter.replication_factor` defaults to -1: a DLT the proxy
+    creates on first diversion is replicated as the cluster's
+    `default.replication.factor` says (3 here), not on one broker."""
+    topic = unique(ps.JSON_PREFIX, "rfdefault")
+    cluster.create_topic(topic, TOPIC_ASSIGNMENT)
+    ep = c.Endpoint(proxy.bootstrap, "proxy")
+    c.ck_produce(c.Endpoint(cluster.bootstrap), topic,
+                 [ps.json_rec("valid", 0), ps.json_rec("lat", 1)])
+    got = c.ck_consume_assign(ep, topic, [0, 1], 1, timeout=60)
+    assert [r.value for r in got] == [ps.json_rec("valid", 0).value]
+    dlt = f"{topic}.dlt"
+    assert wait_dlt_origins(cluster, dlt, [(0, 1)]) == [(0, 1)]
+    [(leader, replicas, _isr)] = cluster.describe(dlt).values()
+    assert sorted(replicas) == [1, 2, 3], replicas
