@@ -237,21 +237,22 @@ def proto_trigger(d: dict) -> bytes:
 # ---------------------------------------------------------------------------
 
 def raw_fetch(port: int, topic: str, partition: int = 0, offset: int = 0,
-              isolation_level: int = 0) -> bytes:
+              isolation_level: int = 0, timeout: float = 10) -> bytes:
     with socket.create_connection((h.HOST, port), timeout=10) as s:
-        s.settimeout(10)
+        s.settimeout(timeout)
         return h.roundtrip(s, 1, 11, 42, h.fetch_v11_body(topic, partition, offset,
                                                           isolation_level))
 
 
 def fetch_partition(port: int, topic: str, partition: int = 0, offset: int = 0,
-                    isolation_level: int = 0) -> h.FetchPartition:
+                    isolation_level: int = 0, timeout: float = 10) -> h.FetchPartition:
     # A topic created a moment ago may not have its leader yet (Kafka:
     # NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION):
     # ask again for a few seconds.
     deadline = time.monotonic() + 10
     while True:
-        err, topics = h.parse_fetch_v11(raw_fetch(port, topic, partition, offset, isolation_level))
+        err, topics = h.parse_fetch_v11(raw_fetch(port, topic, partition, offset, isolation_level,
+                                                  timeout))
         assert err == 0, f"fetch error {err}"
         [p] = topics[topic]
         if p.error_code in (3, 5, 6) and time.monotonic() < deadline:

@@ -290,8 +290,11 @@ class SlowRelay:
 def test_two_fetches_of_the_same_poison_at_once_write_it_to_the_dlt_once(
         workdir, broker, broker_endpoint, tmp_path):
     """Two connections fetch the same poison record at the same moment while
-    the DLT takes 1.5 s per request: the second diversion must join the
-    first one's write (README: the ledger joins concurrent diversions)."""
+    the DLT takes 0.7 s per request: the second diversion must join the
+    first one's write (README: the ledger joins concurrent diversions). The
+    first diversion to a new DLT takes about ten requests (create the topic,
+    find the lease's coordinator, InitProducerId, its expiration, the lease
+    marker, the read to the end, the write): the fetches wait up to 40 s."""
     import threading
     topic = f"claims-join-{uid()}"
     c.ck_create_topic(broker_endpoint, topic, 1)
@@ -299,7 +302,7 @@ def test_two_fetches_of_the_same_poison_at_once_write_it_to_the_dlt_once(
                                                 b"{not json" if i == 1 else b'{"ok": 1}')
                                           for i in range(3)])
     dlt_broker = h.Tansu(workdir).start()
-    relay = SlowRelay(dlt_broker.port, 1.5)
+    relay = SlowRelay(dlt_broker.port, 0.7)
     policy = fs.write_json_policy(tmp_path / "p", [topic])
     p = start(workdir, upstream=[broker.bootstrap], policy_paths=[str(policy)],
               dead_letter={"bootstrap_servers": [f"{h.HOST}:{relay.port}"], "timeout": "20s"},
@@ -309,7 +312,7 @@ def test_two_fetches_of_the_same_poison_at_once_write_it_to_the_dlt_once(
         results: list = [None, None]
 
         def fetch(i: int) -> None:
-            results[i] = ps.fetch_partition(p.broker_port(), topic)
+            results[i] = ps.fetch_partition(p.broker_port(), topic, timeout=40)
 
         threads = [threading.Thread(target=fetch, args=(i,)) for i in range(2)]
         for t in threads:
