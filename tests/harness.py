@@ -357,6 +357,10 @@ class KafkaBroker:
                                        log_dir=self.dir / "data")
         return text + "".join(f"{k}={v}\n" for k, v in self.extra_properties.items())
 
+    def log4j2(self) -> str:
+        """The broker's log4j2 configuration (a subclass may log more)."""
+        return KAFKA_LOG4J2
+
     def start(self, fresh: bool = False, timeout: float = 90) -> "KafkaBroker":
         data = self.dir / "data"
         if fresh and data.exists():
@@ -365,7 +369,7 @@ class KafkaBroker:
             self.dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(_kafka_template(self.workdir, self.node_id), data)
         (self.dir / "server.properties").write_text(self.properties())
-        (self.dir / "log4j2.properties").write_text(KAFKA_LOG4J2)
+        (self.dir / "log4j2.properties").write_text(self.log4j2())
         cmd = ["java", *(self.jvm or kafka_jvm()),
                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
                "-cp", kafka_classpath(), "kafka.Kafka", str(self.dir / "server.properties")]
