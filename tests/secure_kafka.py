@@ -99,10 +99,11 @@ class SecureKafka(h.KafkaBroker):
         admin = AdminClient({"bootstrap.servers": self.plaintext, "log_level": 0})
         kinds = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256,
                  "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}
-        ups = [UserScramCredentialUpsertion(user, ScramCredentialInfo(kinds[m], 4096),
-                                            password.encode()) for m in mechanisms]
-        for f in admin.alter_user_scram_credentials(ups).values():
-            f.result(30)
+        for m in mechanisms:   # one mechanism of a user per request (DUPLICATE_RESOURCE)
+            up = UserScramCredentialUpsertion(user, ScramCredentialInfo(kinds[m], 4096),
+                                              password.encode())
+            for f in admin.alter_user_scram_credentials([up]).values():
+                f.result(30)
         for m in mechanisms:
             self.wait_authenticates(m, user, password)
 
