@@ -1,12 +1,11 @@
-"""TLS on both sides of the proxy.
+"""TLS on both sides of the proxy, against Apache Kafka's own SSL listener
+(`secure_kafka.SecureKafka`: server certificate from `harness.make_certs`,
+`ssl.client.auth=required` for mTLS). This replaced a TLS terminator in
+front of tansu, which cannot serve TLS.
 
-tansu 0.6.0 cannot serve TLS itself (its CLI declares --cert and --key mutually
-exclusive, and either alone still serves plaintext), so a TLS terminator from
-harness.py stands in front of it and tansu advertises the terminator's port.
-
-direct path: the client speaks TLS to the terminator (validates certs and relay);
+direct path: the client speaks TLS to Kafka (validates certs and settings);
 proxy path:  the client speaks TLS to antidote (listen.tls), or antidote speaks
-             TLS to the terminator (upstream.tls)."""
+             TLS to Kafka (upstream.tls)."""
 
 from __future__ import annotations
 
@@ -19,34 +18,26 @@ from confluent_kafka.admin import AdminClient
 
 import clients as c
 from conftest import start_proxy
-from harness import Tansu, TlsTerminator, free_port, read_log
+from harness import read_log
+from secure_kafka import SecureKafka
 
 CLIENTS = ["librdkafka", "kafka-python"]
 
 
-def tls_fronted_tansu(workdir, certs, require_client_cert: bool):
-    term_port = free_port()
-    tansu = Tansu(workdir, advertised_port=term_port).start()
-    term = TlsTerminator(certs, tansu.port, require_client_cert, port=term_port).start()
-    return tansu, term
-
-
 @pytest.fixture(scope="module")
 def tls_broker(workdir, certs):
-    """tansu behind a TLS terminator (server auth only)."""
-    tansu, term = tls_fronted_tansu(workdir, certs, require_client_cert=False)
-    yield tansu, term
-    term.stop()
-    tansu.stop()
+    """Kafka with an SSL client listener (server auth only)."""
+    b = SecureKafka(workdir, protocol="SSL", certs=certs).start()
+    yield b
+    b.stop()
 
 
 @pytest.fixture(scope="module")
 def mtls_broker(workdir, certs):
-    """tansu behind a TLS terminator that requires a client certificate."""
-    tansu, term = tls_fronted_tansu(workdir, certs, require_client_cert=True)
-    yield tansu, term
-    term.stop()
-    tansu.stop()
+    """Kafka with an SSL client listener that requires a client certificate."""
+    b = SecureKafka(workdir, protocol="SSL", certs=certs, client_auth="required").start()
+    yield b
+    b.stop()
 
 
 @pytest.fixture
@@ -76,19 +67,17 @@ def roundtrip_both_ways(kind: str, ep: c.Endpoint, topic: str) -> None:
         assert c.kp_consume_assign(ep, topic, [0], len(recs)) == recs
 
 
-def terminator_ep(term, certs, mutual: bool) -> c.Endpoint:
-    """Direct TLS access to a terminator-fronted tansu (also used for setup: tansu's
-    own plaintext port is no use, its Metadata names the terminator)."""
+def ssl_ep(kafka, certs, mutual: bool) -> c.Endpoint:
+    """Direct TLS access to Kafka's SSL listener."""
     extra = {"cert": str(certs.client_cert), "key": str(certs.client_key)} if mutual else {}
-    return c.Endpoint(f"127.0.0.1:{term.port}", "direct", ca=str(certs.ca), **extra)
+    return c.Endpoint(kafka.secure_bootstrap, "direct", ca=str(certs.ca), **extra)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_client_tls_with_ca_produces_and_consumes(kind, path, broker, tls_broker, certs,
                                                   proxy_factory, new_topic):
     if path == "direct":
-        _tansu, term = tls_broker
-        ep = terminator_ep(term, certs, False)
+        ep = ssl_ep(tls_broker, certs, False)
         topic = f"tls-{kind}-{id(ep)}"
         c.ck_create_topic(ep, topic, 1)
     else:
@@ -178,10 +167,9 @@ def assert_handshake_refused(kind: str, ep: c.Endpoint) -> None:
 def test_client_mtls_accepts_signed_client_cert_and_rejects_none(kind, path, broker, mtls_broker,
                                                                  certs, proxy_factory, new_topic):
     if path == "direct":
-        _tansu, term = mtls_broker
-        bootstrap = f"127.0.0.1:{term.port}"
+        bootstrap = mtls_broker.secure_bootstrap
         topic = f"mtls-{kind}-{path}"
-        c.ck_create_topic(terminator_ep(term, certs, True), topic, 1)
+        c.ck_create_topic(ssl_ep(mtls_broker, certs, True), topic, 1)
     else:
         p = proxy_factory(upstream=[broker.bootstrap],
                           listen_tls={"cert": certs.server_cert, "key": certs.server_key,
@@ -193,8 +181,7 @@ def test_client_mtls_accepts_signed_client_cert_and_rejects_none(kind, path, bro
     roundtrip_both_ways(kind, with_cert, topic)
     no_cert = c.Endpoint(bootstrap, path, ca=str(certs.ca))
     if path == "direct":
-        # The harness's asyncio terminator hangs up without an alert: only
-        # "not served" can be checked there (it validates the test, not antidote).
+        # Kafka refuses a certificate-less client: the test's own check.
         assert rejected(no_cert), "a client without a certificate was served"
         return
     # antidote (rustls) refuses in the handshake: the client gets TLS alert
@@ -209,18 +196,18 @@ def test_client_mtls_accepts_signed_client_cert_and_rejects_none(kind, path, bro
 def test_upstream_tls_to_broker_is_transparent_to_plaintext_client(kind, mutual, path, certs,
                                                                    tls_broker, mtls_broker,
                                                                    proxy_factory):
-    _tansu, term = mtls_broker if mutual else tls_broker
+    kafka = mtls_broker if mutual else tls_broker
     topic = f"up-{kind}-{'m' if mutual else ''}tls-{path}"
-    direct_ep = terminator_ep(term, certs, mutual)
+    direct_ep = ssl_ep(kafka, certs, mutual)
     c.ck_create_topic(direct_ep, topic, 1)
     client_cert = {"cert": str(certs.client_cert), "key": str(certs.client_key)} if mutual else {}
     if path == "direct":
-        # The client itself speaks TLS to the terminator: validates the upstream side.
+        # The client itself speaks TLS to Kafka: validates the upstream side.
         ep = direct_ep
     else:
         # Relayed connections present the proxy's certificate only when asked.
         relay = {"relay_client_cert": "true"} if mutual else {}
-        p = proxy_factory(upstream=[f"127.0.0.1:{term.port}"],
+        p = proxy_factory(upstream=[kafka.secure_bootstrap],
                           upstream_tls={"ca": certs.ca, **client_cert, **relay})
         ep = c.Endpoint(p.bootstrap, path)
     roundtrip_both_ways(kind, ep, topic)
@@ -232,8 +219,7 @@ def test_relayed_client_connections_present_no_client_certificate_by_default(
     the proxy still fetches metadata from an mTLS-only broker, but a client's
     relayed connection presents no certificate and is refused there: clients
     never inherit the proxy's principal."""
-    _tansu, term = mtls_broker
-    p = proxy_factory(upstream=[f"127.0.0.1:{term.port}"],
+    p = proxy_factory(upstream=[mtls_broker.secure_bootstrap],
                       upstream_tls={"ca": certs.ca, "cert": str(certs.client_cert),
                                     "key": str(certs.client_key)})
     deadline = time.monotonic() + 15
