@@ -6,12 +6,10 @@ deadline. The pytest fixtures that use these helpers live in conftest.py.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
 import socket
-import ssl
 import struct
 import subprocess
 import threading
@@ -568,66 +566,6 @@ def make_certs(d: Path) -> Certs:
         run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", f"{who}.ext")
     return Certs(d)
-
-
-class TlsTerminator:
-    """A TLS -> plaintext TCP relay run on an asyncio loop in a daemon thread.
-
-    tansu 0.6.0's `--cert` and `--key` flags are declared mutually exclusive by
-    its CLI, and either one alone still serves plaintext, so tansu cannot serve
-    TLS here. This terminator stands in front of it instead."""
-
-    def __init__(self, certs: Certs, target_port: int, require_client_cert: bool = False,
-                 port: Optional[int] = None):
-        self.port = port or free_port()
-        self.target_port = target_port
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(certs.server_cert, certs.server_key)
-        if require_client_cert:
-            self.ctx.verify_mode = ssl.CERT_REQUIRED
-            self.ctx.load_verify_locations(certs.ca)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server: Optional[asyncio.base_events.Server] = None
-        self.handshake_failures = 0
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError, ssl.SSLError):
-            pass
-        finally:
-            try:
-                writer.close()
-            except Exception:
-                pass
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            ur, uw = await asyncio.open_connection(HOST, self.target_port)
-        except OSError:
-            cw.close()
-            return
-        await asyncio.gather(self._pipe(cr, uw), self._pipe(ur, cw))
-
-    async def _start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, HOST, self.port, ssl=self.ctx,
-                                                 ssl_handshake_timeout=10)
-
-    def start(self) -> "TlsTerminator":
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        async def _close() -> None:
-            if self.server:
-                self.server.close()
-        asyncio.run_coroutine_threadsafe(_close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 # ---------------------------------------------------------------------------

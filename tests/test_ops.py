@@ -582,12 +582,12 @@ def test_replay_refuses_a_missing_dead_letter_topic(ops):
 # ---------------------------------------------------------------------------
 
 def test_dlt_commands_speak_tls_to_the_cluster(workdir, certs):
-    from harness import Tansu, TlsTerminator
-    term_port = free_port()
-    tansu = Tansu(workdir, advertised_port=term_port).start()
-    term = TlsTerminator(certs, tansu.port, port=term_port).start()
+    """The dlt commands against Kafka's own SSL listener (upstream.tls)."""
+    from secure_kafka import SecureKafka
+    kafka = SecureKafka(workdir, protocol="SSL", certs=certs).start()
+    term_port = kafka.secure_port
     try:
-        ep = Endpoint(f"{HOST}:{term_port}", "direct", ca=str(certs.ca))
+        ep = Endpoint(kafka.secure_bootstrap, "direct", ca=str(certs.ca))
         topic = f"ops-tls-{uuid.uuid4().hex[:8]}"
         dlt = f"{topic}.dlt"
         ck_create_topic(ep, topic, 2)
@@ -627,5 +627,4 @@ def test_dlt_commands_speak_tls_to_the_cluster(workdir, certs):
         finally:
             c.close()
     finally:
-        term.stop()
-        tansu.stop()
+        kafka.stop()
