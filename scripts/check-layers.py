@@ -39,6 +39,7 @@ LAYERS = [
     ["metrics"],
     ["client"],
     ["registry"],
+    ["engine"],
     ["deadletter"],
     ["dlt"],
     ["filter", "admin", "redrive"],

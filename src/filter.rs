@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,16 +28,15 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
-use crate::deadletter::breaker::Breakers;
 use crate::deadletter::blocked::BlockedKeys;
+use crate::deadletter::breaker::Breakers;
 use crate::deadletter::DeadLetter;
+use crate::engine::Engine;
 use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
-use crate::plan::budget::DecodeBudget;
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
 use crate::policy::{KeyOrdering, PolicySet};
-use crate::registry::Registry;
 pub use holds::Holds;
 use parallel::PartitionJob;
 
@@ -78,19 +77,14 @@ pub trait FetchContext: Send + Sync {
     fn topic_name(&self, id: &Uuid) -> Option<String>;
 }
 
-/// Everything the interception path needs, shared by all connections.
+/// Fetch interception, one of the engine's two handlers (the other is the
+/// Produce door): what the Fetch path needs besides the engine.
 pub struct FetchFilter {
-    /// The running policies; replaced whole on reload. A response is
-    /// handled under the snapshot it started with.
-    policies: RwLock<Arc<PolicySet>>,
-    pub verdicts: Arc<VerdictCache>,
+    /// The policy snapshot, verdict cache, decode budget and registry.
+    pub engine: Arc<Engine>,
     pub dead_letter: Arc<DeadLetter>,
     /// How long a response waits for its diversions to be acknowledged.
     pub timeout: Duration,
-    /// Decompressed bytes all responses in flight may hold together.
-    pub budget: Arc<DecodeBudget>,
-    /// Where `registry: true` policies' schema ids are resolved.
-    registry: Option<Arc<Registry>>,
     /// Keys parked behind a diverted record (`ordering: per_key`).
     pub blocked: Arc<BlockedKeys>,
     /// Idle cores judge ahead in large partitions (`filter::parallel`).
@@ -100,21 +94,13 @@ pub struct FetchFilter {
 }
 
 impl FetchFilter {
-    pub fn new(
-        policies: Arc<PolicySet>,
-        dead_letter: Arc<DeadLetter>,
-        timeout: Duration,
-        decode_budget: usize,
-    ) -> Self {
+    pub fn new(engine: Arc<Engine>, dead_letter: Arc<DeadLetter>, timeout: Duration) -> Self {
         let blocked = Arc::new(BlockedKeys::default());
-        blocked.policies_changed(policies.clone());
+        blocked.policies_changed(engine.policies());
         FetchFilter {
-            policies: RwLock::new(policies),
-            verdicts: Arc::new(VerdictCache::new(100_000)),
+            engine,
             dead_letter,
             timeout,
-            budget: DecodeBudget::new(decode_budget),
-            registry: None,
             blocked,
             judge_ahead: true,
             breakers: Arc::new(Breakers::default()),
@@ -128,43 +114,25 @@ impl FetchFilter {
         self
     }
 
-    /// The schema registry client, when `schema_registry` is configured.
-    pub fn registry(&self) -> Option<&Arc<Registry>> {
-        self.registry.as_ref()
-    }
-
-    /// Resolve schema ids through `registry` (`schema_registry`).
-    pub fn with_registry(mut self, registry: Option<Arc<Registry>>) -> Self {
-        self.registry = registry;
-        self
-    }
-
     /// Whether any Fetch response needs to be looked at.
     pub fn active(&self) -> bool {
         !self.policies().is_empty()
     }
 
-    /// The current policies.
+    /// The current policies (the engine's snapshot).
     pub fn policies(&self) -> Arc<PolicySet> {
-        match self.policies.read() {
-            Ok(p) => p.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.engine.policies()
     }
 
-    /// Swap in a new, fully compiled policy set. Verdicts reached under the
-    /// old one are never reused (the cache keys on the policy itself) and
-    /// are dropped now to free memory.
+    /// Swap in a new, fully compiled policy set: the dead-letter side and
+    /// the blocked keys learn it first, then the engine swaps its snapshot
+    /// (dropping verdicts of the old one), then breakers of policies whose
+    /// text changed close.
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
-        let old = self.policies();
         self.dead_letter.policies_changed(new.clone());
         self.blocked.policies_changed(new.clone());
-        match self.policies.write() {
-            Ok(mut p) => *p = new.clone(),
-            Err(poisoned) => *poisoned.into_inner() = new.clone(),
-        }
-        self.verdicts.clear();
+        let old = self.engine.swap(new.clone());
         self.breakers.reset(&old, &new);
     }
 
@@ -200,7 +168,7 @@ impl FetchFilter {
         let mut transient_at = Vec::new();
         let now = now_ms();
         let mut planned = self.plan_all(jobs.clone(), now).await?;
-        if let Some(registry) = &self.registry {
+        if let Some(registry) = self.engine.registry() {
             self.resolve_transient(registry, &jobs, &mut planned, now)
                 .await?;
         }
@@ -218,8 +186,15 @@ impl FetchFilter {
                         offset: cut,
                         reason: crate::plan::HoldReason::Breaker,
                     },
-                    |h| if h.offset <= cut { h } else {
-                        crate::plan::Hold { offset: cut, reason: crate::plan::HoldReason::Breaker }
+                    |h| {
+                        if h.offset <= cut {
+                            h
+                        } else {
+                            crate::plan::Hold {
+                                offset: cut,
+                                reason: crate::plan::HoldReason::Breaker,
+                            }
+                        }
                     },
                 ));
             }

@@ -13,6 +13,7 @@
 //!   admin      /metrics /healthz /readyz
 //!   redrive    background DLT work: blocked-key follower, re-drive loop
 //! dlt          `antidote dlt` commands: inspect, replay
+//! engine       policies, verdict cache, decode budget, registry: judging's state
 //! deadletter   the DLT writer: producer, acknowledged writes, ledger (once only)
 //! registry     the schema registry client (fills the core's schema cache)
 //! client       the proxy's own Kafka connections (metadata, produce, fetch)
@@ -31,6 +32,7 @@ pub mod client;
 pub mod config;
 pub mod deadletter;
 pub mod dlt;
+pub mod engine;
 pub mod envsubst;
 pub mod filter;
 pub mod metrics;

@@ -61,7 +61,11 @@ async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
         ep,
         policies.clone(),
     );
-    FetchFilter::new(policies, dl, timeout, 1 << 26)
+    FetchFilter::new(
+        crate::engine::Engine::new(policies, 1 << 26, None),
+        dl,
+        timeout,
+    )
 }
 
 /// A Fetch v12 response body: topic `t`, partition 0, one batch at offset 0.

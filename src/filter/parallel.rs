@@ -118,7 +118,14 @@ impl FetchFilter {
                 .map(|j| {
                     (
                         j.at,
-                        timed(|| j.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter)),
+                        timed(|| {
+                            j.plan(
+                                now_ms,
+                                &self.engine.verdicts,
+                                &self.engine.budget,
+                                &self.dead_letter,
+                            )
+                        }),
                     )
                 })
                 .collect());
@@ -130,8 +137,8 @@ impl FetchFilter {
                 .into_iter()
                 .skip(1)
             {
-                let (j, verdicts) = (job.clone(), self.verdicts.clone());
-                let budget = self.budget.clone();
+                let (j, verdicts) = (job.clone(), self.engine.verdicts.clone());
+                let budget = self.engine.budget.clone();
                 ahead.push(tokio::task::spawn_blocking(move || {
                     let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, stretch));
                     metrics::global().judged_ahead(n);
@@ -141,8 +148,8 @@ impl FetchFilter {
         let rest: Vec<_> = jobs
             .drain(1..)
             .map(|j| {
-                let (verdicts, dl) = (self.verdicts.clone(), self.dead_letter.clone());
-                let budget = self.budget.clone();
+                let (verdicts, dl) = (self.engine.verdicts.clone(), self.dead_letter.clone());
+                let budget = self.engine.budget.clone();
                 tokio::task::spawn_blocking(move || {
                     (j.at, timed(|| j.plan(now_ms, &verdicts, &budget, &dl)))
                 })
@@ -152,7 +159,14 @@ impl FetchFilter {
         for j in &jobs {
             out.push((
                 j.at,
-                timed(|| j.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter)),
+                timed(|| {
+                    j.plan(
+                        now_ms,
+                        &self.engine.verdicts,
+                        &self.engine.budget,
+                        &self.dead_letter,
+                    )
+                }),
             ));
         }
         for handle in rest {

@@ -51,7 +51,12 @@ impl FetchFilter {
                     continue;
                 }
                 if let Some(job) = jobs.iter().find(|j| j.at == *at) {
-                    *plan = job.plan(now_ms, &self.verdicts, &self.budget, &self.dead_letter);
+                    *plan = job.plan(
+                        now_ms,
+                        &self.engine.verdicts,
+                        &self.engine.budget,
+                        &self.dead_letter,
+                    );
                 }
             }
         }

@@ -1,5 +1,8 @@
 //! Classifying client requests: what each one's answer will need on its
-//! way back, and what goes to the broker.
+//! way back, and what goes to the broker. `classify_request` is the request
+//! pump's one call: it judges large Produce requests on a blocking thread
+//! and, for the door's registry-backed policies, asks the registry and
+//! judges again; `classify` itself is synchronous.
 //!
 //! Requests are peeked by hand (api key, version, correlation id, a few
 //! fields), never decoded, except a Produce while client writes to
@@ -9,6 +12,8 @@
 //! ends the connection. Raw SASL tokens (after a SaslHandshake v0 the
 //! broker accepted) are forwarded unread only while `sasl_phase` says the
 //! exchange is still going on.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
@@ -131,7 +136,7 @@ impl produce::Topics for ProduceGuard<'_> {
             door::Gate::UnknownTopic => Some(door::unknown_topic_id()),
             door::Gate::Judge(policy) => {
                 let topic = topic.unwrap_or_default();
-                let budget = &self.shared.fetch_filter.budget;
+                let budget = &self.shared.engine.budget;
                 if let Some(r) = self
                     .marks
                     .and_then(|m| m.still_refused(topic, partition, records))
@@ -143,6 +148,112 @@ impl produce::Topics for ProduceGuard<'_> {
             }
         }
     }
+}
+
+/// Produce v13+ names topics by id: before checking it for dead-letter
+/// topics and at the door, look up ids the proxy has not seen (a topic
+/// created since the last metadata refresh). Ids still unknown are not
+/// dead-letter topics the proxy knows of (the broker answers for them);
+/// the door refuses them retriably (UNKNOWN_TOPIC_ID).
+pub(super) async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
+    let Some(head) = frame::peek_request(frame) else {
+        return;
+    };
+    let checked = !shared.config.dead_letter.allow_client_produce
+        || shared.engine.policies().rejects_at_produce();
+    if head.api_key != ApiKey::Produce as i16
+        || head.api_version < 13
+        || !checked
+        || !shared.intercepting()
+    {
+        return;
+    }
+    let ids = produce::topic_ids(frame, head.api_version);
+    if ids.iter().any(|id| !shared.topic_names.contains_key(id)) {
+        shared.resolve_topic_ids(&ids).await;
+    }
+}
+
+/// Produce frames at least this large are classified (and so judged at the
+/// door) on a blocking thread: judging costs about a microsecond per record,
+/// and a worker thread busy with it stalls every connection it serves.
+const OFFLOAD_BYTES: usize = 256 * 1024;
+
+/// Classify one frame of a connection (`marks`: its partitions the door
+/// answered retriably; `raw_sasl`: what the raw SASL phase makes of it).
+/// The frame comes back for sending unless `send` replaces it. A Produce
+/// the door could not answer yet for want of schemas is judged again once
+/// the registry has answered (at most its `timeout`, 200 ms while it is
+/// down), so the request waits, in order on its connection.
+pub(super) async fn classify_request(
+    shared: &Arc<Shared>,
+    marks: &Arc<door::Marks>,
+    raw_sasl: Raw,
+    frame: Bytes,
+) -> Result<(Classified, Bytes), RelayError> {
+    let (c, notes) = classify_maybe_offloaded(shared, marks, raw_sasl, frame.clone()).await?;
+    let registry = shared.engine.registry();
+    let (c, notes) = match registry {
+        Some(registry) if notes.ask_registry() => {
+            let now = crate::clock::now_ms();
+            for id in notes.recheck() {
+                registry.cache().recheck(*id, now, door::RECHECK_FLOOR_MS);
+            }
+            registry.resolve_wants(registry.wait()).await;
+            classify_maybe_offloaded(shared, marks, raw_sasl, frame.clone()).await?
+        }
+        _ => (c, notes),
+    };
+    let outage = registry.map_or(0, |r| r.outages());
+    notes.apply(Some(marks), outage);
+    Ok((c, frame))
+}
+
+/// Classify one frame, large Produce requests off the async workers.
+async fn classify_maybe_offloaded(
+    shared: &Arc<Shared>,
+    marks: &Arc<door::Marks>,
+    raw_sasl: Raw,
+    frame: Bytes,
+) -> Result<(Classified, door::Notes), RelayError> {
+    let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
+    if !(produce && frame.len() >= OFFLOAD_BYTES) {
+        return classify_with_policies(shared, marks, raw_sasl, &frame);
+    }
+    let shared = shared.clone();
+    let marks = marks.clone();
+    tokio::task::spawn_blocking(move || classify_with_policies(&shared, &marks, raw_sasl, &frame))
+        .await
+        .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
+}
+
+/// Classify one frame under the current policies (read per request, so a
+/// reload applies to open connections too).
+fn classify_with_policies(
+    shared: &Shared,
+    marks: &door::Marks,
+    raw_sasl: Raw,
+    frame: &Bytes,
+) -> Result<(Classified, door::Notes), RelayError> {
+    let policies = shared.engine.policies();
+    let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
+    let guard = ProduceGuard {
+        shared,
+        policies: &policies,
+        refuse_dead_letters: refuse_dlt,
+        marks: Some(marks),
+        notes: Default::default(),
+    };
+    let checked = refuse_dlt || policies.rejects_at_produce();
+    let ctx = Context {
+        raw: raw_sasl,
+        policies_loaded: !policies.is_empty(),
+        intercepting: shared.intercepting(),
+        produce_guard: checked.then_some(&guard as &dyn produce::Topics),
+        fetch_max: shared.config.limits.fetch_max_version,
+    };
+    let c = classify(frame, &ctx)?;
+    Ok((c, guard.notes.into_inner()))
 }
 
 /// The isolation level of a Fetch request (v4+), found by hand.

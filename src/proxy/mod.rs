@@ -41,6 +41,7 @@ use crate::admin;
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
 use crate::deadletter::DeadLetter;
+use crate::engine::Engine;
 use crate::filter::{FetchContext, FetchFilter};
 use crate::metrics;
 use crate::policy::PolicySet;
@@ -88,6 +89,9 @@ pub struct Shared {
     pub tasks: TaskTracker,
     /// Set once upstream metadata has been fetched.
     pub ready: AtomicBool,
+    /// Policies, verdicts, decode budget and registry: what the two
+    /// handlers below (Fetch interception, the Produce door) judge with.
+    pub engine: Arc<Engine>,
     /// Fetch interception (idle while no policy is loaded).
     pub fetch_filter: Arc<FetchFilter>,
     /// Client connections served at once (`limits.max_connections`).
@@ -137,15 +141,10 @@ impl Shared {
             .as_ref()
             .map(|r| crate::registry::Registry::new(r, crate::policy::SchemaCache::shared()))
             .transpose()?;
+        let engine = Engine::new(policies, config.limits.decode_budget, registry);
         let fetch_filter = Arc::new(
-            FetchFilter::new(
-                policies,
-                dead_letter,
-                dlt.timeout,
-                config.limits.decode_budget,
-            )
-            .with_registry(registry)
-            .with_judge_ahead(config.limits.judge_ahead),
+            FetchFilter::new(engine.clone(), dead_letter, dlt.timeout)
+                .with_judge_ahead(config.limits.judge_ahead),
         );
         crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
         let config_max_connections = config.limits.max_connections;
@@ -167,6 +166,7 @@ impl Shared {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
+            engine,
             fetch_filter,
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,

@@ -26,10 +26,8 @@ use tracing::debug;
 
 use crate::filter::Holds;
 use crate::proxy::addresses::{self, Seen};
-use crate::proxy::classify::{
-    classify, Classified, Context, Handling, Pending, ProduceGuard, Send,
-};
-use crate::proxy::sasl_phase::{Raw, SaslPhase};
+use crate::proxy::classify::{classify_request, learn_produce_topic_ids, Handling, Pending, Send};
+use crate::proxy::sasl_phase::SaslPhase;
 use crate::proxy::{door, produce, versions, Shared};
 use crate::transport::frame::{
     self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
@@ -186,7 +184,8 @@ where
             return Ok(());
         };
         learn_produce_topic_ids(shared, &frame).await;
-        let (c, frame) = classify_request(shared, state, frame).await?;
+        let raw_sasl = state.sasl.next_frame();
+        let (c, frame) = classify_request(shared, &state.door, raw_sasl, frame).await?;
         let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshake(_)) {
@@ -232,110 +231,6 @@ fn closing_for_acks_zero() {
     debug!(
         "closing the client connection: a Produce with acks=0 was refused in part, as Kafka does"
     );
-}
-
-/// Produce v13+ names topics by id: before checking it for dead-letter
-/// topics and at the door, look up ids the proxy has not seen (a topic
-/// created since the last metadata refresh). Ids still unknown are not
-/// dead-letter topics the proxy knows of (the broker answers for them);
-/// the door refuses them retriably (UNKNOWN_TOPIC_ID).
-async fn learn_produce_topic_ids(shared: &Arc<Shared>, frame: &Bytes) {
-    let Some(head) = frame::peek_request(frame) else {
-        return;
-    };
-    let checked = !shared.config.dead_letter.allow_client_produce
-        || shared.fetch_filter.policies().rejects_at_produce();
-    if head.api_key != ApiKey::Produce as i16
-        || head.api_version < 13
-        || !checked
-        || !shared.intercepting()
-    {
-        return;
-    }
-    let ids = produce::topic_ids(frame, head.api_version);
-    if ids.iter().any(|id| !shared.topic_names.contains_key(id)) {
-        shared.resolve_topic_ids(&ids).await;
-    }
-}
-
-/// Produce frames at least this large are classified (and so judged at the
-/// door) on a blocking thread: judging costs about a microsecond per record,
-/// and a worker thread busy with it stalls every connection it serves.
-const OFFLOAD_BYTES: usize = 256 * 1024;
-
-/// Classify one frame (its `send` is the frame itself unless replaced).
-/// A Produce the door could not answer yet for want of schemas is judged
-/// again once the registry has answered (at most its `timeout`, 200 ms
-/// while it is down), so the request waits, in order on its connection.
-async fn classify_request(
-    shared: &Arc<Shared>,
-    state: &ConnState,
-    frame: Bytes,
-) -> Result<(Classified, Bytes), RelayError> {
-    let raw_sasl = state.sasl.next_frame();
-    let (c, notes) = classify_maybe_offloaded(shared, state, raw_sasl, frame.clone()).await?;
-    let registry = shared.fetch_filter.registry();
-    let (c, notes) = match registry {
-        Some(registry) if notes.ask_registry() => {
-            let now = crate::clock::now_ms();
-            for id in notes.recheck() {
-                registry.cache().recheck(*id, now, door::RECHECK_FLOOR_MS);
-            }
-            registry.resolve_wants(registry.wait()).await;
-            classify_maybe_offloaded(shared, state, raw_sasl, frame.clone()).await?
-        }
-        _ => (c, notes),
-    };
-    let outage = registry.map_or(0, |r| r.outages());
-    notes.apply(Some(&state.door), outage);
-    Ok((c, frame))
-}
-
-/// Classify one frame, large Produce requests off the async workers.
-async fn classify_maybe_offloaded(
-    shared: &Arc<Shared>,
-    state: &ConnState,
-    raw_sasl: Raw,
-    frame: Bytes,
-) -> Result<(Classified, door::Notes), RelayError> {
-    let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
-    if !(produce && frame.len() >= OFFLOAD_BYTES) {
-        return classify_with_policies(shared, &state.door, raw_sasl, &frame);
-    }
-    let shared = shared.clone();
-    let marks = state.door.clone();
-    tokio::task::spawn_blocking(move || classify_with_policies(&shared, &marks, raw_sasl, &frame))
-        .await
-        .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
-}
-
-/// Classify one frame under the current policies (read per request, so a
-/// reload applies to open connections too).
-fn classify_with_policies(
-    shared: &Shared,
-    marks: &door::Marks,
-    raw_sasl: Raw,
-    frame: &Bytes,
-) -> Result<(Classified, door::Notes), RelayError> {
-    let policies = shared.fetch_filter.policies();
-    let refuse_dlt = !shared.config.dead_letter.allow_client_produce && !policies.is_empty();
-    let guard = ProduceGuard {
-        shared,
-        policies: &policies,
-        refuse_dead_letters: refuse_dlt,
-        marks: Some(marks),
-        notes: Default::default(),
-    };
-    let checked = refuse_dlt || policies.rejects_at_produce();
-    let ctx = Context {
-        raw: raw_sasl,
-        policies_loaded: !policies.is_empty(),
-        intercepting: shared.intercepting(),
-        produce_guard: checked.then_some(&guard as &dyn produce::Topics),
-        fetch_max: shared.config.limits.fetch_max_version,
-    };
-    let c = classify(frame, &ctx)?;
-    Ok((c, guard.notes.into_inner()))
 }
 
 async fn response_pump<R, W>(

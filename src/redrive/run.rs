@@ -357,7 +357,7 @@ mod tests {
         .unwrap();
         let ep = Endpoint::upstream(&config).unwrap();
         let filter = Arc::new(FetchFilter::new(
-            Arc::new(PolicySet::default()),
+            crate::engine::Engine::new(Arc::new(PolicySet::default()), 1 << 20, None),
             crate::deadletter::DeadLetter::start(
                 &config.dead_letter,
                 &config.upstream.bootstrap_servers,
@@ -366,7 +366,6 @@ mod tests {
                 Arc::new(PolicySet::default()),
             ),
             Duration::from_secs(1),
-            1 << 20,
         ));
         let cluster = || Cluster::new(config.upstream.bootstrap_servers.clone(), ep.clone());
         Loop::new(cfg, filter, cluster(), cluster())
