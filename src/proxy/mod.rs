@@ -94,6 +94,10 @@ pub struct Shared {
     pub engine: Arc<Engine>,
     /// Fetch interception (idle while no policy is loaded).
     pub fetch_filter: Arc<FetchFilter>,
+    /// The dead-letter side: the DLT writer and its ledger, and the keys
+    /// parked behind diverted records (readiness asks them directly).
+    dead_letter: Arc<DeadLetter>,
+    blocked: Arc<crate::deadletter::blocked::BlockedKeys>,
     /// Client connections served at once (`limits.max_connections`).
     pub connections: limits::ConnectionLimit,
     /// Request bytes being received and handled across connections
@@ -143,7 +147,7 @@ impl Shared {
             .transpose()?;
         let engine = Engine::new(policies, config.limits.decode_budget, registry);
         let fetch_filter = Arc::new(
-            FetchFilter::new(engine.clone(), dead_letter, dlt.timeout)
+            FetchFilter::new(engine.clone(), dead_letter.clone(), dlt.timeout)
                 .with_judge_ahead(config.limits.judge_ahead),
         );
         crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
@@ -167,6 +171,8 @@ impl Shared {
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(false),
             engine,
+            dead_letter,
+            blocked: fetch_filter.blocked.clone(),
             fetch_filter,
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,
@@ -261,8 +267,8 @@ impl admin::Readiness for Shared {
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
             && self.unserved.is_empty()
-            && self.fetch_filter.dead_letter.is_ready()
-            && self.fetch_filter.blocked.is_loaded()
+            && self.dead_letter.is_ready()
+            && self.blocked.is_loaded()
     }
 }
 
