@@ -194,9 +194,18 @@ fn bench_filter(c: &mut Criterion) {
 /// every thread's records, so 2 threads at twice the 1-thread rate means
 /// nothing shared serializes them.
 fn bench_threads(c: &mut Criterion) {
-    let policy = common::load_policy("geofence.yaml");
+    // FILTER_FORMAT: the reference policy and values of one format (json,
+    // the default, so that earlier counts stay comparable; avro; protobuf).
+    let format = std::env::var("FILTER_FORMAT").unwrap_or_else(|_| "json".into());
+    let (file, value): (&str, fn(&common::Trigger) -> Bytes) = match format.as_str() {
+        "json" => ("geofence.yaml", common::json_value),
+        "avro" => ("geofence-avro.yaml", common::avro_value),
+        "protobuf" => ("geofence-protobuf.yaml", common::protobuf_value),
+        other => panic!("FILTER_FORMAT: json, avro or protobuf, not {other}"),
+    };
+    let policy = common::load_policy(file);
     let vis = Visibility::new(false, None);
-    let section = common::json_section(BATCHES, PER_BATCH, 1000, Compression::None);
+    let section = common::section(value, BATCHES, PER_BATCH, 1000, Compression::None);
     let cache = VerdictCache::new(100_000);
     let serial = AtomicUsize::new(0);
     let rewrite = || {
@@ -215,7 +224,7 @@ fn bench_threads(c: &mut Criterion) {
         let loops: usize = loops.parse().expect("FILTER_LOOPS: a count");
         (0..loops).for_each(|_| rewrite());
         eprintln!(
-            "threads: {loops} rewrites of {} records",
+            "threads: {loops} rewrites of {} {format} records",
             BATCHES * PER_BATCH
         );
         std::process::exit(0);

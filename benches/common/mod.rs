@@ -180,12 +180,23 @@ pub fn json_section(
     poison_every: usize,
     codec: Compression,
 ) -> Bytes {
+    section(json_value, batches, per_batch, poison_every, codec)
+}
+
+/// `json_section` with the values `value` encodes (JSON, Avro, Protobuf).
+pub fn section(
+    value: fn(&Trigger) -> Bytes,
+    batches: usize,
+    per_batch: usize,
+    poison_every: usize,
+    codec: Compression,
+) -> Bytes {
     let mut out = BytesMut::new();
     for b in 0..batches {
         let records: Vec<NewRecord> = (0..per_batch)
             .map(|j| {
                 let i = b * per_batch + j;
-                new_record(i, json_value(&trigger(i, is_poison(i, poison_every))))
+                new_record(i, value(&trigger(i, is_poison(i, poison_every))))
             })
             .collect();
         let batch =

@@ -6,7 +6,9 @@
 #                                      any of its cases), N = JUDGE_LOOPS (20000)
 #   judge-cost.sh --filter BIN...      the whole rewrite of a 4,000-record
 #                                      partition (benches/filter.rs `threads`:
-#                                      plan, decode, judge, splice), N = 8
+#                                      plan, decode, judge, splice), N = 8;
+#                                      FILTER_FORMAT=json|avro|protobuf picks
+#                                      the reference policy (default json)
 # BIN is the bench executable, printed by
 #   CARGO_TARGET_DIR=/work/bench-target cargo bench --bench validate --no-run
 # These VMs expose no hardware counters to `perf stat`, and their times
@@ -31,5 +33,5 @@ count() {  # count BIN LOOPS -> instructions of the whole run
 for bin in "$@"; do
   i0=$(count "$bin" 0)
   i1=$(count "$bin" "$loops")
-  echo "$case $bin: $(( (i1 - i0) / records )) instructions per record ($records records)"
+  echo "$case ${FILTER_FORMAT:-json} $bin: $(( (i1 - i0) / records )) instructions per record ($records records)"
 done
