@@ -4,6 +4,8 @@
 //! must see records and markers written after the start, by this instance
 //! or another). Owns no state: the caller keeps the next offset.
 
+use tracing::warn;
+
 use super::rebuild::{fetch_partition, FetchLimits};
 use crate::client::{errors, no_broker, ClientError, Cluster};
 use crate::kafka::batch::{self, Segment};
@@ -18,6 +20,9 @@ const LIMITS: FetchLimits = FetchLimits {
     max_bytes: 4 << 20,
     partition_max_bytes: 4 << 20,
 };
+
+/// ListOffsets' timestamp for a partition's end.
+const LATEST: i64 = -1;
 
 /// Read `topic`/`partition` from `from` (`None`: its log start) to the high
 /// watermark of the first fetch, calling `f` for each record; returns the
@@ -46,6 +51,17 @@ where
         if code == errors::OFFSET_OUT_OF_RANGE {
             let start = cluster.log_start(topic, partition).await?;
             if start > offset {
+                offset = start;
+                continue;
+            }
+            // Past its end: the partition was deleted and created again (or
+            // truncated) below where this reader had got to. Read the new
+            // one from its start, as the DLT tail does; waiting for its end
+            // to pass the old position would miss every record until then.
+            let end = cluster.list_offset(topic, partition, LATEST).await?;
+            if end < offset && end >= start {
+                warn!(topic, partition, from = offset, end,
+                    "a followed partition ends below where it was read to (deleted and created again?): read again from its start");
                 offset = start;
                 continue;
             }

@@ -601,3 +601,25 @@ async fn a_read_before_a_write_past_the_end_of_a_recreated_dlt_reads_it_from_its
     let offsets: Vec<i64> = found.iter().map(|o| o.offset).collect();
     assert_eq!(offsets, [20, 21], "the new DLT's records, from its start");
 }
+
+#[tokio::test]
+async fn a_follower_past_the_end_of_a_recreated_partition_reads_it_from_its_start() {
+    // The blocked-key follower and re-drive had read the old DLT to offset
+    // 5; the new one ends at 2: they read it from its start, not wait (or
+    // fail) until its end passes 5.
+    let mock = MockBroker::start().await;
+    mock.add_topic("t.dlt", 1);
+    for o in 0..2 {
+        mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 30 + o, 10)));
+    }
+    let mut cluster = client::Cluster::new(vec![mock.addr.clone()], endpoint());
+    let mut seen = Vec::new();
+    let next = super::follow::follow(&mut cluster, "t.dlt", 0, Some(5), &mut |r| {
+        seen.push(r.offset);
+        true
+    })
+    .await
+    .expect("read");
+    assert_eq!(seen, [0, 1], "the new partition's records, from its start");
+    assert_eq!(next, 2);
+}
