@@ -17,7 +17,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::backoff;
-use super::lease::{init_producer_id, retriable, LEASE_TRIES};
+use super::lease::{coordinator_call, init_producer_id, retriable};
 use crate::client::{errors, Cluster};
 
 /// What [`fence_partition`] came to.
@@ -106,18 +106,23 @@ pub(crate) async fn fence_partition(
         .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default()
             .with_name(TopicName(StrBytes::from_string(topic.to_string())))
             .with_partitions(vec![partition])]);
-    let code = coordinator_call(cluster, tid, |conn| {
-        let add = add.clone();
-        Box::pin(async move {
-            let r = conn.send_at(add, add_v).await?;
-            Ok(r.results_by_topic_v3_and_below
-                .iter()
-                .flat_map(|t| &t.results_by_partition)
-                .map(|p| p.partition_error_code)
-                .find(|c| *c != 0)
-                .unwrap_or(r.error_code))
-        })
-    })
+    let code = coordinator_call(
+        cluster,
+        tid,
+        |c: &i16| *c,
+        |conn| {
+            let add = add.clone();
+            Box::pin(async move {
+                let r = conn.send_at(add, add_v).await?;
+                Ok(r.results_by_topic_v3_and_below
+                    .iter()
+                    .flat_map(|t| &t.results_by_partition)
+                    .map(|p| p.partition_error_code)
+                    .find(|c| *c != 0)
+                    .unwrap_or(r.error_code))
+            })
+        },
+    )
     .await?;
     match code {
         0 => {}
@@ -129,10 +134,15 @@ pub(crate) async fn fence_partition(
         .with_producer_id(ProducerId(pid))
         .with_producer_epoch(epoch)
         .with_committed(false);
-    let code = coordinator_call(cluster, tid, |conn| {
-        let end = end.clone();
-        Box::pin(async move { Ok(conn.send_at(end, end_v).await?.error_code) })
-    })
+    let code = coordinator_call(
+        cluster,
+        tid,
+        |c: &i16| *c,
+        |conn| {
+            let end = end.clone();
+            Box::pin(async move { Ok(conn.send_at(end, end_v).await?.error_code) })
+        },
+    )
     .await?;
     match code {
         0 => {}
@@ -193,38 +203,4 @@ fn fenced(code: i16) -> bool {
         code,
         errors::PRODUCER_FENCED | errors::INVALID_PRODUCER_EPOCH
     )
-}
-
-type CallFuture<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<i16, crate::client::ClientError>> + Send + 'a>,
->;
-
-/// One request to `tid`'s coordinator, made by `call` (its error code),
-/// asked again while the answer is retriable (as [`init_producer_id`]).
-async fn coordinator_call<F>(cluster: &mut Cluster, tid: &str, call: F) -> Result<i16, String>
-where
-    F: for<'a> Fn(&'a mut crate::client::Connection) -> CallFuture<'a>,
-{
-    let mut result = Err(String::new());
-    for attempt in 0..LEASE_TRIES {
-        result = match cluster.transaction_coordinator(tid).await {
-            Ok(conn) => call(conn).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let again = match &result {
-            Ok(code) => retriable(*code),
-            Err(_) => true,
-        };
-        if !again || attempt + 1 == LEASE_TRIES {
-            break;
-        }
-        cluster.reset();
-        let pause = backoff(
-            attempt,
-            Duration::from_millis(20),
-            Duration::from_millis(500),
-        );
-        tokio::time::sleep(pause).await;
-    }
-    result
 }

@@ -305,7 +305,7 @@ impl Producer {
 
 /// How many times InitProducerId is asked when its answer is retriable,
 /// before the write waits for the next round (about 1.5 s in all).
-pub(super) const LEASE_TRIES: u32 = 6;
+const LEASE_TRIES: u32 = 6;
 
 /// Longest a lease is used before InitProducerId is asked again. Asking
 /// keeps the transactional id alive (Kafka expires one unused for
@@ -429,21 +429,48 @@ pub(crate) async fn init_producer_id(
             tid.to_string(),
         ))))
         .with_transaction_timeout_ms(60_000);
+    // v2+ in practice: tansu answers v0 and v1 with error -1.
+    coordinator_call(
+        cluster,
+        tid,
+        |r: &InitProducerIdResponse| r.error_code,
+        |conn| {
+            let req = req.clone();
+            Box::pin(async move { conn.send(req, 0, 4).await })
+        },
+    )
+    .await
+}
+
+/// A request to a transaction coordinator, in flight.
+pub(super) type CallFuture<'a, R> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<R, crate::client::ClientError>> + Send + 'a>,
+>;
+
+/// One request to `tid`'s transaction coordinator, made by `call`, asked
+/// again (up to [`LEASE_TRIES`] times, jittered) while the error `code` of
+/// its answer is retriable or there was none. The last answer, or why there
+/// was none.
+pub(super) async fn coordinator_call<R, F>(
+    cluster: &mut Cluster,
+    tid: &str,
+    code: impl Fn(&R) -> i16,
+    call: F,
+) -> Result<R, String>
+where
+    F: for<'a> Fn(&'a mut crate::client::Connection) -> CallFuture<'a, R>,
+{
     let mut result = Err(String::new());
     for attempt in 0..LEASE_TRIES {
         result = match cluster.transaction_coordinator(tid).await {
-            // v2+ in practice: tansu answers v0 and v1 with error -1.
-            Ok(conn) => conn
-                .send(req.clone(), 0, 4)
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(conn) => call(conn).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        let retriable = match &result {
-            Ok(r) => retriable(r.error_code),
+        let again = match &result {
+            Ok(r) => retriable(code(r)),
             Err(_) => true,
         };
-        if !retriable || attempt + 1 == LEASE_TRIES {
+        if !again || attempt + 1 == LEASE_TRIES {
             break;
         }
         cluster.reset();
