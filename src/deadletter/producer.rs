@@ -313,7 +313,13 @@ impl Producer {
                 }
                 Err(e @ ProduceError::TooLarge(..)) => {
                     crate::metrics::global().dlt_write_result("too_large", started.elapsed());
-                    error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
+                    // Retried on every fetch of its partition: logged once a
+                    // minute per DLT partition (the metric counts each).
+                    if too_large_logged_recently(topic, partition) {
+                        debug!(error = %e, dlt = topic, partition, "a single dead-letter record is still too large for its DLT");
+                    } else {
+                        error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
+                    }
                 }
                 Err(e) => {
                     crate::metrics::global().dlt_write(false, started.elapsed());
@@ -489,6 +495,32 @@ pub(super) fn finish(ledger: &Ledger, job: PendingWrite, ok: bool) {
     }
     ledger.finish(&super::ledger_key(d), ok);
     let _ = job.done.send(Some(ok));
+}
+
+/// Whether the too-large error of `topic`/`partition` was logged in the
+/// last minute (else it is noted as logged now). At most one entry per DLT
+/// partition that ever held a too-large record.
+fn too_large_logged_recently(topic: &str, partition: i32) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static LOGGED: OnceLock<Mutex<HashMap<(String, i32), Instant>>> = OnceLock::new();
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+    let mut m = LOGGED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    match m.get_mut(&(topic.to_string(), partition)) {
+        Some(at) if now.duration_since(*at) < EVERY => true,
+        Some(at) => {
+            *at = now;
+            false
+        }
+        None => {
+            m.insert((topic.to_string(), partition), now);
+            false
+        }
+    }
 }
 
 #[cfg(test)]
