@@ -203,9 +203,15 @@ fn bench_threads(c: &mut Criterion) {
         "protobuf" => ("geofence-protobuf.yaml", common::protobuf_value),
         other => panic!("FILTER_FORMAT: json, avro or protobuf, not {other}"),
     };
+    // FILTER_POISON_EVERY: one poison record in that many (default 1000:
+    // one per batch, so every batch loses a record; 0: none, so no batch
+    // does, the case a lever for clean batches must show).
+    let every = std::env::var("FILTER_POISON_EVERY").map_or(1000, |v| {
+        v.parse::<usize>().expect("FILTER_POISON_EVERY: a count")
+    });
     let policy = common::load_policy(file);
     let vis = Visibility::new(false, None);
-    let section = common::section(value, BATCHES, PER_BATCH, 1000, Compression::None);
+    let section = common::section(value, BATCHES, PER_BATCH, every, Compression::None);
     let cache = VerdictCache::new(100_000);
     let serial = AtomicUsize::new(0);
     let rewrite = || {

@@ -8,7 +8,9 @@
 #                                      partition (benches/filter.rs `threads`:
 #                                      plan, decode, judge, splice), N = 8;
 #                                      FILTER_FORMAT=json|avro|protobuf picks
-#                                      the reference policy (default json)
+#                                      the reference policy (default json);
+#                                      FILTER_POISON_EVERY=N one poison record
+#                                      in N (default 1000: one per batch; 0: none)
 # BIN is the bench executable, printed by
 #   CARGO_TARGET_DIR=/work/bench-target cargo bench --bench validate --no-run
 # These VMs expose no hardware counters to `perf stat`, and their times
@@ -33,5 +35,5 @@ count() {  # count BIN LOOPS -> instructions of the whole run
 for bin in "$@"; do
   i0=$(count "$bin" 0)
   i1=$(count "$bin" "$loops")
-  echo "$case ${FILTER_FORMAT:-json} $bin: $(( (i1 - i0) / records )) instructions per record ($records records)"
+  echo "$case ${FILTER_FORMAT:-json} poison-every=${FILTER_POISON_EVERY:-1000} $bin: $(( (i1 - i0) / records )) instructions per record ($records records)"
 done
