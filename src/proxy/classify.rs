@@ -29,6 +29,9 @@ use crate::transport::frame::{self, response_frame, Cursor};
 pub(super) enum Handling {
     /// Forward the broker's bytes untouched.
     Forward,
+    /// The answer to the proxy's own request (the barrier before closing
+    /// an acks=0 connection): read and dropped, never sent to the client.
+    Discard,
     /// Intersect the broker's API versions with the proxy's.
     ApiVersions,
     /// Rewrite the broker addresses it carries.

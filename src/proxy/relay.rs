@@ -219,11 +219,33 @@ where
         // A no-op on TCP; on TLS it pushes the record out now.
         broker.flush().await.map_err(RelayError::BrokerWrite)?;
         if close {
+            // Kafka handles a connection's requests one at a time, in
+            // order: once it answers this ApiVersions, the forwarded part
+            // of the Produce is appended. Closing before that could make it
+            // drop the request with the connection.
+            let barrier = frame::api_versions_v0(BARRIER_CORRELATION_ID);
+            let p = Pending {
+                correlation_id: Some(BARRIER_CORRELATION_ID),
+                version: 0,
+                handling: Handling::Discard,
+            };
+            state.in_flight.fetch_add(1, Ordering::SeqCst);
+            if pending.send(p).await.is_ok() {
+                broker
+                    .write_all(&barrier)
+                    .await
+                    .map_err(RelayError::BrokerWrite)?;
+                broker.flush().await.map_err(RelayError::BrokerWrite)?;
+            }
             closing_for_acks_zero();
             return Ok(());
         }
     }
 }
+
+/// The correlation id of the proxy's own barrier request (the connection
+/// closes after it, so it cannot meet a client's later id).
+const BARRIER_CORRELATION_ID: i32 = i32::MIN;
 
 /// The request side ends after a Produce with acks=0 was refused in part:
 /// the answers pending are still delivered, then the connection closes.
@@ -263,6 +285,15 @@ where
                 Some(_) => return Err(RelayError::BadResponse("unsolicited frame".into())),
             },
         };
+        if matches!(p.handling, Handling::Discard) {
+            let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
+                Some(f) => f,
+                None => return Err(RelayError::BrokerClosed(1 + pending.len())),
+            };
+            check_correlation_id(&f, p.correlation_id)?;
+            state.in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
         if matches!(p.handling, Handling::Forward) {
             let closed = RelayError::BrokerClosed(1 + pending.len());
             if let Some(started) =
@@ -390,7 +421,8 @@ async fn respond(
 ) -> Result<ResponseFrame, RelayError> {
     let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
     match handling {
-        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake(_) => {
+        // Discard never gets here: the response pump drops its answer.
+        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake(_) | Handling::Discard => {
             Ok(ResponseFrame::whole(frame))
         }
         Handling::Produce(refused) => {

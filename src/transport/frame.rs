@@ -11,10 +11,9 @@ use std::io::IoSlice;
 
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
 
 /// The process-wide cap on request bytes being received and handled
 /// (`limits.max_queued_request_bytes`), one permit a KiB, shared by every
@@ -116,9 +115,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         };
         let want = u32::try_from(total.div_ceil(1024)).unwrap_or(u32::MAX);
         let permits = want.min(q.permits).max(1);
-        let permit = q.sem.acquire_many_owned(permits).await.map_err(|_| {
-            FrameError::Io(std::io::Error::other("the request queue is closed"))
-        })?;
+        let permit =
+            q.sem.acquire_many_owned(permits).await.map_err(|_| {
+                FrameError::Io(std::io::Error::other("the request queue is closed"))
+            })?;
         self.held = Some(permit);
         Ok(())
     }
@@ -513,6 +513,22 @@ mod tests {
         drop(a_tx);
         assert!(a.next().await.unwrap().is_none());
         assert_eq!(b.next().await.unwrap().unwrap().len(), 600 * 1024);
-        assert_eq!(queue.held_bytes(), 600 * 1024, "b's frame until b's next call");
+        assert_eq!(
+            queue.held_bytes(),
+            600 * 1024,
+            "b's frame until b's next call"
+        );
     }
+}
+
+/// A size-prefixed ApiVersions v0 request (header v1, no client id): the
+/// proxy's own request on a client's connection, whose answer it drops.
+pub fn api_versions_v0(correlation_id: i32) -> Bytes {
+    let mut b = BytesMut::with_capacity(14);
+    b.put_i32(10); // api key, version, correlation id, client id length
+    b.put_i16(18);
+    b.put_i16(0);
+    b.put_i32(correlation_id);
+    b.put_i16(-1);
+    b.freeze()
 }
