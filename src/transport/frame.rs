@@ -379,6 +379,18 @@ pub fn response_frame_raw(header: &[u8], body: &[u8]) -> Bytes {
     out.freeze()
 }
 
+/// A size-prefixed ApiVersions v0 request (header v1, no client id): the
+/// proxy's own request on a client's connection, whose answer it drops.
+pub fn api_versions_v0(correlation_id: i32) -> Bytes {
+    let mut b = BytesMut::with_capacity(14);
+    b.put_i32(10); // api key, version, correlation id, client id length
+    b.put_i16(18);
+    b.put_i16(0);
+    b.put_i32(correlation_id);
+    b.put_i16(-1);
+    b.freeze()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,16 +531,4 @@ mod tests {
             "b's frame until b's next call"
         );
     }
-}
-
-/// A size-prefixed ApiVersions v0 request (header v1, no client id): the
-/// proxy's own request on a client's connection, whose answer it drops.
-pub fn api_versions_v0(correlation_id: i32) -> Bytes {
-    let mut b = BytesMut::with_capacity(14);
-    b.put_i32(10); // api key, version, correlation id, client id length
-    b.put_i16(18);
-    b.put_i16(0);
-    b.put_i32(correlation_id);
-    b.put_i16(-1);
-    b.freeze()
 }
