@@ -131,10 +131,15 @@ def run_kafka_python(ep, topic, group, isolation, n, hws):
                 got.extend(c._kp_rec(m) for m in msgs)
             if len(got) >= n and settle_until is None:
                 settle_until = time.monotonic() + SETTLE
-            if settle_until is not None:
+            # kafka-python raises IllegalStateError for a partition a
+            # rebalance under way has taken back: ask only while all are held.
+            if settle_until is not None and set(tps) <= cons.assignment():
                 pos = {tp.partition: cons.position(tp) for tp in tps}
                 if pos == hws or time.monotonic() > settle_until:
                     break
+        while not set(tps) <= cons.assignment() and time.monotonic() < deadline + 30:
+            for _tp, msgs in cons.poll(timeout_ms=200).items():
+                got.extend(c._kp_rec(m) for m in msgs)
         pos = {tp.partition: cons.position(tp) for tp in tps}
         cons.commit()
         committed = {tp.partition: cons.committed(tp) for tp in tps}
