@@ -455,6 +455,10 @@ def test_door_refusing_part_of_an_acks_zero_produce_writes_the_rest_and_closes_a
     from test_produce_door import PREFIX
     topic = ps.unique_topic(PREFIX, "acks0")
     c.ck_create_topic(broker_endpoint, topic, 2)
+    # Right after creation Kafka may still answer NOT_LEADER_OR_FOLLOWER;
+    # an acks=0 batch sent then is dropped unseen. Wait for both leaders.
+    for part in (0, 1):
+        ps.fetch_partition(door.broker_port(), topic, part)
     poison = json_batch([ps.json_rec("lat", 0)])
     good = [json_batch([ps.json_rec("valid", i)]) for i in (1, 2, 3)]
     with socket.create_connection((h.HOST, door.broker_port()), timeout=10) as s:
