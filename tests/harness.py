@@ -655,6 +655,17 @@ class ConnectionWatcher:
 # Raw Kafka protocol (just enough for hand-built requests)
 # ---------------------------------------------------------------------------
 
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` in a /metrics page whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name):len(name) + 1] not in ("{", " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def kstr(s: Optional[str]) -> bytes:
     if s is None:
         return struct.pack(">h", -1)

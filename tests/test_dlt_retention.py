@@ -68,16 +68,6 @@ def scrape(proxy) -> str:
         return r.read().decode()
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line[len(name):len(name) + 1] not in ("{", " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def create_topic(ep: c.Endpoint, name: str, config: dict) -> None:
     admin = AdminClient(ep.ck())
     admin.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(30)
@@ -371,8 +361,8 @@ def test_many_poison_records_of_one_fetch_are_split_into_batches_the_dlt_accepts
         assert all(len(b.bytes) <= DLT_LIMIT for b in batches)
         assert "batch too large for the DLT: splitting" in proxy.log.read_text()
         text = scrape(proxy)
-        assert metric(text, "antidote_dlt_writes_total", result="too_large") == 0
-        assert metric(text, "antidote_held_partitions") == 0
+        assert h.metric(text, "antidote_dlt_writes_total", result="too_large") == 0
+        assert h.metric(text, "antidote_held_partitions") == 0
     finally:
         proxy.stop_and_check()
 
@@ -402,9 +392,9 @@ def test_a_record_larger_than_the_dlt_limit_holds_its_partition_until_the_limit_
         t0, text0 = time.monotonic(), scrape(proxy)
         assert _drain(cons, 8) == []
         text1, window = scrape(proxy), time.monotonic() - t0
-        assert metric(text1, "antidote_held_partitions", topic=topic, partition="0") == 1
-        tries = (metric(text1, "antidote_dlt_writes_total", result="too_large")
-                 - metric(text0, "antidote_dlt_writes_total", result="too_large"))
+        assert h.metric(text1, "antidote_held_partitions", topic=topic, partition="0") == 1
+        tries = (h.metric(text1, "antidote_dlt_writes_total", result="too_large")
+                 - h.metric(text0, "antidote_dlt_writes_total", result="too_large"))
         # Retried, at a bounded rate (every 250-500 ms while a fetch waits,
         # about 3 a second), not in a hot loop (hundreds a second).
         assert 1 <= tries <= 8 * window, f"{tries} too-large writes in {window:.1f}s"
@@ -421,7 +411,7 @@ def test_a_record_larger_than_the_dlt_limit_holds_its_partition_until_the_limit_
     try:
         assert origins(dlt_records(broker_endpoint, dlt)) == [2, 4]
         text = scrape(proxy)
-        assert metric(text, "antidote_held_partitions", topic=topic, partition="0") == 0
+        assert h.metric(text, "antidote_held_partitions", topic=topic, partition="0") == 0
     finally:
         proxy.stop_and_check()
 

@@ -26,7 +26,7 @@ import pytest
 
 from clients import (Endpoint, Rec, ck_consume_assign, ck_create_topic, ck_produce,
                      kp_consume_assign)
-from harness import ANTIDOTE_BIN, HOST, Antidote, free_port
+from harness import ANTIDOTE_BIN, HOST, Antidote, free_port, metric
 
 # Valid while -90 <= lat <= 90 (the "broken" policy the proxy runs with) ...
 POLICY = """\
@@ -359,17 +359,6 @@ def test_every_documented_metric_name_is_served(ops):
     documented = documented_metric_names()
     assert len(documented) >= 14, documented
     assert documented <= served, f"documented but not served: {sorted(documented - served)}"
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line[len(name):len(name) + 1] not in ("{", " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_more_readers_of_the_same_records_reuse_verdicts_and_spliced_batches(ops):

@@ -112,23 +112,15 @@ impl FetchFilter {
         let helpers = helpers(&sizes, idle);
         let _planning = Planning::enter(jobs.len() + helpers.iter().sum::<usize>());
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
+        let (verdicts, budget) = (&self.engine.verdicts, &self.engine.budget);
+        let here = |j: &Arc<PartitionJob>| {
+            (
+                j.at,
+                timed(|| j.plan(now_ms, verdicts, budget, &self.dead_letter)),
+            )
+        };
         if alone || bytes < PARALLEL_MIN_BYTES {
-            return Ok(jobs
-                .iter()
-                .map(|j| {
-                    (
-                        j.at,
-                        timed(|| {
-                            j.plan(
-                                now_ms,
-                                &self.engine.verdicts,
-                                &self.engine.budget,
-                                &self.dead_letter,
-                            )
-                        }),
-                    )
-                })
-                .collect());
+            return Ok(jobs.iter().map(here).collect());
         }
         // Helpers first, so they start while the partitions are planned.
         let mut ahead = Vec::new();
@@ -156,19 +148,7 @@ impl FetchFilter {
             })
             .collect();
         let mut out = Vec::with_capacity(rest.len() + 1);
-        for j in &jobs {
-            out.push((
-                j.at,
-                timed(|| {
-                    j.plan(
-                        now_ms,
-                        &self.engine.verdicts,
-                        &self.engine.budget,
-                        &self.dead_letter,
-                    )
-                }),
-            ));
-        }
+        out.extend(jobs.iter().map(here));
         for handle in rest {
             out.push(handle.await?);
         }
