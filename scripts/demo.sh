@@ -44,7 +44,7 @@ target/debug/antidote run --config "$WORK/antidote.yaml" 2>"$WORK/antidote.log" 
 PROXY_PID=$!
 sleep 1
 
-.venv/bin/python examples/demo_client.py "127.0.0.1:$BROKER_PORT" "127.0.0.1:$PROXY_PORT"
+.venv/bin/python scripts/demo_client.py "127.0.0.1:$BROKER_PORT" "127.0.0.1:$PROXY_PORT"
 echo
 echo "== antidote's log of diversions"
 grep -E "record diverted" "$WORK/antidote.log" | sed 's/\x1b\[[0-9;]*m//g' || true

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The deterministic end-to-end benchmark (issue 15): the proxy in front of
-`examples/bench_broker.rs`, a broker that serves generated record batches
+`benches/tools/bench_broker.rs`, a broker that serves generated record batches
 from memory, so that the figures are the proxy's and not tansu's (whose own
 read rate swings 0.17-1.18 M records/s between runs on these machines).
 
@@ -15,7 +15,7 @@ Paths, read in rounds (a b0 c d, a b0 c d, ...), each read of a fresh topic
 For each read: records/s (BENCH_CONSUMER=e2e, the default: the librdkafka
 consumer of scripts/bench/e2e.py, assign() on BENCH_PARTITIONS (3) partitions, capped at
 0.3-0.6 M records/s by Python; BENCH_CONSUMER=fetch_load:
-examples/fetch_load.rs, which speaks Fetch itself on one thread), the proxy's whole-process CPU per record read
+benches/tools/fetch_load.rs, which speaks Fetch itself on one thread), the proxy's whole-process CPU per record read
 (/proc utime+stime), and for c the Fetch-rewrite CPU per judged record
 (`antidote_fetch_rewrite_cpu_seconds_total` / `antidote_records_validated_total`),
 the latency antidote added per response (p50 and p99 bucket bounds of
