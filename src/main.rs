@@ -224,9 +224,16 @@ fn check_dlts(path: &Path) {
         antidote::dlt::check::dlt_warnings(&ctx).await
     });
     match found {
-        Ok(lines) if lines.is_empty() => println!("dead-letter topics: no configuration breaks a promise"),
-        Ok(lines) => lines.iter().for_each(|l| eprintln!("{}: warning: {l}", path.display())),
-        Err(e) => eprintln!("{}: warning: dead-letter topics not checked: {e}", path.display()),
+        Ok(lines) if lines.is_empty() => {
+            println!("dead-letter topics: no configuration breaks a promise")
+        }
+        Ok(lines) => lines
+            .iter()
+            .for_each(|l| eprintln!("{}: warning: {l}", path.display())),
+        Err(e) => eprintln!(
+            "{}: warning: dead-letter topics not checked: {e}",
+            path.display()
+        ),
     }
 }
 

@@ -64,7 +64,11 @@ struct Window {
 impl Window {
     fn trim(&mut self, over: i64) {
         let Some(high) = self.high else { return };
-        while self.diverted.front().is_some_and(|(o, _)| *o <= high - over) {
+        while self
+            .diverted
+            .front()
+            .is_some_and(|(o, _)| *o <= high - over)
+        {
             self.diverted.pop_front();
         }
     }
@@ -144,7 +148,8 @@ impl Breakers {
             }
             w.high = Some(o);
             w.trim(over);
-            w.diverted.push_back((o, Arc::from(d.invalid.rule.as_str())));
+            w.diverted
+                .push_back((o, Arc::from(d.invalid.rule.as_str())));
             let n = w.diverted.len() as f64;
             let judged = (o - first + 1).clamp(1, over) as f64;
             if w.diverted.len() as u32 >= cfg.min_diverted && n / judged > cfg.max_ratio {
@@ -199,7 +204,9 @@ impl Breakers {
         if m.open {
             if w.open_at.is_none() && w.closed_through.is_none_or(|c| m.through > c) {
                 w.open_at = Some(m.through);
-                metrics::global().breaker.opened(&m.topic, m.partition, policy);
+                metrics::global()
+                    .breaker
+                    .opened(&m.topic, m.partition, policy);
                 warn!(topic = %m.topic, partition = m.partition, offset = m.through, policy,
                     "diversion circuit breaker open (marker in the DLT): the partition is held");
             }
@@ -218,7 +225,9 @@ impl Breakers {
                 ..Window::default()
             };
             if was_open {
-                metrics::global().breaker.closed(&m.topic, m.partition, policy);
+                metrics::global()
+                    .breaker
+                    .closed(&m.topic, m.partition, policy);
                 warn!(topic = %m.topic, partition = m.partition, through = m.through, divert = m.divert, policy,
                     "diversion circuit breaker closed by an operator's marker");
             }

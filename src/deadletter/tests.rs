@@ -549,7 +549,10 @@ async fn without_a_lease_nothing_is_written_and_the_next_try_takes_one() {
     mock.state().coordinator_error = Some(15); // COORDINATOR_NOT_AVAILABLE
     let d = diversion("t", 0, 7, 20);
     assert!(dl.submit(&d).expect("submit").wait().await.is_err());
-    assert!(stored(&mock, "t.dlt", 0).is_empty(), "nothing written unfenced");
+    assert!(
+        stored(&mock, "t.dlt", 0).is_empty(),
+        "nothing written unfenced"
+    );
     assert!(!dl.is_diverted(&super::ledger_key(&d)));
     mock.state().coordinator_error = None;
     assert!(dl.submit(&d).expect("submit").wait().await.is_ok());
@@ -610,7 +613,11 @@ async fn a_follower_past_the_end_of_a_recreated_partition_reads_it_from_its_star
     let mock = MockBroker::start().await;
     mock.add_topic("t.dlt", 1);
     for o in 0..2 {
-        mock.append("t.dlt", 0, written_elsewhere(&diversion("t", 0, 30 + o, 10)));
+        mock.append(
+            "t.dlt",
+            0,
+            written_elsewhere(&diversion("t", 0, 30 + o, 10)),
+        );
     }
     let mut cluster = client::Cluster::new(vec![mock.addr.clone()], endpoint());
     let mut seen = Vec::new();

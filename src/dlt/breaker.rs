@@ -39,7 +39,10 @@ pub async fn close(args: &CloseArgs, out: &mut dyn Write) -> Result<(), DltError
         .for_topic(&args.topic)
         .filter(|p| p.breaker.is_some())
         .ok_or_else(|| {
-            DltError::Usage(format!("no policy with a `breaker:` covers topic {}", args.topic))
+            DltError::Usage(format!(
+                "no policy with a `breaker:` covers topic {}",
+                args.topic
+            ))
         })?;
     let dlt = policy.dead_letter_topic(&args.topic, Class::Poison);
     let mut cluster = ctx.dead_letter_cluster()?;
@@ -74,7 +77,11 @@ pub async fn close(args: &CloseArgs, out: &mut dyn Write) -> Result<(), DltError
         (Some(d), _) => (d, true),
         (None, Some(at)) => (at, false),
         (None, None) => {
-            writeln!(out, "not open          {}-{}: no breaker marker holds it; nothing written", args.topic, args.partition)?;
+            writeln!(
+                out,
+                "not open          {}-{}: no breaker marker holds it; nothing written",
+                args.topic, args.partition
+            )?;
             return Ok(());
         }
     };
@@ -90,7 +97,11 @@ pub async fn close(args: &CloseArgs, out: &mut dyn Write) -> Result<(), DltError
     if divert {
         writeln!(out, "closed            {}-{}: diversions accepted through offset {through}; the breaker re-arms after it", args.topic, args.partition)?;
     } else {
-        writeln!(out, "closed            {}-{} at offset {through}: the held record is judged again", args.topic, args.partition)?;
+        writeln!(
+            out,
+            "closed            {}-{} at offset {through}: the held record is judged again",
+            args.topic, args.partition
+        )?;
     }
     Ok(())
 }

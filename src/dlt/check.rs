@@ -59,9 +59,8 @@ pub async fn dlt_warnings(ctx: &Context) -> Result<Vec<String>, DltError> {
         let (Some(o), Some(d)) = (up_cfg.get(origin), dlt_cfg.get(dlt)) else {
             continue;
         };
-        let num = |m: &HashMap<String, String>, k: &str| {
-            m.get(k).and_then(|v| v.parse::<i64>().ok())
-        };
+        let num =
+            |m: &HashMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
         // -1: forever.
         let forever = |v: i64| if v < 0 { i64::MAX } else { v };
         if let (Some(dr), Some(or)) = (num(d, "retention.ms"), num(o, "retention.ms")) {
@@ -74,12 +73,17 @@ pub async fn dlt_warnings(ctx: &Context) -> Result<Vec<String>, DltError> {
         }
         if let (Some(drf), Some(orf)) = (dlt_rf.get(dlt), up_rf.get(origin)) {
             if drf < orf {
-                out.push(format!("dead-letter topic {dlt}: replication factor {drf} is below {origin}'s {orf}"));
+                out.push(format!(
+                    "dead-letter topic {dlt}: replication factor {drf} is below {origin}'s {orf}"
+                ));
             }
         }
-        if let (Some(dm), Some(om)) = (num(d, "min.insync.replicas"), num(o, "min.insync.replicas")) {
+        if let (Some(dm), Some(om)) = (num(d, "min.insync.replicas"), num(o, "min.insync.replicas"))
+        {
             if dm < om {
-                out.push(format!("dead-letter topic {dlt}: min.insync.replicas {dm} is below {origin}'s {om}"));
+                out.push(format!(
+                    "dead-letter topic {dlt}: min.insync.replicas {dm} is below {origin}'s {om}"
+                ));
             }
         }
     }

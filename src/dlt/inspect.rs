@@ -90,8 +90,11 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
                         (false, false) => "closed (judged again)",
                         (false, true) => "closed (diversions accepted through)",
                     };
-                    s.breaker
-                        .push((format!("{}-{}", esc(&m.topic), m.partition), what, m.through));
+                    s.breaker.push((
+                        format!("{}-{}", esc(&m.topic), m.partition),
+                        what,
+                        m.through,
+                    ));
                 }
             })
             .await?;

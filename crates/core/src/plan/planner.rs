@@ -569,11 +569,7 @@ pub(crate) fn decode_within(
         EXPANSION_GUESS
     };
     let floor = if uncompressed { 64 << 10 } else { 1 << 20 };
-    let guess = batch
-        .bytes()
-        .len()
-        .saturating_mul(factor)
-        .clamp(floor, cap);
+    let guess = batch.bytes().len().saturating_mul(factor).clamp(floor, cap);
     let mut limit = guess;
     loop {
         let mut memory = budget.try_reserve(limit).ok_or(HoldReason::Budget)?;

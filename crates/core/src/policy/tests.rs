@@ -135,7 +135,10 @@ fn a_breaker_out_of_range_or_with_unknown_keys_is_an_error_at_its_position() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("p.yaml"), &ok).expect("write");
     let set = PolicySet::load(&[dir.path().to_path_buf()]).expect("loads");
-    let b = set.for_topic("a.b").and_then(|p| p.breaker).expect("breaker");
+    let b = set
+        .for_topic("a.b")
+        .and_then(|p| p.breaker)
+        .expect("breaker");
     assert_eq!((b.max_ratio, b.over, b.min_diverted), (0.05, 1000, 50));
     assert_error(
         &format!("{BASE}    breaker: {{ max_ratio: 1.5, over: 1000, min_diverted: 50 }}\n"),
