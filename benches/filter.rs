@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use antidote::kafka::batch::{segments, splice, Segment};
+use antidote::kafka::batch::{segments, Segment};
 use antidote::kafka::compression::Compression;
+use antidote::kafka::splice::splice;
 use antidote::plan::budget::DecodeBudget;
 use antidote::plan::verdicts::VerdictCache;
 use antidote::plan::{plan_partition, plan_partition_with, Env, PartitionInput, Visibility};

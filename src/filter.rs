@@ -94,16 +94,19 @@ pub struct FetchFilter {
 }
 
 impl FetchFilter {
-    pub fn new(engine: Arc<Engine>, dead_letter: Arc<DeadLetter>, timeout: Duration) -> Self {
-        let blocked = Arc::new(BlockedKeys::default());
-        blocked.policies_changed(engine.policies());
+    pub fn new(
+        engine: Arc<Engine>,
+        dead_letter: Arc<DeadLetter>,
+        (blocked, breakers): (Arc<BlockedKeys>, Arc<Breakers>),
+        timeout: Duration,
+    ) -> Self {
         FetchFilter {
             engine,
             dead_letter,
             timeout,
             blocked,
             judge_ahead: true,
-            breakers: Arc::new(Breakers::default()),
+            breakers,
         }
     }
 
@@ -124,14 +127,13 @@ impl FetchFilter {
         self.engine.policies()
     }
 
-    /// Swap in a new, fully compiled policy set: the dead-letter side and
-    /// the blocked keys learn it first, then the engine swaps its snapshot
-    /// (dropping verdicts of the old one), then breakers of policies whose
-    /// text changed close.
+    /// Swap in a new, fully compiled policy set: the dead-letter side
+    /// learns it first, then the engine swaps its snapshot (dropping
+    /// verdicts of the old one; the DLT follower reads the new one), then
+    /// breakers of policies whose text changed close.
     pub fn replace_policies(&self, new: PolicySet) {
         let new = Arc::new(new);
         self.dead_letter.policies_changed(new.clone());
-        self.blocked.policies_changed(new.clone());
         let old = self.engine.swap(new.clone());
         self.breakers.reset(&old, &new);
     }

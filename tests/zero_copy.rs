@@ -11,8 +11,9 @@ mod common;
 
 use std::sync::Arc;
 
-use antidote::kafka::batch::{segments, splice, Segment};
+use antidote::kafka::batch::{segments, Segment};
 use antidote::kafka::compression::Compression;
+use antidote::kafka::splice::splice;
 use antidote::plan::verdicts::VerdictCache;
 use antidote::plan::{plan_partition, PartitionInput, PartitionPlan, Visibility};
 use bytes::Bytes;

@@ -5,12 +5,13 @@
 //! diversion is acknowledged and releases one when a replayed record
 //! carrying `x-released-through` is delivered.
 //!
-//! Its state lives in Kafka, not in memory only: [`Follower`] reads the
-//! DLTs of per_key policies from their log start at start (the filter holds
-//! those topics until it has), then follows them, so diversions and
+//! Its state lives in Kafka, not in memory only: the DLT follower
+//! (`follower`) reads the DLTs of per_key policies from their log start at
+//! start (the filter holds those topics until it has), then follows them
+//! and hands each record to [`BlockedKeys::observe`], so diversions and
 //! release/discard markers written by another instance (or `dlt replay`,
-//! `dlt discard`) reach this one within [`FOLLOW_EVERY`]. A record counts
-//! only if read from the DLT its origin topic's policy writes to
+//! `dlt discard`) reach this one within `follower::FOLLOW_EVERY`. A record
+//! counts only if read from the DLT its origin topic's policy writes to
 //! (`rebuild::trusted`), as for the ledger.
 //!
 //! Memory: one entry per blocked key (the key's bytes and four numbers);
@@ -24,19 +25,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::watch;
-use tracing::{info, warn};
 
-use super::{backoff, follow, trusted};
-use crate::client::{ClientError, Cluster};
+use super::breaker::Breakers;
+use super::follow::Event;
+use super::trusted;
 use crate::dlt_marker::Marker;
 use crate::dlt_record::{Origin, H_BLOCKED_BY, H_CLASS, H_FAILED_AT};
-use crate::kafka::record::Record;
-use crate::metrics;
 use crate::plan::keys::{Block, KeyGate, MAX_BLOCKED_KEYS_PER_PARTITION};
 use crate::policy::{Class, KeyOrdering, Policy, PolicySet};
-
-/// How often the DLTs of per_key policies are read for what is new.
-pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy)]
 struct KeyState {
@@ -63,8 +59,6 @@ type Part = Arc<RwLock<PartitionKeys>>;
 pub struct BlockedKeys {
     parts: DashMap<(Arc<str>, i32), Part>,
     loaded: watch::Sender<bool>,
-    /// The policies in force, for the follower (replaced on reload).
-    policies: watch::Sender<Arc<PolicySet>>,
 }
 
 impl Default for BlockedKeys {
@@ -72,7 +66,6 @@ impl Default for BlockedKeys {
         BlockedKeys {
             parts: DashMap::new(),
             loaded: watch::channel(false).0,
-            policies: watch::channel(Arc::new(PolicySet::default())).0,
         }
     }
 }
@@ -152,9 +145,9 @@ impl BlockedKeys {
         )
     }
 
-    /// New policies are in force: the follower reads the DLTs they add.
-    pub fn policies_changed(&self, policies: Arc<PolicySet>) {
-        self.policies.send_replace(policies);
+    /// The DLTs of per_key policies have been read once (the follower).
+    pub fn set_loaded(&self) {
+        self.loaded.send_replace(true);
     }
 
     /// Whether the DLTs of per_key policies have been read once.
@@ -238,220 +231,59 @@ fn class_of(text: &str) -> Class {
         .unwrap_or(Class::Poison)
 }
 
-/// Keeps [`BlockedKeys`] in step with the DLTs of per_key policies.
-pub struct Follower {
-    pub set: Arc<BlockedKeys>,
-    /// The diversion circuit breakers: their markers are read and written
-    /// here too.
-    pub breakers: Arc<super::breaker::Breakers>,
-    /// The dead-letter cluster and the upstream cluster (origin topics).
-    pub dlt: Cluster,
-    pub upstream: Cluster,
-    /// Where reading each DLT partition goes on.
-    next: HashMap<(String, i32), i64>,
-    /// The DLTs followed, as of the last lookup, and under which policies.
-    known: Vec<String>,
-    seen_policies: Arc<PolicySet>,
-    passes: u64,
-}
-
-/// Passes between two lookups of the topic list (10 s at FOLLOW_EVERY).
-const REFRESH_EVERY: u64 = 20;
-
-impl Follower {
-    pub fn new(
-        set: Arc<BlockedKeys>,
-        breakers: Arc<super::breaker::Breakers>,
-        dlt: Cluster,
-        upstream: Cluster,
-    ) -> Self {
-        Follower {
-            set,
-            breakers,
-            dlt,
-            upstream,
-            next: HashMap::new(),
-            known: Vec::new(),
-            seen_policies: Arc::new(PolicySet::default()),
-            passes: 0,
-        }
-    }
-
-    pub async fn run(mut self) {
-        let mut attempt = 0u32;
-        loop {
-            match self.pass().await {
-                Ok(()) => {
-                    let (keys, oldest) = self.set.summary();
-                    metrics::global()
-                        .keys
-                        .set_blocked(keys, oldest, crate::clock::now_ms());
-                    if !self.set.is_loaded() {
-                        info!(
-                            keys = self.set.summary().0,
-                            "blocked keys read back from the DLTs"
-                        );
-                        self.set.loaded.send_replace(true);
-                    }
-                    attempt = 0;
-                    tokio::time::sleep(FOLLOW_EVERY).await;
+impl BlockedKeys {
+    /// Learn one DLT record read from `dlt` (its frame opened): a
+    /// parked record of a per_key topic, or a release/discard or breaker
+    /// marker for a topic whose policy writes to this DLT.
+    pub fn observe(&self, breakers: &Breakers, policies: &PolicySet, dlt: &str, event: &Event<'_>) {
+        let writes_here = |topic: &str| {
+            policies.for_topic(topic).filter(|p| {
+                Class::ALL
+                    .iter()
+                    .any(|c| p.dead_letter_topic(topic, *c) == dlt)
+            })
+        };
+        let (ctx, r) = match event {
+            Event::Marker(Marker::Breaker(m)) => {
+                if let Some(policy) = writes_here(&m.topic) {
+                    breakers.apply(m, &policy.name);
                 }
-                Err(e) => {
-                    warn!(error = %e, "reading blocked keys from the DLTs failed; retrying");
-                    self.dlt.reset();
-                    self.upstream.reset();
-                    let pause =
-                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(5));
-                    tokio::time::sleep(pause).await;
-                    attempt = attempt.saturating_add(1);
+                return;
+            }
+            Event::Marker(Marker::Release(m)) => {
+                if writes_here(&m.topic).is_some() {
+                    self.release(&m.topic, m.partition, &m.key, m.through);
                 }
+                return;
             }
+            Event::Marker(_) => return,
+            Event::Diverted { ctx, record } => (ctx, record),
+        };
+        let (Some(o), Some(key)) = (Origin::of(ctx), r.key) else {
+            return;
+        };
+        if !trusted(policies, dlt, &o, None) {
+            return;
         }
+        let Some(policy) = policies
+            .for_topic(&o.topic)
+            .filter(|p| p.ordering == KeyOrdering::PerKey)
+        else {
+            return;
+        };
+        let text = |k| ctx.text(k);
+        let class = head_class(policy, &o.topic, dlt, class_of(text(H_CLASS).unwrap_or("")));
+        let parked = Parked {
+            key,
+            offset: o.offset,
+            class,
+            blocked_by: text(H_BLOCKED_BY).and_then(|t| t.trim().parse().ok()),
+            at_ms: text(H_FAILED_AT)
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(r.timestamp),
+        };
+        self.parked(&o.topic, o.partition, &parked);
     }
-
-    /// Read what is new in every DLT of a per_key policy topic.
-    async fn pass(&mut self) -> Result<(), ClientError> {
-        let policies = self.set.policies.borrow().clone();
-        if !policies.policies().iter().any(followed) {
-            return Ok(());
-        }
-        self.write_breaker_marks(&policies).await;
-        // The topic list changes rarely: looked up every REFRESH_EVERY passes.
-        if self.passes % REFRESH_EVERY == 0 || !Arc::ptr_eq(&policies, &self.seen_policies) {
-            self.known = self.dlts(&policies).await?;
-            self.seen_policies = policies.clone();
-        }
-        self.passes = self.passes.wrapping_add(1);
-        for dlt in self.known.clone() {
-            let Some(n) = self.dlt.partitions(&dlt).await? else {
-                continue;
-            };
-            for partition in 0..n as i32 {
-                let from = self.next.get(&(dlt.clone(), partition)).copied();
-                let (set, pol, brk) = (&self.set, &policies, &self.breakers);
-                let mut f = |r: &Record<'_>| {
-                    observe((set, brk), pol, (&dlt, partition), r);
-                    true
-                };
-                let next = follow::follow(&mut self.dlt, &dlt, partition, from, &mut f).await?;
-                self.next.insert((dlt.clone(), partition), next);
-            }
-        }
-        Ok(())
-    }
-
-    /// Write the breaker markers this instance owes (it tripped) to the
-    /// DLT of their topic's policy; those that fail are tried next pass.
-    async fn write_breaker_marks(&mut self, policies: &PolicySet) {
-        for m in self.breakers.take_outbox() {
-            let Some(p) = policies.for_topic(&m.topic) else {
-                continue;
-            };
-            let dlt = p.dead_letter_topic(&m.topic, Class::Poison);
-            let written = async {
-                let n = self.dlt.partitions(&dlt).await.ok().flatten()?;
-                let partition = m.partition.rem_euclid(i32::try_from(n).ok()?.max(1));
-                let record = Marker::Breaker(m.clone())
-                    .to_record(crate::clock::now_ms(), &super::trust::seal(&dlt, partition));
-                let batch = crate::kafka::builder::build_batch(&[record], &Default::default()).ok()?;
-                let resp = self.dlt.produce(&dlt, partition, batch).await.ok()?;
-                (resp.error_code == 0).then_some(())
-            }
-            .await;
-            if written.is_none() {
-                self.breakers.owe(m);
-                break; // the next pass tries again
-            }
-        }
-    }
-
-    /// The DLTs of the upstream's per_key policy topics.
-    async fn dlts(&mut self, policies: &PolicySet) -> Result<Vec<String>, ClientError> {
-        let meta = self.upstream.metadata(None).await?;
-        let mut out = Vec::new();
-        for t in meta.topics.iter().filter(|t| t.error_code == 0) {
-            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
-                continue;
-            };
-            if policies.is_dead_letter_topic(&name) {
-                continue;
-            }
-            let Some(p) = policies.for_topic(&name).filter(|p| followed(p)) else {
-                continue;
-            };
-            for c in Class::ALL {
-                let dlt = p.dead_letter_topic(&name, c);
-                if !out.contains(&dlt) {
-                    out.push(dlt);
-                }
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// Whether the follower reads `p`'s DLTs: for blocked keys (per_key) or
-/// for breaker markers.
-fn followed(p: &Arc<crate::policy::Policy>) -> bool {
-    p.ordering == KeyOrdering::PerKey || p.breaker.is_some()
-}
-
-/// Learn one DLT record: a parked record of a per_key topic, or a
-/// release/discard marker.
-fn observe(
-    (set, breakers): (&BlockedKeys, &super::breaker::Breakers),
-    policies: &PolicySet,
-    (dlt, p): (&str, i32),
-    r: &Record<'_>,
-) {
-    let Some(ctx) = super::trust::open(super::trust::Reader::BlockedKeys, dlt, p, r) else {
-        return;
-    };
-    if let Some(Marker::Breaker(m)) = Marker::parse(&ctx, r.key) {
-        if let Some(policy) = policies.for_topic(&m.topic).filter(|p| {
-            Class::ALL
-                .iter()
-                .any(|c| p.dead_letter_topic(&m.topic, *c) == dlt)
-        }) {
-            breakers.apply(&m, &policy.name);
-        }
-        return;
-    }
-    if let Some(Marker::Release(m)) = Marker::parse(&ctx, r.key) {
-        let writes_here = policies.for_topic(&m.topic).is_some_and(|p| {
-            Class::ALL
-                .iter()
-                .any(|c| p.dead_letter_topic(&m.topic, *c) == dlt)
-        });
-        if writes_here {
-            set.release(&m.topic, m.partition, &m.key, m.through);
-        }
-        return;
-    }
-    let (Some(o), Some(key)) = (Origin::of(&ctx), r.key) else {
-        return;
-    };
-    if !trusted(policies, dlt, &o, None) {
-        return;
-    }
-    let Some(policy) = policies
-        .for_topic(&o.topic)
-        .filter(|p| p.ordering == KeyOrdering::PerKey)
-    else {
-        return;
-    };
-    let text = |k| ctx.text(k);
-    let class = head_class(policy, &o.topic, dlt, class_of(text(H_CLASS).unwrap_or("")));
-    let parked = Parked {
-        key,
-        offset: o.offset,
-        class,
-        blocked_by: text(H_BLOCKED_BY).and_then(|t| t.trim().parse().ok()),
-        at_ms: text(H_FAILED_AT)
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(r.timestamp),
-    };
-    set.parked(&o.topic, o.partition, &parked);
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 //! offset (`--divert-through`) and re-arm after it.
 //!
 //! A fleet holds the same partitions: an instance that trips owes an open
-//! marker, which the DLT follower (`blocked::Follower`) writes to the
+//! marker, which the DLT follower (`redrive::follower`) writes to the
 //! policy's DLT; every instance's follower reads open and close markers
 //! back and applies them here. A marker's effect is bound to the partition
 //! and offset it names: an open marker at or below the partition's last

@@ -1,15 +1,30 @@
 //! Following a topic partition from an offset: read what was written since
 //! the last call, up to the high watermark seen by this call's first fetch.
-//! The blocked-key set and the re-drive loop follow DLTs this way (they
-//! must see records and markers written after the start, by this instance
-//! or another). Owns no state: the caller keeps the next offset.
+//! The DLT follower (`redrive::follower`) reads DLTs this way for the
+//! blocked keys and re-drive (they must see records and markers written
+//! after the start, by this instance or another), and hands each record
+//! whose frame opened to them as an [`Event`]. Owns no state: the caller
+//! keeps the next offset.
 
 use tracing::warn;
 
 use super::rebuild::{fetch_partition, FetchLimits};
 use crate::client::{errors, no_broker, ClientError, Cluster};
+use crate::dlt_context::Context;
+use crate::dlt_marker::Marker;
 use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
+
+/// One DLT record whose frame opened: what the readers act on.
+pub enum Event<'a> {
+    /// A diverted record (or whole batch), with its context headers.
+    Diverted {
+        ctx: &'a Context<'a>,
+        record: &'a Record<'a>,
+    },
+    /// A marker: release/discard, re-drive attempt, breaker.
+    Marker(Marker),
+}
 
 /// One fetch returns at most 4 MiB, which bounds a follower's memory.
 /// tansu answers a fetch with no wait and no minimum with no partition at

@@ -22,8 +22,8 @@
 //! partition to its end before writing, so a record is written once.
 
 pub mod blocked;
-pub(crate) mod fence;
 pub mod breaker;
+pub(crate) mod fence;
 pub mod follow;
 pub(crate) mod lease;
 mod ledger;
@@ -93,9 +93,8 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// Start the producer and the ledger loader for the DLTs of `policies`.
-    /// `upstream` reaches the cluster of the origin topics (their ids),
-    /// `endpoint` the dead-letter cluster.
+    /// Start the producer and the ledger loader for the DLTs of `policies`
+    /// ([`DeadLetter::new`], then [`Workers::spawn`]).
     pub fn start(
         cfg: &DeadLetterConfig,
         upstream_bootstrap: &[HostPort],
@@ -103,6 +102,23 @@ impl DeadLetter {
         endpoint: client::Endpoint,
         policies: Arc<PolicySet>,
     ) -> Arc<DeadLetter> {
+        let (dead_letter, workers) =
+            DeadLetter::new(cfg, upstream_bootstrap, upstream, endpoint, policies);
+        workers.spawn();
+        dead_letter
+    }
+
+    /// The writer for the DLTs of `policies`, and its two tasks (the
+    /// producer and the ledger loader), not started. `upstream` reaches the
+    /// cluster of the origin topics (their ids), `endpoint` the dead-letter
+    /// cluster.
+    pub fn new(
+        cfg: &DeadLetterConfig,
+        upstream_bootstrap: &[HostPort],
+        upstream: client::Endpoint,
+        endpoint: client::Endpoint,
+        policies: Arc<PolicySet>,
+    ) -> (Arc<DeadLetter>, Workers) {
         let bootstrap = cfg
             .bootstrap_servers
             .clone()
@@ -120,7 +136,6 @@ impl DeadLetter {
             ledger.clone(),
             wake.clone(),
         );
-        tokio::spawn(producer.run(rx));
         let loader = rebuild::Loader {
             dlt: Cluster::new(bootstrap, endpoint),
             upstream: Cluster::new(upstream_bootstrap.to_vec(), upstream),
@@ -132,14 +147,19 @@ impl DeadLetter {
             ids: Default::default(),
             discovered: None,
         };
-        tokio::spawn(loader.run());
-        Arc::new(DeadLetter {
+        let dead_letter = Arc::new(DeadLetter {
             ledger,
             jobs,
             started,
             policies: policies_tx,
             wake,
-        })
+        });
+        let workers = Workers {
+            producer,
+            jobs: rx,
+            loader,
+        };
+        (dead_letter, workers)
     }
 
     /// Whether every DLT known to the policies has been read back into the
@@ -248,6 +268,21 @@ impl DeadLetter {
     /// The ledger, for checking batches against what was diverted before.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+}
+
+/// The dead-letter writer's tasks, built by [`DeadLetter::new`].
+pub struct Workers {
+    producer: producer::Producer,
+    jobs: mpsc::UnboundedReceiver<PendingWrite>,
+    loader: rebuild::Loader,
+}
+
+impl Workers {
+    /// Start the producer and the ledger loader (needs a tokio runtime).
+    pub fn spawn(self) {
+        tokio::spawn(self.producer.run(self.jobs));
+        tokio::spawn(self.loader.run());
     }
 }
 

@@ -1,6 +1,6 @@
 //! The one gate between a record read back from a DLT (or replayed into an
 //! origin topic) and anything that acts on it: the ledger rebuild and tail,
-//! the blocked-key follower, re-drive, `dlt replay` and `dlt inspect`.
+//! the DLT follower (blocked keys, breakers, re-drive), `dlt replay` and `dlt inspect`.
 //!
 //! A record is antidote's only if its frame opens
 //! (`antidote_core::dlt_context::open`): the reserved names of its context
@@ -22,8 +22,8 @@ use crate::kafka::record::Record;
 pub enum Reader {
     Ledger,
     Tail,
-    BlockedKeys,
-    Redrive,
+    /// The DLT follower (blocked keys, breakers, re-drive).
+    Follower,
     Replay,
     Inspect,
     Discard,
@@ -34,8 +34,7 @@ impl Reader {
         match self {
             Reader::Ledger => "ledger",
             Reader::Tail => "tail",
-            Reader::BlockedKeys => "blocked_keys",
-            Reader::Redrive => "redrive",
+            Reader::Follower => "follower",
             Reader::Replay => "replay",
             Reader::Inspect => "inspect",
             Reader::Discard => "discard",

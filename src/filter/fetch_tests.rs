@@ -64,6 +64,7 @@ async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
     FetchFilter::new(
         crate::engine::Engine::new(policies, 1 << 26, None),
         dl,
+        Default::default(),
         timeout,
     )
 }

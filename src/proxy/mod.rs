@@ -10,6 +10,7 @@
 //! the ClientHello before the handshake completes. Each accepted connection
 //! gets its own upstream connection and a `relay`.
 
+mod accept;
 pub mod addresses;
 mod classify;
 mod door;
@@ -24,28 +25,30 @@ mod upstream;
 pub mod versions;
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
 use kafka_protocol::messages::{FetchResponse, MetadataRequest};
 use kafka_protocol::protocol::StrBytes;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::admin;
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
+use crate::deadletter::blocked::BlockedKeys;
+use crate::deadletter::breaker::Breakers;
 use crate::deadletter::DeadLetter;
 use crate::engine::Engine;
 use crate::filter::{FetchContext, FetchFilter};
 use crate::metrics;
 use crate::policy::PolicySet;
-use crate::transport::{net, tls};
+use crate::transport::tls;
+use accept::accept_loop;
 pub use addresses::Target;
 use addresses::{Addresses, Seen};
 
@@ -112,9 +115,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Build the shared state; starts the dead-letter producer when
-    /// policies are loaded (so it needs a tokio runtime).
-    pub fn new(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
+    /// Build the shared state and the background tasks it needs (the DLT
+    /// writer's producer and ledger loader, the DLT follower), none
+    /// started: [`start`] wires and starts them.
+    fn new(config: Config, policies: PolicySet) -> Result<(Arc<Shared>, Background), StartError> {
         let tls = config.listen.tls.as_ref().map(tls::server).transpose()?;
         let addrs = match &config.listen.sni {
             Some(sni) => Addresses::sni(sni, config.listen.bootstrap.port),
@@ -133,7 +137,7 @@ impl Shared {
         let dlt = &config.dead_letter;
         let dlt_endpoint = client::Endpoint::dead_letter(&config)?;
         let policies = Arc::new(policies);
-        let dead_letter = DeadLetter::start(
+        let (dead_letter, dead_letter_workers) = DeadLetter::new(
             dlt,
             &config.upstream.bootstrap_servers,
             upstream.clone(),
@@ -146,17 +150,31 @@ impl Shared {
             .map(|r| crate::registry::Registry::new(r, crate::policy::SchemaCache::shared()))
             .transpose()?;
         let engine = Engine::new(policies, config.limits.decode_budget, registry);
-        let fetch_filter = Arc::new(
-            FetchFilter::new(engine.clone(), dead_letter.clone(), dlt.timeout)
-                .with_judge_ahead(config.limits.judge_ahead),
+        let keys = (
+            Arc::new(BlockedKeys::default()),
+            Arc::new(Breakers::default()),
         );
-        crate::redrive::start(&config, &fetch_filter, &upstream, &dlt_endpoint);
+        let fetch_filter = Arc::new(
+            FetchFilter::new(
+                engine.clone(),
+                dead_letter.clone(),
+                keys.clone(),
+                dlt.timeout,
+            )
+            .with_judge_ahead(config.limits.judge_ahead),
+        );
+        let follower = crate::redrive::follower(
+            &config,
+            engine.clone(),
+            keys.clone(),
+            (&upstream, &dlt_endpoint),
+        );
         let config_max_connections = config.limits.max_connections;
         let request_queue =
             crate::transport::frame::RequestQueue::new(config.limits.max_queued_request_bytes);
         // The background refresh learns new topics at this pace anyway.
         let negative_ttl = config.upstream.metadata_refresh;
-        Ok(Arc::new(Shared {
+        let shared = Arc::new(Shared {
             config,
             addrs,
             tls,
@@ -172,14 +190,19 @@ impl Shared {
             ready: AtomicBool::new(false),
             engine,
             dead_letter,
-            blocked: fetch_filter.blocked.clone(),
+            blocked: keys.0,
             fetch_filter,
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),
             node_resolver: topics::NodeResolver::new(upstream::NODE_NEGATIVE_TTL),
             bootstrap_order: upstream::BootstrapOrder::default(),
-        }))
+        });
+        let background = Background {
+            dead_letter: dead_letter_workers,
+            follower,
+        };
+        Ok((shared, background))
     }
 
     /// Whether Fetch responses are inspected.
@@ -272,6 +295,12 @@ impl admin::Readiness for Shared {
     }
 }
 
+/// The tasks [`Shared::new`] builds and [`start`] starts.
+struct Background {
+    dead_letter: crate::deadletter::Workers,
+    follower: crate::redrive::follower::Follower,
+}
+
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
 /// in-flight responses finish (bounded by `limits.shutdown_grace`) and return.
 pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> {
@@ -283,7 +312,9 @@ pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> 
 
 /// Bind the bootstrap listener and start serving; returns at once.
 pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
-    let shared = Shared::new(config, policies)?;
+    let (shared, background) = Shared::new(config, policies)?;
+    background.dead_letter.spawn();
+    tokio::spawn(background.follower.run());
     let bootstrap = shared.config.listen.bootstrap.to_string();
     let listener = TcpListener::bind(&bootstrap)
         .await
@@ -428,141 +459,6 @@ async fn connect_any(
         },
         msg: "no bootstrap servers configured".into(),
     }))
-}
-
-/// Accept connections until shutdown. Boxed with an explicit `Send` bound:
-/// listeners are opened from inside connections (as brokers appear), and the
-/// compiler cannot see through that cycle of async types on its own.
-fn accept_loop(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    target: Target,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-    Box::pin(accept_connections(shared, listener, target))
-}
-
-async fn accept_connections(shared: Arc<Shared>, listener: TcpListener, target: Target) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shared.shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok((tcp, peer)) => {
-                let Some(slot) = shared.connections.try_acquire() else {
-                    refuse(&shared, tcp);
-                    continue;
-                };
-                let span = tracing::info_span!("conn", %peer, listener = ?target);
-                let conn = shared.clone();
-                shared.tasks.spawn(
-                    async move {
-                        // Held for the connection's life: frees its place.
-                        let _slot = slot;
-                        serve(conn, tcp, peer, target).await
-                    }
-                    .instrument(span),
-                );
-            }
-            Err(e) => {
-                // Usually EMFILE: back off instead of spinning.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// Close a connection over `limits.max_connections` at once (dropping it
-/// resets nothing the client could wait on); count it, warn now and then.
-/// Counted (and warned about, if due) before it is closed, so a client
-/// that has seen the close finds its refusal in the metrics and the log.
-fn refuse(shared: &Shared, tcp: TcpStream) {
-    metrics::global().connection_refused();
-    if let Some(n) = shared.connections.refused(std::time::Instant::now()) {
-        warn!(
-            refused = n,
-            max = shared.config.limits.max_connections,
-            "connection limit reached: new client connections are closed at once"
-        );
-    }
-    drop(tcp);
-}
-
-/// Serve one client connection: TLS, upstream connection, relay.
-async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: Target) {
-    let _ = tcp.set_nodelay(true);
-    let Some((client, target)) = accept_client(&shared, tcp, listener).await else {
-        return;
-    };
-    let label = match target {
-        Target::Bootstrap => "bootstrap".to_string(),
-        Target::Broker(n) => format!("broker-{n}"),
-    };
-    let _open = metrics::ConnectionGuard::new(metrics::global().clone(), label);
-    let broker = match upstream::connect(&shared, target).await {
-        Ok(b) => b,
-        Err(e) => {
-            metrics::global().upstream_error("connect");
-            return warn!(error = %e, "cannot reach upstream; closing client connection");
-        }
-    };
-    debug!(%peer, ?target, "connected");
-    match relay::relay(shared, client, broker).await {
-        Ok(()) => debug!("connection closed"),
-        Err(e) => {
-            if matches!(
-                e,
-                relay::RelayError::BrokerFrame(_)
-                    | relay::RelayError::BadResponse(_)
-                    | relay::RelayError::BrokerClosed(_)
-                    | relay::RelayError::BrokerWrite(_)
-            ) {
-                metrics::global().upstream_error("relay");
-            }
-            warn!(error = %e, "connection closed")
-        }
-    }
-}
-
-/// The client's stream (TLS when configured) and the target it goes to:
-/// its listener's, or under SNI the one its server name stands for.
-/// `None` (logged) when the handshake fails or the name is not served.
-async fn accept_client(
-    shared: &Shared,
-    tcp: TcpStream,
-    listener: Target,
-) -> Option<(net::Conn, Target)> {
-    let Some(server) = &shared.tls else {
-        return Some((net::Conn::Tcp(tcp), listener));
-    };
-    let route = |name: Option<&str>| {
-        let target = match shared.addrs.is_sni() {
-            true => shared.addrs.route(name),
-            false => Some(listener),
-        };
-        // Counted while the connection is still open: a client that has seen
-        // it closed finds its refusal counted, and named if it was the first.
-        if target.is_none() {
-            if let Some(n) = shared.sni_refusals.refused(std::time::Instant::now()) {
-                warn!(server_name = ?name, refused = n, "TLS server name not served; connection closed");
-            }
-        }
-        target
-    };
-    match tokio::time::timeout(shared.upstream.timeout, tls::accept(server, tcp, route)).await {
-        Ok(Ok((stream, target))) => Some((net::Conn::Boxed(Box::new(stream)), target)),
-        // Counted and logged by `route`.
-        Ok(Err(tls::AcceptError::Refused(_))) => None,
-        Ok(Err(e)) => {
-            warn!(error = %e, "TLS handshake with client failed");
-            None
-        }
-        Err(_) => {
-            warn!("TLS handshake with client timed out");
-            None
-        }
-    }
 }
 
 /// The Fetch filter's view of the proxy: addresses and topic names.

@@ -1,39 +1,41 @@
 //! Background work over the DLTs that `antidote run` starts beside the
-//! proxy: following the blocked keys of per_key policies
-//! ([`crate::deadletter::blocked`]) and re-driving records
-//! (`dead_letter.redrive`, [`run`]).
+//! proxy: one DLT follower ([`follower`]) that keeps the blocked keys of
+//! per_key policies and the breakers in step with the DLTs, and feeds the
+//! re-drive scheduler (`dead_letter.redrive`, [`run`]).
 
 use std::sync::Arc;
 
 use crate::client::{Cluster, Endpoint};
 use crate::config::Config;
-use crate::deadletter::blocked::Follower;
-use crate::filter::FetchFilter;
+use crate::deadletter::blocked::BlockedKeys;
+use crate::deadletter::breaker::Breakers;
+use crate::engine::Engine;
 
+pub mod follower;
 pub mod run;
 
-/// Start the blocked-key follower, and the re-drive loop when configured.
-pub fn start(config: &Config, filter: &Arc<FetchFilter>, upstream: &Endpoint, dlt: &Endpoint) {
+pub use run::Scheduler;
+
+/// The DLT follower (with the re-drive scheduler when configured), with
+/// one client of the dead-letter cluster and one of the upstream; not
+/// started ([`follower::Follower::run`]).
+pub fn follower(
+    config: &Config,
+    engine: Arc<Engine>,
+    keys: (Arc<BlockedKeys>, Arc<Breakers>),
+    (upstream, dlt): (&Endpoint, &Endpoint),
+) -> follower::Follower {
     let upstream_bootstrap = config.upstream.bootstrap_servers.clone();
     let dlt_bootstrap = config
         .dead_letter
         .bootstrap_servers
         .clone()
         .unwrap_or_else(|| upstream_bootstrap.clone());
-    let follower = Follower::new(
-        filter.blocked.clone(),
-        filter.breakers.clone(),
-        Cluster::new(dlt_bootstrap.clone(), dlt.clone()),
-        Cluster::new(upstream_bootstrap.clone(), upstream.clone()),
-    );
-    tokio::spawn(follower.run());
-    if let Some(cfg) = config.dead_letter.redrive.clone() {
-        let redrive = run::Loop::new(
-            cfg,
-            filter.clone(),
-            Cluster::new(dlt_bootstrap, dlt.clone()),
-            Cluster::new(upstream_bootstrap, upstream.clone()),
-        );
-        tokio::spawn(redrive.run());
-    }
+    follower::Follower::new(
+        engine,
+        keys,
+        config.dead_letter.redrive.clone().map(Scheduler::new),
+        Cluster::new(dlt_bootstrap, dlt.clone()),
+        Cluster::new(upstream_bootstrap, upstream.clone()),
+    )
 }

@@ -18,28 +18,25 @@
 //! never forgets one.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
 use crate::client::{ClientError, Cluster};
 use crate::config::Redrive;
+use crate::deadletter::backoff;
+use crate::deadletter::follow::{self, Event};
 use crate::deadletter::trust::{self, Reader};
-use crate::deadletter::{backoff, follow};
 use crate::dlt::replay::{decide, produce, Decision, Rule};
 use crate::dlt::{DltError, DltRecord};
 use crate::dlt_marker::{Attempt, Marker};
-use crate::filter::FetchFilter;
 use crate::kafka::builder::build_batch;
 use crate::metrics;
-use crate::policy::PolicySet;
+use crate::policy::{Class, PolicySet};
 
 /// Records waiting for an attempt, at most, and their bytes.
 pub const MAX_PENDING: usize = 10_000;
 pub const MAX_PENDING_BYTES: usize = 64 << 20;
-/// How often the loop looks for new records and due attempts.
-const TICK: Duration = Duration::from_millis(500);
 
 /// One attempt marker seen: which attempt, where, and its outcome.
 #[derive(Debug, Clone, Copy)]
@@ -49,68 +46,113 @@ struct Seen {
     redriven: bool,
 }
 
-pub struct Loop {
-    pub cfg: Redrive,
-    pub filter: Arc<FetchFilter>,
-    pub dlt: Cluster,
-    pub target: Cluster,
-    next: HashMap<(String, i32), i64>,
+/// Re-drive's state, fed by the DLT follower (`deadletter::follower`):
+/// the records waiting for an attempt and the attempt markers seen.
+pub struct Scheduler {
+    cfg: Redrive,
     /// DLT records of the re-driven classes, by DLT coordinate.
     pending: BTreeMap<String, DltRecord>,
     /// Key, value and header bytes held by `pending`.
     pending_bytes: usize,
     /// Attempt markers, by the coordinate they name, in log order.
     attempts: HashMap<String, Vec<Seen>>,
+    /// Attempts that failed in a row, and when to try again.
+    failures: u32,
+    retry_at: Option<tokio::time::Instant>,
 }
 
-impl Loop {
-    pub fn new(cfg: Redrive, filter: Arc<FetchFilter>, dlt: Cluster, target: Cluster) -> Self {
-        Loop {
+impl Scheduler {
+    pub fn new(cfg: Redrive) -> Self {
+        Scheduler {
             cfg,
-            filter,
-            dlt,
-            target,
-            next: HashMap::new(),
             pending: BTreeMap::new(),
             pending_bytes: 0,
             attempts: HashMap::new(),
+            failures: 0,
+            retry_at: None,
         }
     }
 
-    pub async fn run(mut self) {
-        let mut failures = 0u32;
-        loop {
-            match self.tick().await {
-                Ok(()) => {
-                    failures = 0;
-                    tokio::time::sleep(TICK).await;
+    /// The classes re-driven.
+    pub fn classes(&self) -> &[Class] {
+        &self.cfg.classes
+    }
+
+    /// Learn one record of `dlt`/`p`: a record of a re-driven class waits
+    /// for its attempts; an attempt marker of a waiting record counts.
+    /// False when out of room: the follower gives this record again later.
+    pub fn observe(&mut self, (dlt, p): (&str, i32), offset: i64, event: &Event<'_>) -> bool {
+        let (ctx, r) = match event {
+            // A record's markers follow it in its partition: only those of
+            // records waiting here matter.
+            Event::Marker(Marker::Attempt(a)) => {
+                if self.pending.contains_key(&a.of) {
+                    self.attempts
+                        .entry(a.of.clone())
+                        .or_default()
+                        .push(Seen::of(a, offset));
                 }
-                Err(e) => {
-                    warn!(error = %e, "re-drive failed; retrying");
-                    self.dlt.reset();
-                    self.target.reset();
-                    let pause =
-                        backoff(failures, Duration::from_millis(200), Duration::from_secs(5));
-                    tokio::time::sleep(pause).await;
-                    failures = failures.saturating_add(1);
-                }
+                return true;
+            }
+            Event::Marker(_) => return true,
+            Event::Diverted { ctx, record } => (ctx, record),
+        };
+        let d = DltRecord::from_context(dlt, p, r, ctx);
+        if d.origin_topic.is_none() || !self.cfg.classes.iter().any(|c| c.as_str() == d.class) {
+            return true;
+        }
+        let size = record_bytes(&d);
+        if self.pending.len() >= MAX_PENDING || self.pending_bytes + size > MAX_PENDING_BYTES {
+            return false; // out of room: read again once some are done
+        }
+        self.pending_bytes += size;
+        self.pending.insert(d.coordinate(), d);
+        true
+    }
+
+    /// Make the attempts that are due, then forget the records that are
+    /// done. `position(dlt, p)` is where the follower reads `dlt`/`p` on
+    /// from. A failure is logged and tried again after a pause.
+    pub async fn attempt_due(
+        &mut self,
+        policies: &PolicySet,
+        dlt: &mut Cluster,
+        target: &mut Cluster,
+        position: impl Fn(&str, i32) -> Option<i64>,
+    ) {
+        if self
+            .retry_at
+            .is_some_and(|at| tokio::time::Instant::now() < at)
+        {
+            return;
+        }
+        match self.attempts_now(policies, dlt, target, position).await {
+            Ok(()) => {
+                self.failures = 0;
+                self.retry_at = None;
+            }
+            Err(e) => {
+                warn!(error = %e, "re-drive failed; retrying");
+                dlt.reset();
+                target.reset();
+                let pause = backoff(
+                    self.failures,
+                    Duration::from_millis(200),
+                    Duration::from_secs(5),
+                );
+                self.retry_at = Some(tokio::time::Instant::now() + pause);
+                self.failures = self.failures.saturating_add(1);
             }
         }
     }
 
-    async fn tick(&mut self) -> Result<(), DltError> {
-        let policies = self.filter.policies();
-        for dlt in self.dlts(&policies).await? {
-            let Some(n) = self.dlt.partitions(&dlt).await? else {
-                continue;
-            };
-            for p in 0..n as i32 {
-                if self.pending.len() >= MAX_PENDING {
-                    break;
-                }
-                self.follow(&dlt, p).await?;
-            }
-        }
+    async fn attempts_now(
+        &mut self,
+        policies: &PolicySet,
+        dlt: &mut Cluster,
+        target: &mut Cluster,
+        position: impl Fn(&str, i32) -> Option<i64>,
+    ) -> Result<(), DltError> {
         let now = crate::clock::now_ms();
         let due: Vec<(String, u32)> = self
             .pending
@@ -119,7 +161,8 @@ impl Loop {
             .collect();
         for (coord, n) in due {
             if let Some(r) = self.pending.get(&coord).cloned() {
-                self.attempt(&policies, &r, n).await?;
+                let from = position(&r.dlt_topic, r.dlt_partition);
+                self.attempt(policies, (dlt, target), &r, n, from).await?;
             }
         }
         let done: Vec<String> = self
@@ -137,81 +180,20 @@ impl Loop {
         Ok(())
     }
 
-    /// The DLTs the listed classes of existing policy topics go to.
-    async fn dlts(&mut self, policies: &PolicySet) -> Result<Vec<String>, ClientError> {
-        let meta = self.target.metadata(None).await?;
-        let mut out = Vec::new();
-        for t in meta.topics.iter().filter(|t| t.error_code == 0) {
-            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
-                continue;
-            };
-            if policies.is_dead_letter_topic(&name) {
-                continue;
-            }
-            let Some(p) = policies.for_topic(&name) else {
-                continue;
-            };
-            for c in &self.cfg.classes {
-                let dlt = p.dead_letter_topic(&name, *c);
-                if !out.contains(&dlt) {
-                    out.push(dlt);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Read what is new in `dlt`/`p`: records of the listed classes and
-    /// attempt markers.
-    async fn follow(&mut self, dlt: &str, p: i32) -> Result<(), ClientError> {
-        let from = self.next.get(&(dlt.to_string(), p)).copied();
-        let classes: Vec<&str> = self.cfg.classes.iter().map(|c| c.as_str()).collect();
-        let (pending, attempts) = (&mut self.pending, &mut self.attempts);
-        let bytes = &mut self.pending_bytes;
-        let mut f = |r: &crate::kafka::record::Record<'_>| {
-            let Some(ctx) = trust::open(Reader::Redrive, dlt, p, r) else {
-                return true;
-            };
-            if let Some(m) = Marker::parse(&ctx, r.key) {
-                // A record's markers follow it in its partition: only
-                // those of records waiting here matter.
-                if let Marker::Attempt(a) = m {
-                    if pending.contains_key(&a.of) {
-                        attempts
-                            .entry(a.of.clone())
-                            .or_default()
-                            .push(Seen::of(&a, r.offset));
-                    }
-                }
-                return true;
-            }
-            let d = DltRecord::from_context(dlt, p, r, &ctx);
-            if d.origin_topic.is_none() || !classes.contains(&d.class.as_str()) {
-                return true;
-            }
-            let size = record_bytes(&d);
-            if pending.len() >= MAX_PENDING || *bytes + size > MAX_PENDING_BYTES {
-                return false; // out of room: read again once some are done
-            }
-            *bytes += size;
-            pending.insert(d.coordinate(), d);
-            true
-        };
-        let next = follow::follow(&mut self.dlt, dlt, p, from, &mut f).await?;
-        self.next.insert((dlt.to_string(), p), next);
-        Ok(())
-    }
-
     /// The attempt markers for `coord` from where this partition was read
     /// to its end, without reading further records: whose marker came
     /// first for an attempt just written.
-    async fn markers_since(&mut self, r: &DltRecord) -> Result<Vec<Seen>, ClientError> {
+    async fn markers_since(
+        &self,
+        cluster: &mut Cluster,
+        r: &DltRecord,
+        from: Option<i64>,
+    ) -> Result<Vec<Seen>, ClientError> {
         let (dlt, p) = (r.dlt_topic.clone(), r.dlt_partition);
-        let from = self.next.get(&(dlt.clone(), p)).copied();
         let coord = r.coordinate();
         let mut out = self.attempts.get(&coord).cloned().unwrap_or_default();
         let mut f = |rec: &crate::kafka::record::Record<'_>| {
-            let ctx = trust::open(Reader::Redrive, &dlt, p, rec);
+            let ctx = trust::open(Reader::Follower, &dlt, p, rec);
             if let Some(Marker::Attempt(a)) = ctx.and_then(|c| Marker::parse(&c, rec.key)) {
                 if a.of == coord {
                     out.push(Seen::of(&a, rec.offset));
@@ -219,7 +201,7 @@ impl Loop {
             }
             true
         };
-        follow::follow(&mut self.dlt, &dlt, p, from, &mut f).await?;
+        follow::follow(cluster, &dlt, p, from, &mut f).await?;
         Ok(out)
     }
 
@@ -251,11 +233,13 @@ impl Loop {
     async fn attempt(
         &mut self,
         policies: &PolicySet,
+        (dlt, target): (&mut Cluster, &mut Cluster),
         r: &DltRecord,
         n: u32,
+        from: Option<i64>,
     ) -> Result<(), DltError> {
-        let target = r.origin_topic.clone().unwrap_or_default();
-        let parts = self.target.partitions(&target).await?;
+        let topic = r.origin_topic.clone().unwrap_or_default();
+        let parts = target.partitions(&topic).await?;
         let d = decide(
             Rule::redrive(),
             policies,
@@ -287,10 +271,7 @@ impl Loop {
             &Default::default(),
         )
         .map_err(|e| DltError::Produce(e.to_string()))?;
-        let resp = self
-            .dlt
-            .produce(&r.dlt_topic, r.dlt_partition, batch)
-            .await?;
+        let resp = dlt.produce(&r.dlt_topic, r.dlt_partition, batch).await?;
         if resp.error_code != 0 {
             return Err(DltError::Produce(format!(
                 "attempt marker: error {}",
@@ -298,7 +279,7 @@ impl Loop {
             )));
         }
         // Read up to our marker: the first marker for this attempt wins.
-        let seen = self.markers_since(r).await?;
+        let seen = self.markers_since(dlt, r, from).await?;
         let first = seen.iter().find(|s| s.attempt == n).copied();
         if first.is_none_or(|s| s.offset != resp.base_offset) {
             return Ok(()); // another instance made this attempt
@@ -311,7 +292,7 @@ impl Loop {
             ..
         } = d
         {
-            let at = produce(&mut self.target, &topic, partition, &record).await?;
+            let at = produce(target, &topic, partition, &record).await?;
             info!(from = %r.coordinate(), to = %format!("{topic}-{partition}@{at}"), attempt = n, "record re-driven");
         } else {
             info!(record = %r.coordinate(), attempt = n, "re-driven record still invalid");
@@ -343,32 +324,12 @@ fn record_bytes(r: &DltRecord) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Endpoint;
 
-    fn looping(delays: &[u64]) -> Loop {
-        let cfg = Redrive {
+    fn looping(delays: &[u64]) -> Scheduler {
+        Scheduler::new(Redrive {
             classes: vec![crate::policy::Class::Unknown],
             delays: delays.iter().map(|s| Duration::from_secs(*s)).collect(),
-        };
-        let config = crate::config::Config::parse(
-            "listen:\n  bootstrap: 127.0.0.1:1\n  broker_port_base: 2\nupstream:\n  bootstrap_servers: [127.0.0.1:3]\n",
-            std::path::Path::new("c.yaml"),
-        )
-        .unwrap();
-        let ep = Endpoint::upstream(&config).unwrap();
-        let filter = Arc::new(FetchFilter::new(
-            crate::engine::Engine::new(Arc::new(PolicySet::default()), 1 << 20, None),
-            crate::deadletter::DeadLetter::start(
-                &config.dead_letter,
-                &config.upstream.bootstrap_servers,
-                ep.clone(),
-                ep.clone(),
-                Arc::new(PolicySet::default()),
-            ),
-            Duration::from_secs(1),
-        ));
-        let cluster = || Cluster::new(config.upstream.bootstrap_servers.clone(), ep.clone());
-        Loop::new(cfg, filter, cluster(), cluster())
+        })
     }
 
     fn record(failed_at: i64) -> DltRecord {
@@ -382,7 +343,7 @@ mod tests {
                 value: Some(b"1000"),
             }],
         };
-        let mut d = DltRecord::from_record(Reader::Redrive, "t.dlt", 0, &r).unwrap();
+        let mut d = DltRecord::from_record(Reader::Follower, "t.dlt", 0, &r).unwrap();
         d.failed_at = Some(failed_at);
         d
     }
@@ -395,7 +356,7 @@ mod tests {
         let (r, c) = (record(1_000), "t.dlt/0/4".to_string());
         assert_eq!(l.due(&c, &r, 2_999), None);
         assert_eq!(l.due(&c, &r, 3_000), Some(1));
-        let mark = |l: &mut Loop, attempt, offset, redriven| {
+        let mark = |l: &mut Scheduler, attempt, offset, redriven| {
             l.attempts.entry(c.clone()).or_default().push(Seen {
                 attempt,
                 offset,

@@ -15,7 +15,7 @@
 //!   only changes on an explicit `cut_before`;
 //! - no input can make it panic or allocate more than its decompression cap.
 //!
-//! Splicing lives in `splice.rs`, re-exported here.
+//! Splicing lives in `splice.rs`.
 
 use std::ops::Range;
 
@@ -24,8 +24,6 @@ use bytes::Bytes;
 use crate::kafka::compression::{self, Compression, CompressionError, SnappyFraming};
 use crate::kafka::cursor::Cursor;
 use crate::kafka::record::{Header, Record};
-
-pub use crate::kafka::splice::splice;
 
 /// Size of the v2 batch header, up to and including recordsCount.
 pub const HEADER_LEN: usize = 61;

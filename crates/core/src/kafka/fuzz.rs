@@ -7,7 +7,8 @@
 
 use bytes::Bytes;
 
-use crate::kafka::batch::{segments, splice, Batch, Segment};
+use crate::kafka::batch::{segments, Batch, Segment};
+use crate::kafka::splice::splice;
 
 /// Split `section`, and for every batch that decodes, splice it with the
 /// removal mask (bit `i` of `remove`, counted across all decoded records in

@@ -27,7 +27,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::dlt_record::Diversion;
-use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch};
+use crate::kafka::batch::{Batch, BatchError, DecodedBatch};
+use crate::kafka::splice;
 use crate::policy::{Action, Invalid, Policy};
 use budget::Reservation;
 use verdicts::Known;
@@ -247,7 +248,7 @@ impl PartitionPlan {
                     // Outside a hold a removed tail ends in a commit marker,
                     // so librdkafka's position reaches the batch's end.
                     let spliced = if within {
-                        batch::splice(batch, decoded, keep, Some(cut))?
+                        splice::splice(batch, decoded, keep, Some(cut))?
                     } else {
                         crate::kafka::marker::splice_marking_tail(batch, decoded, keep)?
                     };
