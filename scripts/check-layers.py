@@ -31,7 +31,7 @@ LAYERS = [
     ["dlt_context"],
     ["dlt_record"],
     ["dlt_marker"],
-    ["plan"],
+    ["replay", "plan"],
     # antidote (src): the binary crate.
     ["sasl", "envsubst"],
     ["config"],

@@ -42,4 +42,6 @@ pub mod registry;
 pub mod sasl;
 pub mod transport;
 
-pub use antidote_core::{clock, dlt_context, dlt_marker, dlt_record, kafka, plan, policy, text};
+pub use antidote_core::{
+    clock, dlt_context, dlt_marker, dlt_record, kafka, plan, policy, replay, text,
+};

@@ -20,8 +20,6 @@ pub mod replay;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use bytes::Bytes;
-
 use crate::client::{ClientError, Cluster, Endpoint};
 use crate::config::Config;
 // The DLT record format is defined once, beside the code that writes it.
@@ -30,12 +28,12 @@ pub use crate::deadletter::{
     CONTEXT_HEADERS, H_ATTEMPT, H_CLASS, H_ERROR, H_FAILED_AT, H_OFFSET, H_PARTITION, H_POLICY,
     H_REPLAYED_FROM, H_RULE, H_TIMESTAMP, H_TOPIC,
 };
-use crate::dlt_context::Context as Ctx;
 use crate::dlt_marker::{is_marker, Attempt, Marker};
 use crate::kafka::record::Record;
 use crate::policy::PolicySet;
 use crate::transport::tls;
 
+pub use crate::replay::DltRecord;
 pub use inspect::InspectArgs;
 pub use replay::ReplayArgs;
 
@@ -58,126 +56,23 @@ pub enum DltError {
     Output(#[from] std::io::Error),
 }
 
-/// One DLT record, owned, with its context headers parsed.
-#[derive(Debug, Clone)]
-pub struct DltRecord {
-    pub dlt_topic: String,
-    pub dlt_partition: i32,
-    pub dlt_offset: i64,
-    pub timestamp: i64,
-    pub origin_topic: Option<String>,
-    pub origin_partition: Option<i32>,
-    pub origin_offset: Option<i64>,
-    pub origin_timestamp: Option<i64>,
-    pub class: String,
-    pub rule: String,
-    pub reason: String,
-    pub policy: String,
-    pub failed_at: Option<i64>,
-    /// The previous replay's attempt number carried by the record, 0 if none.
-    pub attempt: u32,
-    /// A record classed `redact`: context headers only.
-    pub redacted: bool,
-    pub key: Option<Bytes>,
-    pub value: Option<Bytes>,
-    /// The original record's headers, in order, as its producer sent them
-    /// (duplicates and null values kept; no context header of antidote's).
-    pub headers: Vec<(String, Option<Bytes>)>,
-    /// The re-drive attempts recorded for it (attempt markers in its DLT).
-    pub redrive: Vec<Attempt>,
-}
-
-impl DltRecord {
-    /// The DLT record `r` read at `topic`/`partition`, if it is antidote's
-    /// (its frame opens, see [`crate::deadletter::trust`]); markers are
-    /// `Some` too (with no origin). `headers` are the original record's
-    /// own headers, byte for byte, without any frame of a previous replay.
-    pub fn from_record(
-        reader: Reader,
-        topic: &str,
-        partition: i32,
-        r: &Record<'_>,
-    ) -> Option<Self> {
-        let ctx = trust::open(reader, topic, partition, r)?;
-        Some(Self::from_context(topic, partition, r, &ctx))
-    }
-
-    pub fn from_context(topic: &str, partition: i32, r: &Record<'_>, ctx: &Ctx<'_>) -> Self {
-        let text = |k: &str| ctx.text(k).map(str::to_string);
-        let num = |k: &str| ctx.num(k);
-        let origin_topic = text(H_TOPIC);
-        let origin_partition = num(H_PARTITION).and_then(|p| i32::try_from(p).ok());
-        // A record replayed before and diverted again: its own headers end
-        // in the replay's frame (format 2), which says which attempt it
-        // was. Format 1 kept `x-attempt` among the context headers.
-        let mut originals = ctx.originals.clone();
-        let mut attempt = num(H_ATTEMPT);
-        if let (2, Some(t), Some(p)) = (ctx.format, &origin_topic, origin_partition) {
-            let inner = Record {
-                offset: r.offset,
-                timestamp: r.timestamp,
-                key: r.key,
-                value: r.value,
-                headers: originals.clone(),
-            };
-            if let Some(prev) = crate::dlt_context::open(&inner, t, p, trust::keys())
-                .ok()
-                .filter(|c| c.format == 2 && c.get(H_REPLAYED_FROM).is_some())
-            {
-                attempt = prev.num(H_ATTEMPT);
-                originals = prev.originals;
-            }
-        }
-        DltRecord {
-            dlt_topic: topic.to_string(),
-            dlt_partition: partition,
-            dlt_offset: r.offset,
-            timestamp: r.timestamp,
-            origin_topic,
-            origin_partition,
-            origin_offset: num(H_OFFSET),
-            origin_timestamp: num(H_TIMESTAMP),
-            class: text(H_CLASS).unwrap_or_default(),
-            rule: text(H_RULE).unwrap_or_default(),
-            reason: text(H_ERROR).unwrap_or_default(),
-            policy: text(H_POLICY).unwrap_or_default(),
-            failed_at: num(H_FAILED_AT),
-            redacted: ctx.get(crate::dlt_record::H_REDACTED).is_some(),
-            attempt: attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(0),
-            key: r.key.map(Bytes::copy_from_slice),
-            value: r.value.map(Bytes::copy_from_slice),
-            headers: originals
-                .iter()
-                .map(|h| {
-                    (
-                        String::from_utf8_lossy(h.key).into_owned(),
-                        h.value.map(Bytes::copy_from_slice),
-                    )
-                })
-                .collect(),
-            redrive: Vec::new(),
-        }
-    }
-
-    /// `<dlt-topic>/<partition>/<offset>`: the value of `x-replayed-from-dlt`.
-    pub fn coordinate(&self) -> String {
-        format!(
-            "{}/{}/{}",
-            self.dlt_topic, self.dlt_partition, self.dlt_offset
-        )
-    }
-
-    /// `topic-partition@offset` of the original record, or `-`.
-    pub fn origin(&self) -> String {
-        match (
-            &self.origin_topic,
-            self.origin_partition,
-            self.origin_offset,
-        ) {
-            (Some(t), Some(p), Some(o)) => format!("{t}-{p}@{o}"),
-            _ => "-".into(),
-        }
-    }
+/// The DLT record `r` read at `topic`/`partition`, if it is antidote's
+/// (its frame opens, see [`crate::deadletter::trust`]); markers are `Some`
+/// too (with no origin).
+pub fn dlt_record(
+    reader: Reader,
+    topic: &str,
+    partition: i32,
+    r: &Record<'_>,
+) -> Option<DltRecord> {
+    let ctx = trust::open(reader, topic, partition, r)?;
+    Some(DltRecord::from_context(
+        topic,
+        partition,
+        r,
+        &ctx,
+        trust::keys(),
+    ))
 }
 
 /// Filters shared by `inspect` and `replay`.
@@ -350,7 +245,7 @@ pub async fn read_dlt(
             }
             return;
         }
-        let d = DltRecord::from_context(topic, p, r, &ctx);
+        let d = DltRecord::from_context(topic, p, r, &ctx, trust::keys());
         if keep(&d) {
             out.push(d);
         }
@@ -566,7 +461,7 @@ mod tests {
             value: Some(b"{}"),
             headers: headers.to_vec(),
         };
-        let d = DltRecord::from_record(Reader::Inspect, "geo.dlt", 0, &r).expect("format 1");
+        let d = dlt_record(Reader::Inspect, "geo.dlt", 0, &r).expect("format 1");
         assert_eq!(d.origin(), "geo-2@41");
         assert_eq!(d.coordinate(), "geo.dlt/0/7");
         assert_eq!(

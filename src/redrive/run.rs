@@ -97,7 +97,7 @@ impl Scheduler {
             Event::Marker(_) => return true,
             Event::Diverted { ctx, record } => (ctx, record),
         };
-        let d = DltRecord::from_context(dlt, p, r, ctx);
+        let d = DltRecord::from_context(dlt, p, r, ctx, trust::keys());
         if d.origin_topic.is_none() || !self.cfg.classes.iter().any(|c| c.as_str() == d.class) {
             return true;
         }
@@ -243,6 +243,7 @@ impl Scheduler {
         let d = decide(
             Rule::redrive(),
             policies,
+            trust::keys(),
             r,
             |_| parts,
             &HashSet::new(),
@@ -343,7 +344,7 @@ mod tests {
                 value: Some(b"1000"),
             }],
         };
-        let mut d = DltRecord::from_record(Reader::Follower, "t.dlt", 0, &r).unwrap();
+        let mut d = crate::dlt::dlt_record(Reader::Follower, "t.dlt", 0, &r).unwrap();
         d.failed_at = Some(failed_at);
         d
     }

@@ -10,6 +10,7 @@
 //!   +-> kafka       record batches: decode, splice, build, compress
 //!   +-> dlt_record  the DLT record format: context headers, written and read
 //!   +-> dlt_marker  release/discard/attempt/lease markers kept in DLTs
+//! replay      one DLT record read back: what replay and re-drive do with it
 //! text, clock       leaves: YAML error positions, durations, wall clock
 //! ```
 //!
@@ -22,4 +23,5 @@ pub mod dlt_record;
 pub mod kafka;
 pub mod plan;
 pub mod policy;
+pub mod replay;
 pub mod text;

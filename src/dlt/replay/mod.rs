@@ -1,8 +1,10 @@
 //! `antidote dlt replay`: re-drive dead-lettered records to their original
 //! topic (or `--to TOPIC`) once their cause is fixed.
 //!
-//! Owns the replay decision for one DLT record ([`decide`], pure) and the
-//! small acks=all producer that writes replays. Dry-run unless `--execute`.
+//! The replay decision for one DLT record ([`decide`], pure) is the core's
+//! (`antidote_core::replay`), shared with re-drive; this module owns the
+//! command's flags and selection, and the small acks=all producer that
+//! writes replays. Dry-run unless `--execute`.
 //!
 //! A replayed record keeps the original key, value and headers, minus the
 //! proxy's context headers ([`super::CONTEXT_HEADERS`]), plus
@@ -38,18 +40,12 @@ pub mod keys;
 mod run;
 mod targets;
 
-use std::collections::HashSet;
 use std::path::PathBuf;
-
-use bytes::Bytes;
 
 pub use run::{produce, run};
 
-use super::{DltRecord, Filters, H_ATTEMPT, H_REPLAYED_FROM};
-use crate::deadletter::trust;
-use crate::dlt_context::Seal;
-use crate::kafka::builder::NewRecord;
-use crate::policy::{PolicySet, Verdict};
+use super::{DltRecord, Filters};
+pub use crate::replay::{decide, replay_record, Decision, Rule};
 
 /// Arguments of `antidote dlt replay`.
 #[derive(Debug, Clone, clap::Args)]
@@ -88,88 +84,12 @@ pub struct ReplayArgs {
     pub filters: Filters,
 }
 
-/// What a replay decision goes by besides the record and the policies:
-/// the operator's choices (`dlt replay`'s flags) or re-drive's, so that the
-/// runtime never builds command-line arguments.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rule {
-    /// Write to this topic instead of each record's original topic.
-    pub to: Option<String>,
-    /// Refuse records already replayed this many times.
-    pub max_attempts: u32,
-    /// Also replay `stale` records.
-    pub include_stale: bool,
-}
-
-impl Rule {
-    /// Re-drive's rule: back to the original topic, stale records too, no
-    /// cap on earlier replays (its delays are the ceiling).
-    pub fn redrive() -> Rule {
-        Rule {
-            to: None,
-            max_attempts: u32::MAX,
-            include_stale: true,
-        }
-    }
-}
-
 impl From<&ReplayArgs> for Rule {
     fn from(a: &ReplayArgs) -> Rule {
         Rule {
             to: a.to.clone(),
             max_attempts: a.max_attempts,
             include_stale: a.include_stale,
-        }
-    }
-}
-
-/// What replay does with one DLT record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Write `record` to `topic`/`partition`.
-    Replay {
-        topic: String,
-        partition: i32,
-        attempt: u32,
-        record: NewRecord,
-    },
-    AlreadyReplayed {
-        topic: String,
-    },
-    StillInvalid {
-        class: String,
-        rule: String,
-        reason: String,
-    },
-    RefusedStale,
-    /// A `redact` record: its DLT entry holds no contents, and it must
-    /// never come back.
-    RefusedRedacted,
-    /// A whole batch that could not be decoded (rule `batch`): its value is
-    /// the raw batch, not a record; recover its records by hand.
-    RefusedWholeBatch,
-    RefusedMaxAttempts {
-        attempts: u32,
-    },
-    /// No `x-original-topic` and no `--to`.
-    NoOrigin,
-    TargetMissing {
-        topic: String,
-    },
-}
-
-impl Decision {
-    fn label(&self) -> &'static str {
-        match self {
-            Decision::Replay { .. } => "replay",
-            Decision::AlreadyReplayed { .. } => "already-replayed",
-            Decision::StillInvalid { .. } => "still-invalid",
-            Decision::RefusedStale => "refused-stale",
-            Decision::RefusedRedacted => "refused-redacted",
-            Decision::RefusedWholeBatch => "refused-whole-batch",
-            Decision::RefusedMaxAttempts { .. } => "refused-max-attempts",
-            Decision::NoOrigin => "no-origin",
-            Decision::TargetMissing { .. } => "target-missing",
         }
     }
 }
@@ -200,43 +120,6 @@ impl Report {
     }
 }
 
-/// The record a replay writes to `seal`'s topic and partition: the
-/// original key, value and headers, exactly, plus a frame of
-/// `x-replayed-from-dlt`, `x-attempt` and, on the last record of a blocked
-/// key, `x-released-through` (signed with keys, so that no producer of the
-/// topic can pass its own record off as a replay).
-pub fn replay_record(
-    r: &DltRecord,
-    attempt: u32,
-    timestamp: i64,
-    released_through: Option<i64>,
-    seal: &Seal<'_>,
-) -> NewRecord {
-    let mut context = vec![
-        (
-            H_REPLAYED_FROM.to_string(),
-            Some(Bytes::from(r.coordinate())),
-        ),
-        (
-            H_ATTEMPT.to_string(),
-            Some(Bytes::from(attempt.to_string())),
-        ),
-    ];
-    if let Some(t) = released_through {
-        context.push((
-            crate::dlt_record::H_RELEASED_THROUGH.to_string(),
-            Some(Bytes::from(t.to_string())),
-        ));
-    }
-    seal.frame(
-        timestamp,
-        r.key.clone(),
-        r.value.clone(),
-        r.headers.clone(),
-        context,
-    )
-}
-
 /// Whether `r` passes the command-line selection (filters and origin offsets).
 pub fn selected(args: &ReplayArgs, r: &DltRecord) -> bool {
     if !args.filters.matches(r) {
@@ -252,85 +135,10 @@ pub fn selected(args: &ReplayArgs, r: &DltRecord) -> bool {
     true
 }
 
-/// Decide what to do with one selected DLT record. Pure.
-///
-/// `partitions(topic)` is the target's partition count (`None`: missing);
-/// `replayed` holds the DLT coordinates already found in the target.
-pub fn decide(
-    rule: impl Into<Rule>,
-    policies: &PolicySet,
-    r: &DltRecord,
-    partitions: impl Fn(&str) -> Option<usize>,
-    replayed: &HashSet<String>,
-    now_ms: i64,
-) -> Decision {
-    let args = rule.into();
-    let Some(topic) = args.to.clone().or_else(|| r.origin_topic.clone()) else {
-        return Decision::NoOrigin;
-    };
-    if r.attempt >= args.max_attempts {
-        return Decision::RefusedMaxAttempts {
-            attempts: r.attempt,
-        };
-    }
-    if r.class == crate::policy::Class::Stale.as_str() && !args.include_stale {
-        return Decision::RefusedStale;
-    }
-    if r.class == crate::policy::Class::Redact.as_str() || r.redacted {
-        return Decision::RefusedRedacted;
-    }
-    if r.rule == crate::deadletter::RULE_WHOLE_BATCH {
-        return Decision::RefusedWholeBatch;
-    }
-    let Some(n) = partitions(&topic).filter(|&n| n > 0) else {
-        return Decision::TargetMissing { topic };
-    };
-    if replayed.contains(&r.coordinate()) {
-        return Decision::AlreadyReplayed { topic };
-    }
-    let attempt = r.attempt + 1;
-    let partition = match r.origin_partition {
-        Some(p) if p >= 0 && (p as usize) < n => p,
-        _ => 0,
-    };
-    let record = replay_record(r, attempt, now_ms, None, &trust::seal(&topic, partition));
-    if let Some(policy) = policies
-        .for_topic(&topic)
-        .filter(|_| !policies.is_dead_letter_topic(&topic))
-    {
-        let view = record.as_record();
-        if let Verdict::Invalid(inv) = policy.judge_in(&topic, &view, now_ms) {
-            return Decision::StillInvalid {
-                class: inv.class.as_str().to_string(),
-                rule: inv.rule,
-                reason: inv.reason,
-            };
-        }
-    }
-    Decision::Replay {
-        topic,
-        partition,
-        attempt,
-        record,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    const POLICY: &str = r#"
-policies:
-  - name: p
-    topics: ["geo"]
-    value:
-      format: json
-    rules:
-      - field: /lat
-        min: -90
-        max: 90
-"#;
+    use bytes::Bytes;
 
     fn args() -> ReplayArgs {
         ReplayArgs {
@@ -375,166 +183,6 @@ policies:
             headers,
             redrive: Vec::new(),
         }
-    }
-
-    fn policies() -> PolicySet {
-        PolicySet::parse(POLICY, Path::new("p.yaml")).unwrap()
-    }
-
-    #[test]
-    fn replays_valid_records_with_replay_headers() {
-        let d = decide(
-            &args(),
-            &policies(),
-            &rec(r#"{"lat": 10}"#, "poison", None),
-            |_| Some(3),
-            &HashSet::new(),
-            99,
-        );
-        let Decision::Replay {
-            topic,
-            partition,
-            attempt,
-            record,
-        } = d
-        else {
-            panic!("{d:?}")
-        };
-        assert_eq!((topic.as_str(), partition, attempt), ("geo", 2, 1));
-        let keys: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(
-            keys,
-            [
-                "trace",
-                "x-request-id",
-                "x-replayed-from-dlt",
-                "x-attempt",
-                "x-antidote-context"
-            ]
-        );
-        assert_eq!(record.headers[4].1.as_deref(), Some(&b"2 2"[..]));
-        assert_eq!(record.headers[2].1.as_deref(), Some(&b"geo.dlt/0/4"[..]));
-        assert_eq!(record.headers[3].1.as_deref(), Some(&b"1"[..]));
-        assert_eq!(record.key.as_deref(), Some(&b"k"[..]));
-        assert_eq!(record.timestamp, 99);
-    }
-
-    #[test]
-    fn counts_attempts_and_refuses_past_the_limit() {
-        let d = decide(
-            &args(),
-            &policies(),
-            &rec(r#"{"lat": 10}"#, "poison", Some(2)),
-            |_| Some(3),
-            &HashSet::new(),
-            0,
-        );
-        assert!(matches!(d, Decision::Replay { attempt: 3, .. }), "{d:?}");
-        let d = decide(
-            &args(),
-            &policies(),
-            &rec(r#"{"lat": 10}"#, "poison", Some(3)),
-            |_| Some(3),
-            &HashSet::new(),
-            0,
-        );
-        assert_eq!(d, Decision::RefusedMaxAttempts { attempts: 3 });
-    }
-
-    #[test]
-    fn a_whole_undecodable_batch_is_never_replayed_as_a_record() {
-        let mut r = rec(r#"{"lat": 1}"#, "poison", None);
-        r.rule = crate::deadletter::RULE_WHOLE_BATCH.into();
-        let d = decide(&args(), &policies(), &r, |_| Some(3), &HashSet::new(), 0);
-        assert_eq!(d, Decision::RefusedWholeBatch);
-    }
-
-    #[test]
-    fn still_invalid_stale_missing_and_already_replayed_are_left_alone() {
-        let p = policies();
-        let d = decide(
-            &args(),
-            &p,
-            &rec(r#"{"lat": 91}"#, "poison", None),
-            |_| Some(3),
-            &HashSet::new(),
-            0,
-        );
-        assert!(matches!(d, Decision::StillInvalid { .. }), "{d:?}");
-        let d = decide(
-            &args(),
-            &p,
-            &rec(r#"{"lat": 1}"#, "stale", None),
-            |_| Some(3),
-            &HashSet::new(),
-            0,
-        );
-        assert_eq!(d, Decision::RefusedStale);
-        let a = ReplayArgs {
-            include_stale: true,
-            ..args()
-        };
-        assert!(matches!(
-            decide(
-                &a,
-                &p,
-                &rec(r#"{"lat": 1}"#, "stale", None),
-                |_| Some(3),
-                &HashSet::new(),
-                0
-            ),
-            Decision::Replay { .. }
-        ));
-        let d = decide(
-            &args(),
-            &p,
-            &rec(r#"{"lat": 1}"#, "poison", None),
-            |_| None,
-            &HashSet::new(),
-            0,
-        );
-        assert_eq!(
-            d,
-            Decision::TargetMissing {
-                topic: "geo".into()
-            }
-        );
-        let done: HashSet<String> = ["geo.dlt/0/4".to_string()].into();
-        let d = decide(
-            &args(),
-            &p,
-            &rec(r#"{"lat": 1}"#, "poison", None),
-            |_| Some(3),
-            &done,
-            0,
-        );
-        assert_eq!(
-            d,
-            Decision::AlreadyReplayed {
-                topic: "geo".into()
-            }
-        );
-    }
-
-    #[test]
-    fn partition_falls_back_to_zero_and_to_overrides_topic() {
-        let a = ReplayArgs {
-            to: Some("other".into()),
-            ..args()
-        };
-        let d = decide(
-            &a,
-            &policies(),
-            &rec(r#"{"lat": 91}"#, "poison", None),
-            |_| Some(1),
-            &HashSet::new(),
-            0,
-        );
-        // `other` has no policy, so nothing judges the record there.
-        assert!(
-            matches!(d, Decision::Replay { ref topic, partition: 0, .. } if topic == "other"),
-            "{d:?}"
-        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Owns the I/O side of a replay only; every decision is made by the pure
 //! [`super::decide`].
 
-use crate::deadletter::trust::Reader;
+use crate::deadletter::trust::{self, Reader};
 use std::collections::{BTreeMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -166,6 +166,7 @@ impl Runner<'_> {
         decide(
             self.args,
             &ctx.policies,
+            trust::keys(),
             r,
             |t| targets.get(t).copied().flatten(),
             &self.seen.replayed,

@@ -9,13 +9,14 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use crate::kafka::batch::{
-    segments, splice, Batch, Segment, ATTR_DELETE_HORIZON, ATTR_LOG_APPEND_TIME,
-    ATTR_TRANSACTIONAL, HEADER_LEN,
+    segments, Batch, Segment, ATTR_DELETE_HORIZON, ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL,
+    HEADER_LEN,
 };
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::kafka::compression::{Compression, SnappyFraming};
 use crate::kafka::fuzz::{check_one, check_splice_invariants};
 use crate::kafka::marker::splice_marking_tail;
+use crate::kafka::splice::splice;
 use crate::kafka::testutil::{expected_independent, independent_decode, RawBatch, RawRecord};
 
 fn codec() -> impl Strategy<Value = Compression> {

@@ -4,6 +4,7 @@
 use super::budget::DecodeBudget;
 use super::verdicts::VerdictCache;
 use super::*;
+use crate::kafka::batch;
 use crate::kafka::batch::Segment;
 use crate::kafka::batch::{ATTR_CONTROL, ATTR_TRANSACTIONAL};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
