@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use antidote::deadletter::Diversion;
+use antidote::dlt::Diversion;
 use antidote::kafka::batch::Batch;
 use antidote::kafka::builder::{build_batch, BuildOptions};
 use antidote::kafka::record::{Header, Record};

@@ -6,7 +6,7 @@
 //!   JSON Schema): CRC, decompression, record index, `Policy::judge` of
 //!   every record.
 //! - `request`: the whole door for one Produce request carrying that batch:
-//!   decode the request (`proxy::produce::check`), judge, and either forward
+//!   decode the request (`intercept::produce::wire::check`), judge, and either forward
 //!   it untouched (clean) or re-encode it without the refused partition and
 //!   build the INVALID_RECORD answer (one poison record).
 //!
@@ -16,11 +16,11 @@ mod common;
 
 use std::sync::Arc;
 
+use antidote::intercept::produce::wire::{check, Decision, Refusal, Topics, INVALID_RECORD};
 use antidote::kafka::compression::Compression;
 use antidote::plan::budget::DecodeBudget;
 use antidote::plan::produce::{judge_produce, DoorVerdict};
 use antidote::policy::Policy;
-use antidote::proxy::produce::{check, Decision, Refusal, Topics, INVALID_RECORD};
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};

@@ -40,10 +40,9 @@ LAYERS = [
     ["client"],
     ["registry"],
     ["engine"],
-    ["deadletter"],
     ["dlt"],
-    ["filter", "admin", "redrive"],
-    ["proxy"],
+    ["intercept", "admin"],
+    ["cli", "proxy"],
     ["main"],
 ]
 MAX_FILE_LINES = 600

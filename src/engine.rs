@@ -1,6 +1,6 @@
 //! The policy engine: what judging a record needs, built once at start-up
 //! and shared by the two handlers that judge, as peers: Fetch interception
-//! (`filter`) and the Produce door (`proxy::door`). It owns the running
+//! (`intercept::fetch`) and the Produce door (`intercept::produce`). It owns the running
 //! policy snapshot, the verdict cache, the decode budget every decode of
 //! either handler draws from, and the schema registry client.
 //!

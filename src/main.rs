@@ -61,17 +61,17 @@ enum BreakerCommand {
     /// Close a partition's breaker (a marker in its DLT every instance reads):
     /// the held record is judged again, or with --divert-through the
     /// diversions up to that offset are accepted.
-    Close(Box<antidote::dlt::breaker::CloseArgs>),
+    Close(Box<antidote::cli::dlt::breaker::CloseArgs>),
 }
 
 #[derive(Subcommand)]
 enum DltCommand {
     /// List or summarise the records of a dead-letter topic (read-only).
-    Inspect(Box<antidote::dlt::InspectArgs>),
+    Inspect(Box<antidote::cli::dlt::InspectArgs>),
     /// Re-drive dead-lettered records to their original topic (dry run unless --execute).
-    Replay(Box<antidote::dlt::ReplayArgs>),
+    Replay(Box<antidote::cli::dlt::ReplayArgs>),
     /// Give up a blocked key's parked records (ordering: per_key), releasing the key (dry run unless --execute).
-    Discard(Box<antidote::dlt::discard::DiscardArgs>),
+    Discard(Box<antidote::cli::dlt::discard::DiscardArgs>),
 }
 
 fn main() -> ExitCode {
@@ -220,8 +220,8 @@ fn check_dlts(path: &Path) {
         return;
     };
     let found = rt.block_on(async {
-        let ctx = antidote::dlt::Context::load(path)?;
-        antidote::dlt::check::dlt_warnings(&ctx).await
+        let ctx = antidote::cli::dlt::Context::load(path)?;
+        antidote::cli::dlt::check::dlt_warnings(&ctx).await
     });
     match found {
         Ok(lines) if lines.is_empty() => {
@@ -284,7 +284,7 @@ fn run(path: &Path) -> ExitCode {
     };
     antidote::policy::set_log_record_contents(config.logging.record_contents);
     match config.dead_letter.keys() {
-        Ok(keys) => antidote::deadletter::trust::set_keys(keys),
+        Ok(keys) => antidote::dlt::trust::set_keys(keys),
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::FAILURE;
@@ -310,7 +310,7 @@ fn run(path: &Path) -> ExitCode {
     }
 }
 
-fn breaker_close(args: &antidote::dlt::breaker::CloseArgs) -> ExitCode {
+fn breaker_close(args: &antidote::cli::dlt::breaker::CloseArgs) -> ExitCode {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -319,7 +319,7 @@ fn breaker_close(args: &antidote::dlt::breaker::CloseArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let mut out = std::io::stdout().lock();
-    match runtime.block_on(antidote::dlt::breaker::close(args, &mut out)) {
+    match runtime.block_on(antidote::cli::dlt::breaker::close(args, &mut out)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");
@@ -342,9 +342,9 @@ fn dlt(command: DltCommand) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let result = runtime.block_on(async {
         match &command {
-            DltCommand::Inspect(args) => antidote::dlt::inspect::run(args, &mut out).await.map(|()| true),
-            DltCommand::Discard(args) => antidote::dlt::discard::run(args, &mut out).await.map(|_| true),
-            DltCommand::Replay(args) => antidote::dlt::replay::run(args, &mut out).await.map(|report| {
+            DltCommand::Inspect(args) => antidote::cli::dlt::inspect::run(args, &mut out).await.map(|()| true),
+            DltCommand::Discard(args) => antidote::cli::dlt::discard::run(args, &mut out).await.map(|_| true),
+            DltCommand::Replay(args) => antidote::cli::dlt::replay::run(args, &mut out).await.map(|report| {
                 if report.failed > 0 {
                     eprintln!("{} record(s) failed to replay; run the same command again to retry them", report.failed);
                 }
@@ -356,7 +356,9 @@ fn dlt(command: DltCommand) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         // Some records could not be written: 2, distinct from a usage or connection error.
         Ok(false) => ExitCode::from(2),
-        Err(antidote::dlt::DltError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+        Err(antidote::cli::dlt::DltError::Output(e))
+            if e.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
             ExitCode::SUCCESS
         }
         Err(e) => {

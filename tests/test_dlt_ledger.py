@@ -10,7 +10,7 @@ never prints a raw control character.
 A batch refused as too large and retention moving a log start are shown on
 Kafka in test_dlt_retention.py; one failed DLT partition of several, which
 no real broker produces on demand, by the Rust unit tests in
-src/deadletter/tests.rs against a mock broker."""
+src/dlt/writer/tests.rs against a mock broker."""
 
 from __future__ import annotations
 

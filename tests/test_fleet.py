@@ -50,7 +50,7 @@ def start_fleet(workdir, broker, policy_file, n=3, tag="fleet"):
 # epoch per partition only once that partition has appended a batch of a
 # newer one: run A's first write (old epoch) landed after run B had read the
 # target and before B's first write. Replay's lease now leaves an ABORT marker
-# of its epoch in the target before reading it (deadletter::lease::
+# of its epoch in the target before reading it (dlt::writer::fence::
 # fence_partition), and the test runs on Kafka.
 
 

@@ -158,7 +158,7 @@ def test_the_second_lease_fences_the_first(workdir, broker, monkeypatch):
     recs = poison(1, 0, "a") + poison(1, 1, "b") + poison(1, 2, "c") + poison(10, 3, "d")
     c.ck_produce(direct, topic, recs)
     # The refused write is logged at debug level, with Kafka's error code.
-    monkeypatch.setenv("ANTIDOTE_LOG", "info,antidote::deadletter=debug")
+    monkeypatch.setenv("ANTIDOTE_LOG", "info,antidote::dlt=debug")
     a, b = start_pair(workdir, broker, topic, "lease")
     try:
         divert(a, topic, 0)

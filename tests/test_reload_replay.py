@@ -38,7 +38,7 @@ def wait_for_log(proxy, text: str, count: int = 1, timeout: float = 15) -> None:
 
 
 def replay_counts(out: str) -> dict[str, int]:
-    """The numbers of `dlt replay`'s summary line (src/dlt/replay.rs), by name:
+    """The numbers of `dlt replay`'s summary line (src/cli/dlt/replay/mod.rs), by name:
     `replay: 1 considered, 1 replayed, 0 already replayed, ...`."""
     line = next((ln for ln in out.splitlines() if ln.startswith("replay: ")), None)
     assert line is not None, f"no summary line in {out!r}"

@@ -50,7 +50,7 @@ impl Metrics {
 
     /// `n` records this instance wrote to a DLT (acknowledged).
     ///
-    /// Call site: `deadletter::producer`, per acknowledged batch.
+    /// Call site: `dlt::writer::producer`, per acknowledged batch.
     pub fn fleet_written(&self, n: u64) {
         self.diversions_add("written", n);
     }

@@ -374,7 +374,7 @@ impl Metrics {
     /// One dead-letter Produce request finished (`ok` = acknowledged with
     /// acks=all), after `latency`.
     ///
-    /// Call site: `deadletter::producer::Producer`, around each
+    /// Call site: `dlt::writer::producer::Producer`, around each
     /// `produce(topic, partition, records)` call (one per DLT batch),
     /// measured from the first attempt to the final outcome.
     pub fn dlt_write(&self, ok: bool, latency: Duration) {

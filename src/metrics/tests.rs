@@ -256,7 +256,7 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_redrive_total counter",
         "antidote_dlt_diversions_total counter",
         "antidote_dlt_ledger_lag_records gauge",
-        // Added with signed DLT records (issue 28, deadletter/trust.rs).
+        // Added with signed DLT records (issue 28, dlt/trust.rs).
         "antidote_dlt_records_refused_total counter",
         // Added with the diversion circuit breaker (issue 33, metrics/breaker.rs).
         "antidote_breaker_open gauge",

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
+use crate::intercept::produce::{self as door, wire as produce};
 use crate::policy::PolicySet;
 use crate::proxy::error::RelayError;
 use crate::proxy::sasl_phase::{self, Raw, Tokens};
-use crate::proxy::{addresses, door, produce, versions, Shared};
+use crate::proxy::{addresses, versions, Shared};
 use crate::transport::frame::{self, response_frame, Cursor};
 
 /// What the response to one request needs on its way back.

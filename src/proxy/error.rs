@@ -18,7 +18,7 @@ pub enum RelayError {
     #[error("broker sent a malformed response: {0}")]
     BadResponse(String),
     #[error("Fetch response: {0}")]
-    Filter(#[from] crate::filter::FilterError),
+    Filter(#[from] crate::intercept::fetch::FilterError),
     #[error("broker closed the connection with {0} response(s) pending")]
     BrokerClosed(usize),
     #[error("writing to client: {0}")]

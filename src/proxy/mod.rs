@@ -13,10 +13,8 @@
 mod accept;
 pub mod addresses;
 mod classify;
-mod door;
 mod error;
 pub mod limits;
-pub mod produce;
 pub mod relay;
 pub mod reload;
 mod sasl_phase;
@@ -40,11 +38,11 @@ use uuid::Uuid;
 use crate::admin;
 use crate::client::{self, Connection};
 use crate::config::{Config, HostPort};
-use crate::deadletter::blocked::BlockedKeys;
-use crate::deadletter::breaker::Breakers;
-use crate::deadletter::DeadLetter;
+use crate::dlt::blocked::BlockedKeys;
+use crate::dlt::breaker::Breakers;
+use crate::dlt::DeadLetter;
 use crate::engine::Engine;
-use crate::filter::{FetchContext, FetchFilter};
+use crate::intercept::fetch::{FetchContext, FetchFilter};
 use crate::metrics;
 use crate::policy::PolicySet;
 use crate::transport::tls;
@@ -100,7 +98,7 @@ pub struct Shared {
     /// The dead-letter side: the DLT writer and its ledger, and the keys
     /// parked behind diverted records (readiness asks them directly).
     dead_letter: Arc<DeadLetter>,
-    blocked: Arc<crate::deadletter::blocked::BlockedKeys>,
+    blocked: Arc<crate::dlt::blocked::BlockedKeys>,
     /// Client connections served at once (`limits.max_connections`).
     pub connections: limits::ConnectionLimit,
     /// Request bytes being received and handled across connections
@@ -163,7 +161,7 @@ impl Shared {
             )
             .with_judge_ahead(config.limits.judge_ahead),
         );
-        let follower = crate::redrive::follower(
+        let follower = crate::dlt::follower::Follower::from_config(
             &config,
             engine.clone(),
             keys.clone(),
@@ -297,8 +295,8 @@ impl admin::Readiness for Shared {
 
 /// The tasks [`Shared::new`] builds and [`start`] starts.
 struct Background {
-    dead_letter: crate::deadletter::Workers,
-    follower: crate::redrive::follower::Follower,
+    dead_letter: crate::dlt::Workers,
+    follower: crate::dlt::follower::Follower,
 }
 
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let

@@ -24,11 +24,12 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::filter::Holds;
+use crate::intercept::fetch::Holds;
+use crate::intercept::produce::{self as door, wire as produce};
 use crate::proxy::addresses::{self, Seen};
 use crate::proxy::classify::{classify_request, learn_produce_topic_ids, Handling, Pending, Send};
 use crate::proxy::sasl_phase::SaslPhase;
-use crate::proxy::{door, produce, versions, Shared};
+use crate::proxy::{versions, Shared};
 use crate::transport::frame::{
     self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
 };

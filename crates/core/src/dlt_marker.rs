@@ -16,7 +16,7 @@
 //!   Every instance follows them, so a fleet holds the same partitions.
 //! - `lease` (the DLT writer): a writer took the DLT partition's producer
 //!   lease with a new epoch; the marker makes the partition refuse older
-//!   epochs' writes (`deadletter::lease` in the proxy). It says nothing
+//!   epochs' writes (`dlt::writer::lease` in the proxy). It says nothing
 //!   else and is parsed as no marker ([`Marker::parse`] gives `None`).
 //!
 //! A marker never carries `x-original-offset`, so the ledger (which counts

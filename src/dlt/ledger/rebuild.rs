@@ -1,0 +1,452 @@
+//! Reading dead-letter topics back into the ledger (at start, after a policy
+//! reload, and for a DLT first asked about later), and reading any topic
+//! from its log start (shared with the `dlt` commands).
+//!
+//! The DLTs are the ledger's source of truth, but not every record in them
+//! is trusted: a record counts for origin topic T only if it was read from
+//! the DLT that T's policy writes to, and only if its `x-original-topic-id`
+//! (when present) is T's current id. So a record forged into some other
+//! topic cannot hide offsets of T, and a deleted and recreated T keeps its
+//! valid records. A partition is read from its log start (ListOffsets
+//! earliest), never from 0, so retention does not make it unreadable;
+//! errors are retried with a bounded, jittered backoff, never skipped, and
+//! a DLT counts as loaded only once every partition was read to its end.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use super::Ledger;
+use crate::client::{errors, no_broker, ClientError, Cluster};
+use crate::dlt::backoff;
+use crate::dlt::trust::{self, Reader};
+use crate::kafka::batch::{self, Segment};
+use crate::kafka::record::Record;
+use crate::policy::{Class, PolicySet};
+use antidote_core::dlt_record::Origin;
+
+/// Read every record of `topic` from each partition's log start to the high
+/// watermark it had when first fetched, calling `f(partition, record)`.
+pub async fn read_topic<F>(cluster: &mut Cluster, topic: &str, mut f: F) -> Result<u64, ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    let Some(partitions) = cluster.partitions(topic).await? else {
+        return Ok(0);
+    };
+    let mut count = 0;
+    for partition in 0..partitions as i32 {
+        count += read_partition(cluster, topic, partition, &mut f).await?;
+    }
+    Ok(count)
+}
+
+/// How long one Fetch may wait and how much it may return.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FetchLimits {
+    pub(crate) max_wait_ms: i32,
+    pub(crate) max_bytes: i32,
+    pub(crate) partition_max_bytes: i32,
+}
+
+/// The ledger's reads: 8 MiB per partition, 16 MiB per response.
+const READ_LIMITS: FetchLimits = FetchLimits {
+    max_wait_ms: 100,
+    max_bytes: 16 << 20,
+    partition_max_bytes: 8 << 20,
+};
+
+/// One Fetch of `topic`/`partition` at `offset` within `limits`: (error
+/// code, high watermark, records section).
+pub(crate) async fn fetch_partition(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    limits: FetchLimits,
+) -> Result<(i16, i64, bytes::Bytes), ClientError> {
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(limits.max_wait_ms)
+        .with_min_bytes(1)
+        .with_max_bytes(limits.max_bytes)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_fetch_offset(offset)
+                .with_partition_max_bytes(limits.partition_max_bytes)])]);
+    let resp = cluster
+        .leader(topic, partition)
+        .await?
+        .send(req, 4, 12)
+        .await?;
+    let p = resp
+        .responses
+        .into_iter()
+        .flat_map(|t| t.partitions)
+        .next()
+        .ok_or_else(|| no_broker(format!("{topic}-{partition}: empty fetch response")))?;
+    Ok((
+        p.error_code,
+        p.high_watermark,
+        p.records.unwrap_or_default(),
+    ))
+}
+
+/// Read `topic`/`partition` from its log start to the high watermark of the
+/// first fetch. Retention moving the log start while reading is followed;
+/// any other error ends the read with `Err` (the caller retries).
+pub async fn read_partition<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    f: &mut F,
+) -> Result<u64, ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    read_partition_end(cluster, topic, partition, None, f)
+        .await
+        .map(|(count, _)| count)
+}
+
+/// [`read_partition`] from offset `from` (at least the log start) instead
+/// of the log start.
+pub async fn read_partition_from<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    f: &mut F,
+) -> Result<u64, ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    read_partition_end(cluster, topic, partition, from, f)
+        .await
+        .map(|(count, _)| count)
+}
+
+/// [`read_partition`], also returning the offset it read to (where a tail
+/// of the partition goes on).
+pub async fn read_partition_end<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    f: &mut F,
+) -> Result<(u64, i64), ClientError>
+where
+    F: FnMut(i32, &Record<'_>),
+{
+    let start = cluster.log_start(topic, partition).await?;
+    let mut offset = from.map_or(start, |from| from.max(start));
+    let mut end: Option<i64> = None;
+    let mut count = 0;
+    loop {
+        let (code, hw, records) =
+            fetch_partition(cluster, topic, partition, offset, READ_LIMITS).await?;
+        if code == errors::OFFSET_OUT_OF_RANGE {
+            let start = cluster.log_start(topic, partition).await?;
+            if start > offset {
+                offset = start;
+                continue;
+            }
+        }
+        if code != 0 {
+            return Err(no_broker(format!(
+                "{topic}-{partition}: fetch at offset {offset}: error {code}"
+            )));
+        }
+        let end = *end.get_or_insert(hw);
+        if offset >= end {
+            return Ok((count, offset));
+        }
+        let mut next = offset;
+        for seg in batch::segments(&records) {
+            let Segment::Batch(b) = seg else { continue };
+            next = next.max(b.next_offset());
+            if b.is_control() {
+                continue;
+            }
+            // A batch that cannot be decoded is an error, not a gap: the
+            // ledger would silently lose its entries.
+            let d = b.decode().map_err(|e| {
+                no_broker(format!(
+                    "{topic}-{partition}: batch at {}: {e}",
+                    b.base_offset()
+                ))
+            })?;
+            for r in d.records().filter(|r| r.offset >= offset && r.offset < end) {
+                count += 1;
+                f(partition, &r);
+            }
+        }
+        if next <= offset {
+            return Err(no_broker(format!(
+                "{topic}-{partition}: no progress reading at offset {offset} (high watermark {end})"
+            )));
+        }
+        if next >= end {
+            return Ok((count, next));
+        }
+        offset = next;
+    }
+}
+
+/// Whether a DLT record naming `origin`, read from `dlt`, may count as a
+/// diversion: `dlt` must be the DLT `origin.topic`'s policy writes to, and
+/// its topic id (when the record names one and the topic exists) must be
+/// the topic's current id.
+pub fn trusted(policies: &PolicySet, dlt: &str, origin: &Origin, current_id: Option<Uuid>) -> bool {
+    let topic = &*origin.topic;
+    if policies.is_dead_letter_topic(topic) {
+        return false;
+    }
+    let Some(p) = policies.for_topic(topic) else {
+        return false;
+    };
+    if !Class::ALL
+        .iter()
+        .any(|&c| p.dead_letter_topic(topic, c) == dlt)
+    {
+        return false;
+    }
+    match (origin.topic_id, current_id) {
+        (Some(written), Some(now)) => written == now,
+        _ => true,
+    }
+}
+
+/// Pause between two tail rounds when nothing new arrived.
+pub const TAIL_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the upstream's topics are listed again, to learn DLTs of
+/// policy topics created since (and their ids).
+pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The task that keeps the ledger loaded: on start, on every policy change
+/// and whenever a DLT is first asked about, it reads every DLT not yet
+/// loaded.
+pub(crate) struct Loader {
+    /// The dead-letter cluster (where the DLTs are).
+    pub dlt: Cluster,
+    /// The upstream cluster (where the origin topics and their ids are).
+    pub upstream: Cluster,
+    pub ledger: Arc<Ledger>,
+    pub policies: watch::Receiver<Arc<PolicySet>>,
+    pub wake: mpsc::UnboundedReceiver<()>,
+    /// Set once the DLTs known at start are loaded.
+    pub started: watch::Sender<bool>,
+    /// The policies of the last complete load. A topic that writes to an
+    /// already loaded DLT under the new policies but did not under these
+    /// had its records in that DLT read as untrusted: the DLT is read again.
+    pub previous: Option<Arc<PolicySet>>,
+    /// The policy topics' current ids (for trusting what the tail reads).
+    pub ids: HashMap<String, Uuid>,
+    /// When the upstream's topics were last listed (by a load or the tail).
+    pub discovered: Option<tokio::time::Instant>,
+}
+
+/// Whether `policies` send records of `topic` to `dlt`.
+fn writes_to(policies: &PolicySet, topic: &str, dlt: &str) -> bool {
+    !policies.is_dead_letter_topic(topic)
+        && policies.for_topic(topic).is_some_and(|p| {
+            Class::ALL
+                .iter()
+                .any(|&c| p.dead_letter_topic(topic, c) == dlt)
+        })
+}
+
+impl Loader {
+    pub async fn run(mut self) {
+        loop {
+            self.load_all().await;
+            let _ = self.started.send(true);
+            // Between loads, tail the loaded DLTs (other instances' writes).
+            loop {
+                tokio::select! {
+                    r = self.policies.changed() => if r.is_err() { return } else { break },
+                    w = self.wake.recv() => if w.is_none() { return } else { break },
+                    _ = tokio::time::sleep(TAIL_INTERVAL) => {}
+                }
+                if self.tail_tick().await {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One tail round; true when a DLT must be loaded (a policy topic
+    /// appeared upstream since the last listing).
+    async fn tail_tick(&mut self) -> bool {
+        let due = self
+            .discovered
+            .is_none_or(|at| at.elapsed() >= DISCOVER_INTERVAL);
+        if due {
+            let policies = self.policies.borrow().clone();
+            if let Err(e) = self.origin_topics(&policies).await {
+                warn!(error = %e, "listing the upstream's topics for new DLTs failed");
+                self.upstream.reset();
+            }
+            if !self.ledger.pending().is_empty() {
+                return true;
+            }
+        }
+        if let Err(e) = self.tail_once().await {
+            warn!(error = %e, "tailing the DLTs failed; retrying");
+            self.dlt.reset();
+        }
+        false
+    }
+
+    /// Load until every wanted DLT is loaded, retrying errors.
+    async fn load_all(&mut self) {
+        let mut attempt = 0u32;
+        loop {
+            match self.load_once().await {
+                Ok(()) => {
+                    if !*self.started.borrow() {
+                        // Once, after the start: later loads add little,
+                        // and shrinking then would only make appends regrow.
+                        self.ledger.shrink();
+                    }
+                    let (entries, bytes) = self.ledger.footprint();
+                    info!(entries, bytes, "dead-letter ledger rebuilt from the DLTs");
+                    return;
+                }
+                Err(e) => {
+                    warn!(error = %e, "loading the dead-letter ledger failed; retrying");
+                    self.dlt.reset();
+                    self.upstream.reset();
+                    tokio::time::sleep(backoff(
+                        attempt,
+                        Duration::from_millis(200),
+                        Duration::from_secs(5),
+                    ))
+                    .await;
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    async fn load_once(&mut self) -> Result<(), ClientError> {
+        let policies = self.policies.borrow_and_update().clone();
+        if policies.is_empty() && self.ledger.pending().is_empty() {
+            return Ok(()); // nothing is policed: nothing to load
+        }
+        let ids = self.origin_topics(&policies).await?;
+        let pending = self.ledger.pending();
+        if pending.is_empty() {
+            self.previous = Some(policies);
+            return Ok(());
+        }
+        let existing = existing_topics(&mut self.dlt).await?;
+        for dlt in pending {
+            if existing.contains(&dlt) {
+                let (read, kept) = self.load_dlt(&policies, &ids, &dlt).await?;
+                info!(dlt = %dlt, records = read, entries = kept, "dead-letter ledger loaded from DLT");
+            }
+            self.ledger.loaded(&dlt);
+        }
+        self.previous = Some(policies);
+        Ok(())
+    }
+
+    /// The current ids of the upstream's policy topics; marks the DLTs of
+    /// those topics as wanted.
+    async fn origin_topics(
+        &mut self,
+        policies: &PolicySet,
+    ) -> Result<HashMap<String, Uuid>, ClientError> {
+        let meta = self.upstream.metadata(None).await?;
+        let mut ids = HashMap::new();
+        for t in meta.topics.iter().filter(|t| t.error_code == 0) {
+            let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
+                continue;
+            };
+            if policies.is_dead_letter_topic(&name) {
+                continue;
+            }
+            let Some(p) = policies.for_topic(&name) else {
+                continue;
+            };
+            for class in Class::ALL {
+                let dlt = p.dead_letter_topic(&name, class);
+                let newly = self
+                    .previous
+                    .as_ref()
+                    .is_some_and(|old| !writes_to(old, &name, &dlt));
+                if newly && self.ledger.is_loaded(&dlt) {
+                    self.ledger.unload(&dlt);
+                } else {
+                    self.ledger.want(&dlt);
+                }
+            }
+            if !t.topic_id.is_nil() {
+                self.ledger
+                    .observe_topic_id(&Arc::from(name.as_str()), t.topic_id);
+                ids.insert(name, t.topic_id);
+            }
+        }
+        self.ids = ids.clone();
+        self.discovered = Some(tokio::time::Instant::now());
+        Ok(ids)
+    }
+
+    /// Read `dlt` into the ledger; (records read, entries kept).
+    async fn load_dlt(
+        &mut self,
+        policies: &PolicySet,
+        ids: &HashMap<String, Uuid>,
+        dlt: &str,
+    ) -> Result<(u64, u64), ClientError> {
+        let (ledger, mut kept, mut ignored) = (&self.ledger, 0u64, 0u64);
+        let mut f = |p, r: &Record<'_>| {
+            let Some(ctx) = trust::open(Reader::Ledger, dlt, p, r) else {
+                return;
+            };
+            let Some(o) = Origin::of(&ctx) else { return };
+            if trusted(policies, dlt, &o, ids.get(&*o.topic).copied()) {
+                ledger.insert(&(o.topic, o.partition, o.offset));
+                kept += 1;
+            } else {
+                ignored += 1;
+            }
+        };
+        let mut read = 0;
+        let partitions = self.dlt.partitions(dlt).await?.unwrap_or(0);
+        for p in 0..partitions as i32 {
+            let (n, end) = read_partition_end(&mut self.dlt, dlt, p, None, &mut f).await?;
+            read += n;
+            // The tail goes on from here.
+            ledger.set_tail_position((dlt.to_string(), p), end);
+        }
+        if ignored > 0 {
+            warn!(dlt, ignored, "DLT records ignored by the ledger: their origin topic does not write to this DLT, or its topic id is not the topic's current id");
+        }
+        Ok((read, kept))
+    }
+}
+
+/// Names of the topics that exist on `cluster`.
+async fn existing_topics(
+    cluster: &mut Cluster,
+) -> Result<std::collections::HashSet<String>, ClientError> {
+    let meta = cluster.metadata(None).await?;
+    Ok(meta
+        .topics
+        .iter()
+        .filter(|t| t.error_code == 0)
+        .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+        .collect())
+}

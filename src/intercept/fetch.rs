@@ -1,0 +1,591 @@
+//! Fetch interception: the only place response records are inspected.
+//!
+//! For each partition of a policy-covered topic in a Fetch response, the
+//! records section is split into batches; batches that a policy finds
+//! nothing wrong with are forwarded as their original bytes; batches that
+//! lose records are spliced (`kafka::batch`). Diverted records are written
+//! to their dead-letter topic and the response is released only once every
+//! diversion is acknowledged. A diversion that fails holds its partition:
+//! the data is cut just before the first record not safely diverted, so the
+//! client fetches it again later; nothing past it is delivered, other
+//! partitions flow on.
+//!
+//! Planning (`plan`) is pure; this module adds running it for the
+//! partitions of a response (on several cores when there is enough data:
+//! `parallel`), the awaiting of diversions, the re-encoding of the
+//! response, and the accounting of the CPU all that takes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
+use kafka_protocol::messages::FetchResponse;
+use kafka_protocol::protocol::Decodable;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::clock::now_ms;
+use crate::dlt::blocked::BlockedKeys;
+use crate::dlt::breaker::Breakers;
+use crate::dlt::DeadLetter;
+use crate::engine::Engine;
+use crate::kafka::batch::BatchError;
+use crate::metrics::{self, InvalidAction};
+pub use crate::plan::verdicts::VerdictCache;
+use crate::plan::{PartitionPlan, Visibility};
+use crate::policy::{KeyOrdering, PolicySet};
+pub use holds::Holds;
+use parallel::PartitionJob;
+
+/// Pause before re-submitting a diversion whose write failed.
+const RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Fetch isolation levels (request field, v4+).
+pub const READ_COMMITTED: i8 = 1;
+
+/// Why a Fetch response could not be filtered; the relay ends that
+/// connection (the client reconnects and fetches again), never forwards it.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("Fetch response does not decode: {0}")]
+    Decode(anyhow::Error),
+    #[error("Fetch response does not encode: {0}")]
+    Encode(anyhow::Error),
+    #[error("records section cannot be rebuilt: {0}")]
+    Splice(#[from] BatchError),
+    #[error("planning task failed: {0}")]
+    Planner(#[from] tokio::task::JoinError),
+}
+
+/// What the Fetch filter asks of the proxy around it: broker addresses and
+/// topic names. The filter never reaches into the proxy's state, so it
+/// depends only on the layers below it (the proxy implements this).
+pub trait FetchContext: Send + Sync {
+    /// What rewriting a response's endpoints learned about the cluster.
+    type Learned: Send;
+    /// Point the broker endpoints a Fetch v16+ response names (KIP-951) at
+    /// the proxy; whether anything changed, and what was learned.
+    fn rewrite_endpoints(&self, resp: &mut FetchResponse) -> (bool, Self::Learned);
+    /// Record what `rewrite_endpoints` learned (may open broker listeners).
+    fn learn(&self, learned: Self::Learned) -> impl Future<Output = ()> + Send;
+    /// Look up topic ids not known yet (Fetch v13+ names topics by id).
+    fn resolve_topic_ids(&self, ids: &[Uuid]) -> impl Future<Output = ()> + Send;
+    /// The name of topic `id`, if known.
+    fn topic_name(&self, id: &Uuid) -> Option<String>;
+}
+
+/// Fetch interception, one of the engine's two handlers (the other is the
+/// Produce door): what the Fetch path needs besides the engine.
+pub struct FetchFilter {
+    /// The policy snapshot, verdict cache, decode budget and registry.
+    pub engine: Arc<Engine>,
+    pub dead_letter: Arc<DeadLetter>,
+    /// How long a response waits for its diversions to be acknowledged.
+    pub timeout: Duration,
+    /// Keys parked behind a diverted record (`ordering: per_key`).
+    pub blocked: Arc<BlockedKeys>,
+    /// Idle cores judge ahead in large partitions (`filter::parallel`).
+    judge_ahead: bool,
+    /// The diversion circuit breakers (`breaker:` of a policy).
+    pub breakers: Arc<Breakers>,
+}
+
+impl FetchFilter {
+    pub fn new(
+        engine: Arc<Engine>,
+        dead_letter: Arc<DeadLetter>,
+        (blocked, breakers): (Arc<BlockedKeys>, Arc<Breakers>),
+        timeout: Duration,
+    ) -> Self {
+        FetchFilter {
+            engine,
+            dead_letter,
+            timeout,
+            blocked,
+            judge_ahead: true,
+            breakers,
+        }
+    }
+
+    /// Whether idle cores judge ahead in large partitions
+    /// (`limits.judge_ahead`, on by default).
+    pub fn with_judge_ahead(mut self, on: bool) -> Self {
+        self.judge_ahead = on;
+        self
+    }
+
+    /// Whether any Fetch response needs to be looked at.
+    pub fn active(&self) -> bool {
+        !self.policies().is_empty()
+    }
+
+    /// The current policies (the engine's snapshot).
+    pub fn policies(&self) -> Arc<PolicySet> {
+        self.engine.policies()
+    }
+
+    /// Swap in a new, fully compiled policy set: the dead-letter side
+    /// learns it first, then the engine swaps its snapshot (dropping
+    /// verdicts of the old one; the DLT follower reads the new one), then
+    /// breakers of policies whose text changed close.
+    pub fn replace_policies(&self, new: PolicySet) {
+        let new = Arc::new(new);
+        self.dead_letter.policies_changed(new.clone());
+        let old = self.engine.swap(new.clone());
+        self.breakers.reset(&old, &new);
+    }
+
+    /// Filter a Fetch response body; `Ok(None)` means forward it unchanged.
+    pub async fn filter<C: FetchContext>(
+        &self,
+        ctx: &C,
+        holds: &mut Holds,
+        body: Bytes,
+        version: i16,
+        isolation: i8,
+    ) -> Result<Option<Vec<Bytes>>, FilterError> {
+        let (mut resp, sections, endpoints, learned) = timed(|| -> Result<_, FilterError> {
+            let mut resp =
+                FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
+            let sections = patch::Sections::of(&body, &resp);
+            let (endpoints, learned) = ctx.rewrite_endpoints(&mut resp);
+            Ok((resp, sections, endpoints, learned))
+        })?;
+        let mut changed = endpoints;
+        ctx.learn(learned).await;
+        if version >= 13 {
+            // Fetch v13+ names topics by id: learn ids we have not seen yet
+            // (single-flight, negatively cached).
+            let ids: Vec<_> = resp.responses.iter().map(|t| t.topic_id).collect();
+            ctx.resolve_topic_ids(&ids).await;
+        }
+        let (jobs, unloaded) = self.jobs(ctx, &resp, version, isolation).await;
+        for ti in unloaded {
+            changed |= hold_topic(&mut resp.responses[ti]);
+        }
+        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
+        let mut transient_at = Vec::new();
+        let now = now_ms();
+        let mut planned = self.plan_all(jobs.clone(), now).await?;
+        if let Some(registry) = self.engine.registry() {
+            self.resolve_transient(registry, &jobs, &mut planned, now)
+                .await?;
+        }
+        for (at, mut plan) in planned {
+            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
+            // The circuit breaker: diversions from its cut on are not
+            // written, and the partition holds there (as on a DLT failure).
+            let ledger = self.dead_letter.ledger();
+            if let Some(cut) = self.breakers.cut(&plan, |d| {
+                ledger.contains(&(d.origin_topic.clone(), d.origin_partition, d.origin_offset))
+            }) {
+                plan.diversions.retain(|d| d.origin_offset < cut);
+                plan.held = Some(plan.held.take().map_or(
+                    crate::plan::Hold {
+                        offset: cut,
+                        reason: crate::plan::HoldReason::Breaker,
+                    },
+                    |h| {
+                        if h.offset <= cut {
+                            h
+                        } else {
+                            crate::plan::Hold {
+                                offset: cut,
+                                reason: crate::plan::HoldReason::Breaker,
+                            }
+                        }
+                    },
+                ));
+            }
+            if plan.changes_anything() {
+                // Its blocks are learnt once its diversions are done.
+                transient_at.push(transient::take_transient(&mut plan));
+                plans.push((at.0, at.1, plan));
+            } else {
+                keys::learn(&self.blocked, &plan, None);
+                count(&plan, None);
+            }
+        }
+        if version >= 13 {
+            // Ids still unknown might name a policy topic: hold them.
+            changed |= withhold_unknown_topics(ctx, &mut resp);
+        }
+        let out = |resp: &mut FetchResponse, replaced: Vec<_>| {
+            let fresh = patch::Fresh {
+                body: &body,
+                version,
+                sections: &sections,
+                endpoints,
+            };
+            fresh.body(resp, replaced)
+        };
+        if plans.is_empty() {
+            return timed(|| changed.then(|| out(&mut resp, Vec::new())).transpose());
+        }
+        // Divert everything first, concurrently, then apply the outcome.
+        let outcomes = self.divert_all(&plans).await;
+        timed(|| {
+            let outcomes = outcomes.into_iter().zip(transient_at);
+            let mut replaced = Vec::with_capacity(plans.len());
+            for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
+                let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
+                keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
+                replaced.push(((ti, pi), apply_outcome(holds, &plan, failed_from)?));
+            }
+            Ok(Some(out(&mut resp, replaced)?))
+        })
+    }
+
+    /// One planning job per non-empty partition of a policy topic, and the
+    /// indexes of topics held because their DLTs are not read back yet.
+    async fn jobs<C: FetchContext>(
+        &self,
+        ctx: &C,
+        resp: &FetchResponse,
+        version: i16,
+        isolation: i8,
+    ) -> (Vec<Arc<PartitionJob>>, Vec<usize>) {
+        let policies = self.policies();
+        let mut jobs = Vec::new();
+        let mut unloaded = Vec::new();
+        for (ti, topic) in resp.responses.iter().enumerate() {
+            let name = if version >= 13 {
+                ctx.topic_name(&topic.topic_id)
+            } else {
+                Some(topic.topic.0.to_string())
+            };
+            let Some(name) = name else { continue };
+            // A glob may also cover a dead-letter topic: never police those.
+            if policies.is_dead_letter_topic(&name) {
+                continue;
+            }
+            let Some(policy) = policies.for_topic(&name) else {
+                continue;
+            };
+            // Until its DLTs are read back, the ledger cannot say which
+            // records were diverted before: hold the topic's records.
+            if !self
+                .dead_letter
+                .wait_loaded_for(policy, &name, self.timeout)
+                .await
+            {
+                unloaded.push(ti);
+                continue;
+            }
+            let per_key = policy.ordering == KeyOrdering::PerKey;
+            // Likewise until the blocked keys are read back (per_key only).
+            if per_key && !self.blocked.is_loaded() && !self.blocked.wait_loaded(self.timeout).await
+            {
+                unloaded.push(ti);
+                continue;
+            }
+            let topic_name: Arc<str> = Arc::from(name.as_str());
+            if version >= 13 {
+                // A new id for a known name: the topic was recreated.
+                self.dead_letter
+                    .ledger()
+                    .observe_topic_id(&topic_name, topic.topic_id);
+            }
+            for (pi, p) in topic.partitions.iter().enumerate() {
+                let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
+                    continue;
+                };
+                jobs.push(Arc::new(PartitionJob {
+                    at: (ti, pi),
+                    policy: policy.clone(),
+                    topic: topic_name.clone(),
+                    partition: p.partition_index,
+                    records: records.clone(),
+                    vis: Visibility::new(
+                        isolation == READ_COMMITTED,
+                        p.aborted_transactions.as_deref(),
+                    )
+                    .with_log_start(p.log_start_offset),
+                    gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
+                }));
+            }
+        }
+        (jobs, unloaded)
+    }
+
+    /// Write every planned diversion; for each plan, the lowest offset whose
+    /// diversion did not succeed in time (`None` if all did).
+    async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let dl = &self.dead_letter;
+        let all_failed = || {
+            plans
+                .iter()
+                .map(|(_, _, p)| p.diversions.first().map(|d| d.origin_offset))
+                .collect()
+        };
+        if tokio::time::timeout_at(deadline, dl.ready())
+            .await
+            .map_or(true, |r| r.is_err())
+        {
+            return all_failed();
+        }
+        // Submit in offset order (synchronously), then wait for all at once.
+        // A write that fails early is retried until the deadline: recovery
+        // is quicker, and a consumer held at a poison record does not spin
+        // (fetch, fail at once, fetch again) while the DLT is down.
+        let mut waits = Vec::new();
+        for (plan_idx, (_, _, plan)) in plans.iter().enumerate() {
+            for d in &plan.diversions {
+                let first = dl.submit(d);
+                waits.push(async move {
+                    let mut ticket = first;
+                    let ok = loop {
+                        let outcome = match ticket {
+                            Ok(t) => tokio::time::timeout_at(deadline, t.wait()).await,
+                            Err(e) => Ok(Err(e)),
+                        };
+                        match outcome {
+                            Ok(Ok(())) => break true,
+                            Err(_) => break false, // deadline
+                            Ok(Err(_)) => {
+                                // Jittered, so held diversions do not retry in step.
+                                let pause =
+                                    crate::dlt::backoff(0, RETRY_BACKOFF * 2, RETRY_BACKOFF * 2);
+                                let retry_at = tokio::time::Instant::now() + pause;
+                                if retry_at >= deadline {
+                                    tokio::time::sleep_until(deadline).await;
+                                    break false;
+                                }
+                                tokio::time::sleep_until(retry_at).await;
+                                ticket = dl.submit(d);
+                            }
+                        }
+                    };
+                    (plan_idx, d.origin_offset, ok)
+                });
+            }
+        }
+        let mut failed: HashMap<usize, i64> = HashMap::new();
+        for (plan_idx, offset, ok) in futures_join_all(waits).await {
+            if !ok {
+                let e = failed.entry(plan_idx).or_insert(offset);
+                *e = (*e).min(offset);
+            }
+        }
+        (0..plans.len()).map(|i| failed.get(&i).copied()).collect()
+    }
+}
+
+/// Withhold the records of partitions whose topic id is still unknown: a
+/// policy might cover that topic, and nothing is forwarded unjudged. The
+/// client fetches them again once the id resolves. Returns whether
+/// anything changed.
+fn withhold_unknown_topics(ctx: &impl FetchContext, resp: &mut FetchResponse) -> bool {
+    let mut changed = false;
+    for topic in &mut resp.responses {
+        if ctx.topic_name(&topic.topic_id).is_some() {
+            continue;
+        }
+        for p in &mut topic.partitions {
+            if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+                info!(topic_id = %topic.topic_id, partition = p.partition_index,
+                    "unknown topic id: records withheld until its name is known");
+                p.records = Some(Bytes::new());
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+/// The records section a changed partition gets, once its diversions are
+/// done: everything planned, or (when held, here or by a failed diversion)
+/// what comes before the hold, if this connection may receive it.
+fn apply_outcome(
+    holds: &mut Holds,
+    plan: &PartitionPlan,
+    failed_from: Option<i64>,
+) -> Result<Vec<Bytes>, BatchError> {
+    let held_from = plan.held_from(failed_from);
+    count(plan, held_from);
+    log_hold(plan, failed_from);
+    match held_from {
+        None => {
+            holds.release(&plan.topic, plan.partition);
+            plan.apply_chunks(None)
+        }
+        Some(offset) if holds.hold(&plan.topic, plan.partition, offset) => {
+            plan.apply_chunks(Some(offset))
+        }
+        Some(_) => Ok(Vec::new()),
+    }
+}
+
+/// Say why a partition is held: a batch that could not be judged (counted
+/// by reason) or a diversion that was not acknowledged in time.
+fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>) {
+    let (topic, partition) = (&*plan.topic, plan.partition);
+    if let Some(h) = &plan.held {
+        metrics::global().held_batch(topic, partition, h.reason.as_str());
+        warn!(topic, partition, offset = h.offset, reason = %h.reason,
+            "batch cannot be judged: partition held at it");
+    }
+    if let Some(offset) = failed_from {
+        warn!(
+            topic,
+            partition, offset, "dead-letter write failed: partition held before this offset"
+        );
+    }
+}
+
+/// Withhold every partition's records of `topic` (its DLT is not loaded).
+fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
+    let mut changed = false;
+    for p in topic.partitions.iter_mut() {
+        if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+            debug!(
+                partition = p.partition_index,
+                "dead-letter ledger not loaded yet: records withheld"
+            );
+            p.records = Some(Bytes::new());
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Count what a plan judged. Diversions count once acknowledged; those
+/// at or past a hold are judged again on the next fetch.
+fn count(plan: &PartitionPlan, held_from: Option<i64>) {
+    let m = metrics::global();
+    let (topic, partition, policy) = (&*plan.topic, plan.partition, plan.policy.name.as_str());
+    let diverted: Vec<_> = plan
+        .diversions
+        .iter()
+        .filter(|d| held_from.is_none_or(|h| d.origin_offset < h))
+        .collect();
+    let held_back = (plan.diversions.len() - diverted.len()) as u64;
+    let invalid =
+        (plan.diversions.len() + plan.not_diverted.len() + plan.already_diverted.len()) as u64;
+    m.record_validated(
+        topic,
+        partition,
+        policy,
+        plan.stats.judged.saturating_sub(held_back),
+    );
+    m.record_passed(
+        topic,
+        partition,
+        policy,
+        plan.stats.judged.saturating_sub(invalid),
+    );
+    // Diverted now or by an earlier fetch (batches resent as spliced),
+    // dropped, or passed.
+    let outcomes = diverted
+        .into_iter()
+        .map(|d| (&d.invalid, InvalidAction::Diverted))
+        .chain(
+            plan.already_diverted
+                .iter()
+                .map(|i| (i, InvalidAction::Diverted)),
+        )
+        .chain(plan.not_diverted.iter().map(|(a, i)| (i, (*a).into())));
+    for (inv, action) in outcomes {
+        m.record_invalid(topic, partition, policy, inv.class, &inv.rule, action);
+    }
+    m.set_held(topic, partition, held_from.is_some());
+}
+
+/// Run `f` and add the CPU time it took on this thread to
+/// `antidote_fetch_rewrite_cpu_seconds_total`. `f` is synchronous, so the
+/// task cannot move to another thread while it runs.
+fn timed<R>(f: impl FnOnce() -> R) -> R {
+    let start = thread_cpu_time();
+    let out = f();
+    metrics::global().fetch_rewrite_cpu(thread_cpu_time().saturating_sub(start));
+    out
+}
+
+fn thread_cpu_time() -> Duration {
+    cpu_time::ThreadTime::try_now().map_or(Duration::ZERO, |t| t.as_duration())
+}
+
+/// Await every future; they all share one deadline, so awaiting them one
+/// after another costs no more than awaiting them together.
+async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut out = Vec::with_capacity(futs.len());
+    for f in futs {
+        out.push(f.await);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::fetch_response::PartitionData;
+
+    /// A proxy that knows the names of `0`'s topic ids only.
+    struct Known(Vec<Uuid>);
+
+    impl FetchContext for Known {
+        type Learned = ();
+        fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
+            (false, ())
+        }
+        async fn learn(&self, _: ()) {}
+        async fn resolve_topic_ids(&self, _: &[Uuid]) {}
+        fn topic_name(&self, id: &Uuid) -> Option<String> {
+            self.0.contains(id).then(|| "t".to_string())
+        }
+    }
+
+    fn topic(id: Uuid, records: &[&'static [u8]]) -> FetchableTopicResponse {
+        let partitions = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                PartitionData::default()
+                    .with_partition_index(i as i32)
+                    .with_records(Some(Bytes::from_static(r)))
+            })
+            .collect();
+        FetchableTopicResponse::default()
+            .with_topic_id(id)
+            .with_partitions(partitions)
+    }
+
+    #[test]
+    fn records_of_a_still_unknown_topic_id_are_withheld() {
+        let (known, unknown) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut resp = FetchResponse::default().with_responses(vec![
+            topic(known, &[b"abc"]),
+            topic(unknown, &[b"def", b""]),
+        ]);
+        assert!(withhold_unknown_topics(&Known(vec![known]), &mut resp));
+        let records = |t: usize, p: usize| resp.responses[t].partitions[p].records.clone();
+        assert_eq!(records(0, 0), Some(Bytes::from_static(b"abc")));
+        assert_eq!(records(1, 0), Some(Bytes::new()));
+        assert_eq!(records(1, 1), Some(Bytes::new()));
+        // Once the id is known nothing more is withheld.
+        let mut again = FetchResponse::default().with_responses(vec![topic(unknown, &[b"def"])]);
+        assert!(!withhold_unknown_topics(
+            &Known(vec![known, unknown]),
+            &mut again
+        ));
+        assert_eq!(
+            again.responses[0].partitions[0].records.as_deref(),
+            Some(&b"def"[..])
+        );
+    }
+}
+
+mod holds;
+mod keys;
+mod parallel;
+mod patch;
+
+// FetchFilter::filter end to end against a dead-letter writer on the mock broker.
+#[cfg(test)]
+mod fetch_tests;
+
+mod transient;

@@ -1,0 +1,207 @@
+//! `FetchFilter::filter` end to end: a Fetch response in, a response out,
+//! with a dead-letter writer against the in-process mock broker (a DLT that
+//! acknowledges, and one that refuses every write).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{FetchResponse, TopicName};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use uuid::Uuid;
+
+use super::*;
+use crate::client;
+use crate::client::mock_broker::MockBroker;
+use crate::config::{DeadLetterConfig, DltCompression};
+use crate::dlt::Origin;
+use crate::kafka::batch::{segments, Batch, Segment};
+use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+
+/// Fetch v12 names topics, so the context is never asked for a name.
+struct ByName;
+
+impl FetchContext for ByName {
+    type Learned = ();
+    fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
+        (false, ())
+    }
+    async fn learn(&self, _: ()) {}
+    async fn resolve_topic_ids(&self, _: &[Uuid]) {}
+    fn topic_name(&self, _: &Uuid) -> Option<String> {
+        None
+    }
+}
+
+const VERSION: i16 = 12;
+const POISON: &str = "not json";
+
+/// A filter for topic `t` (JSON values), its DLT `t.dlt` on `mock`.
+async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
+    mock.add_topic("t", 1);
+    let text = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n";
+    let policies = Arc::new(PolicySet::parse(text, Path::new("p.yaml")).expect("policy"));
+    let ep = client::Endpoint {
+        tls: None,
+        sasl: None,
+        timeout: Duration::from_secs(2),
+        max_frame: 1 << 20,
+    };
+    let cfg = DeadLetterConfig {
+        timeout,
+        compression: DltCompression::None,
+        ..Default::default()
+    };
+    let dl = DeadLetter::start(
+        &cfg,
+        std::slice::from_ref(&mock.addr),
+        ep.clone(),
+        ep,
+        policies.clone(),
+    );
+    FetchFilter::new(
+        crate::engine::Engine::new(policies, 1 << 26, None),
+        dl,
+        Default::default(),
+        timeout,
+    )
+}
+
+/// A Fetch v12 response body: topic `t`, partition 0, one batch at offset 0.
+fn response(values: &[&str]) -> Bytes {
+    let records: Vec<NewRecord> = values
+        .iter()
+        .map(|v| NewRecord {
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            headers: vec![],
+        })
+        .collect();
+    let batch = build_batch(&records, &BuildOptions::default()).expect("batch");
+    let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(TopicName(StrBytes::from_static_str("t")))
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_high_watermark(values.len() as i64)
+            .with_records(Some(batch))])]);
+    let mut out = bytes::BytesMut::new();
+    resp.encode(&mut out, VERSION).expect("encode");
+    out.freeze()
+}
+
+/// (offset, value) of every record a filtered response delivers.
+fn delivered(body: Vec<Bytes>) -> Vec<(i64, String)> {
+    let mut whole = bytes::BytesMut::new();
+    for chunk in &body {
+        whole.extend_from_slice(chunk);
+    }
+    let resp = FetchResponse::decode(&mut whole.freeze(), VERSION).expect("decode");
+    let records = resp.responses[0].partitions[0]
+        .records
+        .clone()
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for seg in segments(&records) {
+        let Segment::Batch(b) = seg else {
+            panic!("not a whole batch")
+        };
+        let d = b.decode().expect("decode batch");
+        for r in d.records() {
+            let v = String::from_utf8_lossy(r.value.unwrap_or_default()).into_owned();
+            out.push((r.offset, v));
+        }
+    }
+    out
+}
+
+/// Origin offsets of the records in `t.dlt`.
+fn in_dlt(mock: &MockBroker) -> Vec<i64> {
+    if !mock.state().topics.contains_key("t.dlt") {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (_, b) in mock.records("t.dlt", 0) {
+        let d = Batch::new(b).expect("batch").decode().expect("decode");
+        for r in d.records() {
+            let ctx = crate::dlt_context::open(&r, "t.dlt", 0, crate::dlt::trust::keys())
+                .expect("antidote's frame");
+            if crate::dlt_marker::is_marker(&ctx) {
+                continue; // the writer's lease marker
+            }
+            out.push(Origin::of(&ctx).expect("origin headers").offset);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_poison_record_is_removed_and_in_the_dlt_before_the_response_is_released() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#]);
+    let out = f
+        .filter(&ByName, &mut Holds::default(), body, VERSION, 0)
+        .await
+        .expect("filter")
+        .expect("the response changes");
+    // Looked at the moment the response is released: the write is acknowledged.
+    assert_eq!(in_dlt(&mock), [1], "the poison is in its DLT already");
+    assert_eq!(
+        delivered(out),
+        [(0, r#"{"a":0}"#.to_string()), (2, r#"{"a":2}"#.to_string())]
+    );
+}
+
+#[tokio::test]
+async fn a_dlt_that_refuses_writes_holds_the_partition_at_the_poison() {
+    let mock = MockBroker::start().await;
+    mock.state().fail.insert(("t.dlt".into(), 0), 19); // NOT_ENOUGH_REPLICAS
+    let f = filter_on(&mock, Duration::from_millis(800)).await;
+    let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#, POISON, r#"{"a":3}"#]);
+    let mut holds = Holds::default();
+    let out = f
+        .filter(&ByName, &mut holds, body.clone(), VERSION, 0)
+        .await
+        .expect("filter")
+        .expect("the response changes");
+    // Records before the poison are delivered, nothing from it on.
+    assert_eq!(
+        delivered(out),
+        [(0, r#"{"a":0}"#.to_string()), (1, r#"{"a":1}"#.to_string())]
+    );
+    assert!(in_dlt(&mock).is_empty());
+    // Fetched again while still refused: held at the same offset, the
+    // client (already past offset 1) gets no records rather than old ones.
+    let out = f
+        .filter(&ByName, &mut holds, body.clone(), VERSION, 0)
+        .await
+        .expect("filter")
+        .expect("the response changes");
+    assert!(delivered(out).is_empty());
+    // The DLT recovers: the next fetch diverts the poison, delivers the rest.
+    mock.state().fail.clear();
+    let out = f
+        .filter(&ByName, &mut holds, body, VERSION, 0)
+        .await
+        .expect("filter")
+        .expect("the response changes");
+    assert_eq!(in_dlt(&mock), [2]);
+    let offsets: Vec<i64> = delivered(out).into_iter().map(|r| r.0).collect();
+    assert_eq!(offsets, [0, 1, 3]);
+}
+
+#[tokio::test]
+async fn a_clean_response_is_forwarded_unchanged() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#]);
+    let out = f
+        .filter(&ByName, &mut Holds::default(), body, VERSION, 0)
+        .await
+        .expect("filter");
+    assert!(out.is_none(), "forwarded as its original bytes");
+    assert!(in_dlt(&mock).is_empty());
+}

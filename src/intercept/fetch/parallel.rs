@@ -1,0 +1,248 @@
+//! Planning the partitions of one Fetch response on more than one core.
+//! Small responses are planned on the connection's task alone. Larger ones
+//! put every partition but the first on a blocking thread, and give the
+//! cores left idle to helpers that judge ahead in the largest partitions
+//! (`plan::judge_ahead`), so even a response of one partition is judged on
+//! several cores. Idle means not planning any response (every connection's
+//! planners and helpers are counted): a helper costs more CPU per record
+//! (6-15 % measured when judging ahead was built, see git history of BENCHMARKS.md: batches decoded twice, work handed between
+//! threads), worth it only on a core that would otherwise wait;
+//! `limits.judge_ahead: false` turns helpers off. Helpers never cut a
+//! partition into stretches smaller than [`STRETCH_MIN_BYTES`].
+
+use std::cmp::Reverse;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+use super::{timed, FetchFilter, FilterError};
+use crate::dlt::blocked::Gate;
+use crate::dlt::DeadLetter;
+use crate::metrics;
+use crate::plan::budget::DecodeBudget;
+use crate::plan::verdicts::VerdictCache;
+use crate::plan::{self, PartitionPlan, Visibility};
+
+/// Responses with less than this much record data across partitions are
+/// planned on the connection's task alone (a thread hand-off costs more).
+const PARALLEL_MIN_BYTES: usize = 256 * 1024;
+
+/// One partition of a Fetch response to plan.
+pub(super) struct PartitionJob {
+    /// (topic index, partition index) in the response.
+    pub(super) at: (usize, usize),
+    pub(super) policy: Arc<crate::policy::Policy>,
+    pub(super) topic: Arc<str>,
+    pub(super) partition: i32,
+    pub(super) records: Bytes,
+    pub(super) vis: Visibility,
+    /// The partition's blocked keys, for a per_key policy only.
+    pub(super) gate: Option<Gate>,
+}
+
+impl PartitionJob {
+    pub(super) fn plan(
+        &self,
+        now_ms: i64,
+        verdicts: &VerdictCache,
+        budget: &Arc<DecodeBudget>,
+        dl: &DeadLetter,
+    ) -> PartitionPlan {
+        let ledger = dl.ledger();
+        let env = plan::Env {
+            verdicts,
+            budget,
+            already: &|from, to| ledger.diverted_in(&self.topic, self.partition, from, to),
+        };
+        let input = self.input(now_ms);
+        match &self.gate {
+            Some(gate) => plan::plan_partition_keyed(&input, &env, gate),
+            None => plan::plan_partition_with(&input, &env),
+        }
+    }
+
+    fn input(&self, now_ms: i64) -> plan::PartitionInput<'_> {
+        plan::PartitionInput {
+            policy: &self.policy,
+            topic: &self.topic,
+            partition: self.partition,
+            records: &self.records,
+            visibility: &self.vis,
+            now_ms,
+        }
+    }
+
+    /// Judge the batches starting in `stretch` of the records section
+    /// ahead of the planner (`plan::judge_ahead`); the records judged.
+    fn judge_ahead(
+        &self,
+        now_ms: i64,
+        verdicts: &VerdictCache,
+        budget: &Arc<DecodeBudget>,
+        stretch: std::ops::Range<usize>,
+    ) -> u64 {
+        let env = plan::Env {
+            verdicts,
+            budget,
+            already: &|_, _| Vec::new(),
+        };
+        let input = self.input(now_ms);
+        plan::judge_ahead(&input, &env, stretch)
+    }
+}
+
+impl FetchFilter {
+    /// Plan every partition, in order. When the partitions carry at least
+    /// [`PARALLEL_MIN_BYTES`] in all, all but the first are planned on
+    /// blocking threads while this task plans the first, and the cores
+    /// left idle judge ahead in the largest partitions, so one
+    /// Fetch response can use more than one core.
+    pub(super) async fn plan_all(
+        &self,
+        mut jobs: Vec<Arc<PartitionJob>>,
+        now_ms: i64,
+    ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
+        let sizes: Vec<usize> = jobs.iter().map(|j| j.records.len()).collect();
+        let bytes: usize = sizes.iter().sum();
+        let idle = match self.judge_ahead {
+            true => cores().saturating_sub(PLANNING.load(Ordering::Relaxed)),
+            false => 0,
+        };
+        let helpers = helpers(&sizes, idle);
+        let _planning = Planning::enter(jobs.len() + helpers.iter().sum::<usize>());
+        let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
+        let (verdicts, budget) = (&self.engine.verdicts, &self.engine.budget);
+        let here = |j: &Arc<PartitionJob>| {
+            (
+                j.at,
+                timed(|| j.plan(now_ms, verdicts, budget, &self.dead_letter)),
+            )
+        };
+        if alone || bytes < PARALLEL_MIN_BYTES {
+            return Ok(jobs.iter().map(here).collect());
+        }
+        // Helpers first, so they start while the partitions are planned.
+        let mut ahead = Vec::new();
+        for (job, &h) in jobs.iter().zip(&helpers) {
+            for stretch in plan::stretches(job.records.len(), h + 1)
+                .into_iter()
+                .skip(1)
+            {
+                let (j, verdicts) = (job.clone(), self.engine.verdicts.clone());
+                let budget = self.engine.budget.clone();
+                ahead.push(tokio::task::spawn_blocking(move || {
+                    let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, stretch));
+                    metrics::global().judged_ahead(n);
+                }));
+            }
+        }
+        let rest: Vec<_> = jobs
+            .drain(1..)
+            .map(|j| {
+                let (verdicts, dl) = (self.engine.verdicts.clone(), self.dead_letter.clone());
+                let budget = self.engine.budget.clone();
+                tokio::task::spawn_blocking(move || {
+                    (j.at, timed(|| j.plan(now_ms, &verdicts, &budget, &dl)))
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(rest.len() + 1);
+        out.extend(jobs.iter().map(here));
+        for handle in rest {
+            out.push(handle.await?);
+        }
+        // Done already unless a plan stopped (held) before their stretch.
+        for handle in ahead {
+            handle.await?;
+        }
+        Ok(out)
+    }
+}
+
+/// The smallest stretch of a partition worth a helper: about 1,000
+/// records of 250 bytes, a millisecond of judging, against tens of
+/// microseconds to hand work to a blocking thread.
+pub(super) const STRETCH_MIN_BYTES: usize = 256 * 1024;
+
+/// The cores this process may run on (its CPU affinity and cgroup quota),
+/// read once.
+pub(super) fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Partitions being planned and helpers judging, over all connections.
+static PLANNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts `n` planners and helpers in [`PLANNING`] while it lives.
+struct Planning(usize);
+
+impl Planning {
+    fn enter(n: usize) -> Planning {
+        PLANNING.fetch_add(n, Ordering::Relaxed);
+        Planning(n)
+    }
+}
+
+impl Drop for Planning {
+    fn drop(&mut self) {
+        PLANNING.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
+/// Helpers per partition, for partitions of `sizes` bytes and `cores`
+/// idle cores: each partition is planned on a core of its own, and the
+/// cores left over go one at a time to the largest partitions whose
+/// stretches would stay at least [`STRETCH_MIN_BYTES`] long.
+pub(super) fn helpers(sizes: &[usize], cores: usize) -> Vec<usize> {
+    let mut out = vec![0usize; sizes.len()];
+    let mut spare = cores.saturating_sub(sizes.len());
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&i| Reverse(sizes[i]));
+    while spare > 0 {
+        let mut gave = false;
+        for &i in &order {
+            if spare > 0 && sizes[i] / (out[i] + 2) >= STRETCH_MIN_BYTES {
+                out[i] += 1;
+                spare -= 1;
+                gave = true;
+            }
+        }
+        if !gave {
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn one_large_partition_gets_every_other_core() {
+        assert_eq!(helpers(&[MIB], 2), [1]);
+        assert_eq!(helpers(&[MIB], 4), [3]);
+        // 1 MiB makes four stretches of 256 KiB, not more.
+        assert_eq!(helpers(&[MIB], 16), [3]);
+    }
+
+    #[test]
+    fn small_partitions_and_busy_cores_get_none() {
+        assert_eq!(helpers(&[STRETCH_MIN_BYTES * 2 - 1], 8), [0]);
+        assert_eq!(helpers(&[MIB, MIB], 2), [0, 0]);
+        assert_eq!(helpers(&[MIB, MIB, MIB], 2), [0, 0, 0]);
+        assert_eq!(helpers(&[], 4), Vec::<usize>::new());
+        assert_eq!(helpers(&[MIB], 1), [0]);
+    }
+
+    #[test]
+    fn spare_cores_go_to_the_largest_partitions_first() {
+        assert_eq!(helpers(&[MIB, 4 * MIB, 100], 4), [0, 1, 0]);
+        assert_eq!(helpers(&[MIB, 4 * MIB, 100], 6), [1, 2, 0]);
+        assert_eq!(helpers(&[4 * MIB, 4 * MIB], 8), [3, 3]);
+    }
+}
