@@ -10,7 +10,7 @@
 //! start (the filter holds those topics until it has), then follows them
 //! and hands each record to [`BlockedKeys::observe`], so diversions and
 //! release/discard markers written by another instance (or `dlt replay`,
-//! `dlt discard`) reach this one within `follower::FOLLOW_EVERY`. A record
+//! `dlt discard`) reach this one within about `TAIL_INTERVAL` (200 ms). A record
 //! counts only if read from the DLT its origin topic's policy writes to
 //! (`rebuild::trusted`), as for the ledger.
 //!

@@ -1,59 +1,70 @@
-//! The DLT follower: one task that reads the DLTs of the policies in force
-//! from their log start and then follows them, for the two readers that act
-//! on what is there besides the ledger:
+//! The DLT follower: the one task that reads the dead-letter topics back,
+//! for every reader that acts on what is in them:
 //!
+//! - the ledger (`dlt::ledger`): which records are in their DLT already. A
+//!   DLT is loaded whole before its first write (`ledger::rebuild`: at
+//!   start, after a policy reload, for a DLT first asked about), then
+//!   followed from there, so other instances' diversions reach this one
+//!   within about [`TAIL_INTERVAL`];
 //! - the blocked-key set of `ordering: per_key` policies and the diversion
 //!   circuit breakers (`dlt::blocked`, `dlt::breaker`): parked records,
-//!   release/discard markers, breaker markers;
+//!   release/discard markers, breaker markers, read from each DLT's start;
 //! - the re-drive scheduler (`dead_letter.redrive`, `dlt::redrive`):
 //!   records of the re-driven classes and their attempt markers.
 //!
-//! One function ([`followed_dlts`]) decides which DLTs each reader wants;
-//! one read loop (over [`follow`]) opens each record's frame once
+//! One function ([`followed_dlts`]) decides which DLTs the blocked keys and
+//! re-drive follow (the ledger follows the DLTs it has loaded). One read
+//! loop (`ledger::tail::read_new`: one Fetch per DLT leader per round, every
+//! followed partition in it) opens each record's frame once
 //! ([`trust::open`]: a record antidote cannot show it wrote is never acted
-//! on) and hands it to the readers as an [`Event`]. Each reader keeps its own
-//! position per DLT partition: a reader out of room (re-drive's pending cap)
-//! stops at a record and reads it again later, while the other goes on.
-//! One dead-letter cluster client and one upstream client serve both.
-//!
-//! The ledger's own reader (`dlt::ledger::rebuild` and `tail`) stays
-//! apart: it loads a DLT on demand before the first write to it and reads
-//! many partitions per Fetch on the write path's clock.
+//! on) and hands it to the readers as an [`Event`]. Each reader keeps its
+//! own position per DLT partition, and is given only records at or after
+//! it: a reader out of room (re-drive's pending cap) stops at a record and
+//! is given it again later, while the others go on. Loading, reading and
+//! re-drive's writes run in this one task, one after the other, so a reload
+//! (which may unload a DLT and read it again under new policies) never
+//! races a read; one client of the dead-letter cluster and one of the
+//! upstream serve them all.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
-use crate::client::{ClientError, Cluster, Endpoint};
+use crate::client::ClientError;
 use crate::config::Config;
 use crate::dlt::backoff;
 use crate::dlt::blocked::BlockedKeys;
 use crate::dlt::breaker::Breakers;
-use crate::dlt::read::{follow, Event};
+use crate::dlt::ledger::rebuild::{trusted, Loader, TAIL_INTERVAL};
+use crate::dlt::ledger::tail::{read_new, DltPartition};
+use crate::dlt::read::Event;
 use crate::dlt::redrive::Scheduler;
 use crate::dlt::trust::{self, Reader};
 use crate::dlt_marker::Marker;
-use crate::engine::Engine;
+use crate::dlt_record::Origin;
 use crate::kafka::record::Record;
 use crate::metrics;
 use crate::policy::{Class, KeyOrdering, PolicySet};
 
-/// How often the DLTs are read for what is new.
-pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
-/// Passes between two listings of the upstream's topics (10 s) when no
-/// re-drive is configured (re-drive lists them every pass).
-const REFRESH_EVERY: u64 = 20;
+/// How often the upstream's topics are listed again for the blocked keys'
+/// and re-drive's DLTs: re-drive's attempts wait on it, so it lists more
+/// often than the ledger's discovery.
+const LIST_EVERY: Duration = Duration::from_secs(10);
+const LIST_EVERY_REDRIVE: Duration = Duration::from_millis(500);
 
 /// Which readers want a DLT.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Readers {
+    pub ledger: bool,
     pub blocked: bool,
     pub redrive: bool,
 }
 
-/// Where each reader goes on in one DLT partition (`None`: its log start).
+/// Where the blocked keys and re-drive go on in one DLT partition (`None`:
+/// its log start). The ledger keeps its own (`Ledger::tail_position`).
 #[derive(Debug, Default, Clone, Copy)]
 struct Positions {
     blocked: Option<i64>,
@@ -66,9 +77,9 @@ pub fn follows_keys(policy: &crate::policy::Policy) -> bool {
     policy.ordering == KeyOrdering::PerKey || policy.breaker.is_some()
 }
 
-/// The DLTs each reader follows, given the upstream's `topics`: every
-/// class's DLT of a per_key or breaker policy topic (blocked keys), and the
-/// `redrive` classes' DLTs of every policy topic.
+/// The DLTs the blocked keys and re-drive follow, given the upstream's
+/// `topics`: every class's DLT of a per_key or breaker policy topic
+/// (blocked keys), and the `redrive` classes' DLTs of every policy topic.
 pub fn followed_dlts<'t>(
     policies: &PolicySet,
     topics: impl IntoIterator<Item = &'t str>,
@@ -98,170 +109,201 @@ pub fn followed_dlts<'t>(
     out
 }
 
+/// The readers besides the ledger: blocked keys, breakers, re-drive.
+pub struct KeyReaders {
+    pub blocked: Arc<BlockedKeys>,
+    pub breakers: Arc<Breakers>,
+    pub redrive: Option<Scheduler>,
+}
+
+impl KeyReaders {
+    /// The readers of `config` (re-drive when `dead_letter.redrive` is set).
+    pub fn of(config: &Config, (blocked, breakers): (Arc<BlockedKeys>, Arc<Breakers>)) -> Self {
+        KeyReaders {
+            blocked,
+            breakers,
+            redrive: config.dead_letter.redrive.clone().map(Scheduler::new),
+        }
+    }
+}
+
 pub struct Follower {
-    engine: Arc<Engine>,
-    blocked: Arc<BlockedKeys>,
-    breakers: Arc<Breakers>,
-    redrive: Option<Scheduler>,
-    /// The dead-letter cluster and the upstream cluster (origin topics,
-    /// re-drive's writes).
-    dlt: Cluster,
-    upstream: Cluster,
-    next: HashMap<(String, i32), Positions>,
-    /// The DLTs followed, as of the last listing, and under which policies.
+    /// The ledger's loader; its two clients (dead-letter and upstream
+    /// clusters) serve every reader, and re-drive's writes.
+    loader: Loader,
+    readers: Option<KeyReaders>,
+    next: HashMap<DltPartition, Positions>,
+    /// The DLTs the blocked keys and re-drive follow, as of the last
+    /// listing, under which policies, and when.
     known: BTreeMap<String, Readers>,
     seen_policies: Arc<PolicySet>,
-    passes: u64,
+    listed: Option<Instant>,
+    /// Failed rounds in a row, and when to read again.
+    failures: u32,
+    retry_at: Option<Instant>,
 }
 
 impl Follower {
-    pub fn new(
-        engine: Arc<Engine>,
-        (blocked, breakers): (Arc<BlockedKeys>, Arc<Breakers>),
-        redrive: Option<Scheduler>,
-        dlt: Cluster,
-        upstream: Cluster,
-    ) -> Self {
+    /// The follower of `loader`'s ledger and, when given, of `readers`.
+    pub(crate) fn new(loader: Loader, readers: Option<KeyReaders>) -> Self {
         Follower {
-            engine,
-            blocked,
-            breakers,
-            redrive,
-            dlt,
-            upstream,
+            loader,
+            readers,
             next: HashMap::new(),
             known: BTreeMap::new(),
             seen_policies: Arc::new(PolicySet::default()),
-            passes: 0,
+            listed: None,
+            failures: 0,
+            retry_at: None,
         }
     }
 
-    /// The follower of `config` (with the re-drive scheduler when
-    /// `dead_letter.redrive` is set): one client of the dead-letter
-    /// cluster, one of the upstream. Not started: [`Follower::run`].
-    pub fn from_config(
-        config: &Config,
-        engine: Arc<Engine>,
-        keys: (Arc<BlockedKeys>, Arc<Breakers>),
-        (upstream, dlt): (&Endpoint, &Endpoint),
-    ) -> Self {
-        let upstream_bootstrap = config.upstream.bootstrap_servers.clone();
-        let dlt_bootstrap = config
-            .dead_letter
-            .bootstrap_servers
-            .clone()
-            .unwrap_or_else(|| upstream_bootstrap.clone());
-        Follower::new(
-            engine,
-            keys,
-            config.dead_letter.redrive.clone().map(Scheduler::new),
-            Cluster::new(dlt_bootstrap, dlt.clone()),
-            Cluster::new(upstream_bootstrap, upstream.clone()),
-        )
-    }
-
+    /// Load the DLTs the policies use, then follow them; load again on a
+    /// policy change, a DLT first asked about, or a policy topic new
+    /// upstream.
     pub async fn run(mut self) {
-        let mut attempt = 0u32;
         loop {
-            match self.pass().await {
-                Ok(policies) => {
-                    let (keys, oldest) = self.blocked.summary();
-                    metrics::global()
-                        .keys
-                        .set_blocked(keys, oldest, crate::clock::now_ms());
-                    if !self.blocked.is_loaded() {
-                        info!(keys, "blocked keys read back from the DLTs");
-                        self.blocked.set_loaded();
-                    }
-                    attempt = 0;
-                    if let Some(r) = self.redrive.as_mut() {
-                        r.attempt_due(&policies, &mut self.dlt, &mut self.upstream, |dlt, p| {
-                            self.next.get(&(dlt.to_string(), p)).and_then(|n| n.redrive)
-                        })
-                        .await;
-                    }
-                    tokio::time::sleep(FOLLOW_EVERY).await;
+            self.loader.load_all().await;
+            // The blocked keys' first read comes with the ledger's load, so
+            // that readiness follows the load at once.
+            self.round_or_pause().await;
+            let _ = self.loader.started.send(true);
+            loop {
+                tokio::select! {
+                    r = self.loader.policies.changed() => if r.is_err() { return } else { break },
+                    w = self.loader.wake.recv() => if w.is_none() { return } else { break },
+                    _ = tokio::time::sleep(TAIL_INTERVAL) => {}
                 }
-                Err(e) => {
-                    warn!(error = %e, "following the DLTs (blocked keys, re-drive) failed; retrying");
-                    self.dlt.reset();
-                    self.upstream.reset();
-                    let pause =
-                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(5));
-                    tokio::time::sleep(pause).await;
-                    attempt = attempt.saturating_add(1);
+                if self.loader.discover().await {
+                    break; // a DLT to load
                 }
+                self.round_or_pause().await;
+                self.redrive().await;
             }
         }
     }
 
-    /// Read what is new in every followed DLT; the policies it read under.
-    async fn pass(&mut self) -> Result<Arc<PolicySet>, ClientError> {
-        let policies = self.engine.policies();
-        let redrive: Vec<Class> = self
-            .redrive
-            .as_ref()
-            .map(|r| r.classes().to_vec())
-            .unwrap_or_default();
-        if redrive.is_empty() && !policies.policies().iter().any(|p| follows_keys(p)) {
-            return Ok(policies);
+    /// A round, unless failures asked for a pause; a failure is logged and
+    /// pauses the next rounds (jittered, growing up to 5 s).
+    async fn round_or_pause(&mut self) {
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
         }
+        match self.round().await {
+            Ok(()) => {
+                self.failures = 0;
+                self.retry_at = None;
+            }
+            Err(e) => {
+                warn!(error = %e, "following the DLTs failed; retrying");
+                self.loader.dlt.reset();
+                self.loader.upstream.reset();
+                let pause = backoff(
+                    self.failures,
+                    Duration::from_millis(200),
+                    Duration::from_secs(5),
+                );
+                self.retry_at = Some(Instant::now() + pause);
+                self.failures = self.failures.saturating_add(1);
+            }
+        }
+    }
+
+    /// Load the wanted DLTs, then one round (unit tests drive the task's
+    /// steps one by one).
+    #[cfg(test)]
+    pub(crate) async fn load_and_round(&mut self) {
+        self.loader.load_all().await;
+        self.round().await.expect("round");
+    }
+
+    /// One round: list the blocked keys' and re-drive's DLTs when due, then
+    /// read what every followed DLT partition gained, for its readers.
+    async fn round(&mut self) -> Result<(), ClientError> {
+        let policies = self.loader.policies.borrow().clone();
         self.write_breaker_marks(&policies).await;
-        let due = !redrive.is_empty() || self.passes % REFRESH_EVERY == 0;
-        if due || !Arc::ptr_eq(&policies, &self.seen_policies) {
-            let meta = self.upstream.metadata(None).await?;
-            let topics = meta
-                .topics
-                .iter()
-                .filter(|t| t.error_code == 0)
-                .filter_map(|t| t.name.as_deref().map(|n| -> &str { n }));
-            self.known = followed_dlts(&policies, topics, &redrive);
-            self.seen_policies = policies.clone();
+        self.list(&policies).await?;
+        if !self.known.values().any(|r| r.blocked) {
+            // Nothing to read back for the blocked keys: loaded now, even
+            // if the DLTs cannot be read.
+            self.keys_loaded(&HashMap::new(), &HashMap::new())?;
         }
-        self.passes = self.passes.wrapping_add(1);
-        for (dlt, readers) in self.known.clone() {
-            let Some(n) = self.dlt.partitions(&dlt).await? else {
+        let mut wanted: BTreeMap<String, Readers> = self.known.clone();
+        for dlt in self.loader.ledger.loaded_dlts() {
+            wanted.entry(dlt).or_default().ledger = true;
+        }
+        // One metadata request for every DLT not seen yet (most of them do
+        // not exist until a first diversion), not one per DLT.
+        let unknown: Vec<String> = wanted
+            .keys()
+            .filter(|d| self.loader.dlt.known_partitions(d).is_none())
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            self.loader.dlt.metadata(Some(&unknown)).await?;
+        }
+        // Each partition is read from the lowest position of its readers.
+        let mut from: HashMap<DltPartition, i64> = HashMap::new();
+        let mut readers: HashMap<DltPartition, (Readers, Option<i64>, Positions)> = HashMap::new();
+        for (dlt, r) in &wanted {
+            let Some(n) = self.loader.dlt.known_partitions(dlt) else {
                 continue;
             };
-            for partition in 0..n as i32 {
-                self.read(&policies, &dlt, partition, readers).await?;
+            for p in 0..n as i32 {
+                let key = (dlt.clone(), p);
+                let ledger = self.loader.ledger.tail_position(&key);
+                let at = self.next.get(&key).copied().unwrap_or_default();
+                let mut lowest = None::<i64>;
+                for pos in [
+                    r.ledger.then_some(ledger),
+                    r.blocked.then_some(at.blocked),
+                    r.redrive.then_some(at.redrive),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    let pos = match pos {
+                        Some(pos) => pos,
+                        None => self.loader.dlt.log_start(dlt, p).await?,
+                    };
+                    lowest = Some(lowest.map_or(pos, |l| l.min(pos)));
+                }
+                if let Some(lowest) = lowest {
+                    from.insert(key.clone(), lowest);
+                    readers.insert(key, (*r, ledger, at));
+                }
             }
         }
-        Ok(policies)
-    }
-
-    /// Read `dlt`/`partition` from the lowest position of its `readers`,
-    /// handing each reader the records at or after its own position.
-    async fn read(
-        &mut self,
-        policies: &PolicySet,
-        dlt: &str,
-        partition: i32,
-        readers: Readers,
-    ) -> Result<(), ClientError> {
-        let at = self
-            .next
-            .get(&(dlt.to_string(), partition))
-            .copied()
-            .unwrap_or_default();
-        let wanted = [
-            readers.blocked.then_some(at.blocked),
-            readers.redrive.then_some(at.redrive),
-        ];
-        // The lowest wanted position; a reader that has not read yet reads
-        // from the log start.
-        let from = wanted
-            .iter()
-            .flatten()
-            .try_fold(i64::MAX, |lo, p| p.map(|p| lo.min(p)));
-        let (blocked, breakers) = (&self.blocked, &self.breakers);
-        let mut redrive = self.redrive.as_mut().filter(|_| readers.redrive);
-        // Where the re-drive reader ran out of room, if it did.
-        let mut stopped: Option<i64> = None;
-        let at_or_after = |pos: Option<i64>, offset| pos.is_none_or(|p| offset >= p);
-        let mut f = |r: &Record<'_>| {
-            let Some(ctx) = trust::open(Reader::Follower, dlt, partition, r) else {
-                return true;
+        if from.is_empty() {
+            return self.keys_loaded(&readers, &HashMap::new());
+        }
+        let (ledger, ids) = (&self.loader.ledger, &self.loader.ids);
+        let (keys, mut redrive) = match self.readers.as_mut() {
+            Some(k) => (Some((&k.blocked, &k.breakers)), k.redrive.as_mut()),
+            None => (None, None),
+        };
+        // Where re-drive ran out of room, per partition.
+        let mut stopped: HashMap<DltPartition, i64> = HashMap::new();
+        let mut learned = 0u64;
+        // Partitions found recreated or truncated: every reader reads them
+        // again from their start.
+        let mut reset: HashSet<DltPartition> = HashSet::new();
+        let mut f = |dlt: &str, p: i32, r: Option<&Record<'_>>| {
+            let key = (dlt.to_string(), p);
+            let Some(r) = r else {
+                stopped.remove(&key);
+                reset.insert(key);
+                return;
+            };
+            let Some((who, ledger_at, at)) = readers.get(&key) else {
+                return;
+            };
+            let (ledger_at, at) = match reset.contains(&key) {
+                true => (None, Positions::default()),
+                false => (*ledger_at, *at),
+            };
+            let Some(ctx) = trust::open(Reader::Follower, dlt, p, r) else {
+                return;
             };
             let event = match Marker::parse(&ctx, r.key) {
                 Some(m) => Event::Marker(m),
@@ -270,51 +312,184 @@ impl Follower {
                     record: r,
                 },
             };
-            if readers.blocked && at_or_after(at.blocked, r.offset) {
-                blocked.observe(breakers, policies, dlt, &event);
-            }
-            if let Some(s) = redrive.as_mut() {
-                if stopped.is_none()
-                    && at_or_after(at.redrive, r.offset)
-                    && !s.observe((dlt, partition), r.offset, &event)
-                {
-                    stopped = Some(r.offset);
+            let due = |pos: Option<i64>| pos.is_none_or(|pos| r.offset >= pos);
+            if who.ledger && due(ledger_at) {
+                if let Event::Diverted { ctx, .. } = &event {
+                    if let Some(o) = Origin::of(ctx) {
+                        if trusted(&policies, dlt, &o, ids.get(&*o.topic).copied())
+                            && ledger.learn(&(o.topic, o.partition, o.offset))
+                        {
+                            learned += 1;
+                        }
+                    }
                 }
             }
-            true
+            if let Some((blocked, breakers)) = keys.filter(|_| who.blocked && due(at.blocked)) {
+                blocked.observe(breakers, &policies, dlt, &event);
+            }
+            if let Some(s) = redrive.as_mut().filter(|_| who.redrive && due(at.redrive)) {
+                if !stopped.contains_key(&key) && !s.observe((dlt, p), r.offset, &event) {
+                    stopped.insert(key, r.offset);
+                }
+            }
         };
-        let next = follow(&mut self.dlt, dlt, partition, from, &mut f).await?;
-        let pos = self.next.entry((dlt.to_string(), partition)).or_default();
-        if readers.blocked {
-            pos.blocked = Some(next);
+        let mut positions = from;
+        let ends = read_new(&mut self.loader.dlt, &mut positions, &mut f).await?;
+        if learned > 0 {
+            debug!(
+                learned,
+                "diversions of other instances learned from the DLTs"
+            );
         }
-        if readers.redrive {
-            pos.redrive = Some(stopped.unwrap_or(next));
+        let mut lag = 0i64;
+        for (key, &pos) in &positions {
+            let Some((who, ledger_at, at)) = readers.get(key) else {
+                continue;
+            };
+            let end = ends.get(key).copied();
+            // A reader goes on from where the read got to, or from where it
+            // was if that is further; a position past the partition's end
+            // (recreated or truncated under a reader ahead of the others) is
+            // void: read again from the start. After a reset every reader
+            // goes on from the read.
+            let advance = |old: Option<i64>| -> Option<i64> {
+                match old {
+                    _ if reset.contains(key) => Some(pos),
+                    Some(old) if end.is_some_and(|end| old > end) => None,
+                    Some(old) => Some(old.max(pos)),
+                    None => Some(pos),
+                }
+            };
+            if who.ledger {
+                let at = advance(*ledger_at).unwrap_or(0);
+                lag += end.map_or(0, |end| (end - at).max(0));
+                self.loader.ledger.set_tail_position(key.clone(), at);
+            }
+            let next = self.next.entry(key.clone()).or_default();
+            if who.blocked {
+                next.blocked = advance(at.blocked);
+            }
+            if who.redrive {
+                next.redrive = match stopped.get(key) {
+                    Some(&s) => Some(s),
+                    None => advance(at.redrive),
+                };
+            }
+        }
+        metrics::global().fleet_learned(learned);
+        metrics::global().set_ledger_lag(lag);
+        self.keys_loaded(&readers, &ends)
+    }
+
+    /// Once every partition the blocked keys follow has been read to its
+    /// end: say so (per_key topics wait for it), and update the gauges.
+    fn keys_loaded(
+        &self,
+        readers: &HashMap<DltPartition, (Readers, Option<i64>, Positions)>,
+        ends: &HashMap<DltPartition, i64>,
+    ) -> Result<(), ClientError> {
+        let Some(k) = &self.readers else {
+            return Ok(());
+        };
+        let (keys, oldest) = k.blocked.summary();
+        metrics::global()
+            .keys
+            .set_blocked(keys, oldest, crate::clock::now_ms());
+        if k.blocked.is_loaded() {
+            return Ok(());
+        }
+        let caught_up = readers
+            .iter()
+            .filter(|(_, (r, ..))| r.blocked)
+            .all(|(key, _)| {
+                let at = self.next.get(key).and_then(|n| n.blocked);
+                at.zip(ends.get(key)).is_some_and(|(at, end)| at >= *end)
+            });
+        if caught_up {
+            info!(keys, "blocked keys read back from the DLTs");
+            k.blocked.set_loaded();
         }
         Ok(())
+    }
+
+    /// List the upstream's topics for the blocked keys' and re-drive's DLTs
+    /// when the policies changed or the listing is due.
+    async fn list(&mut self, policies: &Arc<PolicySet>) -> Result<(), ClientError> {
+        let Some(k) = &self.readers else {
+            return Ok(());
+        };
+        let redrive: Vec<Class> = k
+            .redrive
+            .as_ref()
+            .map(|r| r.classes().to_vec())
+            .unwrap_or_default();
+        if redrive.is_empty() && !policies.policies().iter().any(|p| follows_keys(p)) {
+            self.known.clear();
+            self.seen_policies = policies.clone();
+            return Ok(());
+        }
+        let every = if redrive.is_empty() {
+            LIST_EVERY
+        } else {
+            LIST_EVERY_REDRIVE
+        };
+        let due = self.listed.is_none_or(|at| at.elapsed() >= every);
+        if !due && Arc::ptr_eq(policies, &self.seen_policies) {
+            return Ok(());
+        }
+        let meta = self.loader.upstream.metadata(None).await?;
+        let topics = meta
+            .topics
+            .iter()
+            .filter(|t| t.error_code == 0)
+            .filter_map(|t| t.name.as_deref().map(|n| -> &str { n }));
+        self.known = followed_dlts(policies, topics, &redrive);
+        self.seen_policies = policies.clone();
+        self.listed = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Re-drive's attempts that are due (its failures back off on their
+    /// own).
+    async fn redrive(&mut self) {
+        let Some(s) = self.readers.as_mut().and_then(|k| k.redrive.as_mut()) else {
+            return;
+        };
+        let policies = self.loader.policies.borrow().clone();
+        let next = &self.next;
+        s.attempt_due(
+            &policies,
+            &mut self.loader.dlt,
+            &mut self.loader.upstream,
+            |dlt, p| next.get(&(dlt.to_string(), p)).and_then(|n| n.redrive),
+        )
+        .await;
     }
 
     /// Write the breaker markers this instance owes (it tripped) to the
     /// DLT of their topic's policy; those that fail are tried next pass.
     async fn write_breaker_marks(&mut self, policies: &PolicySet) {
-        for m in self.breakers.take_outbox() {
+        let Some(breakers) = self.readers.as_ref().map(|k| k.breakers.clone()) else {
+            return;
+        };
+        for m in breakers.take_outbox() {
             let Some(p) = policies.for_topic(&m.topic) else {
                 continue;
             };
             let dlt = p.dead_letter_topic(&m.topic, Class::Poison);
             let written = async {
-                let n = self.dlt.partitions(&dlt).await.ok().flatten()?;
+                let n = self.loader.dlt.partitions(&dlt).await.ok().flatten()?;
                 let partition = m.partition.rem_euclid(i32::try_from(n).ok()?.max(1));
                 let record = Marker::Breaker(m.clone())
                     .to_record(crate::clock::now_ms(), &trust::seal(&dlt, partition));
                 let batch =
                     crate::kafka::builder::build_batch(&[record], &Default::default()).ok()?;
-                let resp = self.dlt.produce(&dlt, partition, batch).await.ok()?;
+                let resp = self.loader.dlt.produce(&dlt, partition, batch).await.ok()?;
                 (resp.error_code == 0).then_some(())
             }
             .await;
             if written.is_none() {
-                self.breakers.owe(m);
+                breakers.owe(m);
                 break; // the next pass tries again
             }
         }
@@ -341,14 +516,15 @@ mod tests {
         let both = Readers {
             blocked: true,
             redrive: true,
+            ..Readers::default()
         };
         let keys = Readers {
             blocked: true,
-            redrive: false,
+            ..Readers::default()
         };
         let redrive = Readers {
-            blocked: false,
             redrive: true,
+            ..Readers::default()
         };
         assert_eq!(got.get("k.unknown.dlt"), Some(&both));
         assert_eq!(got.get("k.poison.dlt"), Some(&keys));

@@ -98,6 +98,9 @@ impl Scheduler {
             Event::Diverted { ctx, record } => (ctx, record),
         };
         let d = DltRecord::from_context(dlt, p, r, ctx, trust::keys());
+        if self.pending.contains_key(&d.coordinate()) {
+            return true; // given again (a reader's position went back)
+        }
         if d.origin_topic.is_none() || !self.cfg.classes.iter().any(|c| c.as_str() == d.class) {
             return true;
         }

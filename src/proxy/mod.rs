@@ -161,12 +161,7 @@ impl Shared {
             )
             .with_judge_ahead(config.limits.judge_ahead),
         );
-        let follower = crate::dlt::follower::Follower::from_config(
-            &config,
-            engine.clone(),
-            keys.clone(),
-            (&upstream, &dlt_endpoint),
-        );
+        let readers = crate::dlt::follower::KeyReaders::of(&config, keys.clone());
         let config_max_connections = config.limits.max_connections;
         let request_queue =
             crate::transport::frame::RequestQueue::new(config.limits.max_queued_request_bytes);
@@ -198,7 +193,7 @@ impl Shared {
         });
         let background = Background {
             dead_letter: dead_letter_workers,
-            follower,
+            readers,
         };
         Ok((shared, background))
     }
@@ -296,7 +291,7 @@ impl admin::Readiness for Shared {
 /// The tasks [`Shared::new`] builds and [`start`] starts.
 struct Background {
     dead_letter: crate::dlt::Workers,
-    follower: crate::dlt::follower::Follower,
+    readers: crate::dlt::follower::KeyReaders,
 }
 
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
@@ -311,8 +306,7 @@ pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> 
 /// Bind the bootstrap listener and start serving; returns at once.
 pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
     let (shared, background) = Shared::new(config, policies)?;
-    background.dead_letter.spawn();
-    tokio::spawn(background.follower.run());
+    background.dead_letter.spawn(Some(background.readers));
     let bootstrap = shared.config.listen.bootstrap.to_string();
     let listener = TcpListener::bind(&bootstrap)
         .await

@@ -227,15 +227,16 @@ pub fn trusted(policies: &PolicySet, dlt: &str, origin: &Origin, current_id: Opt
     }
 }
 
-/// Pause between two tail rounds when nothing new arrived.
+/// Pause between two rounds of the DLT follower.
 pub const TAIL_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the upstream's topics are listed again, to learn DLTs of
 /// policy topics created since (and their ids).
 pub const DISCOVER_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The task that keeps the ledger loaded: on start, on every policy change
-/// and whenever a DLT is first asked about, it reads every DLT not yet
-/// loaded.
+/// What keeps the ledger loaded: on start, on every policy change and
+/// whenever a DLT is first asked about, it reads every DLT not yet loaded.
+/// The DLT follower (`dlt::follower`) runs it, and follows the loaded DLTs
+/// between loads.
 pub(crate) struct Loader {
     /// The dead-letter cluster (where the DLTs are).
     pub dlt: Cluster,
@@ -267,27 +268,10 @@ fn writes_to(policies: &PolicySet, topic: &str, dlt: &str) -> bool {
 }
 
 impl Loader {
-    pub async fn run(mut self) {
-        loop {
-            self.load_all().await;
-            let _ = self.started.send(true);
-            // Between loads, tail the loaded DLTs (other instances' writes).
-            loop {
-                tokio::select! {
-                    r = self.policies.changed() => if r.is_err() { return } else { break },
-                    w = self.wake.recv() => if w.is_none() { return } else { break },
-                    _ = tokio::time::sleep(TAIL_INTERVAL) => {}
-                }
-                if self.tail_tick().await {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// One tail round; true when a DLT must be loaded (a policy topic
-    /// appeared upstream since the last listing).
-    async fn tail_tick(&mut self) -> bool {
+    /// Every [`DISCOVER_INTERVAL`]: list the upstream's topics (a policy
+    /// topic created since has DLTs to load); true when a DLT must be
+    /// loaded.
+    pub(crate) async fn discover(&mut self) -> bool {
         let due = self
             .discovered
             .is_none_or(|at| at.elapsed() >= DISCOVER_INTERVAL);
@@ -301,15 +285,11 @@ impl Loader {
                 return true;
             }
         }
-        if let Err(e) = self.tail_once().await {
-            warn!(error = %e, "tailing the DLTs failed; retrying");
-            self.dlt.reset();
-        }
         false
     }
 
     /// Load until every wanted DLT is loaded, retrying errors.
-    async fn load_all(&mut self) {
+    pub(crate) async fn load_all(&mut self) {
         let mut attempt = 0u32;
         loop {
             match self.load_once().await {

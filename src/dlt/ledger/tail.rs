@@ -1,8 +1,9 @@
-//! Tailing the dead-letter topics: after the start-up rebuild, every DLT in
-//! the ledger keeps being read from where the rebuild (or the last tail)
-//! stopped, so diversions written by other instances of a fleet reach this
-//! instance's ledger within about `TAIL_INTERVAL` (the loader's) plus one Fetch round
-//! trip, and their records keep being removed from responses.
+//! Reading many DLT partitions at once ([`read_new`]): the DLT follower
+//! (`dlt::follower`) reads with it every DLT in the ledger from where the
+//! rebuild (or the last round) stopped, so diversions written by other
+//! instances of a fleet reach this instance's ledger within about
+//! `TAIL_INTERVAL` plus one Fetch round trip, and their records keep being
+//! removed from responses; the blocked keys and re-drive read with it too.
 //!
 //! Also the catch-up the producer runs just before a DLT write: read the DLT
 //! partition from the tail's position to its end, so a record another
@@ -10,10 +11,10 @@
 //!
 //! Bounds: one Fetch per DLT leader per round (every partition of every
 //! loaded DLT on that leader in it, `max_wait_ms` 0, at most
-//! [`FETCH_MAX_BYTES`] per response), over the loader's one connection per
-//! broker; at most [`MAX_ROUNDS`] rounds per tick, so a tail far behind
-//! catches up over several ticks instead of holding the loader. It never
-//! writes, and it never marks a DLT loaded: only the rebuild does.
+//! [`FETCH_MAX_BYTES`] per response), over the follower's one connection
+//! per broker; at most [`MAX_ROUNDS`] rounds per call, so a reader far
+//! behind catches up over several calls instead of holding the follower.
+//! It never writes, and it never marks a DLT loaded: only the rebuild does.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -24,7 +25,6 @@ use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
-use super::rebuild::{trusted, Loader};
 use crate::client::{errors, ClientError, Cluster};
 use crate::dlt::trust::{self, Reader};
 use crate::kafka::batch::{self, Segment};
@@ -58,8 +58,11 @@ struct Progress {
 }
 
 /// Fetch `parts` (each at its position) from `node`, read_committed, no
-/// wait; call `f(dlt, partition, record)` for every record at or after its
-/// partition's position. The progress of each partition that answered.
+/// wait; call `f(dlt, partition, Some(record))` for every record at or
+/// after its partition's position, and `f(dlt, partition, None)` when the
+/// partition ends below its position (recreated or truncated: it is read
+/// again from its start, and every position kept of it is void). The
+/// progress of each partition that answered.
 async fn fetch_round<F>(
     cluster: &mut Cluster,
     node: i32,
@@ -67,7 +70,7 @@ async fn fetch_round<F>(
     f: &mut F,
 ) -> Result<HashMap<DltPartition, Progress>, ClientError>
 where
-    F: FnMut(&str, i32, &Record<'_>),
+    F: FnMut(&str, i32, Option<&Record<'_>>),
 {
     let mut by_topic: BTreeMap<&str, Vec<FetchPartition>> = BTreeMap::new();
     for ((t, p), offset) in parts {
@@ -132,6 +135,7 @@ where
                     if reset {
                         tracing::warn!(dlt = %name, partition = p.partition_index, position = from, end,
                             "DLT partition ends below the position read to (recreated or truncated): reading it from its start");
+                        f(&name, p.partition_index, None);
                     }
                     out.insert(
                         (name.clone(), p.partition_index),
@@ -190,7 +194,7 @@ fn visit<F>(
     f: &mut F,
 ) -> Result<i64, ClientError>
 where
-    F: FnMut(&str, i32, &Record<'_>),
+    F: FnMut(&str, i32, Option<&Record<'_>>),
 {
     let mut next = from;
     for seg in batch::segments(records) {
@@ -207,22 +211,22 @@ where
             ))
         })?;
         for r in d.records().filter(|r| r.offset >= from) {
-            f(dlt, partition, &r);
+            f(dlt, partition, Some(&r));
         }
     }
     Ok(next)
 }
 
 /// Read `parts` from their positions up to their ends (see [`Progress`]),
-/// at most [`MAX_ROUNDS`] rounds; updates the positions, returns the ends
-/// seen.
+/// at most [`MAX_ROUNDS`] rounds, calling `f` as [`fetch_round`] does;
+/// updates the positions, returns the ends seen.
 pub async fn read_new<F>(
     cluster: &mut Cluster,
     positions: &mut HashMap<DltPartition, i64>,
     f: &mut F,
 ) -> Result<HashMap<DltPartition, i64>, ClientError>
 where
-    F: FnMut(&str, i32, &Record<'_>),
+    F: FnMut(&str, i32, Option<&Record<'_>>),
 {
     let mut ends: HashMap<DltPartition, i64> = HashMap::new();
     let mut todo: Vec<DltPartition> = positions.keys().cloned().collect();
@@ -288,6 +292,7 @@ pub async fn catch_up(
     loop {
         let before = positions.get(&key).copied().unwrap_or(from);
         let ends = read_new(cluster, &mut positions, &mut |dlt, p, r| {
+            let Some(r) = r else { return };
             let ctx = trust::open(Reader::Tail, dlt, p, r);
             if let Some(o) = ctx.and_then(|c| Origin::of(&c)).filter(|o| wanted(o)) {
                 found.push(o);
@@ -316,70 +321,6 @@ pub async fn catch_up(
 /// about the partition's end or gives nothing below it, before it gives up
 /// (the write then waits).
 const CATCH_UP_TRIES: usize = 20;
-
-impl Loader {
-    /// One tail tick: read what every loaded DLT gained since the last one
-    /// into the ledger (trusted records only); update the lag gauge.
-    pub(super) async fn tail_once(&mut self) -> Result<(), ClientError> {
-        let policies = self.policies.borrow().clone();
-        let dlts = self.ledger.loaded_dlts();
-        // One metadata request for every DLT not seen yet (most of them do
-        // not exist until a first diversion), not one per DLT.
-        let unknown: Vec<String> = dlts
-            .iter()
-            .filter(|d| self.dlt.known_partitions(d).is_none())
-            .cloned()
-            .collect();
-        if !unknown.is_empty() {
-            self.dlt.metadata(Some(&unknown)).await?;
-        }
-        let mut positions = HashMap::new();
-        for dlt in &dlts {
-            let Some(n) = self.dlt.known_partitions(dlt) else {
-                continue;
-            };
-            for p in 0..n as i32 {
-                let key = (dlt.clone(), p);
-                let pos = match self.ledger.tail_position(&key) {
-                    Some(pos) => pos,
-                    None => self.dlt.log_start(dlt, p).await?,
-                };
-                positions.insert(key, pos);
-            }
-        }
-        if positions.is_empty() {
-            return Ok(());
-        }
-        let (ledger, ids) = (&self.ledger, &self.ids);
-        let mut learned = 0u64;
-        let hws = read_new(&mut self.dlt, &mut positions, &mut |dlt, p, r| {
-            let Some(ctx) = trust::open(Reader::Tail, dlt, p, r) else {
-                return;
-            };
-            let Some(o) = Origin::of(&ctx) else { return };
-            if trusted(&policies, dlt, &o, ids.get(&*o.topic).copied())
-                && ledger.learn(&(o.topic, o.partition, o.offset))
-            {
-                learned += 1;
-            }
-        })
-        .await?;
-        if learned > 0 {
-            debug!(
-                learned,
-                "diversions of other instances learned from the DLTs"
-            );
-        }
-        let mut lag = 0i64;
-        for (key, pos) in positions {
-            lag += hws.get(&key).map_or(0, |hw| (hw - pos).max(0));
-            self.ledger.set_tail_position(key, pos);
-        }
-        crate::metrics::global().fleet_learned(learned);
-        crate::metrics::global().set_ledger_lag(lag);
-        Ok(())
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -36,6 +36,7 @@ use crate::client::{self, Cluster};
 use crate::config::{DeadLetterConfig, HostPort};
 use crate::policy::{Class, Policy, PolicySet};
 
+use super::follower::{Follower, KeyReaders};
 use super::ledger::{self, rebuild, Ledger, LedgerKey};
 use crate::dlt_record::Diversion;
 
@@ -71,8 +72,9 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// Start the producer and the ledger loader for the DLTs of `policies`
-    /// ([`DeadLetter::new`], then [`Workers::spawn`]).
+    /// Start the producer and the DLT follower (the ledger's reader alone)
+    /// for the DLTs of `policies` ([`DeadLetter::new`], then
+    /// [`Workers::spawn`]).
     pub fn start(
         cfg: &DeadLetterConfig,
         upstream_bootstrap: &[HostPort],
@@ -82,12 +84,13 @@ impl DeadLetter {
     ) -> Arc<DeadLetter> {
         let (dead_letter, workers) =
             DeadLetter::new(cfg, upstream_bootstrap, upstream, endpoint, policies);
-        workers.spawn();
+        workers.spawn(None);
         dead_letter
     }
 
     /// The writer for the DLTs of `policies`, and its two tasks (the
-    /// producer and the ledger loader), not started. `upstream` reaches the
+    /// producer, and the DLT follower that loads and follows the ledger),
+    /// not started. `upstream` reaches the
     /// cluster of the origin topics (their ids), `endpoint` the dead-letter
     /// cluster.
     pub fn new(
@@ -249,7 +252,8 @@ impl DeadLetter {
     }
 }
 
-/// The dead-letter writer's tasks, built by [`DeadLetter::new`].
+/// The dead-letter writer's tasks, built by [`DeadLetter::new`]: the
+/// producer, and the ledger's loader, which the DLT follower runs.
 pub struct Workers {
     producer: producer::Producer,
     jobs: mpsc::UnboundedReceiver<PendingWrite>,
@@ -257,10 +261,12 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Start the producer and the ledger loader (needs a tokio runtime).
-    pub fn spawn(self) {
+    /// Start the producer and the DLT follower, with the blocked keys,
+    /// breakers and re-drive among its readers when given (needs a tokio
+    /// runtime).
+    pub fn spawn(self, readers: Option<KeyReaders>) {
         tokio::spawn(self.producer.run(self.jobs));
-        tokio::spawn(self.loader.run());
+        tokio::spawn(Follower::new(self.loader, readers).run());
     }
 }
 

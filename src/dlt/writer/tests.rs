@@ -640,3 +640,62 @@ async fn a_follower_past_the_end_of_a_recreated_partition_reads_it_from_its_star
     assert_eq!(seen, [0, 1], "the new partition's records, from its start");
     assert_eq!(next, 2);
 }
+
+/// The DLT follower reads each DLT partition once for all its readers, each
+/// from its own position: the ledger from where its load stopped, the
+/// blocked keys from the DLT's start. A DLT created again below the
+/// ledger's position (deleted, another instance wrote the next diversion)
+/// is read again from its start, so its records reach the ledger.
+#[tokio::test]
+async fn the_follower_reads_a_dlt_once_for_every_reader_from_its_own_position() {
+    use crate::dlt::blocked::BlockedKeys;
+    use crate::dlt::breaker::Breakers;
+    use crate::dlt::follower::{Follower, KeyReaders};
+    let mock = MockBroker::start().await;
+    mock.add_topic("t", 1);
+    mock.add_topic("t.dlt", 1);
+    let keyed = |o: i64| {
+        let mut d = diversion("t", 0, o, 10);
+        d.key = Some(Bytes::from(format!("k{o}")));
+        written_elsewhere(&d)
+    };
+    for o in 40..43 {
+        mock.append("t.dlt", 0, keyed(o));
+    }
+    let text = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n    ordering: per_key\n";
+    let pols = Arc::new(PolicySet::parse(text, Path::new("p.yaml")).expect("policy"));
+    let (dl, workers) = DeadLetter::new(
+        &config(1, DltCompression::None),
+        std::slice::from_ref(&mock.addr),
+        endpoint(),
+        endpoint(),
+        pols,
+    );
+    let blocked = Arc::new(BlockedKeys::default());
+    let readers = KeyReaders {
+        blocked: blocked.clone(),
+        breakers: Arc::new(Breakers::default()),
+        redrive: None,
+    };
+    let mut follower = Follower::new(workers.loader, Some(readers));
+    follower.load_and_round().await;
+    let key = |o| (Arc::from("t"), 0, o);
+    assert!(
+        (40..43).all(|o| dl.is_diverted(&key(o))),
+        "the ledger's load"
+    );
+    assert_eq!(
+        blocked.summary().0,
+        3,
+        "the blocked keys, from the DLT's start"
+    );
+    assert!(blocked.is_loaded());
+    assert_eq!(dl.ledger().tail_position(&("t.dlt".into(), 0)), Some(3));
+    // The DLT deleted and created again: one record, below the position.
+    mock.state().topics.get_mut("t.dlt").expect("dlt").1[0] = Default::default();
+    mock.append("t.dlt", 0, keyed(50));
+    follower.load_and_round().await;
+    assert!(dl.is_diverted(&key(50)), "read again from the start");
+    assert_eq!(blocked.summary().0, 4);
+    assert_eq!(dl.ledger().tail_position(&("t.dlt".into(), 0)), Some(1));
+}
