@@ -1,5 +1,7 @@
-//! The producer lease of a DLT partition, and writing under it: what makes
-//! a fleet of instances write each diverted record to its DLT once.
+//! The producer lease of a DLT partition ([`Lease`], held in [`Leases`]):
+//! what makes a fleet of instances write each diverted record to its DLT
+//! once. Writing under it (take the lease, read to the end, write what is
+//! missing, again when fenced) is the producer's, in `once`.
 //!
 //! Every instance asks InitProducerId for the same transactional id per DLT
 //! partition ([`transactional_id`]): the broker hands them one producer id
@@ -51,202 +53,94 @@
 //! stop early while a raised watermark has no batch behind it yet
 //! (`tail::catch_up`), which narrows this to the check-to-raise step.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
-use tracing::{debug, warn};
-use uuid::Uuid;
+use tokio::time::Instant;
+use tracing::debug;
 
-use super::producer::{finish, Lease, ProduceError, Producer};
-use super::PendingWrite;
 use crate::client::{errors, Cluster};
-use crate::clock::now_ms;
-use crate::config::Fencing;
 use crate::dlt::backoff;
-use crate::dlt::ledger::LedgerKey;
-use crate::dlt_record::Origin;
-use crate::kafka::builder::NewRecord;
 
-/// Most times one round re-reads and re-writes a DLT partition after being
-/// fenced by another instance.
-const MAX_FENCED_RETRIES: usize = 3;
+/// A DLT partition's producer: its id and epoch (from InitProducerId with a
+/// transactional id derived from the partition, so every instance of a
+/// fleet shares the id and the newest epoch fences the older writers), and
+/// the next sequence number. (-1, -1) when the broker gives none.
+#[derive(Clone, Copy)]
+pub(super) struct Lease {
+    pub(super) pid: i64,
+    pub(super) epoch: i16,
+    pub(super) seq: i32,
+    /// When InitProducerId handed it out (see `lease::LEASE_REFRESH`).
+    pub(super) taken: tokio::time::Instant,
+    /// How long it is used before InitProducerId is asked again: under half
+    /// the coordinator's `transactional.id.expiration.ms` (`lease::refresh`).
+    pub(super) refresh: Duration,
+}
 
-impl Producer {
-    /// Write `jobs` to DLT partition `topic`/`partition` exactly once: hold
-    /// the partition's producer lease, read the partition to its end (a
-    /// record another instance wrote is not written again), write the rest.
-    /// Fenced by another instance in between: its epoch is newer, so it
-    /// read and wrote after our reading; take the lease back, read again,
-    /// write what is still missing. False if any job failed.
-    pub(super) async fn write_partition(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        mut jobs: Vec<PendingWrite>,
-        ids: &HashMap<Arc<str>, Uuid>,
-        failed_at: i64,
-    ) -> bool {
-        for attempt in 0..=MAX_FENCED_RETRIES {
-            let fenced = match self.ensure_lease(topic, partition).await {
-                Claim::Held => {
-                    let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
-                        return false;
-                    };
-                    let fenced;
-                    (jobs, fenced) = self
-                        .write_missing(topic, partition, todo, ids, failed_at)
-                        .await;
-                    if jobs.is_empty() {
-                        return true;
-                    }
-                    fenced
-                }
-                Claim::Fenced => true,
-                Claim::Failed => false,
-            };
-            if !fenced || attempt == MAX_FENCED_RETRIES {
-                break;
-            }
-            crate::metrics::global().dlt_write_result("fenced", Duration::ZERO);
-            self.leases.remove(&(topic.to_string(), partition));
-            // Jittered: two instances taking the lease back at once would
-            // fence each other again.
-            let pause = backoff(
-                attempt as u32,
-                Duration::from_millis(20),
-                Duration::from_millis(500),
-            );
-            tokio::time::sleep(pause).await;
+impl Lease {
+    /// No producer id: what is written without a lease (best effort).
+    pub(super) fn none(refresh: Duration) -> Lease {
+        Lease {
+            pid: -1,
+            epoch: -1,
+            seq: -1,
+            taken: Instant::now(),
+            refresh,
         }
-        jobs.into_iter()
-            .for_each(|j| finish(&self.ledger, j, false));
-        false
+    }
+}
+
+/// The producer leases this instance holds, by DLT partition.
+#[derive(Default)]
+pub(super) struct Leases {
+    held: HashMap<(String, i32), Lease>,
+}
+
+impl Leases {
+    /// The lease of `key` to write under (no producer id if none is held).
+    pub(super) fn current(&self, key: &(String, i32)) -> Lease {
+        self.held
+            .get(key)
+            .copied()
+            .unwrap_or_else(|| Lease::none(Duration::ZERO))
     }
 
-    /// Write `todo` (the jobs no one wrote yet) under the held lease and
-    /// finish those acknowledged; the jobs not written, and whether the
-    /// write was fenced.
-    async fn write_missing(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        todo: Vec<PendingWrite>,
-        ids: &HashMap<Arc<str>, Uuid>,
-        failed_at: i64,
-    ) -> (Vec<PendingWrite>, bool) {
-        if todo.is_empty() {
-            return (todo, false);
+    /// `n` records were written under `key`'s lease: its next sequence.
+    pub(super) fn advance(&mut self, key: &(String, i32), n: usize) {
+        if let Some(l) = self.held.get_mut(key).filter(|l| l.pid >= 0) {
+            l.seq = l.seq.wrapping_add(n as i32);
         }
-        let records: Vec<NewRecord> = todo
-            .iter()
-            .map(|j| {
-                j.diversion.to_record(
-                    failed_at,
-                    ids.get(&j.diversion.origin_topic).copied(),
-                    &crate::dlt::trust::seal(topic, partition),
-                )
-            })
-            .collect();
-        let (ok, fenced) = self.send_split(topic, partition, &records).await;
-        let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
-        done.into_iter()
-            .for_each(|(j, _)| finish(&self.ledger, j, true));
-        (rest.into_iter().map(|(j, _)| j).collect(), fenced)
     }
 
-    /// Read DLT partition `topic`/`partition` from where the ledger's tail
-    /// stopped to its end, and finish (acknowledged) the jobs whose record
-    /// is there already: another instance of a fleet wrote it since the
-    /// tail last looked. The jobs still to write; `None` (all failed) when
-    /// the DLT cannot be read, since then it cannot be written either.
-    async fn not_yet_written(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        jobs: Vec<PendingWrite>,
-        ids: &HashMap<Arc<str>, Uuid>,
-    ) -> Option<Vec<PendingWrite>> {
-        let from = match self.ledger.tail_position(&(topic.to_string(), partition)) {
-            Some(from) => Ok(from),
-            None => self.cluster.log_start(topic, partition).await,
-        };
-        let keys: HashSet<LedgerKey> = jobs
-            .iter()
-            .map(|j| super::ledger_key(&j.diversion))
-            .collect();
-        let wanted = |o: &Origin| keys.contains(&(o.topic.clone(), o.partition, o.offset));
-        let found = match from {
-            Ok(from) => {
-                crate::dlt::ledger::tail::catch_up(
-                    &mut self.cluster,
-                    topic,
-                    partition,
-                    from,
-                    wanted,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        };
-        let found = match found {
-            Ok(found) => found,
-            Err(e) => {
-                warn!(error = %e, dlt = topic, partition, records = jobs.len(), "reading the DLT before writing failed; the write waits for the next fetch");
-                jobs.into_iter()
-                    .for_each(|j| finish(&self.ledger, j, false));
-                return None;
-            }
-        };
-        let there: HashSet<(Arc<str>, i32, i64)> = found
-            .into_iter()
-            .filter(|o| match (o.topic_id, ids.get(&o.topic)) {
-                (Some(written), Some(now)) => written == *now,
-                _ => true,
-            })
-            .map(|o| (o.topic, o.partition, o.offset))
-            .collect();
-        let (found, todo): (Vec<PendingWrite>, Vec<PendingWrite>) =
-            jobs.into_iter().partition(|j| {
-                // Before the tail's position, the ledger has it (the tail
-                // records entries before it moves its position).
-                let key = super::ledger_key(&j.diversion);
-                there.contains(&key) || self.ledger.contains(&key)
-            });
-        crate::metrics::global().fleet_found_at_write(found.len() as u64);
-        found
-            .into_iter()
-            .for_each(|j| finish(&self.ledger, j, true));
-        Some(todo)
-    }
-
-    /// Take `topic`/`partition`'s producer lease unless held (and younger
-    /// than [`LEASE_REFRESH`]): InitProducerId at the transaction
-    /// coordinator of the partition's transactional id bumps its epoch, and
-    /// the lease marker written under it makes the partition refuse every
-    /// other instance's older epoch (see the module's doc).
-    ///
-    /// Fails closed: when InitProducerId cannot be had (coordinator moving
-    /// or loading, refused, unreachable), no lease is cached and the write
-    /// waits (its partition is held), unless `dead_letter.fencing:
-    /// best_effort`, which writes without fencing or idempotence then.
-    async fn ensure_lease(&mut self, topic: &str, partition: i32) -> Claim {
-        let key = (topic.to_string(), partition);
-        if self
-            .leases
-            .get(&key)
+    /// Whether `key`'s lease is held and younger than its refresh.
+    pub(super) fn fresh(&self, key: &(String, i32)) -> bool {
+        self.held
+            .get(key)
             .is_some_and(|l| l.taken.elapsed() < l.refresh)
-        {
-            return Claim::Held;
-        }
-        self.leases.remove(&key);
+    }
+
+    pub(super) fn forget(&mut self, key: &(String, i32)) {
+        self.held.remove(key);
+    }
+
+    /// Forget every lease (the cluster may have been replaced).
+    pub(super) fn clear(&mut self) {
+        self.held.clear();
+    }
+
+    /// Ask `topic`/`partition`'s transaction coordinator for a new epoch of
+    /// its transactional id: the lease, not yet held (see [`Leases::hold`]),
+    /// or why not.
+    pub(super) async fn take(
+        cluster: &mut Cluster,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Lease, String> {
         let tid = transactional_id(topic, partition);
-        let result = init_producer_id(&mut self.cluster, &tid).await;
-        let lease = match result {
+        match init_producer_id(cluster, &tid).await {
             Ok(r) if r.error_code == 0 => {
                 debug!(
                     dlt = topic,
@@ -256,59 +150,21 @@ impl Producer {
                     "DLT partition lease taken"
                 );
                 let taken = Instant::now();
-                Lease {
+                Ok(Lease {
                     pid: r.producer_id.0,
                     epoch: r.producer_epoch,
                     seq: 0,
                     taken,
-                    refresh: refresh(&mut self.cluster, &tid).await,
-                }
+                    refresh: refresh(cluster, &tid).await,
+                })
             }
-            other => {
-                let why = match other {
-                    Ok(r) => format!("error code {}", r.error_code),
-                    Err(e) => e,
-                };
-                // The coordinator may have moved: look it up again next time.
-                self.cluster.reset();
-                if self.cfg.fencing == Fencing::BestEffort {
-                    warn!(dlt = topic, partition, error = %why, "InitProducerId failed; writing without fencing (dead_letter.fencing: best_effort)");
-                    Lease {
-                        pid: -1,
-                        epoch: -1,
-                        seq: -1,
-                        taken: Instant::now(),
-                        refresh: LEASE_REFRESH,
-                    }
-                } else {
-                    crate::metrics::global().dlt_write_result("lease_failed", Duration::ZERO);
-                    warn!(dlt = topic, partition, error = %why, "InitProducerId failed: the DLT partition's writes wait (held) and are retried; antidote_dlt_writes_total{{result=\"lease_failed\"}}");
-                    return Claim::Failed;
-                }
-            }
-        };
-        self.leases.insert(key.clone(), lease);
-        if lease.pid < 0 || lease.epoch == 0 {
-            return Claim::Held;
+            Ok(r) => Err(format!("error code {}", r.error_code)),
+            Err(e) => Err(e),
         }
-        let marker =
-            crate::dlt_marker::lease_record(now_ms(), &crate::dlt::trust::seal(topic, partition));
-        match self.produce(topic, partition, &[marker]).await {
-            Ok(()) => Claim::Held,
-            Err(e) => {
-                self.leases.remove(&key);
-                match e {
-                    ProduceError::Fenced(..) => {
-                        debug!(error = %e, dlt = topic, partition, "lease marker fenced by another writer of the DLT partition");
-                        Claim::Fenced
-                    }
-                    e => {
-                        warn!(error = %e, dlt = topic, partition, "writing the DLT partition's lease marker failed; the write waits");
-                        Claim::Failed
-                    }
-                }
-            }
-        }
+    }
+
+    pub(super) fn hold(&mut self, key: (String, i32), lease: Lease) {
+        self.held.insert(key, lease);
     }
 }
 
@@ -404,16 +260,6 @@ pub(crate) async fn id_expiration(cluster: &mut Cluster, tid: &str) -> Result<Du
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis)
         .ok_or_else(|| format!("DescribeConfigs: no {KEY}"))
-}
-
-/// What taking a DLT partition's lease came to.
-pub(super) enum Claim {
-    /// Held: the partition can be read and written.
-    Held,
-    /// A newer epoch fenced the lease marker: take the lease again.
-    Fenced,
-    /// The lease marker could not be written: the write waits.
-    Failed,
 }
 
 /// The transactional id of DLT partition `topic`/`partition`: the same in

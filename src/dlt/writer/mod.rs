@@ -23,6 +23,7 @@
 
 pub(crate) mod fence;
 pub(crate) mod lease;
+mod once;
 mod producer;
 #[cfg(test)]
 mod tests;

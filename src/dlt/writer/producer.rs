@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
+use super::lease::Leases;
 use super::PendingWrite;
 use crate::client::{errors, Cluster};
 use crate::clock::now_ms;
@@ -59,22 +60,6 @@ pub(super) enum ProduceError {
     Fenced(String, i16),
 }
 
-/// A DLT partition's producer: its id and epoch (from InitProducerId with a
-/// transactional id derived from the partition, so every instance of a
-/// fleet shares the id and the newest epoch fences the older writers), and
-/// the next sequence number. (-1, -1) when the broker gives none.
-#[derive(Clone, Copy)]
-pub(super) struct Lease {
-    pub(super) pid: i64,
-    pub(super) epoch: i16,
-    pub(super) seq: i32,
-    /// When InitProducerId handed it out (see `lease::LEASE_REFRESH`).
-    pub(super) taken: tokio::time::Instant,
-    /// How long it is used before InitProducerId is asked again: under half
-    /// the coordinator's `transactional.id.expiration.ms` (`lease::refresh`).
-    pub(super) refresh: Duration,
-}
-
 pub struct Producer {
     /// The dead-letter cluster.
     pub(super) cluster: Cluster,
@@ -87,7 +72,7 @@ pub struct Producer {
     /// Asks the ledger loader to load a DLT it has not heard of.
     pub(super) wake: mpsc::UnboundedSender<()>,
     /// Per DLT partition: the producer lease this instance holds.
-    pub(super) leases: HashMap<(String, i32), Lease>,
+    pub(super) leases: Leases,
     pub(super) created: HashSet<String>,
     /// Origin topic ids and when they were looked up.
     pub(super) ids: HashMap<Arc<str>, (Uuid, Instant)>,
@@ -109,7 +94,7 @@ impl Producer {
             max_message_bytes,
             ledger,
             wake,
-            leases: HashMap::new(),
+            leases: Leases::default(),
             created: HashSet::new(),
             ids: HashMap::new(),
         }
@@ -386,13 +371,7 @@ impl Producer {
     ) -> Result<(), ProduceError> {
         let key = (topic.to_string(), partition);
         let what = || format!("{topic}-{partition}");
-        let lease = self.leases.get(&key).copied().unwrap_or(Lease {
-            pid: -1,
-            epoch: -1,
-            seq: -1,
-            taken: tokio::time::Instant::now(),
-            refresh: Duration::ZERO,
-        });
+        let lease = self.leases.current(&key);
         let opts = BuildOptions::default()
             .compression(self.cfg.compression.codec())
             .idempotent(lease.pid, lease.epoch, lease.seq);
@@ -401,9 +380,7 @@ impl Producer {
         let code = self.send_retrying(topic, partition, batch).await?;
         match code {
             0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
-                if let Some(l) = self.leases.get_mut(&key).filter(|l| l.pid >= 0) {
-                    l.seq = l.seq.wrapping_add(records.len() as i32);
-                }
+                self.leases.advance(&key, records.len());
                 Ok(())
             }
             errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
