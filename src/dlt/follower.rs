@@ -164,10 +164,12 @@ impl Follower {
     pub async fn run(mut self) {
         loop {
             self.loader.load_all().await;
-            // The blocked keys' first read comes with the ledger's load, so
-            // that readiness follows the load at once.
-            self.round_or_pause().await;
+            // Loaded: the write path and readiness may go on. The round
+            // that follows at once gives the blocked keys their first read
+            // (readiness waits for that too, on its own flag), without
+            // holding the ledger's readiness behind reads of the DLTs.
             let _ = self.loader.started.send(true);
+            self.round_or_pause().await;
             loop {
                 tokio::select! {
                     r = self.loader.policies.changed() => if r.is_err() { return } else { break },
