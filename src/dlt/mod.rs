@@ -29,10 +29,9 @@ pub mod writer;
 use std::time::Duration;
 
 pub use antidote_core::dlt_record::*;
-pub use ledger::rebuild::{
-    read_partition, read_partition_end, read_partition_from, read_topic, trusted,
-};
+pub use ledger::rebuild::trusted;
 pub use ledger::{Ledger, LedgerKey, OffsetSet};
+pub use read::{read_partition, read_partition_end, read_topic};
 pub use writer::{DeadLetter, DivertError, Ticket, Workers};
 
 /// A pause of about `base * 2^attempt` (at most `cap`), drawn from its upper

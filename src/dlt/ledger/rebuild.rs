@@ -1,6 +1,6 @@
 //! Reading dead-letter topics back into the ledger (at start, after a policy
-//! reload, and for a DLT first asked about later), and reading any topic
-//! from its log start (shared with the `dlt` commands).
+//! reload, and for a DLT first asked about later; the reads themselves are
+//! `dlt::read`'s).
 //!
 //! The DLTs are the ledger's source of truth, but not every record in them
 //! is trusted: a record counts for origin topic T only if it was read from
@@ -16,192 +16,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::Ledger;
-use crate::client::{errors, no_broker, ClientError, Cluster};
+use crate::client::{ClientError, Cluster};
 use crate::dlt::backoff;
+use crate::dlt::read::read_partition_end;
 use crate::dlt::trust::{self, Reader};
-use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
 use crate::policy::{Class, PolicySet};
 use antidote_core::dlt_record::Origin;
-
-/// Read every record of `topic` from each partition's log start to the high
-/// watermark it had when first fetched, calling `f(partition, record)`.
-pub async fn read_topic<F>(cluster: &mut Cluster, topic: &str, mut f: F) -> Result<u64, ClientError>
-where
-    F: FnMut(i32, &Record<'_>),
-{
-    let Some(partitions) = cluster.partitions(topic).await? else {
-        return Ok(0);
-    };
-    let mut count = 0;
-    for partition in 0..partitions as i32 {
-        count += read_partition(cluster, topic, partition, &mut f).await?;
-    }
-    Ok(count)
-}
-
-/// How long one Fetch may wait and how much it may return.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FetchLimits {
-    pub(crate) max_wait_ms: i32,
-    pub(crate) max_bytes: i32,
-    pub(crate) partition_max_bytes: i32,
-}
-
-/// The ledger's reads: 8 MiB per partition, 16 MiB per response.
-const READ_LIMITS: FetchLimits = FetchLimits {
-    max_wait_ms: 100,
-    max_bytes: 16 << 20,
-    partition_max_bytes: 8 << 20,
-};
-
-/// One Fetch of `topic`/`partition` at `offset` within `limits`: (error
-/// code, high watermark, records section).
-pub(crate) async fn fetch_partition(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    offset: i64,
-    limits: FetchLimits,
-) -> Result<(i16, i64, bytes::Bytes), ClientError> {
-    let req = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(limits.max_wait_ms)
-        .with_min_bytes(1)
-        .with_max_bytes(limits.max_bytes)
-        .with_session_epoch(-1)
-        .with_topics(vec![FetchTopic::default()
-            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partitions(vec![FetchPartition::default()
-                .with_partition(partition)
-                .with_fetch_offset(offset)
-                .with_partition_max_bytes(limits.partition_max_bytes)])]);
-    let resp = cluster
-        .leader(topic, partition)
-        .await?
-        .send(req, 4, 12)
-        .await?;
-    let p = resp
-        .responses
-        .into_iter()
-        .flat_map(|t| t.partitions)
-        .next()
-        .ok_or_else(|| no_broker(format!("{topic}-{partition}: empty fetch response")))?;
-    Ok((
-        p.error_code,
-        p.high_watermark,
-        p.records.unwrap_or_default(),
-    ))
-}
-
-/// Read `topic`/`partition` from its log start to the high watermark of the
-/// first fetch. Retention moving the log start while reading is followed;
-/// any other error ends the read with `Err` (the caller retries).
-pub async fn read_partition<F>(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    f: &mut F,
-) -> Result<u64, ClientError>
-where
-    F: FnMut(i32, &Record<'_>),
-{
-    read_partition_end(cluster, topic, partition, None, f)
-        .await
-        .map(|(count, _)| count)
-}
-
-/// [`read_partition`] from offset `from` (at least the log start) instead
-/// of the log start.
-pub async fn read_partition_from<F>(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    from: Option<i64>,
-    f: &mut F,
-) -> Result<u64, ClientError>
-where
-    F: FnMut(i32, &Record<'_>),
-{
-    read_partition_end(cluster, topic, partition, from, f)
-        .await
-        .map(|(count, _)| count)
-}
-
-/// [`read_partition`], also returning the offset it read to (where a tail
-/// of the partition goes on).
-pub async fn read_partition_end<F>(
-    cluster: &mut Cluster,
-    topic: &str,
-    partition: i32,
-    from: Option<i64>,
-    f: &mut F,
-) -> Result<(u64, i64), ClientError>
-where
-    F: FnMut(i32, &Record<'_>),
-{
-    let start = cluster.log_start(topic, partition).await?;
-    let mut offset = from.map_or(start, |from| from.max(start));
-    let mut end: Option<i64> = None;
-    let mut count = 0;
-    loop {
-        let (code, hw, records) =
-            fetch_partition(cluster, topic, partition, offset, READ_LIMITS).await?;
-        if code == errors::OFFSET_OUT_OF_RANGE {
-            let start = cluster.log_start(topic, partition).await?;
-            if start > offset {
-                offset = start;
-                continue;
-            }
-        }
-        if code != 0 {
-            return Err(no_broker(format!(
-                "{topic}-{partition}: fetch at offset {offset}: error {code}"
-            )));
-        }
-        let end = *end.get_or_insert(hw);
-        if offset >= end {
-            return Ok((count, offset));
-        }
-        let mut next = offset;
-        for seg in batch::segments(&records) {
-            let Segment::Batch(b) = seg else { continue };
-            next = next.max(b.next_offset());
-            if b.is_control() {
-                continue;
-            }
-            // A batch that cannot be decoded is an error, not a gap: the
-            // ledger would silently lose its entries.
-            let d = b.decode().map_err(|e| {
-                no_broker(format!(
-                    "{topic}-{partition}: batch at {}: {e}",
-                    b.base_offset()
-                ))
-            })?;
-            for r in d.records().filter(|r| r.offset >= offset && r.offset < end) {
-                count += 1;
-                f(partition, &r);
-            }
-        }
-        if next <= offset {
-            return Err(no_broker(format!(
-                "{topic}-{partition}: no progress reading at offset {offset} (high watermark {end})"
-            )));
-        }
-        if next >= end {
-            return Ok((count, next));
-        }
-        offset = next;
-    }
-}
 
 /// Whether a DLT record naming `origin`, read from `dlt`, may count as a
 /// diversion: `dlt` must be the DLT `origin.topic`'s policy writes to, and
