@@ -275,20 +275,22 @@ def _read_quietly(ep, topic, n):
 def test_group_members_on_different_instances(workdir, broker, broker_endpoint, policy_file):
     """One consumer group, its two members connected to two different
     instances: together they receive every valid record once, and each poison
-    record is in the DLT once."""
+    record is in the DLT once. The records are produced once both members
+    hold a partition, so neither can read them all before the other joins."""
     import kafka as kp
     topic = fleet_topic(broker_endpoint, partitions=2)
     fleet = start_fleet(workdir, broker, policy_file, n=2, tag="group")
     try:
-        valid, poison = produce_mixed(broker_endpoint, topic)
         group = f"fleet-{uuid.uuid4().hex[:8]}"
         members = [kp.KafkaConsumer(topic, **c.Endpoint(p.bootstrap).kp(
             group_id=group, auto_offset_reset="earliest", enable_auto_commit=True,
             auto_commit_interval_ms=200, heartbeat_interval_ms=300, session_timeout_ms=6000,
             max_poll_interval_ms=3000)) for p in fleet]
         got, per_member, assigned = [], [0, 0], [set(), set()]
+        current = [set(), set()]
+        want: list = [None]  # how many valid records, once produced
         lock, done = threading.Lock(), threading.Event()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
 
         def member(i: int) -> None:
             # Each member polls in its own thread, as an application would:
@@ -300,14 +302,28 @@ def test_group_members_on_different_instances(workdir, broker, broker_endpoint, 
                     with lock:
                         got.extend(c._kp_rec(x) for x in msgs)
                         per_member[i] += len(msgs)
-                        if len(got) >= len(valid):
+                        if want[0] is not None and len(got) >= want[0]:
                             done.set()
-                assigned[i] |= {tp.partition for tp in m.assignment()}
+                with lock:
+                    current[i] = {tp.partition for tp in m.assignment()}
+                    assigned[i] |= current[i]
 
         threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
         try:
             for t in threads:
                 t.start()
+            joined = time.monotonic() + 45
+            while time.monotonic() < joined:
+                with lock:
+                    if current[0] and current[1] and not current[0] & current[1]:
+                        break
+                time.sleep(0.1)
+            assert current[0] and current[1], f"the group never split its partitions: {current}"
+            valid, poison = produce_mixed(broker_endpoint, topic)
+            with lock:
+                want[0] = len(valid)
+                if len(got) >= want[0]:
+                    done.set()
             for t in threads:
                 t.join(90)
         finally:
@@ -317,8 +333,8 @@ def test_group_members_on_different_instances(workdir, broker, broker_endpoint, 
         assert c.by_partition_in_order(got) == c.by_partition_in_order(valid), \
             f"per member: {per_member} records, partitions assigned: {assigned}"
         assert all(n > 0 for n in per_member), f"one member got everything: {per_member}"
-        want = sorted((r.partition, r.offset) for r in poison)
-        assert dlt_origins(broker_endpoint, topic) == want, "each poison record exactly once"
+        want_dlt = sorted((r.partition, r.offset) for r in poison)
+        assert dlt_origins(broker_endpoint, topic) == want_dlt, "each poison record exactly once"
     finally:
         stop_fleet(fleet)
 
