@@ -10,7 +10,7 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::lease::{Lease, Leases, LEASE_REFRESH};
-use super::producer::{finish, ProduceError, Producer};
+use super::producer::{finish, ProduceError, Producer, Stopped, Written};
 use super::PendingWrite;
 use crate::clock::now_ms;
 use crate::config::Fencing;
@@ -29,7 +29,7 @@ impl Producer {
     /// record another instance wrote is not written again), write the rest.
     /// Fenced by another instance in between: its epoch is newer, so it
     /// read and wrote after our reading; take the lease back, read again,
-    /// write what is still missing. False if any job failed.
+    /// write what is still missing.
     pub(super) async fn write_partition(
         &mut self,
         topic: &str,
@@ -37,21 +37,29 @@ impl Producer {
         mut jobs: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
         failed_at: i64,
-    ) -> bool {
+    ) -> Written {
         for attempt in 0..=MAX_FENCED_RETRIES {
             let fenced = match self.ensure_lease(topic, partition).await {
                 Claim::Held => {
                     let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
-                        return false;
+                        return Written::Failed;
                     };
-                    let fenced;
-                    (jobs, fenced) = self
+                    let stopped;
+                    (jobs, stopped) = self
                         .write_missing(topic, partition, todo, ids, failed_at)
                         .await;
-                    if jobs.is_empty() {
-                        return true;
+                    match stopped {
+                        _ if jobs.is_empty() => return Written::All,
+                        // Only records too large for the DLT are left: the
+                        // lease stays good for the next try.
+                        None => {
+                            jobs.into_iter()
+                                .for_each(|j| finish(&self.ledger, j, false));
+                            return Written::TooLarge;
+                        }
+                        Some(Stopped::Fenced) => true,
+                        Some(Stopped::Failed) => false,
                     }
-                    fenced
                 }
                 Claim::Fenced => true,
                 Claim::Failed => false,
@@ -72,12 +80,12 @@ impl Producer {
         }
         jobs.into_iter()
             .for_each(|j| finish(&self.ledger, j, false));
-        false
+        Written::Failed
     }
 
     /// Write `todo` (the jobs no one wrote yet) under the held lease and
-    /// finish those acknowledged; the jobs not written, and whether the
-    /// write was fenced.
+    /// finish those acknowledged; the jobs not written, and why the write
+    /// stopped early if it did.
     async fn write_missing(
         &mut self,
         topic: &str,
@@ -85,9 +93,9 @@ impl Producer {
         todo: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
         failed_at: i64,
-    ) -> (Vec<PendingWrite>, bool) {
+    ) -> (Vec<PendingWrite>, Option<Stopped>) {
         if todo.is_empty() {
-            return (todo, false);
+            return (todo, None);
         }
         let records: Vec<NewRecord> = todo
             .iter()
@@ -99,11 +107,11 @@ impl Producer {
                 )
             })
             .collect();
-        let (ok, fenced) = self.send_split(topic, partition, &records).await;
+        let (ok, stopped) = self.send_split(topic, partition, &records).await;
         let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
         done.into_iter()
             .for_each(|(j, _)| finish(&self.ledger, j, true));
-        (rest.into_iter().map(|(j, _)| j).collect(), fenced)
+        (rest.into_iter().map(|(j, _)| j).collect(), stopped)
     }
 
     /// Read DLT partition `topic`/`partition` from where the ledger's tail

@@ -47,6 +47,27 @@ const MAX_BATCH_BYTES: usize = 900 * 1024;
 /// How long an origin topic's id is used before it is looked up again.
 const ID_TTL: Duration = Duration::from_secs(30);
 
+/// How writing jobs to a DLT partition (or topic, or round) came out;
+/// ordered from best to worst.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Written {
+    /// Every job acknowledged.
+    All,
+    /// Only records the broker refused as too large for the DLT failed.
+    TooLarge,
+    /// A read, lease or write failed: the cluster may have changed.
+    Failed,
+}
+
+/// Why [`Producer::send_split`] stopped before its last batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stopped {
+    /// A newer epoch of the partition's lease fenced the write.
+    Fenced,
+    /// The broker refused or did not answer.
+    Failed,
+}
+
 /// Why one batch was not acknowledged.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ProduceError {
@@ -133,27 +154,30 @@ impl Producer {
                 .or_default()
                 .push(j);
         }
-        let mut any_failed = false;
+        let mut worst = Written::All;
         for (topic, jobs) in by_topic {
-            any_failed |= !self.write_topic(&topic, jobs, &ids, failed_at).await;
+            worst = worst.max(self.write_topic(&topic, jobs, &ids, failed_at).await);
         }
-        if any_failed {
+        if worst == Written::Failed {
             // Start from scratch next time: the cluster may have been
-            // replaced (topics, producer ids and sequences gone).
+            // replaced (topics, producer ids and sequences gone). Not after
+            // a record refused as too large: that says nothing of the
+            // cluster, and a new lease would write a new lease marker to the
+            // DLT on every retry while the partition is held.
             self.cluster.reset();
             self.created.clear();
             self.leases.clear();
         }
     }
 
-    /// Write `jobs` to DLT `topic`; false if any failed.
+    /// Write `jobs` to DLT `topic`; the worst of its partitions' outcomes.
     async fn write_topic(
         &mut self,
         topic: &str,
         jobs: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
         failed_at: i64,
-    ) -> bool {
+    ) -> Written {
         if !self.wait_loaded(topic).await {
             warn!(
                 dlt = topic,
@@ -162,7 +186,7 @@ impl Producer {
             );
             jobs.into_iter()
                 .for_each(|j| finish(&self.ledger, j, false));
-            return false;
+            return Written::Failed;
         }
         // Read back from the DLT meanwhile (written before a restart or a
         // reload): acknowledged without a second write.
@@ -173,7 +197,7 @@ impl Producer {
             .into_iter()
             .for_each(|j| finish(&self.ledger, j, true));
         if jobs.is_empty() {
-            return true;
+            return Written::All;
         }
         let n = match self.ensure_topic(topic).await {
             Ok(n) => n as i32,
@@ -181,7 +205,7 @@ impl Producer {
                 warn!(error = %e, records = jobs.len(), "dead-letter write failed");
                 jobs.into_iter()
                     .for_each(|j| finish(&self.ledger, j, false));
-                return false;
+                return Written::Failed;
             }
         };
         let mut by_part: BTreeMap<i32, Vec<PendingWrite>> = BTreeMap::new();
@@ -191,13 +215,14 @@ impl Producer {
                 .or_default()
                 .push(j);
         }
-        let mut all_ok = true;
+        let mut worst = Written::All;
         for (partition, jobs) in by_part {
-            all_ok &= self
-                .write_partition(topic, partition, jobs, ids, failed_at)
-                .await;
+            worst = worst.max(
+                self.write_partition(topic, partition, jobs, ids, failed_at)
+                    .await,
+            );
         }
-        all_ok
+        worst
     }
 
     /// Wait (up to `dead_letter.timeout`) until `topic` is read back into the
@@ -261,15 +286,16 @@ impl Producer {
 
     /// Send `records` to `topic`/`partition`: in batches of at most
     /// [`MAX_BATCH_BYTES`], each split in halves while the broker refuses it
-    /// as too large. Whether each record was acknowledged.
+    /// as too large. Whether each record was acknowledged, and why sending
+    /// stopped early if it did (a single record too large does not stop it).
     pub(super) async fn send_split(
         &mut self,
         topic: &str,
         partition: i32,
         records: &[NewRecord],
-    ) -> (Vec<bool>, bool) {
+    ) -> (Vec<bool>, Option<Stopped>) {
         let mut ok = vec![false; records.len()];
-        let mut fenced = false;
+        let mut stopped = None;
         // Ranges still to send, the next one last (so they go in order).
         let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
         todo.reverse();
@@ -293,7 +319,7 @@ impl Producer {
                     todo.push(r.start..mid);
                 }
                 Err(e @ ProduceError::Fenced(..)) => {
-                    fenced = true;
+                    stopped = Some(Stopped::Fenced);
                     debug!(error = %e, dlt = topic, partition, "fenced by another writer of the DLT partition");
                     break;
                 }
@@ -310,11 +336,12 @@ impl Producer {
                 Err(e) => {
                     crate::metrics::global().dlt_write(false, started.elapsed());
                     warn!(error = %e, dlt = topic, partition, records = todo.iter().map(|r| r.len()).sum::<usize>() + r.len(), "dead-letter write failed");
+                    stopped = Some(Stopped::Failed);
                     break;
                 }
             }
         }
-        (ok, fenced)
+        (ok, stopped)
     }
 
     /// Make sure `topic` exists (creating it if needed); its partition count.

@@ -550,6 +550,31 @@ async fn a_write_read_for_before_another_instance_took_the_lease_is_not_written_
     );
 }
 
+/// A record too large for its DLT is retried on every fetch of its
+/// partition while the partition is held. The retries keep the lease: a new
+/// lease would bump the epoch and write a lease marker each time, growing
+/// the DLT by a few records a second for as long as the partition is held
+/// (what Apache Kafka showed in tests/test_dlt_retention.py).
+#[tokio::test]
+async fn a_record_too_large_for_its_dlt_is_retried_under_the_same_lease() {
+    let (mock, dl) = loaded_t_and_its_dlt().await;
+    {
+        let mut st = mock.state();
+        st.kafka_fencing = true;
+        st.max_batch_bytes = Some(4000);
+    }
+    let big = diversion("t", 0, 3, 6000);
+    for _ in 0..3 {
+        assert_eq!(divert_all(&dl, std::slice::from_ref(&big)).await, [false]);
+    }
+    assert_eq!(divert_all(&dl, &[diversion("t", 0, 4, 100)]).await, [true]);
+    let epochs: Vec<i16> = mock.state().epochs.values().copied().collect();
+    assert_eq!(epochs, [0], "one InitProducerId, the first epoch");
+    assert_eq!(lease_markers(&mock, "t.dlt", 0), 0);
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [4]);
+}
+
 /// Fencing fails closed: while the transaction coordinator cannot be had,
 /// a diversion is not written (its partition is held by the caller) and
 /// nothing is cached; once it answers, the same diversion is written once.
