@@ -13,7 +13,7 @@ pub struct Header<'a> {
 
 /// One decoded record. `offset` and `timestamp` are absolute: the batch's
 /// base offset and base timestamp have been added to the record's deltas.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record<'a> {
     pub offset: i64,
     pub timestamp: i64,

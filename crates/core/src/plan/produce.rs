@@ -35,6 +35,7 @@ use super::budget::DecodeBudget;
 use super::planner::decode_within;
 use super::HoldReason;
 use crate::kafka::batch::{self, Segment};
+use crate::kafka::record::Record;
 use crate::policy::{Class, Invalid, Policy, Verdict};
 
 /// Invalid records described one by one in a verdict (KIP-467
@@ -209,7 +210,11 @@ pub fn judge_produce(
             Ok(d) => d,
             Err(reason) => return DoorVerdict::Unjudgeable(reason),
         };
-        for record in decoded.records() {
+        let mut record = Record::default();
+        for i in 0..decoded.len() {
+            if !decoded.read_into(i, &mut record) {
+                continue;
+            }
             rejection.records += 1;
             if let Verdict::Invalid(invalid) = policy.judge_in(topic, &record, now_ms) {
                 match invalid.class {
