@@ -7,6 +7,7 @@ while an answer is pending (a long-polling Fetch)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -167,3 +168,58 @@ def test_a_connection_waiting_for_an_answer_is_not_idle(idle_proxy, new_topic):
         assert struct.unpack(">i", body[:4])[0] >= 0  # throttle_time_ms: a real answer
         # Answered; now idle, it is closed.
         assert closed_by_peer(s, 6)
+
+
+def broker_connections(pid: int, broker_port: int) -> int:
+    """Established TCP connections of process `pid` to `broker_port`, from
+    /proc (the process's socket inodes matched against /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+                if cols[3] == "01" and remote_port == broker_port and cols[9] in inodes:
+                    n += 1
+    return n
+
+
+def test_a_client_gets_a_broker_connection_only_once_it_sends_a_request(idle_proxy, broker):
+    """A connection that sends nothing, or a first frame the relay would
+    refuse, never makes the proxy connect to a broker: a flood of them costs
+    the brokers nothing. A real request then gets its broker connection."""
+    broker_port = int(broker.bootstrap.rsplit(":", 1)[1])
+    pid = idle_proxy.proc.pid
+    # The proxy's own clients (metadata, dead-letter side) hold a connection
+    # or two of their own, and may open one meanwhile.
+    before = broker_connections(pid, broker_port)
+    socks = [socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=5)
+             for _ in range(5)]
+    try:
+        # Within idle_timeout (2 s): connecting for each would hold 5 more.
+        time.sleep(0.5)
+        extra = broker_connections(pid, broker_port) - before
+        assert extra <= 1, f"{extra} broker connections for 5 clients that sent nothing"
+        # A first frame too long, negative, or of an unknown API key is
+        # refused at once (the last one is incomplete: the relay would have
+        # waited for the rest of its 40 bytes).
+        for head in (struct.pack(">i", 300 << 20), struct.pack(">i", -5),
+                     struct.pack(">ihh", 40, 0x5000, 0)):
+            s = socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=5)
+            socks.append(s)
+            s.sendall(head + b"\0" * 12)
+            assert closed_by_peer(s, 1), f"a first frame starting {head.hex()} was not refused"
+        with socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=5) as s:
+            s.settimeout(5)
+            assert api_versions_on(s)
+    finally:
+        for s in socks:
+            s.close()

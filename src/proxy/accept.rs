@@ -1,6 +1,11 @@
 //! Client connections: accepting them on the bootstrap and broker
 //! listeners (within `limits.max_connections`), the TLS handshake and the
 //! SNI route, the upstream connection, then the relay's pumps.
+//!
+//! A plain-TCP client gets its broker connection only once its first bytes
+//! start a request the proxy knows (`first_request`): a connection that
+//! sends garbage, or nothing, never makes the proxy open (and close) a
+//! connection to a broker, so a flood of them costs the brokers nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -77,6 +82,17 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
     let Some((client, target)) = accept_client(&shared, tcp, listener).await else {
         return;
     };
+    let checked = match &client {
+        net::Conn::Tcp(tcp) => first_request(&shared, tcp).await,
+        // Behind TLS the handshake came first, and bytes cannot be peeked.
+        net::Conn::Boxed(_) => Ok(()),
+    };
+    if let Err(why) = checked {
+        return match why {
+            Some(e) => warn!(%peer, error = %e, "connection closed"),
+            None => debug!(%peer, "connection closed before its first request"),
+        };
+    }
     let label = match target {
         Target::Bootstrap => "bootstrap".to_string(),
         Target::Broker(n) => format!("broker-{n}"),
@@ -105,6 +121,46 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
             warn!(error = %e, "connection closed")
         }
     }
+}
+
+/// Wait (up to `limits.idle_timeout`) for the first 8 bytes of a plain-TCP
+/// client's first frame, peeked rather than read, and check they start a
+/// request the relay would take: a length within `limits.max_frame_bytes`
+/// and an API key and version the proxy knows. `Err(Some(why))` for a
+/// frame the relay would refuse anyway (the same one-line log), `Err(None)`
+/// for a client gone, idle or shut down first.
+async fn first_request(shared: &Shared, tcp: &TcpStream) -> Result<(), Option<String>> {
+    const HEAD: usize = 8;
+    let deadline = tokio::time::Instant::now() + shared.config.limits.idle_timeout;
+    let mut head = [0u8; HEAD];
+    loop {
+        let peeked = tokio::select! {
+            _ = shared.shutdown.cancelled() => return Err(None),
+            p = tokio::time::timeout_at(deadline, tcp.peek(&mut head)) => p,
+        };
+        match peeked {
+            Ok(Ok(HEAD..)) => break,
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Err(None),
+            // Part of the head is in: peek returns at once while bytes wait,
+            // so pause instead of spinning.
+            Ok(Ok(_)) => tokio::time::sleep(std::time::Duration::from_millis(2)).await,
+        }
+    }
+    let len = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    let key = i16::from_be_bytes([head[4], head[5]]);
+    let version = i16::from_be_bytes([head[6], head[7]]);
+    let max = shared.config.limits.max_frame_bytes;
+    if len < HEAD as i32 || len as u32 > max {
+        return Err(Some(format!(
+            "the client's first frame claims {len} bytes, not a request within limits.max_frame_bytes ({max})"
+        )));
+    }
+    if !super::classify::is_known_request(key, version) {
+        return Err(Some(format!(
+            "the client's first frame is not a request: unknown api key {key} version {version}"
+        )));
+    }
+    Ok(())
 }
 
 /// The client's stream (TLS when configured) and the target it goes to:

@@ -429,7 +429,7 @@ fn classify_produce(
 
 /// Whether a header names an API key and version the proxy knows; used to
 /// tell requests from raw SASL tokens, which never look like one.
-fn is_known_request(key: i16, version: i16) -> bool {
+pub(super) fn is_known_request(key: i16, version: i16) -> bool {
     ApiKey::try_from(key)
         .map(|k| {
             let r = k.valid_versions();
