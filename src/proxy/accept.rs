@@ -82,6 +82,11 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
     let Some((client, target)) = accept_client(&shared, tcp, listener).await else {
         return;
     };
+    let label = match target {
+        Target::Bootstrap => "bootstrap".to_string(),
+        Target::Broker(n) => format!("broker-{n}"),
+    };
+    let _open = metrics::ConnectionGuard::new(metrics::global().clone(), label);
     let checked = match &client {
         net::Conn::Tcp(tcp) => first_request(&shared, tcp).await,
         // Behind TLS the handshake came first, and bytes cannot be peeked.
@@ -93,11 +98,6 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
             None => debug!(%peer, "connection closed before its first request"),
         };
     }
-    let label = match target {
-        Target::Bootstrap => "bootstrap".to_string(),
-        Target::Broker(n) => format!("broker-{n}"),
-    };
-    let _open = metrics::ConnectionGuard::new(metrics::global().clone(), label);
     let broker = match upstream::connect(&shared, target).await {
         Ok(b) => b,
         Err(e) => {
@@ -133,6 +133,7 @@ async fn first_request(shared: &Shared, tcp: &TcpStream) -> Result<(), Option<St
     const HEAD: usize = 8;
     let deadline = tokio::time::Instant::now() + shared.config.limits.idle_timeout;
     let mut head = [0u8; HEAD];
+    let mut pause = std::time::Duration::from_millis(2);
     loop {
         let peeked = tokio::select! {
             _ = shared.shutdown.cancelled() => return Err(None),
@@ -142,8 +143,12 @@ async fn first_request(shared: &Shared, tcp: &TcpStream) -> Result<(), Option<St
             Ok(Ok(HEAD..)) => break,
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Err(None),
             // Part of the head is in: peek returns at once while bytes wait,
-            // so pause instead of spinning.
-            Ok(Ok(_)) => tokio::time::sleep(std::time::Duration::from_millis(2)).await,
+            // so pause (2 ms, doubling to 256 ms: a client that stalls
+            // mid-head costs a few wakeups a second) instead of spinning.
+            Ok(Ok(_)) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(256));
+            }
         }
     }
     let len = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
