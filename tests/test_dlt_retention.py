@@ -543,3 +543,48 @@ def test_records_deleted_from_the_origin_are_never_diverted(
         proxy.assert_running()
     finally:
         proxy.stop_and_check()
+
+
+def test_a_poison_record_stamped_beyond_the_dlts_timestamp_limit_is_diverted_not_held(
+        workdir, broker, broker_endpoint, tmp_path):
+    """Kafka refuses a CreateTime record stamped more than
+    `message.timestamp.after.max.ms` (1 hour by default since Kafka 4.0)
+    ahead of the broker's clock. A topic that allows such stamps (or a
+    LogAppendTime topic, whose producers stamp what they like) can hold a
+    poison record the DLT, created with the defaults, refuses as it is. It is
+    written with the time of its diversion instead (the original stays in
+    `x-original-timestamp`), so its partition flows; it is not held forever
+    with a lease taken and marked on every retry."""
+    policy_file = ps.write_policies(tmp_path)
+    topic = ps.unique_topic(ps.JSON_PREFIX, "future")
+    dlt = f"{topic}.dlt"
+    create_topic(broker_endpoint, topic,
+                 {"message.timestamp.after.max.ms": str(10 * 365 * 86_400_000)})
+    now = int(time.time() * 1000)
+    future = now + 2 * 86_400_000
+    poison = ps.json_rec("lat", 1, ts0=now)
+    poison = c.Rec(poison.partition, poison.offset, poison.key, poison.value, poison.headers,
+                   future)
+    recs = [ps.json_rec("valid", 0, ts0=now), poison, ps.json_rec("valid", 2, ts0=now)]
+    c.ck_produce(broker_endpoint, topic, recs)
+    proxy = start_proxy(workdir, broker, policy_file, "antidote-future",
+                        dead_letter={"timeout": "2s"})
+    ep = c.Endpoint(proxy.bootstrap, "proxy")
+    cons = ck.Consumer(ep.ck(**{"group.id": f"future-{time.monotonic_ns()}",
+                                "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    try:
+        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+        got = c._ck_poll(cons, 2, 60)
+        assert [r.offset for r in got] == [0, 2]
+    finally:
+        cons.close()
+    written = dlt_records(broker_endpoint, dlt)
+    assert origins(written) == [1]
+    (r,) = written
+    assert int(ps.hdict(r)["x-original-timestamp"]) == future
+    assert now - 60_000 <= r.timestamp <= time.time() * 1000 + 60_000, \
+        "written with the time of its diversion"
+    # One lease (epoch 0 writes no marker): not one per retry.
+    markers = dlt_end(broker_endpoint, dlt) - len(written)
+    assert markers <= 1, f"{markers} lease markers"
+    proxy.stop_and_check()

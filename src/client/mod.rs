@@ -338,6 +338,9 @@ pub mod errors {
     pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
     pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
     pub const MESSAGE_TOO_LARGE: i16 = E::MessageTooLarge.code();
+    /// A CreateTime record stamped beyond the topic's
+    /// `message.timestamp.{before,after}.max.ms` of the broker's clock.
+    pub const INVALID_TIMESTAMP: i16 = E::InvalidTimestamp.code();
     pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = E::CoordinatorLoadInProgress.code();
     pub const COORDINATOR_NOT_AVAILABLE: i16 = E::CoordinatorNotAvailable.code();
     pub const NOT_COORDINATOR: i16 = E::NotCoordinator.code();

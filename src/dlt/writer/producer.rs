@@ -73,6 +73,10 @@ pub(super) enum Stopped {
 pub(super) enum ProduceError {
     #[error("{0}: the broker refused the batch as too large (error {1})")]
     TooLarge(String, i16),
+    /// A record's timestamp is outside what the DLT accepts
+    /// (`message.timestamp.{before,after}.max.ms`).
+    #[error("{0}: the broker refused a record's timestamp (error {1})")]
+    BadTimestamp(String, i16),
     #[error("{0}")]
     Failed(String),
     /// Another writer took this DLT partition's producer epoch (or the
@@ -307,16 +311,44 @@ impl Producer {
                     crate::metrics::global().fleet_written(r.len() as u64);
                     ok[r].fill(true);
                 }
-                Err(ProduceError::TooLarge(..)) if r.len() > 1 => {
+                Err(e @ (ProduceError::TooLarge(..) | ProduceError::BadTimestamp(..)))
+                    if r.len() > 1 =>
+                {
                     let mid = r.start + r.len() / 2;
-                    debug!(
-                        dlt = topic,
-                        partition,
-                        records = r.len(),
-                        "batch too large for the DLT: splitting"
-                    );
+                    let why = match e {
+                        ProduceError::TooLarge(..) => "batch too large for the DLT: splitting",
+                        _ => "a record's timestamp refused by the DLT: splitting",
+                    };
+                    debug!(dlt = topic, partition, records = r.len(), "{why}");
                     todo.push(mid..r.end);
                     todo.push(r.start..mid);
+                }
+                Err(e @ ProduceError::BadTimestamp(..)) => {
+                    // The original stays in x-original-timestamp; written
+                    // with the time of its diversion, it is one the DLT
+                    // takes (unless the clocks are hours apart).
+                    let mut retimed = records[r.start].clone();
+                    retimed.timestamp = now_ms();
+                    warn!(error = %e, dlt = topic, partition, timestamp = records[r.start].timestamp, "the DLT refused a dead-letter record's timestamp: written with the time of its diversion (the original is in x-original-timestamp)");
+                    match self
+                        .produce(topic, partition, std::slice::from_ref(&retimed))
+                        .await
+                    {
+                        Ok(()) => {
+                            crate::metrics::global().dlt_write_result("retimed", started.elapsed());
+                            crate::metrics::global().fleet_written(1);
+                            ok[r.start] = true;
+                        }
+                        Err(e) => {
+                            stopped = Some(match e {
+                                ProduceError::Fenced(..) => Stopped::Fenced,
+                                _ => Stopped::Failed,
+                            });
+                            crate::metrics::global().dlt_write(false, started.elapsed());
+                            warn!(error = %e, dlt = topic, partition, "dead-letter write failed");
+                            break;
+                        }
+                    }
                 }
                 Err(e @ ProduceError::Fenced(..)) => {
                     stopped = Some(Stopped::Fenced);
@@ -413,6 +445,7 @@ impl Producer {
             errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
                 Err(ProduceError::TooLarge(what(), code))
             }
+            errors::INVALID_TIMESTAMP => Err(ProduceError::BadTimestamp(what(), code)),
             errors::OUT_OF_ORDER_SEQUENCE_NUMBER
             | errors::UNKNOWN_PRODUCER_ID
             | errors::INVALID_PRODUCER_EPOCH
