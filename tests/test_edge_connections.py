@@ -220,6 +220,19 @@ def test_a_client_gets_a_broker_connection_only_once_it_sends_a_request(idle_pro
         with socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=5) as s:
             s.settimeout(5)
             assert api_versions_on(s)
+        # A first request that arrives a few bytes at a time is waited for
+        # (the head is peeked again at growing pauses), then served.
+        with socket.create_connection((h.HOST, idle_proxy.bootstrap_port), timeout=5) as s:
+            s.settimeout(5)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            frame = h.request_frame(18, 0, 7, b"")
+            for part in (frame[:3], frame[3:6]):
+                s.sendall(part)
+                time.sleep(0.3)
+            s.sendall(frame[6:])
+            size = struct.unpack(">i", h.recv_exact(s, 4))[0]
+            body = h.recv_exact(s, size)
+            assert struct.unpack(">ih", body[:6]) == (7, 0), "ApiVersions answered"
     finally:
         for s in socks:
             s.close()
