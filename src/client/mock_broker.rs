@@ -34,6 +34,9 @@ pub struct State {
     pub topics: HashMap<String, (Uuid, Vec<Log>)>,
     /// Produce batches larger than this are refused with MESSAGE_TOO_LARGE.
     pub max_batch_bytes: Option<usize>,
+    /// Produce batches whose maxTimestamp is past this are refused with
+    /// INVALID_TIMESTAMP (Kafka's `message.timestamp.after.max.ms`).
+    pub max_timestamp: Option<i64>,
     /// (topic, partition) whose Produce fails with this error code.
     pub fail: HashMap<(String, i32), i16>,
     /// Every Produce partition seen: (topic, partition, records, error code).
@@ -332,6 +335,11 @@ fn produce(st: &mut State, req: ProduceRequest) -> ProduceResponse {
                 c
             } else if st.max_batch_bytes.is_some_and(|m| batch.len() > m) {
                 crate::client::errors::MESSAGE_TOO_LARGE
+            } else if st.max_timestamp.is_some_and(|m| {
+                batch.len() >= 61
+                    && i64::from_be_bytes(batch[35..43].try_into().expect("8 bytes")) > m
+            }) {
+                crate::client::errors::INVALID_TIMESTAMP
             } else if st.kafka_fencing && batch.len() >= 61 {
                 let pid = i64::from_be_bytes(batch[43..51].try_into().expect("8 bytes"));
                 let epoch = i16::from_be_bytes([batch[51], batch[52]]);

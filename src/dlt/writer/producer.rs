@@ -339,6 +339,12 @@ impl Producer {
                             crate::metrics::global().fleet_written(1);
                             ok[r.start] = true;
                         }
+                        // Too large as well: held like any record too large.
+                        Err(e @ ProduceError::TooLarge(..)) => {
+                            crate::metrics::global()
+                                .dlt_write_result("too_large", started.elapsed());
+                            error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
+                        }
                         Err(e) => {
                             stopped = Some(match e {
                                 ProduceError::Fenced(..) => Stopped::Fenced,

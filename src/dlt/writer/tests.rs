@@ -575,6 +575,33 @@ async fn a_record_too_large_for_its_dlt_is_retried_under_the_same_lease() {
     assert_eq!(offsets, [4]);
 }
 
+/// A record stamped past what the DLT accepts is written with the time of
+/// its diversion, under the same lease; one also too large fails alone,
+/// like any record too large, still under the same lease.
+#[tokio::test]
+async fn a_record_stamped_past_the_dlts_limit_is_written_retimed_under_the_same_lease() {
+    let (mock, dl) = loaded_t_and_its_dlt().await;
+    let limit = crate::clock::now_ms() + 3_600_000;
+    {
+        let mut st = mock.state();
+        st.kafka_fencing = true;
+        st.max_timestamp = Some(limit);
+        st.max_batch_bytes = Some(4000);
+    }
+    let mut future = diversion("t", 0, 1, 100);
+    future.origin_timestamp = limit + 86_400_000;
+    let mut big = diversion("t", 0, 2, 6000);
+    big.origin_timestamp = limit + 86_400_000;
+    let ds = [diversion("t", 0, 0, 100), future, big, diversion("t", 0, 3, 100)];
+    assert_eq!(divert_all(&dl, &ds).await, [true, true, false, true]);
+    assert_eq!(divert_all(&dl, &ds[2..3]).await, [false]);
+    let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
+    assert_eq!(offsets, [0, 1, 3]);
+    let epochs: Vec<i16> = mock.state().epochs.values().copied().collect();
+    assert_eq!(epochs, [0], "one InitProducerId, the first epoch");
+    assert_eq!(lease_markers(&mock, "t.dlt", 0), 0);
+}
+
 /// Fencing fails closed: while the transaction coordinator cannot be had,
 /// a diversion is not written (its partition is held by the caller) and
 /// nothing is cached; once it answers, the same diversion is written once.
