@@ -97,7 +97,7 @@ impl Producer {
         if todo.is_empty() {
             return (todo, None);
         }
-        let records: Vec<NewRecord> = todo
+        let mut records: Vec<NewRecord> = todo
             .iter()
             .map(|j| {
                 j.diversion.to_record(
@@ -107,7 +107,7 @@ impl Producer {
                 )
             })
             .collect();
-        let (ok, stopped) = self.send_split(topic, partition, &records).await;
+        let (ok, stopped) = self.send_split(topic, partition, &mut records).await;
         let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
         done.into_iter()
             .for_each(|(j, _)| finish(&self.ledger, j, true));

@@ -290,15 +290,19 @@ impl Producer {
 
     /// Send `records` to `topic`/`partition`: in batches of at most
     /// [`MAX_BATCH_BYTES`], each split in halves while the broker refuses it
-    /// as too large. Whether each record was acknowledged, and why sending
-    /// stopped early if it did (a single record too large does not stop it).
+    /// as too large or for a timestamp. A single record whose timestamp the
+    /// DLT refuses is sent again, once, stamped with the time of its
+    /// diversion (the original stays in `x-original-timestamp`). Whether
+    /// each record was acknowledged, and why sending stopped early if it did
+    /// (a single record too large does not stop it).
     pub(super) async fn send_split(
         &mut self,
         topic: &str,
         partition: i32,
-        records: &[NewRecord],
+        records: &mut [NewRecord],
     ) -> (Vec<bool>, Option<Stopped>) {
         let mut ok = vec![false; records.len()];
+        let mut retimed = vec![false; records.len()];
         let mut stopped = None;
         // Ranges still to send, the next one last (so they go in order).
         let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
@@ -323,38 +327,12 @@ impl Producer {
                     todo.push(mid..r.end);
                     todo.push(r.start..mid);
                 }
-                Err(e @ ProduceError::BadTimestamp(..)) => {
-                    // The original stays in x-original-timestamp; written
-                    // with the time of its diversion, it is one the DLT
-                    // takes (unless the clocks are hours apart).
-                    let mut retimed = records[r.start].clone();
-                    retimed.timestamp = now_ms();
-                    warn!(error = %e, dlt = topic, partition, timestamp = records[r.start].timestamp, "the DLT refused a dead-letter record's timestamp: written with the time of its diversion (the original is in x-original-timestamp)");
-                    match self
-                        .produce(topic, partition, std::slice::from_ref(&retimed))
-                        .await
-                    {
-                        Ok(()) => {
-                            crate::metrics::global().dlt_write_result("retimed", started.elapsed());
-                            crate::metrics::global().fleet_written(1);
-                            ok[r.start] = true;
-                        }
-                        // Too large as well: held like any record too large.
-                        Err(e @ ProduceError::TooLarge(..)) => {
-                            crate::metrics::global()
-                                .dlt_write_result("too_large", started.elapsed());
-                            error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
-                        }
-                        Err(e) => {
-                            stopped = Some(match e {
-                                ProduceError::Fenced(..) => Stopped::Fenced,
-                                _ => Stopped::Failed,
-                            });
-                            crate::metrics::global().dlt_write(false, started.elapsed());
-                            warn!(error = %e, dlt = topic, partition, "dead-letter write failed");
-                            break;
-                        }
-                    }
+                Err(e @ ProduceError::BadTimestamp(..)) if !retimed[r.start] => {
+                    crate::metrics::global().dlt_write_result("retimed", started.elapsed());
+                    warn!(error = %e, dlt = topic, partition, timestamp = records[r.start].timestamp, "the DLT refused a dead-letter record's timestamp: sent again with the time of its diversion (the original is in x-original-timestamp)");
+                    records[r.start].timestamp = now_ms();
+                    retimed[r.start] = true;
+                    todo.push(r);
                 }
                 Err(e @ ProduceError::Fenced(..)) => {
                     stopped = Some(Stopped::Fenced);
