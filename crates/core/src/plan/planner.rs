@@ -402,12 +402,7 @@ fn divert_keyed(
     order: &mut KeyOrder<'_>,
     out: &mut KeyedOutcome,
 ) {
-    // One record read over and over (its headers allocated once).
-    let mut record = Record::default();
-    for i in 0..decoded.len() {
-        if !decoded.read_into(i, &mut record) {
-            continue;
-        }
+    let _ = decoded.try_each_record(|i, record| {
         let own = divert.get(i).copied().flatten();
         let live = keep_mask.get(i).copied().unwrap_or(false);
         if earlier.binary_search(&record.offset).is_ok() {
@@ -416,15 +411,15 @@ fn divert_keyed(
             // diversion as the plain path does (the ledger finds it done).
             if let Some(v) = own {
                 plan.stats.diverted += 1;
-                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, v);
+                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, v);
                 plan.diversions.push(d);
             }
-            continue;
+            return ControlFlow::Continue(());
         }
         if !live && own.is_none() {
-            continue; // dropped
+            return ControlFlow::Continue(()); // dropped
         }
-        let homecoming = order.homecoming(&record, &plan.topic, plan.partition);
+        let homecoming = order.homecoming(record, &plan.topic, plan.partition);
         let replayed = homecoming.is_some();
         let step = order.step(&KeyedRecord {
             key: record.key,
@@ -435,15 +430,15 @@ fn divert_keyed(
         let (verdict, blocked_by, class) = match step {
             KeyStep::Full => {
                 out.full_at = Some(record.offset);
-                return;
+                return ControlFlow::Break(());
             }
             KeyStep::Free => match own {
                 Some(v) => (v.clone(), None, v.class),
                 None => {
                     if let Some(through) = homecoming {
-                        note_release(plan, order, &record, through);
+                        note_release(plan, order, record, through);
                     }
-                    continue;
+                    return ControlFlow::Continue(());
                 }
             },
             KeyStep::Blocked(b) => {
@@ -455,12 +450,13 @@ fn divert_keyed(
             *k = false;
         }
         plan.stats.diverted += 1;
-        let mut d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, &verdict);
+        let mut d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, &verdict);
         // Parked records go where their key's first record went.
         d.dlt_topic = plan.policy.dead_letter_topic(&plan.topic, class);
         d.blocked_by = blocked_by;
         plan.diversions.push(d);
-    }
+        ControlFlow::Continue(())
+    });
 }
 
 fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {

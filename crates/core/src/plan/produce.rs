@@ -35,7 +35,6 @@ use super::budget::DecodeBudget;
 use super::planner::decode_within;
 use super::HoldReason;
 use crate::kafka::batch::{self, Segment};
-use crate::kafka::record::Record;
 use crate::policy::{Class, Invalid, Policy, Verdict};
 
 /// Invalid records described one by one in a verdict (KIP-467
@@ -210,13 +209,9 @@ pub fn judge_produce(
             Ok(d) => d,
             Err(reason) => return DoorVerdict::Unjudgeable(reason),
         };
-        let mut record = Record::default();
-        for i in 0..decoded.len() {
-            if !decoded.read_into(i, &mut record) {
-                continue;
-            }
+        decoded.each_record(|_, record| {
             rejection.records += 1;
-            if let Verdict::Invalid(invalid) = policy.judge_in(topic, &record, now_ms) {
+            if let Verdict::Invalid(invalid) = policy.judge_in(topic, record, now_ms) {
                 match invalid.class {
                     Class::Stale => {}
                     // Judging goes on, so that one round of registry
@@ -224,11 +219,11 @@ pub fn judge_produce(
                     Class::Transient => {
                         waiting.get_or_insert(invalid.reason);
                     }
-                    _ => rejection.add(index, invalid, &record),
+                    _ => rejection.add(index, invalid, record),
                 }
             }
             index = index.saturating_add(1);
-        }
+        });
     }
     if rejection.definite > 0 {
         rejection.recheck.clear(); // refused whatever the registry says
