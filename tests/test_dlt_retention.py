@@ -32,6 +32,7 @@ replayed copy once retention took it and the proxy restarted.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -104,15 +105,6 @@ def log_start(ep: c.Endpoint, topic: str) -> int:
     return watermarks(ep, topic)[0]
 
 
-def dlt_end(ep: c.Endpoint, topic: str) -> int:
-    """The high watermark of DLT partition 0."""
-    cons = ck.Consumer(ep.ck(**{"group.id": f"dlt-end-{time.monotonic_ns()}"}))
-    try:
-        return cons.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=15)[1]
-    finally:
-        cons.close()
-
-
 def dlt_records(ep: c.Endpoint, topic: str, timeout: float = 30) -> list[c.Rec]:
     """Every record of DLT partition 0 readable now (from its log start to
     its high watermark), lease markers left out, read with librdkafka."""
@@ -147,14 +139,21 @@ def origins(dlt: list[c.Rec]) -> list[int]:
     return sorted(int(ps.hdict(r)["x-original-offset"]) for r in dlt)
 
 
+def proxy_consumer(proxy, topic: str, tag: str) -> ck.Consumer:
+    """A librdkafka consumer through the proxy, assigned partition 0 of
+    `topic` from its start (no commits)."""
+    ep = c.Endpoint(proxy.bootstrap, "proxy")
+    cons = ck.Consumer(ep.ck(**{"group.id": f"{tag}-{time.monotonic_ns()}",
+                                "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    return cons
+
+
 def read_valid(proxy, topic: str, n: int, timeout: float = 60) -> list[c.Rec]:
     """The first `n` records of `topic` through the proxy, from offset 0,
     then two more seconds of polling so that an extra record would show."""
-    ep = c.Endpoint(proxy.bootstrap, "proxy")
-    cons = ck.Consumer(ep.ck(**{"group.id": f"rd-{time.monotonic_ns()}",
-                                "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    cons = proxy_consumer(proxy, topic, "rd")
     try:
-        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
         got = c._ck_poll(cons, n, timeout)
         return got + _drain(cons, 2)
     finally:
@@ -389,22 +388,19 @@ def test_a_record_larger_than_the_dlt_limit_holds_its_partition_until_the_limit_
 
     proxy = start_proxy(workdir, broker, policy_file, "antidote-huge",
                         dead_letter={"timeout": "2s"})
-    ep = c.Endpoint(proxy.bootstrap, "proxy")
-    cons = ck.Consumer(ep.ck(**{"group.id": f"huge-{time.monotonic_ns()}",
-                                "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    cons = proxy_consumer(proxy, topic, "huge")
     try:
-        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
         got = c._ck_poll(cons, 2, 60)
         assert [r.offset for r in got] == [0, 1]
         # Held: nothing past the record too large for the DLT, for a while.
         wait_log(proxy, "a single dead-letter record is too large for its DLT")
         t0, text0 = time.monotonic(), scrape(proxy)
-        end0 = dlt_end(broker_endpoint, dlt)
+        end0 = watermarks(broker_endpoint, dlt)[1]
         assert _drain(cons, 8) == []
         text1, window = scrape(proxy), time.monotonic() - t0
         # The retries write nothing to the DLT (each used to take a new
         # lease and write a lease marker: ~3 records a second while held).
-        assert dlt_end(broker_endpoint, dlt) == end0
+        assert watermarks(broker_endpoint, dlt)[1] == end0
         assert h.metric(text1, "antidote_held_partitions", topic=topic, partition="0") == 1
         tries = (h.metric(text1, "antidote_dlt_writes_total", result="too_large")
                  - h.metric(text0, "antidote_dlt_writes_total", result="too_large"))
@@ -562,18 +558,13 @@ def test_a_poison_record_stamped_beyond_the_dlts_timestamp_limit_is_diverted_not
                  {"message.timestamp.after.max.ms": str(10 * 365 * 86_400_000)})
     now = int(time.time() * 1000)
     future = now + 2 * 86_400_000
-    poison = ps.json_rec("lat", 1, ts0=now)
-    poison = c.Rec(poison.partition, poison.offset, poison.key, poison.value, poison.headers,
-                   future)
+    poison = dataclasses.replace(ps.json_rec("lat", 1, ts0=now), timestamp=future)
     recs = [ps.json_rec("valid", 0, ts0=now), poison, ps.json_rec("valid", 2, ts0=now)]
     c.ck_produce(broker_endpoint, topic, recs)
     proxy = start_proxy(workdir, broker, policy_file, "antidote-future",
                         dead_letter={"timeout": "2s"})
-    ep = c.Endpoint(proxy.bootstrap, "proxy")
-    cons = ck.Consumer(ep.ck(**{"group.id": f"future-{time.monotonic_ns()}",
-                                "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    cons = proxy_consumer(proxy, topic, "future")
     try:
-        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
         got = c._ck_poll(cons, 2, 60)
         assert [r.offset for r in got] == [0, 2]
     finally:
@@ -585,6 +576,6 @@ def test_a_poison_record_stamped_beyond_the_dlts_timestamp_limit_is_diverted_not
     assert now - 60_000 <= r.timestamp <= time.time() * 1000 + 60_000, \
         "written with the time of its diversion"
     # One lease (epoch 0 writes no marker): not one per retry.
-    markers = dlt_end(broker_endpoint, dlt) - len(written)
+    markers = watermarks(broker_endpoint, dlt)[1] - len(written)
     assert markers <= 1, f"{markers} lease markers"
     proxy.stop_and_check()
