@@ -592,7 +592,12 @@ async fn a_record_stamped_past_the_dlts_limit_is_written_retimed_under_the_same_
     future.origin_timestamp = limit + 86_400_000;
     let mut big = diversion("t", 0, 2, 6000);
     big.origin_timestamp = limit + 86_400_000;
-    let ds = [diversion("t", 0, 0, 100), future, big, diversion("t", 0, 3, 100)];
+    let ds = [
+        diversion("t", 0, 0, 100),
+        future,
+        big,
+        diversion("t", 0, 3, 100),
+    ];
     assert_eq!(divert_all(&dl, &ds).await, [true, true, false, true]);
     assert_eq!(divert_all(&dl, &ds[2..3]).await, [false]);
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
