@@ -46,6 +46,7 @@ fn input<'a>(
         records,
         visibility,
         now_ms: common::NOW_MS,
+        deadline: None,
     }
 }
 

@@ -633,14 +633,16 @@ mod tests {
         assert!(!c.dead_letter.allow_client_produce);
         assert_eq!(c.limits.fetch_max_version, None);
         assert!(c.limits.judge_ahead);
+        assert_eq!(c.limits.judge_deadline, None);
         let text = format!(
-            "{MINIMAL}limits:\n  max_connections: 3\n  idle_timeout: 2s\n  fetch_max_version: 15\n  judge_ahead: false\n"
+            "{MINIMAL}limits:\n  max_connections: 3\n  idle_timeout: 2s\n  fetch_max_version: 15\n  judge_ahead: false\n  judge_deadline: 0.5ms\n"
         );
         let c = Config::parse(&text, Path::new("c.yaml")).unwrap();
         assert_eq!(c.limits.max_connections, 3);
         assert_eq!(c.limits.idle_timeout, Duration::from_secs(2));
         assert_eq!(c.limits.fetch_max_version, Some(15));
         assert!(!c.limits.judge_ahead);
+        assert_eq!(c.limits.judge_deadline, Some(Duration::from_micros(500)));
         for (bad, line) in [
             ("  max_connections: 0\n", 7),
             ("  max_connections: -4\n", 7),
@@ -650,6 +652,7 @@ mod tests {
             ("  fetch_max_version: 99\n", 7),
             ("  fetch_max_version: latest\n", 7),
             ("  judge_ahead: sometimes\n", 7),
+            ("  judge_deadline: soon\n", 7),
         ] {
             let text = format!("{MINIMAL}limits:\n{bad}");
             let err = Config::parse(&text, Path::new("c.yaml")).unwrap_err().0;

@@ -70,6 +70,7 @@ fn plan_fresh(section: &Bytes) -> PartitionPlan {
         records: section,
         visibility: &Visibility::new(false, None),
         now_ms: common::NOW_MS,
+        deadline: None,
     };
     plan_partition(&input, &VerdictCache::new(64))
 }

@@ -31,7 +31,10 @@ policies/geofence{,-avro,-protobuf}.yaml), BENCH_BIN (target/release/antidote), 
 (target/release/examples/bench_broker), BENCH_OUT, BENCH_PORT (base port),
 BENCH_WORKERS (the proxies' runtime worker threads; default one per core),
 BENCH_CONSUMER (e2e | fetch_load), BENCH_FETCH_BIN (target/release/examples/fetch_load),
-BENCH_PARTITIONS (3: partitions per topic, each read in every Fetch).
+BENCH_PARTITIONS (3: partitions per topic, each read in every Fetch),
+BENCH_JUDGE_DEADLINE (c's `limits.judge_deadline`, e.g. 1ms; unset: none),
+BENCH_PIN (e.g. "1:0": the proxies on CPU 1, the brokers and the consumer
+on CPU 0, with taskset; unset: no pinning).
 Build first: cargo build --release --bin antidote --example bench_broker --example fetch_load
 """
 import json, os, random, re, socket, statistics, struct, subprocess, sys, tempfile, time, urllib.request
@@ -55,6 +58,17 @@ BASE = int(os.environ.get("BENCH_PORT", str(random.randint(20000, 40000))))
 CONSUMER = os.environ.get("BENCH_CONSUMER", "e2e")
 FETCH_BIN = os.environ.get("BENCH_FETCH_BIN", os.path.join(ROOT, "target/release/examples/fetch_load"))
 CLK = os.sysconf("SC_CLK_TCK")
+DEADLINE = os.environ.get("BENCH_JUDGE_DEADLINE")
+PIN = os.environ.get("BENCH_PIN")
+
+
+def pinned(args, proxy):
+    """`args` under taskset when BENCH_PIN is set: proxies on the CPUs
+    before the colon, everything else on those after it."""
+    if not PIN:
+        return args
+    cpus = PIN.split(":")[0 if proxy else 1]
+    return ["taskset", "-c", cpus] + args
 PROCS = []
 
 
@@ -62,8 +76,8 @@ def log(msg):
     print(f"[bench-det {time.strftime('%T')}] {msg}", file=sys.stderr, flush=True)
 
 
-def start(args, logfile, port=None):
-    p = subprocess.Popen(args, stdout=open(logfile, "w"), stderr=subprocess.STDOUT)
+def start(args, logfile, port=None, proxy=False):
+    p = subprocess.Popen(pinned(args, proxy), stdout=open(logfile, "w"), stderr=subprocess.STDOUT)
     PROCS.append(p)
     if port is not None:
         deadline = time.time() + 60
@@ -151,11 +165,12 @@ def antidote(work, name, idx, broker_port, dlt_port, policy):
                 f"  advertised_host: 127.0.0.1\n  broker_port_base: {BASE + 200 + idx * 200}\n"
                 f"upstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n"
                 f"dead_letter:\n  bootstrap_servers: [127.0.0.1:{dlt_port}]\n"
-                + (f"policies: [{policy}]\n" if policy else "policies: []\n"))
+                + (f"policies: [{policy}]\n" if policy else "policies: []\n")
+                + (f"limits:\n  judge_deadline: {DEADLINE}\n" if policy and DEADLINE else ""))
     env = dict(os.environ, ANTIDOTE_LOG=os.environ.get("BENCH_RUST_LOG", "warn"))
     if os.environ.get("BENCH_WORKERS"):
         env["TOKIO_WORKER_THREADS"] = os.environ["BENCH_WORKERS"]
-    p = subprocess.Popen([BIN, "run", "--config", cfg], env=env,
+    p = subprocess.Popen(pinned([BIN, "run", "--config", cfg], True), env=env,
                          stdout=open(os.path.join(work, f"antidote-{name}.log"), "w"),
                          stderr=subprocess.STDOUT)
     PROCS.append(p)
@@ -189,7 +204,7 @@ def consume(boot, topic, expected):
         args = [FETCH_BIN, boot, topic, PARTITIONS, str(expected)] + ([mark] if mark else [])
     else:
         args = [PY, E2E, "consume", boot, topic, PARTITIONS, str(expected), f"det-{topic}", "15", "300"]
-    r = subprocess.run(args, env=env, capture_output=True, text=True)
+    r = subprocess.run(pinned(args, False), env=env, capture_output=True, text=True)
     if not r.stdout.strip():
         raise SystemExit(f"consumer failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -203,7 +218,7 @@ def main():
     out = open(out_path, "w")
     bport, tport = BASE, BASE + 1
     topics = ROUNDS * len(PATHS) + 1
-    start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N),
+    broker = start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N),
            "--format", FORMAT, "--partitions", PARTITIONS],
           os.path.join(work, "bench-broker.log"), bport)
     start([TANSU, "broker", "--listener-url", f"tcp://127.0.0.1:{tport}",
@@ -219,7 +234,8 @@ def main():
         try:
             p = start([TANSU, "proxy", "--listener-url", f"tcp://127.0.0.1:{dport}",
                        "--advertised-listener-url", f"tcp://127.0.0.1:{dport}",
-                       "--origin-url", f"tcp://127.0.0.1:{bport}"], os.path.join(work, "tansu-proxy.log"), dport)
+                       "--origin-url", f"tcp://127.0.0.1:{bport}"], os.path.join(work, "tansu-proxy.log"), dport,
+                      proxy=True)
             proxies["d"] = (p, f"127.0.0.1:{dport}", None)
         except SystemExit as e:
             log(f"tansu proxy: {e}; path d skipped")
@@ -236,16 +252,21 @@ def main():
             topic = f"bench-{t}"
             t += 1
             c0 = cpu_s(proc.pid) if proc else 0.0
+            b0 = cpu_s(broker.pid)
             f0 = minflt(proc.pid) if proc else 0
             r0 = relay_buckets(admin) if admin else {}
             h0 = {p: histogram(admin, *PARTS[p]) for p in PARTS} if admin else {}
             m0 = (metric(admin, "antidote_fetch_rewrite_cpu_seconds_total"),
                   metric(admin, "antidote_records_validated_total"),
-                  metric(admin, "antidote_fetch_judged_ahead_records_total")) if admin else (0, 0, 0)
+                  metric(admin, "antidote_fetch_judged_ahead_records_total"),
+                  metric(admin, "antidote_fetch_deadline_cuts_total")) if admin else (0, 0, 0, 0)
             # The bench broker writes one poison record in 1,000 (e2e.py's rule).
             expected = N - N // 1000 if path == "c" else N
             res = consume(boot, topic, expected)
             row = {"commit": commit, "bin": BIN, "round": rnd, "path": path, "topic": topic, **res}
+            # The bench broker's CPU per record delivered: what reading the
+            # records again after a cut (BENCH_JUDGE_DEADLINE) costs it.
+            row["broker_ns_per_record"] = round((cpu_s(broker.pid) - b0) * 1e9 / max(res["records"], 1))
             if proc:
                 row["proxy_cpu_s"] = round(cpu_s(proc.pid) - c0, 3)
                 row["proxy_ns_per_record"] = round(row["proxy_cpu_s"] * 1e9 / max(res["records"], 1))
@@ -259,6 +280,7 @@ def main():
                 # (0 for builds before the counter existed).
                 ahead = metric(admin, "antidote_fetch_judged_ahead_records_total") - m0[2]
                 row["judged_ahead"] = int(ahead)
+                row["deadline_cuts"] = int(metric(admin, "antidote_fetch_deadline_cuts_total") - m0[3])
                 if judged:
                     row["rewrite_ns_per_judged"] = round(rw * 1e9 / judged)
                 # Added latency per response: bucket bounds of p50 and p99.
@@ -284,7 +306,8 @@ def main():
             log(f"round {rnd} {path}: {res['records']} records, {res['steady_records_per_s']} rec/s steady, "
                 f"proxy {row.get('proxy_ns_per_record', '-')} ns/record, "
                 f"rewrite {row.get('rewrite_ns_per_judged', '-')} ns/judged "
-                f"({row.get('judged_ahead', '-')} ahead), "
+                f"({row.get('judged_ahead', '-')} ahead, {row.get('deadline_cuts', '-')} cuts), "
+                f"broker {row['broker_ns_per_record']} ns/record, "
                 f"{row.get('proxy_page_faults', '-')} page faults, relay p50/p99 <= ms: "
                 + ", ".join(f"{k} {row.get(f'relay_{k}_p50_ms_le', '-')}/"
                             f"{row.get(f'relay_{k}_p99_ms_le', '-')} ({row.get(f'relay_{k}_responses', 0)})"

@@ -50,6 +50,13 @@ pub struct Limits {
     /// judged record. Off: one thread per partition.
     #[serde(default = "default_judge_ahead")]
     pub judge_ahead: bool,
+    /// How long a Fetch response waits for its records to be judged;
+    /// unset (the default), until every record is. Past it, each policy
+    /// partition ends before its next batch still to judge (never before
+    /// its first), that rest is judged in the background, and the client
+    /// fetches it again: lower latency for more broker reads per record.
+    #[serde(default, deserialize_with = "de_some_duration")]
+    pub judge_deadline: Option<Duration>,
     /// Request bytes all client connections may be receiving and handling
     /// at once (Kafka's `queued.max.request.bytes`, KIP-72): a frame larger
     /// than 64 KiB waits, unread, until there is room.
@@ -71,6 +78,7 @@ impl Default for Limits {
             idle_timeout: default_idle_timeout(),
             fetch_max_version: None,
             judge_ahead: default_judge_ahead(),
+            judge_deadline: None,
             max_queued_request_bytes: default_max_queued_request_bytes(),
         }
     }
@@ -118,6 +126,11 @@ fn de_fetch_version<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i16>, D::E
         v if (4..=max).contains(&v) => Ok(Some(v)),
         v => Err(de::Error::custom(format!("Fetch v{v}: must be 4 to {max}"))),
     }
+}
+
+/// serde helper: a duration given, for an optional one.
+fn de_some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    de_duration(d).map(Some)
 }
 
 /// serde helper: a duration that must not be zero (reported at its position).

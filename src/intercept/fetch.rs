@@ -89,6 +89,8 @@ pub struct FetchFilter {
     pub blocked: Arc<BlockedKeys>,
     /// Idle cores judge ahead in large partitions (`filter::parallel`).
     judge_ahead: bool,
+    /// How long a response waits for judging (`limits.judge_deadline`).
+    judge_deadline: Option<Duration>,
     /// The diversion circuit breakers (`breaker:` of a policy).
     pub breakers: Arc<Breakers>,
 }
@@ -106,6 +108,7 @@ impl FetchFilter {
             timeout,
             blocked,
             judge_ahead: true,
+            judge_deadline: None,
             breakers,
         }
     }
@@ -114,6 +117,14 @@ impl FetchFilter {
     /// (`limits.judge_ahead`, on by default).
     pub fn with_judge_ahead(mut self, on: bool) -> Self {
         self.judge_ahead = on;
+        self
+    }
+
+    /// How long a response waits for its records to be judged before each
+    /// partition is cut at its next batch still to judge
+    /// (`limits.judge_deadline`; unset by default: until all are judged).
+    pub fn with_judge_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.judge_deadline = deadline;
         self
     }
 
@@ -147,6 +158,7 @@ impl FetchFilter {
         version: i16,
         isolation: i8,
     ) -> Result<Option<Vec<Bytes>>, FilterError> {
+        let deadline = self.judge_deadline.map(|d| std::time::Instant::now() + d);
         let (mut resp, sections, endpoints, learned) = timed(|| -> Result<_, FilterError> {
             let mut resp =
                 FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
@@ -162,7 +174,7 @@ impl FetchFilter {
             let ids: Vec<_> = resp.responses.iter().map(|t| t.topic_id).collect();
             ctx.resolve_topic_ids(&ids).await;
         }
-        let (jobs, unloaded) = self.jobs(ctx, &resp, version, isolation).await;
+        let (jobs, unloaded) = self.jobs(ctx, &resp, (version, isolation), deadline).await;
         for ti in unloaded {
             changed |= hold_topic(&mut resp.responses[ti]);
         }
@@ -174,6 +186,7 @@ impl FetchFilter {
             self.resolve_transient(registry, &jobs, &mut planned, now)
                 .await?;
         }
+        self.judge_behind(&jobs, &planned, now);
         for (at, mut plan) in planned {
             metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
             // The circuit breaker: diversions from its cut on are not
@@ -245,8 +258,8 @@ impl FetchFilter {
         &self,
         ctx: &C,
         resp: &FetchResponse,
-        version: i16,
-        isolation: i8,
+        (version, isolation): (i16, i8),
+        deadline: Option<std::time::Instant>,
     ) -> (Vec<Arc<PartitionJob>>, Vec<usize>) {
         let policies = self.policies();
         let mut jobs = Vec::new();
@@ -305,6 +318,7 @@ impl FetchFilter {
                     )
                     .with_log_start(p.log_start_offset),
                     gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
+                    deadline,
                 }));
             }
         }
@@ -314,6 +328,10 @@ impl FetchFilter {
     /// Write every planned diversion; for each plan, the lowest offset whose
     /// diversion did not succeed in time (`None` if all did).
     async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
+        // Plans that only hold or cut wait for no dead-letter topic.
+        if plans.iter().all(|(_, _, p)| p.diversions.is_empty()) {
+            return vec![None; plans.len()];
+        }
         let deadline = tokio::time::Instant::now() + self.timeout;
         let dl = &self.dead_letter;
         let all_failed = || {

@@ -92,6 +92,7 @@ pub struct Metrics {
     evaluated: Cached<PolicyLabel, Counter>,
     fetch_rewrite_cpu: Counter<f64, AtomicU64>,
     judged_ahead: Counter,
+    deadline_cuts: Counter,
     passed: Cached<TopicPartitionPolicy, Counter>,
     invalid: Cached<InvalidLabels, Counter>,
     dlt_writes: Cached<ResultLabel, Counter>,
@@ -128,6 +129,7 @@ impl Metrics {
             evaluated: Cached::new(),
             fetch_rewrite_cpu: Counter::default(),
             judged_ahead: Counter::default(),
+            deadline_cuts: Counter::default(),
             passed: Cached::new(),
             invalid: Cached::new(),
             dlt_writes: Cached::new(),
@@ -217,8 +219,14 @@ impl Metrics {
         register(
             &mut self.registry,
             names::JUDGED_AHEAD,
-            "Records judged by a helper thread ahead of their partition's planner (one large partition on several cores); part of antidote_records_evaluated_total.",
+            "Records judged by a helper thread ahead of their partition's planner (one large partition on several cores), or behind a response cut by limits.judge_deadline; part of antidote_records_evaluated_total once a planner uses them.",
             self.judged_ahead.clone(),
+        );
+        register(
+            &mut self.registry,
+            names::DEADLINE_CUTS,
+            "Partitions of Fetch responses cut short by limits.judge_deadline: the client got the batches judged in time and fetches the rest, judged meanwhile in the background, again.",
+            self.deadline_cuts.clone(),
         );
         self
     }
@@ -332,6 +340,12 @@ impl Metrics {
     /// `n` records judged ahead of their planner (`plan::judge_ahead`).
     pub fn judged_ahead(&self, n: u64) {
         self.judged_ahead.inc_by(n);
+    }
+
+    /// A partition of a Fetch response was cut short by its judging
+    /// deadline (`plan::Cut`).
+    pub fn deadline_cut(&self) {
+        self.deadline_cuts.inc();
     }
 
     /// `n` valid records of `topic`/`partition` were delivered.

@@ -21,6 +21,7 @@ pub const BUILD_INFO: &str = "antidote_build_info";
 pub const START_TIME: &str = "antidote_process_start_time_seconds";
 pub const DIVERSIONS: &str = "antidote_dlt_diversions_total";
 pub const JUDGED_AHEAD: &str = "antidote_fetch_judged_ahead_records_total";
+pub const DEADLINE_CUTS: &str = "antidote_fetch_deadline_cuts_total";
 pub const LEDGER_LAG: &str = "antidote_dlt_ledger_lag_records";
 pub const DLT_REFUSED: &str = "antidote_dlt_records_refused_total";
 

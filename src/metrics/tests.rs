@@ -263,6 +263,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_breaker_trips_total counter",
         // Added with judging ahead (issue 15, filter/parallel.rs).
         "antidote_fetch_judged_ahead_records_total counter",
+        // Added with the judging deadline (issue 30, intercept/fetch/parallel.rs).
+        "antidote_fetch_deadline_cuts_total counter",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

@@ -159,7 +159,8 @@ impl Shared {
                 keys.clone(),
                 dlt.timeout,
             )
-            .with_judge_ahead(config.limits.judge_ahead),
+            .with_judge_ahead(config.limits.judge_ahead)
+            .with_judge_deadline(config.limits.judge_deadline),
         );
         let readers = crate::dlt::follower::KeyReaders::of(&config, keys.clone());
         let config_max_connections = config.limits.max_connections;

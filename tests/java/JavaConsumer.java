@@ -3,7 +3,7 @@
 // position has reached the end offset of every partition, then prints what
 // it read and, in a group, commits and prints the committed offsets.
 //
-//   java -cp 'KAFKA_LIB/*:BUILD' JavaConsumer assign|group BOOTSTRAP TOPIC PARTITIONS GROUP TIMEOUT_MS [ISOLATION]
+//   java -cp 'KAFKA_LIB/*:BUILD' JavaConsumer assign|group BOOTSTRAP TOPIC PARTITIONS GROUP TIMEOUT_MS [ISOLATION [MAX_PARTITION_FETCH_BYTES]]
 //
 // Output, one JSON object per line:
 //   {"record": [partition, offset, "key b64", "value b64"]}
@@ -41,6 +41,7 @@ public class JavaConsumer {
         props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
         props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, isolation);
         props.put(ConsumerConfig.CLIENT_ID_CONFIG, "antidote-java-test");
+        if (args.length > 7) props.put(ConsumerConfig.MAX_PARTITION_FETCH_BYTES_CONFIG, args[7]);
         List<TopicPartition> tps = new ArrayList<>();
         for (int p = 0; p < partitions; p++) tps.add(new TopicPartition(topic, p));
         try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(props,

@@ -13,6 +13,7 @@
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -39,6 +40,8 @@ pub(super) struct PartitionJob {
     pub(super) vis: Visibility,
     /// The partition's blocked keys, for a per_key policy only.
     pub(super) gate: Option<Gate>,
+    /// When judging this response should stop (`limits.judge_deadline`).
+    pub(super) deadline: Option<Instant>,
 }
 
 impl PartitionJob {
@@ -70,6 +73,7 @@ impl PartitionJob {
             records: &self.records,
             visibility: &self.vis,
             now_ms,
+            deadline: self.deadline,
         }
     }
 
@@ -110,7 +114,7 @@ impl FetchFilter {
             false => 0,
         };
         let helpers = helpers(&sizes, idle);
-        let _planning = Planning::enter(jobs.len() + helpers.iter().sum::<usize>());
+        let _planning = Planning::enter(jobs.len());
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
         let (verdicts, budget) = (&self.engine.verdicts, &self.engine.budget);
         let here = |j: &Arc<PartitionJob>| {
@@ -131,7 +135,9 @@ impl FetchFilter {
             {
                 let (j, verdicts) = (job.clone(), self.engine.verdicts.clone());
                 let budget = self.engine.budget.clone();
+                let planning = Planning::enter(1);
                 ahead.push(tokio::task::spawn_blocking(move || {
+                    let _planning = planning;
                     let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, stretch));
                     metrics::global().judged_ahead(n);
                 }));
@@ -153,10 +159,70 @@ impl FetchFilter {
             out.push(handle.await?);
         }
         // Done already unless a plan stopped (held) before their stretch.
-        for handle in ahead {
-            handle.await?;
+        // A response with a judging deadline does not wait for them: they
+        // judge on for the client's next fetch.
+        if jobs.iter().all(|j| j.deadline.is_none()) {
+            for handle in ahead {
+                handle.await?;
+            }
         }
         Ok(out)
+    }
+
+    /// Judge in the background what the judging deadline cut from each
+    /// partition of `planned` (`plan::Cut`), so that the client's next
+    /// fetch, which starts at the cut, finds its verdicts ready. At most
+    /// one such job per core at once (each holds its response's bytes);
+    /// past that, the next fetch judges the rest itself.
+    pub(super) fn judge_behind(
+        &self,
+        jobs: &[Arc<PartitionJob>],
+        planned: &[((usize, usize), PartitionPlan)],
+        now_ms: i64,
+    ) {
+        for (at, plan) in planned {
+            let Some(cut) = plan.cut else { continue };
+            metrics::global().deadline_cut();
+            let Some(job) = jobs.iter().find(|j| j.at == *at) else {
+                continue;
+            };
+            let Some(slot) = Behind::enter() else {
+                continue;
+            };
+            let (j, verdicts) = (job.clone(), self.engine.verdicts.clone());
+            let budget = self.engine.budget.clone();
+            let planning = Planning::enter(1);
+            tokio::task::spawn_blocking(move || {
+                let (_slot, _planning) = (slot, planning);
+                let rest = cut.at..j.records.len();
+                let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, rest));
+                metrics::global().judged_ahead(n);
+            });
+        }
+    }
+}
+
+/// Background jobs judging what a deadline cut (`judge_behind`), at most
+/// one per core.
+static BEHIND: AtomicUsize = AtomicUsize::new(0);
+
+/// A slot in [`BEHIND`] while it lives.
+struct Behind;
+
+impl Behind {
+    fn enter() -> Option<Behind> {
+        BEHIND
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < cores()).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Behind)
+    }
+}
+
+impl Drop for Behind {
+    fn drop(&mut self) {
+        BEHIND.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -13,7 +13,7 @@ const PER_BATCH: usize = 40;
 
 /// Twelve batches of 40 records, every third one compressed, with a
 /// poison record in batches 1, 6 and 11 (two in 6).
-fn section() -> Bytes {
+pub(super) fn section() -> Bytes {
     let mut raw = Vec::new();
     for i in 0..BATCHES {
         let poison: &[usize] = match i {
@@ -40,7 +40,7 @@ fn section() -> Bytes {
 }
 
 /// What a plan sends and diverts, and how many records it counts.
-fn outcome(p: &PartitionPlan) -> (Bytes, Vec<i64>, Option<i64>, u64) {
+pub(super) fn outcome(p: &PartitionPlan) -> (Bytes, Vec<i64>, Option<i64>, u64) {
     (
         p.apply(p.held_from(None)).unwrap(),
         p.diversions.iter().map(|d| d.origin_offset).collect(),
@@ -49,7 +49,7 @@ fn outcome(p: &PartitionPlan) -> (Bytes, Vec<i64>, Option<i64>, u64) {
     )
 }
 
-fn env<'a>(cache: &'a VerdictCache, budget: &'a Arc<DecodeBudget>) -> Env<'a> {
+pub(super) fn env<'a>(cache: &'a VerdictCache, budget: &'a Arc<DecodeBudget>) -> Env<'a> {
     Env {
         verdicts: cache,
         budget,

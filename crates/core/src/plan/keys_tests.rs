@@ -73,6 +73,7 @@ fn plan(p: &Arc<Policy>, records: &[u8], gate: &Gate) -> PartitionPlan {
         records: &records,
         visibility: &vis,
         now_ms: 0,
+        deadline: None,
     };
     let cache = VerdictCache::new(100);
     let env = Env {
@@ -364,6 +365,7 @@ fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
         records: &records,
         visibility: &vis,
         now_ms: 0,
+        deadline: None,
     };
     let cache = VerdictCache::new(100);
     let env = Env {

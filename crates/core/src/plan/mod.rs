@@ -16,6 +16,7 @@
 
 mod ahead;
 pub mod budget;
+mod keyed;
 pub mod keys;
 mod planner;
 pub mod produce;
@@ -85,6 +86,20 @@ pub struct PartitionPlan {
     /// offset of the last one (the circuit breaker counts judged offsets).
     pub judged_from: Option<i64>,
     pub judged_to: Option<i64>,
+    /// Where the judging deadline ended this partition (`PartitionInput::
+    /// deadline`): nothing from there on is in this response, and the rest
+    /// of the records section is left to judge in the background.
+    pub cut: Option<Cut>,
+}
+
+/// A partition cut short by the judging deadline, at a batch boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// The base offset of the first batch not delivered: the client's next
+    /// fetch starts here.
+    pub offset: i64,
+    /// Where that batch starts in the records section.
+    pub at: usize,
 }
 
 /// Where and why a partition is held because a batch could not be judged.
@@ -181,12 +196,14 @@ impl PartitionPlan {
             held: None,
             judged_from: None,
             judged_to: None,
+            cut: None,
         }
     }
 
     /// Whether the records section must be rebuilt.
     pub fn changes_anything(&self) -> bool {
         self.held.is_some()
+            || self.cut.is_some()
             || self
                 .segments
                 .iter()
@@ -279,6 +296,8 @@ impl PartitionPlan {
 
 #[cfg(test)]
 mod ahead_tests;
+#[cfg(test)]
+mod deadline_tests;
 #[cfg(test)]
 mod keys_tests;
 #[cfg(test)]

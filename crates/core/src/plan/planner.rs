@@ -4,18 +4,19 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use super::budget::{DecodeBudget, Reservation};
-use super::keys::{blocked_invalid, KeyGate, KeyOrder, KeyStep, KeyedRecord, NoKeys, Release};
+use super::keyed::{divert_keyed, KeyedOutcome};
+use super::keys::{KeyGate, KeyOrder, NoKeys};
 use super::verdicts::{Judged, Known, VerdictCache};
 use super::visibility::{AbortTracker, Visibility};
-use super::{Hold, HoldReason, PartitionPlan, SegmentPlan};
+use super::{Cut, Hold, HoldReason, PartitionPlan, SegmentPlan};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
-use crate::kafka::record::Record;
 use crate::policy::{Action, Class, Invalid, KeyOrdering, Policy, Undecodable};
 
 /// One partition of a Fetch response, as the planner sees it.
@@ -28,6 +29,10 @@ pub struct PartitionInput<'a> {
     pub visibility: &'a Visibility,
     /// Wall clock for staleness rules, in milliseconds since the epoch.
     pub now_ms: i64,
+    /// When judging should stop (`limits.judge_deadline`): past it, the
+    /// partition ends before the next batch that still needs judging, once
+    /// it has delivered one (`PartitionPlan::cut`).
+    pub deadline: Option<Instant>,
 }
 
 /// Offsets in `from..to` already in a dead-letter topic.
@@ -72,7 +77,10 @@ pub fn plan_partition_keyed(
     let mut plan = PartitionPlan::empty(input);
     let mut order = (input.policy.ordering == KeyOrdering::PerKey).then(|| KeyOrder::new(gate));
     let mut aborts = AbortTracker::new(input.visibility);
+    let mut at = 0;
     for seg in batch::segments(input.records) {
+        let start = at;
+        at += seg.bytes().len();
         let step = match seg {
             // is_aborted first: it must see the abort markers (control batches).
             // An aborted transaction's batch in a READ_COMMITTED response is
@@ -88,6 +96,13 @@ pub fn plan_partition_keyed(
             {
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())
+            }
+            Segment::Batch(b) if out_of_time(&plan, input, env, &b) => {
+                plan.cut = Some(Cut {
+                    offset: b.base_offset(),
+                    at: start,
+                });
+                ControlFlow::Break(())
             }
             Segment::Batch(b) => {
                 let (base, last) = (b.base_offset(), b.last_offset());
@@ -115,6 +130,24 @@ pub fn plan_partition_keyed(
         }
     }
     plan
+}
+
+/// Whether the judging deadline has passed, this partition has delivered a
+/// data batch (so the client moves on), and `batch` still needs judging:
+/// then the partition ends before it. A batch whose verdicts are known
+/// costs no judging and still goes out.
+fn out_of_time(
+    plan: &PartitionPlan,
+    input: &PartitionInput<'_>,
+    env: &Env<'_>,
+    batch: &Batch,
+) -> bool {
+    plan.judged_to.is_some()
+        && input.deadline.is_some_and(|d| Instant::now() >= d)
+        && env
+            .verdicts
+            .lookup(input.policy, input.topic, input.partition, batch)
+            .is_none()
 }
 
 /// Plan one visible data batch. `Break` when the partition is held here.
@@ -200,15 +233,6 @@ fn plan_batch(
         }
         None => ControlFlow::Continue(()),
     }
-}
-
-/// What per-key ordering did to one batch.
-#[derive(Default)]
-struct KeyedOutcome {
-    /// Some record was diverted because its key is blocked.
-    blocked_any: bool,
-    /// The offset where a new block would pass the cap: held from here.
-    full_at: Option<i64>,
 }
 
 /// A batch whose verdicts are cached (and counted): `Some` when it needs
@@ -368,95 +392,6 @@ fn apply_verdicts(
         }
     }
     (keep_mask, out)
-}
-
-/// A delivered replayed record that carries `x-released-through` frees its
-/// key for the rest of this response, and (once delivered) in the proxy.
-fn note_release(
-    plan: &mut PartitionPlan,
-    order: &mut KeyOrder<'_>,
-    record: &Record<'_>,
-    through: Option<i64>,
-) {
-    let (Some(key), Some(through)) = (record.key, through) else {
-        return;
-    };
-    if order.release(key, through) {
-        plan.releases.push(Release {
-            key: Bytes::copy_from_slice(key),
-            through,
-            offset: record.offset,
-        });
-    }
-}
-
-/// Queue the diversions of a per_key batch in offset order: records
-/// diverted by their own verdict (starting a block on their key), and
-/// records still to deliver (or diverted) whose key is blocked. Stops at a
-/// record whose block would pass the cap (`out.full_at`).
-fn divert_keyed(
-    plan: &mut PartitionPlan,
-    decoded: &DecodedBatch,
-    (keep_mask, earlier): (&mut [bool], &[i64]),
-    divert: &[Option<&Invalid>],
-    order: &mut KeyOrder<'_>,
-    out: &mut KeyedOutcome,
-) {
-    let _ = decoded.try_each_record(|i, record| {
-        let own = divert.get(i).copied().flatten();
-        let live = keep_mask.get(i).copied().unwrap_or(false);
-        if earlier.binary_search(&record.offset).is_ok() {
-            // In its DLT already: the blocked-key set knows its key's
-            // state (it may have been released since); only re-queue its
-            // diversion as the plain path does (the ledger finds it done).
-            if let Some(v) = own {
-                plan.stats.diverted += 1;
-                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, v);
-                plan.diversions.push(d);
-            }
-            return ControlFlow::Continue(());
-        }
-        if !live && own.is_none() {
-            return ControlFlow::Continue(()); // dropped
-        }
-        let homecoming = order.homecoming(record, &plan.topic, plan.partition);
-        let replayed = homecoming.is_some();
-        let step = order.step(&KeyedRecord {
-            key: record.key,
-            offset: record.offset,
-            diverted: own.map(|v| v.class),
-            replayed,
-        });
-        let (verdict, blocked_by, class) = match step {
-            KeyStep::Full => {
-                out.full_at = Some(record.offset);
-                return ControlFlow::Break(());
-            }
-            KeyStep::Free => match own {
-                Some(v) => (v.clone(), None, v.class),
-                None => {
-                    if let Some(through) = homecoming {
-                        note_release(plan, order, record, through);
-                    }
-                    return ControlFlow::Continue(());
-                }
-            },
-            KeyStep::Blocked(b) => {
-                out.blocked_any = true;
-                (blocked_invalid(b, own), Some(b.first), b.class)
-            }
-        };
-        if let Some(k) = keep_mask.get_mut(i) {
-            *k = false;
-        }
-        plan.stats.diverted += 1;
-        let mut d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, &verdict);
-        // Parked records go where their key's first record went.
-        d.dlt_topic = plan.policy.dead_letter_topic(&plan.topic, class);
-        d.blocked_by = blocked_by;
-        plan.diversions.push(d);
-        ControlFlow::Continue(())
-    });
 }
 
 fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {

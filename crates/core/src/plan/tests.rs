@@ -28,6 +28,7 @@ pub(super) fn input<'a>(
         records,
         visibility,
         now_ms: 0,
+        deadline: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn a_transient_batch_is_judged_again_once_the_schema_is_cached() {
             records: &records,
             visibility: &vis,
             now_ms: 0,
+            deadline: None,
         };
         let verdicts = VerdictCache::new(100);
         let plan = plan_partition(&input, &verdicts);
