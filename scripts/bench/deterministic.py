@@ -32,6 +32,7 @@ policies/geofence{,-avro,-protobuf}.yaml), BENCH_BIN (target/release/antidote), 
 BENCH_WORKERS (the proxies' runtime worker threads; default one per core),
 BENCH_CONSUMER (e2e | fetch_load), BENCH_FETCH_BIN (target/release/examples/fetch_load),
 BENCH_PARTITIONS (3: partitions per topic, each read in every Fetch),
+BENCH_POISON_EVERY (1000: one poison record in N; 0: none),
 BENCH_JUDGE_DEADLINE (c's `limits.judge_deadline`, e.g. 1ms; unset: none),
 BENCH_PIN (e.g. "1:0": the proxies on CPU 1, the brokers and the consumer
 on CPU 0, with taskset; unset: no pinning).
@@ -59,6 +60,9 @@ CONSUMER = os.environ.get("BENCH_CONSUMER", "e2e")
 FETCH_BIN = os.environ.get("BENCH_FETCH_BIN", os.path.join(ROOT, "target/release/examples/fetch_load"))
 CLK = os.sysconf("SC_CLK_TCK")
 DEADLINE = os.environ.get("BENCH_JUDGE_DEADLINE")
+POISON_EVERY = int(os.environ.get("BENCH_POISON_EVERY", "1000"))
+# The bench broker's rule: record i is poison when i % every == every // 2.
+POISON = N // POISON_EVERY + (N % POISON_EVERY > POISON_EVERY // 2) if POISON_EVERY else 0
 PIN = os.environ.get("BENCH_PIN")
 
 
@@ -219,7 +223,7 @@ def main():
     bport, tport = BASE, BASE + 1
     topics = ROUNDS * len(PATHS) + 1
     broker = start([BROKER_BIN, "--listen", f"127.0.0.1:{bport}", "--topics", str(topics), "--records", str(N),
-           "--format", FORMAT, "--partitions", PARTITIONS],
+           "--format", FORMAT, "--partitions", PARTITIONS, "--poison-every", str(POISON_EVERY)],
           os.path.join(work, "bench-broker.log"), bport)
     start([TANSU, "broker", "--listener-url", f"tcp://127.0.0.1:{tport}",
            "--advertised-listener-url", f"tcp://127.0.0.1:{tport}", "--storage-engine", "memory://tansu/"],
@@ -260,8 +264,8 @@ def main():
                   metric(admin, "antidote_records_validated_total"),
                   metric(admin, "antidote_fetch_judged_ahead_records_total"),
                   metric(admin, "antidote_fetch_deadline_cuts_total")) if admin else (0, 0, 0, 0)
-            # The bench broker writes one poison record in 1,000 (e2e.py's rule).
-            expected = N - N // 1000 if path == "c" else N
+            # The bench broker writes one poison record in POISON_EVERY.
+            expected = N - POISON if path == "c" else N
             res = consume(boot, topic, expected)
             row = {"commit": commit, "bin": BIN, "round": rnd, "path": path, "topic": topic, **res}
             # The bench broker's CPU per record delivered: what reading the

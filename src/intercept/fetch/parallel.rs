@@ -12,7 +12,8 @@
 
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -172,8 +173,9 @@ impl FetchFilter {
     /// Judge in the background what the judging deadline cut from each
     /// partition of `planned` (`plan::Cut`), so that the client's next
     /// fetch, which starts at the cut, finds its verdicts ready. At most
-    /// one such job per core at once (each holds its response's bytes);
-    /// past that, the next fetch judges the rest itself.
+    /// one such job per core at once (each holds its response's bytes), on
+    /// threads of the lowest priority (`run_behind`); past that, the next
+    /// fetch judges the rest itself.
     pub(super) fn judge_behind(
         &self,
         jobs: &[Arc<PartitionJob>],
@@ -186,43 +188,65 @@ impl FetchFilter {
             let Some(job) = jobs.iter().find(|j| j.at == *at) else {
                 continue;
             };
-            let Some(slot) = Behind::enter() else {
-                continue;
-            };
             let (j, verdicts) = (job.clone(), self.engine.verdicts.clone());
             let budget = self.engine.budget.clone();
-            let planning = Planning::enter(1);
-            tokio::task::spawn_blocking(move || {
-                let (_slot, _planning) = (slot, planning);
+            // Not counted in PLANNING: at nice 19 it leaves its core to
+            // any planner or helper.
+            run_behind(Box::new(move || {
                 let rest = cut.at..j.records.len();
                 let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, rest));
                 metrics::global().judged_ahead(n);
-            });
+            }));
         }
     }
 }
 
-/// Background jobs judging what a deadline cut (`judge_behind`), at most
-/// one per core.
-static BEHIND: AtomicUsize = AtomicUsize::new(0);
+/// A job judging behind a cut.
+type BehindJob = Box<dyn FnOnce() + Send>;
 
-/// A slot in [`BEHIND`] while it lives.
-struct Behind;
-
-impl Behind {
-    fn enter() -> Option<Behind> {
-        BEHIND
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < cores()).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Behind)
-    }
+/// Hand `job` to a free background judging thread; false (and `job`
+/// dropped) if every one is busy. One thread per core, started on first
+/// use, each at the lowest priority (nice 19; Linux's nice is per thread),
+/// so that judging behind a cut yields its core at once to a response
+/// being planned. Not SCHED_IDLE: a planner may wait for a batch one of
+/// these threads is judging, and nice 19 still runs on a busy core.
+fn run_behind(job: BehindJob) -> bool {
+    static QUEUE: OnceLock<Option<SyncSender<BehindJob>>> = OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        // A rendezvous channel: a job is taken only by a thread waiting for one.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<BehindJob>(0);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut started = false;
+        for i in 0..cores() {
+            let rx = rx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("antidote-behind-{i}"))
+                .spawn(move || {
+                    lowest_priority();
+                    loop {
+                        let job = match rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+            started |= thread.is_ok();
+        }
+        started.then_some(tx)
+    });
+    queue.as_ref().is_some_and(|tx| tx.try_send(job).is_ok())
 }
 
-impl Drop for Behind {
-    fn drop(&mut self) {
-        BEHIND.fetch_sub(1, Ordering::AcqRel);
+/// Nice 19 for the calling thread (Linux; elsewhere nothing).
+fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on this thread's own id touches no memory.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
     }
 }
 
