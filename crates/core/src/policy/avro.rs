@@ -157,6 +157,7 @@ impl AvroDecoder {
 
     /// The rules' values read straight from the datum, or `None` when the
     /// full decoder ([`Self::decode`]) must judge it.
+    #[inline(always)]
     pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
         let plan = self.plan.as_ref()?;
         let (prog, datum) = match self.wire {

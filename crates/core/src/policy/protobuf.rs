@@ -133,6 +133,7 @@ impl ProtoDecoder {
 
     /// The rules' values read straight from the message, or `None` when
     /// the full decoder ([`Self::decode`]) must judge it.
+    #[inline(always)]
     pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
         let fast = self.fast.as_ref()?;
         match self.wire {

@@ -152,6 +152,7 @@ type Read<T> = Result<T, GiveUp>;
 
 /// The captures of `datum` read with `prog` (its writer schema compiled
 /// against `plan`), or `None` when the full decoder must decide.
+#[inline(always)]
 pub(super) fn capture<'a>(prog: &'a Prog, datum: &'a [u8], plan: &Plan) -> Option<Captures<'a>> {
     let mut r = Reader {
         b: datum,

@@ -306,7 +306,13 @@ impl<'de> Captures<'de> {
             self.heap.get_mut(slot)
         };
         if let Some(c) = cell {
-            *c = v;
+            // Drop glue only for an old value that owns memory (issue 30).
+            let old = std::mem::replace(c, v);
+            if matches!(old, Captured::Str(Cow::Owned(_)) | Captured::Value(_)) {
+                drop(old);
+            } else {
+                std::mem::forget(old);
+            }
         }
     }
 }

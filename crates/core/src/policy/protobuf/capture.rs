@@ -215,6 +215,7 @@ impl Tables {
 
     /// The captures of `payload`, a `desc` message, or `None` when the full
     /// decoder must judge it.
+    #[inline(always)]
     pub(crate) fn capture<'a>(
         &'a self,
         desc: &MessageDescriptor,
@@ -232,6 +233,7 @@ impl Tables {
     }
 
     /// [`Self::capture`] for the message type at table index `m`.
+    #[inline(always)]
     pub(crate) fn capture_index<'a>(
         &'a self,
         m: usize,
