@@ -157,19 +157,34 @@ impl AvroDecoder {
 
     /// The rules' values read straight from the datum, or `None` when the
     /// full decoder ([`Self::decode`]) must judge it.
+    /// Filled into `caps` (sized by [`Self::slots`]); false: decode it.
     #[inline(always)]
-    pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
-        let plan = self.plan.as_ref()?;
+    pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8], caps: &mut Captures<'a>) -> bool {
+        let Some(plan) = self.plan.as_ref() else {
+            return false;
+        };
         let (prog, datum) = match self.wire {
-            Wire::Raw => (self.fast_raw.as_ref()?, bytes),
+            Wire::Raw => match self.fast_raw.as_ref() {
+                Some(prog) => (prog, bytes),
+                None => return false,
+            },
             Wire::Confluent if self.schema.is_none() => {
-                let (id, rest) = confluent_header(bytes).ok()?;
-                let i = self.fast_ids.binary_search_by_key(&id, |e| e.0).ok()?;
+                let Ok((id, rest)) = confluent_header(bytes) else {
+                    return false;
+                };
+                let Ok(i) = self.fast_ids.binary_search_by_key(&id, |e| e.0) else {
+                    return false;
+                };
                 (&self.fast_ids[i].1, rest)
             }
-            _ => return None,
+            _ => return false,
         };
-        capture::capture(prog, datum, plan)
+        capture::capture(prog, datum, plan, caps)
+    }
+
+    /// The capture slots [`Self::capture`] fills (0 without a fast path).
+    pub(crate) fn slots(&self) -> usize {
+        self.plan.as_ref().map_or(0, Plan::slots)
     }
 
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {
@@ -204,8 +219,9 @@ pub(crate) fn capture_with<'a>(
     prog: &'a Prog,
     datum: &'a [u8],
     plan: &Plan,
-) -> Option<Captures<'a>> {
-    capture::capture(prog, datum, plan)
+    caps: &mut Captures<'a>,
+) -> bool {
+    capture::capture(prog, datum, plan, caps)
 }
 
 /// An Avro value as JSON, with `bytes` and `fixed` as base64 text: the

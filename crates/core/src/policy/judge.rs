@@ -185,14 +185,20 @@ impl Compiled {
                 }
                 json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
             }
-            Decoder::Avro(d) => match d.capture(bytes) {
-                Some(caps) => return self.check_rules(&caps, now_ms),
-                None => d.decode(bytes)?,
-            },
-            Decoder::Protobuf(d) => match d.capture(bytes) {
-                Some(caps) => return self.check_rules(&caps, now_ms),
-                None => d.decode(bytes)?,
-            },
+            Decoder::Avro(d) => {
+                let mut caps = json::Captures::new(d.slots());
+                if d.capture(bytes, &mut caps) {
+                    return self.check_rules(&caps, now_ms);
+                }
+                d.decode(bytes)?
+            }
+            Decoder::Protobuf(d) => {
+                let mut caps = json::Captures::new(d.slots());
+                if d.capture(bytes, &mut caps) {
+                    return self.check_rules(&caps, now_ms);
+                }
+                d.decode(bytes)?
+            }
             Decoder::Registry(_) => {
                 return Err(Invalid::poison(
                     "decode",
@@ -339,8 +345,8 @@ impl Compiled {
     #[cfg(test)]
     pub(crate) fn binary_fast_path_takes(&self, bytes: &[u8]) -> bool {
         match &self.decoder {
-            Decoder::Avro(d) => d.capture(bytes).is_some(),
-            Decoder::Protobuf(d) => d.capture(bytes).is_some(),
+            Decoder::Avro(d) => d.capture(bytes, &mut json::Captures::new(d.slots())),
+            Decoder::Protobuf(d) => d.capture(bytes, &mut json::Captures::new(d.slots())),
             _ => false,
         }
     }
@@ -351,12 +357,22 @@ impl Compiled {
     /// the fast path gives up.
     #[cfg(test)]
     pub(crate) fn binary_captures_agree(&self, bytes: &[u8]) -> Result<bool, String> {
-        let (caps, full, plan) = match &self.decoder {
-            Decoder::Avro(d) => (d.capture(bytes), d.decode(bytes), d.plan.as_ref()),
-            Decoder::Protobuf(d) => (d.capture(bytes), d.decode(bytes), d.plan()),
+        let slots = match &self.decoder {
+            Decoder::Avro(d) => d.slots(),
+            Decoder::Protobuf(d) => d.slots(),
             _ => return Ok(false),
         };
-        let (Some(caps), Some(plan)) = (caps, plan) else {
+        let mut caps = json::Captures::new(slots);
+        let (read, full, plan) = match &self.decoder {
+            Decoder::Avro(d) => (
+                d.capture(bytes, &mut caps),
+                d.decode(bytes),
+                d.plan.as_ref(),
+            ),
+            Decoder::Protobuf(d) => (d.capture(bytes, &mut caps), d.decode(bytes), d.plan()),
+            _ => return Ok(false),
+        };
+        let (true, Some(plan)) = (read, plan) else {
             return Ok(false);
         };
         match full {

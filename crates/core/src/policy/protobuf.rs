@@ -133,20 +133,32 @@ impl ProtoDecoder {
 
     /// The rules' values read straight from the message, or `None` when
     /// the full decoder ([`Self::decode`]) must judge it.
+    /// Filled into `caps` (sized by [`Self::slots`]); false: decode it.
     #[inline(always)]
-    pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8]) -> Option<Captures<'a>> {
-        let fast = self.fast.as_ref()?;
+    pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8], caps: &mut Captures<'a>) -> bool {
+        let Some(fast) = self.fast.as_ref() else {
+            return false;
+        };
         match self.wire {
-            Wire::Raw => {
-                let m = self.message.as_ref()?;
-                (fast.raw).capture(m, bytes, &fast.plan, &fast.raw_links)
-            }
+            Wire::Raw => match self.message.as_ref() {
+                Some(m) => (fast.raw).capture(m, bytes, &fast.raw_links, caps),
+                None => false,
+            },
             Wire::Confluent => {
-                let (id, rest) = confluent_header(bytes).ok()?;
-                let (file, links) = self.ids.get(&id)?;
-                file.capture(rest, self.expected(), &fast.plan, links)
+                let Ok((id, rest)) = confluent_header(bytes) else {
+                    return false;
+                };
+                match self.ids.get(&id) {
+                    Some((file, links)) => file.capture(rest, self.expected(), links, caps),
+                    None => false,
+                }
             }
         }
+    }
+
+    /// The capture slots [`Self::capture`] fills (0 without a fast path).
+    pub(crate) fn slots(&self) -> usize {
+        self.fast.as_ref().map_or(0, |f| f.plan.slots())
     }
 
     /// The full name of the type every Confluent-framed record must have.

@@ -177,16 +177,17 @@ impl RegistryDecoder {
             }
         }
         let compiled = self.compiled(id, &schema, plan);
-        let caps = match (&*schema, self.format, &compiled.program) {
+        let mut caps = json::Captures::new(plan.slots());
+        let read = match (&*schema, self.format, &compiled.program) {
             (Registered::Avro(..), RegFormat::Avro, Program::Avro(prog)) => {
-                avro::capture_with(prog, rest, plan)?
+                avro::capture_with(prog, rest, plan, &mut caps)
             }
             (Registered::Protobuf(file), RegFormat::Protobuf, Program::Protobuf(links)) => {
-                file.capture(rest, self.message.as_deref(), plan, links)?
+                file.capture(rest, self.message.as_deref(), links, &mut caps)
             }
             _ => return None,
         };
-        Some(check(&caps))
+        read.then(|| check(&caps))
     }
 
     /// Id `id`'s program for `schema`, made now if there is none or it was

@@ -150,31 +150,37 @@ struct GiveUp;
 
 type Read<T> = Result<T, GiveUp>;
 
-/// The captures of `datum` read with `prog` (its writer schema compiled
-/// against `plan`), or `None` when the full decoder must decide.
+/// Read the captures of `datum` with `prog` (its writer schema compiled
+/// against `plan`) into `caps` (`Captures::new(plan.slots())`, filled in
+/// place: ~280 bytes not moved per record); false when the full decoder
+/// must decide.
 #[inline(always)]
-pub(super) fn capture<'a>(prog: &'a Prog, datum: &'a [u8], plan: &Plan) -> Option<Captures<'a>> {
+pub(super) fn capture<'a>(
+    prog: &'a Prog,
+    datum: &'a [u8],
+    plan: &Plan,
+    caps: &mut Captures<'a>,
+) -> bool {
     let mut r = Reader {
         b: datum,
         i: 0,
         left: bound::item_budget(datum.len()),
         plan,
-        caps: Captures::new(plan.slots()),
+        caps,
     };
-    r.value(prog).ok()?;
-    (r.i == datum.len()).then_some(r.caps)
+    r.value(prog).is_ok() && r.i == datum.len()
 }
 
-struct Reader<'p, 'a> {
+struct Reader<'p, 'c, 'a> {
     b: &'a [u8],
     i: usize,
     /// What is left of the datum's item budget ([`bound::item_budget`]).
     left: usize,
     plan: &'p Plan,
-    caps: Captures<'a>,
+    caps: &'c mut Captures<'a>,
 }
 
-impl<'a> Reader<'_, 'a> {
+impl<'a> Reader<'_, '_, 'a> {
     fn take(&mut self, n: usize) -> Read<&'a [u8]> {
         let end = self
             .i

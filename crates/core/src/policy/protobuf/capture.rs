@@ -213,18 +213,21 @@ impl Tables {
         Msg { fields, supported }
     }
 
-    /// The captures of `payload`, a `desc` message, or `None` when the full
-    /// decoder must judge it.
+    /// Read the captures of `payload`, a `desc` message, into `caps`
+    /// (`Captures::new` of the plan `links` were made for, filled in place);
+    /// false when the full decoder must judge it.
     #[inline(always)]
     pub(crate) fn capture<'a>(
         &'a self,
         desc: &MessageDescriptor,
         payload: &'a [u8],
-        plan: &Plan,
         links: &Links,
-    ) -> Option<Captures<'a>> {
-        let &m = self.by_name.get(desc.full_name())?;
-        self.capture_index(m, payload, plan, links)
+        caps: &mut Captures<'a>,
+    ) -> bool {
+        match self.by_name.get(desc.full_name()) {
+            Some(&m) => self.capture_index(m, payload, links, caps),
+            None => false,
+        }
     }
 
     /// The table index of message type `name`.
@@ -238,22 +241,21 @@ impl Tables {
         &'a self,
         m: usize,
         payload: &'a [u8],
-        plan: &Plan,
         links: &Links,
-    ) -> Option<Captures<'a>> {
-        if !self.msgs.get(m)?.supported {
-            return None;
+        caps: &mut Captures<'a>,
+    ) -> bool {
+        if !self.msgs.get(m).is_some_and(|msg| msg.supported) {
+            return false;
         }
         let mut r = Reader {
             t: self,
             b: payload,
             i: 0,
             links,
-            caps: Captures::new(plan.slots()),
+            caps,
             entered: 0,
         };
-        r.message(m, Some(0), payload.len(), 0).ok()?;
-        Some(r.caps)
+        r.message(m, Some(0), payload.len(), 0).is_ok()
     }
 }
 
@@ -358,17 +360,17 @@ struct GiveUp;
 
 type Read<T> = Result<T, GiveUp>;
 
-struct Reader<'p, 'a> {
+struct Reader<'p, 'c, 'a> {
     t: &'a Tables,
     b: &'a [u8],
     i: usize,
     links: &'p Links,
-    caps: Captures<'a>,
+    caps: &'c mut Captures<'a>,
     /// Trie nodes of nested messages entered so far (bit per node < 128).
     entered: u128,
 }
 
-impl<'a> Reader<'_, 'a> {
+impl<'a> Reader<'_, '_, 'a> {
     /// A varint as prost reads it: at most 10 bytes, the 10th at most 1.
     #[inline(always)]
     fn varint(&mut self) -> Read<u64> {

@@ -68,27 +68,30 @@ impl IndexedFile {
     }
 
     /// The rules' values of a framed message (`rest`: what follows the
-    /// schema id), or `None` when the full decoder must judge it: a bad
-    /// array, a type other than `expected`, or a message the tables do not
-    /// read.
+    /// schema id), read into `caps`; false when the full decoder must judge
+    /// it: a bad array, a type other than `expected`, or a message the
+    /// tables do not read.
     pub(crate) fn capture<'a>(
         &'a self,
         rest: &'a [u8],
         expected: Option<&str>,
-        plan: &Plan,
         links: &Links,
-    ) -> Option<Captures<'a>> {
+        caps: &mut Captures<'a>,
+    ) -> bool {
         let mut payload = rest;
         let named = match self.first_of(&mut payload) {
             Some(named) => named,
-            None => self.resolve(&mut payload).ok()?,
+            None => match self.resolve(&mut payload) {
+                Ok(named) => named,
+                Err(_) => return false,
+            },
         };
         if expected.is_some_and(|e| e != named.desc.full_name()) {
-            return None;
+            return false;
         }
         match named.table {
-            Some(t) => self.tables.capture_index(t, payload, plan, links),
-            None => self.tables.capture(&named.desc, payload, plan, links),
+            Some(t) => self.tables.capture_index(t, payload, links, caps),
+            None => self.tables.capture(&named.desc, payload, links, caps),
         }
     }
 
