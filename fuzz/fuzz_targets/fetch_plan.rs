@@ -84,11 +84,11 @@ fuzz_target!(|data: &[u8]| {
     let vis = Visibility::new(flags & 1 == 1, (flags & 4 == 4).then_some(&aborted[..]));
     let topic: Arc<str> = Arc::from("geofence.triggers");
     let cache = VerdictCache::new(64);
-    let plan = plan_partition(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &cache);
+    let plan = plan_partition(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000, deadline: None }, &cache);
     {
         let ahead_cache = VerdictCache::new(64);
         let env = Env { verdicts: &ahead_cache, budget: &DecodeBudget::unlimited(), already: &|_, _| Vec::new() };
-        let input = PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 };
+        let input = PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000, deadline: None };
         judge_ahead(&input, &env, section.len() / 2..section.len());
         let helped = plan_partition_with(&input, &env);
         let offsets = |p: &antidote::plan::PartitionPlan| p.diversions.iter().map(|d| d.origin_offset).collect::<Vec<_>>();
@@ -96,6 +96,25 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(helped.held.as_ref().map(|h| h.offset), plan.held.as_ref().map(|h| h.offset), "judged ahead: another hold");
         assert_eq!(helped.apply(None).ok(), plan.apply(None).ok(), "judged ahead: other bytes");
         assert_eq!(helped.stats.validated, plan.stats.validated, "judged ahead: records counted twice or not at all");
+    }
+    {
+        // A judging deadline already past: the plan is the start of the one
+        // made without it, cut at a batch boundary after its first data batch.
+        let input = PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000, deadline: Some(std::time::Instant::now()) };
+        let early = plan_partition(&input, &VerdictCache::new(64));
+        let offsets = |p: &antidote::plan::PartitionPlan| p.diversions.iter().map(|d| d.origin_offset).collect::<Vec<_>>();
+        match early.cut {
+            Some(cut) => {
+                assert!(early.held.is_none(), "cut and held");
+                assert!(early.judged_to.is_some_and(|j| j < cut.offset), "cut before a batch was delivered");
+                let below: Vec<i64> = offsets(&plan).into_iter().filter(|o| *o < cut.offset).collect();
+                assert_eq!(offsets(&early), below, "cut: other diversions before the cut");
+                if let (Ok(part), Ok(full)) = (early.apply(None), plan.apply(None)) {
+                    assert!(full.starts_with(&part), "cut: not the start of the full plan's section");
+                }
+            }
+            None => assert_eq!(early.apply(None).ok(), plan.apply(None).ok(), "deadline without a cut: other bytes"),
+        }
     }
     let before = batches(&section);
     let failed = (flags & 2 == 2).then(|| plan.diversions.first().map(|d| d.origin_offset)).flatten();
@@ -136,7 +155,7 @@ fuzz_target!(|data: &[u8]| {
                     done.iter().copied().filter(|o| (from..to).contains(o)).collect()
                 };
                 let env = Env { verdicts: &cache, budget: &DecodeBudget::unlimited(), already: &ledger };
-                let again = plan_partition_with(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000 }, &env);
+                let again = plan_partition_with(&PartitionInput { policy: policy(), topic: &topic, partition: 0, records: &section, visibility: &vis, now_ms: 1_780_000_000_000, deadline: None }, &env);
                 assert!(again.diversions.is_empty(), "an acknowledged diversion was planned again");
                 // What the interceptor sends: the rebuilt section, or the
                 // original when the plan changes nothing.
