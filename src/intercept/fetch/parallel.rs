@@ -229,7 +229,10 @@ fn run_behind(job: BehindJob) -> bool {
                             Err(_) => return,
                         };
                         match job {
-                            Ok(job) => job(),
+                            // A job that panics costs its verdicts, not the thread.
+                            Ok(job) => {
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                            }
                             Err(_) => return,
                         }
                     }

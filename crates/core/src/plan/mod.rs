@@ -9,6 +9,11 @@
 //! it again. Undecodable and legacy batches stay held until an operator acts
 //! (the `antidote_held_partitions` alert); a budget hold clears by itself.
 //!
+//! A judging deadline (`PartitionInput::deadline`, `limits.judge_deadline`)
+//! may end a partition early, at a batch boundary, once it has delivered a
+//! data batch (`Cut`): not a hold, since nothing is wrong there; the client
+//! fetches the rest again, usually judged meanwhile (`judge_ahead`).
+//!
 //! Visibility comes first (docs/design/protocol-notes.md §4): under READ_COMMITTED a
 //! transactional batch of an aborted transaction is never surfaced to the
 //! client, so it is neither judged nor dead-lettered; it is forwarded as it
