@@ -10,6 +10,10 @@
 //! client fetches it again later; nothing past it is delivered, other
 //! partitions flow on.
 //!
+//! With `limits.judge_deadline`, a partition may go out cut short at a
+//! batch boundary (`plan::Cut`), the rest judged in the background for the
+//! client's next fetch (`parallel::judge_behind`).
+//!
 //! Planning (`plan`) is pure; this module adds running it for the
 //! partitions of a response (on several cores when there is enough data:
 //! `parallel`), the awaiting of diversions, the re-encoding of the
