@@ -218,7 +218,7 @@ pub(crate) fn fmt_num(x: f64) -> String {
 }
 
 /// A number at `ptr`, or the reason it is not one.
-#[inline]
+#[inline(always)]
 fn number_at<D: Doc + ?Sized>(ptr: &Pointer, root: &D) -> Result<f64, String> {
     let field = root.field(ptr);
     if let Some(Field::Number(n)) = field {

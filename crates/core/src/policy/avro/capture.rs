@@ -15,8 +15,6 @@
 //! values (reads replicate its varint, length and block rules);
 //! `avro_proptests` checks the two paths give the same verdicts.
 
-use std::borrow::Cow;
-
 use apache_avro::Schema;
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
 use serde_json::Number;
@@ -192,6 +190,14 @@ impl<'a> Reader<'_, '_, 'a> {
         Ok(s)
     }
 
+    /// Bytes and fixed as the full path shows them to rules: base64 text
+    /// (encoded only when a rule reads them).
+    fn bytes(&mut self, b: &[u8], slot: Option<usize>) {
+        if let Some(s) = slot {
+            self.caps.set_owned(s, BASE64.encode(b));
+        }
+    }
+
     /// A variable-length integer, as apache-avro reads it: at most 10
     /// bytes, bits past 64 dropped.
     #[inline(always)]
@@ -275,11 +281,11 @@ impl<'a> Reader<'_, '_, 'a> {
             Kind::Bytes => {
                 let n = self.len()?;
                 let b = self.take(n)?;
-                bytes(b, prog.slot)
+                return Ok(self.bytes(b, prog.slot));
             }
             Kind::Fixed(size) => {
                 let b = self.take(*size)?;
-                bytes(b, prog.slot)
+                return Ok(self.bytes(b, prog.slot));
             }
             Kind::String if prog.slot.is_none() => {
                 // No rule reads it: only whether it is text matters.
@@ -289,10 +295,10 @@ impl<'a> Reader<'_, '_, 'a> {
                     false => Err(GiveUp),
                 };
             }
-            Kind::String => Captured::Str(Cow::Borrowed(self.string()?)),
+            Kind::String => Captured::Str(self.string()?),
             Kind::Enum(symbols) => {
                 let i = usize::try_from(self.int()?).map_err(|_| GiveUp)?;
-                Captured::Str(Cow::Borrowed(symbols.get(i).ok_or(GiveUp)?))
+                Captured::Str(symbols.get(i).ok_or(GiveUp)?)
             }
             _ => return self.compound(prog),
         };
@@ -353,14 +359,5 @@ impl<'a> Reader<'_, '_, 'a> {
             },
             _ => Err(GiveUp),
         }
-    }
-}
-
-/// Bytes and fixed as the full path shows them to rules: base64 text
-/// (encoded only when a rule reads them).
-fn bytes<'a>(b: &[u8], slot: Option<usize>) -> Captured<'a> {
-    match slot {
-        Some(_) => Captured::Str(Cow::Owned(BASE64.encode(b))),
-        None => Captured::Missing,
     }
 }

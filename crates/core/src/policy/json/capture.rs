@@ -5,7 +5,6 @@
 //! [`Captures`], read by the rules by slot. Everything else is visited and
 //! dropped without allocating.
 
-use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -13,13 +12,15 @@ use serde_json::{Number, Value};
 
 use super::{too_deep, BuildValue};
 
+mod captures;
 mod flat;
 mod layout;
 mod scan;
 mod skip;
 
-use crate::policy::rules::{Doc, Field, Pointer};
+use crate::policy::rules::Pointer;
 use crate::policy::shape::{same_key, Member, Seen, Shape, ShapeNode};
+pub(crate) use captures::{Captured, Captures};
 use skip::{skip_map, skip_seq, Skip};
 
 /// [`capture`] for a policy with a JSON Schema compiled to a shape: the
@@ -228,6 +229,7 @@ impl Plan {
     /// the fully decoded `value` (`Err` naming the first that differs).
     #[cfg(test)]
     pub(crate) fn same_fields(&self, caps: &Captures<'_>, value: &Value) -> Result<(), String> {
+        use crate::policy::rules::Doc;
         for p in &self.pointers {
             let (fast, full) = (caps.field(p), value.field(p));
             if fast != full {
@@ -235,91 +237,6 @@ impl Plan {
             }
         }
         Ok(())
-    }
-}
-
-/// A value the rules asked for.
-#[derive(Debug, Default, PartialEq)]
-pub(crate) enum Captured<'de> {
-    /// Absent (or not reached).
-    #[default]
-    Missing,
-    Null,
-    Bool(bool),
-    Number(Number),
-    Str(Cow<'de, str>),
-    /// An array or an object, built in full (rare: rules read scalars);
-    /// boxed, so that the common variants keep `Captures` small to move.
-    Value(Box<Value>),
-}
-
-impl Captured<'_> {
-    fn field(&self) -> Option<Field<'_>> {
-        Some(match self {
-            Captured::Missing => return None,
-            Captured::Null => Field::Null,
-            Captured::Bool(b) => Field::Bool(*b),
-            Captured::Number(n) => Field::Number(n),
-            Captured::Str(s) => Field::Str(s),
-            Captured::Value(v) => Field::of(v),
-        })
-    }
-}
-
-/// Slots kept inline; policies with more distinct pointers spill to the heap.
-pub(super) const INLINE: usize = 8;
-
-/// The captured values of one record, by slot; borrows the record's bytes.
-#[derive(Debug, PartialEq)]
-pub(crate) struct Captures<'de> {
-    inline: [Captured<'de>; INLINE],
-    heap: Vec<Captured<'de>>,
-}
-
-impl<'de> Captures<'de> {
-    #[inline]
-    pub(crate) fn new(slots: usize) -> Self {
-        let mut heap = Vec::new();
-        if slots > INLINE {
-            heap.resize_with(slots, Captured::default);
-        }
-        Captures {
-            inline: Default::default(),
-            heap,
-        }
-    }
-
-    #[inline]
-    fn get(&self, slot: usize) -> Option<&Captured<'de>> {
-        if self.heap.is_empty() {
-            self.inline.get(slot)
-        } else {
-            self.heap.get(slot)
-        }
-    }
-
-    #[inline]
-    pub(crate) fn set(&mut self, slot: usize, v: Captured<'de>) {
-        let cell = if self.heap.is_empty() {
-            self.inline.get_mut(slot)
-        } else {
-            self.heap.get_mut(slot)
-        };
-        if let Some(c) = cell {
-            // Drop glue only for an old value that owns memory (issue 30).
-            let old = std::mem::replace(c, v);
-            if matches!(old, Captured::Str(Cow::Owned(_)) | Captured::Value(_)) {
-                drop(old);
-            } else {
-                std::mem::forget(old);
-            }
-        }
-    }
-}
-
-impl Doc for Captures<'_> {
-    fn field(&self, ptr: &Pointer) -> Option<Field<'_>> {
-        self.get(ptr.slot()).and_then(Captured::field)
     }
 }
 
@@ -403,17 +320,21 @@ impl<'p, 'de> At<'p, '_, 'de> {
                 .pointers
                 .get(slot)
                 .and_then(|p| p.get_below(&v, node.level))
-                .map_or(Captured::Missing, |x| match x {
-                    Value::Null => Captured::Null,
-                    Value::Bool(b) => Captured::Bool(*b),
-                    Value::Number(n) => Captured::Number(n.clone()),
-                    Value::String(s) => Captured::Str(Cow::Owned(s.clone())),
-                    other => Captured::Value(Box::new(other.clone())),
+                .map(|x| match x {
+                    Value::Null => Ok(Captured::Null),
+                    Value::Bool(b) => Ok(Captured::Bool(*b)),
+                    Value::Number(n) => Ok(Captured::Number(n.clone())),
+                    other => Err(other.clone()),
                 });
-            self.caps.set(slot, found);
+            match found {
+                None => self.caps.set(slot, Captured::Missing),
+                Some(Ok(c)) => self.caps.set(slot, c),
+                Some(Err(Value::String(s))) => self.caps.set_owned(slot, s),
+                Some(Err(other)) => self.caps.set_value(slot, other),
+            }
         }
         if let Some(slot) = node.slot {
-            self.caps.set(slot, Captured::Value(Box::new(v)));
+            self.caps.set_value(slot, v);
         }
         Ok(())
     }
@@ -472,17 +393,17 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
         })
     }
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
-        self.scalar(Seen::Str(v), || Captured::Str(Cow::Borrowed(v)))
+        self.scalar(Seen::Str(v), || Captured::Str(v))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.scalar(Seen::Str(v), || Captured::Str(Cow::Owned(v.to_string())))
+        self.visit_string(v.to_string())
     }
     fn visit_string<E: de::Error>(self, v: String) -> Result<(), E> {
         if self.shape.is_some_and(|s| !s.scalar(Seen::Str(&v))) {
             return Err(mismatch());
         }
         if let Some(slot) = self.node().and_then(|n| n.slot) {
-            self.caps.set(slot, Captured::Str(Cow::Owned(v)));
+            self.caps.set_owned(slot, v);
         }
         Ok(())
     }

@@ -18,7 +18,6 @@
 //! enums by name (the number when unknown). `protobuf_proptests` checks
 //! both paths give the same verdicts.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
@@ -525,20 +524,21 @@ impl<'a> Reader<'_, '_, 'a> {
                     return if is_utf8(b) { Ok(()) } else { Err(GiveUp) };
                 }
                 let s = simdutf8::basic::from_utf8(b).map_err(|_| GiveUp)?;
-                Captured::Str(Cow::Borrowed(s))
+                Captured::Str(s)
             }
             K::Bytes => {
                 let n = self.len(end)?;
                 let b = self.take(n, end)?;
-                match slot {
-                    Some(_) => Captured::Str(Cow::Owned(BASE64.encode(b))),
-                    None => Captured::Missing,
+                // Base64 text, as the full path shows bytes to rules.
+                if let Some(s) = slot {
+                    self.caps.set_owned(s, BASE64.encode(b));
                 }
+                return Ok(());
             }
             K::Enum(names) => {
                 let n = self.varint()? as i32;
                 match enum_name(names, n) {
-                    Some(name) => Captured::Str(Cow::Borrowed(name)),
+                    Some(name) => Captured::Str(name),
                     None => Captured::Number(n.into()),
                 }
             }
@@ -562,6 +562,6 @@ fn def(d: &Def) -> Captured<'_> {
     match d {
         Def::Bool(b) => Captured::Bool(*b),
         Def::Num(n) => Captured::Number(n.clone()),
-        Def::Str(s) => Captured::Str(Cow::Borrowed(s)),
+        Def::Str(s) => Captured::Str(s),
     }
 }

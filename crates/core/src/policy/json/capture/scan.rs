@@ -13,8 +13,6 @@
 //! parser, which gives serde_json's (`float_roundtrip`) value bit for bit.
 //! `json_proptests` checks both paths against each other.
 
-use std::borrow::Cow;
-
 use serde_json::Number;
 
 use super::flat::Flat;
@@ -558,7 +556,7 @@ fn captured(seen: Seen<'_>) -> Captured<'_> {
         Seen::I64(v) => Captured::Number(v.into()),
         Seen::U64(v) => Captured::Number(v.into()),
         Seen::F64(v) => Number::from_f64(v).map_or(Captured::Null, Captured::Number),
-        Seen::Str(s) => Captured::Str(Cow::Borrowed(s)),
+        Seen::Str(s) => Captured::Str(s),
     }
 }
 
