@@ -17,12 +17,10 @@ pub(crate) enum Captured<'de> {
     Bool(bool),
     Number(Number),
     Str(&'de str),
-    /// A string the record does not hold as such (an unescaped JSON
-    /// string, bytes as base64): `Captures::owned[i]`.
+    /// A value the record does not hold as such: a string unescaped or
+    /// encoded (JSON escapes, bytes as base64), or an array or an object
+    /// built in full (rare: rules read scalars): `Captures::owned[i]`.
     Owned(usize),
-    /// An array or an object, built in full (rare: rules read scalars):
-    /// `Captures::values[i]`.
-    Value(usize),
 }
 
 /// Slots kept inline; policies with more distinct pointers spill to the heap.
@@ -33,9 +31,8 @@ pub(super) const INLINE: usize = 8;
 pub(crate) struct Captures<'de> {
     inline: [Captured<'de>; INLINE],
     heap: Vec<Captured<'de>>,
-    /// What `Captured::Owned` and `Captured::Value` slots name.
-    owned: Vec<String>,
-    values: Vec<Value>,
+    /// What `Captured::Owned` slots name.
+    owned: Vec<Value>,
 }
 
 impl<'de> Captures<'de> {
@@ -49,7 +46,6 @@ impl<'de> Captures<'de> {
             inline: Default::default(),
             heap,
             owned: Vec::new(),
-            values: Vec::new(),
         }
     }
 
@@ -62,21 +58,19 @@ impl<'de> Captures<'de> {
             Captured::Bool(b) => Field::Bool(*b),
             Captured::Number(n) => Field::Number(n),
             Captured::Str(s) => Field::Str(s),
-            Captured::Owned(i) => Field::Str(self.owned.get(*i)?),
-            Captured::Value(i) => Field::of(self.values.get(*i)?),
+            Captured::Owned(i) => Field::of(self.owned.get(*i)?),
         })
     }
 
     /// Capture a string the record does not hold as such.
     pub(crate) fn set_owned(&mut self, slot: usize, s: String) {
-        self.owned.push(s);
-        self.set(slot, Captured::Owned(self.owned.len() - 1));
+        self.set_value(slot, Value::String(s));
     }
 
-    /// Capture an array or an object, built in full.
+    /// Capture a value the record does not hold as such.
     pub(crate) fn set_value(&mut self, slot: usize, v: Value) {
-        self.values.push(v);
-        self.set(slot, Captured::Value(self.values.len() - 1));
+        self.owned.push(v);
+        self.set(slot, Captured::Owned(self.owned.len() - 1));
     }
 
     #[inline]
