@@ -115,6 +115,9 @@ impl FetchFilter {
             false => 0,
         };
         let helpers = helpers(&sizes, idle);
+        // A response with a judging deadline does not wait for its helpers:
+        // they judge on for the client's next fetch.
+        let wait_for_helpers = jobs.iter().all(|j| j.deadline.is_none());
         let _planning = Planning::enter(jobs.len());
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
         let (verdicts, budget) = (&self.engine.verdicts, &self.engine.budget);
@@ -159,10 +162,8 @@ impl FetchFilter {
         for handle in rest {
             out.push(handle.await?);
         }
-        // Done already unless a plan stopped (held) before their stretch.
-        // A response with a judging deadline does not wait for them: they
-        // judge on for the client's next fetch.
-        if jobs.iter().all(|j| j.deadline.is_none()) {
+        // Done already unless a plan stopped (held or cut) before their stretch.
+        if wait_for_helpers {
             for handle in ahead {
                 handle.await?;
             }
@@ -204,13 +205,13 @@ impl FetchFilter {
 /// A job judging behind a cut.
 type BehindJob = Box<dyn FnOnce() + Send>;
 
-/// Hand `job` to a free background judging thread; false (and `job`
-/// dropped) if every one is busy. One thread per core, started on first
+/// Hand `job` to a free background judging thread, or drop it if every
+/// one is busy (the next fetch then judges those batches itself). One thread per core, started on first
 /// use, each at the lowest priority (nice 19; Linux's nice is per thread),
 /// so that judging behind a cut yields its core at once to a response
 /// being planned. Not SCHED_IDLE: a planner may wait for a batch one of
 /// these threads is judging, and nice 19 still runs on a busy core.
-fn run_behind(job: BehindJob) -> bool {
+fn run_behind(job: BehindJob) {
     static QUEUE: OnceLock<Option<SyncSender<BehindJob>>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {
         // A rendezvous channel: a job is taken only by a thread waiting for one.
@@ -241,7 +242,9 @@ fn run_behind(job: BehindJob) -> bool {
         }
         started.then_some(tx)
     });
-    queue.as_ref().is_some_and(|tx| tx.try_send(job).is_ok())
+    if let Some(tx) = queue {
+        let _ = tx.try_send(job);
+    }
 }
 
 /// Nice 19 for the calling thread (Linux; elsewhere nothing).

@@ -97,16 +97,9 @@ pub fn plan_partition_keyed(
                 plan.segments.push(keep(&b));
                 ControlFlow::Continue(())
             }
-            Segment::Batch(b) if out_of_time(&plan, input, env, &b) => {
-                plan.cut = Some(Cut {
-                    offset: b.base_offset(),
-                    at: start,
-                });
-                ControlFlow::Break(())
-            }
             Segment::Batch(b) => {
                 let (base, last) = (b.base_offset(), b.last_offset());
-                let step = plan_batch(&mut plan, input, env, order.as_mut(), b);
+                let step = plan_batch(&mut plan, input, env, order.as_mut(), (b, start));
                 if step.is_continue() {
                     plan.judged_from.get_or_insert(base);
                     plan.judged_to = Some(last);
@@ -132,37 +125,22 @@ pub fn plan_partition_keyed(
     plan
 }
 
-/// Whether the judging deadline has passed, this partition has delivered a
-/// data batch (so the client moves on), and `batch` still needs judging:
-/// then the partition ends before it. A batch whose verdicts are known
-/// costs no judging and still goes out.
-fn out_of_time(
-    plan: &PartitionPlan,
-    input: &PartitionInput<'_>,
-    env: &Env<'_>,
-    batch: &Batch,
-) -> bool {
-    plan.judged_to.is_some()
-        && input.deadline.is_some_and(|d| Instant::now() >= d)
-        && env
-            .verdicts
-            .lookup(input.policy, input.topic, input.partition, batch)
-            .is_none()
+/// Whether the judging deadline has passed and this partition has
+/// delivered a data batch (so the client moves on).
+fn out_of_time(plan: &PartitionPlan, input: &PartitionInput<'_>) -> bool {
+    plan.judged_to.is_some() && input.deadline.is_some_and(|d| Instant::now() >= d)
 }
 
-/// Plan one visible data batch. `Break` when the partition is held here.
+/// Plan one visible data batch, `start` bytes into the records section.
+/// `Break` when the partition is held or cut here.
 fn plan_batch(
     plan: &mut PartitionPlan,
     input: &PartitionInput<'_>,
     env: &Env<'_>,
     order: Option<&mut KeyOrder<'_>>,
-    batch: Batch,
+    (batch, start): (Batch, usize),
 ) -> ControlFlow<()> {
     let (policy, topic, partition) = (input.policy, input.topic, input.partition);
-    // A batch judged before (another consumer group, a re-fetch) with
-    // nothing to remove passes without even being decoded; one whose
-    // removals are all done may be sent as spliced before.
-    let earlier = (env.already)(batch.base_offset(), batch.next_offset());
     // A verdict was reached on the bytes judged then: it stands for these
     // only if their CRC holds (a corrupt copy is decoded, fails and is
     // held, never passed on the good copy's verdict).
@@ -170,6 +148,19 @@ fn plan_batch(
         .verdicts
         .lookup(policy, topic, partition, &batch)
         .filter(|_| batch.crc_valid());
+    // Past the judging deadline, a batch still to judge is left for the
+    // client's next fetch; one whose verdicts are known still goes out.
+    if known.is_none() && out_of_time(plan, input) {
+        plan.cut = Some(Cut {
+            offset: batch.base_offset(),
+            at: start,
+        });
+        return ControlFlow::Break(());
+    }
+    // A batch judged before (another consumer group, a re-fetch) with
+    // nothing to remove passes without even being decoded; one whose
+    // removals are all done may be sent as spliced before.
+    let earlier = (env.already)(batch.base_offset(), batch.next_offset());
     let keyed = order.as_ref().is_some_and(|o| o.active());
     // Verdicts a helper of this fetch reached count as reached here.
     let mut ahead = false;
