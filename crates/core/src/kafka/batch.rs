@@ -22,8 +22,8 @@ use std::ops::{ControlFlow, Range};
 use bytes::Bytes;
 
 use crate::kafka::compression::{self, Compression, CompressionError, SnappyFraming};
-use crate::kafka::cursor::Cursor;
 use crate::kafka::record::{Header, Record};
+use crate::kafka::varint::{read_varint, read_varlong};
 
 /// Size of the v2 batch header, up to and including recordsCount.
 pub const HEADER_LEN: usize = 61;
@@ -372,12 +372,34 @@ pub struct DecodedBatch {
 
 /// The value of a record-field read, or a `Malformed` error naming the
 /// field and the byte where it failed.
-fn need<T>(v: Option<T>, c: &Cursor, what: &str) -> Result<T, BatchError> {
-    v.ok_or_else(|| malformed(c, what))
+#[inline(always)]
+fn need<T>(v: Option<T>, at: usize, what: &str) -> Result<T, BatchError> {
+    match v {
+        Some(v) => Ok(v),
+        None => Err(malformed(at, what)),
+    }
 }
 
-fn malformed(c: &Cursor, what: &str) -> BatchError {
-    BatchError::Malformed(format!("{what} at byte {} of the records", c.pos()))
+#[cold]
+fn malformed(at: usize, what: &str) -> BatchError {
+    BatchError::Malformed(format!("{what} at byte {at} of the records"))
+}
+
+/// A nullable byte range (a record's key, value, header key or value): a
+/// zig-zag varint length, -1 for null, then that many bytes of `b`.
+#[inline(always)]
+fn nullable(b: &[u8], p: &mut usize) -> Option<Option<Range<usize>>> {
+    let n = read_varint(b, p)?;
+    if n == -1 {
+        return Some(None);
+    }
+    let end = p.checked_add(usize::try_from(n).ok()?)?;
+    if end > b.len() {
+        return None;
+    }
+    let r = *p..end;
+    *p = end;
+    Some(Some(r))
 }
 
 impl DecodedBatch {
@@ -395,24 +417,32 @@ impl DecodedBatch {
         }
         let room = room - entries * ENTRY;
         self.entries.reserve_exact(entries);
-        let mut c = Cursor::new(buf, 0);
+        let mut p = 0;
         for _ in 0..count {
-            let start = c.pos();
-            let len = need(c.varint(), &c, "record length")?;
-            let len = usize::try_from(len).map_err(|_| malformed(&c, "negative record length"))?;
-            let body = need(c.take(len), &c, "record runs past the end")?;
-            let mut r = Cursor::within(buf, body.clone());
-            need(r.skip(1), &r, "record attributes")?;
-            let timestamp_delta = need(r.varlong(), &r, "timestampDelta")?;
-            let offset_delta = need(r.varint(), &r, "offsetDelta")?;
-            let key = need(r.nullable(), &r, "key")?;
-            let value = need(r.nullable(), &r, "value")?;
-            let n_headers = need(r.varint(), &r, "header count")?;
+            let start = p;
+            let len = need(read_varint(buf, &mut p), p, "record length")?;
+            let len = usize::try_from(len).map_err(|_| malformed(p, "negative record length"))?;
+            let end = need(
+                p.checked_add(len).filter(|&e| e <= buf.len()),
+                p,
+                "record runs past the end",
+            )?;
+            // Reads past the record's end fail.
+            let b = &buf[..end];
+            if p >= end {
+                return Err(malformed(p, "record attributes"));
+            }
+            p += 1;
+            let timestamp_delta = need(read_varlong(b, &mut p), p, "timestampDelta")?;
+            let offset_delta = need(read_varint(b, &mut p), p, "offsetDelta")?;
+            let key = need(nullable(b, &mut p), p, "key")?;
+            let value = need(nullable(b, &mut p), p, "value")?;
+            let n_headers = need(read_varint(b, &mut p), p, "header count")?;
             let n_headers =
-                usize::try_from(n_headers).map_err(|_| malformed(&r, "negative header count"))?;
+                usize::try_from(n_headers).map_err(|_| malformed(p, "negative header count"))?;
             // Each header takes at least 2 bytes.
-            if n_headers > r.remaining() / 2 {
-                return Err(malformed(&r, "header count larger than the record"));
+            if n_headers > (end - p) / 2 {
+                return Err(malformed(p, "header count larger than the record"));
             }
             let h_start = self.headers.len();
             let needed = h_start.saturating_add(n_headers);
@@ -434,16 +464,16 @@ impl DecodedBatch {
                 self.headers.reserve_exact(cap - self.headers.len());
             }
             for _ in 0..n_headers {
-                let key = need(r.nullable(), &r, "header key")?
-                    .ok_or_else(|| malformed(&r, "null header key"))?;
-                let value = need(r.nullable(), &r, "header value")?;
+                let key = need(nullable(b, &mut p), p, "header key")?
+                    .ok_or_else(|| malformed(p, "null header key"))?;
+                let value = need(nullable(b, &mut p), p, "header value")?;
                 self.headers.push(HeaderEntry { key, value });
             }
-            if !r.at_end() {
-                return Err(malformed(&r, "record length does not match its fields"));
+            if p != end {
+                return Err(malformed(p, "record length does not match its fields"));
             }
             self.entries.push(Entry {
-                raw: start..body.end,
+                raw: start..end,
                 offset_delta,
                 timestamp_delta,
                 key,
@@ -451,8 +481,8 @@ impl DecodedBatch {
                 headers: h_start..self.headers.len(),
             });
         }
-        if !c.at_end() {
-            return Err(malformed(&c, "bytes left after recordsCount records"));
+        if p != buf.len() {
+            return Err(malformed(p, "bytes left after recordsCount records"));
         }
         Ok(())
     }

@@ -9,15 +9,17 @@
 /// Read a zig-zag varint (at most 5 bytes) from `buf` at `*pos`, advancing
 /// `*pos`. Like Java's `ByteUtils.readVarint`, bits above 32 are ignored.
 /// Returns `None` if the input ends early or the encoding is longer than 5 bytes.
+#[inline]
 pub fn read_varint(buf: &[u8], pos: &mut usize) -> Option<i32> {
-    let raw = read_unsigned(buf, pos, 5)?;
+    let raw = read_short(buf, pos, 5)?;
     let raw = raw as u32;
     Some(((raw >> 1) as i32) ^ -((raw & 1) as i32))
 }
 
 /// Read a zig-zag varlong (at most 10 bytes) from `buf` at `*pos`, advancing `*pos`.
+#[inline]
 pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Option<i64> {
-    let raw = read_unsigned(buf, pos, 10)?;
+    let raw = read_short(buf, pos, 10)?;
     Some(((raw >> 1) as i64) ^ -((raw & 1) as i64))
 }
 
@@ -25,6 +27,26 @@ pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Option<i64> {
 /// request headers and tagged fields; bits above 32 are ignored.
 pub fn read_uvarint(buf: &[u8], pos: &mut usize) -> Option<u32> {
     read_unsigned(buf, pos, 5).map(|v| v as u32)
+}
+
+/// One or two bytes inline (most record fields: deltas, lengths under
+/// 8 KiB, header counts), longer encodings out of line.
+#[inline(always)]
+fn read_short(buf: &[u8], pos: &mut usize, max_bytes: usize) -> Option<u64> {
+    let p = *pos;
+    if let Some(&b0) = buf.get(p) {
+        if b0 < 0x80 {
+            *pos = p + 1;
+            return Some(u64::from(b0));
+        }
+        if let Some(&b1) = buf.get(p + 1) {
+            if b1 < 0x80 {
+                *pos = p + 2;
+                return Some(u64::from(b0 & 0x7f) | u64::from(b1) << 7);
+            }
+        }
+    }
+    read_unsigned(buf, pos, max_bytes)
 }
 
 fn read_unsigned(buf: &[u8], pos: &mut usize, max_bytes: usize) -> Option<u64> {
