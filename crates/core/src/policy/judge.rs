@@ -273,7 +273,21 @@ impl Compiled {
     }
 
     /// Rules in file order, then `max_age` rules.
+    #[inline]
     fn check_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
+        if self.rules.iter().all(|r| r.holds(value))
+            && self.stale.iter().all(|s| s.holds(value, now_ms))
+        {
+            return Ok(());
+        }
+        self.explain_rules(value, now_ms)
+    }
+
+    /// The first rule `value` fails, as [`Invalid`]: `check_rules` past
+    /// its fast answer (`Ok` if none fails after all).
+    #[cold]
+    #[inline(never)]
+    fn explain_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
         for (i, rule) in self.rules.iter().enumerate() {
             rule.check(value)
                 .map_err(|e| reclass(e, self.rule_class.get(i)))?;

@@ -16,6 +16,7 @@ use std::fmt;
 
 use serde_json::{Number, Value};
 
+use super::shape::same_bytes;
 use super::{Class, Invalid};
 
 /// An RFC 6901 JSON pointer, split into unescaped reference tokens.
@@ -393,14 +394,78 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// Whether `v` passes, exactly when [`Self::check`] is `Ok`, without
+    /// building an error: the judging path asks this first and asks
+    /// `check` only to explain a failure (issue 30: the error paths
+    /// inlined in `check` cost every passing record a heavy frame).
+    #[inline]
+    pub(crate) fn holds<D: Doc + ?Sized>(&self, v: &D) -> bool {
+        match self {
+            Rule::Absent { ptr, .. } => matches!(v.field(ptr), None | Some(Field::Null)),
+            Rule::OneOf {
+                ptr,
+                optional,
+                allowed,
+                ..
+            } => match v.field(ptr) {
+                None | Some(Field::Null) if *optional => true,
+                None => false,
+                Some(x) => allowed.iter().any(|a| json_eq(a, x)),
+            },
+            Rule::Range {
+                ptr,
+                optional,
+                min,
+                max,
+                ..
+            } => match v.field(ptr) {
+                None | Some(Field::Null) if *optional => true,
+                field => finite(field)
+                    .is_some_and(|x| !(min.is_some_and(|m| x < m) || max.is_some_and(|m| x > m))),
+            },
+            Rule::Coordinates(c) => c.holds(v),
+        }
+    }
+}
+
+/// A finite number, as [`number_at`] reads one.
+#[inline(always)]
+fn finite(field: Option<Field<'_>>) -> Option<f64> {
+    match field {
+        Some(Field::Number(n)) => n.as_f64().filter(|x| x.is_finite()),
+        _ => None,
+    }
+}
+
+impl Coordinates {
+    /// Whether [`Self::check`] is `Ok`.
+    #[inline]
+    fn holds<D: Doc + ?Sized>(&self, v: &D) -> bool {
+        let (Some(lat), Some(lon)) = (finite(v.field(&self.lat)), finite(v.field(&self.lon)))
+        else {
+            return false;
+        };
+        (-90.0..=90.0).contains(&lat)
+            && (-180.0..=180.0).contains(&lon)
+            && !(self.reject_null_island && lat == 0.0 && lon == 0.0)
+            && self
+                .bbox
+                .is_none_or(|[min_lat, min_lon, max_lat, max_lon]| {
+                    !(lat < min_lat || lat > max_lat || lon < min_lon || lon > max_lon)
+                })
+    }
+}
+
 /// Numbers compare by value (`1` equals `1.0`), everything else structurally.
-#[inline]
+#[inline(always)]
 fn json_eq(a: &Value, b: Field<'_>) -> bool {
     match (a, b) {
         (Value::Number(x), Field::Number(y)) => x.as_f64() == y.as_f64(),
         (Value::Null, Field::Null) => true,
         (Value::Bool(x), Field::Bool(y)) => *x == y,
-        (Value::String(x), Field::Str(y)) => x == y,
+        // Short strings without a call to memcmp (issue 30).
+        (Value::String(x), Field::Str(y)) => same_bytes(x.as_bytes(), y.as_bytes()),
         (_, Field::Composite(y)) => a == y,
         _ => false,
     }
@@ -472,6 +537,13 @@ impl MaxAge {
         }
     }
 
+    /// Whether [`Self::check`] is `Ok`.
+    #[inline]
+    pub(crate) fn holds<D: Doc + ?Sized>(&self, v: &D, now_ms: i64) -> bool {
+        finite(v.field(&self.ptr))
+            .is_some_and(|t| !(now_ms as f64 - self.unit.to_ms(t) > self.max_age_ms))
+    }
+
     /// Poison when the field is missing or not a number; stale when too old.
     pub(crate) fn check<D: Doc + ?Sized>(&self, v: &D, now_ms: i64) -> Result<(), Invalid> {
         let t = number_at(&self.ptr, v).map_err(|r| Invalid::poison(&self.id, r))?;
@@ -540,5 +612,95 @@ mod tests {
         assert_eq!(human_ms(1500.0), "1.5s");
         assert_eq!(human_ms(1_000_000.0), "16m 40s");
         assert_eq!(human_ms(7_500_000.0), "2h 5m");
+    }
+
+    /// `holds` is `check(..).is_ok()` for every rule kind, at every edge:
+    /// missing, null, wrong type, bounds, null island, bounding box, ages
+    /// on both sides of the limit, and numbers beyond f64's range.
+    #[test]
+    fn holds_agrees_with_check() {
+        let p = |t: &str| Pointer::parse(t).unwrap();
+        let mut rules = vec![
+            Rule::one_of(p("/s"), vec![json!("ENTER"), json!(1), json!(null)], false),
+            Rule::one_of(p("/s"), vec![json!("EXIT")], true),
+            Rule::range(p("/n"), Some(0.0), Some(150.0), false),
+            Rule::range(p("/n"), None, Some(-1.5), true),
+            Rule::range(p("/n"), Some(2.0), None, false),
+            Rule::absent(p("/s")),
+        ];
+        for (island, bbox) in [(true, None), (false, Some([-10.0, -20.0, 10.0, 20.0]))] {
+            rules.push(Rule::Coordinates(Box::new(Coordinates {
+                lat: p("/n"),
+                lon: p("/m"),
+                reject_null_island: island,
+                bbox,
+            })));
+        }
+        let stale = [
+            MaxAge::new(p("/n"), 1000.0, "1s".into(), TimeUnit::Ms),
+            MaxAge::new(p("/m"), 5000.0, "5s".into(), TimeUnit::S),
+            MaxAge::new(p("/n"), 1.0, "1ms".into(), TimeUnit::Ns),
+        ];
+        let edges = [
+            json!(null),
+            json!(true),
+            json!("ENTER"),
+            json!("EXIT"),
+            json!(""),
+            json!([1]),
+            json!({"a": 1}),
+            json!(0),
+            json!(-0.0),
+            json!(1),
+            json!(1.0),
+            json!(-1.5),
+            json!(-1.6),
+            json!(2),
+            json!(9.0),
+            json!(10.5),
+            json!(-20),
+            json!(20.000001),
+            json!(90),
+            json!(90.5),
+            json!(-180),
+            json!(180.1),
+            json!(150),
+            json!(150.01),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            json!(1e300),
+            json!(-1e300),
+            json!(1_000_000),
+            json!(999_000),
+            json!(998_999),
+        ];
+        let mut fields = vec![None];
+        fields.extend(edges.iter().map(Some));
+        let mut seen = [0usize; 2];
+        for s in &fields {
+            for n in &fields {
+                for m in [None, Some(&edges[7]), Some(&edges[20]), Some(&edges[30])] {
+                    let mut doc = serde_json::Map::new();
+                    for (k, v) in [("s", s), ("n", n), ("m", &m)] {
+                        if let Some(v) = v {
+                            doc.insert(k.into(), (*v).clone());
+                        }
+                    }
+                    let doc = Value::Object(doc);
+                    for r in &rules {
+                        let (fast, full) = (r.holds(&doc), r.check(&doc).is_ok());
+                        assert_eq!(fast, full, "{r:?} on {doc}");
+                        seen[usize::from(fast)] += 1;
+                    }
+                    for a in &stale {
+                        let now = 1_000_000;
+                        let (fast, full) = (a.holds(&doc, now), a.check(&doc, now).is_ok());
+                        assert_eq!(fast, full, "{a:?} on {doc}");
+                        seen[usize::from(fast)] += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen[0] > 1000 && seen[1] > 1000, "{seen:?}");
     }
 }
