@@ -9,7 +9,7 @@ use super::json;
 use super::protobuf::ProtoDecoder;
 use super::registered::RegistryDecoder;
 use super::rules::{Doc, MaxAge, Rule};
-use super::shape::Shape;
+use super::shape::{same_bytes, Shape};
 use super::{Class, Invalid};
 use crate::kafka::record::Record;
 
@@ -54,6 +54,27 @@ impl Decoder {
 }
 
 /// A rule's failure with the rule's own `class:`, when it sets one.
+/// A required header missing, or present with a null value.
+#[cold]
+#[inline(never)]
+fn missing_header(name: &str, present: bool) -> Invalid {
+    let reason = if present {
+        format!("required header {name} is present but null")
+    } else {
+        format!("missing required header {name}")
+    };
+    Invalid::poison("headers.required", reason)
+}
+
+#[cold]
+#[inline(never)]
+fn too_big(len: usize, max: usize) -> Invalid {
+    Invalid::poison(
+        "max_bytes",
+        format!("value is {len} bytes, over max_bytes {max}"),
+    )
+}
+
 fn reclass(mut e: Invalid, class: Option<&Option<Class>>) -> Invalid {
     if let Some(Some(c)) = class {
         e.class = *c;
@@ -213,20 +234,11 @@ impl Compiled {
     /// `None` for a tombstone that passes.
     fn before_decode<'r>(&self, r: &Record<'r>) -> Result<Option<&'r [u8]>, Invalid> {
         for h in &self.headers_required {
-            match r.header(h) {
-                Some(Some(_)) => {}
-                Some(None) => {
-                    return Err(Invalid::poison(
-                        "headers.required",
-                        format!("required header {h} is present but null"),
-                    ))
-                }
-                None => {
-                    return Err(Invalid::poison(
-                        "headers.required",
-                        format!("missing required header {h}"),
-                    ))
-                }
+            // The first header of that name, as `Record::header` finds it,
+            // compared without a call to memcmp (issue 30).
+            let found = r.headers.iter().find(|x| same_bytes(x.key, h.as_bytes()));
+            if !found.is_some_and(|x| x.value.is_some()) {
+                return Err(missing_header(h, found.is_some()));
             }
         }
         let Some(bytes) = r.value else {
@@ -241,10 +253,7 @@ impl Compiled {
         };
         if let Some(max) = self.max_bytes {
             if bytes.len() > max {
-                return Err(Invalid::poison(
-                    "max_bytes",
-                    format!("value is {} bytes, over max_bytes {max}", bytes.len()),
-                ));
+                return Err(too_big(bytes.len(), max));
             }
         }
         Ok(Some(bytes))
