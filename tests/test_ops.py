@@ -382,6 +382,10 @@ def test_more_readers_of_the_same_records_reuse_verdicts_and_spliced_batches(ops
     assert diverted >= metric(before, "antidote_records_invalid_total", topic=ops.topic,
                               action="diverted") + 2, after
     assert metric(after, "antidote_fetch_rewrite_cpu_seconds_total") > 0, after
+    # The fixture's first read diverted the poison: its response's hold is
+    # split into the proxy's part and the wait for the DLT's acknowledgement.
+    for part in ("proxy", "dlt"):
+        assert metric(after, "antidote_fetch_diverting_hold_seconds_count", part=part) >= 1, after
 
 
 # ---------------------------------------------------------------------------

@@ -125,8 +125,11 @@ def metric(admin, name):
 RELAY = "antidote_response_relay_duration_seconds"
 # The parts of a rewritten response's wait: judging and splicing it, and the
 # acknowledgement of its diverted records' DLT write.
+# A diverting response's hold split into the proxy's part and the DLT wait
+# (absent before 2026-12-04's builds).
 PARTS = {"rewrite": ("antidote_fetch_rewrite_duration_seconds", ()),
-         "dlt_write": ("antidote_dlt_write_duration_seconds", ("result",))}
+         "dlt_write": ("antidote_dlt_write_duration_seconds", ("result",)),
+         "hold": ("antidote_fetch_diverting_hold_seconds", ("part",))}
 
 
 def histogram(admin, name, labels):
@@ -321,7 +324,10 @@ def main():
                 + f"{row.get('rewrite_p50_ms_le', '-')}/{row.get('rewrite_p99_ms_le', '-')} "
                 + f"({row.get('rewrite_count', 0)}), DLT write p50/p99 <= ms: "
                 + f"{row.get('dlt_write_ok_p50_ms_le', '-')}/{row.get('dlt_write_ok_p99_ms_le', '-')} "
-                + f"({row.get('dlt_write_ok_count', 0)})")
+                + f"({row.get('dlt_write_ok_count', 0)}), diverting hold p50/p99 <= ms: proxy "
+                + f"{row.get('hold_proxy_p50_ms_le', '-')}/{row.get('hold_proxy_p99_ms_le', '-')}, dlt "
+                + f"{row.get('hold_dlt_p50_ms_le', '-')}/{row.get('hold_dlt_p99_ms_le', '-')} "
+                + f"({row.get('hold_proxy_count', 0)})")
     for path, (proc, _, _) in proxies.items():
         if proc:
             out.write(json.dumps({"commit": commit, "bin": BIN, "path": path,

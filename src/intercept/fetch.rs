@@ -162,7 +162,8 @@ impl FetchFilter {
         version: i16,
         isolation: i8,
     ) -> Result<Option<Vec<Bytes>>, FilterError> {
-        let deadline = self.judge_deadline.map(|d| std::time::Instant::now() + d);
+        let started = std::time::Instant::now();
+        let deadline = self.judge_deadline.map(|d| started + d);
         let (mut resp, sections, endpoints, learned) = timed(|| -> Result<_, FilterError> {
             let mut resp =
                 FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
@@ -243,8 +244,11 @@ impl FetchFilter {
             return timed(|| changed.then(|| out(&mut resp, Vec::new())).transpose());
         }
         // Divert everything first, concurrently, then apply the outcome.
+        let waiting = std::time::Instant::now();
         let outcomes = self.divert_all(&plans).await;
-        timed(|| {
+        let dlt_wait = waiting.elapsed();
+        let plans_diverting = plans.iter().any(|(_, _, p)| !p.diversions.is_empty());
+        let filtered = timed(|| {
             let outcomes = outcomes.into_iter().zip(transient_at);
             let mut replaced = Vec::with_capacity(plans.len());
             for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
@@ -253,7 +257,13 @@ impl FetchFilter {
                 replaced.push(((ti, pi), apply_outcome(holds, &plan, failed_from)?));
             }
             Ok(Some(out(&mut resp, replaced)?))
-        })
+        });
+        if plans_diverting {
+            metrics::global()
+                .hold
+                .diverting_response(started.elapsed(), dlt_wait);
+        }
+        filtered
     }
 
     /// One planning job per non-empty partition of a policy topic, and the

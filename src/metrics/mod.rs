@@ -42,6 +42,7 @@ use prometheus_client::registry::Registry;
 
 pub mod breaker;
 mod fleet;
+pub mod hold;
 pub mod keys;
 mod series;
 use series::*;
@@ -110,6 +111,8 @@ pub struct Metrics {
     pub keys: keys::KeyMetrics,
     /// The diversion circuit breaker (`breaker`).
     pub breaker: breaker::BreakerMetrics,
+    /// How long diverting Fetch responses are held, by cause (`hold`).
+    pub hold: hold::HoldMetrics,
     diversions: Cached<SourceLabel, Counter>,
     ledger_lag: Gauge,
     dlt_refused: Cached<RefusedLabels, Counter>,
@@ -145,6 +148,7 @@ impl Metrics {
             registry_requests: Cached::new(),
             keys: keys::KeyMetrics::default(),
             breaker: breaker::BreakerMetrics::default(),
+            hold: hold::HoldMetrics::default(),
             diversions: Cached::new(),
             ledger_lag: Gauge::default(),
             dlt_refused: Cached::new(),
@@ -228,6 +232,7 @@ impl Metrics {
             "Partitions of Fetch responses cut short by limits.judge_deadline: the client got the batches judged in time and fetches the rest, judged meanwhile in the background, again.",
             self.deadline_cuts.clone(),
         );
+        self.hold.register(&mut self.registry);
         self
     }
 

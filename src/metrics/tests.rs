@@ -220,7 +220,24 @@ fn every_series_once() -> Metrics {
     m.fleet_written(1);
     m.dlt_record_refused("ledger", "unsigned");
     m.breaker.tripped("t", 0, "p");
+    m.hold
+        .diverting_response(Duration::from_micros(2500), Duration::from_micros(2000));
     m
+}
+
+/// A diverting response's hold splits into the proxy's part and the DLT
+/// wait, each in the relay's fine buckets.
+#[test]
+fn a_diverting_hold_is_split_into_proxy_and_dlt() {
+    let text = every_series_once().render();
+    for (part, le) in [("proxy", "0.0005"), ("dlt", "0.002")] {
+        let bucket = format!(
+            "antidote_fetch_diverting_hold_seconds_bucket{{part=\"{part}\",le=\"{le}\"}} 1"
+        );
+        assert!(text.contains(&bucket), "{bucket} in {text}");
+    }
+    let below = "antidote_fetch_diverting_hold_seconds_bucket{part=\"proxy\",le=\"0.00025\"} 0";
+    assert!(text.contains(below), "{text}");
 }
 
 /// The `# TYPE` lines, on a fresh registry with no series yet, are
@@ -265,6 +282,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_fetch_judged_ahead_records_total counter",
         // Added with the judging deadline (issue 30, intercept/fetch/parallel.rs).
         "antidote_fetch_deadline_cuts_total counter",
+        // Added with the diverting hold's split (issue 30, metrics/hold.rs).
+        "antidote_fetch_diverting_hold_seconds histogram",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text
