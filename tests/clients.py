@@ -254,12 +254,25 @@ def kp_consume_assign(ep: Endpoint, topic: str, partitions: list[int], n: int,
         c.close()
 
 
+def kp_subscribe(c: "kp.KafkaConsumer", topic: str, timeout: float = 30) -> None:
+    """Subscribe once the consumer's own metadata lists the topic's
+    partitions. kafka-python's group leader assigns nothing for a topic its
+    metadata does not list yet ("No partition metadata for topic",
+    dpkp/kafka-python#2377, seen against brokers directly too), and on 2
+    busy cores CI runs spent whole tests in that state."""
+    deadline = time.monotonic() + timeout
+    while not c.partitions_for_topic(topic):
+        assert time.monotonic() < deadline, f"kafka-python never listed {topic}'s partitions"
+        time.sleep(0.2)
+    c.subscribe([topic])
+
+
 def kp_consume_group(ep: Endpoint, topic: str, group: str, n: int, timeout: float = 90,
                      **conf) -> list[Rec]:
     c = kp.KafkaConsumer(**ep.kp(**{"group_id": group, "enable_auto_commit": False,
                                     "auto_offset_reset": "earliest", **conf}))
     try:
-        c.subscribe([topic])
+        kp_subscribe(c, topic)
         got = _kp_poll(c, n, timeout)
         c.commit()
         return got

@@ -399,9 +399,18 @@ class Member(threading.Thread):
         cons = kp.KafkaConsumer(**self.ep.kp(group_id=self.group, enable_auto_commit=False,
                                              auto_offset_reset="earliest", client_id=self.name))
         try:
-            cons.subscribe([self.topic])
+            c.kp_subscribe(cons, self.topic)
             while not self.stop_evt.is_set():
-                for tp, msgs in cons.poll(timeout_ms=300).items():
+                try:
+                    batches = cons.poll(timeout_ms=300)
+                except kp.errors.KafkaConnectionError as e:
+                    # kafka-python 3 raises a reset connection (a killed
+                    # broker's, closed by the proxy as the broker would)
+                    # from poll; an application polls again. Nothing was
+                    # delivered, so nothing is lost or repeated.
+                    self.errors.append(repr(e))
+                    continue
+                for tp, msgs in batches.items():
                     for m in msgs:
                         d = self.record(m.partition, m.offset, m.value)
                         try:

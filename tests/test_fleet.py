@@ -288,10 +288,14 @@ def test_group_members_on_different_instances(workdir, broker, broker_endpoint, 
         for p in fleet:
             c.wait_topic_visible(c.Endpoint(p.bootstrap), topic, 2, 30)
         group = f"fleet-{uuid.uuid4().hex[:8]}"
-        members = [kp.KafkaConsumer(topic, **c.Endpoint(p.bootstrap).kp(
+        members = [kp.KafkaConsumer(**c.Endpoint(p.bootstrap).kp(
             group_id=group, auto_offset_reset="earliest", enable_auto_commit=True,
             auto_commit_interval_ms=200, heartbeat_interval_ms=300, session_timeout_ms=6000,
             max_poll_interval_ms=3000)) for p in fleet]
+        # Each member's own metadata lists the topic before it joins
+        # (`kp_subscribe`: kafka-python's leader assigns nothing otherwise).
+        for m in members:
+            c.kp_subscribe(m, topic)
         got, per_member, assigned = [], [0, 0], [set(), set()]
         current = [set(), set()]
         want: list = [None]  # how many valid records, once produced

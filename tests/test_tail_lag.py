@@ -124,23 +124,33 @@ def run_kafka_python(ep, topic, group, isolation, n, hws):
     tps = [kp.TopicPartition(topic, p) for p in hws]
     got, settle_until = [], None
     deadline = time.monotonic() + 90
+    def positions():
+        # kafka-python raises IllegalStateError for a partition a rebalance
+        # under way has taken back (its heartbeat thread can, between an
+        # assignment() that listed it and position()): None until all held.
+        if not set(tps) <= cons.assignment():
+            return None
+        try:
+            return {tp.partition: cons.position(tp) for tp in tps}
+        except kp.errors.IllegalStateError:
+            return None
+
     try:
-        cons.subscribe([topic])
+        c.kp_subscribe(cons, topic)
         while time.monotonic() < deadline:
             for _tp, msgs in cons.poll(timeout_ms=200).items():
                 got.extend(c._kp_rec(m) for m in msgs)
             if len(got) >= n and settle_until is None:
                 settle_until = time.monotonic() + SETTLE
-            # kafka-python raises IllegalStateError for a partition a
-            # rebalance under way has taken back: ask only while all are held.
-            if settle_until is not None and set(tps) <= cons.assignment():
-                pos = {tp.partition: cons.position(tp) for tp in tps}
-                if pos == hws or time.monotonic() > settle_until:
+            if settle_until is not None:
+                pos = positions()
+                if pos == hws or (pos is not None and time.monotonic() > settle_until):
                     break
-        while not set(tps) <= cons.assignment() and time.monotonic() < deadline + 30:
+        pos = positions()
+        while pos is None and time.monotonic() < deadline + 30:
             for _tp, msgs in cons.poll(timeout_ms=200).items():
                 got.extend(c._kp_rec(m) for m in msgs)
-        pos = {tp.partition: cons.position(tp) for tp in tps}
+            pos = positions()
         cons.commit()
         committed = {tp.partition: cons.committed(tp) for tp in tps}
     finally:
