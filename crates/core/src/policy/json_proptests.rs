@@ -573,12 +573,32 @@ fn flat_records_after_a_learned_layout_agree() {
         format!("{first}}}"),
         first[..first.len() - 1].to_string(),
         first.replace('{', "[").replace('}', "]"),
+        // The flat reader takes ASCII strings only, unchecked as UTF-8.
+        first.replace("dev-1", "dév-1"),
+        first.replace("ENTER", "ENTÉR"),
+        first.replace("dev-1", "dev\u{1}1"),
+        first.replace("dev-1", "dev\u{7f}1"),
+        first.replace("dev-1", "dev-1\u{10348}"),
     ];
     for (i, d) in docs.iter().enumerate() {
         assert_ne!(d, &first, "replacement {i} applies");
         for s in [&set, &fresh] {
             if let Err(e) = agree(s, d.as_bytes()) {
                 panic!("{i}: {e}");
+            }
+        }
+    }
+    // Bytes that are not UTF-8 inside a string, at every position of the
+    // device id's word.
+    for at in 0..5 {
+        for byte in [0x80u8, 0xc3, 0xff] {
+            let mut d = first.clone().into_bytes();
+            let pos = first.find("dev-1").expect("the device") + at;
+            d[pos] = byte;
+            for s in [&set, &fresh] {
+                if let Err(e) = agree(s, &d) {
+                    panic!("{byte:#x} at {at}: {e}");
+                }
             }
         }
     }

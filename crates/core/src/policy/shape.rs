@@ -58,7 +58,7 @@ enum Additional {
 }
 
 /// One schema object.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ShapeNode {
     types: u8,
     min_len: Option<u64>,
@@ -98,7 +98,7 @@ impl Default for ShapeNode {
     }
 }
 
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Scalar {
     Null,
     Bool(bool),
@@ -311,6 +311,31 @@ impl ShapeNode {
         self.types & kind != 0 && (self.plain || self.constrained(v))
     }
 
+    /// [`Self::scalar`] of a string whose bytes `s` are all ASCII (so
+    /// each byte is one code point), without making it a `str`.
+    #[inline]
+    pub(crate) fn ascii_string(&self, s: &[u8]) -> bool {
+        if self.types & STR == 0 {
+            return false;
+        }
+        if self.plain {
+            return true;
+        }
+        let n = s.len() as u64;
+        if self.min_len.is_some_and(|m| n < m) || self.max_len.is_some_and(|m| n > m) {
+            return false;
+        }
+        self.allowed.iter().all(|list| {
+            list.iter()
+                .any(|a| matches!(a, Scalar::Str(a) if a.as_bytes() == s))
+        })
+    }
+
+    /// The required-property bits of this object's keys.
+    pub(crate) fn required(&self) -> u64 {
+        self.required
+    }
+
     /// Whether a scalar of an allowed type meets the lengths, bounds and
     /// allowed values.
     fn constrained(&self, v: Seen<'_>) -> bool {
@@ -516,6 +541,34 @@ mod tests {
                 assert!(!same_key(&a, &b), "{a} {b}");
             }
             assert!(!same_key(&a, &format!("{a}x")));
+        }
+    }
+
+    /// `ascii_string` is `scalar` of the same ASCII string under every
+    /// kind of string schema, at and around each length bound.
+    #[test]
+    fn ascii_string_is_scalar_of_the_string() {
+        let schemas = [
+            json!({"type": "string"}),
+            json!({"type": "number"}),
+            json!({"type": ["string", "null"], "minLength": 2, "maxLength": 4}),
+            json!({"minLength": 3}),
+            json!({"maxLength": 0}),
+            json!({"enum": ["ab", "abcd", null]}),
+            json!({"const": "abc", "maxLength": 3}),
+            json!({"type": "string", "enum": [null, true]}),
+        ];
+        for schema in schemas {
+            let shape = Shape::compile(&schema).expect("in the subset");
+            let node = shape.root();
+            for n in 0..7 {
+                let s: String = "abcdefg"[..n].to_string();
+                assert_eq!(
+                    node.ascii_string(s.as_bytes()),
+                    node.scalar(Seen::Str(&s)),
+                    "{schema} on {s:?}"
+                );
+            }
         }
     }
 

@@ -15,7 +15,6 @@
 
 use serde_json::Number;
 
-use super::flat::Flat;
 use super::layout::{Learning, MemberSchema};
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_key, Seen, ShapeNode};
@@ -46,15 +45,6 @@ pub(super) fn scan<'de>(
         caps,
         entered: 0,
     };
-    // A flat record in its layout's order first (`flat.rs`); if it is not
-    // one, from the start again with fresh captures.
-    if let Some(flat) = plan.flat() {
-        if s.flat(flat).is_ok() {
-            return true;
-        }
-        s.i = 0;
-        *s.caps = Captures::new(plan.slots);
-    }
     let shape = plan.shape.as_ref().map(|sh| sh.root());
     if s.value(Some(0), shape, 0).is_err() {
         return false;
@@ -139,70 +129,9 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
 
     /// A number, as serde_json would report it to a visitor.
     fn number(&mut self) -> Scan<Seen<'de>> {
-        let (b, start) = (self.b, self.i);
-        let negative = b.get(start) == Some(&b'-');
-        let digits = start + usize::from(negative);
-        // The integer part, accumulated as it is read (used only when it
-        // has at most 18 digits, which fit i64 and u64).
-        let mut i = digits;
-        let mut v: u64 = 0;
-        match b.get(i) {
-            Some(b'0') => i += 1,
-            Some(b'1'..=b'9') => (i, v) = digits_at(b, i, 0),
-            _ => return Err(GiveUp),
-        }
-        let int_digits = i - digits;
-        match b.get(i) {
-            Some(b'.') => {
-                if let Some(x) = short_decimal(b, i + 1, v, int_digits, &mut self.i) {
-                    return Ok(Seen::F64(if negative { -x } else { x }));
-                }
-            }
-            Some(b'e' | b'E') => {}
-            _ => {
-                // "-0" is a float to serde_json.
-                if int_digits > 18 || (negative && b[digits] == b'0') {
-                    return Err(GiveUp);
-                }
-                self.i = i;
-                return Ok(if negative {
-                    Seen::I64(-(v as i64))
-                } else {
-                    Seen::U64(v)
-                });
-            }
-        }
-        // The rest of JSON's number grammar: a fraction of at least one
-        // digit, an exponent of at least one digit after its sign. What
-        // follows the token is the caller's to check (`1.5.3` gives up there).
-        if b[i] == b'.' {
-            let end = digits_at(b, i + 1, 0).0;
-            if end == i + 1 {
-                return Err(GiveUp);
-            }
-            i = end;
-        }
-        if let Some(b'e' | b'E') = b.get(i) {
-            let sign = usize::from(matches!(b.get(i + 1), Some(b'+' | b'-')));
-            let end = digits_at(b, i + 1 + sign, 0).0;
-            if end == i + 1 + sign {
-                return Err(GiveUp);
-            }
-            i = end;
-        }
-        // The standard library's parser rounds correctly, as serde_json's
-        // does with `float_roundtrip` (crates/core/Cargo.toml), so the value
-        // is bit for bit the one the visitor path captures
-        // (`numbers_are_what_serde_json_parses`). serde_json refuses a
-        // number out of f64's range, which parses here as an infinity.
-        let x: f64 = (self.text.get(start..i).ok_or(GiveUp)?)
-            .parse()
-            .map_err(|_| GiveUp)?;
-        if !x.is_finite() {
-            return Err(GiveUp);
-        }
-        self.i = i;
-        Ok(Seen::F64(x))
+        let (seen, end) = number(self.b, self.i).ok_or(GiveUp)?;
+        self.i = end;
+        Ok(seen)
     }
 
     /// The value at trie node `node` under schema `shape`, at `depth`.
@@ -266,50 +195,6 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
             }
             _ => self.number()?,
         })
-    }
-
-    /// The whole document as one object of `flat`'s members in their order
-    /// (an optional one may be left out), every value a scalar: what
-    /// [`Self::value`] reads from the root, with the same readers, checks
-    /// and captures, without its per-member lookups. A member's bytes
-    /// (whitespace before its key included) must be the remembered ones.
-    /// `Err` to give up: the caller starts again.
-    fn flat(&mut self, flat: &Flat) -> Scan<()> {
-        let b = self.b;
-        let all = self.plan.shape.as_ref();
-        let root = all.map(|a| a.root());
-        if self.max == 0 || self.peek()? != b'{' || root.is_some_and(|s| !s.open_object()) {
-            return Err(GiveUp);
-        }
-        self.i += 1;
-        let (mut next, mut seen) = (0usize, 0u64);
-        loop {
-            let (m, end, k) = flat.member_at(next, b, self.i).ok_or(GiveUp)?;
-            (self.i, next) = (end, k);
-            let value = match self.peek()? {
-                b'{' | b'[' => return Err(GiveUp),
-                first => self.scalar(first)?,
-            };
-            let shape = m.shape.and_then(|i| all.and_then(|a| a.get(i)));
-            if shape.is_some_and(|s| !s.scalar(value)) {
-                return Err(GiveUp);
-            }
-            if let Some(slot) = m.slot {
-                self.caps.set(slot, captured(value));
-            }
-            seen |= m.bit;
-            match self.peek()? {
-                b',' => self.i += 1,
-                b'}' => break,
-                _ => return Err(GiveUp),
-            }
-        }
-        self.i += 1;
-        self.ws();
-        if self.i != b.len() || root.is_some_and(|s| !s.complete(seen)) {
-            return Err(GiveUp);
-        }
-        Ok(())
     }
 
     /// Entering a member or element with trie node `node`: a repeated
@@ -447,20 +332,80 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
     }
 }
 
+/// The number token at `b[start..]`, as serde_json would report it to a
+/// visitor, and where it ends; `None` to give up.
+#[inline(always)]
+pub(super) fn number(b: &[u8], start: usize) -> Option<(Seen<'static>, usize)> {
+    let negative = b.get(start) == Some(&b'-');
+    let digits = start + usize::from(negative);
+    // The integer part, accumulated as it is read (used only when it
+    // has at most 18 digits, which fit i64 and u64).
+    let mut i = digits;
+    let mut v: u64 = 0;
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => (i, v) = digits_at(b, i, 0),
+        _ => return None,
+    }
+    let int_digits = i - digits;
+    match b.get(i) {
+        Some(b'.') => {
+            if let Some((x, end)) = short_decimal(b, i + 1, v, int_digits) {
+                return Some((Seen::F64(if negative { -x } else { x }), end));
+            }
+        }
+        Some(b'e' | b'E') => {}
+        _ => {
+            // "-0" is a float to serde_json.
+            if int_digits > 18 || (negative && b[digits] == b'0') {
+                return None;
+            }
+            let v = if negative {
+                Seen::I64(-(v as i64))
+            } else {
+                Seen::U64(v)
+            };
+            return Some((v, i));
+        }
+    }
+    // The rest of JSON's number grammar: a fraction of at least one
+    // digit, an exponent of at least one digit after its sign. What
+    // follows the token is the caller's to check (`1.5.3` gives up there).
+    if b[i] == b'.' {
+        let end = digits_at(b, i + 1, 0).0;
+        if end == i + 1 {
+            return None;
+        }
+        i = end;
+    }
+    if let Some(b'e' | b'E') = b.get(i) {
+        let sign = usize::from(matches!(b.get(i + 1), Some(b'+' | b'-')));
+        let end = digits_at(b, i + 1 + sign, 0).0;
+        if end == i + 1 + sign {
+            return None;
+        }
+        i = end;
+    }
+    // The standard library's parser rounds correctly, as serde_json's
+    // does with `float_roundtrip` (crates/core/Cargo.toml), so the value
+    // is bit for bit the one the visitor path captures
+    // (`numbers_are_what_serde_json_parses`). serde_json refuses a
+    // number out of f64's range, which parses here as an infinity.
+    let x: f64 = std::str::from_utf8(b.get(start..i)?).ok()?.parse().ok()?;
+    if !x.is_finite() {
+        return None;
+    }
+    Some((Seen::F64(x), i))
+}
+
 /// A number with a fraction and no exponent, of at most 15 significant
 /// digits (`52.123456`): `m` is the integer part's value (`int_digits`
 /// digits), the fraction starts at `frac`. Its digits as an integer
 /// m < 2^53 and 10^k (k <= 15) are exact in an f64, so m / 10^k is one
 /// correctly rounded division, which is what serde_json's exact parser
-/// (`float_roundtrip`, enabled in this build) returns. Sets `*at` past the
-/// number; `None` (nothing consumed) for any other number.
-fn short_decimal(
-    b: &[u8],
-    frac: usize,
-    mut m: u64,
-    int_digits: usize,
-    at: &mut usize,
-) -> Option<f64> {
+/// (`float_roundtrip`, enabled in this build) returns. The value and where
+/// the number ends; `None` for any other number.
+fn short_decimal(b: &[u8], frac: usize, mut m: u64, int_digits: usize) -> Option<(f64, usize)> {
     const POW10: [f64; 16] = [
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
     ];
@@ -470,9 +415,8 @@ fn short_decimal(
     if k == 0 || int_digits + k > 15 || matches!(b.get(end), Some(b'e' | b'E')) {
         return None;
     }
-    *at = end;
     // m < 2^53 here: as an i64 it converts in one instruction.
-    Some(m as i64 as f64 / POW10[k])
+    Some((m as i64 as f64 / POW10[k], end))
 }
 
 /// The decimal digits from `i` on, accumulated into `v` (wrapping, as
@@ -526,7 +470,7 @@ fn eight_digits(x: u64) -> u64 {
 /// The eight bytes of `b` from `i` on as a little-endian word, if there
 /// are eight.
 #[inline]
-fn word_at(b: &[u8], i: usize) -> Option<u64> {
+pub(super) fn word_at(b: &[u8], i: usize) -> Option<u64> {
     let mut word = [0u8; 8];
     word.copy_from_slice(b.get(i..i + 8)?);
     Some(u64::from_le_bytes(word))
@@ -538,7 +482,7 @@ fn word_at(b: &[u8], i: usize) -> Option<u64> {
 /// `x` is zero, and in `(w - 0x20..) & !w & 0x80..` when a byte of `w` is
 /// below 0x20. A borrow can also flag bytes above (after) a flagged byte,
 /// never below it, so the lowest flag is exact.
-fn special(w: u64) -> u64 {
+pub(super) fn special(w: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
@@ -549,7 +493,7 @@ fn special(w: u64) -> u64 {
 }
 
 /// What the visitor path captures for a scalar it was shown.
-fn captured(seen: Seen<'_>) -> Captured<'_> {
+pub(super) fn captured(seen: Seen<'_>) -> Captured<'_> {
     match seen {
         Seen::Null => Captured::Null,
         Seen::Bool(b) => Captured::Bool(b),
@@ -563,26 +507,16 @@ fn captured(seen: Seen<'_>) -> Captured<'_> {
 #[cfg(test)]
 mod tests {
     use super::special;
-    use crate::policy::json::capture::{Captures, Plan};
     use crate::policy::shape::Seen;
     use proptest::prelude::*;
 
-    /// The scanner's reading of a whole number token; `None` when it gives
-    /// up (or stops before the end).
-    fn scanned(text: &str) -> Option<Seen<'_>> {
-        let plan = Plan::new(Vec::new(), None);
-        let mut caps = Captures::new(0);
-        let mut s = super::Scanner {
-            text,
-            b: text.as_bytes(),
-            i: 0,
-            plan: &plan,
-            max: 8,
-            caps: &mut caps,
-            entered: 0,
-        };
-        let seen = s.number().ok()?;
-        (s.i == text.len()).then_some(seen)
+    /// The scanner's reading of a whole number token followed by `after`
+    /// (the rest of a document); `None` when it gives up (or stops
+    /// elsewhere than the token's end).
+    fn scanned(text: &str, after: &str) -> Option<Seen<'static>> {
+        let doc = format!("{text}{after}");
+        let (seen, end) = super::number(doc.as_bytes(), 0)?;
+        (end == text.len()).then_some(seen)
     }
 
     /// A token by JSON's number grammar: sign, integer part, fraction,
@@ -628,8 +562,7 @@ mod tests {
                 .take_while(|c| c.is_ascii_digit())
                 .count();
         let m = text[digits..int_end].parse::<u64>().ok()?;
-        let mut at = 0;
-        let x = super::short_decimal(b, int_end + 1, m, int_end - digits, &mut at)?;
+        let (x, at) = super::short_decimal(b, int_end + 1, m, int_end - digits)?;
         (at == b.len()).then_some(if negative { -x } else { x })
     }
 
@@ -672,7 +605,10 @@ mod tests {
             ]
         ) {
             let serde: Option<serde_json::Number> = serde_json::from_str(&text).ok();
-            match (scanned(&text), &serde) {
+            // Alone, and inside a document: where 16 bytes can be read at
+            // once and where they cannot.
+            for after in ["", "}", ",\"event_time_ms\":1764000000000}"] {
+            match (scanned(&text, after), &serde) {
                 (Some(Seen::F64(x)), Some(n)) => {
                     prop_assert!(n.is_f64(), "{} is not a float to serde_json", text);
                     prop_assert_eq!(n.as_f64().map(f64::to_bits), Some(x.to_bits()), "{}", text);
@@ -688,6 +624,7 @@ mod tests {
                     );
                 }
                 (None, None) => {}
+            }
             }
         }
     }
