@@ -344,7 +344,7 @@ pub(super) fn number(b: &[u8], start: usize) -> Option<(Seen<'static>, usize)> {
     let mut v: u64 = 0;
     match b.get(i) {
         Some(b'0') => i += 1,
-        Some(b'1'..=b'9') => (i, v) = digits_at(b, i, 0),
+        Some(b'1'..=b'9') => (i, v) = int_digits_at(b, i),
         _ => return None,
     }
     let int_digits = i - digits;
@@ -405,6 +405,7 @@ pub(super) fn number(b: &[u8], start: usize) -> Option<(Seen<'static>, usize)> {
 /// correctly rounded division, which is what serde_json's exact parser
 /// (`float_roundtrip`, enabled in this build) returns. The value and where
 /// the number ends; `None` for any other number.
+#[inline(always)]
 fn short_decimal(b: &[u8], frac: usize, mut m: u64, int_digits: usize) -> Option<(f64, usize)> {
     const POW10: [f64; 16] = [
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
@@ -456,6 +457,21 @@ fn digits_at(b: &[u8], mut i: usize, mut v: u64) -> (usize, u64) {
         i += 1;
     }
     (i, v)
+}
+
+/// [`digits_at`] for an integer part, which is mostly one to three
+/// digits (`48.1`, `3.5`): those one at a time before any word is read.
+#[inline(always)]
+fn int_digits_at(b: &[u8], mut i: usize) -> (usize, u64) {
+    let mut v = 0u64;
+    for _ in 0..3 {
+        match b.get(i) {
+            Some(&d @ b'0'..=b'9') => v = v * 10 + u64::from(d - b'0'),
+            _ => return (i, v),
+        }
+        i += 1;
+    }
+    digits_at(b, i, v)
 }
 
 /// The value of eight digits 0-9, one per byte, the lowest byte the most
@@ -631,7 +647,7 @@ mod tests {
 
     /// Runs of digits of every length up to 40, with every byte after
     /// them, and at the end of the input: the same end and (wrapping)
-    /// value as one digit at a time.
+    /// value as one digit at a time, for `digits_at` and `int_digits_at`.
     #[test]
     fn digits_at_reads_what_one_digit_at_a_time_reads() {
         let naive = |b: &[u8], mut i: usize| {
@@ -656,6 +672,11 @@ mod tests {
                 for end in [b.len(), n + 2, n + 1] {
                     let b = &b[..end];
                     assert_eq!(super::digits_at(b, 1, 7), naive(b, 1), "{b:?}");
+                    let (i, v) = naive(b, 1);
+                    // From 0, not 7: 7 * 10^n wraps away for long runs.
+                    let from_zero =
+                        v.wrapping_sub(7u64.wrapping_mul(10u64.wrapping_pow((i - 1) as u32)));
+                    assert_eq!(super::int_digits_at(b, 1), (i, from_zero), "{b:?}");
                 }
             }
         }
