@@ -119,8 +119,9 @@ impl Flat {
         let (mut next, mut seen) = (0usize, 0u64);
         loop {
             let (m, end, k) = self.member_at(next, b, i)?;
-            (i, next) = (ws(b, end), k);
-            let value = match *b.get(i)? {
+            let first;
+            ((first, i), next) = (token(b, end)?, k);
+            let value = match first {
                 b'"' => {
                     let (s, end) = ascii_string(b, i + 1)?;
                     i = end;
@@ -152,14 +153,28 @@ impl Flat {
                 }
                 seen |= m.bit;
             }
-            i = ws(b, i);
-            match *b.get(i)? {
+            let sep;
+            (sep, i) = token(b, i)?;
+            match sep {
                 b',' => i += 1,
                 b'}' => break,
                 _ => return None,
             }
         }
         (ws(b, i + 1) == b.len() && seen & self.required == self.required).then_some(())
+    }
+}
+
+/// The first byte from `i` on that is not JSON whitespace, and where it
+/// is. Most records have none between tokens: one comparison then.
+#[inline(always)]
+fn token(b: &[u8], i: usize) -> Option<(u8, usize)> {
+    match *b.get(i)? {
+        c if c > b' ' => Some((c, i)),
+        _ => {
+            let i = ws(b, i);
+            Some((*b.get(i)?, i))
+        }
     }
 }
 
