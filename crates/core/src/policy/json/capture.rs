@@ -1,5 +1,6 @@
 //! The fast path: validate a whole JSON document with serde_json's strict
-//! parser (after [`scan`], a plain-document scanner that accepts or gives
+//! parser (after [`flat`], a reader of records in their learned layout,
+//! and [`scan`], a plain-document scanner, each of which accepts or gives
 //! up) but keep only the values a policy's rules read. A [`Plan`] (a trie
 //! of the rules' pointers, compiled at load) says which; they land in
 //! [`Captures`], read by the rules by slot. Everything else is visited and
