@@ -5,15 +5,15 @@
 //! its value, then `,` or `}`. No recursion, no trie or schema lookups per
 //! member (each member carries its own schema node, compiled once per
 //! plan), and no UTF-8 check of the whole document: every byte outside a
-//! string is compared with ASCII or with the remembered key bytes, and a
-//! string is accepted only if it is ASCII, so an accepted document is ASCII
-//! (and valid UTF-8) by construction. Numbers are read by the scanner's
-//! reader (`scan.rs`), and values are checked and captured as the scanner
-//! does, so the outcome is the scanner's; anything else
-//! (a member out of order or spaced differently, an object or array value,
-//! a key the layout does not have, a string with an escape or a byte above
-//! 0x7f) gives up, and the caller reads the document from its start as
-//! before.
+//! string is compared with ASCII or with the remembered (UTF-8) key bytes,
+//! and a string is either ASCII, seen while looking for its end, or checked
+//! to be UTF-8 on its own, so an accepted document is UTF-8 by
+//! construction. Numbers are read by the scanner's reader (`scan.rs`), and
+//! values are checked and captured as the scanner does, so the outcome is
+//! the scanner's; anything else (a member out of order or spaced
+//! differently, an object or array value, a key the layout does not have, a
+//! string with an escape or that is not UTF-8) gives up, and the caller
+//! reads the document from its start as before.
 
 use super::layout::Layout;
 use super::scan::{captured, number, special, word_at};
@@ -123,17 +123,23 @@ impl Flat {
             ((first, i), next) = (token(b, end)?, k);
             let value = match first {
                 b'"' => {
-                    let (s, end) = ascii_string(b, i + 1)?;
+                    let (s, text, end) = plain_string(b, i + 1)?;
                     i = end;
-                    if m.shape.as_ref().is_some_and(|sh| !sh.ascii_string(s)) {
-                        return None;
+                    match text {
+                        // ASCII: checked by its bytes, a `str` only if captured.
+                        None => {
+                            if m.shape.as_ref().is_some_and(|sh| !sh.ascii_string(s)) {
+                                return None;
+                            }
+                            if let Some(slot) = m.slot {
+                                // ASCII, so this cannot fail.
+                                caps.set(slot, Captured::Str(std::str::from_utf8(s).ok()?));
+                            }
+                            seen |= m.bit;
+                            None
+                        }
+                        Some(text) => Some(Seen::Str(text)),
                     }
-                    if let Some(slot) = m.slot {
-                        // ASCII, so this cannot fail.
-                        caps.set(slot, Captured::Str(std::str::from_utf8(s).ok()?));
-                    }
-                    seen |= m.bit;
-                    None
                 }
                 b't' => Some(literal(b, &mut i, b"true", Seen::Bool(true))?),
                 b'f' => Some(literal(b, &mut i, b"false", Seen::Bool(false))?),
@@ -197,32 +203,106 @@ fn literal(b: &[u8], i: &mut usize, word: &[u8], v: Seen<'static>) -> Option<See
     })
 }
 
-/// A string of ASCII without escapes or control characters, after its
-/// opening quote at `start - 1`: its bytes and where it ends (past its
-/// closing quote); `None` for any other string.
+/// A string without escapes or control characters, after its opening
+/// quote at `start - 1`: its bytes, the same as text when they are not all
+/// ASCII (checked to be UTF-8 then; `None` when ASCII), and where it ends
+/// (past its closing quote). `None` for any other string.
 #[inline(always)]
-fn ascii_string(b: &[u8], start: usize) -> Option<(&[u8], usize)> {
+fn plain_string(b: &[u8], start: usize) -> Option<(&[u8], Option<&str>, usize)> {
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    let mut i = start;
+    let (mut i, mut ascii) = (start, true);
     // Eight bytes at a time to the first quote, backslash, control
-    // character or byte above 0x7f (exact: `special` flags no byte below
-    // the first special one, and high bits are each their own byte's).
-    while let Some(w) = word_at(b, i) {
-        let m = special(w) | (w & HIGH);
-        if m != 0 {
-            i += (m.trailing_zeros() / 8) as usize;
-            return (b[i] == b'"').then(|| (&b[start..i], i + 1));
+    // character or (until one is seen) byte above 0x7f (exact: `special`
+    // flags no byte below the first special one, a byte above 0x7f is
+    // never special, and high bits are each their own byte's).
+    loop {
+        match word_at(b, i) {
+            Some(w) => {
+                let m = special(w) | if ascii { w & HIGH } else { 0 };
+                if m == 0 {
+                    i += 8;
+                    continue;
+                }
+                i += (m.trailing_zeros() / 8) as usize;
+                if b[i] < 0x80 {
+                    break;
+                }
+                ascii = false;
+            }
+            None => match *b.get(i)? {
+                b'"' | b'\\' | 0..0x20 => break,
+                c => {
+                    ascii &= c < 0x80;
+                    i += 1;
+                }
+            },
         }
-        i += 8;
     }
-    while let Some(&c) = b.get(i) {
-        if c == b'"' {
-            return Some((&b[start..i], i + 1));
-        }
-        if c == b'\\' || !(0x20..0x80).contains(&c) {
-            return None;
-        }
-        i += 1;
+    if b[i] != b'"' {
+        return None;
     }
-    None
+    let s = &b[start..i];
+    // Its ends are ASCII quotes, so it is UTF-8 if the document is.
+    let text = if ascii {
+        None
+    } else {
+        Some(std::str::from_utf8(s).ok()?)
+    };
+    Some((s, text, i + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_string;
+
+    /// Every special byte at every position of a string up to 20 bytes
+    /// long, followed by more bytes or not: the same end, bytes and text
+    /// as reading one byte at a time and checking the string as UTF-8.
+    #[test]
+    fn plain_string_is_what_one_byte_at_a_time_reads() {
+        let naive = |b: &[u8], start: usize| -> Option<(Vec<u8>, Option<String>, usize)> {
+            let mut i = start;
+            loop {
+                match *b.get(i)? {
+                    b'"' => break,
+                    b'\\' | 0..0x20 => return None,
+                    _ => i += 1,
+                }
+            }
+            let s = &b[start..i];
+            let text = match std::str::from_utf8(s) {
+                Ok(t) if t.is_ascii() => None,
+                Ok(t) => Some(t.to_string()),
+                Err(_) => return None,
+            };
+            Some((s.to_vec(), text, i + 1))
+        };
+        let specials: [&[u8]; 9] = [
+            b"\"",
+            b"\\",
+            b"\x01",
+            b"\x1f",
+            b"\x7f",
+            "é".as_bytes(),
+            "\u{10348}".as_bytes(),
+            b"\xff",
+            b"\xc3",
+        ];
+        for n in 0..20 {
+            for special in specials {
+                for at in 0..=n {
+                    for after in [&b"\",\"x\":12345678901234567890}"[..], b"\"", b""] {
+                        let mut b = b"\"".to_vec();
+                        b.extend((0..at).map(|j| b'a' + (j % 26) as u8));
+                        b.extend_from_slice(special);
+                        b.extend((at..n).map(|j| b'A' + (j % 26) as u8));
+                        b.extend_from_slice(after);
+                        let got = plain_string(&b, 1)
+                            .map(|(s, t, end)| (s.to_vec(), t.map(str::to_string), end));
+                        assert_eq!(got, naive(&b, 1), "{:?}", String::from_utf8_lossy(&b));
+                    }
+                }
+            }
+        }
+    }
 }
