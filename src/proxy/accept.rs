@@ -5,10 +5,13 @@
 //! A plain-TCP client gets its broker connection only once its first bytes
 //! start a request the proxy knows (`first_request`): a connection that
 //! sends garbage, or nothing, never makes the proxy open (and close) a
-//! connection to a broker, so a flood of them costs the brokers nothing.
+//! connection to a broker, so a flood of them costs the brokers nothing;
+//! such refusals are warned of once a second at most (`REFUSALS`), so it
+//! does not flood the log either.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
@@ -94,7 +97,10 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
     };
     if let Err(why) = checked {
         return match why {
-            Some(e) => warn!(%peer, error = %e, "connection closed"),
+            Some(e) => match REFUSALS.admit(refusal_second()) {
+                Some(not_logged) => warn!(%peer, error = %e, not_logged, "connection closed"),
+                None => debug!(%peer, error = %e, "connection closed"),
+            },
             None => debug!(%peer, "connection closed before its first request"),
         };
     }
@@ -121,6 +127,50 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
             warn!(error = %e, "connection closed")
         }
     }
+}
+
+/// At most one warning a second for connections refused at their first
+/// frame: a flood of garbage connections must not become a flood of log
+/// lines (one each cost the proxy more than refusing them). The rest are
+/// logged at debug level and counted into the next warning (`not_logged`).
+static REFUSALS: Refusals = Refusals {
+    second: AtomicU64::new(0),
+    skipped: AtomicU64::new(0),
+};
+
+struct Refusals {
+    /// The second (from [`refusal_second`]) of the last warning.
+    second: AtomicU64,
+    /// Refusals not warned of since then.
+    skipped: AtomicU64,
+}
+
+impl Refusals {
+    /// `Some(refusals not warned of since the last warning)` when this one
+    /// is to be warned of (the first in second `now`), else `None` (counted).
+    fn admit(&self, now: u64) -> Option<u64> {
+        let last = self.second.load(Ordering::Relaxed);
+        if now > last
+            && (self.second)
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.skipped.swap(0, Ordering::Relaxed));
+        }
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+/// Whole seconds since the first refusal's clock reading, from 1 (a
+/// monotonic clock: a wall clock set back would silence the warnings).
+fn refusal_second() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
+        + 1
 }
 
 /// Wait (up to `limits.idle_timeout`) for the first 8 bytes of a plain-TCP
@@ -205,5 +255,30 @@ async fn accept_client(
             warn!("TLS handshake with client timed out");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first refusal of each second is warned of, with the count of
+    /// those only counted since the last warning; the others are counted.
+    #[test]
+    fn one_refusal_warning_a_second() {
+        let r = Refusals {
+            second: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+        };
+        assert_eq!(r.admit(1), Some(0));
+        assert_eq!(r.admit(1), None);
+        assert_eq!(r.admit(1), None);
+        assert_eq!(r.admit(2), Some(2));
+        assert_eq!(r.admit(2), None);
+        assert_eq!(r.admit(7), Some(1));
+        assert_eq!(r.admit(8), Some(0));
+        // A second already past (threads racing) is only counted.
+        assert_eq!(r.admit(3), None);
+        assert_eq!(r.admit(9), Some(1));
     }
 }
