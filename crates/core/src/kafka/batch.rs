@@ -597,6 +597,19 @@ mod tests {
     use super::*;
     use crate::kafka::testutil::{RawBatch, RawRecord};
 
+    #[test]
+    fn nullable_ranges() {
+        // -1 (null), then length 2 "ab", then -2 (invalid), then length 5 past the end.
+        let buf = [0x01, 0x04, b'a', b'b', 0x03, 0x0a, b'x'];
+        let mut p = 0;
+        assert_eq!(nullable(&buf, &mut p), Some(None));
+        assert_eq!(nullable(&buf, &mut p), Some(Some(2..4)));
+        assert_eq!(p, 4);
+        assert_eq!(nullable(&buf, &mut p), None);
+        let mut p = 5;
+        assert_eq!(nullable(&buf, &mut p), None);
+    }
+
     fn batch_of(n: i32, base: i64) -> Bytes {
         RawBatch {
             base_offset: base,

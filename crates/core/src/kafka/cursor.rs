@@ -1,13 +1,14 @@
-//! The one bounds-checked reader of Kafka wire bytes: big-endian integers,
-//! unsigned varints (request headers, tagged fields), zig-zag varints
-//! (record fields) and length-prefixed byte ranges. Every read returns
-//! `None` at the end of its window instead of panicking, and leaves the
-//! position unchanged when it fails. Record decoding (`batch`) and the
-//! proxy's request and response peeks both read through it.
+//! The bounds-checked reader of Kafka protocol bytes: big-endian integers,
+//! unsigned varints (request headers, tagged fields) and byte ranges.
+//! Every read returns `None` at the end of its window instead of
+//! panicking, and leaves the position unchanged when it fails. The proxy's
+//! request and response peeks read through it; a batch's records are read
+//! by `batch`'s own index over plain slices (`kafka/varint.rs`), which is
+//! on the hot path.
 
 use std::ops::Range;
 
-use crate::kafka::varint::{read_uvarint, read_varint, read_varlong};
+use crate::kafka::varint::read_uvarint;
 
 /// A position in `buf[..end]`.
 #[derive(Debug, Clone)]
@@ -95,38 +96,11 @@ impl<'a> Cursor<'a> {
         self.with_window(read_uvarint)
     }
 
-    /// A zig-zag varint (i32), as in record fields.
-    pub fn varint(&mut self) -> Option<i32> {
-        self.with_window(read_varint)
-    }
-
-    /// A zig-zag varlong (i64), as in record fields.
-    pub fn varlong(&mut self) -> Option<i64> {
-        self.with_window(read_varlong)
-    }
-
     fn with_window<T>(&mut self, read: fn(&[u8], &mut usize) -> Option<T>) -> Option<T> {
         let mut p = self.pos;
         let v = read(self.buf.get(..self.end)?, &mut p)?;
         self.pos = p;
         Some(v)
-    }
-
-    /// A zig-zag varint length and that many bytes (a record's key, value,
-    /// header key or value): `Some(None)` for length -1 (null), `None` for
-    /// a length below -1 or past the window.
-    pub fn nullable(&mut self) -> Option<Option<Range<usize>>> {
-        let start = self.pos;
-        let n = self.varint()?;
-        let out = match n {
-            -1 => Some(None),
-            n if n < -1 => None,
-            n => self.take(n as usize).map(Some),
-        };
-        if out.is_none() {
-            self.pos = start;
-        }
-        out
     }
 
     /// Skip a nullable string: i16 length, or compact (uvarint length + 1).
@@ -170,20 +144,6 @@ mod tests {
         let mut c = Cursor::new(&buf, 6);
         assert_eq!(c.i16(), None);
         assert_eq!(c.pos(), 6);
-    }
-
-    #[test]
-    fn nullable_ranges() {
-        // -1 (null), then length 2 "ab", then -2 (invalid), then length 5 past the end.
-        let buf = [0x01, 0x04, b'a', b'b', 0x03, 0x0a, b'x'];
-        let mut c = Cursor::new(&buf, 0);
-        assert_eq!(c.nullable(), Some(None));
-        assert_eq!(c.nullable(), Some(Some(2..4)));
-        assert_eq!(c.nullable(), None);
-        assert_eq!(c.pos(), 4);
-        c.skip(1);
-        assert_eq!(c.nullable(), None);
-        assert_eq!(c.pos(), 5);
     }
 
     #[test]

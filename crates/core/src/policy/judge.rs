@@ -53,7 +53,6 @@ impl Decoder {
     }
 }
 
-/// A rule's failure with the rule's own `class:`, when it sets one.
 /// A required header missing, or present with a null value.
 #[cold]
 #[inline(never)]
@@ -75,6 +74,7 @@ fn too_big(len: usize, max: usize) -> Invalid {
     )
 }
 
+/// A rule's failure with the rule's own `class:`, when it sets one.
 fn reclass(mut e: Invalid, class: Option<&Option<Class>>) -> Invalid {
     if let Some(Some(c)) = class {
         e.class = *c;

@@ -16,7 +16,7 @@
 //! reads the document from its start as before.
 
 use super::layout::Layout;
-use super::scan::{captured, number, special, word_at};
+use super::scan::{captured, literal, number, special, word_at, ws};
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_bytes, Seen, ShapeNode};
 
@@ -141,9 +141,11 @@ impl Flat {
                         Some(text) => Some(Seen::Str(text)),
                     }
                 }
-                b't' => Some(literal(b, &mut i, b"true", Seen::Bool(true))?),
-                b'f' => Some(literal(b, &mut i, b"false", Seen::Bool(false))?),
-                b'n' => Some(literal(b, &mut i, b"null", Seen::Null)?),
+                c @ (b't' | b'f' | b'n') => {
+                    let (v, end) = literal(b, i, c)?;
+                    i = end;
+                    Some(v)
+                }
                 _ => {
                     let (v, end) = number(b, i)?;
                     i = end;
@@ -182,25 +184,6 @@ fn token(b: &[u8], i: usize) -> Option<(u8, usize)> {
             Some((*b.get(i)?, i))
         }
     }
-}
-
-/// Past JSON whitespace from `i`.
-#[inline(always)]
-fn ws(b: &[u8], mut i: usize) -> usize {
-    while let Some(b' ' | b'\n' | b'\t' | b'\r') = b.get(i) {
-        i += 1;
-    }
-    i
-}
-
-/// `word` at `b[*i..]`, read as `v`.
-#[inline]
-fn literal(b: &[u8], i: &mut usize, word: &[u8], v: Seen<'static>) -> Option<Seen<'static>> {
-    let end = *i + word.len();
-    (b.get(*i..end)? == word).then(|| {
-        *i = end;
-        v
-    })
 }
 
 /// A string without escapes or control characters, after its opening

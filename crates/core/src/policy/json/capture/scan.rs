@@ -65,14 +65,9 @@ struct Scanner<'p, 'c, 'de> {
 }
 
 impl<'p, 'de> Scanner<'p, '_, 'de> {
-    /// JSON whitespace, as serde_json reads it.
     #[inline]
     fn ws(&mut self) {
-        let mut i = self.i;
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(i) {
-            i += 1;
-        }
-        self.i = i;
+        self.i = ws(self.b, self.i);
     }
 
     #[inline]
@@ -86,14 +81,6 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
             return Err(GiveUp);
         }
         self.i += 1;
-        Ok(())
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Scan<()> {
-        if !self.b[self.i..].starts_with(word) {
-            return Err(GiveUp);
-        }
-        self.i += word.len();
         Ok(())
     }
 
@@ -181,17 +168,10 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
                 self.i += 1;
                 Seen::Str(self.string()?)
             }
-            b't' => {
-                self.literal(b"true")?;
-                Seen::Bool(true)
-            }
-            b'f' => {
-                self.literal(b"false")?;
-                Seen::Bool(false)
-            }
-            b'n' => {
-                self.literal(b"null")?;
-                Seen::Null
+            b't' | b'f' | b'n' => {
+                let (v, end) = literal(self.b, self.i, first).ok_or(GiveUp)?;
+                self.i = end;
+                v
             }
             _ => self.number()?,
         })
@@ -330,6 +310,29 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
         }
         Ok(())
     }
+}
+
+/// Past JSON whitespace (as serde_json reads it) from `i`.
+#[inline(always)]
+pub(super) fn ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\t' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The literal (`true`, `false` or `null`) that `first`, the byte at
+/// `b[i]`, starts, and where it ends; `None` for anything else.
+#[inline]
+pub(super) fn literal(b: &[u8], i: usize, first: u8) -> Option<(Seen<'static>, usize)> {
+    let (word, v): (&[u8], _) = match first {
+        b't' => (b"true", Seen::Bool(true)),
+        b'f' => (b"false", Seen::Bool(false)),
+        b'n' => (b"null", Seen::Null),
+        _ => return None,
+    };
+    let end = i + word.len();
+    (b.get(i..end)? == word).then_some((v, end))
 }
 
 /// The number token at `b[start..]`, as serde_json would report it to a
