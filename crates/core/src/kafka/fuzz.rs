@@ -40,6 +40,7 @@ pub fn check_splice_invariants(section: &[u8], remove: &[u8], cut_index: Option<
     let mut bit = 0usize;
     for seg in &segs {
         let Segment::Batch(batch) = seg else { continue };
+        walks_agree(batch);
         let Ok(decoded) = batch.decode() else {
             continue;
         };
@@ -54,6 +55,35 @@ pub fn check_splice_invariants(section: &[u8], remove: &[u8], cut_index: Option<
             .and_then(|k| decoded.offset(k))
             .filter(|&o| o > batch.base_offset() && o <= batch.next_offset());
         check_one(batch, &decoded, &keep, cut);
+    }
+}
+
+/// An opened batch's first walk finds what `decode` finds: the same
+/// error, or the same records, each record read alone the same as walked.
+fn walks_agree(batch: &crate::kafka::batch::Batch) {
+    let decoded = batch.decode().map_err(|e| e.to_string());
+    let Ok(opened) = batch.open_with_limit(super::compression::DEFAULT_MAX_DECOMPRESSED) else {
+        assert!(decoded.is_err(), "open fails only where decode does");
+        return;
+    };
+    let mut walked = Vec::new();
+    let end = opened.each_record(|i, r| walked.push((i, r.clone())));
+    match (&decoded, end) {
+        (Ok(d), Ok(())) => {
+            assert_eq!(walked.len(), d.len());
+            for (i, r) in &walked {
+                assert_eq!(d.record(*i).as_ref(), Some(r));
+                assert_eq!(opened.record(*i).as_ref(), Some(r));
+            }
+            let raws: Vec<&[u8]> = opened.raw_records().collect();
+            let joined: Vec<u8> = raws.concat();
+            assert_eq!(&joined[..], &opened.buffer()[..], "records tile the buffer");
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a, &b.to_string());
+            assert!(opened.check().is_err() && opened.record(0).is_none());
+        }
+        (a, b) => panic!("decode {a:?} but walk {b:?}"),
     }
 }
 

@@ -65,14 +65,12 @@ pub fn splice(
                 .map_err(|_| BatchError::Invalid(format!("cut_before {off} too far")))?
         }
     };
-    let kept: Vec<usize> = (0..decoded.len())
-        .filter(|&i| keep[i])
-        .filter(|&i| match (cut_before, decoded.offset(i)) {
-            (Some(off), Some(o)) => o < off,
-            _ => true,
-        })
+    // Offsets are read only for a cut.
+    let kept: Vec<bool> = (keep.iter().enumerate())
+        .map(|(i, &k)| k && cut_before.is_none_or(|off| decoded.offset(i).is_none_or(|o| o < off)))
         .collect();
-    if kept.len() == decoded.len() && last_offset_delta == batch.last_offset_delta() {
+    let n_kept = kept.iter().filter(|&&k| k).count();
+    if n_kept == kept.len() && last_offset_delta == batch.last_offset_delta() {
         return Ok(batch.bytes().clone());
     }
     if batch.is_control() {
@@ -85,16 +83,17 @@ pub fn splice(
     let mut attributes = batch.attributes();
     let mut out = BytesMut::with_capacity(HEADER_LEN + decoded.buffer().len());
     out.extend_from_slice(&src[..HEADER_LEN]);
-    if kept.is_empty() {
+    let kept_records = || (decoded.raw_records().zip(&kept)).filter_map(|(r, &k)| k.then_some(r));
+    if n_kept == 0 {
         attributes &= !ATTR_CODEC_MASK;
     } else if decoded.compression() == Compression::None {
-        for &i in &kept {
-            out.extend_from_slice(decoded.raw_record(i).unwrap_or_default());
+        for r in kept_records() {
+            out.extend_from_slice(r);
         }
     } else {
         let mut raw = Vec::with_capacity(decoded.buffer().len());
-        for &i in &kept {
-            raw.extend_from_slice(decoded.raw_record(i).unwrap_or_default());
+        for r in kept_records() {
+            raw.extend_from_slice(r);
         }
         let codec = decoded.compression();
         out.extend_from_slice(&compression::compress(
@@ -105,8 +104,7 @@ pub fn splice(
     }
     out[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
     out[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4].copy_from_slice(&last_offset_delta.to_be_bytes());
-    let n =
-        i32::try_from(kept.len()).map_err(|_| BatchError::Invalid("too many records".into()))?;
+    let n = i32::try_from(n_kept).map_err(|_| BatchError::Invalid("too many records".into()))?;
     out[RECORDS_COUNT..RECORDS_COUNT + 4].copy_from_slice(&n.to_be_bytes());
     finish_header(&mut out)?;
     Ok(out.freeze())

@@ -180,9 +180,19 @@ fn plan_batch(
         Ok(d) => d,
         Err(reason) => return plan_undecodable(plan, &batch, reason, &earlier),
     };
-    let (known, cached) = match known {
-        Some(k) => (k, !ahead),
+    // Judging reads the records for the first time: a malformed one is
+    // found there. Verdicts from the cache were reached on these bytes,
+    // but this copy's records are still read (once) before any is used.
+    let judged = match known {
+        Some(k) => decoded.check().map(|()| (k, !ahead)),
         None => judge_now(plan, input, env.verdicts, &batch, &decoded),
+    };
+    let (known, cached) = match judged {
+        Ok(j) => j,
+        Err(e) => {
+            let reason = HoldReason::Undecodable(e.to_string());
+            return plan_undecodable(plan, &batch, reason, &earlier);
+        }
     };
     let invalid = known.verdicts().clone();
     if invalid.is_empty() && earlier.is_empty() && !keyed {
@@ -269,14 +279,15 @@ fn plan_undecodable(
 }
 
 /// Judge a decoded batch (or find another fetch's verdicts reached while
-/// it was decoding). Returns the verdicts and whether they were cached.
+/// it was decoding). Returns the verdicts and whether they were cached;
+/// `Err` for a batch whose records cannot be read.
 fn judge_now(
     plan: &mut PartitionPlan,
     input: &PartitionInput<'_>,
     cache: &VerdictCache,
     batch: &Batch,
     decoded: &DecodedBatch,
-) -> (Known, bool) {
+) -> Result<(Known, bool), BatchError> {
     let (k, judged_here) = cache.judge(
         input.policy,
         input.topic,
@@ -284,7 +295,7 @@ fn judge_now(
         batch,
         decoded,
         input.now_ms,
-    );
+    )?;
     let fresh = if judged_here {
         plan.stats.judged += decoded.len() as u64;
         plan.stats.validated += decoded.len() as u64;
@@ -292,7 +303,7 @@ fn judge_now(
     } else {
         count_known(plan, &k, decoded.len() as u64)
     };
-    (k, !fresh)
+    Ok((k, !fresh))
 }
 
 /// Counts `records` judged by verdicts found in the cache: validated now
@@ -321,11 +332,13 @@ fn apply_verdicts(
     cached: bool,
     order: Option<&mut KeyOrder<'_>>,
 ) -> (Vec<bool>, KeyedOutcome) {
+    // Offsets are read only when some were diverted before.
     let mut keep_mask: Vec<bool> = (0..decoded.len())
         .map(|i| {
-            decoded
-                .offset(i)
-                .is_none_or(|o| earlier.binary_search(&o).is_err())
+            earlier.is_empty()
+                || decoded
+                    .offset(i)
+                    .is_none_or(|o| earlier.binary_search(&o).is_err())
         })
         .collect();
     let action = plan.policy.on_invalid;
@@ -469,13 +482,16 @@ fn divert_whole(
 const EXPANSION_GUESS: usize = 32;
 
 /// Bytes first reserved for the index of an uncompressed batch (whose
-/// records are a slice of the response), as a multiple of its size: an
-/// index entry per record of ~200 bytes is well under it.
-const INDEX_GUESS: usize = 2;
+/// records are a slice of the response), as a multiple of its size: 4
+/// bytes where each record starts, and a record takes at least 7.
+const INDEX_GUESS: usize = 1;
 
-/// Decode `batch`, holding what decoding allocates (decompressed bytes and
-/// the index of records and headers) against `budget`: the decoder is
-/// limited to the bytes reserved, so it can never allocate past them.
+/// Open `batch`, holding what decoding allocates (decompressed bytes and
+/// where each record starts) against `budget`: the decoder is limited to
+/// the bytes reserved, so it can never allocate past them. Its records
+/// are checked as they are first read (judged, or `DecodedBatch::check`).
+/// The header list of the record being read is not counted: one at a
+/// time, at most 16 times that record's bytes.
 pub(crate) fn decode_within(
     batch: &Batch,
     budget: &Arc<DecodeBudget>,
@@ -484,9 +500,9 @@ pub(crate) fn decode_within(
     let uncompressed =
         batch.compression() == Some(Compression::None) || batch.compression().is_none();
     // An uncompressed batch's index may need more than the decompression
-    // cap (records of a few bytes, tens of index bytes each): up to the
-    // whole decode budget, so that only an index larger than the budget
-    // makes a batch undecodable.
+    // cap (a batch of records of a few bytes larger than 112 MiB): up to
+    // the whole decode budget, so that only an index larger than the
+    // budget makes a batch undecodable.
     let cap = if uncompressed {
         DEFAULT_MAX_DECOMPRESSED.max(budget.limit())
     } else {
@@ -502,7 +518,8 @@ pub(crate) fn decode_within(
     let mut limit = guess;
     loop {
         let mut memory = budget.try_reserve(limit).ok_or(HoldReason::Budget)?;
-        match batch.decode_with_limit(limit) {
+        // Opened only: judging reads (and so checks) its records.
+        match batch.open_with_limit(limit) {
             Ok(d) => {
                 memory.shrink_to(d.memory());
                 return Ok((d, Some(memory)));

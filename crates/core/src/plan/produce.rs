@@ -209,7 +209,7 @@ pub fn judge_produce(
             Ok(d) => d,
             Err(reason) => return DoorVerdict::Unjudgeable(reason),
         };
-        decoded.each_record(|_, record| {
+        let walked = decoded.each_record(|_, record| {
             rejection.records += 1;
             if let Verdict::Invalid(invalid) = policy.judge_in(topic, record, now_ms) {
                 match invalid.class {
@@ -224,6 +224,9 @@ pub fn judge_produce(
             }
             index = index.saturating_add(1);
         });
+        if let Err(e) = walked {
+            return DoorVerdict::Unjudgeable(HoldReason::Undecodable(e.to_string()));
+        }
     }
     if rejection.definite > 0 {
         rejection.recheck.clear(); // refused whatever the registry says
@@ -362,6 +365,17 @@ mod tests {
         assert!(matches!(
             judge(&Bytes::from(bad)),
             DoorVerdict::Unjudgeable(HoldReason::Undecodable(_))
+        ));
+        // A byte after the last record, CRC intact: found while judging.
+        let mut trailing = good.to_vec();
+        trailing.push(0);
+        let len = i32::from_be_bytes([trailing[8], trailing[9], trailing[10], trailing[11]]);
+        trailing[8..12].copy_from_slice(&(len + 1).to_be_bytes());
+        let crc = crc32c::crc32c(&trailing[21..]);
+        trailing[17..21].copy_from_slice(&crc.to_be_bytes());
+        assert!(matches!(
+            judge(&Bytes::from(trailing)),
+            DoorVerdict::Unjudgeable(HoldReason::Undecodable(why)) if why.contains("bytes left")
         ));
         // A legacy magic 1 message set.
         let mut legacy = good.to_vec();

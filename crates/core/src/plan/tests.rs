@@ -608,6 +608,49 @@ fn an_undecodable_batch_holds_the_partition_after_the_valid_batches_before_it() 
     );
 }
 
+/// `batch` with a byte after its last record, its length and CRC fixed:
+/// well framed, but its records do not parse.
+fn trailing_byte(mut b: Vec<u8>) -> Vec<u8> {
+    b.push(0);
+    let len = i32::from_be_bytes([b[8], b[9], b[10], b[11]]) + 1;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+/// A batch is read once, as it is judged, so a record that does not parse
+/// (here a byte after the last one, CRC intact) is found only after the
+/// records before it were judged: it holds the partition there all the
+/// same, the poison judged in it is not diverted, and nothing is cached,
+/// so the next fetch (reading the cache first) holds there again.
+#[test]
+fn a_batch_found_malformed_while_judged_is_held_and_not_cached() {
+    let mut raw = batch(0, 3, &[1], Compression::None, -1, false);
+    raw.extend(trailing_byte(batch(
+        3,
+        3,
+        &[1],
+        Compression::None,
+        -1,
+        false,
+    )));
+    raw.extend(batch(6, 2, &[], Compression::None, -1, false));
+    let section = Bytes::from(raw);
+    let (pol, cache) = (policy("divert"), VerdictCache::new(16));
+    for round in 0..2 {
+        let p = replan(&pol, &section, &cache, &[]);
+        let held = p.held.clone().expect("held at the malformed batch");
+        assert_eq!(held.offset, 3, "round {round}");
+        assert!(matches!(&held.reason, HoldReason::Undecodable(why) if why.contains("bytes left")));
+        assert_eq!(p.stats.undecodable_batches, 1);
+        let diverted: Vec<i64> = p.diversions.iter().map(|d| d.origin_offset).collect();
+        assert_eq!(diverted, [1], "only the poison before the malformed batch");
+        let out = p.apply(p.held_from(None)).unwrap();
+        assert_eq!(offsets(&out), vec![(0, vec![0, 2], 3)]);
+    }
+}
+
 #[test]
 fn on_undecodable_divert_writes_the_raw_batch_once_and_moves_on() {
     let text = format!("{POLICY}    on_undecodable: divert\n");

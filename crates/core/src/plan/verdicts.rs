@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use bytes::Bytes;
 use dashmap::DashMap;
 
-use crate::kafka::batch::{Batch, DecodedBatch};
+use crate::kafka::batch::{Batch, BatchError, DecodedBatch};
 use crate::policy::{Class, Invalid, Policy, Verdict};
 
 type Key = (Arc<str>, i32, i64);
@@ -58,8 +58,9 @@ struct Entry {
     crc: u32,
     len: usize,
     policy: Arc<Policy>,
-    /// Set once, by whichever fetch judges the batch first.
-    invalid: OnceLock<Verdicts>,
+    /// Set once, by whichever fetch judges the batch first: the verdicts,
+    /// or why its records cannot be read (the entry is then dropped).
+    invalid: OnceLock<Result<Verdicts, BatchError>>,
     /// Judged by a helper ahead of the planner, and not yet claimed by one.
     ahead: AtomicBool,
     /// The batch without its removed records (see [`Known::spliced`]).
@@ -187,13 +188,14 @@ impl VerdictCache {
         if !e.matches(batch, policy) {
             return None;
         }
-        let verdicts = e.invalid.get()?.clone();
+        let verdicts = e.invalid.get()?.as_ref().ok()?.clone();
         Some(self.known(e.clone(), verdicts))
     }
 
     /// The verdicts of a decoded batch: judged now, or taken from (or
     /// awaited from) a fetch that judges it at the same time. The flag says
-    /// whether this call did the judging.
+    /// whether this call did the judging. `Err` when the batch's records
+    /// cannot be read (a malformed record found as they are judged).
     pub fn judge(
         &self,
         policy: &Arc<Policy>,
@@ -202,13 +204,15 @@ impl VerdictCache {
         batch: &Batch,
         decoded: &DecodedBatch,
         now_ms: i64,
-    ) -> (Known, bool) {
+    ) -> Result<(Known, bool), BatchError> {
         self.judge_as(policy, (topic, partition), (batch, decoded), now_ms, false)
     }
 
     /// [`VerdictCache::judge`] by a helper judging ahead of the planner:
     /// when this call judges, the entry is marked for the planner to claim
     /// (marked before the verdicts are visible, so no planner misses it).
+    /// False also for a batch whose records cannot be read: its planner
+    /// finds that out again and holds there.
     pub fn judge_ahead(
         &self,
         policy: &Arc<Policy>,
@@ -218,7 +222,7 @@ impl VerdictCache {
         now_ms: i64,
     ) -> bool {
         self.judge_as(policy, (topic, partition), (batch, decoded), now_ms, true)
-            .1
+            .is_ok_and(|(_, here)| here)
     }
 
     fn judge_as(
@@ -228,7 +232,7 @@ impl VerdictCache {
         (batch, decoded): (&Batch, &DecodedBatch),
         now_ms: i64,
         ahead: bool,
-    ) -> (Known, bool) {
+    ) -> Result<(Known, bool), BatchError> {
         let key = (topic.clone(), partition, batch.base_offset());
         let entry = {
             if self.map.len() >= self.capacity {
@@ -258,10 +262,20 @@ impl VerdictCache {
                             invalid: v,
                         });
                     }
-                });
-                Arc::new(invalid)
+                })?;
+                Ok(Arc::new(invalid))
             })
             .clone();
+        let verdicts = match verdicts {
+            Ok(v) => v,
+            Err(e) => {
+                self.map
+                    .remove_if(&(topic.clone(), partition, batch.base_offset()), |_, e| {
+                        Arc::ptr_eq(e, &entry)
+                    });
+                return Err(e);
+            }
+        };
         // A `transient` verdict (the schema registry has not answered) is
         // never kept: the next fetch judges the batch again.
         if verdicts.iter().any(|j| j.invalid.class == Class::Transient) {
@@ -270,7 +284,7 @@ impl VerdictCache {
                     Arc::ptr_eq(e, &entry)
                 });
         }
-        (self.known(entry, verdicts), judged_here)
+        Ok((self.known(entry, verdicts), judged_here))
     }
 
     fn known(&self, entry: Arc<Entry>, verdicts: Verdicts) -> Known {
