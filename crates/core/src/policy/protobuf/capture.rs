@@ -42,6 +42,9 @@ struct Msg {
     /// Sorted by number.
     fields: Vec<Field>,
     supported: bool,
+    /// Per one-byte key (fields 1-15), the index + 1 of the field it names
+    /// with the wire type that field's values have; 0 for any other key.
+    by_key: Box<[u16; 128]>,
 }
 
 impl Msg {
@@ -209,7 +212,18 @@ impl Tables {
             });
         }
         fields.sort_by_key(|f| f.number);
-        Msg { fields, supported }
+        let mut by_key = Box::new([0u16; 128]);
+        for (i, f) in fields.iter().enumerate() {
+            let key = (f.number << 3) | u32::from(f.wire);
+            if let (Some(slot), Ok(index)) = (by_key.get_mut(key as usize), u16::try_from(i + 1)) {
+                *slot = index;
+            }
+        }
+        Msg {
+            fields,
+            supported,
+            by_key,
+        }
     }
 
     /// Read the captures of `payload`, a `desc` message, into `caps`
@@ -276,6 +290,9 @@ struct At {
     /// (field index, slot) of the fields without presence a rule reads:
     /// their defaults are set before the fields are read.
     defaults: Box<[(usize, usize)]>,
+    /// Their bits (fields below 64), as `seen` sets them: when all are
+    /// seen, no default is set.
+    defaulted: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -309,13 +326,17 @@ impl Links {
                     todo.push((*inner, k));
                 }
             }
-            let defaults = (fields.iter().zip(kids.iter()).enumerate())
+            let defaults: Box<[(usize, usize)]> = (fields.iter().zip(kids.iter()).enumerate())
                 .filter_map(|(i, (f, kid))| Some((i, kid.slot.filter(|_| f.default.is_some())?)))
                 .collect();
+            let defaulted = (defaults.iter())
+                .filter(|&&(fi, _)| fi < 64)
+                .fold(0u64, |bits, &(fi, _)| bits | 1 << fi);
             at[m].push(At {
                 node,
                 kids,
                 defaults,
+                defaulted,
             });
         }
         Links { at }
@@ -402,7 +423,7 @@ impl<'a> Reader<'_, '_, 'a> {
         let t = self.t;
         let msg = t.msgs.get(m).ok_or(GiveUp)?;
         let mut kids: &[Kid] = &[];
-        let mut defaults: &[(usize, usize)] = &[];
+        let (mut defaults, mut defaulted): (&[(usize, usize)], u64) = (&[], 0);
         // Defaults go to the fields a rule reads that the message left out,
         // once it is read; a message with more fields than `seen` has bits
         // gets them first, to be replaced as fields are read.
@@ -421,31 +442,47 @@ impl<'a> Reader<'_, '_, 'a> {
                 self.entered |= bit;
             }
             let at = self.links.get(m, n).ok_or(GiveUp)?;
-            (kids, defaults) = (&at.kids, &at.defaults);
+            (kids, defaults, defaulted) = (&at.kids, &at.defaults, at.defaulted);
             if early {
                 self.defaults(msg, defaults, 0);
             }
         }
         while self.i < end {
-            let key = self.varint()?;
-            let number = u32::try_from(key >> 3).map_err(|_| GiveUp)?;
-            if number == 0 || key > u64::from(u32::MAX) {
-                return Err(GiveUp);
-            }
-            let wire = (key & 7) as u8;
-            match msg.field(number) {
-                Ok(fi) => {
-                    seen |= 1u64 << (fi & 63);
-                    let kid = kids.get(fi).copied().unwrap_or_default();
-                    self.field(&msg.fields[fi], wire, kid, end, depth)?
+            // Most keys are one byte naming a known field with the wire
+            // type its values have: found by that byte alone.
+            let by_key = (self.b.get(self.i))
+                .and_then(|&k| msg.by_key.get(usize::from(k)))
+                .map_or(0, |&f| usize::from(f));
+            let (fi, wire) = match by_key.checked_sub(1) {
+                Some(fi) => {
+                    self.i += 1;
+                    (fi, msg.fields.get(fi).ok_or(GiveUp)?.wire)
                 }
-                Err(_) => self.skip(wire, end)?,
-            }
+                None => {
+                    let key = self.varint()?;
+                    let number = u32::try_from(key >> 3).map_err(|_| GiveUp)?;
+                    if number == 0 || key > u64::from(u32::MAX) {
+                        return Err(GiveUp);
+                    }
+                    let wire = (key & 7) as u8;
+                    match msg.field(number) {
+                        Ok(fi) => (fi, wire),
+                        Err(_) => {
+                            self.skip(wire, end)?;
+                            continue;
+                        }
+                    }
+                }
+            };
+            seen |= 1u64 << (fi & 63);
+            let kid = kids.get(fi).copied().unwrap_or_default();
+            self.field(&msg.fields[fi], wire, kid, end, depth)?
         }
         if self.i != end {
             return Err(GiveUp);
         }
-        if !early {
+        // (Without `early`, every field index is below 64: all have bits.)
+        if !early && seen & defaulted != defaulted {
             self.defaults(msg, defaults, seen);
         }
         Ok(())
