@@ -362,7 +362,7 @@ mod tests {
         let buf = [0x01, 0x04, b'a', b'b', 0x03, 0x0a, b'x'];
         let mut p = 0;
         assert_eq!(nullable(&buf, &mut p), Some(None));
-        assert_eq!(nullable(&buf, &mut p), Some(Some(2..4)));
+        assert_eq!(nullable(&buf, &mut p), Some(Some(&b"ab"[..])));
         assert_eq!(p, 4);
         assert_eq!(nullable(&buf, &mut p), None);
         let mut p = 5;

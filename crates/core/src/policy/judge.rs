@@ -15,6 +15,7 @@ use crate::kafka::record::Record;
 
 /// How a value's bytes are decoded for the schema and the rules.
 #[derive(Debug)]
+#[repr(u8)]
 pub(super) enum Decoder {
     Bytes,
     /// `fast`: set when the policy has no JSON Schema or its schema

@@ -116,8 +116,9 @@ impl ProtoDecoder {
             _ => Tables::default(),
         };
         let raw_links = Links::new(&raw, &plan);
+        let expected = self.message.as_ref().map(|m| m.full_name().to_string());
         for (file, links) in self.ids.values_mut() {
-            *links = file.links(&plan);
+            *links = file.links(&plan, expected.as_deref());
         }
         self.fast = Some(Fast {
             plan,

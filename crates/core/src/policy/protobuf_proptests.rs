@@ -309,6 +309,38 @@ fn the_fast_path_reads_encoded_messages() {
         .binary_fast_path_takes(&framed));
 }
 
+/// A topic whose records must be the file's second message: a record
+/// framed `[0]` (the first) is not read by the fast path, whose name check
+/// is skipped only when the first message is the one expected, and is
+/// poison as the full decoder says; one framed `[1]` is read.
+#[test]
+fn index_zero_of_another_type_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("t.proto"), PROTO).expect("write schema");
+    let text = "policies:\n  - name: inner\n    topics: [inner]\n    \
+        value: {format: protobuf, wire: confluent, message: t.Inner, schema_ids: {7: t.proto}}\n    \
+        rules:\n      - field: /x\n        min: 0\n";
+    let set = PolicySet::parse(text, &dir.path().join("p.yaml")).expect("parses");
+    let p = &set.policies()[0];
+    let mut t = DynamicMessage::new(descriptor("t.T"));
+    t.set_field_by_name("n", P::I32(1));
+    let mut first = vec![0, 0, 0, 0, 7, 0];
+    first.extend_from_slice(&t.encode_to_vec());
+    assert!(!p.inner.binary_fast_path_takes(&first));
+    let verdict = p.inner.judge("", &record(&first, NOW), NOW);
+    assert_eq!(verdict, p.inner.judge_reference(&record(&first, NOW), NOW));
+    assert!(
+        format!("{verdict:?}").contains("this topic expects t.Inner"),
+        "{verdict:?}"
+    );
+    let mut inner = DynamicMessage::new(descriptor("t.Inner"));
+    inner.set_field_by_name("x", P::I32(3));
+    let mut second = vec![0, 0, 0, 0, 7, 2, 2];
+    second.extend_from_slice(&inner.encode_to_vec());
+    assert!(p.inner.binary_fast_path_takes(&second));
+    assert_eq!(p.inner.judge("", &record(&second, NOW), NOW), Ok(()));
+}
+
 /// A message type with more fields than the reader tracks as read (64)
 /// gets its defaults before its fields, and still judges as the full
 /// decoder does: fields absent (defaults), present, and given twice.

@@ -210,7 +210,7 @@ impl RegistryDecoder {
                 avro::compile_registered(writer, named, plan).map_or(Program::None, Program::Avro)
             }
             (Registered::Protobuf(file), RegFormat::Protobuf) => {
-                Program::Protobuf(file.links(plan))
+                Program::Protobuf(file.links(plan, self.message.as_deref()))
             }
             _ => Program::None,
         };

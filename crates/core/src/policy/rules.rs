@@ -163,6 +163,7 @@ impl Doc for Value {
 /// A borrowed view of one JSON value; arrays and objects are always a
 /// `serde_json::Value`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(u8)]
 pub(crate) enum Field<'a> {
     Null,
     Bool(bool),
@@ -266,6 +267,7 @@ impl TimeUnit {
 
 /// One compiled rule, judged in file order (staleness is separate).
 #[derive(Debug)]
+#[repr(u8)]
 pub(crate) enum Rule {
     OneOf {
         id: String,

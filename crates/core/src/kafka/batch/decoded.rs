@@ -3,7 +3,7 @@
 //! checks each record's framing and keeps where each one starts, the only
 //! index a batch has (4 bytes a record), for random access after it.
 
-use std::ops::{ControlFlow, Range};
+use std::ops::ControlFlow;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
@@ -46,21 +46,18 @@ fn malformed(at: usize, what: &str) -> BatchError {
     BatchError::Malformed(format!("{what} at byte {at} of the records"))
 }
 
-/// A nullable byte range (a record's key, value, header key or value): a
+/// A nullable byte string (a record's key, value, header key or value): a
 /// zig-zag varint length, -1 for null, then that many bytes of `b`.
 #[inline(always)]
-pub(super) fn nullable(b: &[u8], p: &mut usize) -> Option<Option<Range<usize>>> {
+pub(super) fn nullable<'b>(b: &'b [u8], p: &mut usize) -> Option<Option<&'b [u8]>> {
     let n = read_varint(b, p)?;
     if n == -1 {
         return Some(None);
     }
     let end = p.checked_add(usize::try_from(n).ok()?)?;
-    if end > b.len() {
-        return None;
-    }
-    let r = *p..end;
+    let s = b.get(*p..end)?;
     *p = end;
-    Some(Some(r))
+    Some(Some(s))
 }
 
 /// The first fields of the record at `p`: where its fields start (after
@@ -125,17 +122,13 @@ impl DecodedBatch {
         }
         r.offset = self.base_offset.wrapping_add(i64::from(offset_delta));
         r.timestamp = self.base_timestamp.wrapping_add(timestamp_delta);
-        r.key = key.map(|k| &b[k]);
-        r.value = value.map(|v| &b[v]);
+        (r.key, r.value) = (key, value);
         r.headers.clear();
         for _ in 0..n_headers {
             let key = need(nullable(b, &mut p), p, "header key")?
                 .ok_or_else(|| malformed(p, "null header key"))?;
             let value = need(nullable(b, &mut p), p, "header value")?;
-            r.headers.push(Header {
-                key: &b[key],
-                value: value.map(|v| &b[v]),
-            });
+            r.headers.push(Header { key, value });
         }
         if p != end {
             return Err(malformed(p, "record length does not match its fields"));

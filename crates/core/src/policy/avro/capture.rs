@@ -37,6 +37,7 @@ pub(crate) struct Prog {
 }
 
 #[derive(Debug)]
+#[repr(u8)]
 enum Kind {
     Null,
     Boolean,

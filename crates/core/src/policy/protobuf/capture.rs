@@ -21,11 +21,13 @@
 use std::collections::HashMap;
 
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
-use prost_reflect::{Kind, MessageDescriptor, Value as P};
+use prost_reflect::MessageDescriptor;
 use serde_json::Number;
 
 use crate::policy::json::{Captured, Captures, Plan};
 use crate::policy::wire::{is_utf8, varint_at, Tenth};
+
+mod compile;
 
 /// Nested messages read at most this deep (prost allows 100).
 const MAX_DEPTH: usize = 32;
@@ -73,7 +75,10 @@ struct Field {
     default: Option<Def>,
 }
 
+/// A field's kind. A tag byte of its own (`repr(u8)`), so reading a field
+/// dispatches on one byte rather than decoding a niche.
 #[derive(Debug)]
+#[repr(u8)]
 enum K {
     Int32,
     Sint32,
@@ -103,129 +108,6 @@ enum Def {
 }
 
 impl Tables {
-    /// Tables for `roots` and every message type they reach.
-    pub(crate) fn compile(roots: impl IntoIterator<Item = MessageDescriptor>) -> Tables {
-        let mut t = Tables::default();
-        let mut todo: Vec<MessageDescriptor> = roots.into_iter().collect();
-        let mut descs = Vec::new();
-        while let Some(d) = todo.pop() {
-            if t.by_name.contains_key(d.full_name()) {
-                continue;
-            }
-            t.by_name.insert(d.full_name().to_string(), descs.len());
-            todo.extend(d.child_messages());
-            for f in d.fields() {
-                if let Kind::Message(m) = f.kind() {
-                    todo.push(m);
-                }
-            }
-            descs.push(d);
-        }
-        t.msgs = descs.iter().map(|d| t.message(d)).collect();
-        // A message is read only if every message type it holds is.
-        loop {
-            let before: Vec<bool> = t.msgs.iter().map(|m| m.supported).collect();
-            for m in &mut t.msgs {
-                m.supported &= m.fields.iter().all(|f| match f.kind {
-                    K::Message(i) => before.get(i).copied().unwrap_or(false),
-                    _ => true,
-                });
-            }
-            if t.msgs.iter().map(|m| m.supported).eq(before) {
-                break;
-            }
-        }
-        t
-    }
-
-    fn message(&self, d: &MessageDescriptor) -> Msg {
-        let mut supported = d.extensions().len() == 0;
-        let mut fields = Vec::new();
-        for f in d.fields() {
-            let synthetic = f.containing_oneof().is_none_or(|o| o.is_synthetic());
-            if f.is_list() || f.is_map() || f.is_group() || !synthetic {
-                supported = false;
-                continue;
-            }
-            let kind = match f.kind() {
-                Kind::Int32 => K::Int32,
-                Kind::Sint32 => K::Sint32,
-                Kind::Sfixed32 => K::Sfixed32,
-                Kind::Int64 => K::Int64,
-                Kind::Sint64 => K::Sint64,
-                Kind::Sfixed64 => K::Sfixed64,
-                Kind::Uint32 => K::Uint32,
-                Kind::Fixed32 => K::Fixed32,
-                Kind::Uint64 => K::Uint64,
-                Kind::Fixed64 => K::Fixed64,
-                Kind::Float => K::Float,
-                Kind::Double => K::Double,
-                Kind::Bool => K::Bool,
-                Kind::String => K::Str,
-                Kind::Bytes => K::Bytes,
-                Kind::Enum(e) => {
-                    let mut names: Vec<(i32, String)> = e
-                        .values()
-                        .map(|v| (v.number(), v.name().to_string()))
-                        .collect();
-                    names.sort_by_key(|n| n.0);
-                    let count = names.len();
-                    names.dedup_by_key(|n| n.0);
-                    if names.len() != count {
-                        // Aliases: which name the full path shows is the
-                        // descriptor's binary search's choice.
-                        supported = false;
-                    }
-                    K::Enum(names)
-                }
-                Kind::Message(m) => match self.by_name.get(m.full_name()) {
-                    Some(&i) => K::Message(i),
-                    None => {
-                        supported = false;
-                        continue;
-                    }
-                },
-            };
-            let default = if f.supports_presence() {
-                None
-            } else {
-                match default(&f.default_value(), &kind) {
-                    Some(d) => Some(d),
-                    None => {
-                        supported = false;
-                        continue;
-                    }
-                }
-            };
-            let wire = match kind {
-                K::Float | K::Fixed32 | K::Sfixed32 => 5,
-                K::Double | K::Fixed64 | K::Sfixed64 => 1,
-                K::Str | K::Bytes | K::Message(_) => 2,
-                _ => 0,
-            };
-            fields.push(Field {
-                number: f.number(),
-                name: f.name().to_string(),
-                kind,
-                wire,
-                default,
-            });
-        }
-        fields.sort_by_key(|f| f.number);
-        let mut by_key = Box::new([0u16; 128]);
-        for (i, f) in fields.iter().enumerate() {
-            let key = (f.number << 3) | u32::from(f.wire);
-            if let (Some(slot), Ok(index)) = (by_key.get_mut(key as usize), u16::try_from(i + 1)) {
-                *slot = index;
-            }
-        }
-        Msg {
-            fields,
-            supported,
-            by_key,
-        }
-    }
-
     /// Read the captures of `payload`, a `desc` message, into `caps`
     /// (`Captures::new` of the plan `links` were made for, filled in place);
     /// false when the full decoder must judge it.
@@ -262,13 +144,12 @@ impl Tables {
         }
         let mut r = Reader {
             t: self,
-            b: payload,
-            i: 0,
             links,
             caps,
             entered: 0,
         };
-        r.message(m, Some(0), payload.len(), 0).is_ok()
+        let mut at = Cur { b: payload, i: 0 };
+        r.message(&mut at, m, Some(0), payload.len(), 0).is_ok()
     }
 }
 
@@ -279,6 +160,10 @@ impl Tables {
 #[derive(Debug, Default)]
 pub(crate) struct Links {
     at: Vec<Vec<At>>,
+    /// Whether the file's first message is the type every record must
+    /// have (or none is required): then an index array `[0]` needs no
+    /// name compared per record ([`super::IndexedFile::capture`]).
+    pub(super) first_expected: bool,
 }
 
 /// Message type `m` read at trie node `node`.
@@ -339,33 +224,16 @@ impl Links {
                 defaulted,
             });
         }
-        Links { at }
+        Links {
+            at,
+            first_expected: false,
+        }
     }
 
     /// Message type `m` read at `node`.
     fn get(&self, m: usize, node: usize) -> Option<&At> {
         self.at.get(m)?.iter().find(|e| e.node == node)
     }
-}
-
-/// The JSON a field without presence shows when absent.
-fn default(v: &P, kind: &K) -> Option<Def> {
-    Some(match (v, kind) {
-        (P::Bool(b), _) => Def::Bool(*b),
-        (P::I32(i), _) => Def::Num((*i).into()),
-        (P::I64(i), _) => Def::Num((*i).into()),
-        (P::U32(i), _) => Def::Num((*i).into()),
-        (P::U64(i), _) => Def::Num((*i).into()),
-        (P::F32(x), _) => Def::Num(Number::from_f64(f64::from(*x))?),
-        (P::F64(x), _) => Def::Num(Number::from_f64(*x)?),
-        (P::String(s), _) => Def::Str(s.clone()),
-        (P::Bytes(b), _) => Def::Str(BASE64.encode(b)),
-        (P::EnumNumber(n), K::Enum(names)) => match enum_name(names, *n) {
-            Some(name) => Def::Str(name.to_string()),
-            None => Def::Num((*n).into()),
-        },
-        _ => return None,
-    })
 }
 
 fn enum_name(names: &[(i32, String)], n: i32) -> Option<&str> {
@@ -382,34 +250,44 @@ type Read<T> = Result<T, GiveUp>;
 
 struct Reader<'p, 'c, 'a> {
     t: &'a Tables,
-    b: &'a [u8],
-    i: usize,
     links: &'p Links,
     caps: &'c mut Captures<'a>,
     /// Trie nodes of nested messages entered so far (bit per node < 128).
     entered: u128,
 }
 
-impl<'a> Reader<'_, '_, 'a> {
+/// Where a message is read: its bytes and the position in them. A reader
+/// works on its own copy (`Reader::message`), so the position stays in a
+/// register instead of being stored at every byte read.
+#[derive(Clone, Copy)]
+struct Cur<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Cur<'a> {
     /// A varint as prost reads it: at most 10 bytes, the 10th at most 1.
     #[inline(always)]
     fn varint(&mut self) -> Read<u64> {
         varint_at(self.b, &mut self.i, Tenth::ZeroOrOne).ok_or(GiveUp)
     }
 
+    #[inline(always)]
     fn take(&mut self, n: usize, end: usize) -> Read<&'a [u8]> {
         let stop = self.i.checked_add(n).filter(|&s| s <= end).ok_or(GiveUp)?;
-        let s = &self.b[self.i..stop];
+        let s = self.b.get(self.i..stop).ok_or(GiveUp)?;
         self.i = stop;
         Ok(s)
     }
 
+    #[inline(always)]
     fn fixed<const N: usize>(&mut self, end: usize) -> Read<[u8; N]> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N, end)?);
         Ok(a)
     }
 
+    #[inline(always)]
     fn len(&mut self, end: usize) -> Read<usize> {
         let n = usize::try_from(self.varint()?).map_err(|_| GiveUp)?;
         match end.checked_sub(self.i) {
@@ -418,8 +296,54 @@ impl<'a> Reader<'_, '_, 'a> {
         }
     }
 
+    /// An unknown field's value.
+    fn skip(&mut self, wire: u8, end: usize) -> Read<()> {
+        match wire {
+            0 => {
+                self.varint()?;
+            }
+            1 => {
+                self.take(8, end)?;
+            }
+            2 => {
+                let n = self.len(end)?;
+                self.take(n, end)?;
+            }
+            5 => {
+                self.take(4, end)?;
+            }
+            _ => return Err(GiveUp),
+        }
+        Ok(())
+    }
+}
+
+impl<'a> Reader<'_, '_, 'a> {
     /// The fields of message `m` (trie node `node`) up to byte `end`.
-    fn message(&mut self, m: usize, node: Option<usize>, end: usize, depth: usize) -> Read<()> {
+    fn message(
+        &mut self,
+        at: &mut Cur<'a>,
+        m: usize,
+        node: Option<usize>,
+        end: usize,
+        depth: usize,
+    ) -> Read<()> {
+        let mut cur = *at;
+        self.fields(&mut cur, m, node, end, depth)?;
+        *at = cur;
+        Ok(())
+    }
+
+    /// [`Self::message`] on the reader's own copy of the position.
+    #[inline(always)]
+    fn fields(
+        &mut self,
+        cur: &mut Cur<'a>,
+        m: usize,
+        node: Option<usize>,
+        end: usize,
+        depth: usize,
+    ) -> Read<()> {
         let t = self.t;
         let msg = t.msgs.get(m).ok_or(GiveUp)?;
         let mut kids: &[Kid] = &[];
@@ -447,28 +371,29 @@ impl<'a> Reader<'_, '_, 'a> {
                 self.defaults(msg, defaults, 0);
             }
         }
-        while self.i < end {
+        while cur.i < end {
             // Most keys are one byte naming a known field with the wire
             // type its values have: found by that byte alone.
-            let by_key = (self.b.get(self.i))
+            let by_key = (cur.b.get(cur.i))
                 .and_then(|&k| msg.by_key.get(usize::from(k)))
                 .map_or(0, |&f| usize::from(f));
-            let (fi, wire) = match by_key.checked_sub(1) {
+            let (fi, f, wire) = match by_key.checked_sub(1) {
                 Some(fi) => {
-                    self.i += 1;
-                    (fi, msg.fields.get(fi).ok_or(GiveUp)?.wire)
+                    cur.i += 1;
+                    let f = msg.fields.get(fi).ok_or(GiveUp)?;
+                    (fi, f, f.wire)
                 }
                 None => {
-                    let key = self.varint()?;
+                    let key = cur.varint()?;
                     let number = u32::try_from(key >> 3).map_err(|_| GiveUp)?;
                     if number == 0 || key > u64::from(u32::MAX) {
                         return Err(GiveUp);
                     }
                     let wire = (key & 7) as u8;
                     match msg.field(number) {
-                        Ok(fi) => (fi, wire),
+                        Ok(fi) => (fi, msg.fields.get(fi).ok_or(GiveUp)?, wire),
                         Err(_) => {
-                            self.skip(wire, end)?;
+                            cur.skip(wire, end)?;
                             continue;
                         }
                     }
@@ -476,9 +401,9 @@ impl<'a> Reader<'_, '_, 'a> {
             };
             seen |= 1u64 << (fi & 63);
             let kid = kids.get(fi).copied().unwrap_or_default();
-            self.field(&msg.fields[fi], wire, kid, end, depth)?
+            self.field(cur, f, wire, kid, end, depth)?
         }
-        if self.i != end {
+        if cur.i != end {
             return Err(GiveUp);
         }
         // (Without `early`, every field index is below 64: all have bits.)
@@ -501,61 +426,49 @@ impl<'a> Reader<'_, '_, 'a> {
         }
     }
 
-    /// An unknown field's value.
-    fn skip(&mut self, wire: u8, end: usize) -> Read<()> {
-        match wire {
-            0 => {
-                self.varint()?;
-            }
-            1 => {
-                self.take(8, end)?;
-            }
-            2 => {
-                let n = self.len(end)?;
-                self.take(n, end)?;
-            }
-            5 => {
-                self.take(4, end)?;
-            }
-            _ => return Err(GiveUp),
-        }
-        Ok(())
-    }
-
-    fn field(&mut self, f: &'a Field, wire: u8, kid: Kid, end: usize, depth: usize) -> Read<()> {
+    #[inline(always)]
+    fn field(
+        &mut self,
+        cur: &mut Cur<'a>,
+        f: &'a Field,
+        wire: u8,
+        kid: Kid,
+        end: usize,
+        depth: usize,
+    ) -> Read<()> {
         let Kid { node: child, slot } = kid;
         if wire != f.wire {
             return Err(GiveUp);
         }
         let v = match &f.kind {
-            K::Int32 => Captured::Number((self.varint()? as i32).into()),
-            K::Int64 => Captured::Number((self.varint()? as i64).into()),
-            K::Uint32 => Captured::Number((self.varint()? as u32).into()),
-            K::Uint64 => Captured::Number(self.varint()?.into()),
+            K::Int32 => Captured::Number((cur.varint()? as i32).into()),
+            K::Int64 => Captured::Number((cur.varint()? as i64).into()),
+            K::Uint32 => Captured::Number((cur.varint()? as u32).into()),
+            K::Uint64 => Captured::Number(cur.varint()?.into()),
             K::Sint32 => {
-                let n = self.varint()? as u32;
+                let n = cur.varint()? as u32;
                 Captured::Number((((n >> 1) as i32) ^ -((n & 1) as i32)).into())
             }
             K::Sint64 => {
-                let n = self.varint()?;
+                let n = cur.varint()?;
                 Captured::Number((((n >> 1) as i64) ^ -((n & 1) as i64)).into())
             }
-            K::Bool => Captured::Bool(self.varint()? != 0),
-            K::Fixed32 => Captured::Number(u32::from_le_bytes(self.fixed(end)?).into()),
-            K::Sfixed32 => Captured::Number(i32::from_le_bytes(self.fixed(end)?).into()),
-            K::Fixed64 => Captured::Number(u64::from_le_bytes(self.fixed(end)?).into()),
-            K::Sfixed64 => Captured::Number(i64::from_le_bytes(self.fixed(end)?).into()),
+            K::Bool => Captured::Bool(cur.varint()? != 0),
+            K::Fixed32 => Captured::Number(u32::from_le_bytes(cur.fixed(end)?).into()),
+            K::Sfixed32 => Captured::Number(i32::from_le_bytes(cur.fixed(end)?).into()),
+            K::Fixed64 => Captured::Number(u64::from_le_bytes(cur.fixed(end)?).into()),
+            K::Sfixed64 => Captured::Number(i64::from_le_bytes(cur.fixed(end)?).into()),
             K::Float => {
-                let x = f64::from(f32::from_le_bytes(self.fixed(end)?));
+                let x = f64::from(f32::from_le_bytes(cur.fixed(end)?));
                 Captured::Number(Number::from_f64(x).ok_or(GiveUp)?)
             }
             K::Double => {
-                let x = f64::from_le_bytes(self.fixed(end)?);
+                let x = f64::from_le_bytes(cur.fixed(end)?);
                 Captured::Number(Number::from_f64(x).ok_or(GiveUp)?)
             }
             K::Str => {
-                let n = self.len(end)?;
-                let b = self.take(n, end)?;
+                let n = cur.len(end)?;
+                let b = cur.take(n, end)?;
                 if slot.is_none() {
                     // No rule reads it: only whether it is text matters.
                     return if is_utf8(b) { Ok(()) } else { Err(GiveUp) };
@@ -564,8 +477,8 @@ impl<'a> Reader<'_, '_, 'a> {
                 Captured::Str(s)
             }
             K::Bytes => {
-                let n = self.len(end)?;
-                let b = self.take(n, end)?;
+                let n = cur.len(end)?;
+                let b = cur.take(n, end)?;
                 // Base64 text, as the full path shows bytes to rules.
                 if let Some(s) = slot {
                     self.caps.set_owned(s, BASE64.encode(b));
@@ -573,7 +486,7 @@ impl<'a> Reader<'_, '_, 'a> {
                 return Ok(());
             }
             K::Enum(names) => {
-                let n = self.varint()? as i32;
+                let n = cur.varint()? as i32;
                 match enum_name(names, n) {
                     Some(name) => Captured::Str(name),
                     None => Captured::Number(n.into()),
@@ -583,9 +496,9 @@ impl<'a> Reader<'_, '_, 'a> {
                 if slot.is_some() || depth >= MAX_DEPTH {
                     return Err(GiveUp);
                 }
-                let n = self.len(end)?;
-                let stop = self.i + n;
-                return self.message(*m, child, stop, depth + 1);
+                let n = cur.len(end)?;
+                let stop = cur.i + n;
+                return self.message(cur, *m, child, stop, depth + 1);
             }
         };
         if let Some(s) = slot {

@@ -53,9 +53,13 @@ impl IndexedFile {
         IndexedFile { file, top, tables }
     }
 
-    /// The trie nodes of `plan` for this file's message types.
-    pub(crate) fn links(&self, plan: &Plan) -> Links {
-        Links::new(&self.tables, plan)
+    /// The trie nodes of `plan` for this file's message types, for records
+    /// that must be of type `expected` (if set).
+    pub(crate) fn links(&self, plan: &Plan, expected: Option<&str>) -> Links {
+        let mut links = Links::new(&self.tables, plan);
+        links.first_expected =
+            expected.is_none_or(|e| self.first().is_some_and(|m| m.full_name() == e));
+        links
     }
 
     pub fn file(&self) -> &FileDescriptor {
@@ -79,14 +83,14 @@ impl IndexedFile {
         caps: &mut Captures<'a>,
     ) -> bool {
         let mut payload = rest;
-        let named = match self.first_of(&mut payload) {
-            Some(named) => named,
+        let (named, checked) = match self.first_of(&mut payload) {
+            Some(named) => (named, links.first_expected),
             None => match self.resolve(&mut payload) {
-                Ok(named) => named,
+                Ok(named) => (named, false),
                 Err(_) => return false,
             },
         };
-        if expected.is_some_and(|e| e != named.desc.full_name()) {
+        if !checked && expected.is_some_and(|e| e != named.desc.full_name()) {
             return false;
         }
         match named.table {

@@ -9,6 +9,7 @@ use crate::policy::rules::{Doc, Field, Pointer};
 /// drop glue (issue 30): what must be owned lives beside them in
 /// [`Captures`], named by index.
 #[derive(Debug, Default, PartialEq)]
+#[repr(u8)]
 pub(crate) enum Captured<'de> {
     /// Absent (or not reached).
     #[default]
