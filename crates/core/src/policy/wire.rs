@@ -43,7 +43,7 @@ pub(crate) fn unknown_id(id: u32) -> Invalid {
 /// Whether `b` is UTF-8, as `std::str::from_utf8` decides, for text no
 /// rule reads: ASCII (most of it) is checked a word at a time, without
 /// the validator (which takes `std`'s byte path below 64 bytes).
-#[inline]
+#[inline(always)]
 pub(crate) fn is_utf8(b: &[u8]) -> bool {
     ascii(b) || simdutf8::basic::from_utf8(b).is_ok()
 }

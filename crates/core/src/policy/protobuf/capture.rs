@@ -186,6 +186,14 @@ struct Kid {
     slot: Option<usize>,
 }
 
+impl Kid {
+    /// A field no rule reads, at no node.
+    const NONE: Kid = Kid {
+        node: None,
+        slot: None,
+    };
+}
+
 impl Links {
     /// Every type read at the root (an index array may name any of them),
     /// and every nested type at each node a rule reaches it by.
@@ -400,7 +408,7 @@ impl<'a> Reader<'_, '_, 'a> {
                 }
             };
             seen |= 1u64 << (fi & 63);
-            let kid = kids.get(fi).copied().unwrap_or_default();
+            let kid = kids.get(fi).unwrap_or(&Kid::NONE);
             self.field(cur, f, wire, kid, end, depth)?
         }
         if cur.i != end {
@@ -432,11 +440,11 @@ impl<'a> Reader<'_, '_, 'a> {
         cur: &mut Cur<'a>,
         f: &'a Field,
         wire: u8,
-        kid: Kid,
+        kid: &Kid,
         end: usize,
         depth: usize,
     ) -> Read<()> {
-        let Kid { node: child, slot } = kid;
+        let &Kid { node: child, slot } = kid;
         if wire != f.wire {
             return Err(GiveUp);
         }
