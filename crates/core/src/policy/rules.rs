@@ -168,7 +168,9 @@ pub(crate) enum Field<'a> {
     Null,
     Bool(bool),
     Number(&'a Number),
-    Str(&'a str),
+    /// A string's UTF-8 bytes (compared as bytes; a reader that saw them
+    /// all ASCII need not make a `str` of them).
+    Str(&'a [u8]),
     /// An array or an object.
     Composite(&'a Value),
 }
@@ -179,7 +181,7 @@ impl<'a> Field<'a> {
             Value::Null => Field::Null,
             Value::Bool(b) => Field::Bool(*b),
             Value::Number(n) => Field::Number(n),
-            Value::String(s) => Field::Str(s),
+            Value::String(s) => Field::Str(s.as_bytes()),
             Value::Array(_) | Value::Object(_) => Field::Composite(v),
         }
     }
@@ -192,7 +194,7 @@ impl fmt::Display for Field<'_> {
             Field::Null => f.write_str("null"),
             Field::Bool(b) => write!(f, "{b}"),
             Field::Number(n) => write!(f, "{n}"),
-            Field::Str(s) => write!(f, "{}", Value::String((*s).to_string())),
+            Field::Str(s) => write!(f, "{}", Value::String(String::from_utf8_lossy(s).into())),
             Field::Composite(v) => write!(f, "{v}"),
         }
     }
@@ -467,7 +469,7 @@ fn json_eq(a: &Value, b: Field<'_>) -> bool {
         (Value::Null, Field::Null) => true,
         (Value::Bool(x), Field::Bool(y)) => *x == y,
         // Short strings without a call to memcmp (issue 30).
-        (Value::String(x), Field::Str(y)) => same_bytes(x.as_bytes(), y.as_bytes()),
+        (Value::String(x), Field::Str(y)) => same_bytes(x.as_bytes(), y),
         (_, Field::Composite(y)) => a == y,
         _ => false,
     }

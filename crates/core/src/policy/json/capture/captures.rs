@@ -8,7 +8,7 @@ use crate::policy::rules::{Doc, Field, Pointer};
 /// A value the rules asked for. Owns nothing, so a record's slots need no
 /// drop glue (issue 30): what must be owned lives beside them in
 /// [`Captures`], named by index.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 #[repr(u8)]
 pub(crate) enum Captured<'de> {
     /// Absent (or not reached).
@@ -18,10 +18,33 @@ pub(crate) enum Captured<'de> {
     Bool(bool),
     Number(Number),
     Str(&'de str),
+    /// A string the record holds as it is, all ASCII (the flat reader
+    /// checked each byte), so no `str` is made of it.
+    Ascii(&'de [u8]),
     /// A value the record does not hold as such: a string unescaped or
     /// encoded (JSON escapes, bytes as base64), or an array or an object
     /// built in full (rare: rules read scalars): `Captures::owned[i]`.
     Owned(usize),
+}
+
+/// Equal when the rules see the same value: a string made a `str` and
+/// the same string kept as ASCII bytes are one string.
+impl PartialEq for Captured<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        use Captured::*;
+        let text = |c: &Self| match c {
+            Str(s) => Some(s.as_bytes()),
+            Ascii(b) => Some(*b),
+            _ => None,
+        };
+        match (self, other) {
+            (Missing, Missing) | (Null, Null) => true,
+            (Bool(a), Bool(b)) => a == b,
+            (Number(a), Number(b)) => a == b,
+            (Owned(a), Owned(b)) => a == b,
+            (a, b) => text(a).is_some_and(|a| text(b) == Some(a)),
+        }
+    }
 }
 
 /// Slots kept inline; policies with more distinct pointers spill to the heap.
@@ -71,7 +94,8 @@ impl<'de> Captures<'de> {
             Captured::Null => Field::Null,
             Captured::Bool(b) => Field::Bool(*b),
             Captured::Number(n) => Field::Number(n),
-            Captured::Str(s) => Field::Str(s),
+            Captured::Str(s) => Field::Str(s.as_bytes()),
+            Captured::Ascii(s) => Field::Str(s),
             Captured::Owned(i) => Field::of(self.spill.as_ref()?.owned.get(*i)?),
         })
     }

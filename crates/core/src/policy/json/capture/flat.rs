@@ -132,8 +132,7 @@ impl Flat {
                                 return None;
                             }
                             if let Some(slot) = m.slot {
-                                // ASCII, so this cannot fail.
-                                caps.set(slot, Captured::Str(std::str::from_utf8(s).ok()?));
+                                caps.set(slot, Captured::Ascii(s));
                             }
                             seen |= m.bit;
                             None
