@@ -116,6 +116,19 @@ pub(crate) enum Seen<'a> {
     Str(&'a str),
 }
 
+/// What [`ShapeNode::ascii_string`] checks of a node, decided at load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum AsciiCheck {
+    /// Any string.
+    Any,
+    /// No string.
+    Never,
+    /// A string of this many bytes (each one code point), inclusive.
+    Len(u64, u64),
+    /// Allowed values too: ask the node.
+    Node,
+}
+
 /// Which key an object member is, for [`ShapeNode::member`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Member {
@@ -325,6 +338,20 @@ impl ShapeNode {
             list.iter()
                 .any(|a| matches!(a, Scalar::Str(a) if a.as_bytes() == s))
         })
+    }
+
+    /// [`Self::ascii_string`] reduced, once per schema node, to what it
+    /// checks: nothing, a length range, or the whole node.
+    pub(crate) fn ascii_check(&self) -> AsciiCheck {
+        if self.types & STR == 0 {
+            AsciiCheck::Never
+        } else if self.plain {
+            AsciiCheck::Any
+        } else if self.allowed.is_empty() {
+            AsciiCheck::Len(self.min_len.unwrap_or(0), self.max_len.unwrap_or(u64::MAX))
+        } else {
+            AsciiCheck::Node
+        }
     }
 
     /// The required-property bits of this object's keys.
@@ -574,6 +601,7 @@ mod tests {
             json!({"enum": ["ab", "abcd", null]}),
             json!({"const": "abc", "maxLength": 3}),
             json!({"type": "string", "enum": [null, true]}),
+            json!({"type": "string", "minLength": 1, "maxLength": 5}),
         ];
         for schema in schemas {
             let shape = Shape::compile(&schema).expect("in the subset");
@@ -585,6 +613,14 @@ mod tests {
                     node.scalar(Seen::Str(&s)),
                     "{schema} on {s:?}"
                 );
+                // What the flat reader checks instead, decided at load.
+                let quick = match node.ascii_check() {
+                    AsciiCheck::Any => true,
+                    AsciiCheck::Never => false,
+                    AsciiCheck::Len(lo, hi) => (lo..=hi).contains(&(n as u64)),
+                    AsciiCheck::Node => node.ascii_string(s.as_bytes()),
+                };
+                assert_eq!(quick, node.ascii_string(s.as_bytes()), "{schema} on {s:?}");
             }
         }
     }

@@ -18,7 +18,7 @@
 use super::layout::Layout;
 use super::scan::{captured, literal, number, special, word_at, ws};
 use super::{Captured, Captures, Plan};
-use crate::policy::shape::{same_bytes, Seen, ShapeNode};
+use crate::policy::shape::{same_bytes, AsciiCheck, Seen, ShapeNode};
 
 /// A plan's flat members, in layout order.
 #[derive(Debug)]
@@ -37,6 +37,8 @@ pub(super) struct Member {
     /// The value's schema, if the schema has one (a copy, so that
     /// reading needs no lookup).
     shape: Option<ShapeNode>,
+    /// What `shape` checks of an ASCII string (`Any` without a schema).
+    ascii: AsciiCheck,
     /// The member's required-property bit under the root schema (0 if not
     /// required).
     bit: u64,
@@ -70,10 +72,14 @@ impl Flat {
             if members.iter().any(|m| *m.text == *text) {
                 return None;
             }
+            let shape: Option<ShapeNode> = entry.schema.sub.and_then(|i| all?.get(i)).cloned();
             members.push(Member {
                 text: text.into(),
                 slot,
-                shape: entry.schema.sub.and_then(|i| all?.get(i)).cloned(),
+                ascii: shape
+                    .as_ref()
+                    .map_or(AsciiCheck::Any, ShapeNode::ascii_check),
+                shape,
                 bit: entry.schema.bit,
             });
         }
@@ -128,7 +134,16 @@ impl Flat {
                     match text {
                         // ASCII: checked by its bytes, a `str` only if captured.
                         None => {
-                            if m.shape.as_ref().is_some_and(|sh| !sh.ascii_string(s)) {
+                            let n = s.len() as u64;
+                            let fits = match m.ascii {
+                                AsciiCheck::Any => true,
+                                AsciiCheck::Never => false,
+                                AsciiCheck::Len(lo, hi) => (lo..=hi).contains(&n),
+                                AsciiCheck::Node => {
+                                    m.shape.as_ref().is_none_or(|sh| sh.ascii_string(s))
+                                }
+                            };
+                            if !fits {
                                 return None;
                             }
                             if let Some(slot) = m.slot {
