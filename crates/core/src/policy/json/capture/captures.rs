@@ -70,7 +70,7 @@ struct Spill<'de> {
 }
 
 impl<'de> Captures<'de> {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(slots: usize) -> Self {
         let spill = (slots > INLINE).then(|| {
             let mut heap = Vec::new();
