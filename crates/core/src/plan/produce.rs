@@ -367,12 +367,7 @@ mod tests {
             DoorVerdict::Unjudgeable(HoldReason::Undecodable(_))
         ));
         // A byte after the last record, CRC intact: found while judging.
-        let mut trailing = good.to_vec();
-        trailing.push(0);
-        let len = i32::from_be_bytes([trailing[8], trailing[9], trailing[10], trailing[11]]);
-        trailing[8..12].copy_from_slice(&(len + 1).to_be_bytes());
-        let crc = crc32c::crc32c(&trailing[21..]);
-        trailing[17..21].copy_from_slice(&crc.to_be_bytes());
+        let trailing = crate::plan::tests::trailing_byte(good.to_vec());
         assert!(matches!(
             judge(&Bytes::from(trailing)),
             DoorVerdict::Unjudgeable(HoldReason::Undecodable(why)) if why.contains("bytes left")

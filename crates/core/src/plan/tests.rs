@@ -610,7 +610,7 @@ fn an_undecodable_batch_holds_the_partition_after_the_valid_batches_before_it() 
 
 /// `batch` with a byte after its last record, its length and CRC fixed:
 /// well framed, but its records do not parse.
-fn trailing_byte(mut b: Vec<u8>) -> Vec<u8> {
+pub(super) fn trailing_byte(mut b: Vec<u8>) -> Vec<u8> {
     b.push(0);
     let len = i32::from_be_bytes([b[8], b[9], b[10], b[11]]) + 1;
     b[8..12].copy_from_slice(&len.to_be_bytes());

@@ -266,23 +266,22 @@ impl VerdictCache {
                 Ok(Arc::new(invalid))
             })
             .clone();
+        // This entry, unless another fetch has replaced it since.
+        let forget = || {
+            let key = (topic.clone(), partition, batch.base_offset());
+            self.map.remove_if(&key, |_, e| Arc::ptr_eq(e, &entry));
+        };
         let verdicts = match verdicts {
             Ok(v) => v,
-            Err(e) => {
-                self.map
-                    .remove_if(&(topic.clone(), partition, batch.base_offset()), |_, e| {
-                        Arc::ptr_eq(e, &entry)
-                    });
-                return Err(e);
+            Err(why) => {
+                forget();
+                return Err(why);
             }
         };
         // A `transient` verdict (the schema registry has not answered) is
         // never kept: the next fetch judges the batch again.
         if verdicts.iter().any(|j| j.invalid.class == Class::Transient) {
-            self.map
-                .remove_if(&(topic.clone(), partition, batch.base_offset()), |_, e| {
-                    Arc::ptr_eq(e, &entry)
-                });
+            forget();
         }
         Ok((self.known(entry, verdicts), judged_here))
     }

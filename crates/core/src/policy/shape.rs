@@ -129,6 +129,20 @@ pub(crate) enum AsciiCheck {
     Node,
 }
 
+impl AsciiCheck {
+    /// [`ShapeNode::ascii_string`] of `node` (the node this was decided
+    /// for; `None`: no schema) on the ASCII bytes `s`.
+    #[inline(always)]
+    pub(crate) fn holds(self, node: Option<&ShapeNode>, s: &[u8]) -> bool {
+        match self {
+            AsciiCheck::Any => true,
+            AsciiCheck::Never => false,
+            AsciiCheck::Len(lo, hi) => (lo..=hi).contains(&(s.len() as u64)),
+            AsciiCheck::Node => node.is_none_or(|n| n.ascii_string(s)),
+        }
+    }
+}
+
 /// Which key an object member is, for [`ShapeNode::member`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Member {
@@ -614,12 +628,7 @@ mod tests {
                     "{schema} on {s:?}"
                 );
                 // What the flat reader checks instead, decided at load.
-                let quick = match node.ascii_check() {
-                    AsciiCheck::Any => true,
-                    AsciiCheck::Never => false,
-                    AsciiCheck::Len(lo, hi) => (lo..=hi).contains(&(n as u64)),
-                    AsciiCheck::Node => node.ascii_string(s.as_bytes()),
-                };
+                let quick = node.ascii_check().holds(Some(node), s.as_bytes());
                 assert_eq!(quick, node.ascii_string(s.as_bytes()), "{schema} on {s:?}");
             }
         }

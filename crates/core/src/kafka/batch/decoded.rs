@@ -263,10 +263,7 @@ impl DecodedBatch {
     }
     /// The exact bytes of record `i` (length varint included), as in the batch.
     pub fn raw_record(&self, i: usize) -> Option<&[u8]> {
-        let starts = self.starts().ok()?;
-        let start = *starts.get(i)? as usize;
-        let end = starts.get(i + 1).map_or(self.buf.len(), |&e| e as usize);
-        self.buf.get(start..end)
+        self.raw_records().nth(i)
     }
 
     /// The exact bytes of each record, in batch order (none for a

@@ -180,7 +180,7 @@ struct At {
     defaulted: u64,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Kid {
     node: Option<usize>,
     slot: Option<usize>,

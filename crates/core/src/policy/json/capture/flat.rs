@@ -132,18 +132,9 @@ impl Flat {
                     let (s, text, end) = plain_string(b, i + 1)?;
                     i = end;
                     match text {
-                        // ASCII: checked by its bytes, a `str` only if captured.
+                        // ASCII: checked and captured as its bytes.
                         None => {
-                            let n = s.len() as u64;
-                            let fits = match m.ascii {
-                                AsciiCheck::Any => true,
-                                AsciiCheck::Never => false,
-                                AsciiCheck::Len(lo, hi) => (lo..=hi).contains(&n),
-                                AsciiCheck::Node => {
-                                    m.shape.as_ref().is_none_or(|sh| sh.ascii_string(s))
-                                }
-                            };
-                            if !fits {
+                            if !m.ascii.holds(m.shape.as_ref(), s) {
                                 return None;
                             }
                             if let Some(slot) = m.slot {
