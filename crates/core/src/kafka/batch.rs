@@ -24,6 +24,7 @@ pub use decoded::DecodedBatch;
 use bytes::Bytes;
 
 use crate::kafka::compression::{self, Compression, CompressionError};
+use crate::kafka::crc::Marks;
 
 /// Size of the v2 batch header, up to and including recordsCount.
 pub const HEADER_LEN: usize = 61;
@@ -315,7 +316,17 @@ impl Batch {
     /// a record fails on a malformed batch, so a caller that walks it
     /// learns it is undecodable before it uses a verdict.
     pub fn open_with_limit(&self, limit: usize) -> Result<DecodedBatch, BatchError> {
-        let (stored, computed) = (self.crc(), self.computed_crc());
+        // An uncompressed batch keeps the running CRC of this read, so
+        // that a splice derives its new CRC instead of reading it again.
+        let (computed, marks) = if self.compression() == Some(Compression::None) {
+            Marks::read(
+                &self.bytes[ATTRIBUTES..HEADER_LEN],
+                &self.bytes[HEADER_LEN..],
+            )
+        } else {
+            (self.computed_crc(), Marks::default())
+        };
+        let stored = self.crc();
         if stored != computed {
             return Err(BatchError::CrcMismatch { stored, computed });
         }
@@ -336,6 +347,7 @@ impl Batch {
             (self.base_offset(), self.base_timestamp()),
             (codec, snappy.unwrap_or_default()),
             count,
+            marks,
         );
         // The record starts count against the same limit as the
         // decompressed bytes (records can be 7 bytes: 4 bytes of index
@@ -637,7 +649,10 @@ mod tests {
     #[test]
     fn memory_counts_the_record_starts() {
         let d = Batch::new(batch_of(1000, 0)).unwrap().decode().unwrap();
-        assert_eq!(d.memory(), 1000 * 4);
+        // And the CRC marks: 4 bytes per 24 KiB of records, and two.
+        let marks = d.marks().memory();
+        assert!(marks > 0 && marks <= (d.buffer().len() / crate::kafka::crc::MARK_EVERY + 2) * 4);
+        assert_eq!(d.memory(), 1000 * 4 + marks);
         assert!(matches!(d.starts.get(), Some(Ok(s)) if s.len() == 1000));
         let mut records: Vec<RawRecord> = (0..100).map(|i| RawRecord::simple(i, "v")).collect();
         records[0].headers = vec![("h".into(), None); 50];
@@ -646,7 +661,7 @@ mod tests {
             ..RawBatch::default()
         };
         let d = Batch::new(raw.encode()).unwrap().decode().unwrap();
-        assert_eq!(d.memory(), 100 * 4);
+        assert_eq!(d.memory(), 100 * 4 + d.marks().memory());
         assert_eq!(d.record(0).unwrap().headers.len(), 50);
         assert_eq!(d.record(1).unwrap().headers.len(), 2);
     }
@@ -711,7 +726,7 @@ mod tests {
         for headers in [0, 40] {
             let b = Batch::new(tiny(headers).encode()).unwrap();
             let whole = b.decode().unwrap();
-            assert_eq!(whole.memory(), 20_000 * 4);
+            assert_eq!(whole.memory(), 20_000 * 4 + whole.marks().memory());
             assert!(matches!(
                 b.decode_with_limit(whole.memory() - 1),
                 Err(BatchError::TooLarge { .. })

@@ -1,5 +1,5 @@
 //! Kafka wire formats that the proxy reads and rewrites by hand: record
-//! batches (`batch`, `splice`, `builder`, `marker`), the records inside them (`record`,
+//! batches (`batch`, `splice`, `builder`, `marker`) and their CRCs (`crc`), the records inside them (`record`,
 //! `varint`), their codecs (`compression`), and the one bounds-checked
 //! reader all hand-written parsing goes through (`cursor`). Request and response framing
 //! lives in the binary crate (`transport::frame`); message bodies are decoded with the
@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod builder;
 pub mod compression;
+pub mod crc;
 pub mod cursor;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;

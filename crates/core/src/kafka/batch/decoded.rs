@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::BatchError;
 use crate::kafka::compression::{Compression, SnappyFraming};
+use crate::kafka::crc::Marks;
 use crate::kafka::record::{Header, Record};
 use crate::kafka::varint::{read_varint, read_varlong};
 
@@ -29,6 +30,9 @@ pub struct DecodedBatch {
     /// Where each record starts in `buf`, once a walk has read them all,
     /// or what it found wrong.
     pub(super) starts: OnceLock<Result<Box<[u32]>, BatchError>>,
+    /// The running CRC of the batch as it was verified (uncompressed
+    /// batches only), for a splice to derive its CRC from.
+    marks: Marks,
 }
 
 /// The value of a record-field read, or a `Malformed` error naming the
@@ -89,6 +93,7 @@ impl DecodedBatch {
         (base_offset, base_timestamp): (i64, i64),
         (compression, snappy_framing): (Compression, SnappyFraming),
         count: usize,
+        marks: Marks,
     ) -> DecodedBatch {
         DecodedBatch {
             buf,
@@ -98,6 +103,7 @@ impl DecodedBatch {
             snappy_framing,
             count,
             starts: OnceLock::new(),
+            marks,
         }
     }
 
@@ -223,15 +229,16 @@ impl DecodedBatch {
     }
     /// Bytes this decoded batch holds beyond the batch itself: the
     /// decompressed records (0 when uncompressed: they are a slice of the
-    /// batch) and where each record starts (4 bytes a record, reserved for
-    /// as many as recordsCount declares and the bytes can hold).
+    /// batch), where each record starts (4 bytes a record, reserved for
+    /// as many as recordsCount declares and the bytes can hold) and the
+    /// CRC marks (4 bytes per 4 KiB).
     pub fn memory(&self) -> usize {
         let buf = if self.compression == Compression::None {
             0
         } else {
             self.buf.len()
         };
-        buf + self.count.min(self.buf.len() / 7) * std::mem::size_of::<u32>()
+        buf + self.count.min(self.buf.len() / 7) * std::mem::size_of::<u32>() + self.marks.memory()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -263,17 +270,40 @@ impl DecodedBatch {
     }
     /// The exact bytes of record `i` (length varint included), as in the batch.
     pub fn raw_record(&self, i: usize) -> Option<&[u8]> {
-        self.raw_records().nth(i)
+        let starts = self.starts().ok()?;
+        let (s, e) = self.range(starts, i)?;
+        self.buf.get(s..e)
     }
 
     /// The exact bytes of each record, in batch order (none for a
     /// malformed batch).
     pub fn raw_records(&self) -> impl Iterator<Item = &[u8]> {
         let starts = self.starts().unwrap_or_default();
-        let ends = starts.iter().skip(1).map(|&e| e as usize);
-        (starts.iter().map(|&s| s as usize))
-            .zip(ends.chain([self.buf.len()]))
+        (0..starts.len())
+            .filter_map(move |i| self.range(starts, i))
             .map(|(s, e)| self.buf.get(s..e).unwrap_or_default())
+    }
+
+    /// The running CRC of the batch as it was verified (none for a
+    /// compressed batch).
+    pub fn marks(&self) -> &Marks {
+        &self.marks
+    }
+
+    /// Where the records `first..end` start and end together in
+    /// [`Self::buffer`] (`first < end`).
+    pub fn span(&self, first: usize, end: usize) -> Option<(usize, usize)> {
+        let starts = self.starts().ok()?;
+        let (start, _) = self.range(starts, first)?;
+        let (_, stop) = self.range(starts, end.checked_sub(1)?)?;
+        (first < end).then_some((start, stop))
+    }
+
+    /// Where record `i` starts and ends, given where every record starts.
+    #[inline]
+    fn range(&self, starts: &[u32], i: usize) -> Option<(usize, usize)> {
+        let end = starts.get(i + 1).map_or(self.buf.len(), |&e| e as usize);
+        Some((*starts.get(i)? as usize, end))
     }
 
     /// Record `i`. `offset` and `timestamp` are baseOffset/baseTimestamp plus

@@ -1,0 +1,235 @@
+//! CRC-32C arithmetic for rewriting a batch without reading it twice.
+//!
+//! A batch's CRC is verified by reading every byte once; [`Marks`] keeps
+//! the running CRC at every [`MARK_EVERY`] bytes of that read, so the CRC
+//! of the batch up to any point costs at most that many bytes more. A
+//! batch that loses records (`splice`) then gets its new CRC from those
+//! running CRCs and the CRC algebra ([`shift`]: the CRC of `A ‖ B` is the
+//! CRC of `A` shifted past `|B|` bytes, xor the CRC of `B`), instead of
+//! reading every kept byte again: one shift per run of kept records.
+//!
+//! The crc32c crate computes CRCs (with the CPU's CRC32 instruction); its
+//! own `crc32c_combine` builds its shift operator by squaring 32 × 32 bit
+//! matrices for every bit of the length (tens of thousands of instructions
+//! a call), where multiplying by a precomputed power of x costs a few
+//! hundred, which is why the shift is written here.
+
+/// The CRC-32C polynomial, bit-reflected (bit 31 is x⁰).
+const POLY: u32 = 0x82F6_3B78;
+
+/// How often, in bytes of the records section, [`Marks`] keeps the
+/// running CRC: the most a derived CRC reads again at each end of a run
+/// (4 bytes of marks per 24 KiB of records). The crc32c crate reads
+/// 24 KiB of 8-byte-aligned words in its fastest way (three interleaved
+/// 8 KiB lanes), so marks are that far apart and aligned: smaller steps
+/// cost a fifth more to verify every batch.
+pub const MARK_EVERY: usize = 3 * 8192;
+
+/// `a · b mod P`, both bit-reflected.
+const fn multiply(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut bit = 1u32 << 31;
+    while bit != 0 {
+        if a & bit != 0 {
+            product ^= b;
+        }
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        bit >>= 1;
+    }
+    product
+}
+
+/// `x^(2^k) mod P` for every k a byte count in bits can need.
+const POWERS: [u32; 67] = {
+    let mut t = [0u32; 67];
+    t[0] = 1 << 30; // x¹
+    let mut k = 1;
+    while k < 67 {
+        t[k] = multiply(t[k - 1], t[k - 1]);
+        k += 1;
+    }
+    t
+};
+
+/// `crc` (of some `A`) advanced past `len` bytes: xor it with the CRC of
+/// any `B` of `len` bytes and it is the CRC of `A ‖ B`.
+pub fn shift(crc: u32, len: usize) -> u32 {
+    // x^(8·len): bit k of len multiplies by x^(2^(k+3)).
+    let (mut crc, mut len, mut k) = (crc, len as u64, 3);
+    while len != 0 {
+        if len & 1 != 0 {
+            crc = multiply(POWERS[k], crc);
+        }
+        len >>= 1;
+        k += 1;
+    }
+    crc
+}
+
+/// The running CRC of a byte string read in [`MARK_EVERY`]-byte steps
+/// after a fixed head: `at[0]` is the CRC of the head, `at[k]` that of
+/// the head and the first `lead + (k - 1) · MARK_EVERY` bytes, where
+/// `lead` (under 8) brings the steps to 8-byte-aligned memory.
+#[derive(Debug, Clone, Default)]
+pub struct Marks {
+    at: Box<[u32]>,
+    lead: usize,
+}
+
+impl Marks {
+    /// The CRC of `head ‖ data`, read once, with its marks.
+    pub fn read(head: &[u8], data: &[u8]) -> (u32, Marks) {
+        let lead = ((8 - data.as_ptr() as usize % 8) % 8).min(data.len());
+        let mut at = Vec::with_capacity((data.len() - lead) / MARK_EVERY + 2);
+        let mut crc = crc32c::crc32c(head);
+        at.push(crc);
+        crc = crc32c::crc32c_append(crc, &data[..lead]);
+        at.push(crc);
+        let mut steps = data[lead..].chunks_exact(MARK_EVERY);
+        for step in &mut steps {
+            crc = crc32c::crc32c_append(crc, step);
+            at.push(crc);
+        }
+        crc = crc32c::crc32c_append(crc, steps.remainder());
+        let marks = Marks {
+            at: at.into_boxed_slice(),
+            lead,
+        };
+        (crc, marks)
+    }
+
+    /// Whether these marks are of nothing (a compressed batch has none).
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    /// Bytes the marks take.
+    pub fn memory(&self) -> usize {
+        self.at.len() * std::mem::size_of::<u32>()
+    }
+
+    /// The CRC of the head and `data[..end]`, where `data` is what was
+    /// read; `None` past it or without marks.
+    pub fn up_to(&self, data: &[u8], end: usize) -> Option<u32> {
+        let (k, from) = match end.checked_sub(self.lead) {
+            None => (0, 0),
+            Some(past) => {
+                let steps = past / MARK_EVERY;
+                (steps + 1, self.lead + steps * MARK_EVERY)
+            }
+        };
+        let crc = *self.at.get(k)?;
+        Some(crc32c::crc32c_append(crc, data.get(from..end)?))
+    }
+
+    /// The CRC of `new_head ‖ data[r₀] ‖ data[r₁] ‖ …` for increasing,
+    /// non-overlapping ranges of what was read: one shift a range, and at
+    /// most [`MARK_EVERY`] bytes read again at each end of it. `None` when
+    /// a range is outside `data` or there are no marks.
+    pub fn derive(
+        &self,
+        data: &[u8],
+        new_head: &[u8],
+        ranges: impl IntoIterator<Item = (usize, usize)>,
+    ) -> Option<u32> {
+        let mut crc = crc32c::crc32c(new_head);
+        for (start, end) in ranges {
+            // crc(h ‖ R) = shift(crc(h), |R|) ^ crc(R), and
+            // crc(R) = up_to(end) ^ shift(up_to(start), |R|).
+            let len = end.checked_sub(start)?;
+            crc = shift(crc ^ self.up_to(data, start)?, len) ^ self.up_to(data, end)?;
+        }
+        Some(crc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize, seed: u32) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn shift_is_what_concatenating_does() {
+        for len_a in [0, 1, 7, 100] {
+            for len_b in [0, 1, 2, 3, 8, 255, 4096, 4097, 70_001] {
+                let (a, b) = (bytes(len_a, 1), bytes(len_b, 2));
+                let whole = crc32c::crc32c(&[&a[..], &b[..]].concat());
+                let derived = shift(crc32c::crc32c(&a), len_b) ^ crc32c::crc32c(&b);
+                assert_eq!(derived, whole, "{len_a} + {len_b}");
+                let theirs = crc32c::crc32c_combine(crc32c::crc32c(&a), crc32c::crc32c(&b), len_b);
+                assert_eq!(derived, theirs);
+            }
+        }
+    }
+
+    /// At every alignment of the data, every prefix's CRC.
+    #[test]
+    fn marks_read_the_crc_of_every_prefix() {
+        let head = bytes(40, 3);
+        let all = bytes(3 * MARK_EVERY + 40, 4);
+        for n in [
+            0,
+            1,
+            9,
+            MARK_EVERY - 1,
+            MARK_EVERY,
+            MARK_EVERY + 9,
+            3 * MARK_EVERY + 17,
+        ] {
+            for skew in 0..8 {
+                let data = &all[skew..skew + n];
+                let (crc, marks) = Marks::read(&head, data);
+                assert_eq!(crc, crc32c::crc32c(&[&head[..], data].concat()));
+                assert_eq!(marks.memory(), 4 * marks.at.len());
+                assert!(marks.at.len() <= n / MARK_EVERY + 2);
+                let ends = (0..=n.min(20)).chain((0..=n).step_by(997)).chain([n]);
+                for end in ends.chain((1..4).flat_map(|k| [k * MARK_EVERY - 1, k * MARK_EVERY + 7]))
+                {
+                    let want =
+                        (end <= n).then(|| crc32c::crc32c(&[&head[..], &data[..end]].concat()));
+                    assert_eq!(marks.up_to(data, end), want, "{n} {skew} {end}");
+                }
+            }
+        }
+    }
+
+    /// Any ranges under a new head: the CRC of the bytes they select.
+    #[test]
+    fn derive_is_the_crc_of_what_is_kept() {
+        let (head, new_head) = (bytes(40, 5), bytes(40, 6));
+        let data = bytes(5 * MARK_EVERY + 333, 7);
+        let data = &data[3..];
+        let (_, marks) = Marks::read(&head, data);
+        let cases: [&[(usize, usize)]; 6] = [
+            &[],
+            &[(0, data.len())],
+            &[(0, 100), (250, data.len())],
+            &[
+                (5, 6),
+                (MARK_EVERY, MARK_EVERY),
+                (MARK_EVERY + 1, 2 * MARK_EVERY + 9),
+            ],
+            &[
+                (17, 4 * MARK_EVERY),
+                (4 * MARK_EVERY + 50, 5 * MARK_EVERY + 1),
+            ],
+            &[(data.len(), data.len())],
+        ];
+        for ranges in cases {
+            let mut kept = new_head.clone();
+            for &(s, e) in ranges {
+                kept.extend_from_slice(&data[s..e]);
+            }
+            let got = marks.derive(data, &new_head, ranges.iter().copied());
+            assert_eq!(got, Some(crc32c::crc32c(&kept)), "{ranges:?}");
+        }
+        assert_eq!(marks.derive(data, &new_head, [(0, data.len() + 1)]), None);
+        assert_eq!(marks.derive(data, &new_head, [(9, 8)]), None);
+        assert_eq!(Marks::default().derive(data, &new_head, [(0, 1)]), None);
+    }
+}
