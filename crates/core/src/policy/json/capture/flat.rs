@@ -199,24 +199,11 @@ fn token(b: &[u8], i: usize) -> Option<(u8, usize)> {
 fn plain_string(b: &[u8], start: usize) -> Option<(&[u8], Option<&str>, usize)> {
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let (mut i, mut ascii) = (start, true);
-    // Sixteen (SSE2), then eight bytes at a time to the first quote,
-    // backslash, control character or (until one is seen) byte above 0x7f
-    // (exact: `special` flags no byte below the first special one, a byte
-    // above 0x7f is never special, and high bits are each their own
-    // byte's).
+    // Eight bytes at a time to the first quote, backslash, control
+    // character or (until one is seen) byte above 0x7f (exact: `special`
+    // flags no byte below the first special one, a byte above 0x7f is
+    // never special, and high bits are each their own byte's).
     loop {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(n) = first_special16(b, i, ascii) {
-            i += n;
-            if n < 16 {
-                if b[i] < 0x80 {
-                    break;
-                }
-                // Not ASCII: from here on only the special bytes stop.
-                ascii = false;
-            }
-            continue;
-        }
         match word_at(b, i) {
             Some(w) => {
                 let m = special(w) | if ascii { w & HIGH } else { 0 };
@@ -250,38 +237,6 @@ fn plain_string(b: &[u8], start: usize) -> Option<(&[u8], Option<&str>, usize)> 
         Some(std::str::from_utf8(s).ok()?)
     };
     Some((s, text, i + 1))
-}
-
-/// Where the first byte of the sixteen from `i` on is that is `"`, `\\`,
-/// below 0x20 or (while `ascii`) above 0x7f, as an index in them (16 if
-/// none is); `None` when fewer than sixteen bytes are left. SSE2, which
-/// every x86-64 processor has (so these intrinsics need no `unsafe`); the
-/// sixteen bytes are loaded as two words, the one bounds check.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn first_special16(b: &[u8], i: usize, ascii: bool) -> Option<usize> {
-    use std::arch::x86_64::{
-        _mm_cmpeq_epi8, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
-        _mm_set_epi64x,
-    };
-    let bytes: &[u8; 16] = b.get(i..i.checked_add(16)?)?.try_into().ok()?;
-    let (lo, hi) = bytes.split_at(8);
-    let word = |w: &[u8]| i64::from_le_bytes(w.try_into().unwrap_or_default());
-    // SAFETY: these intrinsics only compute on registers, and SSE2 is
-    // part of x86-64 itself (the target's baseline), so it is always
-    // there; Rust only counts features named by `#[target_feature]`,
-    // which cannot be inlined into the caller here.
-    let mask = unsafe {
-        let v = _mm_set_epi64x(word(hi), word(lo));
-        let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
-        let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
-        // Unsigned v <= 0x1f: the minimum of the two is v.
-        let control = _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1f)), v);
-        let special = _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, backslash), control));
-        // The high bit of each byte: set above 0x7f.
-        special | if ascii { _mm_movemask_epi8(v) } else { 0 }
-    };
-    Some((mask as u32 | 1 << 16).trailing_zeros() as usize)
 }
 
 #[cfg(test)]
