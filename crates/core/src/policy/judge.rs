@@ -238,7 +238,7 @@ impl Compiled {
             // The first header of that name, as `Record::header` finds it,
             // compared without a call to memcmp (issue 30).
             let found = r.headers.iter().find(|x| same_bytes(x.key, h.as_bytes()));
-            if !found.is_some_and(|x| x.value.is_some()) {
+            if found.is_none_or(|x| x.value.is_none()) {
                 return Err(missing_header(h, found.is_some()));
             }
         }

@@ -541,8 +541,10 @@ impl MaxAge {
         }
     }
 
-    /// Whether [`Self::check`] is `Ok`.
+    /// Whether [`Self::check`] is `Ok`: the same comparison, negated (so
+    /// an age that is not a number fails neither).
     #[inline]
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub(crate) fn holds<D: Doc + ?Sized>(&self, v: &D, now_ms: i64) -> bool {
         finite(v.field(&self.ptr))
             .is_some_and(|t| !(now_ms as f64 - self.unit.to_ms(t) > self.max_age_ms))

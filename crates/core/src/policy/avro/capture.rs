@@ -282,11 +282,13 @@ impl<'a> Reader<'_, '_, 'a> {
             Kind::Bytes => {
                 let n = self.len()?;
                 let b = self.take(n)?;
-                return Ok(self.bytes(b, prog.slot));
+                self.bytes(b, prog.slot);
+                return Ok(());
             }
             Kind::Fixed(size) => {
                 let b = self.take(*size)?;
-                return Ok(self.bytes(b, prog.slot));
+                self.bytes(b, prog.slot);
+                return Ok(());
             }
             Kind::String if prog.slot.is_none() => {
                 // No rule reads it: only whether it is text matters.
