@@ -11,8 +11,8 @@
 //! The crc32c crate computes CRCs (with the CPU's CRC32 instruction); its
 //! own `crc32c_combine` builds its shift operator by squaring 32 × 32 bit
 //! matrices for every bit of the length (tens of thousands of instructions
-//! a call), where multiplying by a precomputed power of x costs a few
-//! hundred, which is why the shift is written here.
+//! a call), where [`shift`] multiplies by a precomputed power of x per set
+//! bit (a few thousand in all), which is why the shift is written here.
 
 /// The CRC-32C polynomial, bit-reflected (bit 31 is x⁰).
 const POLY: u32 = 0x82F6_3B78;

@@ -231,7 +231,7 @@ impl DecodedBatch {
     /// decompressed records (0 when uncompressed: they are a slice of the
     /// batch), where each record starts (4 bytes a record, reserved for
     /// as many as recordsCount declares and the bytes can hold) and the
-    /// CRC marks (4 bytes per 4 KiB).
+    /// CRC marks (4 bytes per 24 KiB, uncompressed batches only).
     pub fn memory(&self) -> usize {
         let buf = if self.compression == Compression::None {
             0
