@@ -153,6 +153,42 @@ proptest! {
         }
     }
 
+    /// Large uncompressed batches that lose a few records, where a splice
+    /// derives its CRC from the checked one's running CRC (`kafka::crc`):
+    /// the spliced batch's CRC holds and it keeps exactly the survivors.
+    #[test]
+    fn a_large_batch_losing_few_records_keeps_a_valid_crc(
+        sizes in proptest::collection::vec(0usize..4000, 20..120),
+        lost in proptest::collection::vec(any::<prop::sample::Index>(), 0..5),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let raw = RawBatch {
+            base_offset: 1 << 40,
+            records: (sizes.iter().enumerate())
+                .map(|(i, &n)| RawRecord::simple(i as i32, &"x".repeat(n)))
+                .collect(),
+            ..RawBatch::default()
+        };
+        let batch = Batch::new(raw.encode()).unwrap();
+        let decoded = batch.decode().unwrap();
+        let n = decoded.len();
+        let mut keep = vec![true; n];
+        for i in &lost {
+            keep[i.index(n)] = false;
+        }
+        let cut = cut.map(|i| raw.base_offset + 1 + i.index(n) as i64);
+        check_one(&batch, &decoded, &keep, cut);
+        let out = splice(&batch, &decoded, &keep, cut).unwrap();
+        let survivors: Vec<&RawRecord> = (raw.records.iter().zip(&keep))
+            .filter(|(r, k)| **k && cut.is_none_or(|c| raw.base_offset + i64::from(r.offset_delta) < c))
+            .map(|(r, _)| r)
+            .collect();
+        if !survivors.is_empty() {
+            let got = independent_decode(&out).map_err(TestCaseError::fail)?;
+            prop_assert_eq!(got, expected_independent(raw.base_offset, raw.base_timestamp, &survivors));
+        }
+    }
+
     #[test]
     fn a_marked_tail_keeps_survivors_and_next_offset(
         raw in raw_batch(),
