@@ -680,8 +680,7 @@ mod tests {
         // The last record's last byte is its header value's length: a
         // null header value (-1) becomes length 1, past the record's end.
         *raw.last_mut().unwrap() = 0x02;
-        let crc = crc32c::crc32c(&raw[ATTRIBUTES..]);
-        raw[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+        crate::kafka::splice::finish_header(&mut raw).unwrap();
         let b = Batch::new(Bytes::from(raw)).unwrap();
         assert!(matches!(b.decode(), Err(BatchError::Malformed(_))));
         let d = b.open_with_limit(1 << 20).unwrap();

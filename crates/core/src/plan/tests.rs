@@ -612,10 +612,7 @@ fn an_undecodable_batch_holds_the_partition_after_the_valid_batches_before_it() 
 /// well framed, but its records do not parse.
 pub(super) fn trailing_byte(mut b: Vec<u8>) -> Vec<u8> {
     b.push(0);
-    let len = i32::from_be_bytes([b[8], b[9], b[10], b[11]]) + 1;
-    b[8..12].copy_from_slice(&len.to_be_bytes());
-    let crc = crc32c::crc32c(&b[21..]);
-    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    crate::kafka::splice::finish_header(&mut b).expect("a batch under 2 GiB");
     b
 }
 
