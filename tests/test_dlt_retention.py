@@ -238,7 +238,7 @@ def test_after_delete_records_a_restart_rebuilds_from_the_log_start_and_rewrites
     second = start_proxy(workdir, broker, policy_file, "antidote-delrec-b",
                          bootstrap_port=first.bootstrap_port, port_base=first.port_base)
     try:
-        log = wait_log(second, "dead-letter ledger loaded from DLT")
+        log = wait_log(second, f"dead-letter ledger loaded from DLT dlt={dlt} ")
         # Read from the log start: the records kept, not the ones deleted
         # before it in the cut batch (which its first fetch still carries).
         n = len(kept)
@@ -305,7 +305,7 @@ def test_after_retention_empties_the_dlt_a_restart_starts_at_the_log_start_and_r
         second = start_proxy(workdir, broker, policy_file, "antidote-ret-b",
                              bootstrap_port=first.bootstrap_port, port_base=first.port_base)
         try:
-            log = wait_log(second, "dead-letter ledger loaded from DLT")
+            log = wait_log(second, f"dead-letter ledger loaded from DLT dlt={dlt} ")
             assert re.search(rf"dlt={re.escape(dlt)} records=0 entries=0", log), log[-3000:]
             for _ in range(2):
                 got = read_valid(second, topic, len(VALID))
