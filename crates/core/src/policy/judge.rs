@@ -4,8 +4,9 @@
 //! whose schema compiles to a shape.
 
 use super::avro::AvroDecoder;
+use super::checks::Checks;
 use super::dlt_topic::DeadLetterTemplate;
-use super::json;
+use super::json::{self, Captures};
 use super::protobuf::ProtoDecoder;
 use super::registered::RegistryDecoder;
 use super::rules::{Doc, MaxAge, Rule};
@@ -147,6 +148,9 @@ pub(crate) struct Compiled {
     pub(super) schema: Option<jsonschema::Validator>,
     pub(super) rules: Vec<Rule>,
     pub(super) stale: Vec<MaxAge>,
+    /// `rules` and `stale` compiled against the captures' slots, asked
+    /// first for a record read through captures.
+    pub(super) checks: Checks,
     /// The `class:` of each rule in `rules` and `stale` (same order), if set.
     pub(super) rule_class: Vec<Option<Class>>,
     pub(super) stale_class: Vec<Option<Class>>,
@@ -168,7 +172,9 @@ impl Compiled {
             Decoder::Registry(d) => {
                 // A policy JSON Schema over registered values needs them whole.
                 let fast = self.schema.is_none().then(|| {
-                    d.judge_fast(bytes, topic, now_ms, |caps| self.check_rules(caps, now_ms))
+                    d.judge_fast(bytes, topic, now_ms, |caps| {
+                        self.check_captured(caps, now_ms)
+                    })
                 });
                 if let Some(verdict) = fast.flatten() {
                     return verdict;
@@ -192,7 +198,7 @@ impl Compiled {
                 let mut caps = json::Captures::new(plan.slots());
                 json::capture(bytes, *max_depth, plan, &mut caps)
                     .map_err(|r| Invalid::poison("decode", r))?;
-                return self.check_rules(&caps, now_ms);
+                return self.check_captured(&caps, now_ms);
             }
             Decoder::Json {
                 max_depth, fast, ..
@@ -202,7 +208,7 @@ impl Compiled {
                 if let Some(plan) = fast {
                     let mut caps = json::Captures::new(plan.slots());
                     if json::capture_shaped(bytes, *max_depth, plan, &mut caps) {
-                        return self.check_rules(&caps, now_ms);
+                        return self.check_captured(&caps, now_ms);
                     }
                 }
                 json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
@@ -210,14 +216,14 @@ impl Compiled {
             Decoder::Avro(d) => {
                 let mut caps = json::Captures::new(d.slots());
                 if d.capture(bytes, &mut caps) {
-                    return self.check_rules(&caps, now_ms);
+                    return self.check_captured(&caps, now_ms);
                 }
                 d.decode(bytes)?
             }
             Decoder::Protobuf(d) => {
                 let mut caps = json::Captures::new(d.slots());
                 if d.capture(bytes, &mut caps) {
-                    return self.check_rules(&caps, now_ms);
+                    return self.check_captured(&caps, now_ms);
                 }
                 d.decode(bytes)?
             }
@@ -291,6 +297,16 @@ impl Compiled {
             return Ok(());
         }
         self.explain_rules(value, now_ms)
+    }
+
+    /// [`Self::check_rules`] for captured values, through the compiled
+    /// checks.
+    #[inline]
+    fn check_captured(&self, caps: &Captures<'_>, now_ms: i64) -> Result<(), Invalid> {
+        if self.checks.hold(caps, &self.rules, now_ms) {
+            return Ok(());
+        }
+        self.explain_rules(caps, now_ms)
     }
 
     /// The first rule `value` fails, as [`Invalid`]: `check_rules` past

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::checks::Checks;
 use super::compile::{compile_rule, compile_value};
 use super::dlt_topic::DeadLetterTemplate;
 use super::document::*;
@@ -342,6 +343,7 @@ impl LoadState {
                 max_bytes,
                 decoder,
                 schema,
+                checks: Checks::new(&rules, &stale),
                 rules,
                 stale,
                 rule_class,

@@ -77,6 +77,7 @@ mod avro;
 mod avro_proptests;
 #[cfg(test)]
 mod byte_edits;
+mod checks;
 mod compile;
 mod dlt_topic;
 mod document;

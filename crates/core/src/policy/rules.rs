@@ -257,7 +257,7 @@ pub(crate) enum TimeUnit {
 }
 
 impl TimeUnit {
-    fn to_ms(self, t: f64) -> f64 {
+    pub(crate) fn to_ms(self, t: f64) -> f64 {
         match self {
             TimeUnit::S => t * 1000.0,
             TimeUnit::Ms => t,

@@ -122,6 +122,15 @@ impl<'de> Captures<'de> {
         }
     }
 
+    /// The captures as the rules read them, their slots found once.
+    #[inline(always)]
+    pub(crate) fn fields(&self) -> CapturedFields<'_, 'de> {
+        CapturedFields {
+            slots: self.slots(),
+            caps: self,
+        }
+    }
+
     #[inline]
     fn get(&self, slot: usize) -> Option<&Captured<'de>> {
         self.slots().get(slot)
@@ -136,6 +145,54 @@ impl<'de> Captures<'de> {
         if let Some(c) = cell {
             *c = v;
         }
+    }
+}
+
+/// A record's captures by slot, as the rules read them
+/// ([`Captures::fields`]).
+#[derive(Clone, Copy)]
+pub(crate) struct CapturedFields<'c, 'de> {
+    slots: &'c [Captured<'de>],
+    caps: &'c Captures<'de>,
+}
+
+impl<'c> CapturedFields<'c, '_> {
+    /// The finite number slot `slot` holds, if it holds one (what a
+    /// rule reads as a number), without making a [`Field`] of it.
+    #[inline(always)]
+    pub(crate) fn number(&self, slot: usize) -> Option<f64> {
+        let n = match self.slots.get(slot)? {
+            Captured::Number(n) => n,
+            owned @ Captured::Owned(_) => match self.caps.field_of(owned)? {
+                Field::Number(n) => n,
+                _ => return None,
+            },
+            _ => return None,
+        };
+        n.as_f64().filter(|x| x.is_finite())
+    }
+
+    /// The string slot `slot` holds, as bytes, if it holds one.
+    #[inline(always)]
+    pub(crate) fn text(&self, slot: usize) -> Option<&'c [u8]> {
+        match self.slots.get(slot)? {
+            Captured::Str(s) => Some(s.as_bytes()),
+            Captured::Ascii(b) => Some(b),
+            owned @ Captured::Owned(_) => match self.caps.field_of(owned)? {
+                Field::Str(s) => Some(s),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether slot `slot` is missing or null.
+    #[inline(always)]
+    pub(crate) fn missing_or_null(&self, slot: usize) -> bool {
+        matches!(
+            self.slots.get(slot),
+            None | Some(Captured::Missing | Captured::Null)
+        )
     }
 }
 
