@@ -201,15 +201,11 @@ impl<'a> Reader<'_, '_, 'a> {
 
     /// A variable-length integer, as apache-avro reads it: at most 10
     /// bytes, bits past 64 dropped.
-    // This and the three below inline: a call per varint cost Avro ~70
-    // instructions a record when LLVM chose not to (codegen-units = 1,
-    // issue 30).
     #[inline(always)]
     fn varint(&mut self) -> Read<u64> {
         varint_at(self.b, &mut self.i, Tenth::Any).ok_or(GiveUp)
     }
 
-    #[inline(always)]
     fn long(&mut self) -> Read<i64> {
         let z = self.varint()?;
         Ok(if z & 1 == 0 {
@@ -219,13 +215,11 @@ impl<'a> Reader<'_, '_, 'a> {
         })
     }
 
-    #[inline(always)]
     fn int(&mut self) -> Read<i32> {
         i32::try_from(self.long()?).map_err(|_| GiveUp)
     }
 
     /// A length prefix (bytes, string), within the allocation limit.
-    #[inline(always)]
     fn len(&mut self) -> Read<usize> {
         usize::try_from(self.long()?)
             .ok()

@@ -146,6 +146,17 @@ impl<'de> Captures<'de> {
             *c = v;
         }
     }
+
+    /// The slots in use, to be set in place by a reader that sets
+    /// several (found once, not per value: issue 30). The reader sets
+    /// only slots: owned values go through [`Self::set_owned`].
+    #[inline(always)]
+    pub(crate) fn slots_mut(&mut self) -> &mut [Captured<'de>] {
+        match &mut self.spill {
+            Some(s) if !s.heap.is_empty() => &mut s.heap,
+            _ => &mut self.inline,
+        }
+    }
 }
 
 /// A record's captures by slot, as the rules read them

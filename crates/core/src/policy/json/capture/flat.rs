@@ -117,6 +117,7 @@ impl Flat {
     }
 
     fn members<'de>(&self, b: &'de [u8], caps: &mut Captures<'de>) -> Option<()> {
+        let slots = caps.slots_mut();
         let mut i = ws(b, 0);
         if *b.get(i)? != b'{' {
             return None;
@@ -138,7 +139,9 @@ impl Flat {
                                 return None;
                             }
                             if let Some(slot) = m.slot {
-                                caps.set(slot, Captured::Ascii(s));
+                                if let Some(c) = slots.get_mut(slot) {
+                                    *c = Captured::Ascii(s);
+                                }
                             }
                             seen |= m.bit;
                             None
@@ -162,7 +165,9 @@ impl Flat {
                     return None;
                 }
                 if let Some(slot) = m.slot {
-                    caps.set(slot, captured(v));
+                    if let Some(c) = slots.get_mut(slot) {
+                        *c = captured(v);
+                    }
                 }
                 seen |= m.bit;
             }
