@@ -63,6 +63,11 @@ impl KeyGate for Gate {
 }
 
 fn plan(p: &Arc<Policy>, records: &[u8], gate: &Gate) -> PartitionPlan {
+    plan_with(p, records, gate, &VerdictCache::new(100))
+}
+
+/// [`plan`] with the verdict cache `cache`.
+fn plan_with(p: &Arc<Policy>, records: &[u8], gate: &Gate, cache: &VerdictCache) -> PartitionPlan {
     let topic: Arc<str> = Arc::from("t");
     let records = Bytes::copy_from_slice(records);
     let vis = Visibility::new(false, None);
@@ -75,9 +80,8 @@ fn plan(p: &Arc<Policy>, records: &[u8], gate: &Gate) -> PartitionPlan {
         now_ms: 0,
         deadline: None,
     };
-    let cache = VerdictCache::new(100);
     let env = Env {
-        verdicts: &cache,
+        verdicts: cache,
         budget: &budget::DecodeBudget::unlimited(),
         already: &|_, _| Vec::new(),
     };
@@ -117,6 +121,46 @@ fn diverted(plan: &PartitionPlan) -> Vec<(i64, Class, Option<i64>, String)> {
 
 fn some(k: &str) -> Option<String> {
     Some(k.to_string())
+}
+
+/// Under per_key a batch with removals is read record by record even when
+/// its verdicts are cached, and its CRC is read by that decode only. A
+/// corrupt copy of it (same stored CRC, another body) is held there, never
+/// passed on the good copy's verdicts, and counts no cached verdicts.
+#[test]
+fn a_corrupt_copy_of_a_cached_batch_with_removals_is_held_under_per_key() {
+    let p = policy("per_key");
+    let cache = VerdictCache::new(100);
+    let good = batch(
+        0,
+        &[(Some("a"), false), (Some("b"), true), (Some("c"), false)],
+    );
+    let first = plan_with(&p, &good, &Gate::default(), &cache);
+    assert_eq!(delivered(&first), [some("a"), some("c")]);
+    assert_eq!(first.stats.cached_batches, 0);
+    let again = plan_with(&p, &good, &Gate::default(), &cache);
+    assert_eq!(delivered(&again), [some("a"), some("c")]);
+    assert_eq!(
+        again.stats.cached_batches, 1,
+        "its verdicts came from the cache"
+    );
+    let mut bad = good.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 0x55;
+    let held = plan_with(&p, &bad, &Gate::default(), &cache);
+    assert_eq!(
+        held.held.as_ref().map(|h| h.offset),
+        Some(0),
+        "held, not passed"
+    );
+    assert!(matches!(
+        held.held.as_ref().map(|h| &h.reason),
+        Some(HoldReason::Undecodable(_))
+    ));
+    assert_eq!(held.stats.undecodable_batches, 1);
+    assert_eq!(held.stats.cached_batches, 0);
+    assert!(held.diversions.is_empty());
+    assert_eq!(held.apply(held.held_from(None)).unwrap(), Bytes::new());
 }
 
 #[test]

@@ -141,13 +141,26 @@ fn plan_batch(
     (batch, start): (Batch, usize),
 ) -> ControlFlow<()> {
     let (policy, topic, partition) = (input.policy, input.topic, input.partition);
+    // A batch judged before (another consumer group, a re-fetch) with
+    // nothing to remove passes without even being decoded; one whose
+    // removals are all done may be sent as spliced before.
+    let earlier = (env.already)(batch.base_offset(), batch.next_offset());
+    let keyed = order.as_ref().is_some_and(|o| o.active());
     // A verdict was reached on the bytes judged then: it stands for these
     // only if their CRC holds (a corrupt copy is decoded, fails and is
-    // held, never passed on the good copy's verdict).
-    let known = env
-        .verdicts
-        .lookup(policy, topic, partition, &batch)
-        .filter(|_| batch.crc_valid());
+    // held, never passed on the good copy's verdict). A batch the cache
+    // may answer for unread has its CRC read here; under per_key a batch
+    // with removals is read record by record (which records its blocks
+    // take depends on keys, not on the cache), and its decode below reads
+    // the CRC, once.
+    let (known, unread) = match env.verdicts.lookup(policy, topic, partition, &batch) {
+        Some(k) => {
+            let plain = k.verdicts().is_empty() && earlier.is_empty() && !keyed;
+            let unread = order.is_none() || plain;
+            (Some(k).filter(|_| !unread || batch.crc_valid()), unread)
+        }
+        None => (None, false),
+    };
     // Past the judging deadline, a batch still to judge is left for the
     // client's next fetch; one whose verdicts are known still goes out.
     if known.is_none() && out_of_time(plan, input) {
@@ -157,29 +170,23 @@ fn plan_batch(
         });
         return ControlFlow::Break(());
     }
-    // A batch judged before (another consumer group, a re-fetch) with
-    // nothing to remove passes without even being decoded; one whose
-    // removals are all done may be sent as spliced before.
-    let earlier = (env.already)(batch.base_offset(), batch.next_offset());
-    let keyed = order.as_ref().is_some_and(|o| o.active());
     // Verdicts a helper of this fetch reached count as reached here.
     let mut ahead = false;
-    if let Some(k) = &known {
+    if let Some(k) = known.as_ref().filter(|_| unread) {
         ahead = count_known(plan, k, batch.records_count().max(0) as u64);
-        // Under per_key a batch with removals is read record by record:
-        // which records its blocks take depends on keys, not on the cache.
-        let plain = k.verdicts().is_empty() && earlier.is_empty() && !keyed;
-        if order.is_none() || plain {
-            if let Some(seg) = plan_from_cache(plan, &batch, k, &earlier) {
-                plan.segments.push(seg);
-                return ControlFlow::Continue(());
-            }
+        if let Some(seg) = plan_from_cache(plan, &batch, k, &earlier) {
+            plan.segments.push(seg);
+            return ControlFlow::Continue(());
         }
     }
     let (decoded, memory) = match decode_within(&batch, env.budget) {
         Ok(d) => d,
         Err(reason) => return plan_undecodable(plan, &batch, reason, &earlier),
     };
+    // Known verdicts of a batch read only now count once its CRC held.
+    if let Some(k) = known.as_ref().filter(|_| !unread) {
+        ahead = count_known(plan, k, batch.records_count().max(0) as u64);
+    }
     // Judging reads the records for the first time: a malformed one is
     // found there. Verdicts from the cache were reached on these bytes,
     // but this copy's records are still read (once) before any is used.
