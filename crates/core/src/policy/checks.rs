@@ -71,8 +71,10 @@ impl Checks {
     }
 
     /// Whether every rule holds for `caps`: what `Rule::holds` and
-    /// `MaxAge::holds` answer, all of them.
+    /// `MaxAge::holds` answer, all of them (their comparisons, negated as
+    /// theirs are, so that an age that is not a number fails neither).
     #[inline]
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub(crate) fn hold(&self, caps: &Captures<'_>, rules: &[Rule], now_ms: i64) -> bool {
         let fields = caps.fields();
         self.0.iter().all(|c| match c {

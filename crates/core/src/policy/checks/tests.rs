@@ -2,7 +2,9 @@ use serde_json::{json, Value};
 
 use super::Checks;
 use crate::policy::json::{Captured, Captures};
-use crate::policy::rules::{assign_slots, Coordinates, MaxAge, Pointer, Rule, TimeUnit};
+use crate::policy::rules::{
+    assign_slots, edge_values, Coordinates, MaxAge, Pointer, Rule, TimeUnit,
+};
 
 /// The captures of a record whose slots hold `values` (`None`: missing),
 /// as the readers fill them.
@@ -67,44 +69,8 @@ fn checks_hold_exactly_when_the_rules_hold() {
         MaxAge::new(p("/m"), 2.0, "2ms".into(), TimeUnit::Us),
     ];
     assert_eq!(assign_slots(&mut rules, &mut stale).len(), 3);
-    let edges = [
-        json!(null),
-        json!(true),
-        json!("ENTER"),
-        json!("EXIT"),
-        json!(""),
-        json!("ENTERS"),
-        json!([1]),
-        json!({"a": 1}),
-        json!(0),
-        json!(-0.0),
-        json!(1),
-        json!(1.0),
-        json!(-1.5),
-        json!(-1.6),
-        json!(2),
-        json!(5),
-        json!(9.0),
-        json!(10.5),
-        json!(-20),
-        json!(20.000001),
-        json!(90),
-        json!(90.5),
-        json!(-90),
-        json!(-180),
-        json!(180.1),
-        json!(150),
-        json!(150.01),
-        json!(u64::MAX),
-        json!(i64::MIN),
-        json!(1e300),
-        json!(-1e300),
-        json!(1_000_000),
-        json!(999_000),
-        json!(998_999),
-        json!(999_999_999),
-        json!(1_000),
-    ];
+    let edges = edge_values();
+    let pick = |v: Value| edges.iter().find(|e| **e == v);
     let now = 1_000_000;
     let mut fields = vec![None];
     fields.extend(edges.iter().map(Some));
@@ -112,7 +78,7 @@ fn checks_hold_exactly_when_the_rules_hold() {
     let mut seen = [0usize; 2];
     for s in &fields {
         for n in &fields {
-            for m in [None, Some(&edges[0]), Some(&edges[8]), Some(&edges[16])]
+            for m in [None, pick(json!(null)), pick(json!(0)), pick(json!(-20))]
                 .into_iter()
                 .chain(fields.iter().step_by(5).copied())
             {
