@@ -96,6 +96,8 @@ pub mod registry;
 #[cfg(test)]
 mod registry_tests;
 mod rules;
+#[cfg(test)]
+mod rules_testutil;
 mod shape;
 #[cfg(test)]
 mod tests;

@@ -2,9 +2,8 @@ use serde_json::{json, Value};
 
 use super::Checks;
 use crate::policy::json::{Captured, Captures};
-use crate::policy::rules::{
-    assign_slots, edge_values, Coordinates, MaxAge, Pointer, Rule, TimeUnit,
-};
+use crate::policy::rules::{assign_slots, Coordinates, MaxAge, Pointer, Rule, TimeUnit};
+use crate::policy::rules_testutil::edge_values;
 
 /// The captures of a record whose slots hold `values` (`None`: missing),
 /// as the readers fill them.
