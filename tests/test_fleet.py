@@ -460,7 +460,8 @@ def concurrent_replays(workdir, broker, k: int) -> None:
         assert sum(x["replayed"] for x in counts) == n, [r.stdout + r.stderr for r in runs]
         assert all(x["considered"] == n and x["failed"] == 0 for x in counts), counts
         # Every run held a fencing lease (none fell back to unfenced writes).
-        assert not [r.stderr for r in runs if "no producer lease" in r.stderr]
+        assert not [r.stderr for r in runs if "no producer lease" in r.stderr], [
+            ln for r in runs for ln in r.stderr.splitlines() if "lease" in ln]
         # Records, not offsets: each lease leaves an ABORT marker (a control
         # batch no consumer sees) in the target, so the end offset is more.
         time.sleep(0.5)

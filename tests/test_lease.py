@@ -354,7 +354,8 @@ def test_concurrent_replays_on_three_nodes_with_the_coordinator_elsewhere(workdi
     with ThreadPoolExecutor(3) as pool:
         runs = list(pool.map(lambda _: cli(*args, timeout=120), range(3)))
     assert all(r.returncode == 0 for r in runs), [r.stdout + r.stderr for r in runs]
-    assert not [r.stderr for r in runs if "no producer lease" in r.stderr]
+    assert not [r.stderr for r in runs if "no producer lease" in r.stderr], [
+            ln for r in runs for ln in r.stderr.splitlines() if "lease" in ln]
     from test_reload_replay import replay_counts
     counts = [replay_counts([ln for ln in r.stderr.splitlines()
                              if ln.startswith("replay: ")][-1]) for r in runs]
