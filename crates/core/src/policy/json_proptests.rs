@@ -545,6 +545,20 @@ fn flat_records_after_a_learned_layout_agree() {
             );
         }
     }
+    // Written exactly as the first, it is read by the template
+    // (`capture/flat/template.rs`), under every policy that has a flat
+    // reader; respaced or with a member left out, it is not.
+    for s in [&set, &fresh] {
+        let takes = |d: &str| {
+            s.policies()
+                .iter()
+                .filter(|p| p.inner.template_takes(d.as_bytes()))
+                .count()
+        };
+        assert!(takes(&first) > 0, "the template reads the first record");
+        assert_eq!(takes(&format!("{first} ")), 0);
+        assert_eq!(takes(&first.replace(r#""speed_mps":12.5,"#, "")), 0);
+    }
     let docs = [
         first.replace(r#""geofence_id":"fence-42","#, ""),
         first.replace(r#""speed_mps":12.5,"#, ""),

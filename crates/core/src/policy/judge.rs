@@ -381,6 +381,15 @@ impl Compiled {
         }
     }
 
+    /// For a JSON policy: whether the flat reader's template reads `bytes`.
+    #[cfg(test)]
+    pub(crate) fn template_takes(&self, bytes: &[u8]) -> bool {
+        match &self.decoder {
+            Decoder::Json { fast: Some(p), .. } => json::template_takes(bytes, p),
+            _ => false,
+        }
+    }
+
     /// For an Avro or Protobuf policy: whether its fast path reads `bytes`.
     #[cfg(test)]
     pub(crate) fn binary_fast_path_takes(&self, bytes: &[u8]) -> bool {

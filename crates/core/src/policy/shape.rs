@@ -27,6 +27,9 @@ use std::cmp::Ordering;
 
 use serde_json::{Map, Number, Value};
 
+mod fast;
+pub(crate) use fast::{AsciiCheck, NumberCheck};
+
 const NULL: u8 = 1;
 const BOOL: u8 = 2;
 /// A number parsed as an integer (`serde_json` gave i64 or u64).
@@ -116,29 +119,16 @@ pub(crate) enum Seen<'a> {
     Str(&'a str),
 }
 
-/// What [`ShapeNode::ascii_string`] checks of a node, decided at load.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum AsciiCheck {
-    /// Any string.
-    Any,
-    /// No string.
-    Never,
-    /// A string of this many bytes (each one code point), inclusive.
-    Len(u64, u64),
-    /// Allowed values too: ask the node.
-    Node,
-}
-
-impl AsciiCheck {
-    /// [`ShapeNode::ascii_string`] of `node` (the node this was decided
-    /// for; `None`: no schema) on the ASCII bytes `s`.
+impl Seen<'_> {
+    /// Its type bit.
     #[inline(always)]
-    pub(crate) fn holds(self, node: Option<&ShapeNode>, s: &[u8]) -> bool {
+    fn kind(&self) -> u8 {
         match self {
-            AsciiCheck::Any => true,
-            AsciiCheck::Never => false,
-            AsciiCheck::Len(lo, hi) => (lo..=hi).contains(&(s.len() as u64)),
-            AsciiCheck::Node => node.is_none_or(|n| n.ascii_string(s)),
+            Seen::Null => NULL,
+            Seen::Bool(_) => BOOL,
+            Seen::I64(_) | Seen::U64(_) => INT,
+            Seen::F64(_) => FLOAT,
+            Seen::Str(_) => STR,
         }
     }
 }
@@ -324,14 +314,7 @@ impl ShapeNode {
     /// Whether a scalar surely meets this schema.
     #[inline]
     pub(crate) fn scalar(&self, v: Seen<'_>) -> bool {
-        let kind = match v {
-            Seen::Null => NULL,
-            Seen::Bool(_) => BOOL,
-            Seen::I64(_) | Seen::U64(_) => INT,
-            Seen::F64(_) => FLOAT,
-            Seen::Str(_) => STR,
-        };
-        self.types & kind != 0 && (self.plain || self.constrained(v))
+        self.types & v.kind() != 0 && (self.plain || self.constrained(v))
     }
 
     /// [`Self::scalar`] of a string whose bytes `s` are all ASCII (so
@@ -352,20 +335,6 @@ impl ShapeNode {
             list.iter()
                 .any(|a| matches!(a, Scalar::Str(a) if a.as_bytes() == s))
         })
-    }
-
-    /// [`Self::ascii_string`] reduced, once per schema node, to what it
-    /// checks: nothing, a length range, or the whole node.
-    pub(crate) fn ascii_check(&self) -> AsciiCheck {
-        if self.types & STR == 0 {
-            AsciiCheck::Never
-        } else if self.plain {
-            AsciiCheck::Any
-        } else if self.allowed.is_empty() {
-            AsciiCheck::Len(self.min_len.unwrap_or(0), self.max_len.unwrap_or(u64::MAX))
-        } else {
-            AsciiCheck::Node
-        }
     }
 
     /// The required-property bits of this object's keys.

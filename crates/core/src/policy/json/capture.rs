@@ -9,7 +9,7 @@
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::{Number, Value};
+use serde_json::Value;
 
 use super::{too_deep, BuildValue};
 
@@ -101,8 +101,19 @@ fn fast_flat<'de>(
 /// Whether the flat reader or [`scan`] accepts `bytes`; when one does, the
 /// visitor path must accept them too with the same captures (`Err` naming
 /// both otherwise, or when what they accepted is not UTF-8).
+/// Whether the flat reader's template reads `bytes` (agreeing with its
+/// member loop).
+#[cfg(test)]
+pub(crate) fn template_takes(bytes: &[u8], plan: &Plan) -> bool {
+    plan.flat()
+        .is_some_and(|f| f.template_agrees(bytes, plan.slots) == Ok(true))
+}
+
 #[cfg(test)]
 pub(crate) fn scanner_agrees(bytes: &[u8], max_depth: usize, plan: &Plan) -> Result<bool, String> {
+    if let Some(flat) = plan.flat() {
+        flat.template_agrees(bytes, plan.slots)?;
+    }
     let mut scanned = Captures::new(plan.slots);
     let accepted = fast_flat(bytes, max_depth, plan, &mut scanned)
         || std::str::from_utf8(bytes).is_ok_and(|t| scan::scan(t, max_depth, plan, &mut scanned));
@@ -351,7 +362,7 @@ impl<'p, 'de> At<'p, '_, 'de> {
                 .map(|x| match x {
                     Value::Null => Ok(Captured::Null),
                     Value::Bool(b) => Ok(Captured::Bool(*b)),
-                    Value::Number(n) => Ok(Captured::Number(n.clone())),
+                    Value::Number(n) => Ok(Captured::number(n)),
                     other => Err(other.clone()),
                 });
             match found {
@@ -410,14 +421,14 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
         self.scalar(Seen::Bool(v), || Captured::Bool(v))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.scalar(Seen::I64(v), || Captured::Number(v.into()))
+        self.scalar(Seen::I64(v), || Captured::int(v))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.scalar(Seen::U64(v), || Captured::Number(v.into()))
+        self.scalar(Seen::U64(v), || Captured::U64(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
         self.scalar(Seen::F64(v), || {
-            Number::from_f64(v).map_or(Captured::Null, Captured::Number)
+            Captured::float(v).unwrap_or(Captured::Null)
         })
     }
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {

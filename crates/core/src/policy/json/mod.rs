@@ -34,9 +34,9 @@ use serde_json::{Map, Number, Value};
 mod capture;
 
 use capture::run;
-#[cfg(test)]
-pub(crate) use capture::scanner_agrees;
 pub(crate) use capture::{capture_shaped, Captured, Captures, Plan};
+#[cfg(test)]
+pub(crate) use capture::{scanner_agrees, template_takes};
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;

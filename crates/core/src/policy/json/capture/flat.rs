@@ -15,10 +15,12 @@
 //! string with an escape or that is not UTF-8) gives up, and the caller
 //! reads the document from its start as before.
 
+mod template;
+
 use super::layout::Layout;
 use super::scan::{captured, literal, number, special, word_at, ws};
 use super::{Captured, Captures, Plan};
-use crate::policy::shape::{same_bytes, AsciiCheck, Seen, ShapeNode};
+use crate::policy::shape::{same_bytes, AsciiCheck, NumberCheck, Seen, ShapeNode};
 
 /// A plan's flat members, in layout order.
 #[derive(Debug)]
@@ -26,9 +28,12 @@ pub(in crate::policy::json) struct Flat {
     members: Box<[Member]>,
     /// The root schema's required-property bits (0 without a schema).
     required: u64,
+    /// The members as a template, tried first (`None` when a member's
+    /// bytes are too long for one).
+    template: Option<template::Template>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Member {
     /// `"key":`, exactly as the layout remembered it.
     text: Box<[u8]>,
@@ -39,6 +44,8 @@ pub(super) struct Member {
     shape: Option<ShapeNode>,
     /// What `shape` checks of an ASCII string (`Any` without a schema).
     ascii: AsciiCheck,
+    /// What `shape` checks of a number (any number without a schema).
+    number: NumberCheck,
     /// The member's required-property bit under the root schema (0 if not
     /// required).
     bit: u64,
@@ -79,13 +86,18 @@ impl Flat {
                 ascii: shape
                     .as_ref()
                     .map_or(AsciiCheck::Any, ShapeNode::ascii_check),
+                number: shape
+                    .as_ref()
+                    .map_or_else(NumberCheck::default, ShapeNode::number_check),
                 shape,
                 bit: entry.schema.bit,
             });
         }
+        let required = shape.map_or(0, ShapeNode::required);
         Some(Flat {
+            template: template::Template::build(&members, required),
             members: members.into_boxed_slice(),
-            required: shape.map_or(0, ShapeNode::required),
+            required,
         })
     }
 
@@ -113,7 +125,34 @@ impl Flat {
     /// `Captures::new`, left partly filled when it is not). The caller
     /// checks that the depth limit allows an object.
     pub(super) fn read<'de>(&self, b: &'de [u8], caps: &mut Captures<'de>) -> bool {
+        if let Some(t) = &self.template {
+            if t.read(b, caps.slots_mut()).is_some() {
+                return true;
+            }
+            caps.slots_mut().fill_with(Captured::default);
+        }
         self.members(b, caps).is_some()
+    }
+
+    /// When the template accepts `b`, the member loop must accept it
+    /// too with the same captures (`Err` naming both otherwise); whether
+    /// the template accepted it.
+    #[cfg(test)]
+    pub(super) fn template_agrees(&self, b: &[u8], slots: usize) -> Result<bool, String> {
+        let Some(t) = &self.template else {
+            return Ok(false);
+        };
+        let mut templated = Captures::new(slots);
+        if t.read(b, templated.slots_mut()).is_none() {
+            return Ok(false);
+        }
+        let mut read = Captures::new(slots);
+        match self.members(b, &mut read) {
+            Some(()) if read == templated => Ok(true),
+            other => Err(format!(
+                "template {templated:?}, members {other:?} {read:?}"
+            )),
+        }
     }
 
     fn members<'de>(&self, b: &'de [u8], caps: &mut Captures<'de>) -> Option<()> {
@@ -128,49 +167,8 @@ impl Flat {
             let (m, end, k) = self.member_at(next, b, i)?;
             let first;
             ((first, i), next) = (token(b, end)?, k);
-            let value = match first {
-                b'"' => {
-                    let (s, text, end) = plain_string(b, i + 1)?;
-                    i = end;
-                    match text {
-                        // ASCII: checked and captured as its bytes.
-                        None => {
-                            if !m.ascii.holds(m.shape.as_ref(), s) {
-                                return None;
-                            }
-                            if let Some(slot) = m.slot {
-                                if let Some(c) = slots.get_mut(slot) {
-                                    *c = Captured::Ascii(s);
-                                }
-                            }
-                            seen |= m.bit;
-                            None
-                        }
-                        Some(text) => Some(Seen::Str(text)),
-                    }
-                }
-                c @ (b't' | b'f' | b'n') => {
-                    let (v, end) = literal(b, i, c)?;
-                    i = end;
-                    Some(v)
-                }
-                _ => {
-                    let (v, end) = number(b, i)?;
-                    i = end;
-                    Some(v)
-                }
-            };
-            if let Some(v) = value {
-                if m.shape.as_ref().is_some_and(|sh| !sh.scalar(v)) {
-                    return None;
-                }
-                if let Some(slot) = m.slot {
-                    if let Some(c) = slots.get_mut(slot) {
-                        *c = captured(v);
-                    }
-                }
-                seen |= m.bit;
-            }
+            i = m.value(b, i, first, slots)?;
+            seen |= m.bit;
             let sep;
             (sep, i) = token(b, i)?;
             match sep {
@@ -180,6 +178,63 @@ impl Flat {
             }
         }
         (ws(b, i + 1) == b.len() && seen & self.required == self.required).then_some(())
+    }
+}
+
+impl Member {
+    /// The scalar whose first byte `first` is at `b[i]`, checked against
+    /// the member's schema and captured: where it ends.
+    #[inline(always)]
+    fn value<'de>(
+        &self,
+        b: &'de [u8],
+        i: usize,
+        first: u8,
+        slots: &mut [Captured<'de>],
+    ) -> Option<usize> {
+        let (v, end) = match first {
+            b'"' => return self.string(b, i + 1, slots),
+            c @ (b't' | b'f' | b'n') => literal(b, i, c)?,
+            _ => number(b, i)?,
+        };
+        self.scalar(v, slots)?;
+        Some(end)
+    }
+
+    /// The string after its opening quote at `b[i - 1]`, checked and
+    /// captured (an ASCII one as its bytes): where it ends.
+    #[inline(always)]
+    fn string<'de>(&self, b: &'de [u8], i: usize, slots: &mut [Captured<'de>]) -> Option<usize> {
+        let (s, text, end) = plain_string(b, i)?;
+        match text {
+            None => {
+                if !self.ascii.holds(self.shape.as_ref(), s) {
+                    return None;
+                }
+                self.capture(Captured::Ascii(s), slots);
+            }
+            Some(text) => self.scalar(Seen::Str(text), slots)?,
+        }
+        Some(end)
+    }
+
+    /// A scalar read, checked and captured.
+    #[inline(always)]
+    fn scalar<'de>(&self, v: Seen<'de>, slots: &mut [Captured<'de>]) -> Option<()> {
+        if !self.number.holds(self.shape.as_ref(), v) {
+            return None;
+        }
+        self.capture(captured(v), slots);
+        Some(())
+    }
+
+    #[inline(always)]
+    fn capture<'de>(&self, c: Captured<'de>, slots: &mut [Captured<'de>]) {
+        if let Some(slot) = self.slot {
+            if let Some(cell) = slots.get_mut(slot) {
+                *cell = c;
+            }
+        }
     }
 }
 

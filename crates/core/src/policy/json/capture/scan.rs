@@ -13,8 +13,6 @@
 //! parser, which gives serde_json's (`float_roundtrip`) value bit for bit.
 //! `json_proptests` checks both paths against each other.
 
-use serde_json::Number;
-
 use super::layout::{Learning, MemberSchema};
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_key, Seen, ShapeNode};
@@ -401,26 +399,53 @@ pub(super) fn number(b: &[u8], start: usize) -> Option<(Seen<'static>, usize)> {
     Some((Seen::F64(x), i))
 }
 
-/// A number with a fraction and no exponent, of at most 15 significant
-/// digits (`52.123456`): `m` is the integer part's value (`int_digits`
-/// digits), the fraction starts at `frac`. Its digits as an integer
-/// m < 2^53 and 10^k (k <= 15) are exact in an f64, so m / 10^k is one
-/// correctly rounded division, which is what serde_json's exact parser
-/// (`float_roundtrip`, enabled in this build) returns. The value and where
-/// the number ends; `None` for any other number.
+/// A number with a fraction and no exponent of at most 19 digits
+/// (`52.123456`, `2.0032100000000004`): `m` is the integer part's value
+/// (`int_digits` digits), the fraction starts at `frac`. The value and
+/// where the number ends, bit for bit what serde_json's exact parser
+/// (`float_roundtrip`, enabled in this build) returns; `None` for any
+/// other number. At most 19 digits, so `m` (all of them as one integer)
+/// never wrapped.
 #[inline(always)]
 fn short_decimal(b: &[u8], frac: usize, mut m: u64, int_digits: usize) -> Option<(f64, usize)> {
-    const POW10: [f64; 16] = [
-        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+    const POW10: [f64; 20] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19,
     ];
     let end;
     (end, m) = digits_at(b, frac, m);
     let k = end - frac;
-    if k == 0 || int_digits + k > 15 || matches!(b.get(end), Some(b'e' | b'E')) {
+    if k == 0 || int_digits + k > 19 || matches!(b.get(end), Some(b'e' | b'E')) {
         return None;
     }
-    // m < 2^53 here: as an i64 it converts in one instruction.
-    Some((m as i64 as f64 / POW10[k], end))
+    if m <= 1 << 53 {
+        // `m` and 10^k are exact in an f64, so m / 10^k is one correctly
+        // rounded division (Clinger's fast path). As an i64 `m` converts
+        // in one instruction.
+        return Some((m as i64 as f64 / POW10[k], end));
+    }
+    Some((quotient(m, k), end))
+}
+
+/// m / 10^k, correctly rounded, for any `m` and k <= 19 (the 16- to
+/// 19-digit numbers Clinger's path cannot take, such as many shortest
+/// forms of 17 digits). m / 10^k = (m / 5^k) * 2^-k: `m` shifted to the
+/// top of a u128 divided by 5^k (< 2^45) leaves a quotient of more than
+/// 82 bits; its conversion to f64 rounds to nearest even, with a lowest
+/// bit set when the division left a remainder (so that a quotient just
+/// above a halfway point is not taken for one: the bit is far below the
+/// 53 kept). Scaling by a power of two is then exact (no result here is
+/// near f64's limits).
+#[inline(never)]
+fn quotient(m: u64, k: usize) -> f64 {
+    debug_assert!(m != 0 && k <= 19);
+    let shift = m.leading_zeros() + 64;
+    let n = u128::from(m) << shift;
+    let d = 5u128.pow(k as u32);
+    let q = (n / d) | u128::from(n % d != 0);
+    // 2^-(shift + k), built from its exponent: shift + k <= 146.
+    let scale = f64::from_bits((1023 - u64::from(shift) - k as u64) << 52);
+    q as f64 * scale
 }
 
 /// The decimal digits from `i` on, accumulated into `v` (wrapping, as
@@ -516,9 +541,9 @@ pub(super) fn captured(seen: Seen<'_>) -> Captured<'_> {
     match seen {
         Seen::Null => Captured::Null,
         Seen::Bool(b) => Captured::Bool(b),
-        Seen::I64(v) => Captured::Number(v.into()),
-        Seen::U64(v) => Captured::Number(v.into()),
-        Seen::F64(v) => Number::from_f64(v).map_or(Captured::Null, Captured::Number),
+        Seen::I64(v) => Captured::int(v),
+        Seen::U64(v) => Captured::U64(v),
+        Seen::F64(v) => Captured::float(v).unwrap_or(Captured::Null),
         Seen::Str(s) => Captured::Str(s),
     }
 }
@@ -585,15 +610,55 @@ mod tests {
         (at == b.len()).then_some(if negative { -x } else { x })
     }
 
+    /// Decimals exactly halfway between two f64s (which round to the even
+    /// one) and one unit of their last digit on either side, of 17 to 19
+    /// digits: `quotient` rounds them as serde_json does.
+    #[test]
+    fn halfway_decimals_round_as_serde_json_does() {
+        let mut texts = Vec::new();
+        for mid in [
+            "9007199254740993.0",
+            "9007199254740995.0",
+            "4503599627370497.5",
+            "4503599627370496.5",
+            "2251799813685248.25",
+            "2251799813685248.75",
+            "1125899906842624.125",
+            "1125899906842624.375",
+            "18014398509481986.0",
+            "18014398509481990.0",
+        ] {
+            let digits: String = mid.chars().filter(char::is_ascii_digit).collect();
+            let dot = mid.find('.').expect("a fraction");
+            let m: u64 = digits.parse().expect("at most 19 digits");
+            for m in [m - 1, m, m + 1] {
+                let d = format!("{m:0>width$}", width = digits.len());
+                texts.push(format!("{}.{}", &d[..dot], &d[dot..]));
+            }
+        }
+        for text in &texts {
+            let parsed: f64 = serde_json::from_str(text).expect("a JSON number");
+            let x = short_decimal(text).expect("taken");
+            assert_eq!(x.to_bits(), parsed.to_bits(), "{text}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 20000, ..ProptestConfig::default() })]
 
-        /// Bit for bit what serde_json parses, for every split of up to 15
-        /// digits into an integer part and a fraction.
+        /// Bit for bit what serde_json parses, for every split of up to 20
+        /// digits into an integer part and a fraction (taken whenever there
+        /// are at most 19), around 2^53 where Clinger's path ends and up to
+        /// the largest 19-digit integers.
         #[test]
         fn short_decimals_are_what_serde_json_parses(
-            m in prop_oneof![0u64..1000, 0u64..1_000_000_000_000_000],
-            k in 1usize..16,
+            m in prop_oneof![
+                0u64..1000,
+                0u64..1_000_000_000_000_000,
+                (1u64 << 53) - 1000..(1u64 << 53) + 1000,
+                0u64..10_000_000_000_000_000_000,
+            ],
+            k in 1usize..21,
             negative in any::<bool>(),
         ) {
             let digits = format!("{m:0>width$}", width = k + 1);
@@ -602,7 +667,7 @@ mod tests {
             let parsed: f64 = serde_json::from_str(&text).expect("a JSON number");
             match short_decimal(&text) {
                 Some(x) => prop_assert_eq!(x.to_bits(), parsed.to_bits(), "{}", text),
-                None => prop_assert!(int.len() + k > 15, "{} not taken", text),
+                None => prop_assert!(int.len() + k > 19, "{} not taken", text),
             }
         }
     }

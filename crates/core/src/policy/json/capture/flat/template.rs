@@ -1,0 +1,159 @@
+//! The template: a flat layout compiled into a straight run of steps, one
+//! per member, for records written exactly as the layout's first record
+//! was (no whitespace, every member present and in order), which is how
+//! one producer writes every record. A step compares the bytes before its
+//! value in one go (`{` or `,`, the member's remembered bytes, and for a
+//! member the schema says is a string, its opening quote) and reads the
+//! value by the kind the schema gives it, without the general reader's
+//! whitespace tokens, separator matching and value dispatch (issue 30).
+//!
+//! It accepts only documents the flat reader accepts, with the same
+//! captures: the same bytes in the same order are the same tokens, and
+//! each value is read, checked and captured by the same [`Member`]
+//! methods. Anything else (whitespace, a member left out, a value of
+//! another kind) fails a step, and the flat reader reads the record.
+
+use super::{Captured, Member, Seen};
+use crate::policy::json::capture::scan::number;
+use crate::policy::shape::same_bytes;
+
+/// The most bytes a step compares before its value.
+const MAX_PREFIX: usize = 32;
+
+/// A flat layout's members as steps.
+#[derive(Debug)]
+pub(super) struct Template {
+    steps: Box<[Step]>,
+}
+
+/// A member's step.
+#[derive(Debug)]
+struct Step {
+    /// The bytes before the value.
+    prefix: Prefix,
+    value: Value,
+    /// The member (a copy of the flat reader's, so that a step needs no
+    /// lookup).
+    member: Member,
+}
+
+/// How a step reads its value, decided by the member's schema.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Value {
+    /// Strings only: the opening quote is in the prefix.
+    Str,
+    /// Numbers only.
+    Number,
+    /// Any scalar, dispatched on its first byte.
+    Any,
+}
+
+/// Bytes compared as four masked words when the document has
+/// [`MAX_PREFIX`] bytes from where they are tried, else byte for byte.
+#[derive(Debug)]
+struct Prefix {
+    bytes: Box<[u8]>,
+    /// The expected words at offsets 0, 8, 16 and 24, and their masks
+    /// (0 past the bytes): apart, so that they compare as two vectors.
+    words: [u64; 4],
+    masks: [u64; 4],
+}
+
+impl Prefix {
+    fn new(bytes: Vec<u8>) -> Option<Prefix> {
+        if bytes.is_empty() || bytes.len() > MAX_PREFIX {
+            return None;
+        }
+        let (mut words, mut masks) = ([0; 4], [0; 4]);
+        for (k, chunk) in bytes.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            words[k] = u64::from_le_bytes(w);
+            masks[k] = u64::MAX >> (64 - 8 * chunk.len());
+        }
+        Some(Prefix {
+            bytes: bytes.into_boxed_slice(),
+            words,
+            masks,
+        })
+    }
+
+    /// Where the prefix ends, if `b[i..]` starts with it.
+    #[inline(always)]
+    fn after(&self, b: &[u8], i: usize) -> Option<usize> {
+        let rest = b.get(i..)?;
+        let same = match rest.first_chunk::<MAX_PREFIX>() {
+            Some(window) => {
+                let word = |o: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&window[o..o + 8]);
+                    u64::from_le_bytes(w)
+                };
+                let (w, m) = (&self.words, &self.masks);
+                ((word(0) ^ w[0]) & m[0])
+                    | ((word(8) ^ w[1]) & m[1])
+                    | ((word(16) ^ w[2]) & m[2])
+                    | ((word(24) ^ w[3]) & m[3])
+                    == 0
+            }
+            // The last members of a record: fewer bytes left than a window.
+            None => rest
+                .get(..self.bytes.len())
+                .is_some_and(|s| same_bytes(s, &self.bytes)),
+        };
+        same.then_some(i + self.bytes.len())
+    }
+}
+
+impl Template {
+    /// The template of `members` (of an object with these `required`
+    /// bits), or `None` when a member's bytes are too long for a step or
+    /// the members do not cover what is required (the flat reader then
+    /// refuses every record anyway).
+    pub(super) fn build(members: &[Member], required: u64) -> Option<Template> {
+        let mut steps = Vec::with_capacity(members.len());
+        let mut bits = 0;
+        for (k, m) in members.iter().enumerate() {
+            let value = match &m.shape {
+                Some(s) if s.only_strings() => Value::Str,
+                Some(s) if s.only_numbers() => Value::Number,
+                _ => Value::Any,
+            };
+            let mut prefix = vec![if k == 0 { b'{' } else { b',' }];
+            prefix.extend_from_slice(&m.text);
+            if value == Value::Str {
+                prefix.push(b'"');
+            }
+            steps.push(Step {
+                prefix: Prefix::new(prefix)?,
+                value,
+                member: m.clone(),
+            });
+            bits |= m.bit;
+        }
+        (!steps.is_empty() && bits & required == required).then(|| Template {
+            steps: steps.into_boxed_slice(),
+        })
+    }
+
+    /// Whether `b` is exactly the template's object (then its captures are
+    /// in `slots`, which are left partly filled when it is not).
+    #[inline(always)]
+    pub(super) fn read<'de>(&self, b: &'de [u8], slots: &mut [Captured<'de>]) -> Option<()> {
+        let mut i = 0;
+        for step in &self.steps {
+            let m = &step.member;
+            i = step.prefix.after(b, i)?;
+            i = match step.value {
+                Value::Str => m.string(b, i, slots)?,
+                Value::Number => {
+                    let (v, end): (Seen<'_>, usize) = number(b, i)?;
+                    m.scalar(v, slots)?;
+                    end
+                }
+                Value::Any => m.value(b, i, *b.get(i)?, slots)?,
+            };
+        }
+        (i + 1 == b.len() && b[i] == b'}').then_some(())
+    }
+}
