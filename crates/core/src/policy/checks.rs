@@ -16,99 +16,58 @@ use super::json::Captures;
 use super::rules::{MaxAge, Rule, TimeUnit};
 use super::shape::same_bytes;
 
-/// A policy's rules, compiled at load: each kind of check in a list of
-/// its own, so that asking them is a loop per kind with no dispatch per
-/// check (the order does not matter: all of them must hold, and a record
-/// that fails one is explained by the rules in their own order).
+/// A policy's rules, compiled at load.
 #[derive(Debug)]
-pub(crate) struct Checks {
-    ranges: Box<[Range]>,
-    coordinates: Box<[Coordinates]>,
-    texts: Box<[Text]>,
-    fresh: Box<[Fresh]>,
-    /// Slots that must be missing or null.
-    absent: Box<[usize]>,
-    /// Rules asked as they are (`one_of` over values that are not all
-    /// strings): indexes into `rules`.
-    rules: Box<[usize]>,
-}
+pub(crate) struct Checks(Box<[Check]>);
 
-/// A finite number in `[lo, hi]` (±∞ for a bound the rule does not set);
-/// missing or null passes when `optional`.
 #[derive(Debug)]
-struct Range {
-    slot: usize,
-    lo: f64,
-    hi: f64,
-    optional: bool,
-}
-
-/// Both finite, inside `[min_lat, min_lon, max_lat, max_lon]` (the
-/// bounding box within ±90, ±180), and not both zero when `null_island`
-/// is rejected.
-#[derive(Debug)]
-struct Coordinates {
-    lat: usize,
-    lon: usize,
-    within: [f64; 4],
-    null_island: bool,
-}
-
-/// A string among `allowed` (every allowed value is a string); missing or
-/// null passes when `optional`.
-#[derive(Debug)]
-struct Text {
-    slot: usize,
-    optional: bool,
-    allowed: Box<[Box<[u8]>]>,
-}
-
-/// A finite time no older than `max_age_ms` at judging time.
-#[derive(Debug)]
-struct Fresh {
-    slot: usize,
-    unit: TimeUnit,
-    max_age_ms: f64,
-}
-
-/// What one rule compiles to.
 enum Check {
-    Range(Range),
-    Coordinates(Coordinates),
-    Text(Text),
-    Absent(usize),
+    /// A finite number in `[lo, hi]` (±∞ for a bound the rule does not
+    /// set); missing or null passes when `optional`.
+    Range {
+        slot: usize,
+        lo: f64,
+        hi: f64,
+        optional: bool,
+    },
+    /// Both finite, inside `[min_lat, min_lon, max_lat, max_lon]` (the
+    /// bounding box within ±90, ±180), and not both zero when
+    /// `null_island` is rejected.
+    Coordinates {
+        lat: usize,
+        lon: usize,
+        within: [f64; 4],
+        null_island: bool,
+    },
+    /// A string among `allowed` (every allowed value is a string);
+    /// missing or null passes when `optional`.
+    Text {
+        slot: usize,
+        optional: bool,
+        allowed: Box<[Box<[u8]>]>,
+    },
+    /// Missing or null.
+    Absent { slot: usize },
+    /// A finite time no older than `max_age_ms` at judging time.
+    Fresh {
+        slot: usize,
+        unit: TimeUnit,
+        max_age_ms: f64,
+    },
+    /// Any other rule (`one_of` over values that are not all strings),
+    /// asked as it is: `rules[i]`.
     Rule(usize),
 }
 
 impl Checks {
     pub(crate) fn new(rules: &[Rule], stale: &[MaxAge]) -> Checks {
-        let (mut ranges, mut coordinates, mut texts, mut absent, mut asked) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for check in rules.iter().enumerate().map(compile) {
-            match check {
-                Check::Range(c) => ranges.push(c),
-                Check::Coordinates(c) => coordinates.push(c),
-                Check::Text(c) => texts.push(c),
-                Check::Absent(slot) => absent.push(slot),
-                Check::Rule(i) => asked.push(i),
-            }
-        }
-        let fresh = stale
-            .iter()
-            .map(|s| Fresh {
-                slot: s.ptr.slot(),
-                unit: s.unit,
-                max_age_ms: s.max_age_ms,
-            })
-            .collect();
-        Checks {
-            ranges: ranges.into(),
-            coordinates: coordinates.into(),
-            texts: texts.into(),
-            fresh,
-            absent: absent.into(),
-            rules: asked.into(),
-        }
+        let mut checks: Vec<Check> = rules.iter().enumerate().map(compile).collect();
+        checks.extend(stale.iter().map(|s| Check::Fresh {
+            slot: s.ptr.slot(),
+            unit: s.unit,
+            max_age_ms: s.max_age_ms,
+        }));
+        Checks(checks.into_boxed_slice())
     }
 
     /// Whether every rule holds for `caps`: what `Rule::holds` and
@@ -118,36 +77,46 @@ impl Checks {
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub(crate) fn hold(&self, caps: &Captures<'_>, rules: &[Rule], now_ms: i64) -> bool {
         let fields = caps.fields();
-        let coordinates = |c: &Coordinates| {
-            let [min_lat, min_lon, max_lat, max_lon] = c.within;
-            let (Some(lat), Some(lon)) = (fields.number(c.lat), fields.number(c.lon)) else {
-                return false;
-            };
-            !(lat < min_lat || lat > max_lat || lon < min_lon || lon > max_lon)
-                && !(c.null_island && lat == 0.0 && lon == 0.0)
-        };
-        let range = |c: &Range| match fields.number(c.slot) {
-            Some(x) => !(x < c.lo || x > c.hi),
-            None => c.optional && fields.missing_or_null(c.slot),
-        };
-        let text = |c: &Text| match fields.text(c.slot) {
-            Some(s) => c.allowed.iter().any(|a| same_bytes(a, s)),
-            None => c.optional && fields.missing_or_null(c.slot),
-        };
-        let fresh = |c: &Fresh| {
-            fields
-                .number(c.slot)
-                .is_some_and(|t| !(now_ms as f64 - c.unit.to_ms(t) > c.max_age_ms))
-        };
-        self.coordinates.iter().all(coordinates)
-            && self.texts.iter().all(text)
-            && self.ranges.iter().all(range)
-            && self.fresh.iter().all(fresh)
-            && self.absent.iter().all(|&slot| fields.missing_or_null(slot))
-            && self
-                .rules
-                .iter()
-                .all(|&i| rules.get(i).is_some_and(|r| r.holds(caps)))
+        self.0.iter().all(|c| match c {
+            Check::Range {
+                slot,
+                lo,
+                hi,
+                optional,
+            } => match fields.number(*slot) {
+                Some(x) => !(x < *lo || x > *hi),
+                None => *optional && fields.missing_or_null(*slot),
+            },
+            Check::Coordinates {
+                lat,
+                lon,
+                within: [min_lat, min_lon, max_lat, max_lon],
+                null_island,
+            } => {
+                let (Some(lat), Some(lon)) = (fields.number(*lat), fields.number(*lon)) else {
+                    return false;
+                };
+                !(lat < *min_lat || lat > *max_lat || lon < *min_lon || lon > *max_lon)
+                    && !(*null_island && lat == 0.0 && lon == 0.0)
+            }
+            Check::Text {
+                slot,
+                optional,
+                allowed,
+            } => match fields.text(*slot) {
+                Some(s) => allowed.iter().any(|a| same_bytes(a, s)),
+                None => *optional && fields.missing_or_null(*slot),
+            },
+            Check::Absent { slot } => fields.missing_or_null(*slot),
+            Check::Fresh {
+                slot,
+                unit,
+                max_age_ms,
+            } => fields
+                .number(*slot)
+                .is_some_and(|t| !(now_ms as f64 - unit.to_ms(t) > *max_age_ms)),
+            Check::Rule(i) => rules.get(*i).is_some_and(|r| r.holds(caps)),
+        })
     }
 }
 
@@ -160,18 +129,18 @@ fn compile((i, rule): (usize, &Rule)) -> Check {
             min,
             max,
             ..
-        } => Check::Range(Range {
+        } => Check::Range {
             slot: ptr.slot(),
             // A NaN bound never fails a number (`x < NaN` is false), as
             // no bound.
             lo: min.unwrap_or(f64::NEG_INFINITY),
             hi: max.unwrap_or(f64::INFINITY),
             optional: *optional,
-        }),
+        },
         Rule::Coordinates(c) => {
             let [min_lat, min_lon, max_lat, max_lon] =
                 c.bbox.unwrap_or([-90.0, -180.0, 90.0, 180.0]);
-            Check::Coordinates(Coordinates {
+            Check::Coordinates {
                 lat: c.lat.slot(),
                 lon: c.lon.slot(),
                 // `f64::max` and `min` ignore a NaN side, as a NaN bound
@@ -183,7 +152,7 @@ fn compile((i, rule): (usize, &Rule)) -> Check {
                     max_lon.min(180.0),
                 ],
                 null_island: c.reject_null_island,
-            })
+            }
         }
         Rule::OneOf {
             ptr,
@@ -196,15 +165,15 @@ fn compile((i, rule): (usize, &Rule)) -> Check {
                 .map(|v| v.as_str().map(|s| s.as_bytes().into()))
                 .collect();
             match text {
-                Some(allowed) => Check::Text(Text {
+                Some(allowed) => Check::Text {
                     slot: ptr.slot(),
                     optional: *optional,
                     allowed,
-                }),
+                },
                 None => Check::Rule(i),
             }
         }
-        Rule::Absent { ptr, .. } => Check::Absent(ptr.slot()),
+        Rule::Absent { ptr, .. } => Check::Absent { slot: ptr.slot() },
     }
 }
 

@@ -162,12 +162,12 @@ impl Doc for Value {
 
 /// A borrowed view of one JSON value; arrays and objects are always a
 /// `serde_json::Value`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 #[repr(u8)]
 pub(crate) enum Field<'a> {
     Null,
     Bool(bool),
-    Number(Number),
+    Number(&'a Number),
     /// A string's UTF-8 bytes (compared as bytes; a reader that saw them
     /// all ASCII need not make a `str` of them).
     Str(&'a [u8]),
@@ -180,7 +180,7 @@ impl<'a> Field<'a> {
         match v {
             Value::Null => Field::Null,
             Value::Bool(b) => Field::Bool(*b),
-            Value::Number(n) => Field::Number(n.clone()),
+            Value::Number(n) => Field::Number(n),
             Value::String(s) => Field::Str(s.as_bytes()),
             Value::Array(_) | Value::Object(_) => Field::Composite(v),
         }
@@ -225,7 +225,7 @@ pub(crate) fn fmt_num(x: f64) -> String {
 #[inline(always)]
 fn number_at<D: Doc + ?Sized>(ptr: &Pointer, root: &D) -> Result<f64, String> {
     let field = root.field(ptr);
-    if let Some(Field::Number(n)) = &field {
+    if let Some(Field::Number(n)) = field {
         if let Some(x) = n.as_f64().filter(|x| x.is_finite()) {
             return Ok(x);
         }
@@ -358,7 +358,7 @@ impl Rule {
             } => match v.field(ptr) {
                 None | Some(Field::Null) if *optional => Ok(()),
                 None => Err(Invalid::poison(id, format!("{}: missing", ptr.as_str()))),
-                Some(x) if allowed.iter().any(|a| json_eq(a, &x)) => Ok(()),
+                Some(x) if allowed.iter().any(|a| json_eq(a, x)) => Ok(()),
                 Some(x) => Err(Invalid::poison(
                     id,
                     format!("{}: {x} is not one of [{listed}]", ptr.as_str()),
@@ -415,7 +415,7 @@ impl Rule {
             } => match v.field(ptr) {
                 None | Some(Field::Null) if *optional => true,
                 None => false,
-                Some(x) => allowed.iter().any(|a| json_eq(a, &x)),
+                Some(x) => allowed.iter().any(|a| json_eq(a, x)),
             },
             Rule::Range {
                 ptr,
@@ -463,14 +463,14 @@ impl Coordinates {
 
 /// Numbers compare by value (`1` equals `1.0`), everything else structurally.
 #[inline(always)]
-fn json_eq(a: &Value, b: &Field<'_>) -> bool {
+fn json_eq(a: &Value, b: Field<'_>) -> bool {
     match (a, b) {
         (Value::Number(x), Field::Number(y)) => x.as_f64() == y.as_f64(),
         (Value::Null, Field::Null) => true,
-        (Value::Bool(x), Field::Bool(y)) => x == y,
+        (Value::Bool(x), Field::Bool(y)) => *x == y,
         // Short strings without a call to memcmp (issue 30).
         (Value::String(x), Field::Str(y)) => same_bytes(x.as_bytes(), y),
-        (_, Field::Composite(y)) => a == *y,
+        (_, Field::Composite(y)) => a == y,
         _ => false,
     }
 }

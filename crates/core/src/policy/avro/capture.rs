@@ -17,6 +17,7 @@
 
 use apache_avro::Schema;
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
+use serde_json::Number;
 
 use super::{bound, AVRO_MAX_ALLOCATION};
 use crate::policy::json::{Captured, Captures, Plan};
@@ -265,18 +266,18 @@ impl<'a> Reader<'_, '_, 'a> {
                 [1] => Captured::Bool(true),
                 _ => return Err(GiveUp),
             },
-            Kind::Int => Captured::int(self.int()?.into()),
-            Kind::Long => Captured::int(self.long()?),
+            Kind::Int => Captured::Number(self.int()?.into()),
+            Kind::Long => Captured::Number(self.long()?.into()),
             Kind::Float => {
                 let b = self.take(4)?;
                 let f = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                Captured::float(f64::from(f)).ok_or(GiveUp)?
+                Captured::Number(Number::from_f64(f64::from(f)).ok_or(GiveUp)?)
             }
             Kind::Double => {
                 let b = self.take(8)?;
                 let mut a = [0u8; 8];
                 a.copy_from_slice(b);
-                Captured::float(f64::from_le_bytes(a)).ok_or(GiveUp)?
+                Captured::Number(Number::from_f64(f64::from_le_bytes(a)).ok_or(GiveUp)?)
             }
             Kind::Bytes => {
                 let n = self.len()?;

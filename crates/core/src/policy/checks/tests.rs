@@ -14,7 +14,7 @@ fn captures<'a>(values: &[Option<&'a Value>]) -> Captures<'a> {
         let c = match v {
             Value::Null => Captured::Null,
             Value::Bool(b) => Captured::Bool(*b),
-            Value::Number(n) => Captured::number(n),
+            Value::Number(n) => Captured::Number(n.clone()),
             // Strings both ways the readers keep them.
             Value::String(s) if slot % 2 == 0 => Captured::Str(s),
             Value::String(s) => Captured::Ascii(s.as_bytes()),

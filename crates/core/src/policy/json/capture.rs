@@ -9,7 +9,7 @@
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use super::{too_deep, BuildValue};
 
@@ -98,9 +98,6 @@ fn fast_flat<'de>(
     false
 }
 
-/// Whether the flat reader or [`scan`] accepts `bytes`; when one does, the
-/// visitor path must accept them too with the same captures (`Err` naming
-/// both otherwise, or when what they accepted is not UTF-8).
 /// Whether the flat reader's template reads `bytes` (agreeing with its
 /// member loop).
 #[cfg(test)]
@@ -109,6 +106,10 @@ pub(crate) fn template_takes(bytes: &[u8], plan: &Plan) -> bool {
         .is_some_and(|f| f.template_agrees(bytes, plan.slots) == Ok(true))
 }
 
+/// Whether the flat reader or [`scan`] accepts `bytes`; when one does, the
+/// visitor path must accept them too with the same captures (`Err` naming
+/// both otherwise, or when what they accepted is not UTF-8). The flat
+/// reader's template must agree with its member loop too.
 #[cfg(test)]
 pub(crate) fn scanner_agrees(bytes: &[u8], max_depth: usize, plan: &Plan) -> Result<bool, String> {
     if let Some(flat) = plan.flat() {
@@ -362,7 +363,7 @@ impl<'p, 'de> At<'p, '_, 'de> {
                 .map(|x| match x {
                     Value::Null => Ok(Captured::Null),
                     Value::Bool(b) => Ok(Captured::Bool(*b)),
-                    Value::Number(n) => Ok(Captured::number(n)),
+                    Value::Number(n) => Ok(Captured::Number(n.clone())),
                     other => Err(other.clone()),
                 });
             match found {
@@ -421,14 +422,14 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
         self.scalar(Seen::Bool(v), || Captured::Bool(v))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.scalar(Seen::I64(v), || Captured::int(v))
+        self.scalar(Seen::I64(v), || Captured::Number(v.into()))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.scalar(Seen::U64(v), || Captured::U64(v))
+        self.scalar(Seen::U64(v), || Captured::Number(v.into()))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
         self.scalar(Seen::F64(v), || {
-            Captured::float(v).unwrap_or(Captured::Null)
+            Number::from_f64(v).map_or(Captured::Null, Captured::Number)
         })
     }
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {

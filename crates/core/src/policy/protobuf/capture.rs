@@ -449,30 +449,30 @@ impl<'a> Reader<'_, '_, 'a> {
             return Err(GiveUp);
         }
         let v = match &f.kind {
-            K::Int32 => Captured::int(i64::from(cur.varint()? as i32)),
-            K::Int64 => Captured::int(cur.varint()? as i64),
-            K::Uint32 => Captured::U64(u64::from(cur.varint()? as u32)),
-            K::Uint64 => Captured::U64(cur.varint()?),
+            K::Int32 => Captured::Number((cur.varint()? as i32).into()),
+            K::Int64 => Captured::Number((cur.varint()? as i64).into()),
+            K::Uint32 => Captured::Number((cur.varint()? as u32).into()),
+            K::Uint64 => Captured::Number(cur.varint()?.into()),
             K::Sint32 => {
                 let n = cur.varint()? as u32;
-                Captured::int(i64::from(((n >> 1) as i32) ^ -((n & 1) as i32)))
+                Captured::Number((((n >> 1) as i32) ^ -((n & 1) as i32)).into())
             }
             K::Sint64 => {
                 let n = cur.varint()?;
-                Captured::int(((n >> 1) as i64) ^ -((n & 1) as i64))
+                Captured::Number((((n >> 1) as i64) ^ -((n & 1) as i64)).into())
             }
             K::Bool => Captured::Bool(cur.varint()? != 0),
-            K::Fixed32 => Captured::U64(u32::from_le_bytes(cur.fixed(end)?).into()),
-            K::Sfixed32 => Captured::int(i32::from_le_bytes(cur.fixed(end)?).into()),
-            K::Fixed64 => Captured::U64(u64::from_le_bytes(cur.fixed(end)?)),
-            K::Sfixed64 => Captured::int(i64::from_le_bytes(cur.fixed(end)?)),
+            K::Fixed32 => Captured::Number(u32::from_le_bytes(cur.fixed(end)?).into()),
+            K::Sfixed32 => Captured::Number(i32::from_le_bytes(cur.fixed(end)?).into()),
+            K::Fixed64 => Captured::Number(u64::from_le_bytes(cur.fixed(end)?).into()),
+            K::Sfixed64 => Captured::Number(i64::from_le_bytes(cur.fixed(end)?).into()),
             K::Float => {
                 let x = f64::from(f32::from_le_bytes(cur.fixed(end)?));
-                Captured::float(x).ok_or(GiveUp)?
+                Captured::Number(Number::from_f64(x).ok_or(GiveUp)?)
             }
             K::Double => {
                 let x = f64::from_le_bytes(cur.fixed(end)?);
-                Captured::float(x).ok_or(GiveUp)?
+                Captured::Number(Number::from_f64(x).ok_or(GiveUp)?)
             }
             K::Str => {
                 let n = cur.len(end)?;
@@ -497,7 +497,7 @@ impl<'a> Reader<'_, '_, 'a> {
                 let n = cur.varint()? as i32;
                 match enum_name(names, n) {
                     Some(name) => Captured::Str(name),
-                    None => Captured::int(n.into()),
+                    None => Captured::Number(n.into()),
                 }
             }
             K::Message(m) => {
@@ -519,7 +519,7 @@ impl<'a> Reader<'_, '_, 'a> {
 fn def(d: &Def) -> Captured<'_> {
     match d {
         Def::Bool(b) => Captured::Bool(*b),
-        Def::Num(n) => Captured::number(n),
+        Def::Num(n) => Captured::Number(n.clone()),
         Def::Str(s) => Captured::Str(s),
     }
 }

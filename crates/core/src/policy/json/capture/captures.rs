@@ -16,14 +16,7 @@ pub(crate) enum Captured<'de> {
     Missing,
     Null,
     Bool(bool),
-    /// A number, as `serde_json::Number` holds one: a finite float, a
-    /// negative integer, or an integer of at least 0 (held as `U64` however
-    /// it was read, as `Number` holds it), so the checks read it without
-    /// matching a `Number` (issue 30). Built by [`Captured::float`],
-    /// [`Captured::int`] and [`Captured::number`].
-    F64(f64),
-    I64(i64),
-    U64(u64),
+    Number(Number),
     Str(&'de str),
     /// A string the record holds as it is, all ASCII (the flat reader
     /// checked each byte), so no `str` is made of it.
@@ -32,43 +25,6 @@ pub(crate) enum Captured<'de> {
     /// encoded (JSON escapes, bytes as base64), or an array or an object
     /// built in full (rare: rules read scalars): `Captures::owned[i]`.
     Owned(usize),
-}
-
-impl Captured<'_> {
-    /// A float, if finite (`Number` holds no other).
-    #[inline(always)]
-    pub(crate) fn float(x: f64) -> Option<Self> {
-        x.is_finite().then_some(Captured::F64(x))
-    }
-
-    /// An integer, as `Number` holds it.
-    #[inline(always)]
-    pub(crate) fn int(v: i64) -> Self {
-        match u64::try_from(v) {
-            Ok(u) => Captured::U64(u),
-            Err(_) => Captured::I64(v),
-        }
-    }
-
-    /// A number as `n` holds it.
-    pub(crate) fn number(n: &Number) -> Self {
-        match (n.as_u64(), n.as_i64(), n.as_f64()) {
-            (Some(u), _, _) => Captured::U64(u),
-            (None, Some(i), _) => Captured::I64(i),
-            (None, None, Some(x)) => Captured::float(x).unwrap_or(Captured::Null),
-            (None, None, None) => Captured::Null,
-        }
-    }
-
-    /// The `Number` a number slot holds.
-    fn as_number(&self) -> Option<Number> {
-        match *self {
-            Captured::F64(x) => Number::from_f64(x),
-            Captured::I64(i) => Some(i.into()),
-            Captured::U64(u) => Some(u.into()),
-            _ => None,
-        }
-    }
 }
 
 /// Equal when the rules see the same value: a string made a `str` and
@@ -84,9 +40,7 @@ impl PartialEq for Captured<'_> {
         match (self, other) {
             (Missing, Missing) | (Null, Null) => true,
             (Bool(a), Bool(b)) => a == b,
-            (F64(a), F64(b)) => a == b,
-            (I64(a), I64(b)) => a == b,
-            (U64(a), U64(b)) => a == b,
+            (Number(a), Number(b)) => a == b,
             (Owned(a), Owned(b)) => a == b,
             (a, b) => text(a).is_some_and(|a| text(b) == Some(a)),
         }
@@ -139,7 +93,7 @@ impl<'de> Captures<'de> {
             Captured::Missing => return None,
             Captured::Null => Field::Null,
             Captured::Bool(b) => Field::Bool(*b),
-            Captured::F64(_) | Captured::I64(_) | Captured::U64(_) => Field::Number(c.as_number()?),
+            Captured::Number(n) => Field::Number(n),
             Captured::Str(s) => Field::Str(s.as_bytes()),
             Captured::Ascii(s) => Field::Str(s),
             Captured::Owned(i) => Field::of(self.spill.as_ref()?.owned.get(*i)?),
@@ -222,17 +176,15 @@ impl<'c> CapturedFields<'c, '_> {
     /// rule reads as a number), without making a [`Field`] of it.
     #[inline(always)]
     pub(crate) fn number(&self, slot: usize) -> Option<f64> {
-        match self.slots.get(slot)? {
-            // Finite by construction (`Captured::float`).
-            Captured::F64(x) => Some(*x),
-            Captured::I64(i) => Some(*i as f64),
-            Captured::U64(u) => Some(*u as f64),
+        let n = match self.slots.get(slot)? {
+            Captured::Number(n) => n,
             owned @ Captured::Owned(_) => match self.caps.field_of(owned)? {
-                Field::Number(n) => n.as_f64().filter(|x| x.is_finite()),
-                _ => None,
+                Field::Number(n) => n,
+                _ => return None,
             },
-            _ => None,
-        }
+            _ => return None,
+        };
+        n.as_f64().filter(|x| x.is_finite())
     }
 
     /// The string slot `slot` holds, as bytes, if it holds one.

@@ -339,7 +339,12 @@ mod tests {
         for n in 0..40 {
             for special in specials {
                 for at in 0..=n {
-                    for after in [&b"\",\"x\":12345678901234567890}"[..], b"\"", b""] {
+                    for after in [
+                        &b"\",\"x\":12345678901234567890}"[..],
+                        "\"é\"".as_bytes(),
+                        b"\"",
+                        b"",
+                    ] {
                         let mut b = b"\"".to_vec();
                         b.extend((0..at).map(|j| b'a' + (j % 26) as u8));
                         b.extend_from_slice(special);

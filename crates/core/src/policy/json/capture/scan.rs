@@ -8,10 +8,13 @@
 //! it give up, and the visitor path parses the document again and decides.
 //! So a record is only ever accepted here if serde_json's strict parser
 //! accepts it too, with the same captured values. Numbers follow JSON's
-//! grammar exactly; a short decimal is one exact division, any other
+//! grammar exactly; a decimal of at most 19 digits is one correctly
+//! rounded division (of floats up to 2^53, of integers past it), any other
 //! fraction or exponent goes to the standard library's correctly rounding
 //! parser, which gives serde_json's (`float_roundtrip`) value bit for bit.
 //! `json_proptests` checks both paths against each other.
+
+use serde_json::Number;
 
 use super::layout::{Learning, MemberSchema};
 use super::{Captured, Captures, Plan};
@@ -541,9 +544,9 @@ pub(super) fn captured(seen: Seen<'_>) -> Captured<'_> {
     match seen {
         Seen::Null => Captured::Null,
         Seen::Bool(b) => Captured::Bool(b),
-        Seen::I64(v) => Captured::int(v),
-        Seen::U64(v) => Captured::U64(v),
-        Seen::F64(v) => Captured::float(v).unwrap_or(Captured::Null),
+        Seen::I64(v) => Captured::Number(v.into()),
+        Seen::U64(v) => Captured::Number(v.into()),
+        Seen::F64(v) => Number::from_f64(v).map_or(Captured::Null, Captured::Number),
         Seen::Str(s) => Captured::Str(s),
     }
 }
