@@ -4,8 +4,7 @@
 //! the node itself ([`ShapeNode::scalar`], [`ShapeNode::ascii_string`]),
 //! so each check answers exactly what the node would.
 
-use super::{ShapeNode, ANY, EQ, EXACT, FLOAT, GT, INT, LT, STR};
-use crate::policy::shape::Seen;
+use super::{Seen, ShapeNode, ANY, EQ, EXACT, FLOAT, GT, INT, LT, STR};
 
 /// What [`ShapeNode::ascii_string`] checks of a node.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,8 +33,9 @@ impl AsciiCheck {
     }
 }
 
-/// What [`ShapeNode::scalar`] checks of a scalar: its type, then (when
-/// the node has bounds) `lo <= x <= hi` for a number, when every bound is
+/// What [`ShapeNode::scalar`] checks of a scalar (named for what it adds:
+/// numbers): its type, then (when the node has bounds) `lo <= x <= hi`
+/// for a number, when every bound is
 /// inclusive (`minimum`, `maximum`) and a float compares with it exactly.
 /// `exact` is false otherwise (an exclusive bound, one past 2^53, an
 /// `enum`): the node is asked.
@@ -123,7 +123,7 @@ impl ShapeNode {
     }
 }
 
-/// A number check with no schema: any number.
+/// The check with no schema: any scalar.
 impl Default for NumberCheck {
     fn default() -> Self {
         NumberCheck {
