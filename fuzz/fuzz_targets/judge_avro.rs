@@ -12,4 +12,4 @@ use libfuzzer_sys::fuzz_target;
 
 static POLICY: OnceLock<Arc<Policy>> = OnceLock::new();
 
-fuzz_target!(|data: &[u8]| common::judge(&POLICY, "geofence-avro.yaml", data));
+fuzz_target!(|data: &[u8]| common::judge(&POLICY, "geofence-avro.yaml", b"", data));

@@ -369,7 +369,7 @@ impl Compiled {
     /// For a JSON policy with a fast path: whether the byte scanner accepted
     /// `bytes`, after checking that the visitor path then captures the same
     /// values (`Err` with both when not). `None` for other policies.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn scanner_agrees(&self, bytes: &[u8]) -> Option<Result<bool, String>> {
         match &self.decoder {
             Decoder::Json {

@@ -327,6 +327,19 @@ impl Policy {
         self.judge_in("", record, now_ms)
     }
 
+    /// For the fuzzers: a JSON policy's fast readers (the layout's
+    /// template, the flat reader, the byte scanner) agree with serde_json
+    /// on `value`: whatever one accepts, the template's member loop and
+    /// the serde_json visitor accept too, with the same captured values
+    /// (`Err` naming both when not). `Ok` for other policies.
+    #[cfg(feature = "fuzzing")]
+    pub fn fast_paths_agree(&self, value: &[u8]) -> Result<(), String> {
+        match self.inner.scanner_agrees(value) {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Judge one record of `topic` (the `{topic}` of a registry `subject`).
     pub fn judge_in(&self, topic: &str, record: &Record<'_>, now_ms: i64) -> Verdict {
         match self.inner.judge(topic, record, now_ms) {

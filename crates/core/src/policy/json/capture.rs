@@ -110,7 +110,7 @@ pub(crate) fn template_takes(bytes: &[u8], plan: &Plan) -> bool {
 /// visitor path must accept them too with the same captures (`Err` naming
 /// both otherwise, or when what they accepted is not UTF-8). The flat
 /// reader's template must agree with its member loop too.
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn scanner_agrees(bytes: &[u8], max_depth: usize, plan: &Plan) -> Result<bool, String> {
     if let Some(flat) = plan.flat() {
         flat.template_agrees(bytes, plan.slots)?;

@@ -34,9 +34,11 @@ use serde_json::{Map, Number, Value};
 mod capture;
 
 use capture::run;
-pub(crate) use capture::{capture_shaped, Captured, Captures, Plan};
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use capture::scanner_agrees;
 #[cfg(test)]
-pub(crate) use capture::{scanner_agrees, template_takes};
+pub(crate) use capture::template_takes;
+pub(crate) use capture::{capture_shaped, Captured, Captures, Plan};
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;

@@ -137,7 +137,7 @@ impl Flat {
     /// When the template accepts `b`, the member loop must accept it
     /// too with the same captures (`Err` naming both otherwise); whether
     /// the template accepted it.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn template_agrees(&self, b: &[u8], slots: usize) -> Result<bool, String> {
         let Some(t) = &self.template else {
             return Ok(false);
