@@ -156,6 +156,12 @@ fn bench_validate(c: &mut Criterion) {
     );
     bench_one(
         c,
+        "json_schema_gaps",
+        common::load_policy("geofence.yaml"),
+        common::json_value_gaps,
+    );
+    bench_one(
+        c,
         "avro",
         common::load_policy("geofence-avro.yaml"),
         common::avro_value,

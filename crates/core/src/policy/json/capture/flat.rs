@@ -123,62 +123,99 @@ impl Flat {
     /// optional one may be left out), every value a scalar, that surely
     /// meets the schema; its captures are then in `caps` (fresh from
     /// `Captures::new`, left partly filled when it is not). The caller
-    /// checks that the depth limit allows an object.
+    /// checks that the depth limit allows an object. The template reads
+    /// first; where it stops, the member loop goes on.
     pub(super) fn read<'de>(&self, b: &'de [u8], caps: &mut Captures<'de>) -> bool {
         if let Some(t) = &self.template {
-            if t.read(b, caps.slots_mut()).is_some() {
-                return true;
+            match t.read(b, caps.slots_mut()) {
+                Ok(()) => return true,
+                // The members the template read stand (the loop reads
+                // them the same way): it goes on from the one it missed.
+                Err(stop) if stop.next > 0 => {
+                    return self.members_from(b, caps.slots_mut(), stop).is_some()
+                }
+                // Nothing read: from the start.
+                Err(_) => {}
             }
-            caps.slots_mut().fill_with(Captured::default);
         }
         self.members(b, caps).is_some()
     }
 
-    /// When the template accepts `b`, the member loop must accept it
-    /// too with the same captures (`Err` naming both otherwise); whether
-    /// the template accepted it.
+    /// The template, and the member loop going on from where the
+    /// template stopped, decide `b` as the member loop alone does, with
+    /// the same captures (`Err` naming both otherwise); whether the
+    /// template alone read it.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn template_agrees(&self, b: &[u8], slots: usize) -> Result<bool, String> {
         let Some(t) = &self.template else {
             return Ok(false);
         };
-        let mut templated = Captures::new(slots);
-        if t.read(b, templated.slots_mut()).is_none() {
-            return Ok(false);
-        }
         let mut read = Captures::new(slots);
-        match self.members(b, &mut read) {
-            Some(()) if read == templated => Ok(true),
-            other => Err(format!(
-                "template {templated:?}, members {other:?} {read:?}"
-            )),
+        let accepted = self.read(b, &mut read);
+        let mut looped = Captures::new(slots);
+        let alone = self.members(b, &mut looped).is_some();
+        if accepted != alone || (accepted && read != looped) {
+            return Err(format!(
+                "template and loop {accepted} {read:?}, loop alone {alone} {looped:?}"
+            ));
         }
+        Ok(t.read(b, Captures::new(slots).slots_mut()).is_ok())
     }
 
     fn members<'de>(&self, b: &'de [u8], caps: &mut Captures<'de>) -> Option<()> {
-        let slots = caps.slots_mut();
-        let mut i = ws(b, 0);
+        let i = ws(b, 0);
         if *b.get(i)? != b'{' {
             return None;
         }
-        i += 1;
-        let (mut next, mut seen) = (0usize, 0u64);
+        let start = Stop {
+            at: i + 1,
+            next: 0,
+            seen: 0,
+        };
+        self.members_from(b, caps.slots_mut(), start)
+    }
+
+    /// The member loop from `stop`: after the `{` (no member read yet) or
+    /// after the value of the member before `stop.next`.
+    fn members_from<'de>(
+        &self,
+        b: &'de [u8],
+        slots: &mut [Captured<'de>],
+        stop: Stop,
+    ) -> Option<()> {
+        let Stop {
+            at: mut i,
+            mut next,
+            mut seen,
+        } = stop;
         loop {
+            if next > 0 {
+                let sep;
+                (sep, i) = token(b, i)?;
+                match sep {
+                    b',' => i += 1,
+                    b'}' => break,
+                    _ => return None,
+                }
+            }
             let (m, end, k) = self.member_at(next, b, i)?;
             let first;
             ((first, i), next) = (token(b, end)?, k);
             i = m.value(b, i, first, slots)?;
             seen |= m.bit;
-            let sep;
-            (sep, i) = token(b, i)?;
-            match sep {
-                b',' => i += 1,
-                b'}' => break,
-                _ => return None,
-            }
         }
         (ws(b, i + 1) == b.len() && seen & self.required == self.required).then_some(())
     }
+}
+
+/// Where a read of an object's members stands: at byte `at`, the members
+/// before `next` read (none: just after the `{`), `seen` their required
+/// bits. The template returns it when it stops, for the loop to go on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stop {
+    at: usize,
+    next: usize,
+    seen: u64,
 }
 
 impl Member {

@@ -11,9 +11,11 @@
 //! captures: the same bytes in the same order are the same tokens, and
 //! each value is read, checked and captured by the same [`Member`]
 //! methods. Anything else (whitespace, a member left out, a value of
-//! another kind) fails a step, and the flat reader reads the record.
+//! another kind) fails a step, and the flat reader's member loop goes on
+//! from that step's member, keeping the members read before it: a record
+//! unlike the template costs one failed comparison, not a second read.
 
-use super::{Captured, Member, Seen};
+use super::{Captured, Member, Seen, Stop};
 use crate::policy::json::capture::scan::number;
 use crate::policy::shape::same_bytes;
 
@@ -24,6 +26,8 @@ const MAX_PREFIX: usize = 32;
 #[derive(Debug)]
 pub(super) struct Template {
     steps: Box<[Step]>,
+    /// The required bits of all the members.
+    seen: u64,
 }
 
 /// A member's step.
@@ -35,6 +39,22 @@ struct Step {
     /// The member (a copy of the flat reader's, so that a step needs no
     /// lookup).
     member: Member,
+    /// Which member it is, and the required bits of the members before it:
+    /// where the member loop goes on when this step fails.
+    index: usize,
+    before: u64,
+}
+
+impl Step {
+    /// Where the member loop goes on when this step fails at `at`.
+    #[cold]
+    fn stop(&self, at: usize) -> Stop {
+        Stop {
+            at,
+            next: self.index,
+            seen: self.before,
+        }
+    }
 }
 
 /// How a step reads its value, decided by the member's schema.
@@ -128,32 +148,49 @@ impl Template {
                 prefix: Prefix::new(prefix)?,
                 value,
                 member: m.clone(),
+                index: k,
+                before: bits,
             });
             bits |= m.bit;
         }
         (!steps.is_empty() && bits & required == required).then(|| Template {
             steps: steps.into_boxed_slice(),
+            seen: bits,
         })
     }
 
     /// Whether `b` is exactly the template's object (then its captures are
-    /// in `slots`, which are left partly filled when it is not).
+    /// in `slots`); when it is not, where the template stopped: after the
+    /// last member it read in full, whose captures stand (a step that
+    /// fails captures nothing), for the flat reader's member loop to go on
+    /// from there (`next` 0: nothing read).
     #[inline(always)]
-    pub(super) fn read<'de>(&self, b: &'de [u8], slots: &mut [Captured<'de>]) -> Option<()> {
+    pub(super) fn read<'de>(&self, b: &'de [u8], slots: &mut [Captured<'de>]) -> Result<(), Stop> {
         let mut i = 0;
         for step in &self.steps {
             let m = &step.member;
-            i = step.prefix.after(b, i)?;
-            i = match step.value {
-                Value::Str => m.string(b, i, slots)?,
+            let end = step.prefix.after(b, i).and_then(|i| match step.value {
+                Value::Str => m.string(b, i, slots),
                 Value::Number => {
                     let (v, end): (Seen<'_>, usize) = number(b, i)?;
                     m.scalar(v, slots)?;
-                    end
+                    Some(end)
                 }
-                Value::Any => m.value(b, i, *b.get(i)?, slots)?,
+                Value::Any => m.value(b, i, *b.get(i)?, slots),
+            });
+            i = match end {
+                Some(end) => end,
+                None => return Err(step.stop(i)),
             };
         }
-        (i + 1 == b.len() && b[i] == b'}').then_some(())
+        if i + 1 == b.len() && b[i] == b'}' {
+            Ok(())
+        } else {
+            Err(Stop {
+                at: i,
+                next: self.steps.len(),
+                seen: self.seen,
+            })
+        }
     }
 }
