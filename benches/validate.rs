@@ -5,6 +5,8 @@
 //!   required header (no JSON Schema).
 //! - json_schema: the reference policy `policies/geofence.yaml` (the above
 //!   plus JSON Schema).
+//! - json_schema_gaps: the same, every other record without the optional
+//!   `speed_mps` (records unlike the first one, whose layout is learned).
 //! - avro: `policies/geofence-avro.yaml` (Confluent wire, schema id 1).
 //! - protobuf: `policies/geofence-protobuf.yaml` (Confluent wire).
 //! - avro_registry, protobuf_registry: the same policies with `registry:
