@@ -28,7 +28,7 @@ use crate::kafka::batch::{
     BASE_OFFSET, HEADER_LEN, LAST_OFFSET_DELTA, RECORDS_COUNT,
 };
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
-use crate::kafka::splice::{finish_header, splice};
+use crate::kafka::splice::{finish_header, splice_runs, Rebuilt};
 
 /// Control record key: version 0, type 1 (COMMIT).
 const COMMIT_KEY: [u8; 4] = [0, 0, 0, 1];
@@ -49,18 +49,23 @@ pub fn splice_marking_tail(
     decoded: &DecodedBatch,
     keep: &[bool],
 ) -> Result<Bytes, BatchError> {
+    Ok(splice_marking_tail_runs(batch, decoded, keep)?.join(batch.bytes()))
+}
+
+/// [`splice_marking_tail`] in pieces ([`splice_runs`]).
+pub fn splice_marking_tail_runs(
+    batch: &Batch,
+    decoded: &DecodedBatch,
+    keep: &[bool],
+) -> Result<Rebuilt, BatchError> {
     let Some(last) = removed_tail(batch, decoded, keep) else {
-        return splice(batch, decoded, keep, None);
+        return splice_runs(batch, decoded, keep, None);
     };
     let marker = commit_marker(last, batch.partition_leader_epoch(), batch.max_timestamp())?;
     if last == batch.base_offset() {
-        return Ok(marker);
+        return Ok(Rebuilt::whole(marker));
     }
-    let data = splice(batch, decoded, keep, Some(last))?;
-    let mut out = BytesMut::with_capacity(data.len() + marker.len());
-    out.extend_from_slice(&data);
-    out.extend_from_slice(&marker);
-    Ok(out.freeze())
+    Ok(splice_runs(batch, decoded, keep, Some(last))?.followed_by(marker))
 }
 
 /// What a client gets in place of a batch removed whole (its records
@@ -141,6 +146,7 @@ mod tests {
     use super::*;
     use crate::kafka::batch::{segments, Segment, ATTR_LOG_APPEND_TIME};
     use crate::kafka::compression::Compression;
+    use crate::kafka::splice::splice;
     use crate::kafka::testutil::{RawBatch, RawRecord};
 
     /// `RawBatch::compacted_five` with a partition leader epoch to carry.

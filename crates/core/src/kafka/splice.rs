@@ -16,6 +16,73 @@ use crate::kafka::batch::{
 use crate::kafka::compression::{self, Compression};
 use crate::kafka::crc::MARK_EVERY;
 
+/// A batch as [`splice_runs`] rebuilds it, in pieces: new bytes (`head`:
+/// the rewritten header, or a whole new batch), then ranges of the
+/// original batch sent as they are (`runs`, slices of it, not copies),
+/// then new bytes (`tail`: a commit marker). The ranges fit any copy of
+/// the same batch (same length and CRC), which is how the verdict cache
+/// keeps a spliced batch in a few dozen bytes instead of a copy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rebuilt {
+    head: Bytes,
+    runs: Vec<(usize, usize)>,
+    tail: Bytes,
+}
+
+impl Rebuilt {
+    /// New bytes only.
+    pub fn whole(bytes: Bytes) -> Rebuilt {
+        Rebuilt {
+            head: bytes,
+            ..Rebuilt::default()
+        }
+    }
+
+    /// The batch unchanged.
+    fn unchanged(batch: &Batch) -> Rebuilt {
+        Rebuilt {
+            runs: vec![(0, batch.bytes().len())],
+            ..Rebuilt::default()
+        }
+    }
+
+    /// These pieces followed by `tail` (a batch of [`splice_runs`] has none).
+    pub(crate) fn followed_by(self, tail: Bytes) -> Rebuilt {
+        debug_assert!(self.tail.is_empty(), "one tail");
+        Rebuilt { tail, ..self }
+    }
+
+    /// The pieces in order, the runs sliced from `batch`: the bytes that
+    /// were spliced, or a copy of them (same length and CRC).
+    pub fn pieces<'a>(&'a self, batch: &'a Bytes) -> impl Iterator<Item = Bytes> + 'a {
+        let runs = self.runs.iter().map(|&(s, e)| batch.slice(s..e));
+        std::iter::once(self.head.clone())
+            .chain(runs)
+            .chain(std::iter::once(self.tail.clone()))
+            .filter(|b| !b.is_empty())
+    }
+
+    /// The pieces as one buffer (no copy when there is one piece).
+    pub fn join(&self, batch: &Bytes) -> Bytes {
+        let pieces: Vec<Bytes> = self.pieces(batch).collect();
+        match &pieces[..] {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            _ => pieces.concat().into(),
+        }
+    }
+
+    /// Bytes this takes to keep: the runs are ranges, not bytes.
+    pub fn memory(&self) -> usize {
+        self.head.len() + self.tail.len() + self.runs.len() * std::mem::size_of::<(usize, usize)>()
+    }
+}
+
+/// The most runs of kept records a spliced batch is sent as slices of
+/// the original; one with more (many scattered removals) is copied into
+/// one buffer, cheaper than as many pieces to write.
+const MAX_RUNS: usize = 16;
+
 /// Rebuild `batch` keeping only the records `keep[i] == true`, in order.
 /// If `cut_before` is `Some(offset)`, records at or after `offset` are also
 /// dropped and lastOffsetDelta is lowered so the client fetches `offset` next
@@ -35,6 +102,18 @@ pub fn splice(
     keep: &[bool],
     cut_before: Option<i64>,
 ) -> Result<Bytes, BatchError> {
+    Ok(splice_runs(batch, decoded, keep, cut_before)?.join(batch.bytes()))
+}
+
+/// [`splice`] in pieces: an uncompressed batch that keeps at most
+/// [`MAX_RUNS`] runs of records is a new header and those runs as slices
+/// of the batch (nothing copied but the header).
+pub fn splice_runs(
+    batch: &Batch,
+    decoded: &DecodedBatch,
+    keep: &[bool],
+    cut_before: Option<i64>,
+) -> Result<Rebuilt, BatchError> {
     if keep.len() != decoded.len() {
         return Err(BatchError::Invalid(format!(
             "keep has {} entries for {} records",
@@ -72,7 +151,7 @@ pub fn splice(
         .collect();
     let n_kept = kept.iter().filter(|&&k| k).count();
     if n_kept == kept.len() && last_offset_delta == batch.last_offset_delta() {
-        return Ok(batch.bytes().clone());
+        return Ok(Rebuilt::unchanged(batch));
     }
     if batch.is_control() {
         return Err(BatchError::Invalid(
@@ -82,21 +161,21 @@ pub fn splice(
 
     let src = batch.bytes();
     let mut attributes = batch.attributes();
-    let mut out = BytesMut::with_capacity(HEADER_LEN + decoded.buffer().len());
+    let mut out = BytesMut::with_capacity(HEADER_LEN);
     out.extend_from_slice(&src[..HEADER_LEN]);
-    // Copied record by record. One copy per run of kept records would be
-    // fewer calls, but glibc copies a long run with `rep movsb`, which
-    // valgrind counts once per byte (+166 a record, BENCHMARKS.md), so
-    // the instruction counts that judge this code could not weigh it;
-    // its time was not measured.
-    let kept_records = || (decoded.raw_records().zip(&kept)).filter_map(|(r, &k)| k.then_some(r));
+    // Kept runs of an uncompressed batch, as ranges of the records section.
+    let mut spans = Vec::new();
     if n_kept == 0 {
         attributes &= !ATTR_CODEC_MASK;
     } else if decoded.compression() == Compression::None {
-        kept_records().for_each(|r| out.extend_from_slice(r));
+        spans = (runs(&kept))
+            .map(|(first, end)| decoded.span(first, end))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| BatchError::Invalid("records not walked".into()))?;
     } else {
+        let kept_records = (decoded.raw_records().zip(&kept)).filter_map(|(r, &k)| k.then_some(r));
         let mut raw = Vec::with_capacity(decoded.buffer().len());
-        kept_records().for_each(|r| raw.extend_from_slice(r));
+        kept_records.for_each(|r| raw.extend_from_slice(r));
         let codec = decoded.compression();
         out.extend_from_slice(&compression::compress(
             codec,
@@ -108,14 +187,23 @@ pub fn splice(
     out[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4].copy_from_slice(&last_offset_delta.to_be_bytes());
     let n = i32::try_from(n_kept).map_err(|_| BatchError::Invalid("too many records".into()))?;
     out[RECORDS_COUNT..RECORDS_COUNT + 4].copy_from_slice(&n.to_be_bytes());
-    let derived = match decoded.compression() {
-        Compression::None if n_kept > 0 => {
-            derived_crc(decoded, &kept, &out[ATTRIBUTES..HEADER_LEN])
-        }
-        _ => None,
-    };
-    set_length_and_crc(&mut out, derived)?;
-    Ok(out.freeze())
+    let records = decoded.buffer();
+    let derived = derived_crc(decoded, &spans, &out[ATTRIBUTES..HEADER_LEN]);
+    if spans.len() > MAX_RUNS {
+        // Copied run by run into the header's buffer.
+        spans
+            .drain(..)
+            .for_each(|(s, e)| out.extend_from_slice(&records[s..e]));
+    }
+    let sliced: Vec<&[u8]> = spans.iter().map(|&(s, e)| &records[s..e]).collect();
+    set_length_and_crc(&mut out, &sliced, derived)?;
+    Ok(Rebuilt {
+        head: out.freeze(),
+        runs: (spans.iter())
+            .map(|&(s, e)| (HEADER_LEN + s, HEADER_LEN + e))
+            .collect(),
+        tail: Bytes::new(),
+    })
 }
 
 /// The runs of `true` in `kept`, as `[first, end)` indexes.
@@ -136,17 +224,15 @@ fn runs(kept: &[bool]) -> impl Iterator<Item = (usize, usize)> + '_ {
 /// each end on average, and a shift (a few thousand instructions).
 const DERIVE_RUN_COST: usize = MARK_EVERY + 8192;
 
-/// The CRC of an uncompressed batch that keeps the records `kept` under
-/// the header `head` (attributes to the records), derived from the
-/// running CRC of its verification instead of read from every kept byte
-/// again (`crc`): one step per run of kept records. `None` when reading
-/// them is cheaper (many short runs) or there are no marks.
-fn derived_crc(decoded: &DecodedBatch, kept: &[bool], head: &[u8]) -> Option<u32> {
-    let spans: Vec<(usize, usize)> = (runs(kept))
-        .map(|(first, end)| decoded.span(first, end))
-        .collect::<Option<_>>()?;
+/// The CRC of an uncompressed batch that keeps the runs of records
+/// `spans` (ranges of its records section) under the header `head`
+/// (attributes to the records), derived from the running CRC of its
+/// verification instead of read from every kept byte again: one step per
+/// run. `None` when reading them is cheaper (many short runs), there are
+/// no runs or no marks.
+fn derived_crc(decoded: &DecodedBatch, spans: &[(usize, usize)], head: &[u8]) -> Option<u32> {
     let bytes: usize = spans.iter().map(|(s, e)| e - s).sum();
-    if spans.len() * DERIVE_RUN_COST > bytes {
+    if spans.is_empty() || spans.len() * DERIVE_RUN_COST > bytes {
         return None;
     }
     decoded
@@ -157,17 +243,24 @@ fn derived_crc(decoded: &DecodedBatch, kept: &[bool], head: &[u8]) -> Option<u32
 /// Set batchLength from the buffer's size and recompute the CRC. `out` holds
 /// a whole batch (header + records section).
 pub(crate) fn finish_header(out: &mut [u8]) -> Result<(), BatchError> {
-    set_length_and_crc(out, None)
+    set_length_and_crc(out, &[], None)
 }
 
-/// [`finish_header`] with the CRC already known (`Some`), or computed.
-fn set_length_and_crc(out: &mut [u8], crc: Option<u32>) -> Result<(), BatchError> {
-    let len = i32::try_from(out.len() - LOG_OVERHEAD)
+/// [`finish_header`] for a batch of `out` followed by `more`, with the CRC
+/// already known (`Some`), or computed.
+fn set_length_and_crc(out: &mut [u8], more: &[&[u8]], crc: Option<u32>) -> Result<(), BatchError> {
+    let total = out.len() + more.iter().map(|m| m.len()).sum::<usize>();
+    let len = i32::try_from(total - LOG_OVERHEAD)
         .map_err(|_| BatchError::Invalid("batch larger than 2 GiB".into()))?;
     out[BATCH_LENGTH..BATCH_LENGTH + 4].copy_from_slice(&len.to_be_bytes());
-    let crc = crc.unwrap_or_else(|| crc32c::crc32c(&out[ATTRIBUTES..]));
+    let read = |out: &[u8]| {
+        let head = crc32c::crc32c(&out[ATTRIBUTES..]);
+        more.iter()
+            .fold(head, |crc, m| crc32c::crc32c_append(crc, m))
+    };
+    let crc = crc.unwrap_or_else(|| read(out));
     // Every test and fuzzer of splice checks a derived CRC here.
-    debug_assert_eq!(crc, crc32c::crc32c(&out[ATTRIBUTES..]), "derived crc");
+    debug_assert_eq!(crc, read(out), "derived crc");
     out[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
     Ok(())
 }
@@ -271,6 +364,11 @@ mod tests {
         let batch = Batch::new(raw.encode()).unwrap();
         let decoded = batch.decode().unwrap();
         let head = &batch.bytes()[ATTRIBUTES..HEADER_LEN];
+        let spans = |keep: &[bool]| -> Vec<(usize, usize)> {
+            runs(keep)
+                .map(|(f, e)| decoded.span(f, e).unwrap())
+                .collect()
+        };
         let n = decoded.len();
         for cuts in [
             &[0][..],
@@ -283,13 +381,16 @@ mod tests {
             for &c in cuts {
                 keep[c] = false;
             }
-            assert!(derived_crc(&decoded, &keep, head).is_some(), "{cuts:?}");
+            assert!(
+                derived_crc(&decoded, &spans(&keep), head).is_some(),
+                "{cuts:?}"
+            );
             run(&raw, &keep, None);
             run(&raw, &keep, Some(7500));
         }
         let alternate: Vec<bool> = (0..n).map(|i| i % 2 == 0).collect();
         assert_eq!(runs(&alternate).count(), n / 2);
-        assert_eq!(derived_crc(&decoded, &alternate, head), None);
+        assert_eq!(derived_crc(&decoded, &spans(&alternate), head), None);
         run(&raw, &alternate, None);
         // Compressed batches have no marks: their CRC is always read.
         let lz4 = RawBatch {
@@ -299,6 +400,40 @@ mod tests {
         let batch = Batch::new(lz4.encode()).unwrap();
         assert!(batch.decode().unwrap().marks().is_empty());
         run(&lz4, &[vec![false], vec![true; n - 1]].concat(), None);
+    }
+
+    /// An uncompressed batch that loses few records is sent as a new
+    /// header and slices of the batch; with more runs than [`MAX_RUNS`]
+    /// it is one new buffer. Either way the bytes are `splice`'s.
+    #[test]
+    fn kept_runs_are_slices_of_the_batch_until_there_are_too_many() {
+        let raw = RawBatch {
+            records: (0..200).map(|i| RawRecord::simple(i, "value")).collect(),
+            ..RawBatch::default()
+        };
+        let batch = Batch::new(raw.encode()).unwrap();
+        let decoded = batch.decode().unwrap();
+        let src = batch.bytes().as_ptr_range();
+        let within = |p: &Bytes| src.contains(&p.as_ptr()) && p.len() < batch.bytes().len();
+        for removed in [1, MAX_RUNS - 1, MAX_RUNS, MAX_RUNS + 1, 90] {
+            let keep: Vec<bool> = (0..200).map(|i| i % 2 == 1 || i / 2 >= removed).collect();
+            let runs = runs(&keep).count();
+            let rebuilt = splice_runs(&batch, &decoded, &keep, None).unwrap();
+            let pieces: Vec<Bytes> = rebuilt.pieces(batch.bytes()).collect();
+            if runs <= MAX_RUNS {
+                assert_eq!(pieces.len(), 1 + runs, "{removed}");
+                assert_eq!(pieces[0].len(), HEADER_LEN);
+                assert!(pieces[1..].iter().all(within), "{removed}: slices");
+            } else {
+                assert_eq!(pieces.len(), 1, "{removed}: one buffer");
+                assert!(!within(&pieces[0]));
+            }
+            assert!(rebuilt.memory() < HEADER_LEN + 16 * (MAX_RUNS + 1) || runs > MAX_RUNS);
+            // The same ranges fit a copy of the batch.
+            let copy = Bytes::copy_from_slice(batch.bytes());
+            assert_eq!(rebuilt.join(&copy), rebuilt.join(batch.bytes()));
+            run(&raw, &keep, None);
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{Batch, BatchError, DecodedBatch};
-use crate::kafka::splice;
+use crate::kafka::splice::{self, Rebuilt};
 use crate::policy::{Action, Invalid, Policy};
 use budget::Reservation;
 use verdicts::Known;
@@ -60,9 +60,14 @@ enum SegmentPlan {
         /// The decode budget held by `decoded` until the plan is dropped.
         _memory: Option<Reservation>,
     },
-    /// Spliced by an earlier fetch (nothing in it left to divert); `next`
-    /// is the batch's next offset.
-    Spliced { bytes: Bytes, next: i64 },
+    /// Spliced by an earlier fetch (nothing in it left to divert), or
+    /// replaced whole: `rebuilt`'s pieces, its runs sliced from `batch`
+    /// (the batch as it arrived); `next` is the batch's next offset.
+    Spliced {
+        batch: Bytes,
+        rebuilt: Rebuilt,
+        next: i64,
+    },
 }
 
 /// The plan for one partition of one Fetch response.
@@ -269,28 +274,30 @@ impl PartitionPlan {
                     let within = cut < batch.next_offset();
                     // Outside a hold a removed tail ends in a commit marker,
                     // so librdkafka's position reaches the batch's end.
-                    let spliced = if within {
-                        splice::splice(batch, decoded, keep, Some(cut))?
+                    let rebuilt = if within {
+                        splice::splice_runs(batch, decoded, keep, Some(cut))?
                     } else {
-                        crate::kafka::marker::splice_marking_tail(batch, decoded, keep)?
+                        crate::kafka::marker::splice_marking_tail_runs(batch, decoded, keep)?
                     };
-                    if !within {
-                        if let Some(known) = slot {
-                            known.keep_spliced(spliced.clone());
-                        }
-                    }
-                    out.push(spliced);
+                    out.extend(rebuilt.pieces(batch.bytes()));
                     if within {
                         break;
                     }
+                    if let Some(known) = slot {
+                        known.keep_spliced(rebuilt);
+                    }
                 }
-                SegmentPlan::Spliced { bytes, next } => {
+                SegmentPlan::Spliced {
+                    batch,
+                    rebuilt,
+                    next,
+                } => {
                     // Holds are at records still to divert, never in here;
                     // should one be, the batch waits whole for the refetch.
                     if held_from.is_some() && cut < *next {
                         break;
                     }
-                    out.push(bytes.clone());
+                    out.extend(rebuilt.pieces(batch));
                 }
             }
         }

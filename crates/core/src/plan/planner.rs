@@ -17,6 +17,7 @@ use super::{Cut, Hold, HoldReason, PartitionPlan, SegmentPlan};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
+use crate::kafka::splice::Rebuilt;
 use crate::policy::{Action, Class, Invalid, KeyOrdering, Policy, Undecodable};
 
 /// One partition of a Fetch response, as the planner sees it.
@@ -254,9 +255,10 @@ fn plan_from_cache(
     if known.verdicts().is_empty() && earlier.is_empty() {
         return Some(keep(batch));
     }
-    let bytes = resend_spliced(plan, known, earlier)?;
+    let rebuilt = resend_spliced(plan, known, earlier)?;
     Some(SegmentPlan::Spliced {
-        bytes,
+        batch: batch.bytes().clone(),
+        rebuilt,
         next: batch.next_offset(),
     })
 }
@@ -421,7 +423,7 @@ fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {
 /// nothing else removed. Counts what it stands for as the full path does.
 /// `known` came from a lookup of a batch whose CRC holds (`plan_batch`):
 /// a corrupt copy is never replaced by the good one.
-fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> Option<Bytes> {
+fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> Option<Rebuilt> {
     let invalid = known.verdicts();
     let action = plan.policy.on_invalid;
     let removes_exactly = match action {
@@ -439,7 +441,7 @@ fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> O
     if !removes_exactly {
         return None;
     }
-    let bytes = known.spliced()?;
+    let rebuilt = known.spliced()?;
     for j in invalid.iter() {
         match action {
             Action::Divert => {
@@ -452,7 +454,7 @@ fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> O
             }
         }
     }
-    Some(bytes)
+    Some(rebuilt)
 }
 
 /// Plan `batch`, which cannot be decoded, as diverted whole: one DLT record
@@ -478,7 +480,8 @@ fn divert_whole(
         plan.diversions.push(d);
     }
     Some(SegmentPlan::Spliced {
-        bytes,
+        batch: batch.bytes().clone(),
+        rebuilt: Rebuilt::whole(bytes),
         next: batch.next_offset(),
     })
 }

@@ -31,10 +31,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use bytes::Bytes;
 use dashmap::DashMap;
 
 use crate::kafka::batch::{Batch, BatchError, DecodedBatch};
+use crate::kafka::splice::Rebuilt;
 use crate::policy::{Class, Invalid, Policy, Verdict};
 
 type Key = (Arc<str>, i32, i64);
@@ -51,7 +51,9 @@ pub struct Judged {
 /// The invalid records of one batch, in batch order.
 pub type Verdicts = Arc<Vec<Judged>>;
 
-/// Bytes of spliced batches kept across all entries.
+/// Bytes of spliced batches kept across all entries: their new bytes (a
+/// header, a recompressed batch, a marker) and ranges, never a copy of
+/// the runs of records they keep.
 pub const SPLICED_BUDGET: usize = 32 << 20;
 
 struct Entry {
@@ -64,7 +66,7 @@ struct Entry {
     /// Judged by a helper ahead of the planner, and not yet claimed by one.
     ahead: AtomicBool,
     /// The batch without its removed records (see [`Known::spliced`]).
-    spliced: Mutex<Option<Bytes>>,
+    spliced: Mutex<Option<Rebuilt>>,
 }
 
 impl Entry {
@@ -122,15 +124,17 @@ impl Known {
 
     /// The batch as sent once the records its verdicts remove are removed
     /// (every invalid record, unless the policy passes them), if a fetch
-    /// spliced it so before.
-    pub fn spliced(&self) -> Option<Bytes> {
+    /// spliced it so before: its pieces, the runs of kept records as
+    /// ranges of this batch (whose length and CRC the entry matched).
+    pub fn spliced(&self) -> Option<Rebuilt> {
         self.entry.spliced.lock().ok()?.clone()
     }
 
-    /// Keep `bytes` as this batch spliced, dropping the oldest kept
-    /// batches past the cache's budget.
-    pub fn keep_spliced(&self, bytes: Bytes) {
-        let len = bytes.len();
+    /// Keep `rebuilt` as this batch spliced, dropping the oldest kept
+    /// batches past the cache's budget (counted in [`Rebuilt::memory`]:
+    /// new bytes, and ranges for the runs kept as they are).
+    pub fn keep_spliced(&self, rebuilt: Rebuilt) {
+        let len = rebuilt.memory();
         let Ok(mut store) = self.store.lock() else {
             return;
         };
@@ -138,7 +142,7 @@ impl Known {
             return;
         }
         match self.entry.spliced.lock() {
-            Ok(mut s) if s.is_none() => *s = Some(bytes),
+            Ok(mut s) if s.is_none() => *s = Some(rebuilt),
             _ => return,
         }
         store.bytes += len;
