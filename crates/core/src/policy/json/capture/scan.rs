@@ -445,7 +445,7 @@ fn quotient(m: u64, k: usize) -> f64 {
     let shift = m.leading_zeros() + 64;
     let n = u128::from(m) << shift;
     let d = 5u128.pow(k as u32);
-    let q = (n / d) | u128::from(n % d != 0);
+    let q = (n / d) | u128::from(!n.is_multiple_of(d));
     // 2^-(shift + k), built from its exponent: shift + k <= 146.
     let scale = f64::from_bits((1023 - u64::from(shift) - k as u64) << 52);
     q as f64 * scale

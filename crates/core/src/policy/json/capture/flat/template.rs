@@ -15,6 +15,8 @@
 //! from that step's member, keeping the members read before it: a record
 //! unlike the template costs one failed comparison, not a second read.
 
+use wide::u8x32;
+
 use super::{Captured, Member, Seen, Stop};
 use crate::policy::json::capture::scan::number;
 use crate::policy::shape::same_bytes;
@@ -71,15 +73,15 @@ enum Value {
     Any,
 }
 
-/// Bytes compared as four masked words when the document has
+/// Bytes compared as one 32-byte vector when the document has
 /// [`MAX_PREFIX`] bytes from where they are tried, else byte for byte.
 #[derive(Debug)]
 struct Prefix {
     bytes: Box<[u8]>,
-    /// The expected words at offsets 0, 8, 16 and 24, and their masks
-    /// (0 past the bytes): apart, so that they compare as two vectors.
-    words: [u64; 4],
-    masks: [u64; 4],
+    /// The bytes, then zeros; and which of those lanes to ignore (all
+    /// ones past the bytes).
+    expect: u8x32,
+    ignore: u8x32,
 }
 
 impl Prefix {
@@ -87,17 +89,13 @@ impl Prefix {
         if bytes.is_empty() || bytes.len() > MAX_PREFIX {
             return None;
         }
-        let (mut words, mut masks) = ([0; 4], [0; 4]);
-        for (k, chunk) in bytes.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            words[k] = u64::from_le_bytes(w);
-            masks[k] = u64::MAX >> (64 - 8 * chunk.len());
-        }
+        let mut expect = [0u8; MAX_PREFIX];
+        expect[..bytes.len()].copy_from_slice(&bytes);
+        let ignore = std::array::from_fn(|k| if k < bytes.len() { 0 } else { u8::MAX });
         Some(Prefix {
             bytes: bytes.into_boxed_slice(),
-            words,
-            masks,
+            expect: u8x32::new(expect),
+            ignore: u8x32::new(ignore),
         })
     }
 
@@ -106,19 +104,7 @@ impl Prefix {
     fn after(&self, b: &[u8], i: usize) -> Option<usize> {
         let rest = b.get(i..)?;
         let same = match rest.first_chunk::<MAX_PREFIX>() {
-            Some(window) => {
-                let word = |o: usize| {
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(&window[o..o + 8]);
-                    u64::from_le_bytes(w)
-                };
-                let (w, m) = (&self.words, &self.masks);
-                ((word(0) ^ w[0]) & m[0])
-                    | ((word(8) ^ w[1]) & m[1])
-                    | ((word(16) ^ w[2]) & m[2])
-                    | ((word(24) ^ w[3]) & m[3])
-                    == 0
-            }
+            Some(window) => (u8x32::new(*window).simd_eq(self.expect) | self.ignore).all(),
             // The last members of a record: fewer bytes left than a window.
             None => rest
                 .get(..self.bytes.len())
