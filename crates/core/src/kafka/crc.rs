@@ -74,6 +74,8 @@ pub fn shift(crc: u32, len: usize) -> u32 {
 pub struct Marks {
     at: Box<[u32]>,
     lead: usize,
+    /// The CRC of the head and all the data read (`None` without marks).
+    whole: Option<(usize, u32)>,
 }
 
 impl Marks {
@@ -94,6 +96,7 @@ impl Marks {
         let marks = Marks {
             at: at.into_boxed_slice(),
             lead,
+            whole: Some((data.len(), crc)),
         };
         (crc, marks)
     }
@@ -111,6 +114,18 @@ impl Marks {
     /// The CRC of the head and `data[..end]`, where `data` is what was
     /// read; `None` past it or without marks.
     pub fn up_to(&self, data: &[u8], end: usize) -> Option<u32> {
+        self.up_to_from(data, end, None)
+    }
+
+    /// [`Self::up_to`], from `known` (a point of `data` and the CRC up to
+    /// it) when that is nearer than the last mark before `end`; the CRC
+    /// of all the data is known without reading.
+    fn up_to_from(&self, data: &[u8], end: usize, known: Option<(usize, u32)>) -> Option<u32> {
+        if let Some((len, crc)) = self.whole {
+            if end == len && len == data.len() {
+                return Some(crc);
+            }
+        }
         let (k, from) = match end.checked_sub(self.lead) {
             None => (0, 0),
             Some(past) => {
@@ -118,14 +133,19 @@ impl Marks {
                 (steps + 1, self.lead + steps * MARK_EVERY)
             }
         };
-        let crc = *self.at.get(k)?;
+        let (from, crc) = match known {
+            Some((at, crc)) if at >= from && at <= end => (at, crc),
+            _ => (from, *self.at.get(k)?),
+        };
         Some(crc32c::crc32c_append(crc, data.get(from..end)?))
     }
 
     /// The CRC of `new_head ‖ data[r₀] ‖ data[r₁] ‖ …` for increasing,
     /// non-overlapping ranges of what was read: one shift a range, and at
-    /// most [`MARK_EVERY`] bytes read again at each end of it. `None` when
-    /// a range is outside `data` or there are no marks.
+    /// most [`MARK_EVERY`] bytes read again at each end of it (less when
+    /// the previous end is nearer than a mark: removed records between two
+    /// runs are read once; the end of the data is not read again). `None`
+    /// when a range is outside `data` or there are no marks.
     pub fn derive(
         &self,
         data: &[u8],
@@ -133,11 +153,15 @@ impl Marks {
         ranges: impl IntoIterator<Item = (usize, usize)>,
     ) -> Option<u32> {
         let mut crc = crc32c::crc32c(new_head);
+        let mut known = None;
         for (start, end) in ranges {
             // crc(h ‖ R) = shift(crc(h), |R|) ^ crc(R), and
             // crc(R) = up_to(end) ^ shift(up_to(start), |R|).
             let len = end.checked_sub(start)?;
-            crc = shift(crc ^ self.up_to(data, start)?, len) ^ self.up_to(data, end)?;
+            let at_start = self.up_to_from(data, start, known)?;
+            let at_end = self.up_to_from(data, end, Some((start, at_start)))?;
+            known = Some((end, at_end));
+            crc = shift(crc ^ at_start, len) ^ at_end;
         }
         Some(crc)
     }
