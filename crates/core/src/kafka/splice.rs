@@ -7,6 +7,8 @@
 //! producer fields, attribute bits 3-6) and changes only batchLength,
 //! recordsCount, crc and the records section, as Kafka's log cleaner does.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 
 use crate::kafka::batch::{
@@ -146,9 +148,12 @@ pub fn splice_runs(
         }
     };
     // Offsets are read only for a cut.
-    let kept: Vec<bool> = (keep.iter().enumerate())
-        .map(|(i, &k)| k && cut_before.is_none_or(|off| decoded.offset(i).is_none_or(|o| o < off)))
-        .collect();
+    let kept: Cow<[bool]> = match cut_before {
+        None => Cow::Borrowed(keep),
+        Some(off) => (keep.iter().enumerate())
+            .map(|(i, &k)| k && decoded.offset(i).is_none_or(|o| o < off))
+            .collect(),
+    };
     let n_kept = kept.iter().filter(|&&k| k).count();
     if n_kept == kept.len() && last_offset_delta == batch.last_offset_delta() {
         return Ok(Rebuilt::unchanged(batch));
@@ -173,7 +178,8 @@ pub fn splice_runs(
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| BatchError::Invalid("records not walked".into()))?;
     } else {
-        let kept_records = (decoded.raw_records().zip(&kept)).filter_map(|(r, &k)| k.then_some(r));
+        let kept_records =
+            (decoded.raw_records().zip(kept.iter())).filter_map(|(r, &k)| k.then_some(r));
         let mut raw = Vec::with_capacity(decoded.buffer().len());
         kept_records.for_each(|r| raw.extend_from_slice(r));
         let codec = decoded.compression();
