@@ -54,8 +54,15 @@ impl Rebuilt {
         Rebuilt { tail, ..self }
     }
 
+    /// Whether every run lies within a batch of `len` bytes (as it does in
+    /// any copy of the batch spliced).
+    pub fn fits(&self, len: usize) -> bool {
+        self.runs.iter().all(|&(s, e)| s <= e && e <= len)
+    }
+
     /// The pieces in order, the runs sliced from `batch`: the bytes that
-    /// were spliced, or a copy of them (same length and CRC).
+    /// were spliced, or a copy of them (same length and CRC; see
+    /// [`Self::fits`]).
     pub fn pieces<'a>(&'a self, batch: &'a Bytes) -> impl Iterator<Item = Bytes> + 'a {
         let runs = self.runs.iter().map(|&(s, e)| batch.slice(s..e));
         std::iter::once(self.head.clone())
@@ -435,7 +442,9 @@ mod tests {
                 assert!(!within(&pieces[0]));
             }
             assert!(rebuilt.memory() < HEADER_LEN + 16 * (MAX_RUNS + 1) || runs > MAX_RUNS);
-            // The same ranges fit a copy of the batch.
+            // The same ranges fit a copy of the batch, not a shorter one.
+            assert!(rebuilt.fits(batch.bytes().len()));
+            assert_eq!(rebuilt.fits(batch.bytes().len() - 1), runs > MAX_RUNS);
             let copy = Bytes::copy_from_slice(batch.bytes());
             assert_eq!(rebuilt.join(&copy), rebuilt.join(batch.bytes()));
             run(&raw, &keep, None);

@@ -255,7 +255,7 @@ fn plan_from_cache(
     if known.verdicts().is_empty() && earlier.is_empty() {
         return Some(keep(batch));
     }
-    let rebuilt = resend_spliced(plan, known, earlier)?;
+    let rebuilt = resend_spliced(plan, known, earlier, batch.bytes().len())?;
     Some(SegmentPlan::Spliced {
         batch: batch.bytes().clone(),
         rebuilt,
@@ -426,7 +426,12 @@ fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {
 /// nothing else removed. Counts what it stands for as the full path does.
 /// `known` came from a lookup of a batch whose CRC holds (`plan_batch`):
 /// a corrupt copy is never replaced by the good one.
-fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> Option<Rebuilt> {
+fn resend_spliced(
+    plan: &mut PartitionPlan,
+    known: &Known,
+    earlier: &[i64],
+    len: usize,
+) -> Option<Rebuilt> {
     let invalid = known.verdicts();
     let action = plan.policy.on_invalid;
     let removes_exactly = match action {
@@ -444,7 +449,8 @@ fn resend_spliced(plan: &mut PartitionPlan, known: &Known, earlier: &[i64]) -> O
     if !removes_exactly {
         return None;
     }
-    let rebuilt = known.spliced()?;
+    // The entry matched the batch's length and CRC, so its runs fit it.
+    let rebuilt = known.spliced().filter(|r| r.fits(len))?;
     for j in invalid.iter() {
         match action {
             Action::Divert => {
