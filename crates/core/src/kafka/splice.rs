@@ -204,6 +204,7 @@ pub fn splice_runs(
     let derived = derived_crc(decoded, &spans, &out[ATTRIBUTES..HEADER_LEN]);
     if spans.len() > MAX_RUNS {
         // Copied run by run into the header's buffer.
+        out.reserve(spans.iter().map(|(s, e)| e - s).sum());
         spans
             .drain(..)
             .for_each(|(s, e)| out.extend_from_slice(&records[s..e]));
