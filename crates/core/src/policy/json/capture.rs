@@ -14,6 +14,7 @@ use serde_json::{Number, Value};
 use super::{too_deep, BuildValue};
 
 mod captures;
+mod decimal;
 mod flat;
 mod layout;
 mod scan;

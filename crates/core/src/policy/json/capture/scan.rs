@@ -16,6 +16,7 @@
 
 use serde_json::Number;
 
+use super::decimal;
 use super::layout::{Learning, MemberSchema};
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_key, Seen, ShapeNode};
@@ -427,28 +428,7 @@ fn short_decimal(b: &[u8], frac: usize, mut m: u64, int_digits: usize) -> Option
         // in one instruction.
         return Some((m as i64 as f64 / POW10[k], end));
     }
-    Some((quotient(m, k), end))
-}
-
-/// m / 10^k, correctly rounded, for any `m` and k <= 19 (the 16- to
-/// 19-digit numbers Clinger's path cannot take, such as many shortest
-/// forms of 17 digits). m / 10^k = (m / 5^k) * 2^-k: `m` shifted to the
-/// top of a u128 divided by 5^k (< 2^45) leaves a quotient of more than
-/// 82 bits; its conversion to f64 rounds to nearest even, with a lowest
-/// bit set when the division left a remainder (so that a quotient just
-/// above a halfway point is not taken for one: the bit is far below the
-/// 53 kept). Scaling by a power of two is then exact (no result here is
-/// near f64's limits).
-#[inline(never)]
-fn quotient(m: u64, k: usize) -> f64 {
-    debug_assert!(m != 0 && k <= 19);
-    let shift = m.leading_zeros() + 64;
-    let n = u128::from(m) << shift;
-    let d = 5u128.pow(k as u32);
-    let q = (n / d) | u128::from(!n.is_multiple_of(d));
-    // 2^-(shift + k), built from its exponent: shift + k <= 146.
-    let scale = f64::from_bits((1023 - u64::from(shift) - k as u64) << 52);
-    q as f64 * scale
+    Some((decimal::quotient(m, k), end))
 }
 
 /// The decimal digits from `i` on, accumulated into `v` (wrapping, as
