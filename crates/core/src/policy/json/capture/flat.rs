@@ -20,7 +20,7 @@ mod template;
 use wide::u8x16;
 
 use super::layout::Layout;
-use super::scan::{captured, literal, number, special, word_at, ws};
+use super::scan::{captured, literal, number, ws};
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_bytes, AsciiCheck, NumberCheck, Seen, ShapeNode};
 
@@ -296,60 +296,29 @@ fn token(b: &[u8], i: usize) -> Option<(u8, usize)> {
 /// (past its closing quote). `None` for any other string.
 #[inline(always)]
 fn plain_string(b: &[u8], start: usize) -> Option<(&[u8], Option<&str>, usize)> {
-    const HIGH: u64 = 0x8080_8080_8080_8080;
     let (mut i, mut ascii) = (start, true);
     // Sixteen bytes at a time to the first quote, backslash, control
-    // character or (until one is seen) byte above 0x7f; then, in the last
-    // 15 bytes of a record, eight (exact: `special` flags no byte below
-    // the first special one, a byte above 0x7f is never special, and high
-    // bits are each their own byte's).
-    while let Some(block) = b.get(i..).and_then(<[u8]>::first_chunk::<16>) {
-        let (special, high) = block_marks(block);
+    // character or (until one is seen) byte above 0x7f; the last bytes of
+    // a record padded with quotes, which end nothing: a string must close
+    // before `b` does.
+    loop {
+        let rest = b.get(i..)?;
+        let block = match rest.first_chunk::<16>() {
+            Some(block) => *block,
+            None => padded(rest),
+        };
+        let (special, high) = block_marks(&block);
         let m = special | if ascii { high } else { 0 };
         if m == 0 {
             i += 16;
             continue;
         }
         i += m.trailing_zeros() as usize;
-        if b[i] < 0x80 {
-            return plain_string_end(b, start, i, ascii);
+        if *b.get(i)? < 0x80 {
+            break;
         }
         ascii = false;
     }
-    loop {
-        match word_at(b, i) {
-            Some(w) => {
-                let m = special(w) | if ascii { w & HIGH } else { 0 };
-                if m == 0 {
-                    i += 8;
-                    continue;
-                }
-                i += (m.trailing_zeros() / 8) as usize;
-                if b[i] < 0x80 {
-                    break;
-                }
-                ascii = false;
-            }
-            None => match *b.get(i)? {
-                b'"' | b'\\' | 0..0x20 => break,
-                c => {
-                    ascii &= c < 0x80;
-                    i += 1;
-                }
-            },
-        }
-    }
-    plain_string_end(b, start, i, ascii)
-}
-
-/// [`plain_string`] once its first special byte is found at `b[i]`.
-#[inline(always)]
-fn plain_string_end(
-    b: &[u8],
-    start: usize,
-    i: usize,
-    ascii: bool,
-) -> Option<(&[u8], Option<&str>, usize)> {
     if b[i] != b'"' {
         return None;
     }
@@ -361,6 +330,14 @@ fn plain_string_end(
         Some(std::str::from_utf8(s).ok()?)
     };
     Some((s, text, i + 1))
+}
+
+/// The last bytes of a record (fewer than 16) and quotes after them.
+#[cold]
+fn padded(rest: &[u8]) -> [u8; 16] {
+    let mut block = [b'"'; 16];
+    block[..rest.len()].copy_from_slice(rest);
+    block
 }
 
 /// For 16 bytes: a bit per byte (bit k for byte k) that is `"`, `\\` or

@@ -9,7 +9,8 @@
 //! So a record is only ever accepted here if serde_json's strict parser
 //! accepts it too, with the same captured values. Numbers follow JSON's
 //! grammar exactly; a decimal of at most 19 digits is one correctly
-//! rounded division (of floats up to 2^53, of integers past it), any other
+//! rounded division of floats up to 2^53 and past it a product with
+//! 10^-k or an integer division (`decimal.rs`), any other
 //! fraction or exponent goes to the standard library's correctly rounding
 //! parser, which gives serde_json's (`float_roundtrip`) value bit for bit.
 //! `json_proptests` checks both paths against each other.
@@ -497,7 +498,7 @@ fn eight_digits(x: u64) -> u64 {
 /// The eight bytes of `b` from `i` on as a little-endian word, if there
 /// are eight.
 #[inline]
-pub(super) fn word_at(b: &[u8], i: usize) -> Option<u64> {
+fn word_at(b: &[u8], i: usize) -> Option<u64> {
     let mut word = [0u8; 8];
     word.copy_from_slice(b.get(i..i + 8)?);
     Some(u64::from_le_bytes(word))
@@ -509,7 +510,7 @@ pub(super) fn word_at(b: &[u8], i: usize) -> Option<u64> {
 /// `x` is zero, and in `(w - 0x20..) & !w & 0x80..` when a byte of `w` is
 /// below 0x20. A borrow can also flag bytes above (after) a flagged byte,
 /// never below it, so the lowest flag is exact.
-pub(super) fn special(w: u64) -> u64 {
+fn special(w: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
