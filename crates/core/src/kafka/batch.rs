@@ -224,7 +224,7 @@ impl Batch {
     }
     /// CRC-32C of everything from `attributes` to the end of the batch.
     pub fn computed_crc(&self) -> u32 {
-        crc32c::crc32c(&self.bytes[ATTRIBUTES..])
+        crate::kafka::crc::crc32c(&self.bytes[ATTRIBUTES..])
     }
     pub fn crc_valid(&self) -> bool {
         self.crc() == self.computed_crc()

@@ -16,7 +16,7 @@ use crate::kafka::batch::{
     LAST_OFFSET_DELTA, LOG_OVERHEAD, RECORDS_COUNT,
 };
 use crate::kafka::compression::{self, Compression};
-use crate::kafka::crc::MARK_EVERY;
+use crate::kafka::crc::{self, MARK_EVERY};
 
 /// A batch as [`splice_runs`] rebuilds it, in pieces: new bytes (`head`:
 /// the rewritten header, or a whole new batch), then ranges of the
@@ -268,9 +268,8 @@ fn set_length_and_crc(out: &mut [u8], more: &[&[u8]], crc: Option<u32>) -> Resul
         .map_err(|_| BatchError::Invalid("batch larger than 2 GiB".into()))?;
     out[BATCH_LENGTH..BATCH_LENGTH + 4].copy_from_slice(&len.to_be_bytes());
     let read = |out: &[u8]| {
-        let head = crc32c::crc32c(&out[ATTRIBUTES..]);
-        more.iter()
-            .fold(head, |crc, m| crc32c::crc32c_append(crc, m))
+        let head = crc::crc32c(&out[ATTRIBUTES..]);
+        more.iter().fold(head, |crc, m| crc::append(crc, m))
     };
     let crc = crc.unwrap_or_else(|| read(out));
     // Every test and fuzzer of splice checks a derived CRC here.
