@@ -78,18 +78,6 @@ const POWERS: [u32; 67] = {
     t
 };
 
-/// `x^n mod P`, bit-reflected.
-const fn power_of_x(n: u64) -> u32 {
-    let (mut p, mut k) = (1 << 31, 0);
-    while k < 64 {
-        if n >> k & 1 != 0 {
-            p = multiply(POWERS[k], p);
-        }
-        k += 1;
-    }
-    p
-}
-
 /// `crc` (of some `A`) advanced past `len` bytes: xor it with the CRC of
 /// any `B` of `len` bytes and it is the CRC of `A ‖ B`.
 pub fn shift(crc: u32, len: usize) -> u32 {

@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
 
-use super::{multiply, power_of_x};
+use super::{multiply, POWERS};
 
 /// Lane lengths: blocks of three 8 KiB lanes (a [`super::MARK_EVERY`]
 /// step is one), then of three 256-byte lanes, then one lane for the last
@@ -55,6 +55,18 @@ impl Shift {
                 ^ t3[(c >> 24) as usize],
         )
     }
+}
+
+/// `x^n mod P`, bit-reflected.
+const fn power_of_x(n: u64) -> u32 {
+    let (mut p, mut k) = (1 << 31, 0);
+    while k < 64 {
+        if n >> k & 1 != 0 {
+            p = multiply(POWERS[k], p);
+        }
+        k += 1;
+    }
+    p
 }
 
 static LONG_SHIFT: Shift = Shift::new(LONG);
