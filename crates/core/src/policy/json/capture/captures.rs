@@ -173,7 +173,12 @@ pub(crate) struct CapturedFields<'c, 'de> {
 
 impl<'c> CapturedFields<'c, '_> {
     /// The finite number slot `slot` holds, if it holds one (what a
-    /// rule reads as a number), without making a [`Field`] of it.
+    /// rule reads as a number), without making a [`Field`] of it. A
+    /// `serde_json::Number` is always finite (`Number::from_f64` refuses
+    /// the rest) and so is its `as_f64`, with or without serde_json's
+    /// `arbitrary_precision`: not checked again here, which cost ~20
+    /// instructions a record of the reference JSON policy (issue 30;
+    /// `numbers_are_finite_by_construction` pins it).
     #[inline(always)]
     pub(crate) fn number(&self, slot: usize) -> Option<f64> {
         let n = match self.slots.get(slot)? {
@@ -184,7 +189,7 @@ impl<'c> CapturedFields<'c, '_> {
             },
             _ => return None,
         };
-        n.as_f64().filter(|x| x.is_finite())
+        n.as_f64()
     }
 
     /// The string slot `slot` holds, as bytes, if it holds one.
@@ -215,5 +220,38 @@ impl Doc for Captures<'_> {
     #[inline]
     fn field(&self, ptr: &Pointer) -> Option<Field<'_>> {
         self.get(ptr.slot()).and_then(|c| self.field_of(c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Number, Value};
+
+    use super::{Captured, Captures};
+
+    /// What [`super::CapturedFields::number`] relies on: no `Number` holds
+    /// an infinity or NaN, and every one reads as a finite f64, captured
+    /// as it is or as an owned value.
+    #[test]
+    fn numbers_are_finite_by_construction() {
+        for x in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            assert!(Number::from_f64(x).is_none(), "{x}");
+        }
+        assert!(serde_json::from_str::<Value>("1e400").is_err());
+        let extremes = [
+            Number::from(u64::MAX),
+            Number::from(i64::MIN),
+            Number::from_f64(f64::MAX).expect("finite"),
+            Number::from_f64(-f64::MAX).expect("finite"),
+        ];
+        for n in extremes {
+            let x = n.as_f64().expect("a number reads as an f64");
+            assert!(x.is_finite(), "{n}");
+            let mut caps = Captures::new(2);
+            caps.set(0, Captured::Number(n.clone()));
+            caps.set_value(1, Value::Number(n));
+            assert_eq!(caps.fields().number(0), Some(x));
+            assert_eq!(caps.fields().number(1), Some(x));
+        }
     }
 }
