@@ -19,6 +19,7 @@ mod flat;
 mod layout;
 mod scan;
 mod skip;
+mod strings;
 
 use crate::policy::rules::Pointer;
 use crate::policy::shape::{same_key, Member, Seen, Shape, ShapeNode};

@@ -19,6 +19,7 @@ use serde_json::Number;
 
 use super::decimal;
 use super::layout::{Learning, MemberSchema};
+use super::strings::string_end;
 use super::{Captured, Captures, Plan};
 use crate::policy::shape::{same_key, Seen, ShapeNode};
 
@@ -90,27 +91,10 @@ impl<'p, 'de> Scanner<'p, '_, 'de> {
     /// A string without escapes or control characters, after its opening
     /// quote; borrowed from the input.
     fn string(&mut self) -> Scan<&'de str> {
-        let (b, start) = (self.b, self.i);
-        let mut i = start;
-        // Eight bytes at a time to the first quote, backslash or control
-        // character; the last few bytes one at a time.
-        while let Some(word) = word_at(b, i) {
-            let m = special(word);
-            if m != 0 {
-                i += (m.trailing_zeros() / 8) as usize;
-                break;
-            }
-            i += 8;
-        }
-        while let Some(&c) = b.get(i) {
-            if c == b'"' || c == b'\\' || c < 0x20 {
-                break;
-            }
-            i += 1;
-        }
-        if b.get(i) != Some(&b'"') {
-            return Err(GiveUp);
-        }
+        let start = self.i;
+        // The document was checked to be UTF-8: whether the string is
+        // ASCII does not matter here.
+        let (i, _) = string_end(self.b, start).ok_or(GiveUp)?;
         // Both ends are ASCII quotes, so this slice is on char boundaries.
         let s = self.text.get(start..i).ok_or(GiveUp)?;
         self.i = i + 1;
@@ -504,22 +488,6 @@ fn word_at(b: &[u8], i: usize) -> Option<u64> {
     Some(u64::from_le_bytes(word))
 }
 
-/// A mask whose lowest set bit is the high bit of the first byte of `w`
-/// (little-endian) that is `"`, `\\` or below 0x20; 0 if none is. SWAR: a
-/// byte's high bit is set in `(x - 0x01..) & !x & 0x80..` when a byte of
-/// `x` is zero, and in `(w - 0x20..) & !w & 0x80..` when a byte of `w` is
-/// below 0x20. A borrow can also flag bytes above (after) a flagged byte,
-/// never below it, so the lowest flag is exact.
-fn special(w: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    let quote = zero(w ^ (ONES * u64::from(b'"')));
-    let backslash = zero(w ^ (ONES * u64::from(b'\\')));
-    let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-    quote | backslash | control
-}
-
 /// What the visitor path captures for a scalar it was shown.
 pub(super) fn captured(seen: Seen<'_>) -> Captured<'_> {
     match seen {
@@ -534,7 +502,6 @@ pub(super) fn captured(seen: Seen<'_>) -> Captured<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::special;
     use crate::policy::shape::Seen;
     use proptest::prelude::*;
 
@@ -732,35 +699,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Every byte value, at every position of a word, after plain bytes
-    /// and before any bytes: the first flagged byte is that one exactly
-    /// when it is a quote, a backslash or a control character.
-    #[test]
-    fn special_finds_the_first_quote_backslash_or_control_character() {
-        let after = [0u8, b'"', b'\\', 0x1f, b'a', 0xff];
-        for b in 0..=255u8 {
-            for pos in 0..8 {
-                for &rest in &after {
-                    let mut w = [rest; 8];
-                    w[..pos].copy_from_slice(&b"abcdefgh"[..pos]);
-                    w[pos] = b;
-                    let m = special(u64::from_le_bytes(w));
-                    let first = (m != 0).then(|| (m.trailing_zeros() / 8) as usize);
-                    let special_byte = |c: u8| c == b'"' || c == b'\\' || c < 0x20;
-                    let expect = if special_byte(b) {
-                        Some(pos)
-                    } else {
-                        (pos + 1..8).find(|_| special_byte(rest))
-                    };
-                    assert_eq!(first, expect, "byte {b:#x} at {pos}, then {rest:#x}");
-                }
-            }
-        }
-        assert_eq!(
-            special(u64::from_le_bytes(*b"\xc3\xa9\xe2\x82\xac \x7f~")),
-            0
-        );
     }
 }
