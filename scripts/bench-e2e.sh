@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # End-to-end benchmark on this machine (see BENCHMARKS.md):
-#   start tansu (memory storage); produce BENCH_RECORDS (~200-byte geofence
-#   JSON, one in BENCH_POISON_EVERY poison) to a 3-partition topic once; then
-#   consume all of it with a librdkafka consumer (confluent-kafka) through
+#   start the broker (BENCH_BROKER: kafka, the suite's Apache Kafka, by
+#   default; or tansu with memory storage); produce BENCH_RECORDS (~200-byte
+#   geofence JSON, one in BENCH_POISON_EVERY poison) to a 3-partition topic
+#   once; then consume all of it with each of BENCH_CONSUMERS (ck: a
+#   librdkafka consumer, confluent-kafka; perf: Apache Kafka's own
+#   ConsumerPerformance, reported as path.perf) through
 #     a   the broker directly
 #     b0  antidote, no policies at all (interceptor off)
 #     b   antidote, a policy on another topic only (Fetch decoded, forwarded)
 #     c   antidote, the reference JSON policy on the topic (poison diverted)
 #     c3  like c, three consumer groups at once (fresh proxy)
-#     d   `tansu proxy`
+#     d   `tansu proxy` (a plain pass-through proxy, the peer; on Kafka 4.x it
+#         cannot relay: Metadata fails to decode, so on Kafka d is recorded
+#         as failed and does not fail the run)
+#     k   Kroxylicious 0.12 (a Kafka-protocol proxy in Java, no filters): the
+#         pass-through peer on Apache Kafka (scripts/bench/kroxylicious/)
 #   For each path: records/s, MB/s, ratio to a, the proxy's CPU seconds and
 #   peak RSS; then produce->consume latency at BENCH_LAT_RATE msg/s.
 #
@@ -18,7 +25,8 @@
 # afresh each round (its DLT is named per round); c3 reads with round 1's DLT
 # in place, as later consumer groups would.
 #
-# Env: BENCH_RECORDS (1000000), BENCH_POISON_EVERY (1000), BENCH_LAT_RATE
+# Env: BENCH_BROKER (kafka|tansu), BENCH_CONSUMERS ("ck perf"),
+# BENCH_RECORDS (1000000), BENCH_POISON_EVERY (1000), BENCH_LAT_RATE
 # (10000), BENCH_LAT_SECONDS (10), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 b c c3 d"),
 # BENCH_COMPRESSION (none|lz4|zstd|...), BENCH_PORT (base port, random),
 # BENCH_SKIP_BUILD=1, BENCH_OUT (results JSON file).
@@ -30,14 +38,16 @@ N="${BENCH_RECORDS:-1000000}"
 POISON_EVERY="${BENCH_POISON_EVERY:-1000}"
 LAT_RATE="${BENCH_LAT_RATE:-10000}"
 LAT_SECS="${BENCH_LAT_SECONDS:-10}"
-PATHS="${BENCH_PATHS:-a b0 b c c3 d}"
+BROKER="${BENCH_BROKER:-kafka}"
+if [[ $BROKER == kafka ]]; then PATHS="${BENCH_PATHS:-a b0 b c c3 k d}"; else PATHS="${BENCH_PATHS:-a b0 b c c3 d}"; fi
+CONSUMERS="${BENCH_CONSUMERS:-ck perf}"
 ROUNDS="${BENCH_ROUNDS:-3}"
 # Below Linux's ephemeral range (32768-60999), as deterministic.py.
 BASE="${BENCH_PORT:-$((20000 + RANDOM % 12000))}"
 TOPIC=geofence.triggers
 PY="$ROOT/.venv/bin/python"
 TANSU="$ROOT/.tools/bin/tansu"
-BIN="$ROOT/target/release/antidote"
+BIN="${BENCH_BIN:-$ROOT/target/release/antidote}"
 HELPER="$ROOT/scripts/bench/e2e.py"
 WORK="$(mktemp -d /tmp/antidote-bench.XXXXXX)"
 OUT="${BENCH_OUT:-$ROOT/target/bench-e2e/results-$(date +%Y%m%d-%H%M%S).json}"
@@ -56,7 +66,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-[[ -x "$TANSU" && -x "$PY" ]] || bash scripts/setup.sh
+[[ -x "$TANSU" && -x "$PY" ]] && "$PY" -c 'import sys; sys.path.insert(0, "tests"); import harness; harness.kafka_classpath()' 2>/dev/null \
+  || bash scripts/setup.sh
 if [[ -z "${BENCH_SKIP_BUILD:-}" ]]; then
   log "cargo build --release"
   cargo build --release --bin antidote >&2
@@ -82,14 +93,28 @@ stop() { # pid
 
 # --- broker -----------------------------------------------------------------
 BP=$BASE
-"$TANSU" broker --listener-url "tcp://127.0.0.1:$BP" --advertised-listener-url "tcp://127.0.0.1:$BP" \
-  --storage-engine memory://tansu/ >"$WORK/tansu.log" 2>&1 &
-TANSU_PID=$!; PIDS+=("$TANSU_PID")
-wait_port "$BP" 15 "$TANSU_PID"
-for t in "$TOPIC" latency.a latency.b0 latency.b latency.c latency.d; do
-  "$TANSU" topic create "$t" --broker "tcp://127.0.0.1:$BP" --partitions 3 >>"$WORK/tansu-admin.log" 2>&1
-done
-log "tansu up on $BP (pid $TANSU_PID)"
+if [[ $BROKER == kafka ]]; then
+  "$PY" "$ROOT/scripts/bench/kafka_broker.py" "$BP" "$WORK/kafka" "${BENCH_KAFKA_HEAP:-1g}" \
+    >"$WORK/kafka.json" 2>"$WORK/kafka.log" &
+  WRAPPER_PID=$!; PIDS+=("$WRAPPER_PID")
+  for _ in $(seq 1 1200); do [[ -s "$WORK/kafka.json" ]] && break; kill -0 "$WRAPPER_PID" || break; sleep 0.1; done
+  [[ -s "$WORK/kafka.json" ]] || { log "kafka did not start: $(tail -20 "$WORK/kafka.log")"; exit 1; }
+  BROKER_PID="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$WORK/kafka.json")"
+  BROKER_NAME="kafka $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' "$WORK/kafka.json")"
+  for t in "$TOPIC" latency.a latency.b0 latency.b latency.c latency.d; do
+    "$PY" "$HELPER" create "127.0.0.1:$BP" "$t" 3
+  done
+else
+  "$TANSU" broker --listener-url "tcp://127.0.0.1:$BP" --advertised-listener-url "tcp://127.0.0.1:$BP" \
+    --storage-engine memory://tansu/ >"$WORK/tansu.log" 2>&1 &
+  BROKER_PID=$!; PIDS+=("$BROKER_PID")
+  BROKER_NAME="tansu"
+  wait_port "$BP" 15 "$BROKER_PID"
+  for t in "$TOPIC" latency.a latency.b0 latency.b latency.c latency.d; do
+    "$TANSU" topic create "$t" --broker "tcp://127.0.0.1:$BP" --partitions 3 >>"$WORK/tansu-admin.log" 2>&1
+  done
+fi
+log "$BROKER_NAME up on $BP (pid $BROKER_PID)"
 
 # --- policies ---------------------------------------------------------------
 # c: the reference policy, also covering the latency topics.
@@ -134,6 +159,32 @@ print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
           if l.startswith(sys.argv[2]) and l[len(sys.argv[2]):len(sys.argv[2]) + 1] in ("{", " ")))
 PYEOF
 }
+KROX_VERSION="$(sed -n 's:.*<kroxylicious.version>\(.*\)</kroxylicious.version>.*:\1:p' scripts/bench/kroxylicious/pom.xml)"
+KROX_LIB="$ROOT/.tools/kroxylicious-$KROX_VERSION/lib"
+if [[ " $PATHS " == *" k "* && ! -f "$KROX_LIB/kroxylicious-runtime-$KROX_VERSION.jar" ]]; then
+  log "fetching Kroxylicious $KROX_VERSION with Maven into $KROX_LIB"
+  mvn -B -q -f scripts/bench/kroxylicious/pom.xml dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$KROX_LIB" >&2
+fi
+start_kroxylicious() {
+  PROXY_ADMIN=""
+  local port=$((BASE + 6))
+  cat >"$WORK/kroxylicious.yaml" <<KEOF
+virtualClusters:
+  - name: peer
+    targetCluster:
+      bootstrapServers: 127.0.0.1:$BP
+    gateways:
+      - name: bench
+        portIdentifiesNode:
+          bootstrapAddress: 127.0.0.1:$port
+KEOF
+  java -Xms512m -Xmx512m -XX:+UseG1GC -cp "$KROX_LIB/*" "$ROOT/scripts/bench/kroxylicious/KroxyliciousPeer.java" \
+    "$WORK/kroxylicious.yaml" >"$WORK/kroxylicious.log" 2>&1 &
+  PROXY_PID=$!; PIDS+=("$PROXY_PID")
+  wait_port "$port" 60 "$PROXY_PID"
+  PROXY_BOOT="127.0.0.1:$port"
+}
 start_tansu_proxy() {
   PROXY_ADMIN=""
   local port=$((BASE + 5))
@@ -152,24 +203,31 @@ record "{\"phase\":\"produce\",\"result\":$prod}"
 POISON="$(echo "$prod" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["poison"])')"
 CLEAN=$((N - POISON))
 
-consume() { # path bootstrap expected group
+consume() { # path bootstrap expected group [ck|perf]
   local t0 r
-  r="$("$PY" "$HELPER" consume "$2" "$TOPIC" 3 "$3" "$4")" || { log "consume via $1 FAILED: $r"; record "{\"phase\":\"consume\",\"path\":\"$1\",\"failed\":true,\"result\":${r:-null}}"; return 1; }
+  if [[ ${5:-ck} == perf ]]; then
+    r="$("$PY" "$HELPER" consume-perf "$2" "$TOPIC" "$3" "$4")"
+  else
+    r="$("$PY" "$HELPER" consume "$2" "$TOPIC" 3 "$3" "$4")"
+  fi || { log "consume via $1 FAILED: $r"; record "{\"phase\":\"consume\",\"path\":\"$1\",\"failed\":true,\"result\":${r:-null}}"; return 1; }
   echo "$r"
 }
 
-run_path() { # path round
-  local path=$1 round=$2 boot pid="" cpu0=0 cpu1 r lat expected=$N path_failed=0
+run_path() { # path round consumer
+  local path=$1 round=$2 kind=${3:-ck} boot pid="" cpu0=0 cpu1 r lat expected=$N path_failed=0
+  local label=$path
+  [[ $kind == ck ]] || label="$path.$kind"
   PROXY_ADMIN=""
   case $path in
-    a) boot="127.0.0.1:$BP"; pid=$TANSU_PID ;;
+    a) boot="127.0.0.1:$BP"; pid=$BROKER_PID ;;
     b0) start_antidote b0 0 ""; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
     b) start_antidote b 1 "$WORK/policy-b.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
     c) start_antidote c 2 "$(policy_c "$round")"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
     c3) start_antidote c3 3 "$WORK/policy-c.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
     d) start_tansu_proxy; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
+    k) start_kroxylicious; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
   esac
-  local bcpu0; bcpu0="$(cpu_s "$TANSU_PID")"
+  local bcpu0; bcpu0="$(cpu_s "$BROKER_PID")"
   cpu0="$(cpu_s "$pid")"
   # Counters read before and after the read, from the proxy's /metrics.
   local counters=(antidote_fetch_rewrite_cpu_seconds_total antidote_records_evaluated_total
@@ -181,8 +239,10 @@ run_path() { # path round
   if [[ -n $PROXY_ADMIN ]]; then
     for k in "${counters[@]}"; do m0[$k]="$(metric "$PROXY_ADMIN" "$k")"; done
   fi
-  log "path $path (round $round): consuming via $boot (expect $expected)"
-  if [[ $path == c3 ]]; then
+  log "path $label (round $round): consuming via $boot (expect $expected)"
+  if [[ $path == c3 && $kind != ck ]]; then
+    stop "$pid"; return 0  # three groups at once: the librdkafka consumer only
+  elif [[ $path == c3 ]]; then
     local f
     for g in 1 2 3; do
       "$PY" "$HELPER" consume "$boot" "$TOPIC" 3 "$expected" "bench-$path-r$round-g$g" >"$WORK/c3-$g.json" &
@@ -194,10 +254,15 @@ run_path() { # path round
     # A failed group read fails the bench (after its figures are recorded).
     [[ $ok == 1 ]] || { log "c3: a consumer did not get all records: $r"; path_failed=1; }
   else
-    r="$(consume "$path" "$boot" "$expected" "bench-$path-r$round")" || return 1
+    r="$(consume "$label" "$boot" "$expected" "bench-$label-r$round" "$kind")" || {
+      stop "$pid"
+      # tansu's proxy cannot relay Kafka 4.x: recorded (consume), not a failure of the run.
+      [[ $path == d && $BROKER == kafka ]] && return 0
+      return 1
+    }
   fi
   cpu1="$(cpu_s "$pid")"
-  local bcpu1; bcpu1="$(cpu_s "$TANSU_PID")"
+  local bcpu1; bcpu1="$(cpu_s "$BROKER_PID")"
   if [[ -n $PROXY_ADMIN ]]; then
     for k in "${counters[@]}"; do m1[$k]="$(metric "$PROXY_ADMIN" "$k")"; done
   fi
@@ -212,16 +277,16 @@ run_path() { # path round
   local proxy_cpu broker_cpu
   proxy_cpu="$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')"
   broker_cpu="$(awk -v a="$bcpu0" -v b="$bcpu1" 'BEGIN { printf "%.2f", b - a }')"
-  log "path $path: $r proxy_cpu=$proxy_cpu broker_cpu=$broker_cpu rewrite_cpu=$rewrite_cpu evaluated=$evaluated"
+  log "path $label: $r proxy_cpu=$proxy_cpu broker_cpu=$broker_cpu rewrite_cpu=$rewrite_cpu evaluated=$evaluated"
   lat=null
-  if [[ $path != c3 && $round == 1 && "${LAT_SECS}" != 0 ]]; then
+  if [[ $path != c3 && $kind == ck && $round == 1 && "${LAT_SECS}" != 0 ]]; then
     log "path $path: latency at $LAT_RATE msg/s for $LAT_SECS s"
     lat="$("$PY" "$HELPER" latency "$boot" "127.0.0.1:$BP" "latency.$path" 3 "$LAT_RATE" "$LAT_SECS")" || log "latency via $path incomplete: $lat"
     log "path $path: latency $lat"
   fi
   local hwm=null total_cpu=null
   if [[ $path != a ]]; then hwm="$(hwm_kb "$pid")"; total_cpu="$(cpu_s "$pid")"; fi
-  record "{\"phase\":\"path\",\"path\":\"$path\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"rewrites\":$rewrites,\"rewrite_wall_s\":$rewrite_wall,\"dlt_writes\":$dlt_writes,\"dlt_write_wall_s\":$dlt_wall,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
+  record "{\"phase\":\"path\",\"path\":\"$label\",\"consumer\":\"$kind\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"rewrites\":$rewrites,\"rewrite_wall_s\":$rewrite_wall,\"dlt_writes\":$dlt_writes,\"dlt_write_wall_s\":$dlt_wall,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
   if [[ $path != a ]]; then stop "$pid"; fi
   return "$path_failed"
 }
@@ -231,7 +296,9 @@ consume warmup "127.0.0.1:$BP" "$N" bench-warmup >/dev/null || true
 # Direct first, then the proxies, then direct again (drift check).
 fail=0
 for round in $(seq 1 "$ROUNDS"); do
-  for p in $PATHS; do run_path "$p" "$round" || fail=1; done
+  for k in $CONSUMERS; do
+    for p in $PATHS; do run_path "$p" "$round" "$k" || fail=1; done
+  done
 done
 if [[ " $PATHS " == *" a "* ]]; then
   log "path a (again, drift check)"
@@ -246,7 +313,7 @@ if [[ " $PATHS " == *" c "* ]]; then
   done
 fi
 
-machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)\",\"records\":$N,\"rounds\":$ROUNDS,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
+machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)\",\"broker\":\"$BROKER_NAME\",\"records\":$N,\"rounds\":$ROUNDS,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
 record "{\"phase\":\"machine\",\"result\":$machine}"
 "$PY" "$ROOT/scripts/bench/report.py" "$RESULTS" | tee "${OUT%.json}.txt"
 cp "$RESULTS" "$OUT"

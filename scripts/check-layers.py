@@ -41,6 +41,8 @@ LAYERS = [
     ["registry"],
     ["engine"],
     ["dlt"],
+    ["service"],
+    ["console"],
     ["intercept", "admin"],
     ["cli", "proxy"],
     ["main"],

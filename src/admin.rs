@@ -1,9 +1,10 @@
-//! The admin HTTP listener: `GET /metrics`, `/healthz` and `/readyz`.
+//! The admin HTTP listener: `GET /metrics`, `/healthz` and `/readyz`, and
+//! the DLT console under `/console` when `admin.console` is on.
 //!
 //! Owns the HTTP/1 side of operations: `hyper`'s server, one request per
 //! connection (answered with `Connection: close`), routed to a few fixed
-//! bodies. It never touches the data path; it only renders [`Metrics`] and
-//! reads a readiness flag.
+//! bodies or handed to the [`Console`]. It never touches the data path; it
+//! only renders [`Metrics`] and reads a readiness flag.
 //!
 //! Robustness: a peer can only cost us a bounded amount. The request head is
 //! at most [`MAX_HEAD`] bytes (hyper answers 431 above it) and must arrive
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::HostPort;
+use crate::console::Console;
 use crate::metrics::Metrics;
 
 /// Largest request head (request line and headers) accepted. hyper's
@@ -99,10 +101,16 @@ pub async fn serve_listener<R: Readiness + ?Sized>(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     ready: Arc<R>,
+    console: Option<Arc<Console>>,
     shutdown: CancellationToken,
 ) {
     if let Ok(a) = listener.local_addr() {
-        info!(addr = %a, "serving admin endpoints (/metrics, /healthz, /readyz)");
+        let console = match &console {
+            Some(c) if c.actions() => ", /console with actions",
+            Some(_) => ", /console (read-only)",
+            None => "",
+        };
+        info!(addr = %a, "serving admin endpoints (/metrics, /healthz, /readyz{console})");
     }
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -121,8 +129,9 @@ pub async fn serve_listener<R: Readiness + ?Sized>(
             Ok((tcp, peer)) => {
                 let metrics = metrics.clone();
                 let ready = ready.clone();
+                let console = console.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = handle(tcp, metrics, ready).await {
+                    if let Err(e) = handle(tcp, metrics, ready, console).await {
                         debug!(%peer, error = %e, "admin connection ended");
                     }
                     drop(permit);
@@ -141,10 +150,24 @@ async fn handle<R: Readiness + ?Sized>(
     tcp: TcpStream,
     metrics: Arc<Metrics>,
     ready: Arc<R>,
+    console: Option<Arc<Console>>,
 ) -> Result<(), ConnectionError> {
     let service = service_fn(move |req: Request<Incoming>| {
-        let resp = route(req.method(), req.uri().path(), &metrics, &*ready);
-        async move { Ok::<_, Infallible>(resp) }
+        let path = req.uri().path();
+        let console = console
+            .clone()
+            .filter(|_| path == "/console" || path.starts_with("/console/"));
+        let resp = match console {
+            Some(_) => None,
+            None => Some(route(req.method(), path, &metrics, &*ready)),
+        };
+        async move {
+            match (resp, console) {
+                (Some(r), _) => Ok::<_, Infallible>(r),
+                (None, Some(c)) => Ok(c.serve(req).await),
+                (None, None) => Ok(text(StatusCode::NOT_FOUND, "not found\n")),
+            }
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -222,6 +245,7 @@ mod tests {
             listener,
             metrics.clone(),
             ready.clone(),
+            None,
             shutdown.clone(),
         ));
         (addr, metrics, ready, shutdown)
@@ -301,6 +325,9 @@ mod tests {
     async fn garbage_gets_an_error_not_a_panic() {
         let (addr, _m, _r, shutdown) = start().await;
         let r = raw(addr, b"GET /nope HTTP/1.1\r\n\r\n").await;
+        assert_eq!((status(&r), body(&r)), ("404", "not found\n"));
+        // No console unless admin.console is on.
+        let r = raw(addr, b"GET /console/api/overview HTTP/1.1\r\n\r\n").await;
         assert_eq!((status(&r), body(&r)), ("404", "not found\n"));
         let r = raw(addr, b"POST /metrics HTTP/1.1\r\n\r\n").await;
         assert_eq!((status(&r), body(&r)), ("405", "only GET and HEAD\n"));

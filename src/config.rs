@@ -18,12 +18,14 @@ pub use antidote_core::text::{parse_duration, yaml_error};
 pub use limits::Limits;
 pub use redrive::Redrive;
 pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
+pub use share::{RemovedAck, ShareGroups};
 pub use signing::{SigningKey, UnsignedRecords};
 pub use sni::{Sni, SniPattern};
 
 mod limits;
 mod redrive;
 mod registry;
+mod share;
 mod signing;
 mod sni;
 
@@ -55,6 +57,9 @@ pub struct Config {
     /// Where `registry: true` policies resolve schema ids.
     #[serde(default)]
     pub schema_registry: Option<RegistryConfig>,
+    /// Share consumers (KIP-932).
+    #[serde(default)]
+    pub share_groups: ShareGroups,
     /// Where this config was read from; paths in it are relative to its folder.
     #[serde(skip)]
     pub source: PathBuf,
@@ -350,12 +355,32 @@ pub struct Admin {
     /// A bare port (`9644` or `:9644`) binds 127.0.0.1 only.
     #[serde(default, deserialize_with = "de_admin_listen")]
     pub listen: Option<HostPort>,
+    /// Serve the DLT console at `/console` (read-only unless `console_actions`).
+    #[serde(default)]
+    pub console: bool,
+    /// Let the console replay records and close breakers.
+    #[serde(default)]
+    pub console_actions: bool,
+    /// Host names a browser may use to reach the console (besides IP
+    /// addresses): a request naming any other host is refused, so a page
+    /// that rebinds its own DNS name to the admin address (DNS rebinding)
+    /// cannot read the console.
+    #[serde(default = "default_console_hosts")]
+    pub console_hosts: Vec<String>,
 }
 
-#[allow(clippy::derivable_impls)]
+fn default_console_hosts() -> Vec<String> {
+    vec!["localhost".into()]
+}
+
 impl Default for Admin {
     fn default() -> Self {
-        Admin { listen: None }
+        Admin {
+            listen: None,
+            console: false,
+            console_actions: false,
+            console_hosts: default_console_hosts(),
+        }
     }
 }
 
@@ -533,6 +558,12 @@ impl Config {
                 s.password().map_err(|e| format!("{name}: {e}"))?;
             }
         }
+        if self.admin.console_actions && !self.admin.console {
+            return Err("admin.console_actions needs admin.console: true".into());
+        }
+        if self.admin.console && self.admin.listen.is_none() {
+            return Err("admin.console needs admin.listen (the console is served there)".into());
+        }
         self.dead_letter.keys()?;
         if !matches!(self.dead_letter.replication_factor, -1 | 1..) {
             return Err(
@@ -605,6 +636,21 @@ mod tests {
         let text = format!("{MINIMAL}policies: [policies/]\n");
         let c = Config::parse(&text, Path::new("/etc/antidote/a.yaml")).unwrap();
         assert_eq!(c.policies[0], PathBuf::from("/etc/antidote/policies/"));
+    }
+
+    #[test]
+    fn the_console_needs_the_admin_listener_and_actions_the_console() {
+        let parse =
+            |admin: &str| Config::parse(&format!("{MINIMAL}admin:\n{admin}"), Path::new("c.yaml"));
+        let c = parse("  listen: 9644\n  console: true\n  console_actions: true\n").unwrap();
+        assert!(c.admin.console && c.admin.console_actions);
+        let e = parse("  listen: 9644\n  console_actions: true\n")
+            .unwrap_err()
+            .0;
+        assert_eq!(e, "c.yaml: admin.console_actions needs admin.console: true");
+        let e = parse("  console: true\n").unwrap_err().0;
+        assert!(e.contains("admin.console needs admin.listen"), "{e}");
+        assert!(!parse("  listen: 9644\n").unwrap().admin.console);
     }
 
     #[test]

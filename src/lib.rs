@@ -11,7 +11,10 @@
 //! proxy        listeners, request pumps, classification, broker addresses, reload
 //!   cli        `antidote dlt` commands: inspect, replay, discard, breaker close
 //! filter       Fetch responses: plan every partition, await diversions, re-encode
-//!   admin      /metrics /healthz /readyz
+//!   admin      /metrics /healthz /readyz, and /console when enabled
+//! console      the DLT console's JSON API and page (served by admin)
+//! service      DLT operations behind the commands and the console: browse,
+//!              decode, replay, breaker close
 //! dlt          the dead-letter side: writer (once only), ledger, the DLT
 //!              follower (blocked keys, breakers, re-drive), trust
 //! engine       policies, verdict cache, decode budget, registry: judging's state
@@ -31,6 +34,7 @@ pub mod admin;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod console;
 pub mod dlt;
 pub mod engine;
 pub mod envsubst;
@@ -39,6 +43,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod registry;
 pub mod sasl;
+pub mod service;
 pub mod transport;
 
 pub use antidote_core::{

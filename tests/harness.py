@@ -7,6 +7,7 @@ deadline. The pytest fixtures that use these helpers live in conftest.py.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,7 +34,13 @@ if TEST_BROKER not in ("kafka", "tansu"):
     raise ValueError(f"ANTIDOTE_TEST_BROKER={TEST_BROKER!r}: use kafka or tansu")
 KAFKA_NODE_ID = 1
 BROKER_NODE_ID = TANSU_NODE_ID if TEST_BROKER == "tansu" else KAFKA_NODE_ID
-KAFKA_HOME = Path(os.environ.get("KAFKA_HOME", REPO / ".tools" / "kafka"))
+# Apache Kafka's version: $ANTIDOTE_KAFKA_VERSION, or scripts/kafka/pom.xml's
+# default; scripts/setup.sh installs each version in .tools/kafka-VERSION.
+# KAFKA_HOME, if set, wins.
+KAFKA_DEFAULT_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>",
+                                  (REPO / "scripts" / "kafka" / "pom.xml").read_text()).group(1)
+KAFKA_VERSION = os.environ.get("ANTIDOTE_KAFKA_VERSION") or KAFKA_DEFAULT_VERSION
+KAFKA_HOME = Path(os.environ.get("KAFKA_HOME", REPO / ".tools" / f"kafka-{KAFKA_VERSION}"))
 
 
 # Marks a test that shows what only Apache Kafka does (aborted-transaction

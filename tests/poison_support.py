@@ -118,10 +118,26 @@ class PolicyProxy(h.Antidote):
         return "\n".join(lines) + "\n"
 
 
+@dataclass
+class AdminPolicyProxy(PolicyProxy):
+    """A policy proxy with an admin listener (/metrics)."""
+    admin_port: int = field(default_factory=h.free_port)
+
+    def config_yaml(self) -> str:
+        return super().config_yaml() + f"admin:\n  listen: {h.HOST}:{self.admin_port}\n"
+
+    def metrics(self) -> str:
+        import urllib.request
+        with urllib.request.urlopen(f"http://{h.HOST}:{self.admin_port}/metrics",
+                                    timeout=10) as r:
+            return r.read().decode()
+
+
 def start_policy_proxy(workdir: Path, **kw) -> PolicyProxy:
-    """Start, registering the proxy so conftest attaches its log to failures."""
+    """Start, registering the proxy so conftest attaches its log to failures
+    (`admin=True`: with an admin listener, AdminPolicyProxy)."""
     import conftest
-    p = PolicyProxy(workdir, **kw)
+    p = (AdminPolicyProxy if kw.pop("admin", False) else PolicyProxy)(workdir, **kw)
     conftest._PROXIES.append(p)
     return p.start()
 

@@ -346,17 +346,17 @@ async fn raw_round(c: &mut TcpStream, token: &[u8]) {
     assert_eq!(&reply[..], &[b"server:", token].concat()[..]);
 }
 
-/// After the exchange: ShareFetch (whose answers carry broker endpoints
-/// the proxy does not rewrite) is answered UNSUPPORTED_VERSION by the
-/// proxy, and a Fetch v3 (no top-level error code) closes the connection;
-/// neither reaches the broker.
+/// After the exchange: DescribeQuorum v2 (whose answers carry controller
+/// endpoints the proxy does not rewrite) is answered UNSUPPORTED_VERSION by
+/// the proxy, and a Fetch v3 (no top-level error code) closes the
+/// connection; neither reaches the broker.
 async fn out_of_range_requests_are_refused(c: &mut TcpStream) {
-    write_frame(c, &raw_request(ApiKey::ShareFetch, 1, 8, &[0; 24])).await;
+    write_frame(c, &raw_request(ApiKey::DescribeQuorum, 2, 8, &[1, 0])).await;
     let answer = tokio::time::timeout(Duration::from_secs(5), read_frame(c))
         .await
         .unwrap()
         .expect("an UNSUPPORTED_VERSION answer");
-    let resp = decode::<ShareFetchRequest>(answer, 1, 8);
+    let resp = decode::<DescribeQuorumRequest>(answer, 2, 8);
     assert_eq!(resp.error_code, 35);
     write_frame(c, &raw_request(ApiKey::Fetch, 3, 9, &[0; 16])).await;
     let closed = tokio::time::timeout(Duration::from_secs(5), read_frame(c))

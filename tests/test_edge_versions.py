@@ -4,23 +4,46 @@ response has a top-level error code, otherwise the connection is closed (as a
 Kafka broker does). Frames are built by hand: no client sends these after
 reading the proxy's ApiVersions.
 
-Share groups (KIP-932) are not offered at all (src/proxy/versions.rs,
-SHARE_GROUP_APIS): a ShareGroupHeartbeat, ShareFetch, ShareAcknowledge or
+Share groups (KIP-932) are offered unless `share_groups.enabled: false`;
+then none of their APIs is (src/proxy/versions.rs, SHARE_GROUP_APIS): a
+ShareGroupHeartbeat, ShareFetch, ShareAcknowledge or
 Alter/DeleteShareGroupOffsets gets the proxy's UNSUPPORTED_VERSION with its
-reason, the others (ShareGroupDescribe, DescribeShareGroupOffsets, the
-inter-broker state APIs) close the connection."""
+reason, the others (ShareGroupDescribe, DescribeShareGroupOffsets) close the
+connection. The share coordinator's inter-broker state APIs (83-87) are
+never offered."""
 
 from __future__ import annotations
 
 import socket
 import struct
+from dataclasses import dataclass
+
+import pytest
 
 import harness as h
 from test_robustness import api_versions_ok, closed_by_peer
 
 UNSUPPORTED_VERSION = 35
-SHARE_GROUPS_REFUSED = ("share groups (KIP-932) are not supported through antidote: "
-                        "ShareFetch is not filtered")
+SHARE_GROUPS_REFUSED = ("share groups (KIP-932) are turned off in antidote "
+                        "(share_groups.enabled: false)")
+
+
+@dataclass
+class NoShareProxy(h.Antidote):
+    """The proxy with `share_groups.enabled: false`."""
+
+    def config_yaml(self) -> str:
+        return super().config_yaml() + "share_groups:\n  enabled: false\n"
+
+
+@pytest.fixture(scope="module")
+def noshare(workdir, broker):
+    import conftest
+    p = NoShareProxy(workdir, upstream=[broker.bootstrap], name="antidote-noshare")
+    conftest._PROXIES.append(p)
+    p.start()
+    yield p
+    p.stop_and_check()
 
 
 def compact_str(s: str | None) -> bytes:
@@ -76,7 +99,19 @@ def test_describe_quorum_v2_is_answered_unsupported_version_by_the_proxy(proxy):
         assert 0 in h.api_versions(s)
 
 
-def test_share_fetch_is_answered_unsupported_version_by_the_proxy(proxy):
+def test_share_group_apis_are_offered_by_default_and_the_state_apis_never(proxy, broker):
+    with socket.create_connection((h.HOST, broker.port), timeout=5) as s:
+        upstream = h.api_versions(s)
+    with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
+        offered = h.api_versions(s)
+    for key in (76, 77, 78, 79, 90, 91, 92):
+        if key in upstream:
+            assert offered.get(key) == upstream[key], key
+    assert [k for k in (83, 84, 85, 86, 87) if k in offered] == []
+
+
+def test_share_fetch_turned_off_is_answered_unsupported_version_by_the_proxy(noshare):
+    proxy = noshare
     with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
         s.settimeout(5)
         assert 78 not in h.api_versions(s), "ShareFetch must not be advertised"
@@ -97,10 +132,11 @@ def test_a_refused_request_without_a_top_level_error_code_closes_only_its_connec
     assert "Fetch v3 is outside the versions the proxy offers" in log
 
 
-def test_share_group_heartbeat_gets_the_proxys_refusal(proxy):
+def test_share_group_heartbeat_turned_off_gets_the_proxys_refusal(noshare):
     """A share consumer that ignored ApiVersions: no member is created through
     the proxy (a Java share consumer against a broker with share groups on,
     directly and through the proxy, is in test_group_protocols.py)."""
+    proxy = noshare
     with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
         s.settimeout(5)
         assert 76 not in h.api_versions(s), "ShareGroupHeartbeat must not be advertised"
@@ -113,7 +149,8 @@ def test_share_group_heartbeat_gets_the_proxys_refusal(proxy):
         assert 0 in h.api_versions(s), "the connection stays usable"
 
 
-def test_share_acknowledge_and_share_offsets_are_refused_with_the_reason(proxy):
+def test_share_acknowledge_and_share_offsets_turned_off_are_refused_with_the_reason(noshare):
+    proxy = noshare
     frames = {
         # ShareAcknowledge v1: GroupId, MemberId, ShareSessionEpoch, no topics.
         79: (1, compact_str("g") + compact_str("m") + struct.pack(">i", 1) + b"\x01\x00"),
@@ -134,9 +171,10 @@ def test_share_acknowledge_and_share_offsets_are_refused_with_the_reason(proxy):
             assert (key, err, msg) == (key, UNSUPPORTED_VERSION, SHARE_GROUPS_REFUSED)
 
 
-def test_share_group_describe_closes_only_its_connection(proxy):
+def test_share_group_describe_turned_off_closes_only_its_connection(noshare):
     """ShareGroupDescribe's response has no top-level error code: the proxy
     hangs up, logs why, and serves the next connection."""
+    proxy = noshare
     with socket.create_connection((h.HOST, proxy.bootstrap_port), timeout=5) as s:
         s.settimeout(5)
         assert 77 not in h.api_versions(s)

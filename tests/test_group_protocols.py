@@ -33,6 +33,7 @@ import subprocess
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -444,27 +445,42 @@ def wait_assigned(ep: c.Endpoint, group: str, m: RdkafkaMember, timeout: float =
 @pytest.fixture(scope="module")
 def share_broker(workdir, java_classes):
     """A broker of its own with share groups on (Kafka 4.1 ships them as a
-    preview: `share.version` is 0 on a new cluster until it is upgraded)."""
+    preview: `share.version` is 0 on a new cluster until it is upgraded;
+    never downgraded: Kafka 4.4 starts at 2)."""
     b = h.KafkaBroker(workdir).start()
     try:
-        out = run_java(java_classes, "JavaAdmin", b.bootstrap, "feature:share.version:1",
-                       "features")
-        assert out[1]["finalized"].get("share.version") == 1, out
+        [now] = run_java(java_classes, "JavaAdmin", b.bootstrap, "features")
+        if now["finalized"].get("share.version", 0) < 1:  # on by default since Kafka 4.2
+            out = run_java(java_classes, "JavaAdmin", b.bootstrap, "feature:share.version:1",
+                           "features")
+            assert out[1]["finalized"].get("share.version") == 1, out
         yield b
     finally:
         b.stop()
 
 
+@dataclass
+class ShareOffProxy(ps.PolicyProxy):
+    """A policy proxy with `share_groups.enabled: false` (share consumers
+    through a proxy with share groups on: test_share_groups.py)."""
+
+    def config_yaml(self) -> str:
+        return super().config_yaml() + "share_groups:\n  enabled: false\n"
+
+
 @pytest.fixture(scope="module")
 def share_proxy(workdir, share_broker, tmp_path_factory):
+    import conftest
     pfile = ps.write_policies(tmp_path_factory.mktemp("share-policies"))
-    p = ps.start_policy_proxy(workdir, upstream=[share_broker.bootstrap], policies=[pfile],
-                              name="antidote-share")
+    p = ShareOffProxy(workdir, upstream=[share_broker.bootstrap], policies=[pfile],
+                      name="antidote-share-off")
+    conftest._PROXIES.append(p)
+    p.start()
     yield p
     p.stop_and_check()
 
 
-def test_a_share_consumer_reads_directly_and_fails_at_once_through_the_proxy(
+def test_a_share_consumer_reads_directly_and_fails_at_once_through_a_proxy_with_share_groups_off(
         share_broker, share_proxy, java_classes):
     ep = c.Endpoint(share_broker.bootstrap, "direct")
     topic = ps.unique_topic(ps.JSON_PREFIX, "share")

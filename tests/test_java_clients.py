@@ -50,8 +50,11 @@ SOURCES = sorted(JAVA_DIR.glob("*.java"))
 
 @pytest.fixture(scope="session")
 def java_classes() -> Path:
-    """The compiled programs: javac once per source version, shared by workers."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:16]
+    """The compiled programs: javac once per source and Kafka version, shared by workers."""
+    # Per Kafka version too: classes built against one kafka-clients may not
+    # load against another (4.4 moved some into `internals` packages).
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)
+                            + h.KAFKA_VERSION.encode()).hexdigest()[:16]
     out = h.REPO / "target" / "java-tests" / digest
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / ".lock", "w") as lock:

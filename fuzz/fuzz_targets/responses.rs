@@ -66,8 +66,11 @@ fuzz_target!(|data: &[u8]| {
     match which % 12 {
         0 => {
             // With and without `limits.fetch_max_version`.
-            let cap = (version & 0x80 != 0).then_some(15);
-            let _ = antidote::proxy::versions::rewrite(body, v % 5, cap);
+            let offer = antidote::proxy::versions::Offer {
+                fetch_max: (version & 0x80 != 0).then_some(15),
+                share_groups: version & 0x40 != 0,
+            };
+            let _ = antidote::proxy::versions::rewrite(body, v % 6, offer);
         }
         1 => {
             let _ = rewrite_body(ApiKey::Metadata, v % 14, body, &addrs, &mut Seen::default());
@@ -80,6 +83,8 @@ fuzz_target!(|data: &[u8]| {
         }
         4 => {
             let _ = rewrite_body(ApiKey::Produce, 10 + v % 4, body, &addrs, &mut Seen::default());
+            let key = if v % 2 == 0 { ApiKey::ShareFetch } else { ApiKey::ShareAcknowledge };
+            let _ = rewrite_body(key, 1 + v % 2, rest_bytes(rest), &addrs, &mut Seen::default());
         }
         5 => decode::<FetchResponse>(&body, 4 + v % 15),
         6 => decode::<ProduceResponse>(&body, 3 + v % 11),
@@ -93,3 +98,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+fn rest_bytes(rest: &[u8]) -> Bytes {
+    Bytes::copy_from_slice(rest)
+}

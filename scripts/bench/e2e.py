@@ -4,6 +4,10 @@
   produce   BOOTSTRAP TOPIC N POISON_EVERY      one-shot bulk produce, prints JSON
   consume   BOOTSTRAP TOPIC PARTS EXPECTED GROUP  read from the beginning until EXPECTED
                                                 records (or idle timeout), prints JSON
+  consume-perf BOOTSTRAP TOPIC EXPECTED GROUP    read EXPECTED records with Apache Kafka's own
+                                                ConsumerPerformance (Java, in a group), prints
+                                                the same JSON as consume (no poison check)
+  create    BOOTSTRAP TOPIC PARTS               create a topic (Admin API; Kafka or tansu)
   latency   BOOTSTRAP PRODUCE_BOOTSTRAP TOPIC PARTS RATE SECONDS
                                                 produce at RATE msg/s (child process, straight to
                                                 the broker) while consuming via BOOTSTRAP; p50/p99
@@ -247,8 +251,55 @@ def cmd_latency(bootstrap, produce_bootstrap, topic, parts, rate, seconds, warmu
     return 0 if len(got_path) == expected else 1
 
 
+def cmd_create(bootstrap, topic, parts):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, int(parts), 1)])[topic].result(60)
+    return 0
+
+
+def cmd_consume_perf(bootstrap, topic, expected, group):
+    """Kafka's ConsumerPerformance (kafka-tools, from the suite's Kafka
+    lib/): `fetch.nMsg.sec` is its rate without the group join, the
+    `steady` figure here; its CPU is the JVM's, children's rusage."""
+    import resource, subprocess
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    import harness as h
+    cmd = ["java", "-Xmx512m", "-XX:+UseG1GC", "-cp", h.kafka_classpath(),
+           "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap,
+           "--topic", topic, "--num-records", str(expected), "--group", group,
+           "--timeout", "30000", "--hide-header",
+           "--command-property", "auto.offset.reset=earliest"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    dt = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rows = [l for l in r.stdout.splitlines() if l.count(",") >= 9]
+    if r.returncode != 0 or not rows:
+        print(json.dumps({"group": group, "records": 0, "expected": int(expected), "failed": True,
+                          "stderr": r.stderr[-2000:], "stdout": r.stdout[-2000:]}))
+        return 1
+    f = [x.strip() for x in rows[-1].split(",")]
+    # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
+    # rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
+    count, mb = int(f[4]), float(f[2])
+    fetch_s = float(f[7]) / 1000
+    print(json.dumps({"group": group, "consumer": "ConsumerPerformance", "records": count,
+                      "expected": int(expected), "value_bytes": int(mb * 1024 * 1024),
+                      "seconds": round(dt, 3), "records_per_s": round(float(f[5])),
+                      "mb_per_s": round(float(f[3]), 2),
+                      "steady_records_per_s": round(float(f[9])),
+                      "fetch_seconds": round(fetch_s, 3), "rebalance_ms": float(f[6]),
+                      "consumer_cpu_s": round((after.ru_utime + after.ru_stime)
+                                              - (before.ru_utime + before.ru_stime), 2),
+                      "errors": 0, "poison_seen": None}))
+    return 0 if count >= int(expected) else 1
+
+
 if __name__ == "__main__":
-    cmds = {"produce": cmd_produce, "consume": cmd_consume, "latency": cmd_latency}
+    cmds = {"produce": cmd_produce, "consume": cmd_consume, "latency": cmd_latency,
+            "create": cmd_create, "consume-perf": cmd_consume_perf}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

@@ -42,32 +42,52 @@ print(f"produce: {produce}")
 print()
 print(f"{'path':5} {'round':>5} {'records':>9} {'sec':>7} {'rec/s':>9} {'steady/s':>9} {'MB/s':>7} "
       f"{'proxyCPU':>9} {'rewriteCPU':>10} {'brokerCPU':>9} {'consCPU':>8} {'VmHWM MB':>9}")
-order = ["a", "b0", "b", "c", "c3", "d", "a2"]
+base = ["a", "b0", "b", "c", "c3", "d", "k", "a2"]
+# Paths read by another consumer (BENCH_CONSUMERS: "perf", Kafka's
+# ConsumerPerformance) are reported as "path.perf".
+order = base + [f"{p}.{k}" for k in sorted({r.get("consumer") for rs in runs.values() for r in rs}
+                                             - {None, "ck"}) for p in base]
 for p in order:
     for r in runs.get(p, []):
         x = consume(r)
         hwm = r.get("proxy_vmhwm_kb")
         print(f"{p:5} {r.get('round', '-'):>5} {x.get('records', 0):>9} {x.get('seconds', 0):>7.2f} "
               f"{x.get('records_per_s', 0):>9.0f} {x.get('steady_records_per_s', 0):>9.0f} {x.get('mb_per_s', 0):>7.1f} "
-              f"{str(r.get('proxy_cpu_s', '-')) if p not in ('a', 'a2') else '-':>9} "
+              f"{str(r.get('proxy_cpu_s', '-')) if p.split('.')[0] not in ('a', 'a2') else '-':>9} "
               f"{str(r.get('rewrite_cpu_s', '-')):>10} {str(r.get('broker_cpu_s', '-')):>9} "
               f"{x.get('consumer_cpu_s', 0):>8.2f} {(hwm / 1024 if hwm else 0):>9.1f}")
 print("rec/s: records / (last record - consumer start); steady/s: from the first batch received to the last"
       " (excludes connection set-up). c3: three consumers at once, summed.")
 print()
 
-# Baseline: direct reads (a, every round, and a2 at the end), median.
-direct = [consume(r).get("steady_records_per_s") for p in ("a", "a2") for r in runs.get(p, [])]
-direct = [d for d in direct if d]
-ra = statistics.median(direct) if direct else None
-print(f"medians (direct = median of {len(direct)} direct reads: {ra and round(ra)} rec/s; "
-      f"spread {min(direct) if direct else '-'}-{max(direct) if direct else '-'}):")
-print(f"  {'path':5} {'steady/s':>9} {'x a':>6} {'proxyCPU':>9} {'rewriteCPU':>10}")
-for p in order[1:-1]:
-    if p in runs:
-        v = rps(p)
-        print(f"  {p:5} {v:>9.0f} {v / ra if ra else float('nan'):>6.2f} "
-              f"{median(p, lambda r: r.get('proxy_cpu_s')) or 0:>9.2f} {median(p, lambda r: r.get('rewrite_cpu_s')) or 0:>10.3f}")
+def ns_per_record(path):
+    """The proxy's CPU (process, /proc) per record delivered, median, ns."""
+    return median(path, lambda r: 1e9 * r["proxy_cpu_s"] / consume(r)["records"]
+                  if r.get("proxy_cpu_s") is not None and consume(r).get("records") else None)
+
+
+# Baseline: direct reads (a, every round, and a2 at the end), median; per
+# consumer (the "perf" paths against a.perf).
+for family in [""] + sorted({p.split(".", 1)[1] for p in runs if "." in p}):
+    sfx = f".{family}" if family else ""
+    direct = [consume(r).get("steady_records_per_s") for p in (f"a{sfx}", f"a2{sfx}")
+              for r in runs.get(p, [])]
+    direct = [d for d in direct if d]
+    ra_f = statistics.median(direct) if direct else None
+    if not family:
+        ra = ra_f
+    print(f"medians{' (' + family + ')' if family else ''} (direct = median of {len(direct)} direct "
+          f"reads: {ra_f and round(ra_f)} rec/s; spread {min(direct) if direct else '-'}-"
+          f"{max(direct) if direct else '-'}):")
+    print(f"  {'path':7} {'steady/s':>9} {'x a':>6} {'proxyCPU':>9} {'ns/rec':>7} {'rewriteCPU':>10}")
+    for p in [x + sfx for x in base[1:-1]]:
+        if p in runs:
+            v = rps(p)
+            ns = ns_per_record(p)
+            print(f"  {p:7} {v:>9.0f} {v / ra_f if ra_f else float('nan'):>6.2f} "
+                  f"{median(p, lambda r: r.get('proxy_cpu_s')) or 0:>9.2f} {ns or 0:>7.0f} "
+                  f"{median(p, lambda r: r.get('rewrite_cpu_s')) or 0:>10.3f}")
+print("ns/rec: the proxy process's CPU time (user + system, /proc) per record the consumer received")
 print()
 print("where the proxy's time goes (per run): Fetch responses inspected, mean wall ms each (from the response"
       " arriving to it being ready to send, DLT wait included), mean CPU ms each (decode, judge, splice, encode),"
@@ -84,6 +104,10 @@ for p in ("b", "c", "c3"):
               f"{1000 * r['rewrite_cpu_s'] / n:.1f} ms CPU; {dn} DLT writes, {dlt_ms} ms; "
               f"share {r['rewrite_wall_s'] / secs if secs else 0:.2f}")
 print()
+failed = sorted({r.get("path") for r in rows if r.get("phase") == "consume" and r.get("failed")})
+if failed:
+    print(f"paths whose read failed (no figures): {', '.join(failed)}"
+          " (d on Kafka 4.x: tansu's proxy cannot relay it)")
 for d in dlts:
     res = d.get("result") or {}
     print(f"dead-letter topic, round {d.get('round', 1)}: {res.get('records')} records (expected {res.get('expected')})")
@@ -132,7 +156,7 @@ if "c" in runs and "c3" in runs:
                   f"({e3 / e1:.3f} x; the three groups read {3 * e1})")
 for p in ("c", "c3"):
     if p in runs:
-        seen = sum(consume(r).get("poison_seen", 0) for r in runs[p])
+        seen = sum(consume(r).get("poison_seen") or 0 for r in runs[p])
         checks.append((f"{p}: no poison record reached a consumer (records seen with the poison marker,"
                        " all rounds)", seen, seen == 0))
 print("targets:")

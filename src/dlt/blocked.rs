@@ -14,17 +14,28 @@
 //! counts only if read from the DLT its origin topic's policy writes to
 //! (`rebuild::trusted`), as for the ledger.
 //!
+//! A key blocked by another instance is known here only once the follower
+//! has read it, so the filter plans a per_key partition only while the
+//! set is current for its topic ([`BlockedKeys::is_current_for`]): the
+//! follower follows the topic's DLTs (the filter asks for them, without
+//! waiting for the follower's next listing of the upstream's topics) and
+//! its last read of them all to their ends began at most [`MAX_STALE`]
+//! ago. A follower that cannot read them (this instance cut off from a
+//! DLT's leader) holds per_key topics instead of delivering a later record
+//! of a key blocked by another instance.
+//!
 //! Memory: one entry per blocked key (the key's bytes and four numbers);
 //! the planner holds a partition rather than block more than
 //! `plan::keys::MAX_BLOCKED_KEYS_PER_PARTITION` keys in it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::breaker::Breakers;
 use super::ledger::rebuild::trusted;
@@ -55,10 +66,21 @@ struct PartitionKeys {
 
 type Part = Arc<RwLock<PartitionKeys>>;
 
+/// How old the follower's last complete read of the DLTs may be for the
+/// set to count as current: five follower rounds (`TAIL_INTERVAL`, 200 ms).
+pub const MAX_STALE: Duration = Duration::from_secs(1);
+
 /// Every blocked key, by origin (topic, partition).
 pub struct BlockedKeys {
     parts: DashMap<(Arc<str>, i32), Part>,
     loaded: watch::Sender<bool>,
+    /// When the follower's last read that reached the end of every DLT
+    /// partition it follows for the blocked keys began.
+    read_through: watch::Sender<Option<Instant>>,
+    /// The DLTs that read followed.
+    followed: RwLock<HashSet<String>>,
+    /// DLTs of per_key topics the filter served, for the follower to follow.
+    asked: Mutex<HashSet<String>>,
 }
 
 impl Default for BlockedKeys {
@@ -66,8 +88,22 @@ impl Default for BlockedKeys {
         BlockedKeys {
             parts: DashMap::new(),
             loaded: watch::channel(false).0,
+            read_through: watch::channel(None).0,
+            followed: RwLock::default(),
+            asked: Mutex::default(),
         }
     }
+}
+
+/// Every DLT `policy` writes `topic`'s records to (one per class at most).
+pub fn dlts_of(policy: &Policy, topic: &str) -> Vec<String> {
+    let mut out: Vec<String> = Class::ALL
+        .iter()
+        .map(|&c| policy.dead_letter_topic(topic, c))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// One diverted record of a per_key policy, as the set learns it.
@@ -155,12 +191,73 @@ impl BlockedKeys {
         *self.loaded.borrow()
     }
 
-    /// Wait up to `wait` for [`BlockedKeys::is_loaded`].
-    pub async fn wait_loaded(&self, wait: Duration) -> bool {
-        let mut rx = self.loaded.subscribe();
-        tokio::time::timeout(wait, rx.wait_for(|l| *l))
+    /// The follower read every DLT of `followed` to its end, in a read
+    /// that began at `began`: every diversion to them acknowledged before
+    /// then is in the set.
+    pub fn set_read_through(&self, began: Instant, followed: HashSet<String>) {
+        if let Ok(mut f) = self.followed.write() {
+            *f = followed;
+        }
+        self.read_through.send_replace(Some(began));
+    }
+
+    /// The DLTs the filter asked to be followed (per_key topics it served).
+    pub fn asked(&self) -> Vec<String> {
+        self.asked
+            .lock()
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether the set holds every key blocked in `dlts` (a per_key topic's
+    /// DLTs) as of at most [`MAX_STALE`] ago.
+    pub fn is_current_for(&self, dlts: &[String]) -> bool {
+        self.current(*self.read_through.borrow(), dlts)
+    }
+
+    fn current(&self, read_through: Option<Instant>, dlts: &[String]) -> bool {
+        read_through.is_some_and(|t| t.elapsed() <= MAX_STALE)
+            && self
+                .followed
+                .read()
+                .is_ok_and(|f| dlts.iter().all(|d| f.contains(d)))
+    }
+
+    /// Wait up to `wait` for [`BlockedKeys::is_current_for`], asking the
+    /// follower to follow `dlts` if it does not yet.
+    pub async fn wait_current_for(&self, dlts: &[String], wait: Duration) -> bool {
+        if let Ok(mut a) = self.asked.lock() {
+            for d in dlts {
+                if !a.contains(d) {
+                    a.insert(d.clone());
+                }
+            }
+        }
+        let mut rx = self.read_through.subscribe();
+        tokio::time::timeout(wait, rx.wait_for(|t| self.current(*t, dlts)))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Up to `max` blocked keys, oldest block first (the console).
+    pub fn list(&self, max: usize) -> Vec<BlockedKey> {
+        let mut out = Vec::new();
+        for e in self.parts.iter() {
+            let ((topic, partition), part) = e.pair();
+            let Ok(p) = part.read() else { continue };
+            out.extend(p.keys.iter().map(|(k, s)| BlockedKey {
+                topic: topic.to_string(),
+                partition: *partition,
+                key: k.clone(),
+                first: s.first,
+                last: s.last,
+                since_ms: s.since_ms,
+                class: s.class,
+            }));
+        }
+        out.sort_by_key(|k| k.since_ms);
+        out.truncate(max);
+        out
     }
 
     /// Blocked keys in all, and when the oldest block began (ms).
@@ -176,6 +273,19 @@ impl BlockedKeys {
         }
         (n, oldest)
     }
+}
+
+/// One blocked key as [`BlockedKeys::list`] shows it.
+#[derive(Debug, Clone)]
+pub struct BlockedKey {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Bytes,
+    /// The origin offset its block starts at, and the highest parked.
+    pub first: i64,
+    pub last: i64,
+    pub since_ms: i64,
+    pub class: Class,
 }
 
 /// One partition's blocked keys, for the planner.
@@ -298,6 +408,35 @@ mod tests {
             blocked_by,
             at_ms: 7,
         }
+    }
+
+    /// The set is current for a topic's DLTs only while the follower
+    /// follows them and its last complete read is under `MAX_STALE` old; a
+    /// waiter asks for them to be followed and wakes when a read completes.
+    #[tokio::test]
+    async fn the_set_is_current_only_while_the_last_complete_read_is_recent() {
+        let s = Arc::new(BlockedKeys::default());
+        let dlts = vec!["t.dlt".to_string()];
+        let followed = || dlts.iter().cloned().collect::<HashSet<_>>();
+        assert!(!s.is_current_for(&dlts), "never read");
+        s.set_read_through(Instant::now(), HashSet::new());
+        assert!(
+            s.is_current_for(&[]) && !s.is_current_for(&dlts),
+            "not followed"
+        );
+        assert!(!s.wait_current_for(&dlts, Duration::from_millis(50)).await);
+        assert_eq!(s.asked(), dlts, "asked to follow it");
+        s.set_read_through(Instant::now(), followed());
+        assert!(s.is_current_for(&dlts));
+        let old = Instant::now() - MAX_STALE - Duration::from_millis(1);
+        s.set_read_through(old, followed());
+        assert!(!s.is_current_for(&dlts), "a follower that stopped reading");
+        let (s2, d2) = (s.clone(), dlts.clone());
+        let waiter =
+            tokio::spawn(async move { s2.wait_current_for(&d2, Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.set_read_through(Instant::now(), followed());
+        assert!(waiter.await.expect("waiter"));
     }
 
     #[test]

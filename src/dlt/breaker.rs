@@ -181,6 +181,18 @@ impl Breakers {
         None
     }
 
+    /// The partitions held by their breaker now, and the offset each is
+    /// held at (the console).
+    pub fn open_now(&self) -> Vec<(String, i32, i64)> {
+        let parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = parts
+            .iter()
+            .filter_map(|((t, p), w)| w.open_at.map(|at| (t.to_string(), *p, at)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Markers owed to the DLTs, taken for writing.
     pub fn take_outbox(&self) -> Vec<BreakerMark> {
         std::mem::take(&mut *self.outbox.lock().unwrap_or_else(|p| p.into_inner()))

@@ -222,13 +222,20 @@ impl Follower {
     /// One round: list the blocked keys' and re-drive's DLTs when due, then
     /// read what every followed DLT partition gained, for its readers.
     async fn round(&mut self) -> Result<(), ClientError> {
+        let began = Instant::now();
         let policies = self.loader.policies.borrow().clone();
         self.write_breaker_marks(&policies).await;
         self.list(&policies).await?;
+        // The DLTs of per_key topics the filter served since the listing.
+        if let Some(k) = &self.readers {
+            for dlt in k.blocked.asked() {
+                self.known.entry(dlt).or_default().blocked = true;
+            }
+        }
         if !self.known.values().any(|r| r.blocked) {
             // Nothing to read back for the blocked keys: loaded now, even
             // if the DLTs cannot be read.
-            self.keys_loaded(&HashMap::new(), &HashMap::new())?;
+            self.keys_loaded(&HashMap::new(), &HashMap::new(), began)?;
         }
         let mut wanted: BTreeMap<String, Readers> = self.known.clone();
         for dlt in self.loader.ledger.loaded_dlts() {
@@ -277,7 +284,7 @@ impl Follower {
             }
         }
         if from.is_empty() {
-            return self.keys_loaded(&readers, &HashMap::new());
+            return self.keys_loaded(&readers, &HashMap::new(), began);
         }
         let (ledger, ids) = (&self.loader.ledger, &self.loader.ids);
         let (keys, mut redrive) = match self.readers.as_mut() {
@@ -380,15 +387,18 @@ impl Follower {
         }
         metrics::global().fleet_learned(learned);
         metrics::global().set_ledger_lag(lag);
-        self.keys_loaded(&readers, &ends)
+        self.keys_loaded(&readers, &ends, began)
     }
 
     /// Once every partition the blocked keys follow has been read to its
-    /// end: say so (per_key topics wait for it), and update the gauges.
+    /// end, in the round that `began` then: say so (per_key topics wait for
+    /// the first time, and hold while the last is too old), and update the
+    /// gauges.
     fn keys_loaded(
         &self,
         readers: &HashMap<DltPartition, (Readers, Option<i64>, Positions)>,
         ends: &HashMap<DltPartition, i64>,
+        began: Instant,
     ) -> Result<(), ClientError> {
         let Some(k) = &self.readers else {
             return Ok(());
@@ -397,9 +407,6 @@ impl Follower {
         metrics::global()
             .keys
             .set_blocked(keys, oldest, crate::clock::now_ms());
-        if k.blocked.is_loaded() {
-            return Ok(());
-        }
         let caught_up = readers
             .iter()
             .filter(|(_, (r, ..))| r.blocked)
@@ -407,7 +414,17 @@ impl Follower {
                 let at = self.next.get(key).and_then(|n| n.blocked);
                 at.zip(ends.get(key)).is_some_and(|(at, end)| at >= *end)
             });
-        if caught_up {
+        if !caught_up {
+            return Ok(());
+        }
+        let followed = self
+            .known
+            .iter()
+            .filter(|(_, r)| r.blocked)
+            .map(|(d, _)| d.clone())
+            .collect();
+        k.blocked.set_read_through(began, followed);
+        if !k.blocked.is_loaded() {
             info!(keys, "blocked keys read back from the DLTs");
             k.blocked.set_loaded();
         }

@@ -31,7 +31,7 @@ use std::time::Duration;
 pub use antidote_core::dlt_record::*;
 pub use ledger::rebuild::trusted;
 pub use ledger::{Ledger, LedgerKey, OffsetSet};
-pub use read::{read_partition, read_partition_end, read_topic};
+pub use read::{read_partition, read_partition_end, read_partition_while, read_topic};
 pub use writer::{DeadLetter, DivertError, Ticket, Workers};
 
 /// A pause of about `base * 2^attempt` (at most `cap`), drawn from its upper

@@ -190,6 +190,42 @@ where
     .await
 }
 
+/// A browser's reads (the console): 1 MiB per partition and response (a
+/// larger first batch still comes whole); tansu needs a short wait, as
+/// for a follower.
+const BROWSE_LIMITS: FetchLimits = FetchLimits {
+    max_wait_ms: 10,
+    max_bytes: 1 << 20,
+    partition_max_bytes: 1 << 20,
+};
+
+/// Read `topic`/`partition` from `from` to the high watermark of the first
+/// fetch, calling `f` for each record until it returns false (that record
+/// is where the next read starts); returns that offset, or the end. A
+/// `from` past the partition's end is an error. For reading a page of a
+/// DLT (`service::browse`), never the whole partition at once.
+pub async fn read_partition_while<F>(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    f: &mut F,
+) -> Result<i64, ClientError>
+where
+    F: FnMut(&Record<'_>) -> bool,
+{
+    read(
+        cluster,
+        topic,
+        partition,
+        Some(from),
+        BROWSE_LIMITS,
+        Past::Fail,
+        f,
+    )
+    .await
+}
+
 /// What a read does when `from` is past the partition's end.
 #[derive(Clone, Copy, PartialEq)]
 enum Past {

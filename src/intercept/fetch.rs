@@ -19,7 +19,6 @@
 //! `parallel`), the awaiting of diversions, the re-encoding of the
 //! response, and the accounting of the CPU all that takes.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,10 +68,17 @@ pub enum FilterError {
 /// depends only on the layers below it (the proxy implements this).
 pub trait FetchContext: Send + Sync {
     /// What rewriting a response's endpoints learned about the cluster.
-    type Learned: Send;
+    type Learned: Send + Default;
     /// Point the broker endpoints a Fetch v16+ response names (KIP-951) at
     /// the proxy; whether anything changed, and what was learned.
     fn rewrite_endpoints(&self, resp: &mut FetchResponse) -> (bool, Self::Learned);
+    /// The same for a ShareFetch response's NodeEndpoints (KIP-932).
+    fn rewrite_share_endpoints(
+        &self,
+        _resp: &mut kafka_protocol::messages::ShareFetchResponse,
+    ) -> (bool, Self::Learned) {
+        (false, Self::Learned::default())
+    }
     /// Record what `rewrite_endpoints` learned (may open broker listeners).
     fn learn(&self, learned: Self::Learned) -> impl Future<Output = ()> + Send;
     /// Look up topic ids not known yet (Fetch v13+ names topics by id).
@@ -303,9 +309,14 @@ impl FetchFilter {
                 continue;
             }
             let per_key = policy.ordering == KeyOrdering::PerKey;
-            // Likewise until the blocked keys are read back (per_key only).
-            if per_key && !self.blocked.is_loaded() && !self.blocked.wait_loaded(self.timeout).await
-            {
+            // Likewise until the blocked keys are read back, and while the
+            // follower cannot keep them current (per_key only): a key
+            // another instance blocked is known only once read from its DLT.
+            if per_key && {
+                let dlts = crate::dlt::blocked::dlts_of(policy, &name);
+                !self.blocked.is_current_for(&dlts)
+                    && !self.blocked.wait_current_for(&dlts, self.timeout).await
+            } {
                 unloaded.push(ti);
                 continue;
             }
@@ -342,16 +353,27 @@ impl FetchFilter {
     /// Write every planned diversion; for each plan, the lowest offset whose
     /// diversion did not succeed in time (`None` if all did).
     async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
+        let plans: Vec<&PartitionPlan> = plans.iter().map(|(_, _, p)| p).collect();
+        self.divert(&plans)
+            .await
+            .into_iter()
+            .map(|failed| failed.first().copied())
+            .collect()
+    }
+
+    /// Write every diversion of `plans`; for each plan, the offsets whose
+    /// diversion did not succeed in time, in order (empty if all did).
+    pub(crate) async fn divert(&self, plans: &[&PartitionPlan]) -> Vec<Vec<i64>> {
         // Plans that only hold or cut wait for no dead-letter topic.
-        if plans.iter().all(|(_, _, p)| p.diversions.is_empty()) {
-            return vec![None; plans.len()];
+        if plans.iter().all(|p| p.diversions.is_empty()) {
+            return vec![Vec::new(); plans.len()];
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
         let dl = &self.dead_letter;
         let all_failed = || {
             plans
                 .iter()
-                .map(|(_, _, p)| p.diversions.first().map(|d| d.origin_offset))
+                .map(|p| p.diversions.iter().map(|d| d.origin_offset).collect())
                 .collect()
         };
         if tokio::time::timeout_at(deadline, dl.ready())
@@ -365,7 +387,7 @@ impl FetchFilter {
         // is quicker, and a consumer held at a poison record does not spin
         // (fetch, fail at once, fetch again) while the DLT is down.
         let mut waits = Vec::new();
-        for (plan_idx, (_, _, plan)) in plans.iter().enumerate() {
+        for (plan_idx, plan) in plans.iter().enumerate() {
             for d in &plan.diversions {
                 let first = dl.submit(d);
                 waits.push(async move {
@@ -396,14 +418,16 @@ impl FetchFilter {
                 });
             }
         }
-        let mut failed: HashMap<usize, i64> = HashMap::new();
+        let mut failed: Vec<Vec<i64>> = vec![Vec::new(); plans.len()];
         for (plan_idx, offset, ok) in futures_join_all(waits).await {
             if !ok {
-                let e = failed.entry(plan_idx).or_insert(offset);
-                *e = (*e).min(offset);
+                failed[plan_idx].push(offset);
             }
         }
-        (0..plans.len()).map(|i| failed.get(&i).copied()).collect()
+        for f in &mut failed {
+            f.sort_unstable();
+        }
+        failed
     }
 }
 
@@ -438,8 +462,9 @@ fn apply_outcome(
     failed_from: Option<i64>,
 ) -> Result<Vec<Bytes>, BatchError> {
     let held_from = plan.held_from(failed_from);
-    count(plan, held_from);
+    // The hold's reason is noted before the held gauge is set (the console).
     log_hold(plan, failed_from);
+    count(plan, held_from);
     match held_from {
         None => {
             holds.release(&plan.topic, plan.partition);
@@ -615,9 +640,13 @@ mod holds;
 mod keys;
 mod parallel;
 mod patch;
+pub mod share;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.
 #[cfg(test)]
 mod fetch_tests;
+// FetchFilter::filter_share likewise.
+#[cfg(test)]
+mod share_tests;
 
 mod transient;

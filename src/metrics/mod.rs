@@ -40,51 +40,25 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod action;
 pub mod breaker;
 mod fleet;
+pub mod history;
 pub mod hold;
 pub mod keys;
+pub mod requests;
 mod series;
+pub mod share;
+pub mod snapshot;
 use series::*;
+mod guard;
+pub use guard::ConnectionGuard;
 
 pub mod names;
+pub use action::InvalidAction;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
-
-/// What happened to an invalid record (the `action` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InvalidAction {
-    /// Written to its dead-letter topic and removed from the response.
-    Diverted,
-    /// Removed from the response, not written anywhere (`on_invalid: drop`).
-    Dropped,
-    /// Delivered to the consumer although invalid (`on_invalid: pass`).
-    PassedInvalid,
-    /// Refused at Produce (`on_produce: reject`): never written.
-    Rejected,
-}
-
-impl InvalidAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InvalidAction::Diverted => "diverted",
-            InvalidAction::Dropped => "dropped",
-            InvalidAction::PassedInvalid => "passed_invalid",
-            InvalidAction::Rejected => "rejected",
-        }
-    }
-}
-
-impl From<crate::policy::Action> for InvalidAction {
-    fn from(a: crate::policy::Action) -> Self {
-        match a {
-            crate::policy::Action::Divert => InvalidAction::Diverted,
-            crate::policy::Action::Drop => InvalidAction::Dropped,
-            crate::policy::Action::Pass => InvalidAction::PassedInvalid,
-        }
-    }
-}
 
 /// Every metric the proxy exports. Share one instance ([`global`]).
 pub struct Metrics {
@@ -113,6 +87,10 @@ pub struct Metrics {
     pub breaker: breaker::BreakerMetrics,
     /// How long diverting Fetch responses are held, by cause (`hold`).
     pub hold: hold::HoldMetrics,
+    /// Client requests by API and version (`requests`).
+    pub requests: requests::RequestMetrics,
+    /// Share consumers: the proxy's acknowledgements, withheld records (`share`).
+    pub share: share::ShareMetrics,
     diversions: Cached<SourceLabel, Counter>,
     ledger_lag: Gauge,
     dlt_refused: Cached<RefusedLabels, Counter>,
@@ -149,6 +127,8 @@ impl Metrics {
             keys: keys::KeyMetrics::default(),
             breaker: breaker::BreakerMetrics::default(),
             hold: hold::HoldMetrics::default(),
+            requests: requests::RequestMetrics::default(),
+            share: share::ShareMetrics::default(),
             diversions: Cached::new(),
             ledger_lag: Gauge::default(),
             dlt_refused: Cached::new(),
@@ -233,6 +213,8 @@ impl Metrics {
             self.deadline_cuts.clone(),
         );
         self.hold.register(&mut self.registry);
+        self.requests.register(&mut self.registry);
+        self.share.register(&mut self.registry);
         self
     }
 
@@ -388,6 +370,9 @@ impl Metrics {
             action: action.as_str(),
         };
         self.invalid.with(&labels, |c| c.inc());
+        if action == InvalidAction::Diverted {
+            history::global().diverted(topic, class.as_str(), 1, crate::clock::now_ms());
+        }
     }
 
     /// One dead-letter Produce request finished (`ok` = acknowledged with
@@ -419,13 +404,15 @@ impl Metrics {
     pub fn set_held(&self, topic: &str, partition: i32, held: bool) {
         self.held
             .with(&(topic, partition), |g| g.set(i64::from(held)));
+        history::global().set_held(topic, partition, held);
     }
 
     /// A batch of `topic`/`partition` could not be judged (`reason`:
     /// `undecodable`, `legacy` or `budget`), so the partition was held at it.
     ///
     /// Call site: `Interceptor::rewrite`, once per response per held partition.
-    pub fn held_batch(&self, topic: &str, partition: i32, reason: &str) {
+    pub fn held_batch(&self, topic: &str, partition: i32, reason: &'static str) {
+        history::global().note_hold(topic, partition, reason);
         let labels = HeldBatchLabels {
             topic: topic.to_owned(),
             partition,
@@ -560,30 +547,6 @@ impl Metrics {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         out
-    }
-}
-
-/// Counts one open connection of a listener for as long as it lives:
-/// `+1` when made, `-1` when dropped, whichever way the connection ends.
-///
-/// Call site: `proxy::serve`, first line:
-/// `let _open = ConnectionGuard::new(metrics::global().clone(), listener_name);`
-pub struct ConnectionGuard {
-    metrics: Arc<Metrics>,
-    listener: String,
-}
-
-impl ConnectionGuard {
-    pub fn new(metrics: Arc<Metrics>, listener: impl Into<String>) -> Self {
-        let listener = listener.into();
-        metrics.connections_open(&listener, 1);
-        ConnectionGuard { metrics, listener }
-    }
-}
-
-impl Drop for ConnectionGuard {
-    fn drop(&mut self) {
-        self.metrics.connections_open(&self.listener, -1);
     }
 }
 

@@ -222,6 +222,9 @@ fn every_series_once() -> Metrics {
     m.breaker.tripped("t", 0, "p");
     m.hold
         .diverting_response(Duration::from_micros(2500), Duration::from_micros(2000));
+    m.requests.request(0, 13);
+    m.share.acks("sent", 1);
+    m.share.withheld("dlt", 1);
     m
 }
 
@@ -284,6 +287,11 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_fetch_deadline_cuts_total counter",
         // Added with the diverting hold's split (issue 30, metrics/hold.rs).
         "antidote_fetch_diverting_hold_seconds histogram",
+        // Added with Kafka 4.4 (issue 48, metrics/requests.rs).
+        "antidote_client_requests_total counter",
+        // Added with share groups (issue 49, metrics/share.rs).
+        "antidote_share_acks_total counter",
+        "antidote_share_withheld_records_total counter",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

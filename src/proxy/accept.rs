@@ -112,7 +112,11 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, listener: 
         }
     };
     debug!(%peer, ?target, "connected");
-    match relay::relay(shared, client, broker).await {
+    let node = match target {
+        Target::Bootstrap => -1,
+        Target::Broker(n) => n,
+    };
+    match relay::relay(shared, client, broker, node).await {
         Ok(()) => debug!("connection closed"),
         Err(e) => {
             if matches!(

@@ -7,7 +7,8 @@
 //! a ClientHello's server name back to its target ([`Addresses::route`]).
 //!
 //! Covered: Metadata brokers, FindCoordinator (v0-3 single, v4+ list),
-//! DescribeCluster brokers, Produce v10+ and Fetch v16+ NodeEndpoints. Any
+//! DescribeCluster brokers, Produce v10+, Fetch v16+, ShareFetch and
+//! ShareAcknowledge NodeEndpoints. Any
 //! other API that carries addresses is not advertised (see `versions`).
 //! Rewriting also reports what it saw (brokers' real addresses, topic ids)
 //! so the proxy can open listeners and resolve topic ids.
@@ -15,7 +16,7 @@
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, BrokerId, DescribeClusterResponse, FetchResponse, FindCoordinatorResponse,
-    MetadataResponse, ProduceResponse,
+    MetadataResponse, ProduceResponse, ShareAcknowledgeResponse, ShareFetchResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
@@ -118,6 +119,18 @@ impl Addresses {
     }
 
     /// Rewrite one address in place, remembering the real one.
+    /// Point one broker endpoint at the proxy (what `rewrite_body` does to
+    /// each it finds), for a response decoded elsewhere.
+    pub fn rewrite_endpoint(
+        &self,
+        node_id: BrokerId,
+        host: &mut StrBytes,
+        port: &mut i32,
+        seen: &mut Seen,
+    ) {
+        self.rewrite(node_id, host, port, seen)
+    }
+
     fn rewrite(&self, node_id: BrokerId, host: &mut StrBytes, port: &mut i32, seen: &mut Seen) {
         if node_id.0 < 0 || host.is_empty() {
             return; // "no coordinator" and similar placeholders carry no address
@@ -202,6 +215,8 @@ pub fn carries_addresses(key: ApiKey, version: i16) -> bool {
         ApiKey::Metadata | ApiKey::FindCoordinator | ApiKey::DescribeCluster => true,
         ApiKey::Produce => version >= 10,
         ApiKey::Fetch => version >= 16,
+        // NodeEndpoints at every version (KIP-932).
+        ApiKey::ShareFetch | ApiKey::ShareAcknowledge => true,
         _ => false,
     }
 }
@@ -272,6 +287,23 @@ pub fn rewrite_body(
             }
             reencode!(m)
         }
+        ApiKey::ShareFetch => {
+            let mut m = ShareFetchResponse::decode(&mut buf, version)?;
+            if !rewrite_share_fetch_endpoints(&mut m, addrs, seen) {
+                return Ok(None);
+            }
+            reencode!(m)
+        }
+        ApiKey::ShareAcknowledge => {
+            let mut m = ShareAcknowledgeResponse::decode(&mut buf, version)?;
+            if m.node_endpoints.is_empty() {
+                return Ok(None);
+            }
+            for e in &mut m.node_endpoints {
+                addrs.rewrite(e.node_id, &mut e.host, &mut e.port, seen);
+            }
+            reencode!(m)
+        }
         _ => Ok(None),
     }
 }
@@ -280,6 +312,19 @@ pub fn rewrite_body(
 /// whether there were any. Used directly by the Fetch interception path,
 /// which decodes Fetch responses anyway.
 pub fn rewrite_fetch_endpoints(m: &mut FetchResponse, addrs: &Addresses, seen: &mut Seen) -> bool {
+    for e in &mut m.node_endpoints {
+        addrs.rewrite(e.node_id, &mut e.host, &mut e.port, seen);
+    }
+    !m.node_endpoints.is_empty()
+}
+
+/// Rewrite the NodeEndpoints of a decoded ShareFetch response; returns
+/// whether there were any (the share filter decodes these responses anyway).
+pub fn rewrite_share_fetch_endpoints(
+    m: &mut ShareFetchResponse,
+    addrs: &Addresses,
+    seen: &mut Seen,
+) -> bool {
     for e in &mut m.node_endpoints {
         addrs.rewrite(e.node_id, &mut e.host, &mut e.port, seen);
     }

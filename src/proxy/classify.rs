@@ -19,6 +19,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use crate::intercept::produce::{self as door, wire as produce};
+use crate::intercept::share;
 use crate::policy::PolicySet;
 use crate::proxy::error::RelayError;
 use crate::proxy::sasl_phase::{self, Raw, Tokens};
@@ -48,6 +49,20 @@ pub(super) enum Handling {
     /// A Produce answer into which the partitions the proxy refused
     /// (dead-letter topics, the door) are merged.
     Produce(produce::Refused),
+    /// A ShareFetch answer to judge, or a ShareAcknowledge answer, in a
+    /// share session the proxy may owe acknowledgements to.
+    Share(ShareCall),
+}
+
+/// A share request's context for its answer (`intercept::share`).
+#[derive(Debug)]
+pub(super) struct ShareCall {
+    pub key: ApiKey,
+    /// The share session (group and member named in the request).
+    pub session: Option<share::SessionKey>,
+    /// Partitions where only the proxy acknowledged in the request: their
+    /// acknowledgement errors are the proxy's, not the client's.
+    pub proxy_only: Vec<(uuid::Uuid, i32)>,
 }
 
 #[derive(Debug)]
@@ -105,8 +120,11 @@ pub(super) struct Context<'a> {
     /// Set while client Produce requests are checked (writes to
     /// dead-letter topics refused, or a policy with `on_produce: reject`).
     pub produce_guard: Option<&'a dyn produce::Topics>,
-    /// `limits.fetch_max_version`.
-    pub fetch_max: Option<i16>,
+    /// `limits.fetch_max_version`, `share_groups.enabled`.
+    pub offer: versions::Offer,
+    /// Share sessions' owed acknowledgements, while policies are loaded;
+    /// the node id of the broker this connection leads to (-1: bootstrap).
+    pub share: Option<(&'a share::ShareAcks, i32)>,
 }
 
 /// Produce requests as the current policies see them: dead-letter topics
@@ -192,10 +210,11 @@ const OFFLOAD_BYTES: usize = 256 * 1024;
 pub(super) async fn classify_request(
     shared: &Arc<Shared>,
     marks: &Arc<door::Marks>,
-    raw_sasl: Raw,
+    (raw_sasl, node): (Raw, i32),
     frame: Bytes,
 ) -> Result<(Classified, Bytes), RelayError> {
-    let (c, notes) = classify_maybe_offloaded(shared, marks, raw_sasl, frame.clone()).await?;
+    let conn = (raw_sasl, node);
+    let (c, notes) = classify_maybe_offloaded(shared, marks, conn, frame.clone()).await?;
     let registry = shared.engine.registry();
     let (c, notes) = match registry {
         Some(registry) if notes.ask_registry() => {
@@ -204,7 +223,7 @@ pub(super) async fn classify_request(
                 registry.cache().recheck(*id, now, door::RECHECK_FLOOR_MS);
             }
             registry.resolve_wants(registry.wait()).await;
-            classify_maybe_offloaded(shared, marks, raw_sasl, frame.clone()).await?
+            classify_maybe_offloaded(shared, marks, conn, frame.clone()).await?
         }
         _ => (c, notes),
     };
@@ -217,16 +236,16 @@ pub(super) async fn classify_request(
 async fn classify_maybe_offloaded(
     shared: &Arc<Shared>,
     marks: &Arc<door::Marks>,
-    raw_sasl: Raw,
+    conn: (Raw, i32),
     frame: Bytes,
 ) -> Result<(Classified, door::Notes), RelayError> {
     let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
     if !(produce && frame.len() >= OFFLOAD_BYTES) {
-        return classify_with_policies(shared, marks, raw_sasl, &frame);
+        return classify_with_policies(shared, marks, conn, &frame);
     }
     let shared = shared.clone();
     let marks = marks.clone();
-    tokio::task::spawn_blocking(move || classify_with_policies(&shared, &marks, raw_sasl, &frame))
+    tokio::task::spawn_blocking(move || classify_with_policies(&shared, &marks, conn, &frame))
         .await
         .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
 }
@@ -236,7 +255,7 @@ async fn classify_maybe_offloaded(
 fn classify_with_policies(
     shared: &Shared,
     marks: &door::Marks,
-    raw_sasl: Raw,
+    (raw_sasl, node): (Raw, i32),
     frame: &Bytes,
 ) -> Result<(Classified, door::Notes), RelayError> {
     let policies = shared.engine.policies();
@@ -254,7 +273,8 @@ fn classify_with_policies(
         policies_loaded: !policies.is_empty(),
         intercepting: shared.intercepting(),
         produce_guard: checked.then_some(&guard as &dyn produce::Topics),
-        fetch_max: shared.config.limits.fetch_max_version,
+        offer: versions::Offer::of(&shared.config),
+        share: shared.intercepting().then_some((&shared.share_acks, node)),
     };
     let c = classify(frame, &ctx)?;
     Ok((c, guard.notes.into_inner()))
@@ -312,12 +332,10 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
             Handling::Local(response_frame(head.correlation_id, &[], &body))
         }
         // Raw tokens that happen to look like a request are still tokens.
-        _ if !versions::in_proxy_range(key, v, ctx.fetch_max) && open_ended => {
+        _ if !versions::in_proxy_range(key, v, ctx.offer) && open_ended => {
             return Ok(Classified::forward(Some(raw_token())))
         }
-        _ if !versions::in_proxy_range(key, v, ctx.fetch_max) => {
-            Handling::Local(refusal(key, head)?)
-        }
+        _ if !versions::in_proxy_range(key, v, ctx.offer) => Handling::Local(refusal(key, head)?),
         ApiKey::ApiVersions => Handling::ApiVersions,
         ApiKey::Produce if ctx.produce_guard.is_some() => {
             return classify_produce(frame, head, ctx.produce_guard)
@@ -328,6 +346,9 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
         ApiKey::SaslHandshake => {
             Handling::SaslHandshake(sasl_phase::handshake(frame, v, ctx.policies_loaded)?)
         }
+        ApiKey::ShareFetch | ApiKey::ShareAcknowledge if ctx.share.is_some() => {
+            return classify_share(frame, head, key, ctx.share);
+        }
         ApiKey::Fetch if ctx.intercepting => Handling::Fetch {
             isolation: fetch_isolation(frame, v)
                 .ok_or_else(|| RelayError::BadRequest("truncated Fetch request".into()))?,
@@ -336,6 +357,54 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
         _ => Handling::Forward,
     };
     Ok(Classified::forward(Some(pending(handling))))
+}
+
+/// A ShareFetch or ShareAcknowledge while policies are loaded: the
+/// acknowledgements the proxy owes in its session go into it, and its
+/// answer is judged (ShareFetch) and settled.
+fn classify_share(
+    frame: &Bytes,
+    head: frame::RequestHead,
+    key: ApiKey,
+    share: Option<(&share::ShareAcks, i32)>,
+) -> Result<Classified, RelayError> {
+    let v = head.api_version;
+    let bad = |why: String| RelayError::BadRequest(format!("{key:?} v{v}: {why}"));
+    let (book, node) = share.ok_or_else(|| bad("no share state".into()))?;
+    let flexible = key.request_header_version(v) >= 2;
+    let at = frame::request_body_offset(frame, flexible)
+        .ok_or_else(|| bad("malformed request header".into()))?;
+    let added = share::wire::add_acks(
+        key,
+        v,
+        &frame.slice(at..),
+        node,
+        book,
+        std::time::Instant::now(),
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let send = match added.body {
+        Some(body) => {
+            let mut out = Vec::with_capacity(at - frame::LENGTH_PREFIX + body.len());
+            out.extend_from_slice(&frame[frame::LENGTH_PREFIX..at]);
+            out.extend_from_slice(&body);
+            Send::Replaced(frame::with_length_prefix(&out))
+        }
+        None => Send::Original,
+    };
+    Ok(Classified {
+        pending: Some(Pending {
+            correlation_id: Some(head.correlation_id),
+            version: v,
+            handling: Handling::Share(ShareCall {
+                key,
+                session: added.session,
+                proxy_only: added.proxy_only,
+            }),
+        }),
+        send,
+        close: false,
+    })
 }
 
 /// A raw SASL token: answered by one raw blob, no correlation id.
@@ -476,7 +545,8 @@ mod tests {
             policies_loaded: false,
             intercepting: false,
             produce_guard: None,
-            fetch_max: None,
+            offer: versions::Offer::default(),
+            share: None,
         }
     }
 
@@ -536,8 +606,16 @@ mod tests {
 
     #[test]
     fn requests_outside_the_offered_versions_are_refused() {
-        // ShareFetch v1: answered locally with UNSUPPORTED_VERSION.
-        let c = classify(&request(78, 1, &[]), &ctx(Raw::Closed)).unwrap();
+        // ShareFetch v1 with share groups turned off: answered locally
+        // with UNSUPPORTED_VERSION.
+        let off = Context {
+            offer: versions::Offer {
+                share_groups: false,
+                ..versions::Offer::default()
+            },
+            ..ctx(Raw::Closed)
+        };
+        let c = classify(&request(78, 1, &[]), &off).unwrap();
         assert!(matches!(c.send, Send::Nothing));
         let Some(Pending {
             handling: Handling::Local(out),

@@ -95,10 +95,15 @@ pub struct Shared {
     pub engine: Arc<Engine>,
     /// Fetch interception (idle while no policy is loaded).
     pub fetch_filter: Arc<FetchFilter>,
+    /// Acknowledgements owed to share sessions for records removed from
+    /// their ShareFetch responses (`intercept::share`).
+    pub share_acks: crate::intercept::share::ShareAcks,
     /// The dead-letter side: the DLT writer and its ledger, and the keys
     /// parked behind diverted records (readiness asks them directly).
     dead_letter: Arc<DeadLetter>,
     blocked: Arc<crate::dlt::blocked::BlockedKeys>,
+    /// The DLT console on the admin listener (`admin.console`).
+    console: Option<Arc<crate::console::Console>>,
     /// Client connections served at once (`limits.max_connections`).
     pub connections: limits::ConnectionLimit,
     /// Request bytes being received and handled across connections
@@ -163,6 +168,8 @@ impl Shared {
             .with_judge_deadline(config.limits.judge_deadline),
         );
         let readers = crate::dlt::follower::KeyReaders::of(&config, keys.clone());
+        let console =
+            crate::console::Console::new(&config, engine.clone(), keys.1.clone(), keys.0.clone());
         let config_max_connections = config.limits.max_connections;
         let request_queue =
             crate::transport::frame::RequestQueue::new(config.limits.max_queued_request_bytes);
@@ -185,7 +192,9 @@ impl Shared {
             engine,
             dead_letter,
             blocked: keys.0,
+            console,
             fetch_filter,
+            share_acks: Default::default(),
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),
@@ -325,6 +334,7 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
             admin,
             metrics::global().clone(),
             shared.clone(),
+            shared.console.clone(),
             shared.shutdown.clone(),
         ));
     }
@@ -461,6 +471,15 @@ impl FetchContext for Arc<Shared> {
     fn rewrite_endpoints(&self, resp: &mut FetchResponse) -> (bool, Seen) {
         let mut seen = Seen::default();
         let changed = addresses::rewrite_fetch_endpoints(resp, &self.addrs, &mut seen);
+        (changed, seen)
+    }
+
+    fn rewrite_share_endpoints(
+        &self,
+        resp: &mut kafka_protocol::messages::ShareFetchResponse,
+    ) -> (bool, Seen) {
+        let mut seen = Seen::default();
+        let changed = addresses::rewrite_share_fetch_endpoints(resp, &self.addrs, &mut seen);
         (changed, seen)
     }
 

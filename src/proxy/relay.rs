@@ -26,9 +26,12 @@ use tracing::debug;
 
 use crate::intercept::fetch::Holds;
 use crate::intercept::produce::{self as door, wire as produce};
+use crate::intercept::share as intercept_share;
 use crate::proxy::addresses::{self, Seen};
-use crate::proxy::classify::{classify_request, learn_produce_topic_ids, Handling, Pending, Send};
-use crate::proxy::sasl_phase::SaslPhase;
+use crate::proxy::classify::{
+    classify_request, learn_produce_topic_ids, Handling, Pending, Send, ShareCall,
+};
+use crate::proxy::sasl_phase::{Raw, SaslPhase};
 use crate::proxy::{versions, Shared};
 use crate::transport::frame::{
     self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
@@ -51,6 +54,9 @@ struct ConnState {
     unanswered: std::sync::Mutex<std::collections::VecDeque<i32>>,
     /// Partitions the door answered retriably, and the requests answered.
     door: Arc<door::Marks>,
+    /// The node id of the broker this connection leads to (-1: a bootstrap
+    /// server): share sessions are per broker.
+    node: i32,
 }
 
 impl ConnState {
@@ -95,29 +101,33 @@ const MAX_PENDING: usize = 1024;
 /// it, a pipe's set-up costs more than the copies it saves.
 const SPLICE_MIN: usize = 64 * 1024;
 
-/// Relay between `client` and `broker` until either side closes or shutdown
-/// is requested (in-flight responses are still delivered then).
-pub async fn relay(shared: Arc<Shared>, client: Conn, broker: Conn) -> Result<(), RelayError> {
+/// Relay between `client` and `broker` (the node id `node`, -1 for a
+/// bootstrap server) until either side closes or shutdown is requested
+/// (in-flight responses are still delivered then).
+pub async fn relay(
+    shared: Arc<Shared>,
+    client: Conn,
+    broker: Conn,
+    node: i32,
+) -> Result<(), RelayError> {
     match (client, broker) {
         (Conn::Tcp(client), Conn::Tcp(broker)) => {
             let (cr, cw) = client.into_split();
             let (br, bw) = broker.into_split();
-            relay_halves(&shared, cr, cw, br, bw).await
+            relay_halves(&shared, (cr, cw, br, bw), node).await
         }
         (client, broker) => {
             let (cr, cw) = tokio::io::split(client.boxed());
             let (br, bw) = tokio::io::split(broker.boxed());
-            relay_halves(&shared, cr, cw, br, bw).await
+            relay_halves(&shared, (cr, cw, br, bw), node).await
         }
     }
 }
 
 async fn relay_halves<CR, CW, BR, BW>(
     shared: &Arc<Shared>,
-    cr: CR,
-    cw: CW,
-    br: BR,
-    bw: BW,
+    (cr, cw, br, bw): (CR, CW, BR, BW),
+    node: i32,
 ) -> Result<(), RelayError>
 where
     CR: AsyncRead + Unpin,
@@ -127,7 +137,10 @@ where
 {
     let max = shared.config.limits.max_frame_bytes;
     let (tx, rx) = mpsc::channel(MAX_PENDING);
-    let state = ConnState::default();
+    let state = ConnState {
+        node,
+        ..ConnState::default()
+    };
     let client = FrameReader::new(cr, max).with_queue(shared.request_queue.clone());
     let requests = request_pump(shared, &state, client, bw, tx);
     let responses = response_pump(shared, &state, FrameReader::new(br, max), cw, rx);
@@ -186,7 +199,15 @@ where
         };
         learn_produce_topic_ids(shared, &frame).await;
         let raw_sasl = state.sasl.next_frame();
-        let (c, frame) = classify_request(shared, &state.door, raw_sasl, frame).await?;
+        if raw_sasl != Raw::Token {
+            if let Some(head) = frame::peek_request(&frame) {
+                crate::metrics::global()
+                    .requests
+                    .request(head.api_key, head.api_version);
+            }
+        }
+        let (c, frame) =
+            classify_request(shared, &state.door, (raw_sasl, state.node), frame).await?;
         let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshake(_)) {
@@ -449,8 +470,8 @@ async fn respond(
         }
         Handling::ApiVersions => {
             // The ApiVersions response header is always v0: the correlation id alone.
-            let fetch_max = shared.config.limits.fetch_max_version;
-            let body = versions::rewrite(frame.slice(8..), version, fetch_max).map_err(bad)?;
+            let offer = versions::Offer::of(&shared.config);
+            let body = versions::rewrite(frame.slice(8..), version, offer).map_err(bad)?;
             Ok(ResponseFrame::new(
                 &frame[LENGTH_PREFIX..RESPONSE_ID_END],
                 Bytes::from(body),
@@ -468,6 +489,20 @@ async fn respond(
             crate::metrics::global().fetch_rewrite_latency(started.elapsed());
             Ok(match body {
                 Some(body) => ResponseFrame::chunks(&frame[LENGTH_PREFIX..header_end], body),
+                None => ResponseFrame::whole(frame),
+            })
+        }
+        Handling::Share(call) => {
+            let key = call.key;
+            let header_end = response_header_end(&frame, key, version)
+                .ok_or_else(|| RelayError::BadResponse(format!("{key:?} response header")))?;
+            let started = std::time::Instant::now();
+            let body = share_response(shared, &call, version, frame.slice(header_end..)).await?;
+            if key == ApiKey::ShareFetch {
+                crate::metrics::global().fetch_rewrite_latency(started.elapsed());
+            }
+            Ok(match body {
+                Some(body) => ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body),
                 None => ResponseFrame::whole(frame),
             })
         }
@@ -492,6 +527,64 @@ async fn respond(
             })
         }
     }
+}
+
+/// A ShareFetch answer judged (records of policy topics, acquired ranges,
+/// the acknowledgements owed) or a ShareAcknowledge answer; both with the
+/// proxy's own acknowledgement errors settled and NodeEndpoints rewritten.
+/// `None`: forward as it came.
+async fn share_response(
+    shared: &Arc<Shared>,
+    call: &ShareCall,
+    version: i16,
+    body: Bytes,
+) -> Result<Option<Bytes>, RelayError> {
+    use kafka_protocol::messages::ShareAcknowledgeResponse;
+    use kafka_protocol::protocol::{Decodable, Encodable};
+    let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
+    if call.key == ApiKey::ShareFetch {
+        let settled = if call.proxy_only.is_empty() {
+            body
+        } else {
+            let mut m =
+                kafka_protocol::messages::ShareFetchResponse::decode(&mut body.clone(), version)
+                    .map_err(bad)?;
+            if !intercept_share::wire::settle_fetch_errors(&mut m, &call.proxy_only) {
+                body
+            } else {
+                let mut out = BytesMut::with_capacity(m.compute_size(version).map_err(bad)?);
+                m.encode(&mut out, version).map_err(bad)?;
+                out.freeze()
+            }
+        };
+        let share = crate::intercept::fetch::share::ShareCall {
+            session: call.session.as_ref(),
+            book: &shared.share_acks,
+            removed_ack: shared.config.share_groups.removed_ack.ack_type(),
+        };
+        let filtered = shared
+            .fetch_filter
+            .filter_share(shared, settled.clone(), version, share)
+            .await?;
+        // Settled but not filtered: the settled body still goes out.
+        return Ok(filtered.or_else(|| (!call.proxy_only.is_empty()).then_some(settled)));
+    }
+    let mut m = ShareAcknowledgeResponse::decode(&mut body.clone(), version).map_err(bad)?;
+    let mut changed = intercept_share::wire::settle_ack_errors(&mut m, &call.proxy_only);
+    let mut seen = Seen::default();
+    for e in &mut m.node_endpoints {
+        shared
+            .addrs
+            .rewrite_endpoint(e.node_id, &mut e.host, &mut e.port, &mut seen);
+        changed = true;
+    }
+    shared.learn(seen).await;
+    if !changed {
+        return Ok(None);
+    }
+    let mut out = BytesMut::with_capacity(m.compute_size(version).map_err(bad)?);
+    m.encode(&mut out, version).map_err(bad)?;
+    Ok(Some(out.freeze()))
 }
 
 /// Where a response's body starts (length prefix included in the offset).

@@ -211,7 +211,8 @@ mod tests {
             policies_loaded,
             intercepting: policies_loaded,
             produce_guard: None,
-            fetch_max: None,
+            offer: crate::proxy::versions::Offer::default(),
+            share: None,
         };
         let c = classify(frame, &ctx)?;
         if matches!(
@@ -258,8 +259,8 @@ mod tests {
         ));
         assert_eq!(phase.next_frame(), Raw::Closed);
         assert_fetch_v3_refused(&phase);
-        // ShareFetch gets its UNSUPPORTED_VERSION answer from the proxy.
-        let c = step(&phase, &request(78, 1, &[]), true).unwrap();
+        // DescribeQuorum v2 gets its UNSUPPORTED_VERSION answer from the proxy.
+        let c = step(&phase, &request(55, 2, &[]), true).unwrap();
         assert!(matches!(c.send, Send::Nothing));
         assert!(matches!(c.pending.unwrap().handling, Handling::Local(_)));
         // Offered requests are classified as usual.

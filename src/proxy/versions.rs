@@ -1,16 +1,17 @@
 //! ApiVersions negotiation: the client is offered the intersection of what
 //! the broker supports and what the proxy can relay safely.
 //!
-//! Rules (docs/design/protocol-notes.md §5): API keys the proxy does not know are dropped
-//! (it could not find their header versions); APIs whose responses carry
-//! broker addresses the proxy does not rewrite are dropped or capped
-//! (DescribeQuorum v2+); none of the share-group APIs (KIP-932) is offered,
-//! whether or not policies are loaded (`SHARE_GROUP_APIS`); Produce keeps the
-//! broker's minimum (raising it made older librdkafka stop compressing,
-//! KAFKA-18659); SASL keys are kept. The response header is always v0, and a
-//! client asking for a newer ApiVersions than the broker knows gets the
-//! broker's UNSUPPORTED_VERSION answer in v0 form (KIP-511), which is
-//! decoded at v0 here.
+//! Rules (docs/design/protocol-notes.md §5, docs/protocol-versions.md): API
+//! keys the proxy does not know are dropped (it could not find their header
+//! versions); APIs whose responses carry broker addresses the proxy does not
+//! rewrite are dropped or capped (DescribeQuorum v2+); the share groups' API
+//! (KIP-932) is offered unless `share_groups.enabled: false`, but never the
+//! share coordinator's inter-broker state APIs (`SHARE_STATE_APIS`); Produce
+//! keeps the broker's minimum (raising it made older librdkafka stop
+//! compressing, KAFKA-18659); SASL keys are kept. The response header is
+//! always v0, and a client asking for a newer ApiVersions than the broker
+//! knows gets the broker's UNSUPPORTED_VERSION answer in v0 form (KIP-511),
+//! which is decoded at v0 here.
 //!
 //! A request outside these ranges is refused, never relayed blind (the
 //! broker would answer with addresses the proxy does not rewrite):
@@ -28,45 +29,70 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::protocol::{Decodable, Encodable};
 
-/// Every share-group API of KIP-932 (Kafka 4.1's ApiKeys): never offered.
-///
-/// A share consumer reads with ShareFetch, whose records the proxy does not
-/// judge and whose NodeEndpoints it does not rewrite, so ShareFetch cannot
-/// be relayed, with or without policies (without policies a relayed
-/// ShareFetch would still hand the client the brokers' own addresses).
-/// Offering the rest alone would let a share consumer join its group
-/// (ShareGroupHeartbeat) and only then fail, and leave its assignment to
-/// time out on the broker; offering none makes it fail at once, in the
-/// client, before it joins. The admin APIs (describe, offsets) go too: a
-/// share group cannot be used through the proxy, so it is administered at
-/// the broker. 83-87 are the share coordinator's inter-broker state APIs,
-/// which the broker lists on its client listener too.
-pub const SHARE_GROUP_APIS: [ApiKey; 12] = [
-    ApiKey::ShareGroupHeartbeat,        // 76
-    ApiKey::ShareGroupDescribe,         // 77
-    ApiKey::ShareFetch,                 // 78
-    ApiKey::ShareAcknowledge,           // 79
+/// The share groups' client APIs (KIP-932): offered unless
+/// `share_groups.enabled: false` (then a share consumer fails at its first
+/// poll, in the client, before it joins a group).
+pub const SHARE_GROUP_APIS: [ApiKey; 7] = [
+    ApiKey::ShareGroupHeartbeat,       // 76
+    ApiKey::ShareGroupDescribe,        // 77
+    ApiKey::ShareFetch,                // 78
+    ApiKey::ShareAcknowledge,          // 79
+    ApiKey::DescribeShareGroupOffsets, // 90
+    ApiKey::AlterShareGroupOffsets,    // 91
+    ApiKey::DeleteShareGroupOffsets,   // 92
+];
+
+/// The share coordinator's inter-broker state APIs (83-87), which a broker
+/// lists on its client listener too: brokers send them to each other,
+/// clients never, so they are not offered.
+pub const SHARE_STATE_APIS: [ApiKey; 5] = [
     ApiKey::InitializeShareGroupState,  // 83
     ApiKey::ReadShareGroupState,        // 84
     ApiKey::WriteShareGroupState,       // 85
     ApiKey::DeleteShareGroupState,      // 86
     ApiKey::ReadShareGroupStateSummary, // 87
-    ApiKey::DescribeShareGroupOffsets,  // 90
-    ApiKey::AlterShareGroupOffsets,     // 91
-    ApiKey::DeleteShareGroupOffsets,    // 92
 ];
 
-/// The message of the proxy's refusal of a share-group request.
+/// The message of the proxy's refusal of a share-group request while
+/// `share_groups.enabled` is false.
 pub const SHARE_GROUPS_REFUSED: &str =
-    "share groups (KIP-932) are not supported through antidote: ShareFetch is not filtered";
+    "share groups (KIP-932) are turned off in antidote (share_groups.enabled: false)";
+
+/// What the proxy offers besides the broker's own limits: from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offer {
+    /// `limits.fetch_max_version`.
+    pub fetch_max: Option<i16>,
+    /// `share_groups.enabled`.
+    pub share_groups: bool,
+}
+
+impl Default for Offer {
+    fn default() -> Self {
+        Offer {
+            fetch_max: None,
+            share_groups: true,
+        }
+    }
+}
+
+impl Offer {
+    pub fn of(config: &crate::config::Config) -> Self {
+        Offer {
+            fetch_max: config.limits.fetch_max_version,
+            share_groups: config.share_groups.enabled,
+        }
+    }
+}
 
 /// The versions of `key` the proxy relays, or `None` if it must not be
-/// offered; `fetch_max` is `limits.fetch_max_version`.
-pub fn proxy_range(key: ApiKey, fetch_max: Option<i16>) -> Option<(i16, i16)> {
+/// offered.
+pub fn proxy_range(key: ApiKey, offer: Offer) -> Option<(i16, i16)> {
     let r = key.valid_versions();
     match key {
-        ApiKey::Fetch => Some((r.min, fetch_max.map_or(r.max, |m| m.min(r.max)))),
-        k if SHARE_GROUP_APIS.contains(&k) => None,
+        ApiKey::Fetch => Some((r.min, offer.fetch_max.map_or(r.max, |m| m.min(r.max)))),
+        k if SHARE_STATE_APIS.contains(&k) => None,
+        k if SHARE_GROUP_APIS.contains(&k) && !offer.share_groups => None,
         // v2 added listener endpoints that are not rewritten.
         ApiKey::DescribeQuorum => Some((r.min, r.max.min(1))),
         // Produce requests are relayed opaquely; only v10+ responses are
@@ -77,8 +103,8 @@ pub fn proxy_range(key: ApiKey, fetch_max: Option<i16>) -> Option<(i16, i16)> {
 }
 
 /// Whether a request for `key` at `version` may be relayed.
-pub fn in_proxy_range(key: ApiKey, version: i16, fetch_max: Option<i16>) -> bool {
-    proxy_range(key, fetch_max).is_some_and(|(lo, hi)| (lo..=hi).contains(&version))
+pub fn in_proxy_range(key: ApiKey, version: i16, offer: Offer) -> bool {
+    proxy_range(key, offer).is_some_and(|(lo, hi)| (lo..=hi).contains(&version))
 }
 
 /// The body of an UNSUPPORTED_VERSION answer to a refused `key`/`version`,
@@ -135,9 +161,9 @@ pub fn refusal(key: ApiKey, version: i16) -> Option<BytesMut> {
 }
 
 /// Intersect one broker range with the proxy's; `None` if they do not meet.
-fn intersect(v: &ApiVersion, fetch_max: Option<i16>) -> Option<ApiVersion> {
+fn intersect(v: &ApiVersion, offer: Offer) -> Option<ApiVersion> {
     let key = ApiKey::try_from(v.api_key).ok()?;
-    let (min, max) = proxy_range(key, fetch_max)?;
+    let (min, max) = proxy_range(key, offer)?;
     let lo = if key == ApiKey::Produce {
         v.min_version
     } else {
@@ -151,7 +177,7 @@ use crate::client::errors::UNSUPPORTED_VERSION;
 
 /// Rewrite an ApiVersions response body (after the v0 response header).
 /// Returns the new body.
-pub fn rewrite(body: Bytes, version: i16, fetch_max: Option<i16>) -> anyhow::Result<BytesMut> {
+pub fn rewrite(body: Bytes, version: i16, offer: Offer) -> anyhow::Result<BytesMut> {
     // A broker that does not support `version` answers UNSUPPORTED_VERSION
     // in the v0 body format (KIP-511); error_code leads every version.
     let unsupported = body.get(..2) == Some(&UNSUPPORTED_VERSION.to_be_bytes()[..]);
@@ -160,7 +186,7 @@ pub fn rewrite(body: Bytes, version: i16, fetch_max: Option<i16>) -> anyhow::Res
     m.api_keys = m
         .api_keys
         .iter()
-        .filter_map(|k| intersect(k, fetch_max))
+        .filter_map(|k| intersect(k, offer))
         .collect();
     let mut out = BytesMut::with_capacity(m.compute_size(v)?);
     m.encode(&mut out, v)?;
@@ -215,29 +241,44 @@ mod tests {
             .collect()
     }
 
+    const OFF: Offer = Offer {
+        fetch_max: None,
+        share_groups: false,
+    };
+
+    fn capped(fetch_max: i16) -> Offer {
+        Offer {
+            fetch_max: Some(fetch_max),
+            ..Offer::default()
+        }
+    }
+
     #[test]
-    fn intersection_keeps_produce_min_and_sasl_and_drops_unknown_and_share_keys() {
+    fn intersection_keeps_produce_min_and_sasl_and_drops_unknown_keys() {
         let body = response(
             &[
                 (0, 0, 99),
                 (1, 0, 99),
                 (17, 0, 1),
                 (36, 0, 2),
-                (78, 0, 1),
+                (78, 0, 9),
+                (84, 0, 1),
                 (999, 0, 3),
             ],
             3,
         );
-        let got = keys(rewrite(body, 3, None).unwrap(), 3);
+        let got = keys(rewrite(body, 3, Offer::default()).unwrap(), 3);
         let fetch_max = ApiKey::Fetch.valid_versions().max;
         let produce_max = ApiKey::Produce.valid_versions().max;
+        let share_fetch = ApiKey::ShareFetch.valid_versions();
         assert_eq!(
             got,
             vec![
                 (0, 0, produce_max),
                 (1, 4, fetch_max),
                 (17, 0, 1),
-                (36, 0, 2)
+                (36, 0, 2),
+                (78, share_fetch.min, share_fetch.max)
             ]
         );
     }
@@ -245,17 +286,17 @@ mod tests {
     #[test]
     fn fetch_is_offered_up_to_the_configured_version_and_refused_above_it() {
         let body = response(&[(1, 0, 99), (3, 0, 12)], 3);
-        let got = keys(rewrite(body.clone(), 3, Some(15)).unwrap(), 3);
+        let got = keys(rewrite(body.clone(), 3, capped(15)).unwrap(), 3);
         assert_eq!(got, vec![(1, 4, 15), (3, 0, 12)]);
         // A cap above what the broker offers leaves the broker's maximum.
         let broker = response(&[(1, 0, 13)], 3);
         assert_eq!(
-            keys(rewrite(broker, 3, Some(15)).unwrap(), 3),
+            keys(rewrite(broker, 3, capped(15)).unwrap(), 3),
             vec![(1, 4, 13)]
         );
-        assert!(in_proxy_range(ApiKey::Fetch, 15, Some(15)));
-        assert!(!in_proxy_range(ApiKey::Fetch, 16, Some(15)));
-        assert!(in_proxy_range(ApiKey::Fetch, 16, None));
+        assert!(in_proxy_range(ApiKey::Fetch, 15, capped(15)));
+        assert!(!in_proxy_range(ApiKey::Fetch, 16, capped(15)));
+        assert!(in_proxy_range(ApiKey::Fetch, 16, Offer::default()));
         let body = refusal(ApiKey::Fetch, 16).unwrap();
         let m = FetchResponse::decode(&mut body.freeze(), 16).unwrap();
         assert_eq!(m.error_code, UNSUPPORTED_VERSION);
@@ -263,11 +304,13 @@ mod tests {
 
     #[test]
     fn requests_outside_the_proxy_range_are_refused_with_a_top_level_error() {
-        assert!(!in_proxy_range(ApiKey::ShareFetch, 1, None));
-        assert!(!in_proxy_range(ApiKey::DescribeQuorum, 2, None));
-        assert!(in_proxy_range(ApiKey::DescribeQuorum, 1, None));
-        assert!(in_proxy_range(ApiKey::Produce, 0, None));
-        assert!(!in_proxy_range(ApiKey::Fetch, 3, None));
+        let on = Offer::default();
+        assert!(in_proxy_range(ApiKey::ShareFetch, 1, on));
+        assert!(!in_proxy_range(ApiKey::ShareFetch, 1, OFF));
+        assert!(!in_proxy_range(ApiKey::DescribeQuorum, 2, on));
+        assert!(in_proxy_range(ApiKey::DescribeQuorum, 1, on));
+        assert!(in_proxy_range(ApiKey::Produce, 0, on));
+        assert!(!in_proxy_range(ApiKey::Fetch, 3, on));
         let body = refusal(ApiKey::DescribeQuorum, 2).unwrap();
         let m = DescribeQuorumResponse::decode(&mut body.freeze(), 2).unwrap();
         assert_eq!(m.error_code, UNSUPPORTED_VERSION);
@@ -280,63 +323,70 @@ mod tests {
     }
 
     #[test]
-    fn no_share_group_api_is_offered_and_consumer_group_heartbeat_is() {
-        // The numbers the issue names, as Kafka 4.1's ApiKeys has them.
+    fn share_group_apis_are_offered_unless_turned_off_and_the_state_apis_never() {
+        // The numbers as Kafka 4.4's ApiKeys has them.
         let nums: Vec<i16> = SHARE_GROUP_APIS.iter().map(|&k| k as i16).collect();
-        assert_eq!(nums, [76, 77, 78, 79, 83, 84, 85, 86, 87, 90, 91, 92]);
-        // Every share API the crate knows is in the list (a new one added
-        // to the crate is not offered by mistake).
+        assert_eq!(nums, [76, 77, 78, 79, 90, 91, 92]);
+        let state: Vec<i16> = SHARE_STATE_APIS.iter().map(|&k| k as i16).collect();
+        assert_eq!(state, [83, 84, 85, 86, 87]);
+        // Every share API the crate knows is in one list or the other.
         for n in 0..=1000i16 {
             if let Ok(k) = ApiKey::try_from(n) {
                 if format!("{k:?}").contains("Share") {
-                    assert!(SHARE_GROUP_APIS.contains(&k), "{k:?} ({n}) is offered");
+                    assert!(
+                        SHARE_GROUP_APIS.contains(&k) || SHARE_STATE_APIS.contains(&k),
+                        "{k:?} ({n}) is in neither list"
+                    );
                 }
             }
         }
-        // What Apache Kafka 4.1.2 lists above key 60 on its client listener.
+        // What Apache Kafka 4.4.0 lists above key 60 on its client listener.
         let broker: Vec<(i16, i16, i16)> = vec![
             (60, 0, 2),
             (61, 0, 0),
-            (64, 0, 0),
-            (65, 0, 0),
-            (66, 0, 2),
             (68, 0, 1),
             (69, 0, 1),
-            (74, 0, 1),
-            (75, 0, 0),
             (76, 1, 1),
             (77, 1, 1),
-            (78, 1, 1),
-            (79, 1, 1),
-            (80, 0, 0),
-            (81, 0, 0),
+            (78, 1, 2),
+            (79, 1, 2),
             (83, 0, 0),
             (84, 0, 0),
-            (85, 0, 0),
+            (85, 0, 1),
             (86, 0, 0),
-            (87, 0, 0),
-            (90, 0, 0),
+            (87, 0, 1),
+            (88, 0, 1),
+            (90, 0, 1),
             (91, 0, 0),
             (92, 0, 0),
         ];
-        let got = keys(rewrite(response(&broker, 3), 3, None).unwrap(), 3);
+        let on = keys(
+            rewrite(response(&broker, 3), 3, Offer::default()).unwrap(),
+            3,
+        );
         let want: Vec<_> = broker
             .iter()
             .copied()
-            .filter(|&(k, _, _)| !nums.contains(&k))
+            .filter(|&(k, _, _)| !state.contains(&k))
             .collect();
-        assert_eq!(got, want);
-        assert!(got.contains(&(68, 0, 1)) && got.contains(&(69, 0, 1)));
-        for k in SHARE_GROUP_APIS {
+        assert_eq!(on, want);
+        let off = keys(rewrite(response(&broker, 3), 3, OFF).unwrap(), 3);
+        let want: Vec<_> = broker
+            .iter()
+            .copied()
+            .filter(|&(k, _, _)| !state.contains(&k) && !nums.contains(&k))
+            .collect();
+        assert_eq!(off, want);
+        for k in SHARE_STATE_APIS {
             let r = k.valid_versions();
             for v in r.min..=r.max {
-                assert!(!in_proxy_range(k, v, None), "{k:?} v{v}");
+                assert!(!in_proxy_range(k, v, Offer::default()), "{k:?} v{v}");
             }
         }
     }
 
     #[test]
-    fn share_group_requests_get_the_refusal_with_its_reason_or_close() {
+    fn share_group_requests_turned_off_get_the_refusal_with_its_reason_or_close() {
         let why = Some(StrBytes::from_static_str(SHARE_GROUPS_REFUSED));
         let b = refusal(ApiKey::ShareGroupHeartbeat, 1).unwrap();
         let m = ShareGroupHeartbeatResponse::decode(&mut b.freeze(), 1).unwrap();
@@ -380,6 +430,9 @@ mod tests {
         let mut body = BytesMut::from(&body[..]);
         body[..2].copy_from_slice(&35i16.to_be_bytes());
         let body = body.freeze();
-        assert_eq!(keys(rewrite(body, 9, None).unwrap(), 0), vec![(18, 0, 3)]);
+        assert_eq!(
+            keys(rewrite(body, 9, Offer::default()).unwrap(), 0),
+            vec![(18, 0, 3)]
+        );
     }
 }

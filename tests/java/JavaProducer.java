@@ -6,6 +6,8 @@
 //   java -cp 'KAFKA_LIB/*:BUILD' JavaProducer plain|idempotent BOOTSTRAP TOPIC VALUE...
 //   java -cp ... JavaProducer transactional BOOTSTRAP TOPIC TXN_ID VALUES|VALUES...
 //      (transactional: each argument is one transaction, values split on '|')
+//   -Dpace.ms=N: wait N ms after each value (plain and idempotent), so that
+//   a test can change the topic while the producer writes.
 //
 // Output, one JSON object per line:
 //   {"sent": "value", "offset": N}
@@ -60,7 +62,18 @@ public class JavaProducer {
         try (KafkaProducer<byte[], byte[]> p = new KafkaProducer<>(props,
                 new ByteArraySerializer(), new ByteArraySerializer())) {
             if (!mode.equals("transactional")) {
-                for (int i = first; i < args.length; i++) System.out.println(send(p, topic, args[i]));
+                long pace = Long.getLong("pace.ms", 0);
+                for (int i = first; i < args.length; i++) {
+                    System.out.println(send(p, topic, args[i]));
+                    System.out.flush();
+                    if (pace > 0) {
+                        try {
+                            Thread.sleep(pace);
+                        } catch (InterruptedException e) {
+                            throw new RuntimeException(e);
+                        }
+                    }
+                }
                 return;
             }
             p.initTransactions();

@@ -3,7 +3,10 @@
 // has N records, an exception, or TIMEOUT_MS; records are acknowledged
 // (implicitly, by the next poll) and committed at the end.
 //
-//   java -cp 'KAFKA_LIB/*:BUILD' JavaShare BOOTSTRAP TOPIC GROUP N TIMEOUT_MS
+//   java -cp 'KAFKA_LIB/*:BUILD' JavaShare BOOTSTRAP TOPIC GROUP N TIMEOUT_MS [STOP_FILE]
+//
+// With STOP_FILE it also stops once that file exists (a consumer sharing a
+// group gets an unknown part of the records).
 //
 // Output, one JSON object per line:
 //   {"record": [partition, offset, "key b64", "value b64"]}
@@ -19,6 +22,7 @@ public class JavaShare {
         String bootstrap = args[0], topic = args[1], group = args[2];
         int n = Integer.parseInt(args[3]);
         long timeoutMs = Long.parseLong(args[4]);
+        java.io.File stop = args.length > 5 ? new java.io.File(args[5]) : null;
         Properties props = new Properties();
         props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         props.put(ConsumerConfig.GROUP_ID_CONFIG, group);
@@ -29,11 +33,13 @@ public class JavaShare {
                 new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
             c.subscribe(List.of(topic));
             try {
-                while (got < n && System.currentTimeMillis() - t0 < timeoutMs) {
+                while (got < n && System.currentTimeMillis() - t0 < timeoutMs
+                        && (stop == null || !stop.exists())) {
                     for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
                         got++;
                         System.out.println("{\"record\": [" + r.partition() + ", " + r.offset() + ", "
                                 + JavaConsumer.b64(r.key()) + ", " + JavaConsumer.b64(r.value()) + "]}");
+                        System.out.flush();
                     }
                 }
                 c.commitSync(Duration.ofSeconds(30));

@@ -13,8 +13,8 @@ use crate::dlt::trust::Reader;
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::replay::keys::{group_of, released, write_marker, GroupKey};
 use super::{read_dlt, show_bytes, Context, DltError};
+use crate::service::replay::keys::{group_of, released, write_marker, GroupKey};
 
 /// Arguments of `antidote dlt discard`.
 #[derive(Debug, Clone, clap::Args)]

@@ -105,10 +105,10 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
             s.write_table(out)?;
         }
     } else if args.decode {
-        let registry = super::decode::registry(&ctx)?;
+        let registry = crate::service::decode::registry(&ctx)?;
         for r in &records {
             let mut j = record_json(r);
-            j["decoded"] = super::decode::decoded(&ctx, registry.as_ref(), r).await;
+            j["decoded"] = crate::service::decode::decoded(&ctx, registry.as_ref(), r).await;
             writeln!(out, "{j}")?;
         }
     } else if args.json {
@@ -122,38 +122,7 @@ pub async fn run(args: &InspectArgs, out: &mut dyn Write) -> Result<(), DltError
     Ok(())
 }
 
-/// One DLT record as a JSON object.
-pub fn record_json(r: &DltRecord) -> Value {
-    let other_headers: Vec<Value> = r
-        .headers
-        .iter()
-        .map(|(k, v)| json!({"key": esc(k), "value": v.as_deref().map(|v| show_bytes(Some(v)))}))
-        .collect();
-    json!({
-        "dlt_topic": r.dlt_topic,
-        "dlt_partition": r.dlt_partition,
-        "dlt_offset": r.dlt_offset,
-        "origin_topic": r.origin_topic.as_deref().map(esc),
-        "origin_partition": r.origin_partition,
-        "origin_offset": r.origin_offset,
-        "origin_timestamp": r.origin_timestamp,
-        "class": esc(&r.class),
-        "rule": esc(&r.rule),
-        "reason": esc(&r.reason),
-        "policy": esc(&r.policy),
-        "failed_at": r.failed_at.map(format_time),
-        "failed_at_ms": r.failed_at,
-        "attempt": r.attempt,
-        "key": r.key.as_deref().map(|k| show_bytes(Some(k))),
-        "value": r.value.as_deref().map(|v| show_bytes(Some(v))),
-        "headers": other_headers,
-        "redrive_attempts": r.redrive.iter().map(|a| json!({
-            "attempt": a.attempt,
-            "outcome": if a.redriven { "redriven" } else { "still-invalid" },
-            "reason": esc(&a.reason),
-        })).collect::<Vec<_>>(),
-    })
-}
+pub use crate::service::browse::record_json;
 
 const COLUMNS: [&str; 10] = [
     "DLT",

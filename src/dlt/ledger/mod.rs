@@ -174,13 +174,19 @@ impl Ledger {
             .insert(key.2);
     }
 
-    /// Record `key`, read from a DLT by the tail; true if it was new (another
-    /// instance diverted it).
+    /// Record `key`, read from a DLT by the tail; true if it was new and no
+    /// write of it by this instance is in flight (another instance diverted
+    /// it). The tail can read this instance's own write between its
+    /// acknowledgement and `finish`: that one is not another's. (Had another
+    /// instance written it meanwhile, this instance's write is fenced and
+    /// finds it there: `found_at_write` counts it then.)
     pub fn learn(&self, key: &LedgerKey) -> bool {
-        self.done
+        let new = self
+            .done
             .entry((key.0.clone(), key.1))
             .or_default()
-            .insert(key.2)
+            .insert(key.2);
+        new && !self.in_flight.contains_key(key)
     }
 
     /// DLTs read back whole (the ones the tail follows).
@@ -334,6 +340,21 @@ mod tests {
         let _mine = l.claim(k.clone());
         l.finish(&k, false);
         assert!(matches!(l.claim(k), Claim::Mine(..)));
+    }
+
+    #[test]
+    fn the_tail_reading_this_instances_own_write_before_it_finishes_learns_nothing_new() {
+        let l = Ledger::default();
+        let k: LedgerKey = (Arc::from("t"), 0, 7);
+        let _mine = l.claim(k.clone());
+        // Acknowledged, read back by the tail, then finished.
+        assert!(!l.learn(&k));
+        l.finish(&k, true);
+        assert!(matches!(l.claim(k.clone()), Claim::Done));
+        // Another instance's record, nothing in flight here: learned once.
+        let other: LedgerKey = (Arc::from("t"), 0, 8);
+        assert!(l.learn(&other));
+        assert!(!l.learn(&other));
     }
 
     #[test]

@@ -747,6 +747,10 @@ async fn the_follower_reads_a_dlt_once_for_every_reader_from_its_own_position() 
         "the blocked keys, from the DLT's start"
     );
     assert!(blocked.is_loaded());
+    assert!(
+        blocked.is_current_for(&["t.dlt".to_string()]),
+        "read through in this round"
+    );
     assert_eq!(dl.ledger().tail_position(&("t.dlt".into(), 0)), Some(3));
     // The DLT deleted and created again: one record, below the position.
     mock.state().topics.get_mut("t.dlt").expect("dlt").1[0] = Default::default();

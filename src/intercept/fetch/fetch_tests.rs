@@ -36,10 +36,10 @@ impl FetchContext for ByName {
 }
 
 const VERSION: i16 = 12;
-const POISON: &str = "not json";
+pub(super) const POISON: &str = "not json";
 
 /// A filter for topic `t` (JSON values), its DLT `t.dlt` on `mock`.
-async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
+pub(super) async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
     mock.add_topic("t", 1);
     let text = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n";
     let policies = Arc::new(PolicySet::parse(text, Path::new("p.yaml")).expect("policy"));
@@ -118,7 +118,7 @@ fn delivered(body: Vec<Bytes>) -> Vec<(i64, String)> {
 }
 
 /// Origin offsets of the records in `t.dlt`.
-fn in_dlt(mock: &MockBroker) -> Vec<i64> {
+pub(super) fn in_dlt(mock: &MockBroker) -> Vec<i64> {
     if !mock.state().topics.contains_key("t.dlt") {
         return Vec::new();
     }

@@ -25,6 +25,7 @@ mod keyed;
 pub mod keys;
 mod planner;
 pub mod produce;
+pub mod share;
 pub mod verdicts;
 mod visibility;
 
@@ -80,6 +81,9 @@ pub struct PartitionPlan {
     pub diversions: Vec<Diversion>,
     /// Invalid records dropped or passed (not diverted), for counting.
     pub not_diverted: Vec<(Action, Invalid)>,
+    /// The offsets of the records dropped (`on_invalid: drop`), in offset
+    /// order: a share consumer's proxy acknowledges them (`share`).
+    pub dropped: Vec<i64>,
     /// Invalid records removed because an earlier fetch diverted them and
     /// nothing is left to write (batches resent as spliced before); counted
     /// as diverted, like a diversion the ledger finds done.
@@ -200,6 +204,7 @@ impl PartitionPlan {
             segments: Vec::new(),
             diversions: Vec::new(),
             not_diverted: Vec::new(),
+            dropped: Vec::new(),
             already_diverted: Vec::new(),
             releases: Vec::new(),
             stats: PlanStats::default(),

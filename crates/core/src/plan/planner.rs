@@ -371,6 +371,7 @@ fn apply_verdicts(
             Action::Drop => {
                 plan.stats.dropped += 1;
                 plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+                plan.dropped.push(j.offset);
                 *k = false;
             }
             Action::Divert => {
@@ -460,6 +461,7 @@ fn resend_spliced(
             _ => {
                 plan.stats.dropped += 1;
                 plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+                plan.dropped.push(j.offset);
             }
         }
     }

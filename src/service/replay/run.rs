@@ -1,37 +1,38 @@
-//! Running `dlt replay` against the clusters: read the chosen DLT records,
+//! Running a replay against the clusters: read the chosen DLT records,
 //! learn each target's partitions and what was already replayed into it,
-//! apply [`super::decide`] to each record, produce with acks=all, and
-//! report per record (stdout) and in a progress line (stderr).
+//! apply [`super::decide`] to each record, produce with acks=all, and hand
+//! each record's [`Outcome`] to the caller's [`Sink`].
 //!
 //! Owns the I/O side of a replay only; every decision is made by the pure
-//! [`super::decide`].
+//! [`super::decide`]; printing is the caller's.
 
 use crate::dlt::trust::{self, Reader};
 use std::collections::{BTreeMap, HashSet};
-use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
 use super::keys::{self, GroupKey, Unit};
 use super::targets::{Targets as Seen, Written};
-use super::{decide, selected, Decision, ReplayArgs, Report};
-use crate::cli::dlt::{read_dlt, Context, DltError, DltRecord, H_REPLAYED_FROM};
+use super::{decide, selected, Decision, Outcome, ReplayPlan, Report, Sink};
 use crate::client::Cluster;
 use crate::kafka::builder::NewRecord;
 use crate::registry::Registry;
+use crate::service::{read_dlt, Context, DltError, DltRecord};
 
 /// Partition count of each target topic (`None`: it does not exist).
 type Targets = BTreeMap<String, Option<usize>>;
 
-/// Run `dlt replay`; per-record lines go to `out`, progress to stderr.
-pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltError> {
+/// Run the replay `args` describes with `ctx`'s clusters and current
+/// policies; each record's outcome goes to `sink` as it is known.
+pub async fn run(
+    ctx: &Context,
+    args: &ReplayPlan,
+    sink: &mut dyn Sink,
+) -> Result<Report, DltError> {
     if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
         return Err(DltError::Usage("--rate must be a positive number".into()));
     }
-    let ctx = Context::load(&args.config)?;
-    let registry = super::super::decode::registry(&ctx)?;
+    let registry = super::super::decode::registry(ctx)?;
     let mut cluster = ctx.dead_letter_cluster()?;
     if cluster.partitions(&args.topic).await?.is_none() {
         return Err(DltError::Usage(format!(
@@ -39,16 +40,32 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
             args.topic
         )));
     }
+    // Past `limit` nothing more is kept (the first ones in DLT order are
+    // what `limit` chooses): memory stays bounded on a large DLT; past
+    // `max_bytes` of keys and values too (the console).
+    let (mut kept, mut bytes, mut full) = (0usize, 0usize, false);
     let mut records = read_dlt(Reader::Replay, &mut cluster, &args.topic, |r| {
-        selected(args, r)
+        let size = r.key.as_ref().map_or(0, |k| k.len()) + r.value.as_ref().map_or(0, |v| v.len());
+        let room = args
+            .max_bytes
+            .is_none_or(|m| bytes + size <= m || kept == 0);
+        let keep = selected(args, r) && args.limit.is_none_or(|n| kept < n) && !full;
+        full |= keep && !room;
+        let keep = keep && room;
+        kept += usize::from(keep);
+        bytes += if keep { size } else { 0 };
+        keep
     })
     .await?;
-    if let Some(n) = args.limit {
-        records.truncate(n);
+    if full {
+        sink.notice(&format!(
+            "only the first {kept} selected records were considered: their keys and values fill {bytes} bytes (at most {} at once)",
+            args.max_bytes.unwrap_or(0)
+        ));
     }
     let duplicates = drop_later_copies(&mut records);
     if duplicates > 0 {
-        eprintln!("{duplicates} later copies of DLT records with the same origin skipped (the first copy is replayed)");
+        sink.notice(&format!("{duplicates} later copies of DLT records with the same origin skipped (the first copy is replayed)"));
     }
     // A blocked key's records go together (keys.rs); markers go to the DLT.
     let units = keys::units(&mut cluster, &args.topic, &ctx.policies, records).await?;
@@ -81,29 +98,23 @@ pub async fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Report, DltEr
     runner.load_targets(&all).await?;
     // `--rate` paces the writes, not the reading of the targets.
     runner.started = Instant::now();
-    let progress = Progress::new(args.execute);
     for u in &units {
         match u {
             Unit::One(r) => {
-                let d = runner.decide(&ctx, r).await;
-                runner.apply(r, &d, out).await?;
+                let d = runner.decide(ctx, r).await;
+                runner.apply(r, &d, sink).await?;
                 tracing::debug!(coordinate = %r.coordinate(), decision = d.label(), "replay decision");
             }
-            Unit::Key(g, rs) => runner.replay_key(&ctx, g, rs, out).await?,
+            Unit::Key(g, rs) => runner.replay_key(ctx, g, rs, sink).await?,
         }
-        progress.tick(&runner.report);
-    }
-    out.flush()?;
-    progress.finish(&runner.report);
-    if !args.execute && runner.report.would_replay > 0 {
-        eprintln!("dry run: nothing was written; add --execute to replay");
+        sink.progress(&runner.report);
     }
     Ok(runner.report)
 }
 
 /// The state of one replay run against its target cluster.
 struct Runner<'a> {
-    args: &'a ReplayArgs,
+    args: &'a ReplayPlan,
     /// The dead-letter cluster, for release markers.
     dlt: Cluster,
     cluster: Cluster,
@@ -182,13 +193,13 @@ impl Runner<'_> {
         ctx: &Context,
         g: &GroupKey,
         rs: &[DltRecord],
-        out: &mut dyn Write,
+        sink: &mut dyn Sink,
     ) -> Result<(), DltError> {
         let mut ds: Vec<Decision> = Vec::with_capacity(rs.len());
         for r in rs {
             ds.push(self.decide(ctx, r).await);
         }
-        let key = crate::cli::dlt::show_bytes(Some(&g.2));
+        let key = crate::service::show_bytes(Some(&g.2));
         let ok = |d: &Decision| {
             matches!(
                 d,
@@ -200,7 +211,15 @@ impl Runner<'_> {
             let blocker = rs.get(i).map(DltRecord::coordinate).unwrap_or_default();
             for r in rs {
                 self.report.refused += 1;
-                writeln!(out, "held back         {}: key {key} of {}-{} stays blocked ({blocker}: {why}); nothing of it replayed", r.coordinate(), g.0, g.1)?;
+                let o = Outcome::HeldBack {
+                    coord: r.coordinate(),
+                    key: key.clone(),
+                    topic: g.0.clone(),
+                    partition: g.1,
+                    blocker: blocker.clone(),
+                    why,
+                };
+                sink.outcome(o, &self.report)?;
             }
             return Ok(());
         }
@@ -233,32 +252,34 @@ impl Runner<'_> {
         }
         let failed = self.report.failed;
         for (r, d) in rs.iter().zip(&ds) {
-            self.apply(r, d, out).await?;
+            self.apply(r, d, sink).await?;
             if self.report.failed > failed {
                 return Ok(()); // stop: the rest would overtake the failed one
             }
         }
         if self.args.execute {
             keys::write_marker(&mut self.dlt, &self.args.topic, g, through, false).await?;
-            writeln!(
-                out,
-                "released          key {key} of {}-{} through offset {through}",
-                g.0, g.1
-            )?;
+            let o = Outcome::Released {
+                key,
+                topic: g.0.clone(),
+                partition: g.1,
+                through,
+            };
+            sink.outcome(o, &self.report)?;
         }
         Ok(())
     }
 
-    /// Carry out decision `d` for record `r` and write its line to `out`.
+    /// Carry out decision `d` for record `r`; its outcome to `sink`.
     async fn apply(
         &mut self,
         r: &DltRecord,
         d: &Decision,
-        out: &mut dyn Write,
+        sink: &mut dyn Sink,
     ) -> Result<(), DltError> {
         let coord = r.coordinate();
         let report = &mut self.report;
-        match d {
+        let o = match d {
             Decision::Replay {
                 topic,
                 partition,
@@ -270,11 +291,15 @@ impl Runner<'_> {
                     partition: *partition,
                     attempt: *attempt,
                 };
-                return self.replay(r, &target, record, out).await;
+                return self.replay(r, &target, record, sink).await;
             }
             Decision::AlreadyReplayed { topic } => {
                 report.already_replayed += 1;
-                writeln!(out, "already replayed  {coord} (a record in {topic} carries {H_REPLAYED_FROM}: {coord})")?;
+                Outcome::AlreadyReplayed {
+                    coord,
+                    topic: topic.clone(),
+                    partition: None,
+                }
             }
             Decision::StillInvalid {
                 class,
@@ -282,15 +307,20 @@ impl Runner<'_> {
                 reason,
             } => {
                 report.still_invalid += 1;
-                writeln!(out, "still invalid     {coord}: {class} {rule}: {reason}")?;
+                Outcome::StillInvalid {
+                    coord,
+                    class: class.clone(),
+                    rule: rule.clone(),
+                    reason: reason.clone(),
+                }
             }
             refused => {
                 report.refused += 1;
                 let why = refusal(refused, self.args.max_attempts);
-                writeln!(out, "refused           {coord}: {why}")?;
+                Outcome::Refused { coord, why }
             }
-        }
-        Ok(())
+        };
+        sink.outcome(o, &self.report)
     }
 
     /// Write (or, in a dry run, report) one replay.
@@ -299,18 +329,20 @@ impl Runner<'_> {
         r: &DltRecord,
         target: &Target<'_>,
         record: &NewRecord,
-        out: &mut dyn Write,
+        sink: &mut dyn Sink,
     ) -> Result<(), DltError> {
         let coord = r.coordinate();
         let (topic, partition, attempt) = (target.topic, target.partition, target.attempt);
         if !self.args.execute {
             self.report.would_replay += 1;
-            writeln!(
-                out,
-                "would replay      {coord} -> {topic}-{partition} (origin {}, attempt {attempt})",
-                r.origin()
-            )?;
-            return Ok(());
+            let o = Outcome::WouldReplay {
+                coord,
+                topic: topic.to_string(),
+                partition,
+                origin: r.origin(),
+                attempt,
+            };
+            return sink.outcome(o, &self.report);
         }
         if let Some(rate) = self.args.rate {
             let due = self.started + Duration::from_secs_f64(self.sent as f64 / rate);
@@ -321,26 +353,38 @@ impl Runner<'_> {
             .seen
             .write(&mut self.cluster, topic, partition, &coord, record)
             .await;
-        match written {
+        let o = match written {
             Ok(Written::Already) => {
                 self.report.already_replayed += 1;
-                writeln!(out, "already replayed  {coord} (a concurrent replay wrote it to {topic}-{partition})")?;
+                Outcome::AlreadyReplayed {
+                    coord,
+                    topic: topic.to_string(),
+                    partition: Some(partition),
+                }
             }
             Ok(Written::At(offset)) => {
                 self.report.replayed += 1;
-                writeln!(
-                    out,
-                    "replayed          {coord} -> {topic}-{partition}@{offset} (origin {}, attempt {attempt})",
-                    r.origin()
-                )?;
+                Outcome::Replayed {
+                    coord,
+                    topic: topic.to_string(),
+                    partition,
+                    offset,
+                    origin: r.origin(),
+                    attempt,
+                }
             }
             Err(e) => {
                 self.report.failed += 1;
                 self.cluster.reset();
-                writeln!(out, "failed            {coord} -> {topic}-{partition}: {e}")?;
+                Outcome::Failed {
+                    coord,
+                    topic: topic.to_string(),
+                    partition,
+                    error: e.to_string(),
+                }
             }
-        }
-        Ok(())
+        };
+        sink.outcome(o, &self.report)
     }
 }
 
@@ -367,60 +411,6 @@ fn refusal(d: &Decision, max_attempts: u32) -> String {
         Decision::NoOrigin => format!("no {} header; use --to", crate::dlt::H_TOPIC),
         Decision::TargetMissing { topic } => format!("target topic {topic} does not exist"),
         other => other.label().to_string(),
-    }
-}
-
-/// The progress line on stderr: an `indicatif` line redrawn in place when
-/// stderr is a terminal; otherwise (a log, a pipe) a plain line at most once
-/// a second and a final one, which scripts read.
-enum Progress {
-    Terminal {
-        bar: ProgressBar,
-        execute: bool,
-    },
-    Plain {
-        execute: bool,
-        last: std::cell::Cell<Option<Instant>>,
-    },
-}
-
-impl Progress {
-    fn new(execute: bool) -> Self {
-        if !std::io::stderr().is_terminal() {
-            return Progress::Plain {
-                execute,
-                last: std::cell::Cell::new(None),
-            };
-        }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        bar.set_style(
-            ProgressStyle::with_template("{msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        Progress::Terminal { bar, execute }
-    }
-
-    fn tick(&self, report: &Report) {
-        match self {
-            // indicatif limits redraws itself (20 per second by default).
-            Progress::Terminal { bar, execute } => bar.set_message(report.line(*execute)),
-            Progress::Plain { execute, last } => {
-                let due = last
-                    .get()
-                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
-                if due {
-                    last.set(Some(Instant::now()));
-                    eprintln!("{}", report.line(*execute));
-                }
-            }
-        }
-    }
-
-    fn finish(&self, report: &Report) {
-        match self {
-            Progress::Terminal { bar, execute } => bar.finish_with_message(report.line(*execute)),
-            Progress::Plain { execute, .. } => eprintln!("{}", report.line(*execute)),
-        }
     }
 }
 

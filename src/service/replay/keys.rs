@@ -16,10 +16,10 @@ use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 
-use crate::cli::dlt::{read_dlt, DltError, DltRecord};
 use crate::client::Cluster;
 use crate::dlt_marker::Marker;
 use crate::policy::{KeyOrdering, PolicySet};
+use crate::service::{read_dlt, DltError, DltRecord};
 
 /// (origin topic, origin partition, key).
 pub type GroupKey = (String, i32, Bytes);

@@ -1,0 +1,50 @@
+//! `share_groups`: how antidote treats share consumers (KIP-932). Their
+//! records are judged like a consumer's; what differs is how a removed
+//! record is settled with the broker, which the proxy does itself.
+
+use serde::Deserialize;
+
+/// `share_groups`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShareGroups {
+    /// Offer the share-group APIs to clients (ShareGroupHeartbeat,
+    /// ShareFetch, ShareAcknowledge and the share-group admin APIs). Off:
+    /// a share consumer fails at its first poll, as with no proxy support.
+    pub enabled: bool,
+    /// How the proxy acknowledges a record it removed for good (diverted
+    /// and in its DLT, or dropped), for the member that acquired it.
+    pub removed_ack: RemovedAck,
+}
+
+impl Default for ShareGroups {
+    fn default() -> Self {
+        ShareGroups {
+            enabled: true,
+            removed_ack: RemovedAck::Reject,
+        }
+    }
+}
+
+/// `share_groups.removed_ack`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemovedAck {
+    /// REJECT: archived as unprocessable. A group with a broker DLQ
+    /// (KIP-1191, `errors.deadletterqueue.topic.name`) also gets it there:
+    /// the record is in both dead-letter topics.
+    Reject,
+    /// ACCEPT: archived as processed. Only antidote's DLT holds it, and
+    /// the broker's DLQ never sees it.
+    Accept,
+}
+
+impl RemovedAck {
+    /// The acknowledge type (ShareAcknowledge `AcknowledgeTypes`).
+    pub fn ack_type(self) -> i8 {
+        match self {
+            RemovedAck::Reject => crate::plan::share::REJECT,
+            RemovedAck::Accept => crate::plan::share::ACCEPT,
+        }
+    }
+}

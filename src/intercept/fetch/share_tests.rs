@@ -1,0 +1,216 @@
+//! `FetchFilter::filter_share` end to end: a ShareFetch response in, a
+//! response out, the DLT on the in-process mock broker; what the member
+//! gets delivered (acquired ranges) and what the proxy then owes.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::share_fetch_response::{
+    AcquiredRecords, PartitionData, ShareFetchableTopicResponse,
+};
+use kafka_protocol::messages::ShareFetchResponse;
+use kafka_protocol::protocol::{Decodable, Encodable};
+use uuid::Uuid;
+
+use super::fetch_tests::{filter_on, in_dlt, POISON};
+use super::share::ShareCall;
+use super::*;
+use crate::client::mock_broker::MockBroker;
+use crate::intercept::share::{SessionKey, ShareAcks};
+use crate::kafka::batch::{segments, Segment};
+use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+use crate::plan::share::REJECT;
+
+const TOPIC_ID: Uuid = Uuid::from_u128(0x7);
+const VERSION: i16 = 1;
+
+/// Topic `TOPIC_ID` is `t`.
+struct ById;
+
+impl FetchContext for ById {
+    type Learned = ();
+    fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
+        (false, ())
+    }
+    async fn learn(&self, _: ()) {}
+    async fn resolve_topic_ids(&self, _: &[Uuid]) {}
+    fn topic_name(&self, id: &Uuid) -> Option<String> {
+        (*id == TOPIC_ID).then(|| "t".to_string())
+    }
+}
+
+fn session() -> SessionKey {
+    SessionKey {
+        node: 1,
+        group: "g".into(),
+        member: "m".into(),
+    }
+}
+
+/// A ShareFetch v1 response: `values` in one batch at offset 0, the member
+/// having acquired `acquired` (first, last).
+fn response(values: &[&str], acquired: &[(i64, i64)]) -> Bytes {
+    let records: Vec<NewRecord> = values
+        .iter()
+        .map(|v| NewRecord {
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            headers: vec![],
+        })
+        .collect();
+    let batch = build_batch(&records, &BuildOptions::default()).expect("batch");
+    let acquired = acquired
+        .iter()
+        .map(|&(f, l)| {
+            AcquiredRecords::default()
+                .with_first_offset(f)
+                .with_last_offset(l)
+                .with_delivery_count(1)
+        })
+        .collect();
+    let resp = ShareFetchResponse::default()
+        .with_acquisition_lock_timeout_ms(30_000)
+        .with_responses(vec![ShareFetchableTopicResponse::default()
+            .with_topic_id(TOPIC_ID)
+            .with_partitions(vec![PartitionData::default()
+                .with_partition_index(0)
+                .with_records(Some(batch))
+                .with_acquired_records(acquired)])]);
+    let mut out = bytes::BytesMut::new();
+    resp.encode(&mut out, VERSION).expect("encode");
+    out.freeze()
+}
+
+/// (acquired ranges, offsets of the data records) of a filtered response.
+fn seen(body: Bytes) -> (Vec<(i64, i64)>, Vec<i64>) {
+    let resp = ShareFetchResponse::decode(&mut body.clone(), VERSION).expect("decode");
+    let p = &resp.responses[0].partitions[0];
+    let ranges = p
+        .acquired_records
+        .iter()
+        .map(|a| (a.first_offset, a.last_offset))
+        .collect();
+    let mut offsets = Vec::new();
+    for seg in segments(p.records.as_ref().expect("records")) {
+        let Segment::Batch(b) = seg else {
+            panic!("not a whole batch")
+        };
+        if b.is_control() {
+            continue;
+        }
+        for r in b.decode().expect("decode").records() {
+            offsets.push(r.offset);
+        }
+    }
+    (ranges, offsets)
+}
+
+async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
+    let s = session();
+    let call = ShareCall {
+        session: Some(&s),
+        book,
+        removed_ack: REJECT,
+    };
+    f.filter_share(&ById, body, VERSION, call)
+        .await
+        .expect("filter")
+        .expect("the response changes")
+}
+
+#[tokio::test]
+async fn acquired_poison_is_diverted_first_then_neither_delivered_nor_acquired_and_owed_a_reject() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let book = ShareAcks::default();
+    let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], &[(0, 2)]);
+    let out = run(&f, &book, body).await;
+    assert_eq!(
+        in_dlt(&mock),
+        [1],
+        "in its DLT when the response is released"
+    );
+    assert_eq!(seen(out), (vec![(0, 0), (2, 2)], vec![0, 2]));
+    let owed = book.take(&session(), std::time::Instant::now());
+    let owed: Vec<(i64, i8)> = owed.iter().map(|o| (o.offset, o.ack)).collect();
+    assert_eq!(owed, [(1, REJECT)]);
+}
+
+#[tokio::test]
+async fn poison_another_member_acquired_is_removed_but_not_diverted_or_owed() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let book = ShareAcks::default();
+    // This member acquired offset 0 only; 1 is another's (or aborted).
+    let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], &[(0, 0)]);
+    let out = run(&f, &book, body).await;
+    assert!(in_dlt(&mock).is_empty(), "the acquirer's proxy diverts it");
+    let (ranges, offsets) = seen(out);
+    assert_eq!(ranges, [(0, 0)]);
+    assert!(!offsets.contains(&1), "poison bytes never reach a client");
+    assert_eq!(book.waiting(), 0);
+}
+
+#[tokio::test]
+async fn a_dlt_that_refuses_writes_withholds_only_the_poison_and_owes_nothing_for_it() {
+    let mock = MockBroker::start().await;
+    mock.state().fail.insert(("t.dlt".into(), 0), 19); // NOT_ENOUGH_REPLICAS
+    let f = filter_on(&mock, Duration::from_millis(800)).await;
+    let book = ShareAcks::default();
+    let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], &[(0, 2)]);
+    let out = run(&f, &book, body.clone()).await;
+    // Share groups promise no order: the valid records go out, the poison
+    // stays acquired without an acknowledgement (its lock brings it back).
+    assert_eq!(seen(out), (vec![(0, 0), (2, 2)], vec![0, 2]));
+    assert!(in_dlt(&mock).is_empty());
+    assert_eq!(book.waiting(), 0);
+    // Delivered again once the DLT is back: diverted and owed now.
+    mock.state().fail.clear();
+    let out = run(
+        &f,
+        &book,
+        response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], &[(1, 1)]),
+    )
+    .await;
+    assert_eq!(in_dlt(&mock), [1]);
+    assert_eq!(seen(out).0, Vec::<(i64, i64)>::new());
+    let owed = book.take(&session(), std::time::Instant::now());
+    assert_eq!(owed.iter().map(|o| o.offset).collect::<Vec<_>>(), [1]);
+}
+
+#[tokio::test]
+async fn a_record_in_its_dlt_already_is_owed_a_reject_without_a_second_write() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let book = ShareAcks::default();
+    let body = response(&[r#"{"a":0}"#, POISON], &[(0, 1)]);
+    run(&f, &book, body.clone()).await;
+    book.take(&session(), std::time::Instant::now());
+    // Its lock expired before the client's next request: delivered again.
+    let out = run(&f, &book, response(&[r#"{"a":0}"#, POISON], &[(1, 1)])).await;
+    assert_eq!(in_dlt(&mock), [1], "written once");
+    assert_eq!(seen(out).0, Vec::<(i64, i64)>::new());
+    let owed = book.take(&session(), std::time::Instant::now());
+    assert_eq!(owed.iter().map(|o| o.offset).collect::<Vec<_>>(), [1]);
+}
+
+#[tokio::test]
+async fn a_clean_share_fetch_response_goes_out_as_it_came_and_owes_nothing() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let book = ShareAcks::default();
+    let s = session();
+    let call = ShareCall {
+        session: Some(&s),
+        book: &book,
+        removed_ack: REJECT,
+    };
+    let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#], &[(0, 1)]);
+    let out = f
+        .filter_share(&ById, body, VERSION, call)
+        .await
+        .expect("filter");
+    assert!(out.is_none(), "forwarded as its original bytes");
+    assert_eq!(book.waiting(), 0);
+}
