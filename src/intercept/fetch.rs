@@ -39,7 +39,7 @@ use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::{KeyOrdering, PolicySet};
+use crate::policy::{KeyOrdering, Policy, PolicySet};
 pub use holds::Holds;
 use parallel::PartitionJob;
 
@@ -85,6 +85,16 @@ pub trait FetchContext: Send + Sync {
     fn resolve_topic_ids(&self, ids: &[Uuid]) -> impl Future<Output = ()> + Send;
     /// The name of topic `id`, if known.
     fn topic_name(&self, id: &Uuid) -> Option<String>;
+}
+
+/// Where a topic's records stand before judging (`FetchFilter::topic_gate`).
+enum TopicGate<'p> {
+    /// No policy covers the topic, or it is a dead-letter topic: forwarded.
+    Unpoliced,
+    /// Its DLTs are not read back yet: held.
+    Unloaded,
+    /// Judged under this policy.
+    Judge(&'p Arc<Policy>),
 }
 
 /// Fetch interception, one of the engine's two handlers (the other is the
@@ -272,6 +282,28 @@ impl FetchFilter {
         filtered
     }
 
+    /// Whether the records of topic `name` are judged, and under which
+    /// policy. A glob may also cover a dead-letter topic: never police
+    /// those. Until its DLTs are read back, the ledger cannot say which
+    /// records were diverted before: the topic's records are held.
+    async fn topic_gate<'p>(&self, policies: &'p PolicySet, name: &str) -> TopicGate<'p> {
+        if policies.is_dead_letter_topic(name) {
+            return TopicGate::Unpoliced;
+        }
+        let Some(policy) = policies.for_topic(name) else {
+            return TopicGate::Unpoliced;
+        };
+        if self
+            .dead_letter
+            .wait_loaded_for(policy, name, self.timeout)
+            .await
+        {
+            TopicGate::Judge(policy)
+        } else {
+            TopicGate::Unloaded
+        }
+    }
+
     /// One planning job per non-empty partition of a policy topic, and the
     /// indexes of topics held because their DLTs are not read back yet.
     async fn jobs<C: FetchContext>(
@@ -291,23 +323,14 @@ impl FetchFilter {
                 Some(topic.topic.0.to_string())
             };
             let Some(name) = name else { continue };
-            // A glob may also cover a dead-letter topic: never police those.
-            if policies.is_dead_letter_topic(&name) {
-                continue;
-            }
-            let Some(policy) = policies.for_topic(&name) else {
-                continue;
+            let policy = match self.topic_gate(&policies, &name).await {
+                TopicGate::Unpoliced => continue,
+                TopicGate::Unloaded => {
+                    unloaded.push(ti);
+                    continue;
+                }
+                TopicGate::Judge(policy) => policy,
             };
-            // Until its DLTs are read back, the ledger cannot say which
-            // records were diverted before: hold the topic's records.
-            if !self
-                .dead_letter
-                .wait_loaded_for(policy, &name, self.timeout)
-                .await
-            {
-                unloaded.push(ti);
-                continue;
-            }
             let per_key = policy.ordering == KeyOrdering::PerKey;
             // Likewise until the blocked keys are read back, and while the
             // follower cannot keep them current (per_key only): a key

@@ -34,7 +34,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 use uuid::Uuid;
 
 use super::parallel::PartitionJob;
-use super::{count, timed, FetchContext, FetchFilter, FilterError};
+use super::{count, timed, FetchContext, FetchFilter, FilterError, TopicGate};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
 use crate::metrics;
@@ -216,20 +216,14 @@ impl FetchFilter {
                 withheld.push((ti, None, "unknown_topic"));
                 continue;
             };
-            if policies.is_dead_letter_topic(&name) {
-                continue;
-            }
-            let Some(policy) = policies.for_topic(&name) else {
-                continue;
+            let policy = match self.topic_gate(&policies, &name).await {
+                TopicGate::Unpoliced => continue,
+                TopicGate::Unloaded => {
+                    withheld.push((ti, None, "not_loaded"));
+                    continue;
+                }
+                TopicGate::Judge(policy) => policy,
             };
-            if !self
-                .dead_letter
-                .wait_loaded_for(policy, &name, self.timeout)
-                .await
-            {
-                withheld.push((ti, None, "not_loaded"));
-                continue;
-            }
             let topic_name: std::sync::Arc<str> = std::sync::Arc::from(name.as_str());
             self.dead_letter
                 .ledger()
