@@ -73,6 +73,15 @@ def fetch_body(topic: str, max_wait_ms: int) -> bytes:
     return body[:4] + struct.pack(">i", max_wait_ms) + body[8:]
 
 
+def fetch_partition_error(body: bytes) -> int:
+    """The error code of the one partition of a Fetch v11 response body."""
+    at = 4 + 2 + 4 + 4  # throttle, error, session id, topic count
+    (name_len,) = struct.unpack_from(">h", body, at)
+    at += 2 + name_len + 4  # topic name, partition count
+    (error,) = struct.unpack_from(">h", body, at + 4)  # after partition_index
+    return error
+
+
 @pytest.fixture
 def capped(workdir, broker):
     p = start_limited(workdir, broker, "antidote-capped", "  max_connections: 5\n")
@@ -161,11 +170,18 @@ def test_a_connection_waiting_for_an_answer_is_not_idle(idle_proxy, new_topic):
         h.roundtrip(s, 3, 1, 2, struct.pack(">i", 1) + h.kstr(topic))
     with socket.create_connection((h.HOST, idle_proxy.broker_port()), timeout=10) as s:
         s.settimeout(10)
+        # A topic this new may have no leader yet: the broker then answers
+        # at once with an error. Wait until a Fetch finds its partition.
+        deadline = time.monotonic() + 30
+        while fetch_partition_error(h.roundtrip(s, 1, 11, 2, fetch_body(topic, 0))) != 0:
+            assert time.monotonic() < deadline, "the partition never got a leader"
+            time.sleep(0.2)
         t0 = time.monotonic()
         body = h.roundtrip(s, 1, 11, 3, fetch_body(topic, 3500))
         waited = time.monotonic() - t0
         assert waited > 2.5, f"the broker answered in {waited:.1f}s: not a long poll"
         assert struct.unpack(">i", body[:4])[0] >= 0  # throttle_time_ms: a real answer
+        assert fetch_partition_error(body) == 0
         # Answered; now idle, it is closed.
         assert closed_by_peer(s, 6)
 

@@ -39,7 +39,8 @@ use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::{KeyOrdering, Policy, PolicySet};
+use crate::policy::{KeyOrdering, PolicySet};
+use gate::TopicGate;
 pub use holds::Holds;
 use parallel::PartitionJob;
 
@@ -85,16 +86,6 @@ pub trait FetchContext: Send + Sync {
     fn resolve_topic_ids(&self, ids: &[Uuid]) -> impl Future<Output = ()> + Send;
     /// The name of topic `id`, if known.
     fn topic_name(&self, id: &Uuid) -> Option<String>;
-}
-
-/// Where a topic's records stand before judging (`FetchFilter::topic_gate`).
-enum TopicGate<'p> {
-    /// No policy covers the topic, or it is a dead-letter topic: forwarded.
-    Unpoliced,
-    /// Its DLTs are not read back yet: held.
-    Unloaded,
-    /// Judged under this policy.
-    Judge(&'p Arc<Policy>),
 }
 
 /// Fetch interception, one of the engine's two handlers (the other is the
@@ -282,28 +273,6 @@ impl FetchFilter {
         filtered
     }
 
-    /// Whether the records of topic `name` are judged, and under which
-    /// policy. A glob may also cover a dead-letter topic: never police
-    /// those. Until its DLTs are read back, the ledger cannot say which
-    /// records were diverted before: the topic's records are held.
-    async fn topic_gate<'p>(&self, policies: &'p PolicySet, name: &str) -> TopicGate<'p> {
-        if policies.is_dead_letter_topic(name) {
-            return TopicGate::Unpoliced;
-        }
-        let Some(policy) = policies.for_topic(name) else {
-            return TopicGate::Unpoliced;
-        };
-        if self
-            .dead_letter
-            .wait_loaded_for(policy, name, self.timeout)
-            .await
-        {
-            TopicGate::Judge(policy)
-        } else {
-            TopicGate::Unloaded
-        }
-    }
-
     /// One planning job per non-empty partition of a policy topic, and the
     /// indexes of topics held because their DLTs are not read back yet.
     async fn jobs<C: FetchContext>(
@@ -325,7 +294,7 @@ impl FetchFilter {
             let Some(name) = name else { continue };
             let policy = match self.topic_gate(&policies, &name).await {
                 TopicGate::Unpoliced => continue,
-                TopicGate::Unloaded => {
+                TopicGate::Unloaded(_) => {
                     unloaded.push(ti);
                     continue;
                 }
@@ -659,6 +628,7 @@ mod tests {
     }
 }
 
+mod gate;
 mod holds;
 mod keys;
 mod parallel;

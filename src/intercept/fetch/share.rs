@@ -20,8 +20,10 @@
 //!   the broker delivers it again when its lock expires (each delivery
 //!   counts towards `group.share.delivery.count.limit`; see docs/policies.md).
 //!
-//! Topics whose id is not known yet, or whose DLTs are not read back yet,
-//! are withheld whole the same way. A response nothing changes goes out
+//! Topics whose id is not known yet are withheld whole the same way. A
+//! topic whose DLTs are not read back yet is judged all the same: its
+//! valid records are delivered, its invalid ones withheld (whether one is
+//! in its DLT already cannot be told yet, so none is written). A response nothing changes goes out
 //! as it came; one that changes is decoded and encoded again whole
 //! (records included).
 
@@ -33,8 +35,9 @@ use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use uuid::Uuid;
 
+use super::gate::TopicGate;
 use super::parallel::PartitionJob;
-use super::{count, timed, FetchContext, FetchFilter, FilterError, TopicGate};
+use super::{count, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
 use crate::metrics;
@@ -64,6 +67,14 @@ struct Planned {
 /// A topic (partition `None`) or a partition withheld whole, and why.
 type Withheld = (usize, Option<usize>, &'static str);
 
+/// What `share_jobs` makes of a response.
+struct ShareJobs {
+    jobs: Vec<std::sync::Arc<PartitionJob>>,
+    withheld: Vec<Withheld>,
+    /// Topics (indexes) judged while their DLTs are not read back yet.
+    unloaded: Vec<usize>,
+}
+
 /// What to do with one partition's acquired offsets.
 #[derive(Default)]
 struct Settle {
@@ -92,7 +103,11 @@ impl FetchFilter {
         let ids: Vec<Uuid> = resp.responses.iter().map(|t| t.topic_id).collect();
         ctx.resolve_topic_ids(&ids).await;
         let now = now_ms();
-        let (jobs, withheld) = self.share_jobs(ctx, &resp).await;
+        let ShareJobs {
+            jobs,
+            withheld,
+            unloaded,
+        } = self.share_jobs(ctx, &resp).await;
         for (ti, pi, reason) in withheld {
             let parts = &mut resp.responses[ti].partitions;
             let which = match pi {
@@ -119,7 +134,8 @@ impl FetchFilter {
         for (at, mut plan) in planned {
             metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
             let acquired = acquired_of(&resp.responses[at.0].partitions[at.1].acquired_records);
-            let settle = self.sort_out(&mut plan, &acquired);
+            let ledger_known = !unloaded.contains(&at.0);
+            let settle = self.sort_out(&mut plan, &acquired, ledger_known);
             plans.push(Planned {
                 at,
                 plan,
@@ -203,14 +219,11 @@ impl FetchFilter {
 
     /// One planning job per partition of a policy topic with records; the
     /// topics and partitions withheld whole, with why.
-    async fn share_jobs<C: FetchContext>(
-        &self,
-        ctx: &C,
-        resp: &ShareFetchResponse,
-    ) -> (Vec<std::sync::Arc<PartitionJob>>, Vec<Withheld>) {
+    async fn share_jobs<C: FetchContext>(&self, ctx: &C, resp: &ShareFetchResponse) -> ShareJobs {
         let policies = self.policies();
         let mut jobs = Vec::new();
         let mut withheld = Vec::new();
+        let mut unloaded = Vec::new();
         for (ti, topic) in resp.responses.iter().enumerate() {
             let Some(name) = ctx.topic_name(&topic.topic_id) else {
                 withheld.push((ti, None, "unknown_topic"));
@@ -218,9 +231,12 @@ impl FetchFilter {
             };
             let policy = match self.topic_gate(&policies, &name).await {
                 TopicGate::Unpoliced => continue,
-                TopicGate::Unloaded => {
-                    withheld.push((ti, None, "not_loaded"));
-                    continue;
+                // Judged all the same: share groups promise no order, so
+                // the valid records need not wait for the ledger; the
+                // invalid ones do (`sort_out`).
+                TopicGate::Unloaded(policy) => {
+                    unloaded.push(ti);
+                    policy
                 }
                 TopicGate::Judge(policy) => policy,
             };
@@ -254,13 +270,25 @@ impl FetchFilter {
                 }));
             }
         }
-        (jobs, withheld)
+        ShareJobs {
+            jobs,
+            withheld,
+            unloaded,
+        }
     }
 
     /// Keep in `plan.diversions` what is to be written now: invalid records
     /// the member acquired, not transient, not past an open breaker; the
     /// rest of its acquired offsets that cannot be decided now, withheld.
-    fn sort_out(&self, plan: &mut PartitionPlan, acquired: &[Acquired]) -> Settle {
+    /// Without `ledger_known` (the topic's DLTs not read back yet) nothing
+    /// is written: whether a record is in its DLT already cannot be told,
+    /// so every invalid record the member acquired is withheld.
+    fn sort_out(
+        &self,
+        plan: &mut PartitionPlan,
+        acquired: &[Acquired],
+        ledger_known: bool,
+    ) -> Settle {
         let mut settle = Settle {
             held_from: plan.held.as_ref().map(|h| h.offset),
             ..Settle::default()
@@ -284,6 +312,10 @@ impl FetchFilter {
             }
             if d.invalid.class == Class::Transient {
                 settle.withheld.push((d.origin_offset, "transient"));
+                return false;
+            }
+            if !ledger_known {
+                settle.withheld.push((d.origin_offset, "not_loaded"));
                 return false;
             }
             true

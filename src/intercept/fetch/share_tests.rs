@@ -214,3 +214,32 @@ async fn a_clean_share_fetch_response_goes_out_as_it_came_and_owes_nothing() {
     assert!(out.is_none(), "forwarded as its original bytes");
     assert_eq!(book.waiting(), 0);
 }
+
+#[tokio::test]
+async fn while_its_dlt_cannot_be_read_back_valid_records_go_out_and_poison_is_withheld_unwritten() {
+    let mock = MockBroker::start().await;
+    // The DLT holds a record and every Fetch of it fails: never read back.
+    mock.add_topic("t.dlt", 1);
+    let old = NewRecord {
+        timestamp: 1_700_000_000_000,
+        key: None,
+        value: Some(Bytes::from_static(b"x")),
+        headers: vec![],
+    };
+    mock.append(
+        "t.dlt",
+        0,
+        build_batch(&[old], &BuildOptions::default()).expect("batch"),
+    );
+    mock.state().fail_fetches = usize::MAX;
+    let f = filter_on(&mock, Duration::from_millis(300)).await;
+    let book = ShareAcks::default();
+    let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], &[(0, 2)]);
+    let out = run(&f, &book, body).await;
+    // Share groups promise no order: the valid records need not wait for
+    // the ledger. The poison cannot be written (is it in its DLT already?):
+    // withheld, no acknowledgement, its lock brings it back.
+    assert_eq!(seen(out), (vec![(0, 0), (2, 2)], vec![0, 2]));
+    assert_eq!(mock.records("t.dlt", 0).len(), 1, "nothing written");
+    assert_eq!(book.waiting(), 0);
+}
