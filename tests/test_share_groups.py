@@ -15,6 +15,8 @@ from poison like any other consumer.
 - A group with a broker DLQ (KIP-1191): with `removed_ack: reject` the
   broker copies each removed record to its DLQ too; with `accept` only
   antidote's DLT has it.
+- A proxy whose DLT cannot be read back: the valid records are delivered
+  all the same (no order to keep), the poison neither delivered nor written.
 """
 
 from __future__ import annotations
@@ -417,5 +419,41 @@ def test_a_group_with_a_broker_dlq_gets_the_removed_records_only_when_rejected(
             assert len(broker_dlq) == len(poison), broker_dlq[:2]
         else:
             assert broker_dlq == []
+    finally:
+        proxy.stop_and_check()
+
+
+def test_while_the_dlt_cannot_be_read_back_valid_records_still_reach_a_share_consumer(
+        workdir, share_ready, java_classes, tmp_path):
+    """The proxy's DLT cluster is unreachable from its start, so the topic's
+    DLT is never read back and nothing can be written to it. A Fetch would
+    hold the whole topic (order); a share group promises no order, so its
+    valid records are delivered all the same, and only the poison waits
+    (withheld without an acknowledgement: its lock brings it back). Neither
+    is a poison record delivered nor anything written."""
+    broker = share_ready
+    ep = c.Endpoint(broker.bootstrap, "direct")
+    pfile = ps.write_policies(tmp_path / "policies")
+    nobody = h.free_port()  # nothing listens there
+    proxy = ps.start_policy_proxy(
+        workdir, upstream=[broker.bootstrap], policies=[pfile],
+        dead_letter={"bootstrap_servers": [f"{h.HOST}:{nobody}"], "timeout": "1s"},
+        name="antidote-share-no-dlt", admin=True)
+    try:
+        topic = ps.unique_topic(ps.JSON_PREFIX, "share-no-dlt")
+        parts = 2
+        c.ck_create_topic(ep, topic, parts)
+        recs, valid, poison = mixed(40, 0, parts)
+        c.ck_produce(ep, topic, recs)
+        group = new_group(broker, java_classes)
+        got = ck_share_consume(proxy.bootstrap, topic, group, set(valid), timeout=120)
+        values = Counter(v for _, _, v in got)
+        assert not set(values) & set(poison), [v[:60] for v in values if v in poison]
+        assert set(values) == set(valid), {"missing": len(set(valid) - set(values))}
+        m = proxy.metrics()
+        assert h.metric(m, "antidote_share_withheld_records_total",
+                        reason="not_loaded") >= len(poison), m
+        assert h.metric(m, "antidote_share_acks_total", result="sent") == 0
+        assert not ps.topic_exists(ep, f"{topic}.dlt")
     finally:
         proxy.stop_and_check()
