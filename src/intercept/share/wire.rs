@@ -74,7 +74,7 @@ pub fn add_acks(
                 return Ok(Added::with_session(session));
             }
             req.topics = parts.into_fetch();
-            Added::changed(encode(&req, version)?, session, proxy_only)
+            Ok(Added::changed(encode(&req, version)?, session, proxy_only))
         }
         ApiKey::ShareAcknowledge => {
             let mut req = ShareAcknowledgeRequest::decode(&mut body.clone(), version)?;
@@ -91,7 +91,7 @@ pub fn add_acks(
                 return Ok(Added::with_session(session));
             }
             req.topics = parts.into_ack();
-            Added::changed(encode(&req, version)?, session, proxy_only)
+            Ok(Added::changed(encode(&req, version)?, session, proxy_only))
         }
         _ => Ok(Added::default()),
     }
@@ -105,16 +105,12 @@ impl Added {
         }
     }
 
-    fn changed(
-        body: BytesMut,
-        session: SessionKey,
-        proxy_only: Vec<(Uuid, i32)>,
-    ) -> anyhow::Result<Self> {
-        Ok(Added {
+    fn changed(body: BytesMut, session: SessionKey, proxy_only: Vec<(Uuid, i32)>) -> Self {
+        Added {
             body: Some(body),
             session: Some(session),
             proxy_only,
-        })
+        }
     }
 }
 
@@ -169,6 +165,35 @@ struct Parts {
     changed: bool,
 }
 
+/// ShareFetch's and ShareAcknowledge's acknowledgement batches: two
+/// generated types with the same fields.
+trait WireBatch: Sized {
+    fn batch(&self) -> AckBatch;
+    fn wire(b: AckBatch) -> Self;
+}
+
+macro_rules! wire_batch {
+    ($t:ty) => {
+        impl WireBatch for $t {
+            fn batch(&self) -> AckBatch {
+                AckBatch {
+                    first: self.first_offset,
+                    last: self.last_offset,
+                    types: self.acknowledge_types.clone(),
+                }
+            }
+            fn wire(b: AckBatch) -> Self {
+                <$t>::default()
+                    .with_first_offset(b.first)
+                    .with_last_offset(b.last)
+                    .with_acknowledge_types(b.types)
+            }
+        }
+    };
+}
+wire_batch!(AckBatchF);
+wire_batch!(AckBatchA);
+
 fn partitions_fetch(topics: &mut [FetchTopic]) -> Parts {
     let mut parts = Parts::new();
     for t in topics.iter_mut() {
@@ -177,11 +202,7 @@ fn partitions_fetch(topics: &mut [FetchTopic]) -> Parts {
             let b = p
                 .acknowledgement_batches
                 .iter()
-                .map(|b| AckBatch {
-                    first: b.first_offset,
-                    last: b.last_offset,
-                    types: b.acknowledge_types.clone(),
-                })
+                .map(WireBatch::batch)
                 .collect();
             parts.push(at, b);
             parts.fetch.insert(at, p);
@@ -197,11 +218,7 @@ fn partitions_ack(topics: &mut [AcknowledgeTopic]) -> Parts {
             let b = p
                 .acknowledgement_batches
                 .iter()
-                .map(|b| AckBatch {
-                    first: b.first_offset,
-                    last: b.last_offset,
-                    types: b.acknowledge_types.clone(),
-                })
+                .map(WireBatch::batch)
                 .collect();
             parts.push((t.topic_id, p.partition_index), b);
         }
@@ -250,15 +267,7 @@ impl Parts {
                             .remove(&(t, p))
                             .unwrap_or_else(|| FetchPartition::default().with_partition_index(p))
                             .with_acknowledgement_batches(
-                                batches
-                                    .into_iter()
-                                    .map(|b| {
-                                        AckBatchF::default()
-                                            .with_first_offset(b.first)
-                                            .with_last_offset(b.last)
-                                            .with_acknowledge_types(b.types)
-                                    })
-                                    .collect(),
+                                batches.into_iter().map(AckBatchF::wire).collect(),
                             )
                     })
                     .collect();
@@ -280,15 +289,7 @@ impl Parts {
                         AcknowledgePartition::default()
                             .with_partition_index(p)
                             .with_acknowledgement_batches(
-                                batches
-                                    .into_iter()
-                                    .map(|b| {
-                                        AckBatchA::default()
-                                            .with_first_offset(b.first)
-                                            .with_last_offset(b.last)
-                                            .with_acknowledge_types(b.types)
-                                    })
-                                    .collect(),
+                                batches.into_iter().map(AckBatchA::wire).collect(),
                             )
                     })
                     .collect();
