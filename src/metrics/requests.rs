@@ -51,15 +51,19 @@ impl RequestMetrics {
     }
 
     /// A client request of `api_key` at `version`; keys Kafka does not
-    /// define are not counted (the proxy refuses them).
+    /// define are not counted (the proxy refuses them). The version is the
+    /// client's to choose (any i16): one this build does not know is
+    /// counted as -1, so a client trying every version adds one series per
+    /// key, not 65,536.
     ///
     /// Call site: `proxy::relay`'s request pump, once per request.
     pub fn request(&self, api_key: i16, version: i16) {
         if let Ok(key) = ApiKey::try_from(api_key) {
+            let known = (0..=key.valid_versions().max).contains(&version);
             self.total
                 .get_or_create(&RequestLabels {
                     api: ApiName(key),
-                    version,
+                    version: if known { version } else { -1 },
                 })
                 .inc();
         }
@@ -75,6 +79,9 @@ mod tests {
         m.requests.request(0, 13);
         m.requests.request(18, 5);
         m.requests.request(9999, 1);
+        m.requests.request(1, 19);
+        m.requests.request(1, i16::MAX);
+        m.requests.request(1, -7);
         let out = m.render();
         assert!(
             out.contains(r#"antidote_client_requests_total{api="Produce",version="13"} 2"#),
@@ -85,5 +92,9 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("9999"), "{out}");
+        assert!(
+            out.contains(r#"antidote_client_requests_total{api="Fetch",version="-1"} 3"#),
+            "{out}"
+        );
     }
 }
