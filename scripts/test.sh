@@ -18,7 +18,7 @@ FAILED=0
 # over budget is flagged OVER, which does not fail the run by itself.
 declare -A BUDGET=(
   ["setup"]=120 ["module layers and file sizes"]=15 ["cargo build"]=420
-  ["pytest (integration)"]=600 ["cargo test (unit)"]=120 ["pytest (serial)"]=240
+  ["pytest (integration)"]=720 ["cargo test (unit)"]=120 ["pytest (serial)"]=240
   ["install cargo-fuzz"]=300 ["fuzz smoke"]=300 ["pytest (Kafka 4.1.2 smoke)"]=180
 )
 over() {  # over NAME SECONDS: " of Bs budget" or " of Bs budget: OVER"
@@ -133,35 +133,89 @@ fi
 if [[ $# -gt 0 ]]; then PYTEST_ARGS+=("$@"); fi
 # Tests marked `serial` measure throughput ratios; they run afterwards, alone,
 # so that the other workers' load is not part of what they measure.
-# With extra arguments (-k ...), a stage that selects nothing (pytest's exit 5)
-# passes; a full run must select tests in both.
+# With extra arguments (-k ...), one of the two stages may select nothing
+# (pytest's exit 5); the run passes only if the other one selected tests:
+# extra arguments never turn "no tests selected" into a pass. A full run
+# must select tests in both.
 EXTRA_ARGS=$#
-pytest_stage() {  # pytest_stage MARKER-EXPRESSION ARGS...
-  local rc=0
+declare -A NOSEL=()
+# Under CI (CI=true, or .ci/run), a skipped fault-injection or console test
+# fails the run: those tests skip where their tools are missing, and a run
+# that skipped them proves nothing about what they check.
+STRICT=0
+if [[ "${CI:-}" == true || "${ANTIDOTE_CI_ENTRY:-0}" == 1 ]]; then STRICT=1; fi
+MUST_RUN_FILES="test_jepsen.py test_console.py"
+JUNIT_DIR="$(mktemp -d)"
+# The network-fault runs (test_jepsen.py) replay CI's two fixed seeds and
+# one fresh seed per run, printed here so that a failure can be replayed
+# with ANTIDOTE_JEPSEN_SEED=<seed>.
+if [[ -z "${ANTIDOTE_JEPSEN_SEED:-}" && -z "${ANTIDOTE_JEPSEN_FRESH_SEED:-}" ]]; then
+  ANTIDOTE_JEPSEN_FRESH_SEED=$(( (RANDOM << 15 | RANDOM) % 2147483646 + 1 ))
+fi
+export ANTIDOTE_JEPSEN_FRESH_SEED="${ANTIDOTE_JEPSEN_FRESH_SEED:-}"
+[[ -n "$ANTIDOTE_JEPSEN_FRESH_SEED" ]] && \
+  printf '[test] fresh Jepsen seed %s (replay: ANTIDOTE_JEPSEN_SEED=%s)\n' \
+    "$ANTIDOTE_JEPSEN_FRESH_SEED" "$ANTIDOTE_JEPSEN_FRESH_SEED"
+skipped_must_run() {  # skipped_must_run JUNIT.xml: names of skipped must-run tests
+  python3 - "$1" $MUST_RUN_FILES <<'PY'
+import sys, xml.etree.ElementTree as ET
+path, files = sys.argv[1], sys.argv[2:]
+try:
+    root = ET.parse(path).getroot()
+except (OSError, ET.ParseError) as e:
+    print(f"cannot read {path}: {e}"); sys.exit(0)
+for case in root.iter("testcase"):
+    where = (case.get("file") or "") + " " + (case.get("classname") or "")
+    if any(f.removesuffix(".py") in where for f in files) and case.find("skipped") is not None:
+        print(f"{case.get('classname')}::{case.get('name')}: "
+              f"{case.find('skipped').get('message', '')}")
+PY
+}
+pytest_stage() {  # pytest_stage NAME MARKER-EXPRESSION ARGS...
+  local rc=0 name="$1" xml="$JUNIT_DIR/$1.xml"
   timeout --signal=INT --kill-after=30 1500 \
-    "$ROOT/.venv/bin/python" -m pytest -m "$1" "${@:2}" || rc=$?
-  if [[ $rc == 5 && $EXTRA_ARGS -gt 0 ]]; then rc=0; fi
+    "$ROOT/.venv/bin/python" -m pytest -m "$2" --junitxml="$xml" "${@:3}" || rc=$?
+  if [[ $rc == 5 && $EXTRA_ARGS -gt 0 ]]; then
+    printf '[test] %s: no tests selected by the extra arguments\n' "$name"
+    NOSEL[$name]=1
+    rc=0
+  fi
+  if [[ $STRICT == 1 && -f "$xml" ]]; then
+    local skipped
+    skipped="$(skipped_must_run "$xml")"
+    if [[ -n "$skipped" ]]; then
+      printf '[test] under CI these tests must run, and were skipped:\n%s\n' "$skipped"
+      [[ $rc == 0 ]] && rc=1
+    fi
+  fi
   return $rc
 }
-stage "pytest (integration)" pytest_stage "not serial" "${PYTEST_ARGS[@]}"
+stage "pytest (integration)" pytest_stage integration "not serial" "${PYTEST_ARGS[@]}"
 stage "cargo test (unit)" unit_tests
 SERIAL_ARGS=(tests/ -p no:cacheprovider -o junit_family=xunit2)
 if [[ $# -gt 0 ]]; then SERIAL_ARGS+=("$@"); fi
-stage "pytest (serial)" pytest_stage serial "${SERIAL_ARGS[@]}"
+stage "pytest (serial)" pytest_stage serial serial "${SERIAL_ARGS[@]}"
+if [[ -n "${NOSEL[integration]:-}" && -n "${NOSEL[serial]:-}" ]]; then
+  RESULTS+=("FAIL  pytest: the extra arguments ($*) selected no test in either stage")
+  FAILED=1
+fi
 
 # A short smoke run on the older Kafka the suite supported before 4.4
 # (ANTIDOTE_KAFKA_VERSION runs everything on another version): the version
-# table, the Java clients, id-only requests and the frameworks. Skipped
-# with extra arguments (a run of chosen tests) and under tansu.
+# table, the Java clients, id-only requests and the frameworks. Skipped under
+# tansu, and with extra arguments on a developer's machine (a run of chosen
+# tests); under CI it runs whatever the arguments, which do not apply to it.
 SMOKE_KAFKA="${ANTIDOTE_SMOKE_KAFKA_VERSION:-4.1.2}"
 smoke_stage() {
+  local EXTRA_ARGS=0  # its files are fixed: selecting nothing is a failure
   ANTIDOTE_KAFKA_VERSION="$SMOKE_KAFKA" bash scripts/setup.sh || return 1
-  ANTIDOTE_KAFKA_VERSION="$SMOKE_KAFKA" pytest_stage "not serial" \
+  ANTIDOTE_KAFKA_VERSION="$SMOKE_KAFKA" pytest_stage smoke "not serial" \
     tests/test_api_versions.py tests/test_java_clients.py tests/test_topic_ids.py \
     tests/test_frameworks.py -p no:cacheprovider -o junit_family=xunit2 \
     -n "${PYTEST_WORKERS:-4}" --dist loadfile
 }
-if [[ $EXTRA_ARGS == 0 && "${ANTIDOTE_TEST_BROKER:-kafka}" == kafka && "${PYTEST_WORKERS:-4}" != 0 ]]; then
+if [[ ($EXTRA_ARGS == 0 || $STRICT == 1) && "${ANTIDOTE_TEST_BROKER:-kafka}" == kafka \
+      && "${PYTEST_WORKERS:-4}" != 0 ]]; then
   stage "pytest (Kafka $SMOKE_KAFKA smoke)" smoke_stage
 fi
 

@@ -14,13 +14,15 @@ read back from the brokers, every producer acknowledgement and every
 delivery.
 
 Which schedules run:
-  default (CI):                 the seeds in CI_SEEDS, ANTIDOTE_JEPSEN_SECONDS
-                                (default 60) of faults each
+  default (CI):                 the seeds in CI_SEEDS, plus
+                                ANTIDOTE_JEPSEN_FRESH_SEED when set (scripts/test.sh
+                                draws and prints one per run),
+                                ANTIDOTE_JEPSEN_SECONDS (default 60) of faults each
   ANTIDOTE_JEPSEN_SEED=7,9      those seeds (a replay)
   ANTIDOTE_JEPSEN_SCHEDULES=50  fifty seeds drawn at random (printed)
 
 Skipped, with the reason, where network namespaces cannot be made (not
-root, no iproute2/iptables, no NFQUEUE).
+root, no iproute2/iptables, no NFQUEUE); under CI=true that is a failure.
 """
 
 from __future__ import annotations
@@ -57,13 +59,16 @@ def seeds() -> list[int]:
         # worker collects the same seeds.
         rng = random.Random(os.environ.get("PYTEST_XDIST_TESTRUNUID") or None)
         return [rng.randrange(1, 1 << 31) for _ in range(n)]
-    return CI_SEEDS
+    fresh = os.environ.get("ANTIDOTE_JEPSEN_FRESH_SEED", "")
+    return CI_SEEDS + ([int(fresh)] if fresh else [])
 
 
 @pytest.fixture(scope="module")
 def net(workdir):
     why = ns.unavailable()
     if why:
+        if os.environ.get("CI") == "true" or os.environ.get("ANTIDOTE_CI_ENTRY") == "1":
+            pytest.fail(f"network namespaces unavailable under CI: {why}")
         pytest.skip(f"network namespaces unavailable: {why}")
     n = ns.Net(dict(jx.NODES), workdir).create()
     yield n
