@@ -25,6 +25,15 @@ run's duration:
 
 What a seed fixes is the schedule, not the interleaving: the same seed
 replays the same faults at the same times against the same workload.
+
+The player keeps, for the checker, each fault's window (wall-clock millis
+from its apply to its heal) and the nodes or member it touched
+(`Player.windows`), and what each fault's proof saw (`Player.proofs`); a
+fault whose proof fails (netns_support.NoEffect: its rules matched nothing
+on a link that carried traffic, its delay process delayed nothing or died)
+is listed in `Player.ineffective` and ends the schedule. A kill step that
+finds its proxy or member already exited is an error: that process
+crashed by itself, and restarting it would hide the crash.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Optional
 
 import netns_support as ns
 
@@ -127,20 +137,27 @@ class Player:
     events: list[str] = field(default_factory=list)
     error: str = ""
     t0: float = 0.0
+    windows: list[dict] = field(default_factory=list)
+    proofs: list[tuple[str, str, Optional[bool], int, str]] = field(default_factory=list)
+    ineffective: list[str] = field(default_factory=list)
+    killed_proxies: dict = field(default_factory=dict)
 
     def log(self, line: str) -> None:
         line = f"[jepsen {self.seed}] +{time.monotonic() - self.t0:6.1f}s {line}"
         self.events.append(line)
         print(line, flush=True)
 
-    def apply(self, f: dict) -> list[ns.Fault]:
+    def apply(self, f: dict, touched: dict) -> list[ns.Fault]:
+        """Apply fault `f`; note in `touched` the nodes (and member) it hits."""
         kind = f["kind"]
+        touched["nodes"] = [f[k] for k in ("a", "b", "node", "proxy") if k in f]
         if kind in ("partition-proxy-broker", "partition-client-proxy"):
             return [self.net.partition(f["a"], f["b"], f["mode"])]
         if kind == "partition-proxy-dlt":
             dlt = self.topics[2 + f["dlt"]]
             leader = self.cluster.ctl(self.cluster.leaders, dlt, timeout=30)[0]
             self.log(f"  {dlt} is led by node {leader}")
+            touched["nodes"].append(f"b{leader}")
             return [self.net.partition(f["a"], f"b{leader}", f["mode"])]
         if kind == "loss":
             return [self.net.loss(f["a"], f["b"], f["p"])]
@@ -161,15 +178,32 @@ class Player:
             return []
         if kind == "kill-proxy":
             proxy = self.proxies[f["proxy"]]
+            if proxy.proc is None or proxy.proc.poll() is not None:
+                raise RuntimeError(f"proxy {f['proxy']} had exited by itself (code "
+                                   f"{proxy.proc and proxy.proc.returncode}) before its kill "
+                                   f"step: a crash, not restarted")
             proxy.kill()
+            self.killed_proxies[f["proxy"]] = self.killed_proxies.get(f["proxy"], 0) + 1
             return [ns.Fault(f"restart {f['proxy']}", proxy.start)]
         if kind == "kill-member":
             members = self.work.members()
             name = members[f["pick"] % len(members)]
             self.log(f"  killing member {name}")
+            touched["member"] = name
             self.work.kill_member(name)
             return [ns.Fault(f"restart {name}", lambda: self.work.restart_member(name))]
         raise ValueError(kind)
+
+    def hold(self, stop: threading.Event, seconds: float, active: list[ns.Fault]) -> None:
+        """Wait `seconds` (or until stopped), checking the faults in force."""
+        end = time.monotonic() + seconds
+        while not stop.wait(max(0.0, min(0.5, end - time.monotonic()))):
+            for a in active:
+                bad = a.check()
+                if bad:
+                    raise RuntimeError(f"{a.what}: {bad}")
+            if time.monotonic() >= end:
+                return
 
     def play(self, stop: threading.Event) -> None:
         self.t0 = time.monotonic()
@@ -177,23 +211,49 @@ class Player:
             if stop.wait(max(0.0, self.t0 + step.at - time.monotonic())):
                 return
             self.log(f"apply {step}")
-            active: list[ns.Fault] = []
+            active: list[tuple[ns.Fault, dict]] = []
+            touched_all: list[dict] = []
             try:
                 for f in step.faults:
-                    active += self.apply(f)
-                stop.wait(step.hold)
+                    touched = {"what": describe(f), "kind": f["kind"],
+                               "from_ms": int(time.time() * 1000)}
+                    touched_all.append(touched)
+                    active += [(a, touched) for a in self.apply(f, touched)]
+                self.hold(stop, step.hold, [a for a, _ in active])
             except Exception:  # noqa: BLE001 - reported by the test, faults healed below
                 self.error += traceback.format_exc()
                 self.log(f"  error: {traceback.format_exc().splitlines()[-1]}")
             finally:
-                for a in active:
+                for a, touched in active:
                     try:
                         a.heal()
+                    except ns.NoEffect as e:
+                        self.ineffective.append(f"{touched['what']}: {e}")
                     except Exception:  # noqa: BLE001
                         self.error += traceback.format_exc()
+                    if a.proof is not None:
+                        self.proofs.append((touched["kind"], a.what, a.effective, a.matched,
+                                            a.seen))
+                        self.log(f"  {a.what}: {a.seen}")
+                now = int(time.time() * 1000)
+                for touched in touched_all:
+                    self.windows.append({**touched, "to_ms": now})
                 self.log("  healed")
-            if self.error:
+            if self.error or self.ineffective:
                 return
+
+
+# Kinds whose faults prove themselves with counters (netns_support.Fault.proof).
+COUNTED = ("partition-proxy-broker", "partition-proxy-dlt", "partition-client-proxy", "loss",
+           "delay", "slow")
+
+
+def unexercised(windows: list[dict], proofs: list) -> list[str]:
+    """Counted kinds played (Player.windows) none of whose faults acted on a
+    packet (each may have met an idle link; all of them meeting one is a
+    fault that does nothing)."""
+    acted = {kind for kind, _what, _ok, matched, _seen in proofs if matched > 0}
+    return sorted({w["kind"] for w in windows if w["kind"] in COUNTED} - acted)
 
 
 def kinds_of(steps: list[Step]) -> list[str]:

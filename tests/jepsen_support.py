@@ -43,12 +43,31 @@ BROKERS = ("b1", "b2", "b3")
 BROKER_PORT, CONTROLLER_PORT = 9092, 9093
 PROXY_BOOTSTRAP, PROXY_BASE, PROXY_ADMIN = 29092, 29100, 9644
 
+# The timeouts the recovery bound is made of (test_jepsen.py checks that
+# each group read everything, and no proxy held a partition, this long after
+# the faults healed):
+SESSION_TIMEOUT_S = 10         # a member cut off loses its partitions (both protocols)
+CLIENT_METADATA_REFRESH_S = 5  # the members' metadata refresh (librdkafka, Java)
+PROXY_METADATA_REFRESH_S = 30  # the proxies' upstream.metadata_refresh
+DLT_TIMEOUT_S = 5              # the proxies' dead_letter.timeout
+# What the timeouts leave out: the group's join and sync rounds after a
+# session expired, reconnect backoffs (at most 1 s in every client), a few
+# Fetch long polls (500 ms) and one DLT write retried after its timeout.
+RECOVERY_MARGIN_S = 15
+
+
+def recovery_bound_s() -> float:
+    """Session timeout + metadata refresh + dead_letter.timeout + margin."""
+    return (SESSION_TIMEOUT_S + max(CLIENT_METADATA_REFRESH_S, PROXY_METADATA_REFRESH_S)
+            + DLT_TIMEOUT_S + RECOVERY_MARGIN_S)
+
+
 # Over cluster_support's settings: group members cut off by a fault lose
 # their partitions after 10 s (KIP-848 groups take the session timeout from
 # the broker; the classic members ask for 10 s themselves).
 GROUP_PROPERTIES = {
     "group.consumer.min.session.timeout.ms": 6000,
-    "group.consumer.session.timeout.ms": 10000,
+    "group.consumer.session.timeout.ms": SESSION_TIMEOUT_S * 1000,
     "group.consumer.heartbeat.interval.ms": 1000,
     "group.consumer.min.heartbeat.interval.ms": 1000,
 }
@@ -172,6 +191,9 @@ class NsProxy(ps.PolicyProxy):
 
     def config_yaml(self) -> str:
         text = super().config_yaml().replace(h.HOST, self.host)
+        assert "upstream:\n" in text
+        text = text.replace("upstream:\n", f"upstream:\n  metadata_refresh: "
+                                           f"{PROXY_METADATA_REFRESH_S}s\n", 1)
         return text + f"admin:\n  listen: {self.host}:{PROXY_ADMIN}\n"
 
     def start(self) -> "NsProxy":
@@ -207,7 +229,8 @@ def start_proxy(net: ns.Net, workdir: Path, cluster: NsCluster, node: str,
     import conftest
     p = NsProxy(workdir, upstream=[b.bootstrap for b in cluster.brokers.values()],
                 bootstrap_port=PROXY_BOOTSTRAP, port_base=PROXY_BASE, name=f"antidote-{node}",
-                policies=[policy], net=net, node=node)
+                policies=[policy], net=net, node=node,
+                dead_letter={"timeout": f"{DLT_TIMEOUT_S}s"})
     conftest._PROXIES.append(p)
     return p.start()
 
@@ -239,6 +262,7 @@ class Client:
     proc: Optional[subprocess.Popen] = None
     cmd: list = field(default_factory=list)
     stdout_is_history: bool = False
+    killed: int = 0    # SIGKILLs by the schedule (their -9 is no crash)
 
 
 @dataclass
@@ -276,17 +300,29 @@ class Workload:
         self.clients.append(c)
 
     def _launch(self, c: Client) -> None:
-        with open(self.dir / f"{c.name}.stderr", "ab") as log, open(c.out, "ab") as hist:
-            c.proc = self.net.popen(c.node, c.cmd, stdout=hist if c.stdout_is_history else log,
-                                    stderr=log, stdin=subprocess.DEVNULL)
+        with open(self.dir / f"{c.name}.stderr", "ab") as log:
+            if c.stdout_is_history:
+                # Each line stamped with the wall clock as it comes (the Java
+                # member's assignment lines carry no time of their own).
+                c.proc = self.net.popen(c.node, c.cmd, stdout=subprocess.PIPE, stderr=log,
+                                        stdin=subprocess.DEVNULL)
+                threading.Thread(target=_stamp, args=(c.proc.stdout, c.out), daemon=True,
+                                 name=f"stamp-{c.name}").start()
+            else:
+                c.proc = self.net.popen(c.node, c.cmd, stdout=log, stderr=log,
+                                        stdin=subprocess.DEVNULL)
 
     def kill_member(self, name: str) -> None:
         """SIGKILL a member (a crash: its partitions stay with it until its
-        session expires, then move to the group's other member)."""
+        session expires, then move to the group's other member). A member
+        that is not running by then is an error: it crashed by itself."""
         c = next(c for c in self.clients if c.name == name)
-        if c.proc is not None and c.proc.poll() is None:
-            c.proc.kill()
-            c.proc.wait(10)
+        if c.proc is None or c.proc.poll() is not None:
+            raise h.HarnessError(f"member {name} had exited by itself (code "
+                                 f"{c.proc and c.proc.returncode}) before its kill step")
+        c.proc.kill()
+        c.proc.wait(10)
+        c.killed += 1
 
     def restart_member(self, name: str) -> None:
         """Start a killed member again; its history goes on in the same file."""
@@ -348,31 +384,36 @@ class Workload:
 
     # --- histories -------------------------------------------------------------
 
-    def acks(self) -> list[tuple[str, str, int, int]]:
-        out = []
-        for c in self.clients:
-            if c.role == "producer":
-                for o in _lines(c.out):
-                    if "ack" in o:
-                        out.append((o["ack"], o["t"], o["p"], o["o"]))
-        return out
+    def outcomes(self) -> list[jc.Outcome]:
+        """Every record each producer sent, with its outcome."""
+        return [o for c in self.clients if c.role == "producer"
+                for o in producer_outcomes(c.out, door=c.name in self.DOOR_PRODUCERS)]
 
-    def deliveries(self) -> dict[str, list[tuple[str, int, int, str, int]]]:
-        """group -> (topic, partition, offset, id, millis), in each member's
-        order, members one after the other."""
-        from jepsen_worker import record_id
+    def deliveries(self) -> dict[str, list[jc.Delivery]]:
+        """group -> its reads in time order, across its members (a partition
+        handed from one member to the other is read on by the second after
+        the first)."""
         out: dict[str, list] = {g: [] for g, _, _ in self.GROUPS}
         for c in self.clients:
-            if c.role != "member":
-                continue
-            for o in _lines(c.out):
-                if "d" not in o:
-                    continue
-                t, p, off, v, ms = o["d"]
-                if "java" in c.name:
-                    v = record_id(None if v is None else base64.b64decode(v))
-                out[c.group].append((t, p, off, v, ms))
+            if c.role == "member":
+                out[c.group] += member_history(c.out, c.name, java="java" in c.name)[0]
+        return {g: sorted(ds, key=lambda d: d.ms) for g, ds in out.items()}
+
+    def rebalances(self) -> dict[str, list[int]]:
+        """member -> wall-clock millis of its assignment changes."""
+        return {c.name: member_history(c.out, c.name, java="java" in c.name)[1]
+                for c in self.clients if c.role == "member"}
+
+    def group_nodes(self) -> dict[str, set[str]]:
+        """group -> the client hosts and proxies its members use."""
+        out: dict[str, set[str]] = {g: set() for g, _, _ in self.GROUPS}
+        for c in self.clients:
+            if c.role == "member":
+                out[c.group] |= {c.node, c.name.rsplit("-", 1)[1]}
         return out
+
+    def group_of(self) -> dict[str, str]:
+        return {c.name: c.group for c in self.clients if c.role == "member"}
 
     def members(self) -> list[str]:
         return [c.name for c in self.clients if c.role == "member"]
@@ -387,6 +428,101 @@ class Workload:
         for c in self.clients:
             n[c.name] = sum(1 for o in _lines(c.out) if "error" in o or "nack" in o)
         return n
+
+    def logs(self) -> list[Path]:
+        """Every client's stderr log (and the Java members' histories)."""
+        return sorted(self.dir.glob("*.stderr")) + [c.out for c in self.clients]
+
+
+def producer_outcomes(path: Path, door: bool) -> list[jc.Outcome]:
+    """A producer's history (jepsen_worker.py): each record it sent, with
+    "ack" and its position, its refusal's error name, or "timeout" when no
+    answer came before the producer ended."""
+    sent: dict[str, tuple[str, str]] = {}
+    result: dict[str, tuple[str, int, int]] = {}
+    for o in _lines(path):
+        if "sent" in o:
+            sent[o["sent"]] = (o["t"], o["k"])
+        elif "ack" in o:
+            sent.setdefault(o["ack"], (o["t"], o.get("k", "?")))
+            result[o["ack"]] = ("ack", o["p"], o["o"])
+        elif "nack" in o:
+            sent.setdefault(o["nack"], (o["t"], o.get("k", "?")))
+            result[o["nack"]] = (o["e"], -1, -1)
+    return [jc.Outcome(rid, t, k, door, *result.get(rid, ("timeout", -1, -1)))
+            for rid, (t, k) in sent.items()]
+
+
+def member_history(path: Path, member: str, java: bool
+                   ) -> tuple[list[jc.Delivery], list[int]]:
+    """A member's reads and the millis of its assignment changes (assigned,
+    revoked, lost). A Java member's values are base64 (its record id is read
+    from them); its lines are stamped with "ms" as they are read
+    (Workload._launch)."""
+    from jepsen_worker import record_id
+    ds, rebalances, last_ms = [], [], 0
+    for o in _lines(path):
+        if "d" in o:
+            t, p, off, v, ms = o["d"]
+            if java:
+                v = record_id(None if v is None else base64.b64decode(v))
+            ds.append(jc.Delivery(t, p, off, v, ms, member))
+            last_ms = ms
+        elif any(k in o for k in ("assigned", "revoked", "lost")):
+            rebalances.append(int(o.get("ms", last_ms)))
+    return ds, rebalances
+
+
+def excuses(group_nodes: dict[str, set[str]], group_of: dict[str, str],
+            rebalances: dict[str, list[int]], windows: list[dict]) -> dict[str, list[jc.Excuse]]:
+    """group -> the windows in which it may read a record again: its
+    members' rebalances, a kill of one of its members or proxies, and a
+    fault on a link of one of its members' hosts or proxies (`windows`:
+    jepsen_schedule.Player.windows)."""
+    out: dict[str, list[jc.Excuse]] = {g: [] for g in group_nodes}
+    for m, times in rebalances.items():
+        out[group_of[m]] += [(t, t, f"rebalance of {m}") for t in times]
+    for w in windows:
+        for g, nodes in group_nodes.items():
+            if w.get("member") and group_of.get(w["member"]) == g or nodes & set(w["nodes"]):
+                out[g].append((w["from_ms"], w["to_ms"], w["what"]))
+    return out
+
+
+def build_history(rows: dict[str, list], topics: list[str], dlts: list[str], per_key: set[str],
+                  produced: list[jc.Outcome], deliveries: dict[str, list[jc.Delivery]],
+                  excuses_: dict[str, list[jc.Excuse]], bound_s: float) -> jc.History:
+    """The checker's history from what the run read back: `rows` of each
+    topic and DLT (read_topic)."""
+    log = [r for t in topics for r in log_records(rows.get(t, []))]
+    dlt = [r for t in dlts for r in dlt_records(rows.get(t, []))]
+    return jc.History(log=log, produced=produced, deliveries=deliveries, dlt=dlt,
+                      per_key_topics=per_key, excuses=excuses_, bound_s=bound_s)
+
+
+def panics(paths: list[Path], offsets: Optional[dict[Path, int]] = None) -> list[str]:
+    """Lines saying "panicked at" in the logs (from each file's offset in
+    `offsets`, if given), with the file's name."""
+    out = []
+    for p in paths:
+        if not p.exists():
+            continue
+        with open(p, "rb") as f:
+            f.seek((offsets or {}).get(p, 0))
+            for line in f.read().decode(errors="replace").splitlines():
+                if "panicked at" in line:
+                    out.append(f"{p.name}: {line.strip()[:300]}")
+    return out
+
+
+def _stamp(pipe, out: Path) -> None:
+    """Copy a member's stdout to its history, `"ms"` added to each JSON line."""
+    with open(out, "ab") as f:
+        for line in iter(pipe.readline, b""):
+            if line.startswith(b"{") and not line.startswith(b"{}"):
+                line = b'{"ms": %d, ' % int(time.time() * 1000) + line[1:]
+            f.write(line)
+            f.flush()
 
 
 def _lines(path: Path) -> list[dict]:
@@ -441,23 +577,41 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list:
 
 def log_records(rows) -> list[jc.LogRec]:
     out = []
-    for topic, p, o, key, _value, headers in rows:
+    for topic, p, o, key, value, headers in rows:
         hd = {k: v for k, v in headers}
         rid = (hd.get("jx-id") or b"?").decode()
         kind = (hd.get("jx-kind") or b"?").decode()
-        out.append(jc.LogRec(topic, p, o, key, rid, kind))
+        out.append(jc.LogRec(topic, p, o, key, rid, kind, value, tuple(headers)))
     return out
+
+
+def dlt_frame(headers) -> tuple[tuple, dict]:
+    """(the original record's headers, antidote's context headers) of a DLT
+    record: format 2 ends in `x-antidote-context: 2 <n>` after n context
+    headers, which follow the original headers (guarantees.md, "Its frame
+    holds"); without that trailer, the headers named x-* are the context."""
+    headers = tuple(headers)
+    if headers and headers[-1][0] == "x-antidote-context":
+        fmt, _, n = (headers[-1][1] or b"").decode().partition(" ")
+        if fmt == "2" and n.isdigit() and int(n) + 1 <= len(headers):
+            cut = len(headers) - 1 - int(n)
+            return headers[:cut], {k: v for k, v in headers[cut:-1]}
+    return (tuple((k, v) for k, v in headers if not k.startswith("x-")),
+            {k: v for k, v in headers if k.startswith("x-")})
 
 
 def dlt_records(rows) -> list[jc.DltRec]:
     out = []
-    for _t, _p, _o, _key, _value, headers in rows:
-        hd = {k: v for k, v in headers}
-        if "x-original-topic" not in hd:
+    for _t, _p, _o, key, value, headers in rows:
+        original, ctx = dlt_frame(headers)
+        if "x-original-topic" not in ctx:
             continue  # lease and other markers
-        out.append(jc.DltRec(hd["x-original-topic"].decode(),
-                             int(hd["x-original-partition"]), int(hd["x-original-offset"]),
-                             hd["x-error-class"].decode()))
+        rid = (dict(original).get("jx-id") or b"?").decode()
+        out.append(jc.DltRec(ctx["x-original-topic"].decode(),
+                             int(ctx["x-original-partition"]), int(ctx["x-original-offset"]),
+                             ctx["x-error-class"].decode(),
+                             (ctx.get("x-error-rule") or b"").decode(), key, value, original,
+                             rid))
     return out
 
 

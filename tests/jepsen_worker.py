@@ -9,12 +9,15 @@ checker (jepsen_check.py) reads them.
            --door, poison goes through a second, non-idempotent producer
            (the door refuses it: its INVALID_RECORD must not cost the valid
            stream a fatal error or an epoch bump each time).
-           Lines: {"ack": id, "t": topic, "p": partition, "o": offset}
-                  {"nack": id, "t": topic, "e": error name}
+           Lines: {"sent": id, "t": topic, "k": kind}   (once produce() took it)
+                  {"ack": id, "t": topic, "k": kind, "p": partition, "o": offset}
+                  {"nack": id, "t": topic, "k": kind, "e": error name}
+                  (a record sent with neither had no answer: a timeout)
   consume: a librdkafka member of a group (classic or KIP-848 `consumer`)
            subscribed to the topics, committing after each record it
            delivers; a failed commit is noted and the loop goes on.
            Lines: {"d": [topic, partition, offset, id, millis]}
+                  {"assigned"|"revoked"|"lost": n, "ms": millis}
                   {"error": text}
 
 Record ids are "<tag>-<n>", in the value's device_id and the header jx-id;
@@ -85,12 +88,12 @@ def produce(a) -> None:
     main = ck.Producer({**conf, "enable.idempotence": True})
     poison_p = ck.Producer({**conf, "enable.idempotence": False}) if a.door else main
 
-    def report(rid, topic):
+    def report(rid, topic, kind):
         def cb(err, msg):
             if err is None:
-                out(ack=rid, t=topic, p=msg.partition(), o=msg.offset())
+                out(ack=rid, t=topic, k=kind, p=msg.partition(), o=msg.offset())
             else:
-                out(nack=rid, t=topic, e=err.name())
+                out(nack=rid, t=topic, k=kind, e=err.name())
         return cb
 
     n = 0
@@ -105,7 +108,8 @@ def produce(a) -> None:
         p = main if kind == "valid" else poison_p
         try:
             p.produce(topic, value=value, key=key, headers=headers,
-                      on_delivery=report(f"{a.tag}-{n}", topic))
+                      on_delivery=report(f"{a.tag}-{n}", topic, kind))
+            out(sent=f"{a.tag}-{n}", t=topic, k=kind)
         except BufferError:
             p.poll(1)
         main.poll(0)
@@ -129,7 +133,14 @@ def consume(a) -> None:
         # 45 s (KIP-848 groups take theirs from the broker's settings).
         conf.update({"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000})
     c = ck.Consumer(conf)
-    c.subscribe(a.topics.split(","))
+
+    def changed(what):
+        # The library assigns by itself after the callback (confluent-kafka
+        # does when the callback did not).
+        return lambda _c, parts: out(**{what: len(parts), "ms": int(time.time() * 1000)})
+
+    c.subscribe(a.topics.split(","), on_assign=changed("assigned"),
+                on_revoke=changed("revoked"), on_lost=changed("lost"))
     stop = Path(a.stop)
     try:
         while not stop.exists():

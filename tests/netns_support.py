@@ -15,18 +15,30 @@ deletes the namespaces (and with them the veths, the bridge and every
 rule); namespaces left by a test process that died are deleted at the next
 start.
 
-Faults, all started and undone by the test:
+Faults, all started and undone by the test; each proves, before it is
+undone, that it took effect (`Fault.proof`, read before the undo; a fault
+whose proof fails raises `NoEffect` once undone):
 
 - partition (`drop`: packets vanish, connections hang until a timeout;
   `reject`: TCP resets, connections fail at once): iptables rules in a
   chain of the first node's namespace, for the other node's address, both
-  directions;
-- loss: the same with `-m statistic --mode random --probability P`;
+  directions. Each fault rule follows a counting rule for the same
+  packets (no target), both tagged with a comment; if the counting rules
+  saw packets on the link during the fault, the fault rules' packet
+  counters must be non-zero;
+- loss: the same with `-m statistic --mode random --probability P`; its
+  counters must be non-zero once the link carried enough packets that no
+  drop at all has a chance under 1e-4;
 - delay and reordering: the kernel has no `netem` qdisc, so packets of the
-  link go to an NFQUEUE queue that `nfq_delay.py` (run in the node's
-  namespace) releases after `delay ± jitter` (packets overtake each other
-  with a jitter);
-- a slow link: a `tbf` qdisc (rate limit) on the node's veth.
+  link go to an NFQUEUE queue (no `--queue-bypass`: if the queue's reader
+  is gone, the link is cut, never silently undelayed) that `nfq_delay.py`
+  (run in the node's namespace) releases after `delay ± jitter` (packets
+  overtake each other with a jitter). It prints `ready` only once the
+  kernel acknowledged its bind; it is watched while the fault holds
+  (`Fault.check`), and the number of packets it delayed (asked with
+  SIGUSR1 before the undo) must be non-zero when the rule's counters are;
+- a slow link: a `tbf` qdisc (rate limit) on the node's veth; its counters
+  (`tc -s`) must show packets sent through it.
 
 Processes are put into a namespace by starting them from a thread that has
 entered it (`setns(2)` on that thread only; a child process inherits its
@@ -41,7 +53,9 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -152,17 +166,45 @@ def run_in(ns: str, fn: Callable[..., T], *args, timeout: Optional[float] = None
     return out["value"]
 
 
+class NoEffect(AssertionError):
+    """A fault whose counters show it did nothing to traffic that was there."""
+
+
 @dataclass
 class Fault:
-    """One fault in force: how to undo it."""
+    """One fault in force: how to undo it, and how it proves it took effect.
+    `proof()` (read before the undo) returns (ok, what it saw, how many
+    packets the fault acted on); `check()`
+    (called while the fault holds) returns an error text or None."""
     what: str
     undo: Callable[[], None]
     healed: bool = False
+    proof: Optional[Callable[[], tuple[bool, str, int]]] = None
+    check: Callable[[], Optional[str]] = lambda: None
+    counts: Optional[Callable[[], tuple[int, int]]] = None  # (link's packets, matched)
+    seen: str = ""          # what the proof saw
+    effective: Optional[bool] = None
+    matched: int = -1       # packets the fault acted on (-1: no proof read)
 
     def heal(self) -> None:
-        if not self.healed:
-            self.healed = True
-            self.undo()
+        if self.healed:
+            return
+        self.healed = True
+        error = None
+        if self.proof is not None:
+            try:
+                self.effective, self.seen, self.matched = self.proof()
+            except Exception as e:  # noqa: BLE001 - the undo must run anyway
+                self.effective, self.seen = False, f"proof failed: {e!r}"
+            if not self.effective:
+                error = NoEffect(f"{self.what}: no effect: {self.seen}")
+        self.undo()
+        if error is not None:
+            raise error
+
+
+_rule_ids = itertools.count(1)
+LOSS_NONE_CHANCE = 1e-4   # a loss fault's counters must be non-zero once no drop is this unlikely
 
 
 @dataclass
@@ -258,12 +300,30 @@ class Net:
 
     # --- faults ----------------------------------------------------------------
 
+    def counters(self, node: str) -> dict[str, int]:
+        """Packets matched by each of the test's rules in `node`, by comment."""
+        out: dict[str, int] = {}
+        for chain in ("JX-OUT", "JX-IN"):
+            r = self.exec(node, iptables_bin(), "-w", "-L", chain, "-v", "-x", "-n")
+            for line in r.stdout.splitlines():
+                m = re.match(r"\s*(\d+)\s+\d+\s.*/\* (jx\S+) \*/", line)
+                if m:
+                    out[m.group(2)] = int(m.group(1))
+        return out
+
     def _rules(self, node: str, peer: str, target: list[str], what: str,
-               target_in: Optional[list[str]] = None) -> Fault:
+               target_in: Optional[list[str]] = None, min_traffic: int = 1) -> Fault:
         """A rule for packets to `peer` and one for packets from it (the
-        same target unless `target_in` is given), in `node`'s namespace."""
-        paddr = self.addr(peer)
-        specs = [("JX-OUT", "-d", paddr, target), ("JX-IN", "-s", paddr, target_in or target)]
+        same target unless `target_in` is given), in `node`'s namespace,
+        each after a rule that only counts the link's packets. Its proof:
+        once the counting rules saw `min_traffic` packets, the fault's rules
+        must have matched some."""
+        paddr, n = self.addr(peer), next(_rule_ids)
+        specs = []
+        for chain, flag, t in (("JX-OUT", "-d", target), ("JX-IN", "-s", target_in or target)):
+            d = chain[3:].lower()
+            specs += [(chain, flag, paddr, ["-m", "comment", "--comment", f"jx{n}c{d}"]),
+                      (chain, flag, paddr, ["-m", "comment", "--comment", f"jx{n}f{d}", *t])]
         for chain, flag, a, t in specs:
             self.iptables(node, "-A", chain, flag, a, *t)
 
@@ -271,7 +331,17 @@ class Net:
             for chain, flag, a, t in specs:
                 self.exec(node, iptables_bin(), "-w", "-D", chain, flag, a, *t, check=False)
 
-        f = Fault(what, undo)
+        def counts() -> tuple[int, int]:
+            c = self.counters(node)
+            return (c.get(f"jx{n}cout", 0) + c.get(f"jx{n}cin", 0),
+                    c.get(f"jx{n}fout", 0) + c.get(f"jx{n}fin", 0))
+
+        def proof() -> tuple[bool, str, int]:
+            traffic, hits = counts()
+            return (hits > 0 or traffic < min_traffic,
+                    f"{traffic} packets on the link, {hits} matched the fault's rules", hits)
+
+        f = Fault(what, undo, proof=proof, counts=counts)
         self.faults.append(f)
         return f
 
@@ -291,9 +361,10 @@ class Net:
 
     def loss(self, a: str, b: str, probability: float) -> Fault:
         """Each packet between a and b dropped with `probability`."""
+        enough = math.ceil(math.log(LOSS_NONE_CHANCE) / math.log(1 - probability))
         return self._rules(a, b, ["-m", "statistic", "--mode", "random", "--probability",
                                   f"{probability:.3f}", "-j", "DROP"],
-                           f"loss {a}|{b} {probability:.0%}")
+                           f"loss {a}|{b} {probability:.0%}", min_traffic=enough)
 
     def delay(self, a: str, b: str, delay_ms: float, jitter_ms: float = 0.0,
               reorder: float = 0.0, seed: int = 0) -> Fault:
@@ -309,14 +380,47 @@ class Net:
         deadline = time.monotonic() + 10
         while "ready" not in log.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"nfq_delay.py did not start:\n{log.read_text()}")
+                if proc.poll() is None:
+                    proc.kill()
+                raise RuntimeError(f"nfq_delay.py did not bind queue {queue}:\n"
+                                   f"{log.read_text()}")
             time.sleep(0.02)
-        rules = self._rules(a, b, ["-j", "NFQUEUE", "--queue-num", str(queue),
-                                   "--queue-bypass"], "")
+        # No --queue-bypass: with its reader gone the queue drops the link's
+        # packets (and check() says so), rather than let them pass undelayed.
+        rules = self._rules(a, b, ["-j", "NFQUEUE", "--queue-num", str(queue)], "")
         self.faults.remove(rules)
 
+        def delayed() -> int:
+            """The count nfq_delay.py gives on SIGUSR1."""
+            before = log.read_text().count("count ")
+            proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                lines = [ln for ln in log.read_text().splitlines() if ln.startswith("count ")]
+                if len(lines) > before:
+                    return int(lines[-1].split()[1])
+                time.sleep(0.02)
+            raise RuntimeError(f"nfq_delay.py gave no count:\n{log.read_text()[-2000:]}")
+
+        def check() -> Optional[str]:
+            if proc.poll() is not None:
+                return (f"nfq_delay.py (queue {queue}) exited with {proc.returncode}:\n"
+                        f"{log.read_text()[-2000:]}")
+            return None
+
+        def proof() -> tuple[bool, str, int]:
+            dead = check()
+            if dead:
+                return False, dead, 0
+            traffic, hits = rules.counts()
+            n = delayed()
+            return (traffic == 0 or (hits > 0 and n > 0),
+                    f"{traffic} packets on the link, {hits} queued, {n} delayed by "
+                    f"nfq_delay.py", min(hits, n))
+
         def undo() -> None:
-            rules.heal()
+            rules.undo()
+            rules.healed = True
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -325,7 +429,8 @@ class Net:
                     proc.kill()
             out.close()
 
-        f = Fault(f"delay {a}|{b} {delay_ms:.0f}±{jitter_ms:.0f} ms", undo)
+        f = Fault(f"delay {a}|{b} {delay_ms:.0f}±{jitter_ms:.0f} ms", undo, proof=proof,
+                  check=check)
         self.faults.append(f)
         return f
 
@@ -337,11 +442,27 @@ class Net:
         def undo() -> None:
             self.exec(node, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
-        f = Fault(f"slow {node} {rate_kbit} kbit/s", undo)
+        def proof() -> tuple[bool, str, int]:
+            text = self.exec(node, "tc", "-s", "qdisc", "show", "dev", "eth0").stdout
+            m = re.search(r"tbf .*?Sent (\d+) bytes (\d+) pkt \(dropped (\d+), "
+                          r"overlimits (\d+)", text, re.S)
+            if not m:
+                return False, f"no tbf qdisc on {node}'s eth0: {text.strip()}", 0
+            n = int(m.group(2))
+            return n > 0, f"{n} packets sent through tbf, {m.group(4)} over its rate", n
+
+        f = Fault(f"slow {node} {rate_kbit} kbit/s", undo, proof=proof)
         self.faults.append(f)
         return f
 
-    def heal_all(self) -> None:
+    def heal_all(self) -> list[str]:
+        """Undo every fault still in force; what their proofs said if one
+        had no effect (after a failure, the rest are undone all the same)."""
+        errors = []
         for f in self.faults:
-            f.heal()
+            try:
+                f.heal()
+            except NoEffect as e:
+                errors.append(str(e))
         self.faults.clear()
+        return errors

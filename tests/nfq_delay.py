@@ -3,7 +3,8 @@
 The kernel of the test machine has no `netem` qdisc (nor prio, sfq,
 fq_codel), so `tc qdisc add ... netem delay` is not available. This program
 does what netem's delay does, in user space: iptables sends the packets of
-one link to an NFQUEUE queue (`-j NFQUEUE --queue-num N --queue-bypass`),
+one link to an NFQUEUE queue (`-j NFQUEUE --queue-num N`, no bypass: while
+nobody reads the queue its packets are dropped, never passed undelayed),
 this process receives each packet's id (metadata only, never the payload),
 and issues the ACCEPT verdict once the packet's own delay has passed. Each
 packet gets `delay ± jitter` (uniform); with a jitter, packets overtake each
@@ -11,17 +12,21 @@ other (reordering, as netem's jitter does), and `--reorder P` lets a share
 P of packets through at once, ahead of the delayed ones (netem's `reorder`).
 The kernel holds the packets meanwhile; verdicts may be issued in any order.
 
-It speaks nfnetlink_queue over a raw netlink socket (no library): a config
-message binds the queue (copy mode META, queue length 65536), each packet
+It speaks nfnetlink_queue over a raw netlink socket (no library): config
+messages bind the queue (copy mode META, queue length 65536), each asking
+for the kernel's acknowledgement (NLM_F_ACK), which is read before `ready`
+is printed: a bind the kernel refused (another reader on the queue: EBUSY;
+no nfnetlink_queue) ends the program with the error instead. Each packet
 message carries a `nfqnl_msg_packet_hdr` whose id the verdict names.
 
 Run it inside the namespace whose iptables rules feed the queue:
 
     ip netns exec NS python nfq_delay.py --queue 7 --delay-ms 150 --jitter-ms 100 --seed 3
 
-It prints "ready" once bound. On SIGTERM it accepts every packet it holds,
-unbinds and exits 0 (the rule's --queue-bypass then lets packets through
-unqueued). The number of packets delayed is printed on exit.
+It prints "ready" once the kernel acknowledged the bind. On SIGUSR1 it
+prints "count N", the packets it has received so far. On SIGTERM it accepts
+every packet it holds, unbinds and exits 0 (its rule must be gone by then).
+The number of packets delayed is printed on exit.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
 NFQNL_COPY_META = 1
 NF_ACCEPT = 1
 NLM_F_REQUEST = 1
+NLM_F_ACK = 4
 NLMSG_ERROR = 2
 AF_INET = 2
 
@@ -56,11 +62,11 @@ def _attr(kind: int, payload: bytes) -> bytes:
     return struct.pack("=HH", length, kind) + payload + b"\0" * ((4 - length % 4) % 4)
 
 
-def _message(msg_type: int, queue: int, attrs: bytes, seq: int) -> bytes:
+def _message(msg_type: int, queue: int, attrs: bytes, seq: int, flags: int = 0) -> bytes:
     nfgen = struct.pack("=BBH", AF_INET, 0, socket.htons(queue))
     body = nfgen + attrs
     return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | msg_type,
-                       NLM_F_REQUEST, seq, 0) + body
+                       NLM_F_REQUEST | flags, seq, 0) + body
 
 
 def _attrs(buf: bytes, pos: int, end: int):
@@ -80,16 +86,37 @@ class Queue:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         self.sock.bind((0, 0))
 
-    def send(self, msg_type: int, attrs: bytes) -> None:
+    def send(self, msg_type: int, attrs: bytes, flags: int = 0) -> int:
         self.seq += 1
-        self.sock.send(_message(msg_type, self.num, attrs, self.seq))
+        self.sock.send(_message(msg_type, self.num, attrs, self.seq, flags))
+        return self.seq
+
+    def acked(self, seq: int, what: str, timeout: float = 5.0) -> None:
+        """Wait for the kernel's answer to message `seq`: an NLMSG_ERROR
+        whose error is 0 (an acknowledgement), or raise its error."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise TimeoutError(f"no answer from the kernel to {what}")
+            buf, pos = self.sock.recv(1 << 16), 0
+            while pos + 16 <= len(buf):
+                length, msg_type, _flags, mseq, _pid = struct.unpack_from("=IHHII", buf, pos)
+                if length < 16:
+                    break
+                if msg_type == NLMSG_ERROR and mseq == seq:
+                    (err,) = struct.unpack_from("=i", buf, pos + 16)
+                    if err != 0:
+                        raise OSError(-err, f"{what} (queue {self.num}): {os.strerror(-err)}")
+                    return
+                pos += (length + 3) & ~3
 
     def bind(self) -> None:
-        self.send(NFQNL_MSG_CONFIG, _attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_BIND,
-                                                                    AF_INET)))
-        self.send(NFQNL_MSG_CONFIG, _attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0,
-                                                                       NFQNL_COPY_META)))
-        self.send(NFQNL_MSG_CONFIG, _attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)))
+        for what, attr in (
+                ("bind", _attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_BIND, AF_INET))),
+                ("copy mode", _attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0, NFQNL_COPY_META))),
+                ("queue length", _attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)))):
+            self.acked(self.send(NFQNL_MSG_CONFIG, attr, NLM_F_ACK), what)
 
     def unbind(self) -> None:
         self.send(NFQNL_MSG_CONFIG, _attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_UNBIND,
@@ -130,14 +157,22 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     q = Queue(args.queue)
-    q.bind()
-    stop = []
+    try:
+        q.bind()
+    except OSError as e:
+        print(f"bind failed: {e}", flush=True)
+        return 2
+    stop, asked = [], []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
     held: list[tuple[float, int, int]] = []  # (release time, arrival number, packet id)
     arrivals = 0
     print("ready", flush=True)
     while not stop:
+        if asked:
+            asked.clear()
+            print(f"count {arrivals}", flush=True)
         now = time.monotonic()
         while held and held[0][0] <= now:
             q.accept(heapq.heappop(held)[2])
