@@ -192,38 +192,17 @@ impl FetchFilter {
         }
         let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
         let mut transient_at = Vec::new();
-        let now = now_ms();
-        let mut planned = self.plan_all(jobs.clone(), now).await?;
-        if let Some(registry) = self.engine.registry() {
-            self.resolve_transient(registry, &jobs, &mut planned, now)
-                .await?;
-        }
-        self.judge_behind(&jobs, &planned, now);
-        for (at, mut plan) in planned {
-            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
+        for (at, mut plan) in self.judge(&jobs, now_ms()).await? {
             // The circuit breaker: diversions from its cut on are not
             // written, and the partition holds there (as on a DLT failure).
-            let ledger = self.dead_letter.ledger();
-            if let Some(cut) = self.breakers.cut(&plan, |d| {
-                ledger.contains(&(d.origin_topic.clone(), d.origin_partition, d.origin_offset))
-            }) {
+            if let Some(cut) = self.breaker_cut(&plan) {
                 plan.diversions.retain(|d| d.origin_offset < cut);
-                plan.held = Some(plan.held.take().map_or(
-                    crate::plan::Hold {
+                if plan.held.as_ref().is_none_or(|h| h.offset > cut) {
+                    plan.held = Some(crate::plan::Hold {
                         offset: cut,
                         reason: crate::plan::HoldReason::Breaker,
-                    },
-                    |h| {
-                        if h.offset <= cut {
-                            h
-                        } else {
-                            crate::plan::Hold {
-                                offset: cut,
-                                reason: crate::plan::HoldReason::Breaker,
-                            }
-                        }
-                    },
-                ));
+                    });
+                }
             }
             if plan.changes_anything() {
                 // Its blocks are learnt once its diversions are done.
@@ -232,6 +211,7 @@ impl FetchFilter {
             } else {
                 keys::learn(&self.blocked, &plan, None);
                 count(&plan, None);
+                metrics::global().set_held(&plan.topic, plan.partition, false);
             }
         }
         if version >= 13 {
@@ -315,9 +295,12 @@ impl FetchFilter {
             let topic_name: Arc<str> = Arc::from(name.as_str());
             if version >= 13 {
                 // A new id for a known name: the topic was recreated.
-                self.dead_letter
-                    .ledger()
-                    .observe_topic_id(&topic_name, topic.topic_id);
+                let parts = topic.partitions.iter();
+                self.observe_topic_id(
+                    &topic_name,
+                    topic.topic_id,
+                    parts.map(|p| (p.error_code, p.records.as_ref())),
+                );
             }
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
@@ -457,6 +440,7 @@ fn apply_outcome(
     // The hold's reason is noted before the held gauge is set (the console).
     log_hold(plan, failed_from);
     count(plan, held_from);
+    metrics::global().set_held(&plan.topic, plan.partition, held_from.is_some());
     match held_from {
         None => {
             holds.release(&plan.topic, plan.partition);
@@ -503,7 +487,11 @@ fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
 }
 
 /// Count what a plan judged. Diversions count once acknowledged; those
-/// at or past a hold are judged again on the next fetch.
+/// at or past a hold are judged again on the next fetch. Holds are the
+/// caller's to report: only a Fetch holds a partition
+/// (`antidote_held_partitions`); a ShareFetch withholds records
+/// (`antidote_share_withheld_records_total`), and must not clear a hold a
+/// Fetch of the same partition has.
 fn count(plan: &PartitionPlan, held_from: Option<i64>) {
     let m = metrics::global();
     let (topic, partition, policy) = (&*plan.topic, plan.partition, plan.policy.name.as_str());
@@ -541,7 +529,6 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
     for (inv, action) in outcomes {
         m.record_invalid(topic, partition, policy, inv.class, &inv.rule, action);
     }
-    m.set_held(topic, partition, held_from.is_some());
 }
 
 /// Run `f` and add the CPU time it took on this thread to
@@ -630,6 +617,7 @@ mod tests {
 
 mod gate;
 mod holds;
+mod judge;
 mod keys;
 mod parallel;
 mod patch;

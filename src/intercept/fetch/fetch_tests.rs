@@ -40,8 +40,15 @@ pub(super) const POISON: &str = "not json";
 
 /// A filter for topic `t` (JSON values), its DLT `t.dlt` on `mock`.
 pub(super) async fn filter_on(mock: &MockBroker, timeout: Duration) -> FetchFilter {
+    filter_with(mock, timeout, "").await
+}
+
+/// The same with `extra` lines added to the policy (indented by four).
+pub(super) async fn filter_with(mock: &MockBroker, timeout: Duration, extra: &str) -> FetchFilter {
     mock.add_topic("t", 1);
-    let text = "policies:\n  - name: p\n    topics: [t]\n    value: { format: json }\n";
+    let text =
+        format!("policies:\n  - name: p\n    topics: [t]\n    value: {{ format: json }}\n{extra}");
+    let text = text.as_str();
     let policies = Arc::new(PolicySet::parse(text, Path::new("p.yaml")).expect("policy"));
     let ep = client::Endpoint {
         tls: None,

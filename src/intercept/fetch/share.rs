@@ -18,19 +18,30 @@
 //!   acknowledged in time, `transient`, breaker open, a batch that cannot
 //!   be judged and what follows it) leaves the acquired ranges without one:
 //!   the broker delivers it again when its lock expires (each delivery
-//!   counts towards `group.share.delivery.count.limit`; see docs/policies.md).
+//!   counts towards `group.share.delivery.count.limit`; see docs/policies.md);
+//! - a batch diverted whole (it cannot be decoded) is settled or withheld
+//!   as one: every offset of it the member acquired, never only some.
+//!
+//! Offsets are handled as ranges throughout (`plan::share`): the work is
+//! proportional to the ranges, never to the offsets they cover. A broker's
+//! acquired ranges are believed only sorted, disjoint, inside the records
+//! section and no more than its records need (`share::check_acquired`);
+//! otherwise the partition is withheld whole and counted (`bad_ranges`).
 //!
 //! Topics whose id is not known yet are withheld whole the same way. A
 //! topic whose DLTs are not read back yet is judged all the same: its
 //! valid records are delivered, its invalid ones withheld (whether one is
-//! in its DLT already cannot be told yet, so none is written). A response nothing changes goes out
-//! as it came; one that changes is decoded and encoded again whole
-//! (records included).
+//! in its DLT already cannot be told yet, so none is written). A response
+//! nothing changes goes out as it came; one that changes is decoded and
+//! encoded again whole (records included). The acquisition locks run from
+//! the response's arrival, so that is where the deadline of the proxy's
+//! acknowledgements is taken, before any wait for a registry or a DLT.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::share_fetch_response::AcquiredRecords;
+use kafka_protocol::messages::share_fetch_response::{AcquiredRecords, PartitionData};
 use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use uuid::Uuid;
@@ -39,9 +50,11 @@ use super::gate::TopicGate;
 use super::parallel::PartitionJob;
 use super::{count, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
+use crate::dlt_record::Diversion;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
+use crate::kafka::batch::{segments, Segment};
 use crate::metrics;
-use crate::plan::share::{self, Acquired};
+use crate::plan::share::{self, Acquired, Span};
 use crate::plan::{PartitionPlan, Visibility};
 use crate::policy::Class;
 
@@ -69,7 +82,7 @@ type Withheld = (usize, Option<usize>, &'static str);
 
 /// What `share_jobs` makes of a response.
 struct ShareJobs {
-    jobs: Vec<std::sync::Arc<PartitionJob>>,
+    jobs: Vec<Arc<PartitionJob>>,
     withheld: Vec<Withheld>,
     /// Topics (indexes) judged while their DLTs are not read back yet.
     unloaded: Vec<usize>,
@@ -79,11 +92,25 @@ struct ShareJobs {
 #[derive(Default)]
 struct Settle {
     /// Removed for good: acknowledged by the proxy.
-    done: Vec<i64>,
+    done: Vec<Span>,
     /// Not decided now: withheld, no acknowledgement, by reason.
-    withheld: Vec<(i64, &'static str)>,
+    withheld: Vec<(Span, &'static str)>,
     /// Withheld from this offset on (a batch that cannot be judged).
     held_from: Option<i64>,
+    /// Invalid records another member acquired (or none did): removed, and
+    /// counted by the proxy of the member that acquired them.
+    others: u64,
+}
+
+/// What becomes of one partition's acquired offsets, as ranges.
+struct Outcome {
+    /// Acknowledged by the proxy.
+    done: Vec<Span>,
+    /// Every acquired offset that leaves the acquired ranges (done and
+    /// withheld).
+    removed: Vec<Span>,
+    /// Withheld records (diversions not written now), to be judged again.
+    withheld_records: u64,
 }
 
 impl FetchFilter {
@@ -96,6 +123,9 @@ impl FetchFilter {
         version: i16,
         call: ShareCall<'_>,
     ) -> Result<Option<Bytes>, FilterError> {
+        // The locks run from the broker's answer: count from its arrival,
+        // not from the end of the waits below.
+        let arrived = Instant::now();
         let mut resp = timed(|| ShareFetchResponse::decode(&mut body.clone(), version))
             .map_err(FilterError::Decode)?;
         let (mut changed, learned) = ctx.rewrite_share_endpoints(&mut resp);
@@ -108,31 +138,9 @@ impl FetchFilter {
             withheld,
             unloaded,
         } = self.share_jobs(ctx, &resp).await;
-        for (ti, pi, reason) in withheld {
-            let parts = &mut resp.responses[ti].partitions;
-            let which = match pi {
-                Some(pi) => pi..pi + 1,
-                None => 0..parts.len(),
-            };
-            for p in &mut parts[which] {
-                let n = acquired_count(&p.acquired_records);
-                if n > 0 || p.records.as_ref().is_some_and(|r| !r.is_empty()) {
-                    metrics::global().share.withheld(reason, n);
-                    p.acquired_records.clear();
-                    p.records = Some(Bytes::new());
-                    changed = true;
-                }
-            }
-        }
-        let mut planned = self.plan_all(jobs.clone(), now).await?;
-        if let Some(registry) = self.engine.registry() {
-            self.resolve_transient(registry, &jobs, &mut planned, now)
-                .await?;
-        }
-        // Which records each plan diverts, and which it cannot decide now.
+        changed |= withhold(&mut resp, &withheld);
         let mut plans: Vec<Planned> = Vec::new();
-        for (at, mut plan) in planned {
-            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
+        for (at, mut plan) in self.judge(&jobs, now).await? {
             let acquired = acquired_of(&resp.responses[at.0].partitions[at.1].acquired_records);
             let ledger_known = !unloaded.contains(&at.0);
             let settle = self.sort_out(&mut plan, &acquired, ledger_known);
@@ -150,60 +158,20 @@ impl FetchFilter {
             let refs: Vec<&PartitionPlan> = plans.iter().map(|p| &p.plan).collect();
             self.divert(&refs).await
         };
-        let ledger = self.dead_letter.ledger();
-        let expires = lock_deadline(Instant::now(), resp.acquisition_lock_timeout_ms);
+        let expires = lock_deadline(arrived, resp.acquisition_lock_timeout_ms);
         let mut owed = Vec::new();
         timed(|| -> Result<_, FilterError> {
             for (planned, failed) in plans.into_iter().zip(failed) {
-                let Planned {
-                    at,
-                    mut plan,
-                    acquired,
-                    mut settle,
-                } = planned;
-                // Diversions not acknowledged in time: withheld.
-                plan.diversions.retain(|d| {
-                    let ok = failed.binary_search(&d.origin_offset).is_err();
-                    if ok {
-                        settle.done.extend(whole_range(d, &acquired));
-                    } else {
-                        settle.withheld.push((d.origin_offset, "dlt"));
-                    }
-                    ok
-                });
-                settle.done.extend(
-                    plan.dropped
-                        .iter()
-                        .filter(|&&o| share::is_acquired(&acquired, o)),
-                );
-                // In its DLT before (this fetch or another, any instance).
-                for a in &acquired {
-                    settle.done.extend(ledger.diverted_in(
-                        &plan.topic,
-                        plan.partition,
-                        a.first,
-                        a.last.saturating_add(1),
-                    ));
-                }
-                let topic_id = resp.responses[at.0].topic_id;
-                let p = &mut resp.responses[at.0].partitions[at.1];
-                let (removed, withheld, cut) = settle.offsets(&acquired);
-                // Withheld records are judged again when they come back.
-                plan.stats.judged = plan.stats.judged.saturating_sub(withheld);
-                count(&plan, None);
-                metrics::global().set_held(&plan.topic, plan.partition, withheld + cut > 0);
-                if removed.is_empty() && cut == 0 && !plan.changes_anything() {
+                let topic_id = resp.responses[planned.at.0].topic_id;
+                let p = &mut resp.responses[planned.at.0].partitions[planned.at.1];
+                let Some(done) = self.deliver(planned, &failed, p)? else {
                     continue; // a clean partition: its bytes and ranges as they came
-                }
+                };
                 changed = true;
-                let chunks = plan.apply_chunks(None)?;
-                let left = share::subtract(&acquired, &removed);
-                p.acquired_records = to_wire(&cut_ranges(left, settle.held_from));
-                p.records = Some(join(chunks));
-                owed.extend(settle.done.iter().map(|&offset| Owed {
+                owed.extend(done.into_iter().map(|span| Owed {
                     topic_id,
-                    partition: plan.partition,
-                    offset,
+                    partition: p.partition_index,
+                    span,
                     ack: call.removed_ack,
                     expires,
                 }));
@@ -212,9 +180,66 @@ impl FetchFilter {
         })?;
         if let Some(session) = call.session {
             let dropped = call.book.owe(session, owed);
-            metrics::global().share.acks("overflow", dropped as u64);
+            metrics::global().share.acks("overflow", dropped);
         }
         timed(|| changed.then(|| encode(&resp, version)).transpose())
+    }
+
+    /// Settle one planned partition once its diversions are written
+    /// (`failed`: those not acknowledged in time): its records rebuilt, its
+    /// acquired ranges without what the proxy removed, counted. The ranges
+    /// the proxy acknowledges, or `None` if nothing changes.
+    fn deliver(
+        &self,
+        planned: Planned,
+        failed: &[i64],
+        p: &mut PartitionData,
+    ) -> Result<Option<Vec<Span>>, FilterError> {
+        let Planned {
+            mut plan,
+            acquired,
+            mut settle,
+            ..
+        } = planned;
+        // Diversions not acknowledged in time: withheld, whole batches whole.
+        plan.diversions.retain(|d| {
+            let ok = failed.binary_search(&d.origin_offset).is_err();
+            if !ok {
+                settle.withheld.push((span_of(d), "dlt"));
+            }
+            ok
+        });
+        settle.done.extend(plan.diversions.iter().map(span_of));
+        settle.done.extend(plan.dropped.iter().map(|&o| (o, o)));
+        settle
+            .done
+            .extend(plan.whole_batches.iter().map(|&(f, l)| (f, l.max(f))));
+        // In its DLT before (this fetch or another, any instance). The
+        // ranges were checked: at most one more than the section's records.
+        let ledger = self.dead_letter.ledger();
+        for a in &acquired {
+            let before = ledger.diverted_in(
+                &plan.topic,
+                plan.partition,
+                a.first,
+                a.last.saturating_add(1),
+            );
+            settle.done.extend(before.into_iter().map(|o| (o, o)));
+        }
+        let out = settle.outcome(&acquired);
+        // Withheld records are judged again when they come back; those
+        // another member acquired are judged by its fetch.
+        let unjudged = out.withheld_records.saturating_add(settle.others);
+        plan.stats.judged = plan.stats.judged.saturating_sub(unjudged);
+        count(&plan, None);
+        if out.removed.is_empty() && !plan.changes_anything() {
+            return Ok(None);
+        }
+        let chunks = plan.apply_chunks(None)?;
+        let left = share::subtract(&acquired, &out.removed);
+        p.acquired_records = to_wire(&left);
+        p.records = Some(join(chunks));
+        Ok(Some(out.done))
     }
 
     /// One planning job per partition of a policy topic with records; the
@@ -240,22 +265,27 @@ impl FetchFilter {
                 }
                 TopicGate::Judge(policy) => policy,
             };
-            let topic_name: std::sync::Arc<str> = std::sync::Arc::from(name.as_str());
-            self.dead_letter
-                .ledger()
-                .observe_topic_id(&topic_name, topic.topic_id);
+            let topic_name: Arc<str> = Arc::from(name.as_str());
+            self.observe_topic_id(
+                &topic_name,
+                topic.topic_id,
+                topic
+                    .partitions
+                    .iter()
+                    .map(|p| (p.error_code, p.records.as_ref())),
+            );
             for (pi, p) in topic.partitions.iter().enumerate() {
                 let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
                     continue;
                 };
-                if p.acquired_records.len() > MAX_ACQUIRED_RANGES {
+                if let Err(bad) = believable(&p.acquired_records, records) {
                     tracing::warn!(topic = %name, partition = p.partition_index,
-                        ranges = p.acquired_records.len(),
-                        "share fetch: more acquired ranges than records could need: withheld");
-                    withheld.push((ti, Some(pi), "held"));
+                        ranges = p.acquired_records.len(), why = bad.as_str(),
+                        "share fetch: acquired ranges not believed: partition withheld");
+                    withheld.push((ti, Some(pi), "bad_ranges"));
                     continue;
                 }
-                jobs.push(std::sync::Arc::new(PartitionJob {
+                jobs.push(Arc::new(PartitionJob {
                     at: (ti, pi),
                     policy: policy.clone(),
                     topic: topic_name.clone(),
@@ -298,36 +328,26 @@ impl FetchFilter {
             tracing::warn!(topic = %plan.topic, partition = plan.partition, offset = h.offset,
                 reason = %h.reason, "share fetch: batch cannot be judged: withheld from it on");
         }
-        let mine = |d: &crate::dlt_record::Diversion| {
-            share::is_acquired(acquired, d.origin_offset)
-                || d.last_offset.is_some_and(|last| {
-                    acquired
-                        .iter()
-                        .any(|a| a.first <= last && d.origin_offset <= a.last)
-                })
-        };
         plan.diversions.retain(|d| {
-            if !mine(d) {
+            if !share::meets(acquired, span_of(d)) {
+                settle.others += 1;
                 return false;
             }
             if d.invalid.class == Class::Transient {
-                settle.withheld.push((d.origin_offset, "transient"));
+                settle.withheld.push((span_of(d), "transient"));
                 return false;
             }
             if !ledger_known {
-                settle.withheld.push((d.origin_offset, "not_loaded"));
+                settle.withheld.push((span_of(d), "not_loaded"));
                 return false;
             }
             true
         });
-        let ledger = self.dead_letter.ledger();
-        if let Some(cut) = self.breakers.cut(plan, |d| {
-            ledger.contains(&(d.origin_topic.clone(), d.origin_partition, d.origin_offset))
-        }) {
+        if let Some(cut) = self.breaker_cut(plan) {
             plan.diversions.retain(|d| {
                 let before = d.origin_offset < cut;
                 if !before {
-                    settle.withheld.push((d.origin_offset, "breaker"));
+                    settle.withheld.push((span_of(d), "breaker"));
                 }
                 before
             });
@@ -337,89 +357,98 @@ impl FetchFilter {
 }
 
 impl Settle {
-    /// The acquired offsets leaving the acquired ranges one by one
-    /// (sorted, once each: removed for good or withheld), how many of them
-    /// are withheld, and how many `held_from` withholds (it cuts the ranges
-    /// as a whole: `cut_ranges`); counts the withheld.
-    fn offsets(&mut self, acquired: &[Acquired]) -> (Vec<i64>, u64, u64) {
-        let held = |o: i64| self.held_from.is_some_and(|h| o >= h);
-        let mut withheld: Vec<i64> = Vec::new();
-        for &(o, reason) in &self.withheld {
-            if share::is_acquired(acquired, o) && !held(o) {
-                metrics::global().share.withheld(reason, 1);
-                withheld.push(o);
+    /// What becomes of `acquired` (checked: sorted, disjoint): withheld
+    /// wins over done (a batch diverted whole and not written is withheld
+    /// whole), `held_from` cuts everything from it on. Counts the withheld.
+    fn outcome(&self, acquired: &[Acquired]) -> Outcome {
+        let held = share::before(&[(i64::MIN, i64::MAX)], self.held_from);
+        let mut withheld_records = 0u64;
+        let mut withheld = Vec::new();
+        for &(span, reason) in &self.withheld {
+            let mine = share::within(&share::within(&[span], acquired), &to_acquired(&held));
+            if !mine.is_empty() {
+                metrics::global()
+                    .share
+                    .withheld(reason, share::count(&mine));
+                withheld_records += 1;
+                withheld.extend(mine);
             }
         }
-        withheld.sort_unstable();
-        withheld.dedup();
-        let held_from = self.held_from;
-        self.done
-            .retain(|&o| withheld.binary_search(&o).is_err() && held_from.is_none_or(|h| o < h));
-        self.done.sort_unstable();
-        self.done.dedup();
-        let mut all: Vec<i64> = self.done.iter().chain(&withheld).copied().collect();
-        all.sort_unstable();
-        all.dedup();
-        let mut cut = 0;
+        let withheld = share::normalize(withheld);
+        let done = share::normalize(self.done.clone());
+        let done = share::before(&share::within(&done, acquired), self.held_from);
+        let done = share::minus(&done, &withheld);
+        let mut removed: Vec<Span> = done.iter().chain(&withheld).copied().collect();
         if let Some(from) = self.held_from {
-            cut = count_from(acquired, from);
-            metrics::global().share.withheld("held", cut);
+            let cut = share::within(&[(from, i64::MAX)], acquired);
+            metrics::global().share.withheld("held", share::count(&cut));
+            removed.extend(cut);
         }
-        (all, withheld.len() as u64, cut)
+        Outcome {
+            done,
+            removed: share::normalize(removed),
+            withheld_records,
+        }
     }
 }
 
-/// How many acquired offsets are at or after `from` (saturating: a broker
-/// may claim any range).
-fn count_from(acquired: &[Acquired], from: i64) -> u64 {
-    acquired
+/// The offsets a diversion covers: its record, or its whole batch.
+fn span_of(d: &Diversion) -> Span {
+    let first = d.origin_offset;
+    (first, d.last_offset.unwrap_or(first).max(first))
+}
+
+/// Spans as acquired ranges (for `share::within`).
+fn to_acquired(spans: &[Span]) -> Vec<Acquired> {
+    spans
         .iter()
-        .filter(|a| a.last >= from)
-        .map(|a| span(a.first.max(from), a.last))
-        .fold(0u64, u64::saturating_add)
-}
-
-/// How many offsets `first..=last` holds (0 if none), saturating.
-fn span(first: i64, last: i64) -> u64 {
-    (i128::from(last) - i128::from(first) + 1).clamp(0, i128::from(u64::MAX)) as u64
-}
-
-/// `ranges` without anything at or after `from`.
-fn cut_ranges(ranges: Vec<Acquired>, from: Option<i64>) -> Vec<Acquired> {
-    let Some(from) = from else { return ranges };
-    ranges
-        .into_iter()
-        .filter(|a| a.first < from)
-        .map(|a| Acquired {
-            last: a.last.min(from.saturating_sub(1)),
-            ..a
+        .map(|&(first, last)| Acquired {
+            first,
+            last,
+            delivery_count: 0,
         })
         .collect()
 }
 
-/// A partition with more acquired ranges than this is not believed (a
-/// broker gives about one per batch or gap) and is withheld whole.
-const MAX_ACQUIRED_RANGES: usize = 100_000;
-
-/// At most this many acquired offsets of one batch diverted whole are
-/// acknowledged one by one; a broker claiming more is not believed, and
-/// the rest are withheld (they come back when their locks expire).
-const MAX_WHOLE_BATCH_OFFSETS: i64 = 1 << 20;
-
-/// The offsets of a diversion the member acquired: its record, or the
-/// acquired part of a batch diverted whole (at most
-/// [`MAX_WHOLE_BATCH_OFFSETS`] of it).
-fn whole_range(d: &crate::dlt_record::Diversion, acquired: &[Acquired]) -> Vec<i64> {
-    let last = d
-        .last_offset
-        .unwrap_or(d.origin_offset)
-        .min(d.origin_offset.saturating_add(MAX_WHOLE_BATCH_OFFSETS - 1));
-    // Enumerated below: at most MAX_WHOLE_BATCH_OFFSETS per acquired range.
-    let mut out = Vec::new();
-    for a in acquired {
-        out.extend(a.first.max(d.origin_offset)..=a.last.min(last));
+/// Whether a broker's acquired ranges can be believed for `records`: its
+/// complete batches give the section's offsets and record count.
+fn believable(wire: &[AcquiredRecords], records: &Bytes) -> Result<(), share::BadRanges> {
+    if wire.is_empty() {
+        return Ok(());
     }
-    out
+    let (mut section, mut n): (Option<Span>, u64) = (None, 0);
+    for seg in segments(records) {
+        if let Segment::Batch(b) = seg {
+            let (first, last) = (b.base_offset(), b.last_offset().max(b.base_offset()));
+            section = Some(section.map_or((first, last), |(f, l)| (f.min(first), l.max(last))));
+            n = n.saturating_add(u64::try_from(b.records_count()).unwrap_or(0));
+        }
+    }
+    share::check_acquired(&acquired_of(wire), section, n)
+}
+
+/// Withhold what `withheld` names: its acquired ranges and records go, no
+/// acknowledgement (they come back when their locks expire). Whether
+/// anything changed.
+fn withhold(resp: &mut ShareFetchResponse, withheld: &[Withheld]) -> bool {
+    let mut changed = false;
+    for &(ti, pi, reason) in withheld {
+        let parts = &mut resp.responses[ti].partitions;
+        let which = match pi {
+            Some(pi) => pi..pi + 1,
+            None => 0..parts.len(),
+        };
+        for p in &mut parts[which] {
+            let n = acquired_count(&p.acquired_records);
+            if n > 0 || p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+                metrics::global().share.withheld(reason, n);
+                p.acquired_records.clear();
+                p.records = Some(Bytes::new());
+                changed = true;
+            }
+        }
+    }
+    changed
 }
 
 fn acquired_of(wire: &[AcquiredRecords]) -> Vec<Acquired> {
@@ -445,9 +474,11 @@ fn to_wire(ranges: &[Acquired]) -> Vec<AcquiredRecords> {
 }
 
 fn acquired_count(wire: &[AcquiredRecords]) -> u64 {
-    wire.iter()
-        .map(|a| span(a.first_offset, a.last_offset))
-        .fold(0u64, u64::saturating_add)
+    let spans: Vec<Span> = wire
+        .iter()
+        .map(|a| (a.first_offset, a.last_offset))
+        .collect();
+    share::count(&spans)
 }
 
 fn join(chunks: Vec<Bytes>) -> Bytes {

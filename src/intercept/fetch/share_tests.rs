@@ -12,7 +12,7 @@ use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use uuid::Uuid;
 
-use super::fetch_tests::{filter_on, in_dlt, POISON};
+use super::fetch_tests::{filter_on, filter_with, in_dlt, POISON};
 use super::share::ShareCall;
 use super::*;
 use crate::client::mock_broker::MockBroker;
@@ -22,6 +22,8 @@ use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 use crate::plan::share::REJECT;
 
 const TOPIC_ID: Uuid = Uuid::from_u128(0x7);
+/// The id topic `t` had before it was deleted and created again.
+const OLD_ID: Uuid = Uuid::from_u128(0x6);
 const VERSION: i16 = 1;
 
 /// Topic `TOPIC_ID` is `t`.
@@ -35,7 +37,7 @@ impl FetchContext for ById {
     async fn learn(&self, _: ()) {}
     async fn resolve_topic_ids(&self, _: &[Uuid]) {}
     fn topic_name(&self, id: &Uuid) -> Option<String> {
-        (*id == TOPIC_ID).then(|| "t".to_string())
+        (*id == TOPIC_ID || *id == OLD_ID).then(|| "t".to_string())
     }
 }
 
@@ -50,6 +52,11 @@ fn session() -> SessionKey {
 /// A ShareFetch v1 response: `values` in one batch at offset 0, the member
 /// having acquired `acquired` (first, last).
 fn response(values: &[&str], acquired: &[(i64, i64)]) -> Bytes {
+    response_of(batch(values, 0), acquired, 30_000)
+}
+
+/// One batch of `values` at `base`.
+fn batch(values: &[&str], base: i64) -> Bytes {
     let records: Vec<NewRecord> = values
         .iter()
         .map(|v| NewRecord {
@@ -60,6 +67,23 @@ fn response(values: &[&str], acquired: &[(i64, i64)]) -> Bytes {
         })
         .collect();
     let batch = build_batch(&records, &BuildOptions::default()).expect("batch");
+    let mut batch = batch.to_vec();
+    batch[..8].copy_from_slice(&base.to_be_bytes()); // baseOffset: not under the CRC
+    Bytes::from(batch)
+}
+
+/// The same batch with its last byte flipped: its CRC fails, so it cannot
+/// be decoded.
+fn corrupt(b: Bytes) -> Bytes {
+    let mut b = b.to_vec();
+    let last = b.len() - 1;
+    b[last] ^= 0x55;
+    Bytes::from(b)
+}
+
+/// A ShareFetch v1 response of `records` (topic `t`, partition 0), the
+/// member having acquired `acquired`, locks of `lock_ms`.
+fn response_of(records: Bytes, acquired: &[(i64, i64)], lock_ms: i32) -> Bytes {
     let acquired = acquired
         .iter()
         .map(|&(f, l)| {
@@ -70,12 +94,12 @@ fn response(values: &[&str], acquired: &[(i64, i64)]) -> Bytes {
         })
         .collect();
     let resp = ShareFetchResponse::default()
-        .with_acquisition_lock_timeout_ms(30_000)
+        .with_acquisition_lock_timeout_ms(lock_ms)
         .with_responses(vec![ShareFetchableTopicResponse::default()
             .with_topic_id(TOPIC_ID)
             .with_partitions(vec![PartitionData::default()
                 .with_partition_index(0)
-                .with_records(Some(batch))
+                .with_records(Some(records))
                 .with_acquired_records(acquired)])]);
     let mut out = bytes::BytesMut::new();
     resp.encode(&mut out, VERSION).expect("encode");
@@ -106,6 +130,10 @@ fn seen(body: Bytes) -> (Vec<(i64, i64)>, Vec<i64>) {
     (ranges, offsets)
 }
 
+fn spans(owed: &[crate::intercept::share::acks::Owed]) -> Vec<(i64, i64)> {
+    owed.iter().map(|o| o.span).collect()
+}
+
 async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
     let s = session();
     let call = ShareCall {
@@ -133,8 +161,8 @@ async fn acquired_poison_is_diverted_first_then_neither_delivered_nor_acquired_a
     );
     assert_eq!(seen(out), (vec![(0, 0), (2, 2)], vec![0, 2]));
     let owed = book.take(&session(), std::time::Instant::now());
-    let owed: Vec<(i64, i8)> = owed.iter().map(|o| (o.offset, o.ack)).collect();
-    assert_eq!(owed, [(1, REJECT)]);
+    let owed: Vec<((i64, i64), i8)> = owed.iter().map(|o| (o.span, o.ack)).collect();
+    assert_eq!(owed, [((1, 1), REJECT)]);
 }
 
 #[tokio::test]
@@ -176,7 +204,7 @@ async fn a_dlt_that_refuses_writes_withholds_only_the_poison_and_owes_nothing_fo
     assert_eq!(in_dlt(&mock), [1]);
     assert_eq!(seen(out).0, Vec::<(i64, i64)>::new());
     let owed = book.take(&session(), std::time::Instant::now());
-    assert_eq!(owed.iter().map(|o| o.offset).collect::<Vec<_>>(), [1]);
+    assert_eq!(spans(&owed), [(1, 1)]);
 }
 
 #[tokio::test]
@@ -192,7 +220,7 @@ async fn a_record_in_its_dlt_already_is_owed_a_reject_without_a_second_write() {
     assert_eq!(in_dlt(&mock), [1], "written once");
     assert_eq!(seen(out).0, Vec::<(i64, i64)>::new());
     let owed = book.take(&session(), std::time::Instant::now());
-    assert_eq!(owed.iter().map(|o| o.offset).collect::<Vec<_>>(), [1]);
+    assert_eq!(spans(&owed), [(1, 1)]);
 }
 
 #[tokio::test]
@@ -242,4 +270,153 @@ async fn while_its_dlt_cannot_be_read_back_valid_records_go_out_and_poison_is_wi
     assert_eq!(seen(out), (vec![(0, 0), (2, 2)], vec![0, 2]));
     assert_eq!(mock.records("t.dlt", 0).len(), 1, "nothing written");
     assert_eq!(book.waiting(), 0);
+}
+
+/// Valid records 0..=2, then a batch 3..=5 that cannot be decoded.
+fn with_undecodable_batch() -> Bytes {
+    let mut records = batch(&[r#"{"a":0}"#, r#"{"a":1}"#, r#"{"a":2}"#], 0).to_vec();
+    records.extend_from_slice(&corrupt(batch(
+        &[r#"{"a":3}"#, r#"{"a":4}"#, r#"{"a":5}"#],
+        3,
+    )));
+    Bytes::from(records)
+}
+
+const DIVERT_WHOLE: &str = "    on_undecodable: divert\n";
+
+#[tokio::test]
+async fn a_batch_diverted_whole_whose_write_fails_is_withheld_whole_never_left_to_gap() {
+    let mock = MockBroker::start().await;
+    mock.state().fail.insert(("t.dlt".into(), 0), 19); // NOT_ENOUGH_REPLICAS
+    let f = filter_with(&mock, Duration::from_millis(600), DIVERT_WHOLE).await;
+    let book = ShareAcks::default();
+    let out = run(
+        &f,
+        &book,
+        response_of(with_undecodable_batch(), &[(0, 5)], 30_000),
+    )
+    .await;
+    // 4 and 5 must not stay acquired without records: the Java client
+    // acknowledges those as GAP and the broker archives them, neither
+    // delivered nor in the DLT.
+    assert_eq!(seen(out), (vec![(0, 2)], vec![0, 1, 2]));
+    assert!(in_dlt(&mock).is_empty());
+    assert_eq!(book.waiting(), 0, "nothing of the batch acknowledged");
+}
+
+#[tokio::test]
+async fn a_member_with_part_of_a_batch_diverted_whole_before_has_that_part_acknowledged() {
+    let mock = MockBroker::start().await;
+    let f = filter_with(&mock, Duration::from_secs(3), DIVERT_WHOLE).await;
+    let book = ShareAcks::default();
+    // The first member acquired the batch's first offset: diverted whole.
+    run(
+        &f,
+        &book,
+        response_of(with_undecodable_batch(), &[(0, 3)], 30_000),
+    )
+    .await;
+    assert_eq!(in_dlt(&mock), [3]);
+    assert_eq!(
+        spans(&book.take(&session(), std::time::Instant::now())),
+        [(3, 3)]
+    );
+    // Another delivery acquires only 4..=5 of it: in the DLT already, so
+    // acknowledged, not left acquired without records.
+    let out = run(
+        &f,
+        &book,
+        response_of(with_undecodable_batch(), &[(4, 5)], 30_000),
+    )
+    .await;
+    assert_eq!(in_dlt(&mock), [3], "written once");
+    assert_eq!(seen(out).0, Vec::<(i64, i64)>::new());
+    assert_eq!(
+        spans(&book.take(&session(), std::time::Instant::now())),
+        [(4, 5)]
+    );
+}
+
+#[tokio::test]
+async fn the_acknowledgement_deadline_runs_from_the_responses_arrival_not_from_the_dlt_wait() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(5)).await;
+    mock.state().produce_delay = Some(Duration::from_millis(1200));
+    let book = ShareAcks::default();
+    let arrived = std::time::Instant::now();
+    // A 2 s lock: the proxy's acknowledgement must reach the broker by
+    // 1.5 s after the response arrived (a quarter kept as margin).
+    let body = response_of(batch(&[r#"{"a":0}"#, POISON], 0), &[(0, 1)], 2_000);
+    run(&f, &book, body).await;
+    assert_eq!(in_dlt(&mock), [1]);
+    let owed = book.take(&session(), arrived);
+    assert_eq!(spans(&owed), [(1, 1)]);
+    // (100 ms for the test's own steps; the DLT wait alone is 1.2 s.)
+    let bound = arrived + Duration::from_millis(1600);
+    assert!(
+        owed[0].expires <= bound,
+        "expires {:?} after the lock's deadline",
+        owed[0].expires - bound
+    );
+}
+
+#[tokio::test]
+async fn ranges_a_broker_could_not_have_acquired_withhold_the_partition() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let values = [r#"{"a":0}"#, POISON, r#"{"a":2}"#];
+    for bad in [
+        vec![(0, 1), (1, 2)],                 // overlapping
+        vec![(2, 2), (0, 0)],                 // unsorted
+        vec![(0, 5)],                         // past the records
+        vec![(0, 0), (1, 1), (2, 2), (4, 4)], // more than records + 1... and outside
+        vec![(0, 0), (1, 1), (2, 2), (2, 1)], // backwards
+    ] {
+        let book = ShareAcks::default();
+        let out = run(&f, &book, response(&values, &bad)).await;
+        assert_eq!(seen(out), (vec![], vec![]), "{bad:?}");
+        assert_eq!(book.waiting(), 0, "{bad:?}");
+    }
+    assert!(
+        in_dlt(&mock).is_empty(),
+        "nothing judged from ranges not believed"
+    );
+}
+
+#[tokio::test]
+async fn a_topic_entry_with_only_an_error_does_not_make_the_ledger_forget_the_topic() {
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let book = ShareAcks::default();
+    run(&f, &book, response(&[r#"{"a":0}"#, POISON], &[(0, 1)])).await;
+    let ledger = f.dead_letter.ledger();
+    let t: std::sync::Arc<str> = "t".into();
+    let live = ledger.topic_id("t");
+    assert!(live.is_some_and(|id| id != OLD_ID));
+    assert_eq!(ledger.diverted_in(&t, 0, 0, 10), [1]);
+    // A member still asking by the deleted topic's id: UNKNOWN_TOPIC_ID.
+    let stale = ShareFetchResponse::default()
+        .with_acquisition_lock_timeout_ms(30_000)
+        .with_responses(vec![ShareFetchableTopicResponse::default()
+            .with_topic_id(OLD_ID)
+            .with_partitions(vec![PartitionData::default()
+                .with_partition_index(0)
+                .with_error_code(100)])]);
+    let mut body = bytes::BytesMut::new();
+    stale.encode(&mut body, VERSION).expect("encode");
+    let s = session();
+    let call = ShareCall {
+        session: Some(&s),
+        book: &book,
+        removed_ack: REJECT,
+    };
+    f.filter_share(&ById, body.freeze(), VERSION, call)
+        .await
+        .expect("filter");
+    assert_eq!(ledger.topic_id("t"), live);
+    assert_eq!(
+        ledger.diverted_in(&t, 0, 0, 10),
+        [1],
+        "the diversion is remembered"
+    );
 }

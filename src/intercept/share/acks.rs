@@ -11,84 +11,131 @@
 //! judged again (the ledger knows it is in its DLT; it is removed and
 //! acknowledged again).
 //!
-//! Bounded: at most [`MAX_SESSIONS`] sessions and [`MAX_PER_SESSION`]
-//! offsets each. Past that the new acknowledgements are not kept: their
-//! records come back when their locks expire and are settled then.
+//! Kept as ranges (first, last, type), as on the wire: a compressed batch
+//! of a million tiny poison records is one entry. Bounded by bytes
+//! (`share_groups.owed_acks_budget`): past it, new acknowledgements are not
+//! kept (their records come back when their locks expire and are settled
+//! then). Every operation's work is proportional to the entries it
+//! inserts, takes or expires: expired entries leave in deadline order,
+//! never by a scan of everything waiting.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-/// Sessions with acknowledgements waiting, at most.
-pub const MAX_SESSIONS: usize = 10_000;
-/// Offsets waiting per session, at most.
-pub const MAX_PER_SESSION: usize = 100_000;
+use crate::plan::share::Span;
+
+/// The default budget for acknowledgements waiting, over all sessions.
+pub const DEFAULT_BUDGET: usize = 4 << 20;
 
 /// One share session, as the proxy can tell it: the broker the connection
 /// leads to (its node id; -1 for a bootstrap connection), the group and the
 /// member.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionKey {
     pub node: i32,
     pub group: String,
     pub member: String,
 }
 
-/// One acknowledgement the proxy owes.
+/// Acknowledgements the proxy owes for one range of offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owed {
     pub topic_id: Uuid,
     pub partition: i32,
-    pub offset: i64,
+    /// The offsets, `first..=last`.
+    pub span: Span,
     /// The acknowledge type (`plan::share::REJECT` or `ACCEPT`).
     pub ack: i8,
     /// The acquisition lock runs out (with a margin) at this instant.
     pub expires: Instant,
 }
 
+/// What one waiting entry costs, for the budget.
+const ENTRY_BYTES: usize = std::mem::size_of::<Owed>();
+
 /// Acknowledgements waiting, by session.
-#[derive(Default)]
 pub struct ShareAcks {
-    sessions: Mutex<HashMap<SessionKey, Vec<Owed>>>,
+    inner: Mutex<Book>,
+}
+
+#[derive(Default)]
+struct Book {
+    sessions: HashMap<SessionKey, Vec<Owed>>,
+    /// Per session, its entries' latest deadline under a sequence number:
+    /// the expiry queue. An entry here whose session was taken since, or
+    /// whose deadline moved later, is skipped when it comes up.
+    deadlines: BTreeMap<(Instant, u64), SessionKey>,
+    /// Each session's place in `deadlines`.
+    queued: HashMap<SessionKey, (Instant, u64)>,
+    seq: u64,
+    bytes: usize,
+    budget: usize,
+}
+
+impl Default for ShareAcks {
+    fn default() -> Self {
+        ShareAcks::new(DEFAULT_BUDGET)
+    }
 }
 
 /// When an acknowledgement sent now still finds its lock held: the
 /// response's lock duration less a margin for the client's think time
 /// before its next request reaches the broker (a quarter, at most 5 s).
-pub fn lock_deadline(now: Instant, lock_timeout_ms: i32) -> Instant {
+/// `arrived` is when the response arrived from the broker: the lock runs
+/// from the broker's answer, not from when the proxy is done with it.
+pub fn lock_deadline(arrived: Instant, lock_timeout_ms: i32) -> Instant {
     let lock = Duration::from_millis(u64::try_from(lock_timeout_ms).unwrap_or(0));
     let margin = (lock / 4).min(Duration::from_secs(5));
-    now + lock.saturating_sub(margin)
+    arrived + lock.saturating_sub(margin)
 }
 
 impl ShareAcks {
-    /// Owe `owed` in `key`'s session. Returns how many could not be kept
-    /// (bounds reached).
-    pub fn owe(&self, key: &SessionKey, owed: impl IntoIterator<Item = Owed>) -> usize {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+    /// A book that keeps at most `budget` bytes of acknowledgements.
+    pub fn new(budget: usize) -> Self {
+        ShareAcks {
+            inner: Mutex::new(Book {
+                budget,
+                ..Book::default()
+            }),
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Owe `owed` in `key`'s session. Returns how many offsets could not be
+    /// kept (the budget is spent).
+    pub fn owe(&self, key: &SessionKey, owed: impl IntoIterator<Item = Owed>) -> u64 {
+        let mut book = self.book();
         let now = Instant::now();
-        if !sessions.contains_key(key) && sessions.len() >= MAX_SESSIONS {
-            sessions.retain(|_, v| {
-                v.retain(|o| o.expires > now);
-                !v.is_empty()
-            });
-        }
-        let mut dropped = 0;
-        if !sessions.contains_key(key) && sessions.len() >= MAX_SESSIONS {
-            return owed.into_iter().count();
-        }
-        let list = sessions.entry(key.clone()).or_default();
+        book.expire(now);
+        let mut dropped = 0u64;
+        let mut latest = None;
+        let mut fresh = Vec::new();
         for o in owed {
-            if list.len() >= MAX_PER_SESSION {
-                list.retain(|o| o.expires > now);
+            if o.expires <= now {
+                continue; // its lock is gone already: nothing to owe
             }
-            if list.len() >= MAX_PER_SESSION {
-                dropped += 1;
+            let key_bytes = if book.sessions.contains_key(key) || !fresh.is_empty() {
+                0
+            } else {
+                key.group.len() + key.member.len() + ENTRY_BYTES
+            };
+            if book.bytes + ENTRY_BYTES + key_bytes > book.budget {
+                dropped = dropped.saturating_add(crate::plan::share::count(&[o.span]));
                 continue;
             }
-            list.push(o);
+            book.bytes += ENTRY_BYTES + key_bytes;
+            latest = latest.max(Some(o.expires));
+            fresh.push(o);
+        }
+        if let Some(latest) = latest {
+            book.sessions.entry(key.clone()).or_default().extend(fresh);
+            book.queue(key, latest);
         }
         dropped
     }
@@ -96,26 +143,74 @@ impl ShareAcks {
     /// Everything `key`'s session is owed whose lock still holds at `now`
     /// (the rest is forgotten: those records come back by themselves).
     pub fn take(&self, key: &SessionKey, now: Instant) -> Vec<Owed> {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let mut owed = sessions.remove(key).unwrap_or_default();
+        let mut book = self.book();
+        let mut owed = book.remove(key);
         owed.retain(|o| o.expires > now);
-        // Once per offset: a record delivered again is acknowledged once.
-        owed.sort_by_key(|o| (o.topic_id, o.partition, o.offset));
-        owed.dedup_by_key(|o| (o.topic_id, o.partition, o.offset));
         owed
     }
 
     /// A new session replaced `key`'s (epoch 0): the broker released what
     /// the old one held, so nothing is owed for it any more.
     pub fn forget(&self, key: &SessionKey) {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        sessions.remove(key);
+        self.book().remove(key);
     }
 
-    /// Acknowledgements waiting, over all sessions.
+    /// Acknowledgement entries waiting (ranges), over all sessions.
     pub fn waiting(&self) -> usize {
-        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        sessions.values().map(Vec::len).sum()
+        self.book().sessions.values().map(Vec::len).sum()
+    }
+
+    /// Bytes of the budget in use.
+    pub fn bytes(&self) -> usize {
+        self.book().bytes
+    }
+}
+
+impl Book {
+    /// Remove `key`'s session and what it counted against the budget.
+    fn remove(&mut self, key: &SessionKey) -> Vec<Owed> {
+        if let Some(at) = self.queued.remove(key) {
+            self.deadlines.remove(&at);
+        }
+        let owed = self.sessions.remove(key).unwrap_or_default();
+        if !owed.is_empty() {
+            let cost = owed.len() * ENTRY_BYTES + key.group.len() + key.member.len() + ENTRY_BYTES;
+            self.bytes = self.bytes.saturating_sub(cost);
+        }
+        owed
+    }
+
+    /// Put `key` in the expiry queue at its latest deadline.
+    fn queue(&mut self, key: &SessionKey, latest: Instant) {
+        if let Some(&at) = self.queued.get(key) {
+            if at.0 >= latest {
+                return;
+            }
+            self.deadlines.remove(&at);
+        }
+        self.seq += 1;
+        let at = (latest, self.seq);
+        self.deadlines.insert(at, key.clone());
+        self.queued.insert(key.clone(), at);
+    }
+
+    /// Drop every session whose latest deadline has passed: all its
+    /// entries are expired. (A session still waiting keeps its expired
+    /// entries until it is taken or expires whole; they count against the
+    /// budget meanwhile, never past it.)
+    fn expire(&mut self, now: Instant) {
+        while let Some(entry) = self.deadlines.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
+            self.queued.remove(&key);
+            if let Some(owed) = self.sessions.remove(&key) {
+                let cost =
+                    owed.len() * ENTRY_BYTES + key.group.len() + key.member.len() + ENTRY_BYTES;
+                self.bytes = self.bytes.saturating_sub(cost);
+            }
+        }
     }
 }
 
@@ -131,14 +226,18 @@ mod tests {
         }
     }
 
-    fn owed(offset: i64, expires: Instant) -> Owed {
+    fn owed(span: Span, expires: Instant) -> Owed {
         Owed {
             topic_id: Uuid::from_u128(7),
             partition: 0,
-            offset,
+            span,
             ack: crate::plan::share::REJECT,
             expires,
         }
+    }
+
+    fn spans(owed: &[Owed]) -> Vec<Span> {
+        owed.iter().map(|o| o.span).collect()
     }
 
     #[test]
@@ -146,25 +245,65 @@ mod tests {
         let book = ShareAcks::default();
         let now = Instant::now();
         let later = now + Duration::from_secs(30);
-        book.owe(&key("a"), [owed(1, later), owed(2, now), owed(1, later)]);
-        book.owe(&key("b"), [owed(9, later)]);
-        assert_eq!(book.waiting(), 4);
-        let got = book.take(&key("a"), now + Duration::from_millis(1));
-        assert_eq!(got.iter().map(|o| o.offset).collect::<Vec<_>>(), [1]);
+        let soon = now + Duration::from_millis(50);
+        book.owe(&key("a"), [owed((1, 1), later), owed((2, 2), soon)]);
+        book.owe(&key("b"), [owed((9, 9), later)]);
+        assert_eq!(book.waiting(), 3);
+        let got = book.take(&key("a"), soon + Duration::from_millis(1));
+        assert_eq!(spans(&got), [(1, 1)]);
         assert!(book.take(&key("a"), now).is_empty(), "taken once");
         book.forget(&key("b"));
-        assert_eq!(book.waiting(), 0);
+        assert_eq!((book.waiting(), book.bytes()), (0, 0));
     }
 
     #[test]
-    fn a_session_holds_a_bounded_number_of_acks() {
-        let book = ShareAcks::default();
+    fn a_million_offsets_in_one_range_are_one_entry() {
+        let book = ShareAcks::new(1024);
         let later = Instant::now() + Duration::from_secs(30);
-        let dropped = book.owe(
-            &key("a"),
-            (0..MAX_PER_SESSION as i64 + 5).map(|o| owed(o, later)),
-        );
-        assert_eq!((dropped, book.waiting()), (5, MAX_PER_SESSION));
+        let dropped = book.owe(&key("a"), [owed((0, 999_999), later)]);
+        assert_eq!((dropped, book.waiting()), (0, 1));
+        assert_eq!(spans(&book.take(&key("a"), Instant::now())), [(0, 999_999)]);
+    }
+
+    #[test]
+    fn the_budget_bounds_the_bytes_over_all_sessions() {
+        let budget = 64 * 1024;
+        let book = ShareAcks::new(budget);
+        let later = Instant::now() + Duration::from_secs(30);
+        let mut dropped = 0;
+        // Ten thousand members that never come back, each owed a thousand
+        // separate offsets.
+        for m in 0..10_000 {
+            let owed = (0..1000).map(|o| owed((o * 2, o * 2), later));
+            dropped += book.owe(&key(&m.to_string()), owed);
+        }
+        assert!(book.bytes() <= budget, "{} bytes", book.bytes());
+        assert!(book.waiting() * ENTRY_BYTES <= budget);
+        assert_eq!(dropped as usize + book.waiting(), 10_000 * 1000);
+        // Taking a session gives its bytes back.
+        let before = book.bytes();
+        let got = book.take(&key("0"), Instant::now());
+        assert!(!got.is_empty());
+        assert!(book.bytes() < before);
+    }
+
+    #[test]
+    fn sessions_whose_locks_all_expired_leave_by_deadline_and_free_the_budget() {
+        let book = ShareAcks::new(4 * 1024);
+        let now = Instant::now();
+        let soon = now + Duration::from_millis(20);
+        for m in 0..20 {
+            book.owe(&key(&m.to_string()), [owed((m, m), soon)]);
+        }
+        assert!(book.waiting() > 0);
+        std::thread::sleep(Duration::from_millis(30));
+        // The next owe expires what is due, whatever the session.
+        let later = Instant::now() + Duration::from_secs(30);
+        assert_eq!(book.owe(&key("new"), [owed((0, 0), later)]), 0);
+        assert_eq!(book.waiting(), 1);
+        // Already expired when owed: not kept at all.
+        book.owe(&key("x"), [owed((5, 5), now)]);
+        assert_eq!(book.waiting(), 1);
     }
 
     #[test]

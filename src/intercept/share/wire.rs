@@ -145,7 +145,7 @@ fn session_key(
 fn put_back(book: &ShareAcks, session: &SessionKey, back: Vec<Owed>) {
     if !back.is_empty() {
         let dropped = book.owe(session, back);
-        metrics::global().share.acks("overflow", dropped as u64);
+        metrics::global().share.acks("overflow", dropped);
     }
 }
 
@@ -322,7 +322,7 @@ fn merge_into(
     let mut proxy_only = Vec::new();
     let mut back = Vec::new();
     for (at, owed) in by_part {
-        let ours: Vec<(i64, i8)> = owed.iter().map(|o| (o.offset, o.ack)).collect();
+        let ours: Vec<(share::Span, i8)> = owed.iter().map(|o| (o.span, o.ack)).collect();
         let client = parts.batches.get(&at).cloned().unwrap_or_default();
         match share::merge(&client, &ours) {
             Some(merged) => {
@@ -334,7 +334,10 @@ fn merge_into(
                 }
                 parts.batches.insert(at, merged);
                 parts.changed = true;
-                metrics::global().share.acks("sent", owed.len() as u64);
+                let offsets = owed.iter().map(|o| share::count(&[o.span]));
+                metrics::global()
+                    .share
+                    .acks("sent", offsets.fold(0, u64::saturating_add));
             }
             None => {
                 debug!(topic_id = %at.0, partition = at.1,
@@ -413,7 +416,7 @@ mod tests {
         Owed {
             topic_id: T,
             partition: 0,
-            offset,
+            span: (offset, offset),
             ack: REJECT,
             expires: Instant::now() + Duration::from_secs(30),
         }

@@ -88,6 +88,11 @@ pub struct PartitionPlan {
     /// nothing is left to write (batches resent as spliced before); counted
     /// as diverted, like a diversion the ledger finds done.
     pub already_diverted: Vec<Invalid>,
+    /// The offsets (`first..=last`) of each batch replaced whole because it
+    /// cannot be decoded (`on_undecodable: divert`), diverted now or by an
+    /// earlier fetch: a share consumer's proxy settles or withholds each
+    /// as one, never part of it.
+    pub whole_batches: Vec<(i64, i64)>,
     /// Keys released by replayed records delivered in this response
     /// (`ordering: per_key`), in offset order.
     pub releases: Vec<keys::Release>,
@@ -206,6 +211,7 @@ impl PartitionPlan {
             not_diverted: Vec::new(),
             dropped: Vec::new(),
             already_diverted: Vec::new(),
+            whole_batches: Vec::new(),
             releases: Vec::new(),
             stats: PlanStats::default(),
             held: None,

@@ -482,6 +482,8 @@ fn divert_whole(
     let reason = format!("batch cannot be decoded: {why}");
     let d = Diversion::whole_batch(&plan.policy, &plan.topic, plan.partition, batch, reason);
     plan.stats.diverted += 1;
+    plan.whole_batches
+        .push((batch.base_offset(), batch.last_offset()));
     if earlier.contains(&batch.base_offset()) {
         plan.already_diverted.push(d.invalid);
     } else {
