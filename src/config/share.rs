@@ -15,6 +15,11 @@ pub struct ShareGroups {
     /// How the proxy acknowledges a record it removed for good (diverted
     /// and in its DLT, or dropped), for the member that acquired it.
     pub removed_ack: RemovedAck,
+    /// Bytes the proxy's own acknowledgements may take while they wait for
+    /// their members' next requests, over all sessions (each is a range,
+    /// about 64 bytes). Past it, a removed record is not acknowledged by
+    /// the proxy: it comes back when its lock expires and is settled then.
+    pub owed_acks_budget: usize,
 }
 
 impl Default for ShareGroups {
@@ -22,6 +27,7 @@ impl Default for ShareGroups {
         ShareGroups {
             enabled: true,
             removed_ack: RemovedAck::Reject,
+            owed_acks_budget: crate::intercept::share::acks::DEFAULT_BUDGET,
         }
     }
 }

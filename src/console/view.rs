@@ -81,13 +81,23 @@ pub fn record(r: &DltRecord, decoded: Option<Value>, contents: bool) -> Value {
 
 /// One replay outcome for the preview: its kind, DLT coordinate, the
 /// line `dlt replay` prints for it, and its fields. A still-invalid
-/// record's reason quotes its contents: withheld like them.
+/// record's reason quotes its contents, and a blocked key is a record's
+/// key: withheld like them (a `redact` record's reason always).
 pub fn outcome(o: &Outcome, contents: bool) -> Value {
+    const WITHHELD: &str = "(withheld: logging.record_contents is off)";
     let mut shown = o.clone();
-    if let Outcome::StillInvalid { reason, .. } = &mut shown {
-        if !contents {
-            *reason = "(withheld: logging.record_contents is off)".into();
+    match &mut shown {
+        Outcome::StillInvalid { reason, class, .. } => {
+            if class.as_str() == crate::policy::Class::Redact.as_str() {
+                *reason = "(class redact: never shown)".into();
+            } else if !contents {
+                *reason = WITHHELD.into();
+            }
         }
+        Outcome::HeldBack { key, .. } | Outcome::Released { key, .. } if !contents => {
+            *key = WITHHELD.into();
+        }
+        _ => {}
     }
     let mut j = json!({
         "kind": o.kind(),
@@ -213,5 +223,35 @@ mod tests {
         let on = outcome(&o, true);
         assert_eq!(on["kind"], "still_invalid");
         assert!(on["line"].as_str().unwrap().contains("\\u{1b}"), "{on}");
+    }
+
+    #[test]
+    fn blocked_keys_and_redact_reasons_are_withheld_from_the_preview() {
+        let held = Outcome::HeldBack {
+            coord: "geo.dlt/0/3".into(),
+            key: "user-4711".into(),
+            topic: "geo".into(),
+            partition: 0,
+            blocker: "geo.dlt/0/2".into(),
+            why: "still invalid",
+        };
+        let released = Outcome::Released {
+            key: "user-4711".into(),
+            topic: "geo".into(),
+            partition: 0,
+            through: 9,
+        };
+        for o in [&held, &released] {
+            let off = outcome(o, false);
+            assert!(!off.to_string().contains("4711"), "{off}");
+            assert!(outcome(o, true).to_string().contains("4711"));
+        }
+        let redact = Outcome::StillInvalid {
+            coord: "geo.dlt/0/3".into(),
+            class: "redact".into(),
+            rule: "schema".into(),
+            reason: "/ssn: 123-45-6789 is not allowed".into(),
+        };
+        assert!(!outcome(&redact, true).to_string().contains("6789"));
     }
 }

@@ -171,6 +171,8 @@ impl Shared {
         let console =
             crate::console::Console::new(&config, engine.clone(), keys.1.clone(), keys.0.clone());
         let config_max_connections = config.limits.max_connections;
+        let share_acks =
+            crate::intercept::share::ShareAcks::new(config.share_groups.owed_acks_budget);
         let request_queue =
             crate::transport::frame::RequestQueue::new(config.limits.max_queued_request_bytes);
         // The background refresh learns new topics at this pace anyway.
@@ -194,7 +196,7 @@ impl Shared {
             blocked: keys.0,
             console,
             fetch_filter,
-            share_acks: Default::default(),
+            share_acks,
             connections: limits::ConnectionLimit::new(config_max_connections),
             request_queue,
             topic_resolver: topics::TopicResolver::new(negative_ttl),

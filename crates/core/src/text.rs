@@ -26,7 +26,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("`{s}` is not a duration"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    // Finite but past what a Duration holds (1e20 days): an error, not
+    // the panic from_secs_f64 would raise.
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is too long a duration"))
 }
 
 /// Format a serde_yaml error as `file:line:column: message`.
@@ -49,5 +51,19 @@ fn strip_location(msg: &str) -> &str {
     match msg.rfind(" at line ") {
         Some(i) => &msg[..i],
         None => msg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duration_too_long_to_hold_is_an_error_not_a_panic() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("99999999999999999999d").is_err());
+        assert!(parse_duration("1e300h").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("NaNs").is_err());
     }
 }
