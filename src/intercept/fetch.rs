@@ -560,20 +560,7 @@ mod tests {
     use super::*;
     use kafka_protocol::messages::fetch_response::PartitionData;
 
-    /// A proxy that knows the names of `0`'s topic ids only.
-    struct Known(Vec<Uuid>);
-
-    impl FetchContext for Known {
-        type Learned = ();
-        fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
-            (false, ())
-        }
-        async fn learn(&self, _: ()) {}
-        async fn resolve_topic_ids(&self, _: &[Uuid]) {}
-        fn topic_name(&self, id: &Uuid) -> Option<String> {
-            self.0.contains(id).then(|| "t".to_string())
-        }
-    }
+    use super::fetch_tests::Topics;
 
     fn topic(id: Uuid, records: &[&'static [u8]]) -> FetchableTopicResponse {
         let partitions = records
@@ -592,22 +579,21 @@ mod tests {
 
     #[test]
     fn records_of_a_still_unknown_topic_id_are_withheld() {
-        let (known, unknown) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        const KNOWN: Uuid = Uuid::from_u128(1);
+        const BOTH: [Uuid; 2] = [KNOWN, Uuid::from_u128(2)];
+        let (known, unknown) = (BOTH[0], BOTH[1]);
         let mut resp = FetchResponse::default().with_responses(vec![
             topic(known, &[b"abc"]),
             topic(unknown, &[b"def", b""]),
         ]);
-        assert!(withhold_unknown_topics(&Known(vec![known]), &mut resp));
+        assert!(withhold_unknown_topics(&Topics(&[KNOWN]), &mut resp));
         let records = |t: usize, p: usize| resp.responses[t].partitions[p].records.clone();
         assert_eq!(records(0, 0), Some(Bytes::from_static(b"abc")));
         assert_eq!(records(1, 0), Some(Bytes::new()));
         assert_eq!(records(1, 1), Some(Bytes::new()));
         // Once the id is known nothing more is withheld.
         let mut again = FetchResponse::default().with_responses(vec![topic(unknown, &[b"def"])]);
-        assert!(!withhold_unknown_topics(
-            &Known(vec![known, unknown]),
-            &mut again
-        ));
+        assert!(!withhold_unknown_topics(&Topics(&BOTH), &mut again));
         assert_eq!(
             again.responses[0].partitions[0].records.as_deref(),
             Some(&b"def"[..])

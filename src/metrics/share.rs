@@ -12,7 +12,8 @@
 //! acknowledged), `transient` (the registry did not answer), `breaker`,
 //! `held` (a batch that cannot be judged, and what follows it),
 //! `unknown_topic` (a topic id not known yet), `not_loaded` (the DLT not
-//! read back yet).
+//! read back yet), `bad_ranges` (acquired ranges not believed: unsorted,
+//! overlapping, outside the records, or too many).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -20,20 +20,23 @@ use crate::dlt::Origin;
 use crate::kafka::batch::{segments, Batch, Segment};
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
 
-/// Fetch v12 names topics, so the context is never asked for a name.
-struct ByName;
+/// A proxy that knows topic `t` by the ids `.0` (none: Fetch v12 names
+/// topics, so it is never asked).
+pub(super) struct Topics(pub &'static [Uuid]);
 
-impl FetchContext for ByName {
+impl FetchContext for Topics {
     type Learned = ();
     fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
         (false, ())
     }
     async fn learn(&self, _: ()) {}
     async fn resolve_topic_ids(&self, _: &[Uuid]) {}
-    fn topic_name(&self, _: &Uuid) -> Option<String> {
-        None
+    fn topic_name(&self, id: &Uuid) -> Option<String> {
+        self.0.contains(id).then(|| "t".to_string())
     }
 }
+
+const BY_NAME: Topics = Topics(&[]);
 
 const VERSION: i16 = 12;
 pub(super) const POISON: &str = "not json";
@@ -150,7 +153,7 @@ async fn a_poison_record_is_removed_and_in_the_dlt_before_the_response_is_releas
     let f = filter_on(&mock, Duration::from_secs(3)).await;
     let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#]);
     let out = f
-        .filter(&ByName, &mut Holds::default(), body, VERSION, 0)
+        .filter(&BY_NAME, &mut Holds::default(), body, VERSION, 0)
         .await
         .expect("filter")
         .expect("the response changes");
@@ -170,7 +173,7 @@ async fn a_dlt_that_refuses_writes_holds_the_partition_at_the_poison() {
     let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#, POISON, r#"{"a":3}"#]);
     let mut holds = Holds::default();
     let out = f
-        .filter(&ByName, &mut holds, body.clone(), VERSION, 0)
+        .filter(&BY_NAME, &mut holds, body.clone(), VERSION, 0)
         .await
         .expect("filter")
         .expect("the response changes");
@@ -183,7 +186,7 @@ async fn a_dlt_that_refuses_writes_holds_the_partition_at_the_poison() {
     // Fetched again while still refused: held at the same offset, the
     // client (already past offset 1) gets no records rather than old ones.
     let out = f
-        .filter(&ByName, &mut holds, body.clone(), VERSION, 0)
+        .filter(&BY_NAME, &mut holds, body.clone(), VERSION, 0)
         .await
         .expect("filter")
         .expect("the response changes");
@@ -191,7 +194,7 @@ async fn a_dlt_that_refuses_writes_holds_the_partition_at_the_poison() {
     // The DLT recovers: the next fetch diverts the poison, delivers the rest.
     mock.state().fail.clear();
     let out = f
-        .filter(&ByName, &mut holds, body, VERSION, 0)
+        .filter(&BY_NAME, &mut holds, body, VERSION, 0)
         .await
         .expect("filter")
         .expect("the response changes");
@@ -206,7 +209,7 @@ async fn a_clean_response_is_forwarded_unchanged() {
     let f = filter_on(&mock, Duration::from_secs(3)).await;
     let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#]);
     let out = f
-        .filter(&ByName, &mut Holds::default(), body, VERSION, 0)
+        .filter(&BY_NAME, &mut Holds::default(), body, VERSION, 0)
         .await
         .expect("filter");
     assert!(out.is_none(), "forwarded as its original bytes");

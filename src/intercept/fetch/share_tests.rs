@@ -12,7 +12,7 @@ use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use uuid::Uuid;
 
-use super::fetch_tests::{filter_on, filter_with, in_dlt, POISON};
+use super::fetch_tests::{filter_on, filter_with, in_dlt, Topics, POISON};
 use super::share::ShareCall;
 use super::*;
 use crate::client::mock_broker::MockBroker;
@@ -26,20 +26,8 @@ const TOPIC_ID: Uuid = Uuid::from_u128(0x7);
 const OLD_ID: Uuid = Uuid::from_u128(0x6);
 const VERSION: i16 = 1;
 
-/// Topic `TOPIC_ID` is `t`.
-struct ById;
-
-impl FetchContext for ById {
-    type Learned = ();
-    fn rewrite_endpoints(&self, _: &mut FetchResponse) -> (bool, ()) {
-        (false, ())
-    }
-    async fn learn(&self, _: ()) {}
-    async fn resolve_topic_ids(&self, _: &[Uuid]) {}
-    fn topic_name(&self, id: &Uuid) -> Option<String> {
-        (*id == TOPIC_ID || *id == OLD_ID).then(|| "t".to_string())
-    }
-}
+/// Topic `t`, by its id now and the one it had before.
+const BY_ID: Topics = Topics(&[TOPIC_ID, OLD_ID]);
 
 fn session() -> SessionKey {
     SessionKey {
@@ -141,7 +129,7 @@ async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
         book,
         removed_ack: REJECT,
     };
-    f.filter_share(&ById, body, VERSION, call)
+    f.filter_share(&BY_ID, body, VERSION, call)
         .await
         .expect("filter")
         .expect("the response changes")
@@ -236,7 +224,7 @@ async fn a_clean_share_fetch_response_goes_out_as_it_came_and_owes_nothing() {
     };
     let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#], &[(0, 1)]);
     let out = f
-        .filter_share(&ById, body, VERSION, call)
+        .filter_share(&BY_ID, body, VERSION, call)
         .await
         .expect("filter");
     assert!(out.is_none(), "forwarded as its original bytes");
@@ -410,7 +398,7 @@ async fn a_topic_entry_with_only_an_error_does_not_make_the_ledger_forget_the_to
         book: &book,
         removed_ack: REJECT,
     };
-    f.filter_share(&ById, body.freeze(), VERSION, call)
+    f.filter_share(&BY_ID, body.freeze(), VERSION, call)
         .await
         .expect("filter");
     assert_eq!(ledger.topic_id("t"), live);
