@@ -8,11 +8,18 @@ a topic whose circuit breaker tripped (a partition held, reason `breaker`).
 Its policy is then fixed by a hot reload, so a replay preview has records
 to write back and records still invalid. One browser session reads the
 overview, pages through the DLT, previews a replay and posts both actions
-from the page; the tests compare what it showed with `/metrics`, `dlt
-inspect --json` and `dlt replay`'s dry run, and check that nothing changed
-in Kafka. A second proxy (actions on, contents withheld) refuses actions
+from the page; the tests compare what it showed with what the test
+produced (the records, their keys, values and partitions, the reasons the
+policy gives them), with `/metrics` and `dlt replay`'s dry run, and check
+that nothing changed in Kafka. A second proxy (actions on, contents withheld) refuses actions
 that fail its CSRF checks, replays for real with the page's button, and
-closes the breaker. Screenshots: target/test-artifacts/console/."""
+closes the breaker. A third proxy's DLT holds hostile contents (`<img
+src=x onerror=...>`, `<svg onload=...>`) in a key, a header value, a
+reason and the decoded value, read in a browser session of the test's own
+with a dialog listener and a CSP violation listener: every one is shown
+as text, no element is made of it, nothing runs. Every console response
+carries the Content-Security-Policy operations.md names. Screenshots:
+target/test-artifacts/console/."""
 
 from __future__ import annotations
 
@@ -116,6 +123,24 @@ def _rec(p: int, i: int, value: bytes, key: bytes | None = None) -> c.Rec:
     return c.Rec(p, -1, key or b"k%d" % i, value, (("trace", b"t%d" % i),), 1_700_000_000_000 + i)
 
 
+def _ok(i: int, lat: int) -> c.Rec:
+    return _rec(i % 2, i, json.dumps({"lat": lat, "id": i}).encode())
+
+
+# What the test writes to the geofence topic, in order: the ground truth the
+# console's pages are checked against. Invalid under the first policy (lat
+# up to 90): k2, k4 and k8 (their lat) and k5 (not JSON).
+PRODUCED = (
+    _ok(0, 10), _ok(1, 20), _rec(0, 2, b'{"lat": 95, "id": 2}'), _ok(3, 30),
+    _rec(1, 4, b'{"lat": 97.5, "id": 4}'), _rec(0, 5, b"not json <script>alert(1)</script>"),
+    _ok(6, 40), _ok(7, 50), _rec(1, 8, b'{"lat": 250, "id": 8}'), _ok(9, 60),
+)
+INVALID_LAT = {b"k2": "95", b"k4": "97.5", b"k8": "250"}   # key -> lat as written
+NOT_JSON = b"k5"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
 @pytest.fixture(scope="module")
 def setup(workdir, broker) -> Setup:
     tag = uuid.uuid4().hex[:8]
@@ -137,12 +162,7 @@ def setup(workdir, broker) -> Setup:
     import conftest
     conftest._PROXIES.append(proxy)
     proxy.start().wait_ready(30)
-    ok_ = lambda i, lat: _rec(i % 2, i, json.dumps({"lat": lat, "id": i}).encode())  # noqa: E731
-    c.ck_produce(ep, topic, [
-        ok_(0, 10), ok_(1, 20), _rec(0, 2, b'{"lat": 95, "id": 2}'), ok_(3, 30),
-        _rec(1, 4, b'{"lat": 97.5, "id": 4}'), _rec(0, 5, b"not json <script>alert(1)</script>"),
-        ok_(6, 40), ok_(7, 50), _rec(1, 8, b'{"lat": 250, "id": 8}'), ok_(9, 60),
-    ])
+    c.ck_produce(ep, topic, list(PRODUCED))
     got = c.ck_consume_assign(c.Endpoint(proxy.bootstrap, "proxy"), topic, [0, 1], 6, timeout=60)
     assert len(got) == 6, got
     # Fixed: lat up to 100. Records at 95 and 97.5 replay; 250 and the
@@ -245,9 +265,11 @@ def test_overview_shows_the_counts_the_metrics_show(setup, session):
     for (topic, cls), n in shown.items():
         assert n == _series(text, "antidote_records_invalid_total", topic=topic, **{"class": cls},
                             action="diverted"), (topic, cls, n)
-    # As the counter counts: each reading of a diverted record (a held
-    # partition fetched again counts its diversions again).
-    assert shown[(setup.topic, "poison")] >= 4
+    # What the test produced: four invalid records on the geofence topic,
+    # read once by one reader, so diverted four times, no more.
+    assert shown[(setup.topic, "poison")] == len(INVALID_LAT) + 1, shown
+    # The breaker's topic: two diversions before it tripped; a held
+    # partition fetched again counts its diversions again.
     assert shown[(setup.brk, "poison")] >= 2
     # The last hour's chart holds the same diversions.
     legend = {(r["topic"], r["class"]): r["total"] for r in session["legend"]}
@@ -255,7 +277,8 @@ def test_overview_shows_the_counts_the_metrics_show(setup, session):
     assert session["chart_bars"] >= 1
     assert {"topic": setup.brk, "partition": 0, "reason": "breaker"} in session["held"]
     assert {"topic": setup.brk, "partition": 0} in session["breakers"]
-    assert session["blocked_count"] == _series(text, "antidote_blocked_keys") == 1
+    # One key blocked: A, whose first record the test wrote as poison.
+    assert session["blocked_count"] == 1
     assert session["blocked"] == [{"topic": setup.keyed, "partition": 0, "key": "A"}]
     assert "read-only" in session["status"]
     # The two actions posted on purpose answer 403; nothing else failed.
@@ -264,23 +287,60 @@ def test_overview_shows_the_counts_the_metrics_show(setup, session):
 
 
 def test_browser_lists_and_decodes_the_dlt_records(setup, session):
-    out = ok(cli("dlt", "inspect", "-c", str(setup.config), "--topic", setup.dlt, "--json"))
-    want = [json.loads(line) for line in out.splitlines()]
-    assert [r["coordinate"] for r in session["records"]] == [
-        f"{w['dlt_topic']}/{w['dlt_partition']}/{w['dlt_offset']}" for w in want]
-    assert len(want) == 4
-    by_key = {r["key"]: r for r in session["records"]}
-    for w in want:
-        r = by_key[w["key"]]
-        assert (r["class"], r["rule"], r["reason"]) == (w["class"], w["rule"], w["reason"])
-        assert r["value"] == w["value"], (r, w)
-    assert '"lat": 95' in by_key["k2"]["decoded"], by_key["k2"]
+    """The records the page lists are the invalid records the test wrote:
+    key, value bytes, header, partition (origin partition mod the DLT's two)
+    and order within a partition, class and the reason the policy gives
+    each (from the value the test wrote, not from `dlt inspect`)."""
+    invalid = [r for r in PRODUCED if r.key in INVALID_LAT or r.key == NOT_JSON]
+    shown = session["records"]
+    assert sorted(r["key"] for r in shown) == sorted(r.key.decode() for r in invalid), shown
+    by_key = {r["key"]: r for r in shown}
+    for want in invalid:
+        got = by_key[want.key.decode()]
+        topic, partition, offset = got["coordinate"].rsplit("/", 2)
+        assert (topic, int(partition)) == (setup.dlt, want.partition % 2), got
+        assert got["value"] == want.value.decode(), (got, want)
+        assert got["class"] == "poison", got
+        if want.key in INVALID_LAT:
+            lat = INVALID_LAT[want.key]
+            # The policy when it was diverted: lat from -90 to 90.
+            assert (got["rule"], got["reason"]) == \
+                ("range:/lat", f"/lat: {lat} is outside [-90, 90]"), got
+            assert f'"lat": {lat}' in got["decoded"], got
+        else:
+            assert got["rule"] == "decode", got
+            assert got["reason"].startswith("value is not valid JSON"), got
+    # Within a DLT partition, the order the test wrote them in.
+    for part in ("0", "1"):
+        keys = [r["key"] for r in shown if r["coordinate"].rsplit("/", 2)[1] == part]
+        assert keys == [r.key.decode() for r in invalid if str(r.partition % 2) == part], shown
+        offs = [int(r["coordinate"].rsplit("/", 1)[1]) for r in shown
+                if r["coordinate"].rsplit("/", 2)[1] == part]
+        assert offs == sorted(offs), shown
     # Not JSON: the decoder's error, and the markup shown as text.
     assert "not decoded" in by_key["k5"]["decoded"], by_key["k5"]
     assert by_key["k5"]["value"] == "not json <script>alert(1)</script>"
     # Three per page over two DLT partitions: the browser paged across them.
     assert session["requests"].count("GET /console/api/records") == 2, session["requests"]
     assert {r["coordinate"].rsplit("/", 2)[1] for r in session["records"]} == {"0", "1"}
+
+
+def test_every_console_response_carries_the_content_security_policy(setup):
+    """operations.md: every console response carries the CSP, X-Frame-Options
+    DENY and nosniff; the page, its script and the API alike, errors too."""
+    port = setup.proxy.admin_port
+    for path in ("/console", "/console/console.js", "/console/console.css",
+                 "/console/api/overview", f"/console/api/records?topic={setup.dlt}",
+                 "/console/api/records", "/console/api/nothing"):
+        req = urllib.request.Request(f"http://{HOST}:{port}{path}")
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                status, headers = r.status, r.headers
+        except urllib.error.HTTPError as e:
+            status, headers = e.code, e.headers
+        assert headers.get("content-security-policy") == CSP, (path, status, dict(headers))
+        assert headers.get("x-frame-options") == "DENY", (path, dict(headers))
+        assert headers.get("x-content-type-options") == "nosniff", (path, dict(headers))
 
 
 def test_preview_matches_dlt_replay_dry_run(setup, session):
@@ -423,3 +483,146 @@ def _partition(bootstrap: str, topic: str, partition: int) -> list:
     finally:
         cons.close()
     return got
+
+
+# ---------------------------------------------------------------------------
+# Hostile contents: shown as text everywhere, nothing made of them, nothing run
+# ---------------------------------------------------------------------------
+
+XSS_POLICY = """\
+policies:
+  - name: con-xss
+    topics: ["{topic}"]
+    value:
+      format: json
+    rules:
+      - field: /name
+        one_of: [ann, bob]
+    ordering: per_key
+"""
+# Each payload names where it was put, so a dialog or an element made of one
+# says which view let it through.
+XSS_KEY = "<img src=x onerror=alert('xss-key')>"
+XSS_HEADER = "<svg/onload=alert('xss-header')>"
+XSS_REASON = "<svg onload=alert('xss-reason')>"            # the /name value: quoted by the reason
+XSS_DECODED = "<img src=x onerror=alert('xss-decoded')>"  # another member: in the decoded value
+XSS_SESSION = r"""
+"use strict";
+// The test's own browser session (tests/test_console.py writes and runs it):
+// the overview, the DLT browser with every row opened and the replay
+// preview of one DLT, listening for dialogs, CSP violations and errors.
+const fs = require("fs"), os = require("os"), path = require("path");
+const { chromium } = require("playwright-core");
+const [base, dlt, shots] = process.argv.slice(2);
+(async () => {
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "antidote-xss-"));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    viewport: { width: 1280, height: 900 } });
+  const out = { dialogs: [], console: [], page_errors: [], blocked: [], text: {} };
+  try {
+    await context.addInitScript(() => {
+      window.__csp = [];
+      document.addEventListener("securitypolicyviolation",
+        (e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI} ${e.sample}`));
+    });
+    await context.route("**/*", (route) => {
+      const u = new URL(route.request().url());
+      if (u.origin === new URL(base).origin) return route.continue();
+      out.blocked.push(u.href);
+      return route.abort();
+    });
+    const page = await context.newPage();
+    page.on("dialog", (d) => { out.dialogs.push(`${d.type()}: ${d.message()}`); d.dismiss(); });
+    page.on("console", (m) => out.console.push(`${m.type()}: ${m.text()}`));
+    page.on("pageerror", (e) => out.page_errors.push(String(e)));
+    await page.goto(base + "/console", { waitUntil: "domcontentloaded" });
+    await page.waitForFunction(() => document.querySelector("#status").textContent.includes("updated"), null, { timeout: 20000 });
+    await page.waitForSelector("#blocked tbody tr[data-topic]", { timeout: 20000 });
+    out.text.overview = await page.innerText("body");
+    await page.click('button[data-tab="browser"]');
+    await page.waitForSelector(`#browse-form select[name=topic] option[value="${dlt}"]`, { state: "attached", timeout: 20000 });
+    await page.selectOption("#browse-form select[name=topic]", dlt);
+    await page.click("#browse-form button[type=submit]");
+    await page.waitForFunction(() => !document.querySelector("#browse-info").textContent.startsWith("reading"));
+    for (const row of await page.$$("#records tbody tr.rec")) await row.click();
+    out.rows = await page.$$eval("#records tbody tr.rec", (r) => r.length);
+    out.text.browser = await page.innerText("body");
+    await page.screenshot({ path: path.join(shots, "hostile-browser.png"), fullPage: true });
+    await page.click('button[data-tab="replay"]');
+    await page.waitForSelector(`#replay-form select[name=topic] option[value="${dlt}"]`, { state: "attached", timeout: 20000 });
+    await page.selectOption("#replay-form select[name=topic]", dlt);
+    await page.click("#replay-form button[type=submit]");
+    await page.waitForFunction(() => !document.querySelector("#replay-summary").textContent.startsWith("previewing"), null, { timeout: 30000 });
+    out.text.replay = await page.innerText("body");
+    await page.waitForTimeout(1000);  // an image's onerror, had one been made, has fired
+    out.csp = await page.evaluate(() => window.__csp);
+    // Elements made of the contents: any with an event handler attribute,
+    // any image, any svg outside the page's own chart.
+    out.made = await page.evaluate(() => [...document.querySelectorAll("*")]
+      .filter((e) => [...e.attributes].some((a) => a.name.startsWith("on")) || e.tagName === "IMG"
+        || (e.tagName.toLowerCase() === "svg" && !e.closest("#chart")))
+      .map((e) => e.outerHTML.slice(0, 200)));
+  } finally {
+    await context.close();
+    fs.rmSync(profile, { recursive: true, force: true });
+  }
+  process.stdout.write(JSON.stringify(out) + "\n");
+})().catch((e) => { process.stderr.write(String(e && e.stack || e) + "\n"); process.exit(1); });
+"""
+
+
+def test_hostile_contents_are_shown_as_text_and_nothing_runs(workdir, broker, tmp_path):
+    """Markup in a key, a header value, a reason (the policy quotes the
+    value it refused) and the decoded value of a DLT record, and the same
+    key blocked (the overview lists it): the page shows each as text, makes
+    no element of it, opens no dialog and violates no CSP directive."""
+    tag = uuid.uuid4().hex[:8]
+    topic = f"con-xss-{tag}"
+    ep = c.Endpoint(broker.bootstrap)
+    c.ck_create_topic(ep, topic, 1)
+    c.ck_create_topic(ep, f"{topic}.dlt", 1)
+    policy = workdir / f"{topic}.yaml"
+    policy.write_text(XSS_POLICY.format(topic=topic))
+    proxy = ConsoleAntidote(workdir, upstream=[broker.bootstrap], name=f"console-xss-{tag}",
+                            policy_files=(str(policy),), admin_port=free_port())
+    import conftest
+    conftest._PROXIES.append(proxy)
+    proxy.start().wait_ready(30)
+    try:
+        key = XSS_KEY.encode()
+        bad = json.dumps({"name": XSS_REASON, "note": XSS_DECODED}).encode()
+        c.ck_produce(ep, topic, [
+            c.Rec(0, -1, key, bad, (("h", XSS_HEADER.encode()),), 1_700_000_000_000),
+            c.Rec(0, -1, key, b'{"name": "ann"}', (("h", b"plain"),), 1_700_000_000_001),
+            c.Rec(0, -1, b"other", b'{"name": "bob"}', (), 1_700_000_000_002)])
+        got = c.ck_consume_assign(c.Endpoint(proxy.bootstrap, "proxy"), topic, [0], 1, timeout=60)
+        assert [r.key for r in got] == [b"other"], got
+        _wait(lambda: _series(_metrics(proxy), "antidote_blocked_keys") == 1, "the key blocked")
+        script = tmp_path / "xss-session.js"
+        script.write_text(XSS_SESSION)
+        p = subprocess.run(["node", str(script), f"http://{HOST}:{proxy.admin_port}",
+                            f"{topic}.dlt", str(SHOTS)],
+                           cwd=JS, capture_output=True, text=True, timeout=150,
+                           stdin=subprocess.DEVNULL,
+                           env={**os.environ, "NODE_PATH": str(JS / "node_modules")})
+        assert p.returncode == 0, f"xss-session.js exit {p.returncode}\n{p.stderr[-4000:]}"
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+    finally:
+        proxy.stop_and_check()
+    assert out["dialogs"] == [], out["dialogs"]
+    assert out["made"] == [], out["made"]
+    assert out["csp"] == [], out["csp"]
+    assert out["page_errors"] == [] and out["blocked"] == [], out
+    assert not [m for m in out["console"] if "Content Security Policy" in m], out["console"]
+    assert out["rows"] == 2, out
+    # Each shown as the text it is: the key in the overview's blocked list
+    # and in the browser; the header value, the reason and the decoded
+    # value in the opened rows. The preview holds both records back (the
+    # key's parked record goes with the poison one, which is still invalid).
+    assert XSS_KEY in out["text"]["overview"], out["text"]["overview"]
+    for what in (XSS_KEY, XSS_HEADER, XSS_REASON, XSS_DECODED):
+        assert what in out["text"]["browser"], (what, out["text"]["browser"])
+    assert out["text"]["replay"].count(f"{topic}.dlt/0/0: still-invalid") == 2, out["text"]["replay"]

@@ -184,3 +184,20 @@ def test_share_group_describe_turned_off_closes_only_its_connection(noshare):
     assert api_versions_ok(proxy.bootstrap_port)
     assert "ShareGroupDescribe v1 is outside the versions the proxy offers" in \
         h.read_log(proxy.log)
+
+
+@h.needs_kafka
+def test_kafka_4_4_0_offers_exactly_the_ranges_the_version_table_names(broker):
+    """docs/protocol-versions.md's "Kafka 4.4.0" column is Kafka 4.4.0's
+    own ApiVersions on a client listener, key for key, range for range:
+    equality (test_api_versions.py checks that any broker's ranges are
+    within it, which a table wider than 4.4.0 would pass)."""
+    from test_api_versions import version_table, versions
+    if h.KAFKA_VERSION != "4.4.0":
+        pytest.skip(f"the table names Kafka 4.4.0's ranges; the broker is {h.KAFKA_VERSION}")
+    table = {k: kafka for k, (kafka, _offers) in version_table().items() if kafka is not None}
+    upstream = versions(broker.port)
+    differ = {k: (table.get(k), upstream.get(k)) for k in set(table) | set(upstream)
+              if table.get(k) != upstream.get(k)}
+    assert not differ, ("api key: (the table's Kafka 4.4.0 range, what Kafka 4.4.0 offers): "
+                        f"{dict(sorted(differ.items()))}")

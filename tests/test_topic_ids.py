@@ -6,11 +6,15 @@ classes (tests/java/RawRequests.java) so no client picks the version:
   batch with poison is refused with INVALID_RECORD and nothing of it is
   written, an id nobody knows is refused retriably (UNKNOWN_TOPIC_ID).
 - A topic deleted and recreated under its old name while a Java 4.4
-  producer (Produce v13) writes through the door: poison is refused before
-  and after, only valid records land in the new topic, the old id is
-  answered UNKNOWN_TOPIC_ID and the new one judged by the topic's name.
-- Fetch v18 by id: poison removed and diverted; an unknown id gets the
-  broker's own UNKNOWN_TOPIC_ID and the connection goes on.
+  producer writes through the door, with Produce v13 and no other version
+  (the proxy's request metric): poison is refused before and after, each
+  valid record acknowledged after the recreate landed is in the new topic
+  at the offset its acknowledgement named, nothing else is there, the old
+  id is answered UNKNOWN_TOPIC_ID and the new one judged by the topic's
+  name.
+- Fetch v18 by id (exactly 18 on Kafka 4.4, and counted as v18 by the
+  proxy): poison removed and diverted; an unknown id gets the broker's own
+  UNKNOWN_TOPIC_ID and the connection goes on.
 - OffsetCommit and OffsetFetch v10 by id: committed through the proxy, the
   same offset read back through it and directly; an unknown id is refused.
 
@@ -117,12 +121,29 @@ def poison(i: int) -> bytes:
     return ps.json_value("lat", i)
 
 
-def direct_values(broker, topic: str) -> list[bytes]:
+def direct_records(broker, topic: str) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record of partition 0, read directly."""
     ep = c.Endpoint(broker.bootstrap, "direct")
     hw = ps.high_watermark(broker.port, topic, 0)
     if hw == 0:
         return []
-    return [r.value for r in c.kp_consume_assign(ep, topic, [0], hw, timeout=30)]
+    return [(r.offset, r.value) for r in c.kp_consume_assign(ep, topic, [0], hw, timeout=30)]
+
+
+def direct_values(broker, topic: str) -> list[bytes]:
+    return [v for _, v in direct_records(broker, topic)]
+
+
+def request_versions(proxy, api: str) -> dict[str, float]:
+    """version -> requests of `api` the proxy counted (its request metric)."""
+    import re
+    out: dict[str, float] = {}
+    for line in proxy.metrics().splitlines():
+        if line.startswith("antidote_client_requests_total{") and f'api="{api}"' in line:
+            m = re.search(r'version="(-?\d+)"', line)
+            if m:
+                out[m.group(1)] = out.get(m.group(1), 0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def new_topic(broker) -> str:
@@ -158,12 +179,14 @@ def test_a_topic_recreated_under_its_old_name_while_a_java_producer_writes_is_ju
     old = topic_id(java_classes, tproxy, topic)
     values = [(poison(i) if i % 4 == 3 else valid(i)).decode() for i in range(120)]
     cp = f"{h.kafka_classpath()}:{java_classes}"
+    produce_before = request_versions(tproxy, "Produce")
     log = open(tmp_path / "producer.log", "wb")
     proc = subprocess.Popen(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
                              "-Dpace.ms=40", "-cp", cp, "JavaProducer", "idempotent",
                              tproxy.bootstrap, topic, *values],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     out: list[dict] = []
+    arrived: list[float] = []  # when each line was read
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     try:
         # Delete once a quarter has been acknowledged, recreate at once.
@@ -171,6 +194,7 @@ def test_a_topic_recreated_under_its_old_name_while_a_java_producer_writes_is_ju
             line = proc.stdout.readline()
             assert line, f"producer ended early\n{h.read_log(tmp_path / 'producer.log')}"
             out.append(json.loads(line))
+            arrived.append(time.monotonic())
         admin.delete_topics([topic])[topic].result(30)
         deadline = time.monotonic() + 30
         while True:
@@ -180,9 +204,11 @@ def test_a_topic_recreated_under_its_old_name_while_a_java_producer_writes_is_ju
             except ck.KafkaException as e:  # the deletion may still be under way
                 assert time.monotonic() < deadline, e
                 time.sleep(0.2)
+        recreated = time.monotonic()
         for line in proc.stdout:
             if line.startswith("{"):
                 out.append(json.loads(line))
+                arrived.append(time.monotonic())
         assert proc.wait(120) == 0, h.read_log(tmp_path / "producer.log")
     finally:
         if proc.poll() is None:
@@ -196,12 +222,29 @@ def test_a_topic_recreated_under_its_old_name_while_a_java_producer_writes_is_ju
     for v in values:
         if "91.5" in v:
             assert by_value[v].get("error") == "InvalidRecordException", by_value[v]
-    # The new topic holds only valid records, in the order they were sent.
-    landed = direct_values(broker, topic)
-    assert landed, "nothing landed in the recreated topic"
-    assert all(b"91.5" not in v for v in landed)
+    # Each valid record whose answer came after the recreate landed (its
+    # line read after create_topics returned, and a margin for a line of an
+    # answer that came just before) was acknowledged, and is in the new
+    # topic at the offset the acknowledgement named; the topic holds
+    # nothing else but valid records sent before, in the order sent.
+    after = [o for o, at in zip(out, arrived) if at > recreated + 0.5]
+    after_valid = [o for o in after if "91.5" not in o["sent"]]
+    assert len(after_valid) >= 40, (len(after_valid), "too few records after the recreate")
+    refused = [o for o in after_valid if "offset" not in o]
+    assert not refused, f"valid records not acknowledged after the recreate: {refused[:3]}"
+    landed = dict(direct_records(broker, topic))
+    missing = [(o["offset"], o["sent"][:40]) for o in after_valid
+               if landed.get(o["offset"]) != o["sent"].encode()]
+    assert not missing, f"acknowledged after the recreate, not in the new topic there: {missing}"
+    assert all(b"91.5" not in v for v in landed.values())
     order = {v.encode(): i for i, v in enumerate(values)}
-    assert [order[v] for v in landed] == sorted(order[v] for v in landed)
+    assert [order[v] for _, v in sorted(landed.items())] == sorted(order[v]
+                                                                   for v in landed.values())
+    # The producer used Produce v13, and no other version.
+    used = {k: n - produce_before.get(k, 0) for k, n in request_versions(tproxy, "Produce").items()
+            if n - produce_before.get(k, 0) > 0}
+    acked = sum(1 for o in out if "offset" in o)
+    assert set(used) == {"13"} and used["13"] >= acked, (used, acked)
     # Raw Produce v13: the old id is gone, the new one is judged by name.
     assert produce(java_classes, tproxy, old, [valid(500)])["errorCode"] == UNKNOWN_TOPIC_ID
     assert produce(java_classes, tproxy, new, [poison(501)])["errorCode"] == INVALID_RECORD
@@ -211,8 +254,11 @@ def test_a_topic_recreated_under_its_old_name_while_a_java_producer_writes_is_ju
 def test_fetch_v18_by_topic_id_removes_poison_and_an_unknown_id_gets_the_brokers_error(
         tproxy, broker, java_classes, offered):
     v = offered[1][1]
+    if h.KAFKA_VERSION.startswith("4.4."):
+        assert v == 18, f"Kafka {h.KAFKA_VERSION} offers Fetch up to v{v}, not v18"
     if v < 13:
         pytest.skip(f"the broker offers Fetch up to v{v}")
+    fetch_before = request_versions(tproxy, "Fetch")
     topic = new_topic(broker)
     recs = [ps.json_rec(k, i) for i, k in enumerate(["valid", "lat", "valid", "enum", "valid"])]
     c.ck_produce(c.Endpoint(broker.bootstrap, "direct"), topic, recs)
@@ -232,6 +278,9 @@ def test_fetch_v18_by_topic_id_removes_poison_and_an_unknown_id_gets_the_brokers
     [p] = t["partitions"]
     assert p["errorCode"] == UNKNOWN_TOPIC_ID, p
     assert records["records_hex"] == ""
+    # Both requests reached the proxy as Fetch v<v> (v18 on Kafka 4.4).
+    fetched = request_versions(tproxy, "Fetch")
+    assert fetched.get(str(v), 0) - fetch_before.get(str(v), 0) >= 2, (v, fetch_before, fetched)
     tproxy.assert_running()
 
 
