@@ -138,7 +138,8 @@ class Player:
     error: str = ""
     t0: float = 0.0
     windows: list[dict] = field(default_factory=list)
-    proofs: list[tuple[str, str, Optional[bool], int, str]] = field(default_factory=list)
+    # (kind, fault, proof held, packets acted on, packets on its link, what it saw)
+    proofs: list[tuple[str, str, Optional[bool], int, int, str]] = field(default_factory=list)
     ineffective: list[str] = field(default_factory=list)
     killed_proxies: dict = field(default_factory=dict)
 
@@ -233,7 +234,7 @@ class Player:
                         self.error += traceback.format_exc()
                     if a.proof is not None:
                         self.proofs.append((touched["kind"], a.what, a.effective, a.matched,
-                                            a.seen))
+                                            a.traffic, a.seen))
                         self.log(f"  {a.what}: {a.seen}")
                 now = int(time.time() * 1000)
                 for touched in touched_all:
@@ -249,11 +250,14 @@ COUNTED = ("partition-proxy-broker", "partition-proxy-dlt", "partition-client-pr
 
 
 def unexercised(windows: list[dict], proofs: list) -> list[str]:
-    """Counted kinds played (Player.windows) none of whose faults acted on a
-    packet (each may have met an idle link; all of them meeting one is a
-    fault that does nothing)."""
-    acted = {kind for kind, _what, _ok, matched, _seen in proofs if matched > 0}
-    return sorted({w["kind"] for w in windows if w["kind"] in COUNTED} - acted)
+    """Counted kinds played (Player.windows) whose faults all met an idle
+    link: none carried a packet while it held, so none was shown to act.
+    (A fault on a busy link that acted on nothing fails its own proof; a
+    loss fault on a link too quiet for a drop to be sure is not held
+    against its kind.)"""
+    busy = {kind for kind, _what, _ok, matched, traffic, _seen in proofs
+            if matched > 0 or traffic > 0}
+    return sorted({w["kind"] for w in windows if w["kind"] in COUNTED} - busy)
 
 
 def kinds_of(steps: list[Step]) -> list[str]:

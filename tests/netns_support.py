@@ -174,17 +174,18 @@ class NoEffect(AssertionError):
 class Fault:
     """One fault in force: how to undo it, and how it proves it took effect.
     `proof()` (read before the undo) returns (ok, what it saw, how many
-    packets the fault acted on); `check()`
+    packets the fault acted on, how many its link carried); `check()`
     (called while the fault holds) returns an error text or None."""
     what: str
     undo: Callable[[], None]
     healed: bool = False
-    proof: Optional[Callable[[], tuple[bool, str, int]]] = None
+    proof: Optional[Callable[[], tuple[bool, str, int, int]]] = None
     check: Callable[[], Optional[str]] = lambda: None
     counts: Optional[Callable[[], tuple[int, int]]] = None  # (link's packets, matched)
     seen: str = ""          # what the proof saw
     effective: Optional[bool] = None
     matched: int = -1       # packets the fault acted on (-1: no proof read)
+    traffic: int = -1       # packets on the fault's link meanwhile (-1: no proof read)
 
     def heal(self) -> None:
         if self.healed:
@@ -193,7 +194,7 @@ class Fault:
         error = None
         if self.proof is not None:
             try:
-                self.effective, self.seen, self.matched = self.proof()
+                self.effective, self.seen, self.matched, self.traffic = self.proof()
             except Exception as e:  # noqa: BLE001 - the undo must run anyway
                 self.effective, self.seen = False, f"proof failed: {e!r}"
             if not self.effective:
@@ -336,10 +337,11 @@ class Net:
             return (c.get(f"jx{n}cout", 0) + c.get(f"jx{n}cin", 0),
                     c.get(f"jx{n}fout", 0) + c.get(f"jx{n}fin", 0))
 
-        def proof() -> tuple[bool, str, int]:
+        def proof() -> tuple[bool, str, int, int]:
             traffic, hits = counts()
             return (hits > 0 or traffic < min_traffic,
-                    f"{traffic} packets on the link, {hits} matched the fault's rules", hits)
+                    f"{traffic} packets on the link, {hits} matched the fault's rules", hits,
+                    traffic)
 
         f = Fault(what, undo, proof=proof, counts=counts)
         self.faults.append(f)
@@ -408,15 +410,15 @@ class Net:
                         f"{log.read_text()[-2000:]}")
             return None
 
-        def proof() -> tuple[bool, str, int]:
+        def proof() -> tuple[bool, str, int, int]:
             dead = check()
             if dead:
-                return False, dead, 0
+                return False, dead, 0, 0
             traffic, hits = rules.counts()
             n = delayed()
             return (traffic == 0 or (hits > 0 and n > 0),
                     f"{traffic} packets on the link, {hits} queued, {n} delayed by "
-                    f"nfq_delay.py", min(hits, n))
+                    f"nfq_delay.py", min(hits, n), traffic)
 
         def undo() -> None:
             rules.undo()
@@ -442,14 +444,14 @@ class Net:
         def undo() -> None:
             self.exec(node, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
-        def proof() -> tuple[bool, str, int]:
+        def proof() -> tuple[bool, str, int, int]:
             text = self.exec(node, "tc", "-s", "qdisc", "show", "dev", "eth0").stdout
             m = re.search(r"tbf .*?Sent (\d+) bytes (\d+) pkt \(dropped (\d+), "
                           r"overlimits (\d+)", text, re.S)
             if not m:
-                return False, f"no tbf qdisc on {node}'s eth0: {text.strip()}", 0
+                return False, f"no tbf qdisc on {node}'s eth0: {text.strip()}", 0, 0
             n = int(m.group(2))
-            return n > 0, f"{n} packets sent through tbf, {m.group(4)} over its rate", n
+            return n > 0, f"{n} packets sent through tbf, {m.group(4)} over its rate", n, n
 
         f = Fault(f"slow {node} {rate_kbit} kbit/s", undo, proof=proof)
         self.faults.append(f)

@@ -229,7 +229,7 @@ def test_no_record_lost_or_leaked_under_a_fault_schedule(seed, net, jcluster, jp
     idle = js.unexercised(player.windows, player.proofs)
     if idle:
         anomalies.append(jc.Anomaly("fault-not-exercised",
-                                    f"no fault of these kinds acted on a packet: {idle}"))
+                                    f"every fault of these kinds met an idle link: {idle}"))
     dead = {c.name: c.proc.returncode for c in work.clients
             if c.proc is not None and c.proc.returncode not in (0, None)
             and not (c.proc.returncode == -9 and c.killed)}
@@ -245,7 +245,7 @@ def test_no_record_lost_or_leaked_under_a_fault_schedule(seed, net, jcluster, jp
     report(request, f"seed {seed}: {jc.summary(hist)}; per member {per_member}; "
                     f"client errors {work.errors()}; proxies killed {player.killed_proxies}")
     report(request, f"seed {seed}: fault proofs:" + "".join(
-        f"\n  {kind}: {what}: {seen}" for kind, what, _ok, _n, seen in player.proofs))
+        f"\n  {kind}: {what}: {seen}" for kind, what, _ok, _n, _t, seen in player.proofs))
     report(request, f"seed {seed}: {len(anomalies)} anomalies" +
            "".join(f"\n  {a}" for a in anomalies))
     for p in jproxies.values():
