@@ -83,6 +83,9 @@ pub struct Shared {
     pub brokers: DashMap<i32, HostPort>,
     /// Topic id -> name, for Fetch v13+ (which names topics by id).
     pub topic_names: DashMap<Uuid, StrBytes>,
+    /// Name -> the id Metadata last gave it: a topic deleted and created
+    /// again gets a new id, and the old one is forgotten (`learn`).
+    topic_ids: DashMap<StrBytes, Uuid>,
     listening: tokio::sync::Mutex<HashSet<i32>>,
     /// Brokers whose listener could not be opened (not ready while any).
     unserved: addresses::Unserved,
@@ -186,6 +189,7 @@ impl Shared {
             relay_tls,
             brokers: DashMap::new(),
             topic_names: DashMap::new(),
+            topic_ids: DashMap::new(),
             listening: tokio::sync::Mutex::new(HashSet::new()),
             unserved: addresses::Unserved::default(),
             shutdown: CancellationToken::new(),
@@ -236,6 +240,14 @@ impl Shared {
     /// Record what a response revealed; open listeners for new brokers.
     pub async fn learn(self: &Arc<Self>, seen: Seen) {
         for (id, name) in seen.topics {
+            // A deleted topic's id no longer names it: records still
+            // answered under it (none should be) are withheld as unknown,
+            // and nothing judged under the old id reaches the ledger.
+            if let Some(old) = self.topic_ids.insert(name.clone(), id) {
+                if old != id {
+                    self.topic_names.remove(&old);
+                }
+            }
             self.topic_names.insert(id, name);
         }
         for (node, addr) in seen.brokers {
