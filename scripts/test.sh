@@ -145,7 +145,9 @@ declare -A NOSEL=()
 STRICT=0
 if [[ "${CI:-}" == true || "${ANTIDOTE_CI_ENTRY:-0}" == 1 ]]; then STRICT=1; fi
 MUST_RUN_FILES="test_jepsen.py test_console.py"
-JUNIT_DIR="$(mktemp -d)"
+# Each pytest stage's JUnit XML (read for skips; kept as a test artefact).
+JUNIT_DIR="$ROOT/target/test-artifacts/junit"
+mkdir -p "$JUNIT_DIR"
 # The network-fault runs (test_jepsen.py) replay CI's two fixed seeds and
 # one fresh seed per run, printed here so that a failure can be replayed
 # with ANTIDOTE_JEPSEN_SEED=<seed>.
