@@ -14,14 +14,16 @@ use std::time::Duration;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
+pub use admin::Admin;
 pub use antidote_core::text::{parse_duration, yaml_error};
 pub use limits::Limits;
 pub use redrive::Redrive;
 pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
-pub use share::{RemovedAck, ShareGroups};
+pub use share::{RemovedAck, ShareGroups, DEFAULT_OWED_ACKS_BUDGET};
 pub use signing::{SigningKey, UnsignedRecords};
 pub use sni::{Sni, SniPattern};
 
+mod admin;
 mod limits;
 mod redrive;
 mod registry;
@@ -347,43 +349,6 @@ pub struct Logging {
     pub record_contents: bool,
 }
 
-/// The admin HTTP listener.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Admin {
-    /// Address of `/metrics`, `/healthz` and `/readyz`; absent disables it.
-    /// A bare port (`9644` or `:9644`) binds 127.0.0.1 only.
-    #[serde(default, deserialize_with = "de_admin_listen")]
-    pub listen: Option<HostPort>,
-    /// Serve the DLT console at `/console` (read-only unless `console_actions`).
-    #[serde(default)]
-    pub console: bool,
-    /// Let the console replay records and close breakers.
-    #[serde(default)]
-    pub console_actions: bool,
-    /// Host names a browser may use to reach the console (besides IP
-    /// addresses): a request naming any other host is refused, so a page
-    /// that rebinds its own DNS name to the admin address (DNS rebinding)
-    /// cannot read the console.
-    #[serde(default = "default_console_hosts")]
-    pub console_hosts: Vec<String>,
-}
-
-fn default_console_hosts() -> Vec<String> {
-    vec!["localhost".into()]
-}
-
-impl Default for Admin {
-    fn default() -> Self {
-        Admin {
-            listen: None,
-            console: false,
-            console_actions: false,
-            console_hosts: default_console_hosts(),
-        }
-    }
-}
-
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(10)
 }
@@ -445,27 +410,6 @@ impl<'de> Deserialize<'de> for HostPort {
     }
 }
 
-/// `admin.listen`: `host:port`, or a bare port bound to loopback.
-fn de_admin_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HostPort>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Port(u16),
-        Text(String),
-    }
-    let loopback = |port| HostPort {
-        host: "127.0.0.1".into(),
-        port,
-    };
-    match Raw::deserialize(d)? {
-        Raw::Port(p) => Ok(Some(loopback(p))),
-        Raw::Text(t) => match t.trim_start_matches(':').parse::<u16>() {
-            Ok(p) => Ok(Some(loopback(p))),
-            Err(_) => t.parse().map(Some).map_err(de::Error::custom),
-        },
-    }
-}
-
 /// serde helper: a duration written as text (`10s`) or a number of seconds.
 pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     #[derive(Deserialize)]
@@ -509,6 +453,7 @@ impl Config {
             }
         };
         self.policies.iter_mut().for_each(fix);
+        self.admin.console_token_file.as_mut().map(fix);
         for k in &mut self.dead_letter.signing_keys {
             k.resolve(base);
         }
@@ -560,6 +505,13 @@ impl Config {
         }
         if self.admin.console_actions && !self.admin.console {
             return Err("admin.console_actions needs admin.console: true".into());
+        }
+        if self.admin.console_token()?.is_none() && self.admin.console_actions {
+            return Err(
+                "admin.console_actions needs a credential: admin.console_token_file or \
+                 admin.console_token_env (the console sends it as `authorization: Bearer <token>`)"
+                    .into(),
+            );
         }
         if self.admin.console && self.admin.listen.is_none() {
             return Err("admin.console needs admin.listen (the console is served there)".into());
@@ -642,12 +594,31 @@ mod tests {
     fn the_console_needs_the_admin_listener_and_actions_the_console() {
         let parse =
             |admin: &str| Config::parse(&format!("{MINIMAL}admin:\n{admin}"), Path::new("c.yaml"));
-        let c = parse("  listen: 9644\n  console: true\n  console_actions: true\n").unwrap();
+        std::env::set_var("ANTIDOTE_TEST_CONSOLE_TOKEN", "0123456789abcdef-token");
+        let with_token = "  console_token_env: ANTIDOTE_TEST_CONSOLE_TOKEN\n";
+        let c = parse(&format!(
+            "  listen: 9644\n  console: true\n  console_actions: true\n{with_token}"
+        ))
+        .unwrap();
         assert!(c.admin.console && c.admin.console_actions);
+        assert_eq!(
+            c.admin.console_token().unwrap().as_deref(),
+            Some("0123456789abcdef-token")
+        );
         let e = parse("  listen: 9644\n  console_actions: true\n")
             .unwrap_err()
             .0;
         assert_eq!(e, "c.yaml: admin.console_actions needs admin.console: true");
+        // Actions without a credential: anyone reaching the port could run them.
+        let e = parse("  listen: 9644\n  console: true\n  console_actions: true\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("needs a credential"), "{e}");
+        std::env::set_var("ANTIDOTE_TEST_SHORT_TOKEN", "short");
+        let e = parse("  listen: 9644\n  console: true\n  console_actions: true\n  console_token_env: ANTIDOTE_TEST_SHORT_TOKEN\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("at least 16"), "{e}");
         let e = parse("  console: true\n").unwrap_err().0;
         assert!(e.contains("admin.console needs admin.listen"), "{e}");
         assert!(!parse("  listen: 9644\n").unwrap().admin.console);

@@ -92,6 +92,10 @@ policies:
 """
 
 
+# The console token of the proxy with actions on (admin.console_token_file).
+TOKEN = "test-console-token-0123456789"
+
+
 @dataclass
 class ConsoleAntidote(OpsAntidote):
     """A proxy with the console on its admin listener."""
@@ -102,8 +106,13 @@ class ConsoleAntidote(OpsAntidote):
         text = super().config_yaml()
         admin = f"admin:\n  listen: {HOST}:{self.admin_port}\n"
         assert admin in text
+        token = ""
+        if self.actions:
+            path = self.workdir / f"{self.name}.console-token"
+            path.write_text(TOKEN + "\n")
+            token = f"  console_token_file: {path}\n"
         text = text.replace(admin, admin + "  console: true\n"
-                            + f"  console_actions: {str(self.actions).lower()}\n")
+                            + f"  console_actions: {str(self.actions).lower()}\n" + token)
         return text + f"logging:\n  record_contents: {str(self.contents).lower()}\n"
 
 
@@ -223,7 +232,8 @@ def _ends(bootstrap: str, topics: list[tuple[str, int]]) -> dict:
 def _browse(admin_port: int, prefix: str, dlt: str, then: str = "post") -> dict:
     p = subprocess.run(["node", "console.js", f"http://{HOST}:{admin_port}", str(SHOTS), prefix, dlt,
                         then],
-                       cwd=JS, capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
+                       cwd=JS, capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "CONSOLE_TOKEN": TOKEN})
     assert p.returncode == 0, f"console.js exit {p.returncode}\n{p.stderr[-4000:]}"
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -412,16 +422,22 @@ def test_actions_replay_and_close_the_breaker_with_contents_withheld(workdir, se
     proxy.start().wait_ready(30)
     try:
         port = proxy.admin_port
-        # The CSRF defences: the page's header, a JSON body, this Origin.
+        # The credential: no token, or a wrong one, is refused before anything else.
         body = json.dumps({"topic": s.dlt, "rate": 20}).encode()
-        js = {"content-type": "application/json"}
+        page = {"content-type": "application/json", "x-antidote-console": "1"}
+        for auth in ({}, {"authorization": "Bearer " + TOKEN[:-1] + "x"}, {"authorization": TOKEN}):
+            got, answer = _call(port, "/console/api/replay/execute", body, {**page, **auth})
+            assert got == 401 and "console token" in answer["error"], (auth, got, answer)
+        # The CSRF defences: the page's header, a JSON body, this Origin.
+        js = {"content-type": "application/json", "authorization": "Bearer " + TOKEN}
         assert _call(port, "/console/api/replay/execute", body, js)[0] == 403
         assert _call(port, "/console/api/replay/execute", body,
                      {**js, "x-antidote-console": "1", "origin": "http://evil.example"})[0] == 403
         assert _call(port, "/console/api/replay/execute", body,
                      {**js, "x-antidote-console": "1", "sec-fetch-site": "cross-site"})[0] == 403
         assert _call(port, "/console/api/replay/execute", body,
-                     {"content-type": "text/plain", "x-antidote-console": "1"})[0] == 415
+                     {"content-type": "text/plain", "x-antidote-console": "1",
+                      "authorization": "Bearer " + TOKEN})[0] == 415
         assert _call(port, "/console/api/replay/execute", b"x" * 20000,
                      {**js, "x-antidote-console": "1"})[0] == 413
         assert _call(port, "/console/api/replay/execute", b'{"topic": "a", "rate": 0}',

@@ -4,6 +4,9 @@
 
 use serde::Deserialize;
 
+/// `share_groups.owed_acks_budget` unless set: 4 MiB, about 65,000 ranges.
+pub const DEFAULT_OWED_ACKS_BUDGET: usize = 4 << 20;
+
 /// `share_groups`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -27,7 +30,7 @@ impl Default for ShareGroups {
         ShareGroups {
             enabled: true,
             removed_ack: RemovedAck::Reject,
-            owed_acks_budget: crate::intercept::share::acks::DEFAULT_BUDGET,
+            owed_acks_budget: DEFAULT_OWED_ACKS_BUDGET,
         }
     }
 }

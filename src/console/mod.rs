@@ -16,7 +16,10 @@
 //!
 //! Security: the admin listener's rules (no TLS of its own, bound where
 //! `admin.listen` says; a bare port binds loopback only). Actions are POST
-//! only, refused unless `console_actions`, and need the page's own header
+//! only, refused unless `console_actions`, need the console token
+//! (`admin.console_token_file` or `_env`, at least 16 characters; sent as
+//! `authorization: Bearer <token>`, compared in constant time; actions
+//! without one are a load error), and need the page's own header
 //! (`x-antidote-console: 1`, which a cross-site form cannot send and a
 //! cross-site script cannot send without a CORS preflight, never
 //! answered), a JSON body, and an `Origin` (when sent) naming this host.
@@ -41,6 +44,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 use crate::config::Config;
@@ -91,6 +95,9 @@ pub struct Console {
     reads: Arc<Semaphore>,
     job: Arc<Mutex<Option<api::Job>>>,
     jobs: AtomicU64,
+    /// What an action's `authorization: Bearer` must carry
+    /// (`admin.console_token_file` or `_env`, read at start).
+    token: Option<String>,
 }
 
 impl Console {
@@ -110,6 +117,9 @@ impl Console {
                 reads: Arc::new(Semaphore::new(READS_AT_ONCE)),
                 job: Arc::new(Mutex::new(None)),
                 jobs: AtomicU64::new(0),
+                // Checked when the config was loaded; a token that went
+                // missing since leaves actions refused, never open.
+                token: config.admin.console_token().ok().flatten(),
             })
         })
     }
@@ -202,6 +212,22 @@ impl Console {
             return forbidden("console actions are off (admin.console_actions: false)");
         }
         let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let Some(token) = &self.token else {
+            return forbidden("console actions have no credential configured");
+        };
+        let given = header("authorization").and_then(|v| v.strip_prefix("Bearer "));
+        // Constant time: how much of a guess matched never shows in timing.
+        let same: bool = given
+            .unwrap_or("")
+            .as_bytes()
+            .ct_eq(token.as_bytes())
+            .into();
+        if !same {
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                "console actions need the console token (authorization: Bearer <token>)".into(),
+            ));
+        }
         if header("x-antidote-console") != Some("1") {
             return forbidden("missing the console's x-antidote-console header");
         }

@@ -190,30 +190,7 @@ impl FetchFilter {
         for ti in unloaded {
             changed |= hold_topic(&mut resp.responses[ti]);
         }
-        let mut plans: Vec<(usize, usize, PartitionPlan)> = Vec::new();
-        let mut transient_at = Vec::new();
-        for (at, mut plan) in self.judge(&jobs, now_ms()).await? {
-            // The circuit breaker: diversions from its cut on are not
-            // written, and the partition holds there (as on a DLT failure).
-            if let Some(cut) = self.breaker_cut(&plan) {
-                plan.diversions.retain(|d| d.origin_offset < cut);
-                if plan.held.as_ref().is_none_or(|h| h.offset > cut) {
-                    plan.held = Some(crate::plan::Hold {
-                        offset: cut,
-                        reason: crate::plan::HoldReason::Breaker,
-                    });
-                }
-            }
-            if plan.changes_anything() {
-                // Its blocks are learnt once its diversions are done.
-                transient_at.push(transient::take_transient(&mut plan));
-                plans.push((at.0, at.1, plan));
-            } else {
-                keys::learn(&self.blocked, &plan, None);
-                count(&plan, None);
-                metrics::global().set_held(&plan.topic, plan.partition, false);
-            }
-        }
+        let (plans, transient_at) = self.hold_or_count(self.judge(&jobs, now_ms()).await?);
         if version >= 13 {
             // Ids still unknown might name a policy topic: hold them.
             changed |= withhold_unknown_topics(ctx, &mut resp);
@@ -251,6 +228,40 @@ impl FetchFilter {
                 .diverting_response(started.elapsed(), dlt_wait);
         }
         filtered
+    }
+
+    /// Where the circuit breaker cuts, the partition holds (diversions from
+    /// the cut on are not written, as on a DLT failure). The plans that
+    /// change their partition, each with its first transient record's
+    /// offset (taken out of its diversions: never written); the others are
+    /// counted now and their holds cleared.
+    #[allow(clippy::type_complexity)]
+    fn hold_or_count(
+        &self,
+        judged: Vec<((usize, usize), PartitionPlan)>,
+    ) -> (Vec<(usize, usize, PartitionPlan)>, Vec<Option<i64>>) {
+        let (mut plans, mut transient_at) = (Vec::new(), Vec::new());
+        for (at, mut plan) in judged {
+            if let Some(cut) = self.breaker_cut(&plan) {
+                plan.diversions.retain(|d| d.origin_offset < cut);
+                if plan.held.as_ref().is_none_or(|h| h.offset > cut) {
+                    plan.held = Some(crate::plan::Hold {
+                        offset: cut,
+                        reason: crate::plan::HoldReason::Breaker,
+                    });
+                }
+            }
+            if plan.changes_anything() {
+                // Its blocks are learnt once its diversions are done.
+                transient_at.push(transient::take_transient(&mut plan));
+                plans.push((at.0, at.1, plan));
+            } else {
+                keys::learn(&self.blocked, &plan, None);
+                count(&plan, None);
+                metrics::global().set_held(&plan.topic, plan.partition, false);
+            }
+        }
+        (plans, transient_at)
     }
 
     /// One planning job per non-empty partition of a policy topic, and the

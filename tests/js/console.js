@@ -106,6 +106,8 @@ async function main() {
     // confirmation accepted) and wait for the job to finish.
     if (postActions === "execute") {
       page.on("dialog", (d) => d.accept());
+      // The operator types the console token (CONSOLE_TOKEN from the test).
+      await page.fill("#token", process.env.CONSOLE_TOKEN || "");
       await page.fill("#rate", "20");
       await page.click("#execute-button");
       await page.waitForFunction(() => document.querySelector("#job").textContent.includes("finished"), null, { timeout: 60000 });

@@ -29,11 +29,16 @@ async function api(path, options) {
   return body;
 }
 
-// POST an action with the header the server requires of the page.
+// POST an action with the header the server requires of the page and the
+// console token the operator typed (admin.console_token_file or _env); the
+// token stays in the field, never in storage.
 function post(path, body) {
   return api(path, {
     method: "POST",
-    headers: { accept: "application/json", "content-type": "application/json", "x-antidote-console": "1" },
+    headers: {
+      accept: "application/json", "content-type": "application/json", "x-antidote-console": "1",
+      authorization: "Bearer " + $("#token").value,
+    },
     body: JSON.stringify(body),
   });
 }

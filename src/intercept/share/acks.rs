@@ -27,9 +27,6 @@ use uuid::Uuid;
 
 use crate::plan::share::Span;
 
-/// The default budget for acknowledgements waiting, over all sessions.
-pub const DEFAULT_BUDGET: usize = 4 << 20;
-
 /// One share session, as the proxy can tell it: the broker the connection
 /// leads to (its node id; -1 for a bootstrap connection), the group and the
 /// member.
@@ -77,7 +74,7 @@ struct Book {
 
 impl Default for ShareAcks {
     fn default() -> Self {
-        ShareAcks::new(DEFAULT_BUDGET)
+        ShareAcks::new(crate::config::DEFAULT_OWED_ACKS_BUDGET)
     }
 }
 
