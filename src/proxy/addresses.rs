@@ -18,7 +18,7 @@ use kafka_protocol::messages::{
     ApiKey, BrokerId, DescribeClusterResponse, FetchResponse, FindCoordinatorResponse,
     MetadataResponse, ProduceResponse, ShareAcknowledgeResponse, ShareFetchResponse,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, StrBytes};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -234,10 +234,7 @@ pub fn rewrite_body(
     let mut buf = body;
     macro_rules! reencode {
         ($msg:expr) => {{
-            let msg = $msg;
-            let mut out = BytesMut::with_capacity(msg.compute_size(version)?);
-            msg.encode(&mut out, version)?;
-            Ok(Some(out))
+            Ok(Some(crate::transport::frame::encode(&$msg, version)?))
         }};
     }
     match key {
@@ -336,10 +333,8 @@ mod tests {
     use super::*;
     use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
 
-    fn encode<M: Encodable>(m: &M, v: i16) -> Bytes {
-        let mut b = BytesMut::new();
-        m.encode(&mut b, v).unwrap();
-        b.freeze()
+    fn encode<M: kafka_protocol::protocol::Encodable>(m: &M, v: i16) -> Bytes {
+        crate::transport::frame::encode(m, v).unwrap().freeze()
     }
 
     #[test]

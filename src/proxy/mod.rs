@@ -14,6 +14,7 @@ mod accept;
 pub mod addresses;
 mod classify;
 mod error;
+mod exchange;
 pub mod limits;
 pub mod relay;
 pub mod reload;

@@ -8,8 +8,9 @@
 //! `limits.idle_timeout` with no answer pending; large Produce requests are
 //! classified (judged at the door) on a blocking thread. The response pump pairs each broker frame with
 //! the head of that queue (Kafka answers a connection's requests in order)
-//! and either forwards the bytes as they arrived or hands them to a rewrite
-//! (ApiVersions, broker addresses). A large forwarded response between
+//! and either forwards the bytes as they arrived or hands them to the
+//! exchange of its kind (`exchange`: Fetch, ShareFetch, Produce,
+//! ApiVersions, broker addresses, ...). A large forwarded response between
 //! plain-TCP sockets is spliced: its head is read and checked, the rest
 //! moves socket to socket in the kernel (`transport::splice`). A malformed
 //! or oversized frame from either side ends this connection only, with one
@@ -18,24 +19,17 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::ApiKey;
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::intercept::fetch::Holds;
-use crate::intercept::produce::{self as door, wire as produce};
-use crate::intercept::share as intercept_share;
-use crate::proxy::addresses::{self, Seen};
-use crate::proxy::classify::{
-    classify_request, learn_produce_topic_ids, Handling, Pending, Send, ShareCall,
-};
+use crate::intercept::produce as door;
+use crate::proxy::classify::{classify_request, learn_produce_topic_ids, Handling, Pending, Send};
 use crate::proxy::sasl_phase::{Raw, SaslPhase};
-use crate::proxy::{versions, Shared};
-use crate::transport::frame::{
-    self, Cursor, FrameError, FrameReader, ResponseFrame, LENGTH_PREFIX, RESPONSE_ID_END,
-};
+use crate::proxy::{exchange, Shared};
+use crate::transport::frame::{self, FrameError, FrameReader, ResponseFrame, RESPONSE_ID_END};
 use crate::transport::net::Conn;
 use crate::transport::splice::{self, AsTcp};
 
@@ -346,7 +340,11 @@ where
                 if let Handling::SaslHandshake(tokens) = handling {
                     state.sasl.handshake_answered(tokens, p.version, &frame);
                 }
-                respond(shared, &mut holds, handling, p.version, frame).await?
+                let cx = exchange::Cx {
+                    shared,
+                    holds: &mut holds,
+                };
+                exchange::respond(cx, handling, p.version, frame).await?
             }
         };
         let ready = arrived.map(|t| t.elapsed());
@@ -431,169 +429,6 @@ where
         Err((splice::Side::From, e)) => Err(RelayError::BrokerFrame(FrameError::Io(e))),
         Err((splice::Side::To, e)) => Err(RelayError::ClientWrite(e)),
     }
-}
-
-/// Turn a broker's response frame into what the client receives.
-async fn respond(
-    shared: &Arc<Shared>,
-    holds: &mut Holds,
-    handling: Handling,
-    version: i16,
-    frame: Bytes,
-) -> Result<ResponseFrame, RelayError> {
-    let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
-    match handling {
-        // Discard never gets here: the response pump drops its answer.
-        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake(_) | Handling::Discard => {
-            Ok(ResponseFrame::whole(frame))
-        }
-        Handling::Produce(refused) => {
-            let key = ApiKey::Produce;
-            let header_end = response_header_end(&frame, key, version)
-                .ok_or_else(|| RelayError::BadResponse("Produce response header".into()))?;
-            let body = produce::merge(frame.slice(header_end..), version, &refused)
-                .map_err(|e| RelayError::BadResponse(e.to_string()))?;
-            let body = body.freeze();
-            // v10+ answers name brokers (NodeEndpoints) like any other.
-            let rewritten = if addresses::carries_addresses(key, version) {
-                let mut seen = Seen::default();
-                let b =
-                    addresses::rewrite_body(key, version, body.clone(), &shared.addrs, &mut seen)
-                        .map_err(bad)?;
-                shared.learn(seen).await;
-                b
-            } else {
-                None
-            };
-            let body = rewritten.map_or(body, BytesMut::freeze);
-            Ok(ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body))
-        }
-        Handling::ApiVersions => {
-            // The ApiVersions response header is always v0: the correlation id alone.
-            let offer = versions::Offer::of(&shared.config);
-            let body = versions::rewrite(frame.slice(8..), version, offer).map_err(bad)?;
-            Ok(ResponseFrame::new(
-                &frame[LENGTH_PREFIX..RESPONSE_ID_END],
-                Bytes::from(body),
-            ))
-        }
-        Handling::Fetch { isolation } => {
-            let fetch_filter = &shared.fetch_filter;
-            let key = ApiKey::Fetch;
-            let header_end = response_header_end(&frame, key, version)
-                .ok_or_else(|| RelayError::BadResponse("Fetch response header".into()))?;
-            let started = std::time::Instant::now();
-            let body = fetch_filter
-                .filter(shared, holds, frame.slice(header_end..), version, isolation)
-                .await?;
-            crate::metrics::global().fetch_rewrite_latency(started.elapsed());
-            Ok(match body {
-                Some(body) => ResponseFrame::chunks(&frame[LENGTH_PREFIX..header_end], body),
-                None => ResponseFrame::whole(frame),
-            })
-        }
-        Handling::Share(call) => {
-            let key = call.key;
-            let header_end = response_header_end(&frame, key, version)
-                .ok_or_else(|| RelayError::BadResponse(format!("{key:?} response header")))?;
-            let started = std::time::Instant::now();
-            let body = share_response(shared, &call, version, frame.slice(header_end..)).await?;
-            if key == ApiKey::ShareFetch {
-                crate::metrics::global().fetch_rewrite_latency(started.elapsed());
-            }
-            Ok(match body {
-                Some(body) => ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body),
-                None => ResponseFrame::whole(frame),
-            })
-        }
-        Handling::Addresses(key) => {
-            let header_end = response_header_end(&frame, key, version)
-                .ok_or_else(|| RelayError::BadResponse(format!("{key:?} response header")))?;
-            let mut seen = Seen::default();
-            let body = addresses::rewrite_body(
-                key,
-                version,
-                frame.slice(header_end..),
-                &shared.addrs,
-                &mut seen,
-            )
-            .map_err(bad)?;
-            // Listeners for newly seen brokers open before the client can
-            // learn their ports.
-            shared.learn(seen).await;
-            Ok(match body {
-                Some(body) => ResponseFrame::new(&frame[LENGTH_PREFIX..header_end], body.freeze()),
-                None => ResponseFrame::whole(frame),
-            })
-        }
-    }
-}
-
-/// A ShareFetch answer judged (records of policy topics, acquired ranges,
-/// the acknowledgements owed) or a ShareAcknowledge answer; both with the
-/// proxy's own acknowledgement errors settled and NodeEndpoints rewritten.
-/// `None`: forward as it came.
-async fn share_response(
-    shared: &Arc<Shared>,
-    call: &ShareCall,
-    version: i16,
-    body: Bytes,
-) -> Result<Option<Bytes>, RelayError> {
-    use kafka_protocol::messages::ShareAcknowledgeResponse;
-    use kafka_protocol::protocol::{Decodable, Encodable};
-    let bad = |e: anyhow::Error| RelayError::BadResponse(e.to_string());
-    if call.key == ApiKey::ShareFetch {
-        let settled = if call.proxy_only.is_empty() {
-            body
-        } else {
-            let mut m =
-                kafka_protocol::messages::ShareFetchResponse::decode(&mut body.clone(), version)
-                    .map_err(bad)?;
-            if !intercept_share::wire::settle_fetch_errors(&mut m, &call.proxy_only) {
-                body
-            } else {
-                let mut out = BytesMut::with_capacity(m.compute_size(version).map_err(bad)?);
-                m.encode(&mut out, version).map_err(bad)?;
-                out.freeze()
-            }
-        };
-        let share = crate::intercept::fetch::share::ShareCall {
-            session: call.session.as_ref(),
-            book: &shared.share_acks,
-            removed_ack: shared.config.share_groups.removed_ack.ack_type(),
-        };
-        let filtered = shared
-            .fetch_filter
-            .filter_share(shared, settled.clone(), version, share)
-            .await?;
-        // Settled but not filtered: the settled body still goes out.
-        return Ok(filtered.or_else(|| (!call.proxy_only.is_empty()).then_some(settled)));
-    }
-    let mut m = ShareAcknowledgeResponse::decode(&mut body.clone(), version).map_err(bad)?;
-    let mut changed = intercept_share::wire::settle_ack_errors(&mut m, &call.proxy_only);
-    let mut seen = Seen::default();
-    for e in &mut m.node_endpoints {
-        shared
-            .addrs
-            .rewrite_endpoint(e.node_id, &mut e.host, &mut e.port, &mut seen);
-        changed = true;
-    }
-    shared.learn(seen).await;
-    if !changed {
-        return Ok(None);
-    }
-    let mut out = BytesMut::with_capacity(m.compute_size(version).map_err(bad)?);
-    m.encode(&mut out, version).map_err(bad)?;
-    Ok(Some(out.freeze()))
-}
-
-/// Where a response's body starts (length prefix included in the offset).
-fn response_header_end(frame: &[u8], key: ApiKey, version: i16) -> Option<usize> {
-    let mut r = Cursor::new(frame, RESPONSE_ID_END);
-    if key.response_header_version(version) >= 1 {
-        r.skip_tagged_fields()?;
-    }
-    Some(r.pos())
 }
 
 #[cfg(test)]

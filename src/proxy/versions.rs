@@ -113,9 +113,7 @@ pub fn in_proxy_range(key: ApiKey, version: i16, offer: Offer) -> bool {
 /// connection).
 pub fn refusal(key: ApiKey, version: i16) -> Option<BytesMut> {
     fn encode<M: Encodable>(m: M, version: i16) -> Option<BytesMut> {
-        let mut out = BytesMut::new();
-        m.encode(&mut out, version).ok()?;
-        Some(out)
+        crate::transport::frame::encode(&m, version).ok()
     }
     let code = UNSUPPORTED_VERSION;
     let why = || Some(StrBytes::from_static_str(SHARE_GROUPS_REFUSED));
@@ -188,9 +186,7 @@ pub fn rewrite(body: Bytes, version: i16, offer: Offer) -> anyhow::Result<BytesM
         .iter()
         .filter_map(|k| intersect(k, offer))
         .collect();
-    let mut out = BytesMut::with_capacity(m.compute_size(v)?);
-    m.encode(&mut out, v)?;
-    Ok(out)
+    crate::transport::frame::encode(&m, v)
 }
 
 /// The highest ApiVersions version the proxy can decode.
@@ -208,9 +204,7 @@ pub fn unsupported_version_body() -> anyhow::Result<BytesMut> {
             .with_api_key(ApiKey::ApiVersions as i16)
             .with_min_version(r.min)
             .with_max_version(r.max)]);
-    let mut out = BytesMut::new();
-    m.encode(&mut out, 0)?;
-    Ok(out)
+    crate::transport::frame::encode(&m, 0)
 }
 
 #[cfg(test)]

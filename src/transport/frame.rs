@@ -280,6 +280,18 @@ pub fn request_body_offset(frame: &[u8], flexible_header: bool) -> Option<usize>
 }
 
 /// Frame a body: prefix it with its length.
+/// A message body encoded at `version`: the one place the proxy encodes a
+/// decoded message again (size computed first, one allocation).
+pub fn encode<M: kafka_protocol::protocol::Encodable>(
+    m: &M,
+    version: i16,
+) -> anyhow::Result<BytesMut> {
+    let mut out = BytesMut::with_capacity(m.compute_size(version)?);
+    m.encode(&mut out, version)?;
+    Ok(out)
+}
+
+/// `body` with its length prefix.
 pub fn with_length_prefix(body: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(4 + body.len());
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());

@@ -43,7 +43,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::share_fetch_response::{AcquiredRecords, PartitionData};
 use kafka_protocol::messages::ShareFetchResponse;
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::Decodable;
 use uuid::Uuid;
 
 use super::gate::TopicGate;
@@ -493,8 +493,6 @@ fn join(chunks: Vec<Bytes>) -> Bytes {
 }
 
 fn encode(resp: &ShareFetchResponse, version: i16) -> Result<Bytes, FilterError> {
-    let mut out = BytesMut::with_capacity(resp.compute_size(version).map_err(FilterError::Encode)?);
-    resp.encode(&mut out, version)
-        .map_err(FilterError::Encode)?;
+    let out = crate::transport::frame::encode(resp, version).map_err(FilterError::Encode)?;
     Ok(out.freeze())
 }

@@ -20,7 +20,7 @@ use kafka_protocol::messages::{
     ApiKey, ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest,
     ShareFetchResponse,
 };
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::Decodable;
 use tracing::debug;
 use uuid::Uuid;
 
@@ -149,11 +149,7 @@ fn put_back(book: &ShareAcks, session: &SessionKey, back: Vec<Owed>) {
     }
 }
 
-fn encode<M: Encodable>(m: &M, version: i16) -> anyhow::Result<BytesMut> {
-    let mut out = BytesMut::with_capacity(m.compute_size(version)?);
-    m.encode(&mut out, version)?;
-    Ok(out)
-}
+use crate::transport::frame::encode;
 
 /// A request's acknowledgements by partition, in the order they came.
 struct Parts {

@@ -1,0 +1,91 @@
+//! ShareFetch and ShareAcknowledge (KIP-932): a ShareFetch answer judged
+//! (`intercept::fetch::share`: records of policy topics, the acquired
+//! ranges, the acknowledgements the proxy then owes); both kinds with the
+//! proxy's own acknowledgement errors kept from the client (partitions
+//! where only the proxy acknowledged) and their NodeEndpoints rewritten.
+
+use bytes::Bytes;
+use kafka_protocol::messages::{ShareAcknowledgeResponse, ShareFetchResponse};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use super::{bad, Answer, Cx};
+use crate::intercept::fetch::share::ShareCall as Judging;
+use crate::intercept::share::wire;
+use crate::proxy::addresses::Seen;
+use crate::proxy::classify::ShareCall;
+use crate::proxy::error::RelayError;
+use crate::transport::frame::ResponseFrame;
+
+pub(super) async fn respond(
+    cx: Cx<'_>,
+    call: &ShareCall,
+    version: i16,
+    frame: Bytes,
+) -> Result<ResponseFrame, RelayError> {
+    let answer = Answer::of(frame, call.key, version)?;
+    let body = match call.key {
+        kafka_protocol::messages::ApiKey::ShareFetch => {
+            let started = std::time::Instant::now();
+            let body = fetch(&cx, call, version, answer.body()).await?;
+            crate::metrics::global().fetch_rewrite_latency(started.elapsed());
+            body
+        }
+        _ => acknowledge(&cx, call, version, answer.body()).await?,
+    };
+    Ok(answer.with(body))
+}
+
+/// A ShareFetch answer, settled and judged; `None`: forward as it came.
+async fn fetch(
+    cx: &Cx<'_>,
+    call: &ShareCall,
+    version: i16,
+    body: Bytes,
+) -> Result<Option<Bytes>, RelayError> {
+    let settled = if call.proxy_only.is_empty() {
+        body
+    } else {
+        let mut m = ShareFetchResponse::decode(&mut body.clone(), version).map_err(bad)?;
+        match wire::settle_fetch_errors(&mut m, &call.proxy_only) {
+            true => encode(&m, version)?,
+            false => body,
+        }
+    };
+    let judging = Judging {
+        session: call.session.as_ref(),
+        book: &cx.shared.share_acks,
+        removed_ack: cx.shared.config.share_groups.removed_ack.ack_type(),
+    };
+    let filtered = cx
+        .shared
+        .fetch_filter
+        .filter_share(cx.shared, settled.clone(), version, judging)
+        .await?;
+    // Settled but not filtered: the settled body still goes out.
+    Ok(filtered.or_else(|| (!call.proxy_only.is_empty()).then_some(settled)))
+}
+
+/// A ShareAcknowledge answer, settled, its NodeEndpoints rewritten.
+async fn acknowledge(
+    cx: &Cx<'_>,
+    call: &ShareCall,
+    version: i16,
+    body: Bytes,
+) -> Result<Option<Bytes>, RelayError> {
+    let mut m = ShareAcknowledgeResponse::decode(&mut body.clone(), version).map_err(bad)?;
+    let mut changed = wire::settle_ack_errors(&mut m, &call.proxy_only);
+    let mut seen = Seen::default();
+    for e in &mut m.node_endpoints {
+        let addrs = &cx.shared.addrs;
+        addrs.rewrite_endpoint(e.node_id, &mut e.host, &mut e.port, &mut seen);
+        changed = true;
+    }
+    cx.shared.learn(seen).await;
+    changed.then(|| encode(&m, version)).transpose()
+}
+
+fn encode<M: Encodable>(m: &M, version: i16) -> Result<Bytes, RelayError> {
+    Ok(crate::transport::frame::encode(m, version)
+        .map_err(bad)?
+        .freeze())
+}
