@@ -44,9 +44,6 @@ use gate::TopicGate;
 pub use holds::Holds;
 use parallel::PartitionJob;
 
-/// Pause before re-submitting a diversion whose write failed.
-const RETRY_BACKOFF: Duration = Duration::from_millis(250);
-
 /// Fetch isolation levels (request field, v4+).
 pub const READ_COMMITTED: i8 = 1;
 
@@ -335,86 +332,6 @@ impl FetchFilter {
         }
         (jobs, unloaded)
     }
-
-    /// Write every planned diversion; for each plan, the lowest offset whose
-    /// diversion did not succeed in time (`None` if all did).
-    async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
-        let plans: Vec<&PartitionPlan> = plans.iter().map(|(_, _, p)| p).collect();
-        self.divert(&plans)
-            .await
-            .into_iter()
-            .map(|failed| failed.first().copied())
-            .collect()
-    }
-
-    /// Write every diversion of `plans`; for each plan, the offsets whose
-    /// diversion did not succeed in time, in order (empty if all did).
-    pub(crate) async fn divert(&self, plans: &[&PartitionPlan]) -> Vec<Vec<i64>> {
-        // Plans that only hold or cut wait for no dead-letter topic.
-        if plans.iter().all(|p| p.diversions.is_empty()) {
-            return vec![Vec::new(); plans.len()];
-        }
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let dl = &self.dead_letter;
-        let all_failed = || {
-            plans
-                .iter()
-                .map(|p| p.diversions.iter().map(|d| d.origin_offset).collect())
-                .collect()
-        };
-        if tokio::time::timeout_at(deadline, dl.ready())
-            .await
-            .map_or(true, |r| r.is_err())
-        {
-            return all_failed();
-        }
-        // Submit in offset order (synchronously), then wait for all at once.
-        // A write that fails early is retried until the deadline: recovery
-        // is quicker, and a consumer held at a poison record does not spin
-        // (fetch, fail at once, fetch again) while the DLT is down.
-        let mut waits = Vec::new();
-        for (plan_idx, plan) in plans.iter().enumerate() {
-            for d in &plan.diversions {
-                let first = dl.submit(d);
-                waits.push(async move {
-                    let mut ticket = first;
-                    let ok = loop {
-                        let outcome = match ticket {
-                            Ok(t) => tokio::time::timeout_at(deadline, t.wait()).await,
-                            Err(e) => Ok(Err(e)),
-                        };
-                        match outcome {
-                            Ok(Ok(())) => break true,
-                            Err(_) => break false, // deadline
-                            Ok(Err(_)) => {
-                                // Jittered, so held diversions do not retry in step.
-                                let pause =
-                                    crate::dlt::backoff(0, RETRY_BACKOFF * 2, RETRY_BACKOFF * 2);
-                                let retry_at = tokio::time::Instant::now() + pause;
-                                if retry_at >= deadline {
-                                    tokio::time::sleep_until(deadline).await;
-                                    break false;
-                                }
-                                tokio::time::sleep_until(retry_at).await;
-                                ticket = dl.submit(d);
-                            }
-                        }
-                    };
-                    (plan_idx, d.origin_offset, ok)
-                });
-            }
-        }
-        let mut failed: Vec<Vec<i64>> = vec![Vec::new(); plans.len()];
-        for (plan_idx, offset, ok) in futures_join_all(waits).await {
-            if !ok {
-                failed[plan_idx].push(offset);
-            }
-        }
-        for f in &mut failed {
-            f.sort_unstable();
-        }
-        failed
-    }
 }
 
 /// Withhold the records of partitions whose topic id is still unknown: a
@@ -556,16 +473,6 @@ fn thread_cpu_time() -> Duration {
     cpu_time::ThreadTime::try_now().map_or(Duration::ZERO, |t| t.as_duration())
 }
 
-/// Await every future; they all share one deadline, so awaiting them one
-/// after another costs no more than awaiting them together.
-async fn futures_join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut out = Vec::with_capacity(futs.len());
-    for f in futs {
-        out.push(f.await);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -612,6 +519,7 @@ mod tests {
     }
 }
 
+mod divert;
 mod gate;
 mod holds;
 mod judge;
