@@ -140,32 +140,8 @@ impl Metrics {
     /// had (operators diff scrapes).
     fn registered(mut self) -> Self {
         use names::*;
+        register_process(&mut self.registry);
         let r = &mut self.registry;
-        let build: Family<VersionLabel, Gauge> = Family::default();
-        build
-            .get_or_create(&VersionLabel {
-                version: env!("CARGO_PKG_VERSION"),
-            })
-            .set(1);
-        register(
-            r,
-            BUILD_INFO,
-            "Always 1; the version label says which antidote runs.",
-            build,
-        );
-        let start: Gauge<f64, AtomicU64> = Gauge::default();
-        start.set(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
-        );
-        register(
-            r,
-            START_TIME,
-            "Start time of the process, seconds since the epoch.",
-            start,
-        );
         register(
             r,
             VALIDATED,
@@ -554,6 +530,36 @@ impl Metrics {
 pub fn global() -> &'static Arc<Metrics> {
     static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
     GLOBAL.get_or_init(|| Arc::new(Metrics::new()))
+}
+
+/// The process's own series: which build runs, and since when.
+fn register_process(r: &mut Registry) {
+    use names::*;
+    let build: Family<VersionLabel, Gauge> = Family::default();
+    build
+        .get_or_create(&VersionLabel {
+            version: env!("CARGO_PKG_VERSION"),
+        })
+        .set(1);
+    register(
+        r,
+        BUILD_INFO,
+        "Always 1; the version label says which antidote runs.",
+        build,
+    );
+    let start: Gauge<f64, AtomicU64> = Gauge::default();
+    start.set(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+    );
+    register(
+        r,
+        START_TIME,
+        "Start time of the process, seconds since the epoch.",
+        start,
+    );
 }
 
 #[cfg(test)]
