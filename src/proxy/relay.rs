@@ -235,28 +235,37 @@ where
         // A no-op on TCP; on TLS it pushes the record out now.
         broker.flush().await.map_err(RelayError::BrokerWrite)?;
         if close {
-            // Kafka handles a connection's requests one at a time, in
-            // order: once it answers this ApiVersions, the forwarded part
-            // of the Produce is appended. Closing before that could make it
-            // drop the request with the connection.
-            let barrier = frame::api_versions_v0(BARRIER_CORRELATION_ID);
-            let p = Pending {
-                correlation_id: Some(BARRIER_CORRELATION_ID),
-                version: 0,
-                handling: Handling::Discard,
-            };
-            state.in_flight.fetch_add(1, Ordering::SeqCst);
-            if pending.send(p).await.is_ok() {
-                broker
-                    .write_all(&barrier)
-                    .await
-                    .map_err(RelayError::BrokerWrite)?;
-                broker.flush().await.map_err(RelayError::BrokerWrite)?;
-            }
-            closing_for_acks_zero();
-            return Ok(());
+            return close_after_barrier(state, &mut broker, &pending).await;
         }
     }
+}
+
+/// Close an acks=0 connection whose Produce the proxy refused in part.
+/// Kafka handles a connection's requests one at a time, in order: once it
+/// answers the barrier (an ApiVersions of the proxy's), the forwarded part
+/// of the Produce is appended. Closing before that could make it drop the
+/// request with the connection.
+async fn close_after_barrier<W: AsyncWrite + Unpin>(
+    state: &ConnState,
+    broker: &mut W,
+    pending: &mpsc::Sender<Pending>,
+) -> Result<(), RelayError> {
+    let barrier = frame::api_versions_v0(BARRIER_CORRELATION_ID);
+    let p = Pending {
+        correlation_id: Some(BARRIER_CORRELATION_ID),
+        version: 0,
+        handling: Handling::Discard,
+    };
+    state.in_flight.fetch_add(1, Ordering::SeqCst);
+    if pending.send(p).await.is_ok() {
+        broker
+            .write_all(&barrier)
+            .await
+            .map_err(RelayError::BrokerWrite)?;
+        broker.flush().await.map_err(RelayError::BrokerWrite)?;
+    }
+    closing_for_acks_zero();
+    Ok(())
 }
 
 /// The correlation id of the proxy's own barrier request (the connection
@@ -324,18 +333,7 @@ where
         let out = match p.handling {
             Handling::Local(frame) => ResponseFrame::whole(frame),
             handling => {
-                let frame = loop {
-                    let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
-                        Some(f) => f,
-                        None => return Err(RelayError::BrokerClosed(1 + pending.len())),
-                    };
-                    let other = p.correlation_id.is_some()
-                        && frame::peek_correlation_id(&f) != p.correlation_id;
-                    if !(other && state.answers_unanswered(&f)) {
-                        break f;
-                    }
-                };
-                check_correlation_id(&frame, p.correlation_id)?;
+                let frame = answer_to(state, &mut broker, p.correlation_id, pending.len()).await?;
                 arrived = Some(std::time::Instant::now());
                 if let Handling::SaslHandshake(tokens) = handling {
                     state.sasl.handshake_answered(tokens, p.version, &frame);
@@ -359,6 +357,29 @@ where
         }
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The broker's answer to the request of `correlation_id`, skipping
+/// answers to requests that expected none (acks=0 Produce) that arrive
+/// first; checked to carry that id. `queued`: answers pending behind it.
+async fn answer_to<R: AsyncRead + Unpin>(
+    state: &ConnState,
+    broker: &mut FrameReader<R>,
+    correlation_id: Option<i32>,
+    queued: usize,
+) -> Result<Bytes, RelayError> {
+    let frame = loop {
+        let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
+            Some(f) => f,
+            None => return Err(RelayError::BrokerClosed(1 + queued)),
+        };
+        let other = correlation_id.is_some() && frame::peek_correlation_id(&f) != correlation_id;
+        if !(other && state.answers_unanswered(&f)) {
+            break f;
+        }
+    };
+    check_correlation_id(&frame, correlation_id)?;
+    Ok(frame)
 }
 
 /// A response frame must carry its request's correlation id (`None`: the
