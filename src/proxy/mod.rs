@@ -121,19 +121,45 @@ pub struct Shared {
     bootstrap_order: upstream::BootstrapOrder,
 }
 
+/// Where clients reach each broker: one port per broker, or SNI names on
+/// the bootstrap port.
+fn addresses_of(config: &Config) -> Addresses {
+    match &config.listen.sni {
+        Some(sni) => Addresses::sni(sni, config.listen.bootstrap.port),
+        None => Addresses::new(
+            config.listen.advertised_host(),
+            config.listen.broker_port_base,
+        ),
+    }
+}
+
+/// The Fetch and ShareFetch filter over `engine`, writing to `dead_letter`.
+fn fetch_filter(
+    config: &Config,
+    engine: &Arc<Engine>,
+    dead_letter: &Arc<DeadLetter>,
+    keys: &(Arc<BlockedKeys>, Arc<Breakers>),
+) -> Arc<FetchFilter> {
+    let filter = FetchFilter::new(
+        engine.clone(),
+        dead_letter.clone(),
+        keys.clone(),
+        config.dead_letter.timeout,
+    );
+    Arc::new(
+        filter
+            .with_judge_ahead(config.limits.judge_ahead)
+            .with_judge_deadline(config.limits.judge_deadline),
+    )
+}
+
 impl Shared {
     /// Build the shared state and the background tasks it needs (the DLT
     /// writer's producer and ledger loader, the DLT follower), none
     /// started: [`start`] wires and starts them.
     fn new(config: Config, policies: PolicySet) -> Result<(Arc<Shared>, Background), StartError> {
         let tls = config.listen.tls.as_ref().map(tls::server).transpose()?;
-        let addrs = match &config.listen.sni {
-            Some(sni) => Addresses::sni(sni, config.listen.bootstrap.port),
-            None => Addresses::new(
-                config.listen.advertised_host(),
-                config.listen.broker_port_base,
-            ),
-        };
+        let addrs = addresses_of(&config);
         let upstream = client::Endpoint::upstream(&config)?;
         let relay_tls = config
             .upstream
@@ -161,16 +187,7 @@ impl Shared {
             Arc::new(BlockedKeys::default()),
             Arc::new(Breakers::default()),
         );
-        let fetch_filter = Arc::new(
-            FetchFilter::new(
-                engine.clone(),
-                dead_letter.clone(),
-                keys.clone(),
-                dlt.timeout,
-            )
-            .with_judge_ahead(config.limits.judge_ahead)
-            .with_judge_deadline(config.limits.judge_deadline),
-        );
+        let fetch_filter = fetch_filter(&config, &engine, &dead_letter, &keys);
         let readers = crate::dlt::follower::KeyReaders::of(&config, keys.clone());
         let console =
             crate::console::Console::new(&config, engine.clone(), keys.1.clone(), keys.0.clone());
