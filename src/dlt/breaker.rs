@@ -156,19 +156,7 @@ impl Breakers {
                 w.diverted.pop_back();
                 w.high = Some(o - 1);
                 w.open_at = Some(o);
-                metrics::global()
-                    .breaker
-                    .tripped(&plan.topic, plan.partition, &plan.policy.name);
-                self.owe(BreakerMark {
-                    topic: plan.topic.to_string(),
-                    partition: plan.partition,
-                    open: true,
-                    through: o,
-                    divert: false,
-                });
-                warn!(topic = %plan.topic, partition = plan.partition, offset = o, policy = %plan.policy.name,
-                    diverted = w.diverted.len(), of = judged as i64, rule = %w.dominant_rule(),
-                    "diversion circuit breaker open: the partition is held at this record instead of diverting it (closes when the record is valid again or policies are reloaded)");
+                self.tripped(plan, w, o, judged as i64);
                 return Some(o);
             }
         }
@@ -179,6 +167,24 @@ impl Breakers {
             }
         }
         None
+    }
+
+    /// `plan`'s partition tripped at `o` (of `judged` records): counted,
+    /// its open marker owed to its DLT, said.
+    fn tripped(&self, plan: &PartitionPlan, w: &Window, o: i64, judged: i64) {
+        metrics::global()
+            .breaker
+            .tripped(&plan.topic, plan.partition, &plan.policy.name);
+        self.owe(BreakerMark {
+            topic: plan.topic.to_string(),
+            partition: plan.partition,
+            open: true,
+            through: o,
+            divert: false,
+        });
+        warn!(topic = %plan.topic, partition = plan.partition, offset = o, policy = %plan.policy.name,
+            diverted = w.diverted.len(), of = judged, rule = %w.dominant_rule(),
+            "diversion circuit breaker open: the partition is held at this record instead of diverting it (closes when the record is valid again or policies are reloaded)");
     }
 
     /// The partitions held by their breaker now, and the offset each is
