@@ -80,7 +80,7 @@ fi
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
 # Debug build only: release builds are too slow for shared 2-core machines.
-stage "module layers and file sizes" python3 scripts/check-layers.py
+stage "module layers and file sizes" bash -c 'python3 scripts/check-layers.py && python3 scripts/trace-count.py'
 stage "cargo build" cargo build --locked --bin antidote
 
 # The integration suite runs a copy of the binary (inside the clone), so
