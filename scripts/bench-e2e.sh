@@ -5,7 +5,9 @@
 #   geofence JSON, one in BENCH_POISON_EVERY poison) to a 3-partition topic
 #   once; then consume all of it with each of BENCH_CONSUMERS (ck: a
 #   librdkafka consumer, confluent-kafka; perf: Apache Kafka's own
-#   ConsumerPerformance, reported as path.perf) through
+#   ConsumerPerformance, reported as path.perf; share: Kafka's
+#   ShareConsumerPerformance in a share group, reported as path.share, c
+#   with DLTs of its own: scripts/bench/share-perf.sh) through
 #     a   the broker directly
 #     b0  antidote, no policies at all (interceptor off)
 #     b   antidote, a policy on another topic only (Fetch decoded, forwarded)
@@ -29,7 +31,10 @@
 # BENCH_RECORDS (1000000), BENCH_POISON_EVERY (1000), BENCH_LAT_RATE
 # (10000), BENCH_LAT_SECONDS (10), BENCH_ROUNDS (3), BENCH_PATHS ("a b0 b c c3 d"),
 # BENCH_COMPRESSION (none|lz4|zstd|...), BENCH_PORT (base port, random),
-# BENCH_SKIP_BUILD=1, BENCH_OUT (results JSON file).
+# BENCH_SKIP_BUILD=1, BENCH_OUT (results JSON file), BENCH_COMMIT (the
+# commit BENCH_BIN was built from, if not the work tree's),
+# BENCH_FETCH_MAX_BYTES / BENCH_MAX_POLL_RECORDS (perf and share: see
+# scripts/bench/e2e.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -125,8 +130,18 @@ grep -q 'topic: "{topic}.dlt"' "$WORK/policy-c.yaml" || { log "policies/geofence
 for r in $(seq 2 "$ROUNDS"); do
   sed -e "s#topic: \"{topic}.dlt\"#topic: \"{topic}.dlt-r$r\"#" "$WORK/policy-c.yaml" >"$WORK/policy-c-r$r.yaml"
 done
-policy_c() { if [[ $1 == 1 ]]; then echo "$WORK/policy-c.yaml"; else echo "$WORK/policy-c-r$1.yaml"; fi; }
-dlt_c() { if [[ $1 == 1 ]]; then echo "$TOPIC.dlt"; else echo "$TOPIC.dlt-r$1"; fi; }
+# The share consumer's c diverts afresh too: DLTs of its own, one per round.
+for r in $(seq 1 "$ROUNDS"); do
+  sed -e "s#topic: \"{topic}.dlt\"#topic: \"{topic}.dlt-share-r$r\"#" "$WORK/policy-c.yaml" >"$WORK/policy-c-share-r$r.yaml"
+done
+policy_c() { # round [consumer]
+  if [[ ${2:-} == share ]]; then echo "$WORK/policy-c-share-r$1.yaml"
+  elif [[ $1 == 1 ]]; then echo "$WORK/policy-c.yaml"; else echo "$WORK/policy-c-r$1.yaml"; fi
+}
+dlt_c() { # round [consumer]
+  if [[ ${2:-} == share ]]; then echo "$TOPIC.dlt-share-r$1"
+  elif [[ $1 == 1 ]]; then echo "$TOPIC.dlt"; else echo "$TOPIC.dlt-r$1"; fi
+}
 # b: the same policy, but on a topic nobody reads.
 sed -e 's#topics: \["geofence.triggers"\]#topics: ["some.other.topic"]#' \
     -e "s#schema: schemas/#schema: $ROOT/policies/schemas/#" policies/geofence.yaml >"$WORK/policy-b.yaml"
@@ -147,18 +162,21 @@ start_antidote() { # name index policyfile|"" -> sets PROXY_PID, PROXY_BOOT, PRO
   wait_port "$boot" 15 "$PROXY_PID"
   PROXY_BOOT="127.0.0.1:$boot"
 }
-# Sum of the samples of one metric on the proxy's admin endpoint (0 if absent).
-metric() { # admin name
-  "$PY" - "$1" "$2" <<'PYEOF'
+# Sum of the samples of one metric on the proxy's admin endpoint (0 if absent),
+# of those whose line contains LABEL if given (e.g. 'api="ShareFetch"').
+metric() { # admin name [label]
+  "$PY" - "$1" "$2" "${3:-}" <<'PYEOF'
 import sys, urllib.request
 try:
     text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
 except Exception:
     print(0); sys.exit()
 print(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-          if l.startswith(sys.argv[2]) and l[len(sys.argv[2]):len(sys.argv[2]) + 1] in ("{", " ")))
+          if l.startswith(sys.argv[2]) and l[len(sys.argv[2]):len(sys.argv[2]) + 1] in ("{", " ")
+          and sys.argv[3] in l))
 PYEOF
 }
+export BENCH_ADMIN_BOOTSTRAP="127.0.0.1:$BP"  # consume-share sets its group's config straight at the broker
 KROX_VERSION="$(sed -n 's:.*<kroxylicious.version>\(.*\)</kroxylicious.version>.*:\1:p' scripts/bench/kroxylicious/pom.xml)"
 KROX_LIB="$ROOT/.tools/kroxylicious-$KROX_VERSION/lib"
 if [[ " $PATHS " == *" k "* && ! -f "$KROX_LIB/kroxylicious-runtime-$KROX_VERSION.jar" ]]; then
@@ -207,6 +225,8 @@ consume() { # path bootstrap expected group [ck|perf]
   local t0 r
   if [[ ${5:-ck} == perf ]]; then
     r="$("$PY" "$HELPER" consume-perf "$2" "$TOPIC" "$3" "$4")"
+  elif [[ ${5:-ck} == share ]]; then
+    r="$("$PY" "$HELPER" consume-share "$2" "$TOPIC" "$3" "$4")"
   else
     r="$("$PY" "$HELPER" consume "$2" "$TOPIC" 3 "$3" "$4")"
   fi || { log "consume via $1 FAILED: $r"; record "{\"phase\":\"consume\",\"path\":\"$1\",\"failed\":true,\"result\":${r:-null}}"; return 1; }
@@ -222,7 +242,7 @@ run_path() { # path round consumer
     a) boot="127.0.0.1:$BP"; pid=$BROKER_PID ;;
     b0) start_antidote b0 0 ""; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
     b) start_antidote b 1 "$WORK/policy-b.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
-    c) start_antidote c 2 "$(policy_c "$round")"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
+    c) start_antidote c 2 "$(policy_c "$round" "$kind")"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
     c3) start_antidote c3 3 "$WORK/policy-c.yaml"; boot=$PROXY_BOOT; pid=$PROXY_PID; expected=$CLEAN ;;
     d) start_tansu_proxy; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
     k) start_kroxylicious; boot=$PROXY_BOOT; pid=$PROXY_PID ;;
@@ -232,12 +252,14 @@ run_path() { # path round consumer
   # Counters read before and after the read, from the proxy's /metrics.
   local counters=(antidote_fetch_rewrite_cpu_seconds_total antidote_records_evaluated_total
     antidote_fetch_rewrite_duration_seconds_sum antidote_fetch_rewrite_duration_seconds_count
-    antidote_dlt_write_duration_seconds_sum antidote_dlt_write_duration_seconds_count)
+    antidote_dlt_write_duration_seconds_sum antidote_dlt_write_duration_seconds_count
+    'antidote_client_requests_total api="Fetch"' 'antidote_client_requests_total api="ShareFetch"'
+    'antidote_client_requests_total api="ShareAcknowledge"')
   local -A m0=() m1=()
   local k
   for k in "${counters[@]}"; do m0[$k]=0; m1[$k]=0; done
   if [[ -n $PROXY_ADMIN ]]; then
-    for k in "${counters[@]}"; do m0[$k]="$(metric "$PROXY_ADMIN" "$k")"; done
+    for k in "${counters[@]}"; do m0[$k]="$(metric "$PROXY_ADMIN" $k)"; done
   fi
   log "path $label (round $round): consuming via $boot (expect $expected)"
   if [[ $path == c3 && $kind != ck ]]; then
@@ -264,7 +286,7 @@ run_path() { # path round consumer
   cpu1="$(cpu_s "$pid")"
   local bcpu1; bcpu1="$(cpu_s "$BROKER_PID")"
   if [[ -n $PROXY_ADMIN ]]; then
-    for k in "${counters[@]}"; do m1[$k]="$(metric "$PROXY_ADMIN" "$k")"; done
+    for k in "${counters[@]}"; do m1[$k]="$(metric "$PROXY_ADMIN" $k)"; done
   fi
   delta() { awk -v a="${m0[$1]}" -v b="${m1[$1]}" -v f="$2" 'BEGIN { printf f, b - a }'; }
   local rewrite_cpu evaluated rewrites rewrite_wall dlt_writes dlt_wall
@@ -274,6 +296,10 @@ run_path() { # path round consumer
   rewrite_wall="$(delta antidote_fetch_rewrite_duration_seconds_sum %.3f)"
   dlt_writes="$(delta antidote_dlt_write_duration_seconds_count %d)"
   dlt_wall="$(delta antidote_dlt_write_duration_seconds_sum %.3f)"
+  local fetches share_fetches share_acks
+  fetches="$(delta 'antidote_client_requests_total api="Fetch"' %d)"
+  share_fetches="$(delta 'antidote_client_requests_total api="ShareFetch"' %d)"
+  share_acks="$(delta 'antidote_client_requests_total api="ShareAcknowledge"' %d)"
   local proxy_cpu broker_cpu
   proxy_cpu="$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.2f", b - a }')"
   broker_cpu="$(awk -v a="$bcpu0" -v b="$bcpu1" 'BEGIN { printf "%.2f", b - a }')"
@@ -286,7 +312,7 @@ run_path() { # path round consumer
   fi
   local hwm=null total_cpu=null
   if [[ $path != a ]]; then hwm="$(hwm_kb "$pid")"; total_cpu="$(cpu_s "$pid")"; fi
-  record "{\"phase\":\"path\",\"path\":\"$label\",\"consumer\":\"$kind\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"rewrites\":$rewrites,\"rewrite_wall_s\":$rewrite_wall,\"dlt_writes\":$dlt_writes,\"dlt_write_wall_s\":$dlt_wall,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
+  record "{\"phase\":\"path\",\"path\":\"$label\",\"consumer\":\"$kind\",\"round\":$round,\"consume\":$r,\"proxy_cpu_s\":$proxy_cpu,\"rewrite_cpu_s\":$rewrite_cpu,\"records_evaluated\":$evaluated,\"rewrites\":$rewrites,\"rewrite_wall_s\":$rewrite_wall,\"dlt_writes\":$dlt_writes,\"dlt_write_wall_s\":$dlt_wall,\"fetch_requests\":$fetches,\"share_fetch_requests\":$share_fetches,\"share_ack_requests\":$share_acks,\"broker_cpu_s\":$broker_cpu,\"latency\":${lat:-null},\"proxy_vmhwm_kb\":$hwm,\"proxy_total_cpu_s\":$total_cpu}"
   if [[ $path != a ]]; then stop "$pid"; fi
   return "$path_failed"
 }
@@ -306,14 +332,18 @@ if [[ " $PATHS " == *" a "* ]]; then
 fi
 # The poison must be in the dead-letter topic, once each.
 if [[ " $PATHS " == *" c "* ]]; then
-  for round in $(seq 1 "$ROUNDS"); do
-    # Read 3 s past the expected count: a duplicate makes the count too high.
-    r="$("$PY" "$HELPER" consume "127.0.0.1:$BP" "$(dlt_c "$round")" 1 "$POISON" "bench-dlt-r$round" 5 300 3)" || { log "DLT check failed: $r"; fail=1; }
-    record "{\"phase\":\"dlt\",\"round\":$round,\"result\":${r:-null}}"
+  for kind in ck share; do  # ck and perf share their DLTs, share has its own
+    if [[ $kind == ck ]]; then [[ " $CONSUMERS " == *" ck "* || " $CONSUMERS " == *" perf "* ]] || continue
+    else [[ " $CONSUMERS " == *" share "* ]] || continue; fi
+    for round in $(seq 1 "$ROUNDS"); do
+      # Read 3 s past the expected count: a duplicate makes the count too high.
+      r="$("$PY" "$HELPER" consume "127.0.0.1:$BP" "$(dlt_c "$round" "$kind")" 1 "$POISON" "bench-dlt-$kind-r$round" 5 300 3)" || { log "DLT check failed: $r"; fail=1; }
+      record "{\"phase\":\"dlt\",\"round\":$round,\"consumer\":\"$kind\",\"result\":${r:-null}}"
+    done
   done
 fi
 
-machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)\",\"broker\":\"$BROKER_NAME\",\"records\":$N,\"rounds\":$ROUNDS,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
+machine="{\"nproc\":$(nproc),\"cpu\":\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\",\"mem_kb\":$(awk '/MemTotal/ { print $2 }' /proc/meminfo),\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"commit\":\"${BENCH_COMMIT:-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml || echo -dirty)}\",\"broker\":\"$BROKER_NAME\",\"records\":$N,\"rounds\":$ROUNDS,\"poison_every\":$POISON_EVERY,\"compression\":\"${BENCH_COMPRESSION:-none}\"}"
 record "{\"phase\":\"machine\",\"result\":$machine}"
 "$PY" "$ROOT/scripts/bench/report.py" "$RESULTS" | tee "${OUT%.json}.txt"
 cp "$RESULTS" "$OUT"

@@ -7,6 +7,9 @@
   consume-perf BOOTSTRAP TOPIC EXPECTED GROUP    read EXPECTED records with Apache Kafka's own
                                                 ConsumerPerformance (Java, in a group), prints
                                                 the same JSON as consume (no poison check)
+  consume-share BOOTSTRAP TOPIC EXPECTED GROUP   the same with Kafka's ShareConsumerPerformance (a
+                                                share group, its share.auto.offset.reset set to
+                                                earliest first, straight at BENCH_ADMIN_BOOTSTRAP)
   create    BOOTSTRAP TOPIC PARTS               create a topic (Admin API; Kafka or tansu)
   latency   BOOTSTRAP PRODUCE_BOOTSTRAP TOPIC PARTS RATE SECONDS
                                                 produce at RATE msg/s (child process, straight to
@@ -269,7 +272,7 @@ def cmd_consume_perf(bootstrap, topic, expected, group):
            "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap,
            "--topic", topic, "--num-records", str(expected), "--group", group,
            "--timeout", "30000", "--hide-header",
-           "--command-property", "auto.offset.reset=earliest"]
+           "--command-property", "auto.offset.reset=earliest", *_perf_sizes("fetch")]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -297,9 +300,91 @@ def cmd_consume_perf(bootstrap, topic, expected, group):
     return 0 if count >= int(expected) else 1
 
 
+def _perf_sizes(kind):
+    """Equal response sizes for ConsumerPerformance and ShareConsumerPerformance
+    (scripts/bench/share-perf.sh): with BENCH_FETCH_MAX_BYTES, both read at
+    most that many bytes per response (Fetch: fetch.max.bytes, and
+    --fetch-size, its per-partition limit; ShareFetch: --fetch-size, its
+    MaxBytes); with BENCH_MAX_POLL_RECORDS, both poll that many records
+    (ShareFetch: also the MaxRecords and BatchSize of each request). Unset:
+    the tools' defaults, as before."""
+    out = []
+    if os.environ.get("BENCH_FETCH_MAX_BYTES"):
+        b = os.environ["BENCH_FETCH_MAX_BYTES"]
+        out += ["--fetch-size", b]
+        if kind == "fetch":
+            out += ["--command-property", f"fetch.max.bytes={b}"]
+    if os.environ.get("BENCH_MAX_POLL_RECORDS"):
+        out += ["--command-property", f"max.poll.records={os.environ['BENCH_MAX_POLL_RECORDS']}"]
+    return out
+
+
+def cmd_consume_share(bootstrap, topic, expected, group):
+    """Kafka's ShareConsumerPerformance (kafka-tools) in a fresh share group
+    whose share.auto.offset.reset is set to earliest first (Admin API,
+    straight at BENCH_ADMIN_BOOTSTRAP, else `bootstrap`). Its own rate counts
+    from before the group join (seconds, for a share group); `steady` counts
+    from the first progress line (the first records) to the end, as
+    ConsumerPerformance's fetch.nMsg.sec leaves out the join. Same JSON as
+    consume-perf."""
+    import resource, subprocess
+    from datetime import datetime
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource, ResourceType)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    import harness as h
+    admin = AdminClient({"bootstrap.servers": os.environ.get("BENCH_ADMIN_BOOTSTRAP", bootstrap)})
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest",
+                    incremental_operation=AlterConfigOpType.SET)])
+    for f in admin.incremental_alter_configs([res]).values():
+        f.result(60)
+    cmd = ["java", "-Xmx512m", "-XX:+UseG1GC", "-cp", h.kafka_classpath(),
+           "org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server", bootstrap,
+           "--topic", topic, "--num-records", str(expected), "--group", group,
+           "--timeout", "30000", "--hide-header", "--show-detailed-stats",
+           "--reporting-interval", "500", *_perf_sizes("share")]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    dt = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines = r.stdout.splitlines()
+    final = [l for l in lines if l.count(",") == 6 and "share consumer" not in l]
+    progress = [l for l in lines if l.endswith("for share consumer 1")]
+    if r.returncode != 0 or not final:
+        print(json.dumps({"group": group, "records": 0, "expected": int(expected), "failed": True,
+                          "stderr": r.stderr[-2000:], "stdout": r.stdout[-2000:]}))
+        return 1
+    # start.time, end.time, data.consumed.in.MB, MB.sec, nMsg.sec, data.consumed.in.nMsg, fetch.time.ms
+    f = [x.strip() for x in final[-1].split(",")]
+    ms = lambda t: datetime.strptime(t, "%Y-%m-%d %H:%M:%S:%f").timestamp()
+    count, mb, end = int(f[5]), float(f[2]), ms(f[1])
+    steady = None
+    if progress:
+        # start, end, MB so far, interval MB/s, interval rec/s, records so far, interval ms
+        p = [x.strip() for x in progress[0].split(",")]
+        first_at, first_n = ms(p[1]), int(p[5])
+        if end > first_at:
+            steady = round((count - first_n) / (end - first_at))
+    print(json.dumps({"group": group, "consumer": "ShareConsumerPerformance", "records": count,
+                      "expected": int(expected), "value_bytes": int(mb * 1024 * 1024),
+                      "seconds": round(dt, 3), "records_per_s": round(float(f[4])),
+                      "mb_per_s": round(float(f[3]), 2),
+                      "steady_records_per_s": steady or round(float(f[4])),
+                      "fetch_seconds": round(float(f[6]) / 1000, 3),
+                      "first_record_after_s": round(first_at - ms(f[0]), 3) if progress else None,
+                      "timed_out": any(l.startswith("WARNING: Exiting before") for l in lines),
+                      "consumer_cpu_s": round((after.ru_utime + after.ru_stime)
+                                              - (before.ru_utime + before.ru_stime), 2),
+                      "errors": 0, "poison_seen": None}))
+    return 0 if count >= int(expected) else 1
+
+
 if __name__ == "__main__":
     cmds = {"produce": cmd_produce, "consume": cmd_consume, "latency": cmd_latency,
-            "create": cmd_create, "consume-perf": cmd_consume_perf}
+            "create": cmd_create, "consume-perf": cmd_consume_perf,
+            "consume-share": cmd_consume_share}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

@@ -92,7 +92,7 @@ print()
 print("where the proxy's time goes (per run): Fetch responses inspected, mean wall ms each (from the response"
       " arriving to it being ready to send, DLT wait included), mean CPU ms each (decode, judge, splice, encode),"
       " DLT produce requests and their mean ms; share = inspected wall time / read time")
-for p in ("b", "c", "c3"):
+for p in ("b", "c", "c3", "b.perf", "c.perf", "b.share", "c.share"):
     for r in runs.get(p, []):
         n = r.get("rewrites")
         if not n:
@@ -100,17 +100,59 @@ for p in ("b", "c", "c3"):
         secs = consume(r).get("seconds") or 0
         dn = r.get("dlt_writes") or 0
         dlt_ms = f"{1000 * r['dlt_write_wall_s'] / dn:.1f}" if dn else "-"
-        print(f"  {p:3} round {r.get('round')}: {n} responses, {1000 * r['rewrite_wall_s'] / n:.1f} ms wall, "
+        print(f"  {p:7} round {r.get('round')}: {n} responses, {1000 * r['rewrite_wall_s'] / n:.1f} ms wall, "
               f"{1000 * r['rewrite_cpu_s'] / n:.1f} ms CPU; {dn} DLT writes, {dlt_ms} ms; "
               f"share {r['rewrite_wall_s'] / secs if secs else 0:.2f}")
 print()
+# The share path (ShareConsumerPerformance, "path.share") against the Fetch
+# path (ConsumerPerformance, "path.perf") of the same run: proxy CPU per
+# record, records per request the proxy relayed (Fetch or ShareFetch).
+share_checks = []
+if any(p.endswith(".share") for p in runs):
+    def per_request(path, field):
+        return median(path, lambda r: consume(r)["records"] / r[field]
+                      if r.get(field) and consume(r).get("records") else None)
+    print("share path (ShareConsumerPerformance) against the Fetch path (ConsumerPerformance), medians:")
+    print(f"  {'path':4} {'Fetch ns/rec':>12} {'share ns/rec':>12} {'share/Fetch':>11} "
+          f"{'Fetch rec/req':>13} {'share rec/req':>13} {'Fetch steady/s':>14} {'share steady/s':>14} "
+          f"{'share rewrite ns/rec':>20} {'Fetch rewrite ns/rec':>20} {'broker ns/rec F|S':>18}")
+    for p in ("a", "b0", "b", "c"):
+        f, sh = f"{p}.perf", f"{p}.share"
+        if f not in runs or sh not in runs:
+            continue
+        nf, ns_ = ns_per_record(f), ns_per_record(sh)
+        rw = lambda path: median(path, lambda r: 1e9 * r["rewrite_cpu_s"] / consume(r)["records"]
+                                 if r.get("rewrite_cpu_s") is not None and consume(r).get("records") else None)
+        br = lambda path: median(path, lambda r: 1e9 * r["broker_cpu_s"] / consume(r)["records"]
+                                 if r.get("broker_cpu_s") is not None and consume(r).get("records") else None)
+        fmt = lambda v, w, d=0: f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"
+        ratio = ns_ / nf if (ns_ is not None and nf) else None
+        print(f"  {p:4} {fmt(nf if p != 'a' else None, 12)} {fmt(ns_ if p != 'a' else None, 12)} "
+              f"{fmt(ratio if p != 'a' else None, 11, 2)} "
+              f"{fmt(per_request(f, 'fetch_requests'), 13)} {fmt(per_request(sh, 'share_fetch_requests'), 13)} "
+              f"{fmt(rps(f), 14)} {fmt(rps(sh), 14)} {fmt(rw(sh), 20)} {fmt(rw(f), 20)} "
+              f"{fmt(br(f), 8)} | {fmt(br(sh), 7)}")
+        if p != "a" and ratio is not None:
+            # Also the ratio within each round (the two reads minutes apart at most).
+            per_round = [1e9 * s_["proxy_cpu_s"] / consume(s_)["records"]
+                         / (1e9 * f_["proxy_cpu_s"] / consume(f_)["records"])
+                         for f_, s_ in zip(runs[f], runs[sh])
+                         if f_.get("proxy_cpu_s") and consume(f_).get("records") and consume(s_).get("records")]
+            share_checks.append((f"{p}: share path proxy CPU per record <= 1.2 x the Fetch path's (medians;"
+                                 f" per round {', '.join(f'{x:.2f}' for x in per_round)})", ratio, ratio <= 1.2))
+    print("  ns/rec: proxy process CPU (/proc utime+stime) per record the consumer received; rec/req: records"
+          " received / Fetch (or ShareFetch) requests the proxy relayed; rewrite: antidote_fetch_rewrite_cpu_seconds_total"
+          " (both paths); broker: the broker JVM's CPU per record")
+    print()
+
 failed = sorted({r.get("path") for r in rows if r.get("phase") == "consume" and r.get("failed")})
 if failed:
     print(f"paths whose read failed (no figures): {', '.join(failed)}"
           " (d on Kafka 4.x: tansu's proxy cannot relay it)")
 for d in dlts:
     res = d.get("result") or {}
-    print(f"dead-letter topic, round {d.get('round', 1)}: {res.get('records')} records (expected {res.get('expected')})")
+    print(f"dead-letter topic{' (share)' if d.get('consumer') == 'share' else ''}, round {d.get('round', 1)}:"
+          f" {res.get('records')} records (expected {res.get('expected')})")
 
 print("latency (ms, round 1): path  e2e p50/p99 | direct p50/p99 (same records, same time) | added p99 | "
       "per-record path-direct p50/p99 | produce-ack p50/p99")
@@ -159,6 +201,7 @@ for p in ("c", "c3"):
         seen = sum(consume(r).get("poison_seen") or 0 for r in runs[p])
         checks.append((f"{p}: no poison record reached a consumer (records seen with the poison marker,"
                        " all rounds)", seen, seen == 0))
+checks += share_checks
 print("targets:")
 for name, val, ok in checks:
     print(f"  {'MET   ' if ok else 'MISSED'} {name}: {val:.3f}")
