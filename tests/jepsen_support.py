@@ -263,6 +263,7 @@ class Client:
     cmd: list = field(default_factory=list)
     stdout_is_history: bool = False
     killed: int = 0    # SIGKILLs by the schedule (their -9 is no crash)
+    killed_proc: Optional[subprocess.Popen] = None  # the process the schedule killed last
 
 
 @dataclass
@@ -312,17 +313,23 @@ class Workload:
                 c.proc = self.net.popen(c.node, c.cmd, stdout=log, stderr=log,
                                         stdin=subprocess.DEVNULL)
 
-    def kill_member(self, name: str) -> None:
+    def kill_member(self, name: str) -> bool:
         """SIGKILL a member (a crash: its partitions stay with it until its
         session expires, then move to the group's other member). A member
-        that is not running by then is an error: it crashed by itself."""
+        that is not running by then is an error: it crashed by itself; one
+        the schedule killed already (two kill faults of one step picking the
+        same member) stays killed (False)."""
         c = next(c for c in self.clients if c.name == name)
+        if c.proc is not None and c.proc is c.killed_proc:
+            return False
         if c.proc is None or c.proc.poll() is not None:
             raise h.HarnessError(f"member {name} had exited by itself (code "
                                  f"{c.proc and c.proc.returncode}) before its kill step")
         c.proc.kill()
         c.proc.wait(10)
         c.killed += 1
+        c.killed_proc = c.proc
+        return True
 
     def restart_member(self, name: str) -> None:
         """Start a killed member again; its history goes on in the same file."""

@@ -469,6 +469,29 @@ def test_the_history_is_built_from_what_the_clients_wrote(tmp_path):
     assert jx.panics([log]) and not jx.panics([log], {log: log.stat().st_size})
 
 
+def test_a_member_the_schedule_killed_is_no_crash_but_one_that_exited_by_itself_is(tmp_path):
+    """Seed 1048632774: one step's two kill-member faults picked the same
+    member, and the second took the first's kill for a crash. A member the
+    schedule killed stays killed; one that exited by itself is an error."""
+    import subprocess
+    import sys
+    work = jx.Workload(None, tmp_path, [], {}, None, None, 0)
+    for name, code in (("m-killed", "import time; time.sleep(60)"), ("m-crashed", "pass")):
+        c = jx.Client(name, "c1", "member", "g", tmp_path / f"{name}.jsonl")
+        c.proc = subprocess.Popen([sys.executable, "-c", code])
+        work.clients.append(c)
+    try:
+        assert work.kill_member("m-killed") is True
+        assert work.kill_member("m-killed") is False
+        work.clients[1].proc.wait(30)
+        with pytest.raises(h.HarnessError, match="m-crashed had exited by itself"):
+            work.kill_member("m-crashed")
+    finally:
+        for c in work.clients:
+            if c.proc.poll() is None:
+                c.proc.kill()
+
+
 # ---------------------------------------------------------------------------
 # Regressions of anomalies the schedules found
 # ---------------------------------------------------------------------------
