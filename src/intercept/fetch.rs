@@ -421,8 +421,6 @@ fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
 /// (`antidote_share_withheld_records_total`), and must not clear a hold a
 /// Fetch of the same partition has.
 fn count(plan: &PartitionPlan, held_from: Option<i64>) {
-    let m = metrics::global();
-    let (topic, partition, policy) = (&*plan.topic, plan.partition, plan.policy.name.as_str());
     let diverted: Vec<_> = plan
         .diversions
         .iter()
@@ -431,18 +429,6 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
     let held_back = (plan.diversions.len() - diverted.len()) as u64;
     let invalid =
         (plan.diversions.len() + plan.not_diverted.len() + plan.already_diverted.len()) as u64;
-    m.record_validated(
-        topic,
-        partition,
-        policy,
-        plan.stats.judged.saturating_sub(held_back),
-    );
-    m.record_passed(
-        topic,
-        partition,
-        policy,
-        plan.stats.judged.saturating_sub(invalid),
-    );
     // Diverted now or by an earlier fetch (batches resent as spliced),
     // dropped, or passed.
     let outcomes = diverted
@@ -454,9 +440,15 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
                 .map(|i| (i, InvalidAction::Diverted)),
         )
         .chain(plan.not_diverted.iter().map(|(a, i)| (i, (*a).into())));
-    for (inv, action) in outcomes {
-        m.record_invalid(topic, partition, policy, inv.class, &inv.rule, action);
-    }
+    metrics::global().partition_judged(&metrics::PartitionJudged {
+        topic: &plan.topic,
+        partition: plan.partition,
+        policy: &plan.policy.name,
+        evaluated: plan.stats.validated,
+        judged: plan.stats.judged.saturating_sub(held_back),
+        passed: plan.stats.judged.saturating_sub(invalid),
+        invalid: outcomes.collect(),
+    });
 }
 
 /// Run `f` and add the CPU time it took on this thread to

@@ -277,6 +277,22 @@ impl Metrics {
             .with(&(topic, partition, policy), |c| c.inc_by(n));
     }
 
+    /// What judging one partition of one response came to, reported once:
+    /// records run through the validator, judged, delivered valid, and each
+    /// invalid one with what became of it.
+    ///
+    /// Call site: `intercept::fetch::count`, once per planned partition of
+    /// a Fetch or ShareFetch response.
+    pub fn partition_judged(&self, j: &PartitionJudged<'_>) {
+        let (topic, partition, policy) = (j.topic, j.partition, j.policy);
+        self.record_evaluated(policy, j.evaluated);
+        self.record_validated(topic, partition, policy, j.judged);
+        self.record_passed(topic, partition, policy, j.passed);
+        for (inv, action) in &j.invalid {
+            self.record_invalid(topic, partition, policy, inv.class, &inv.rule, *action);
+        }
+    }
+
     /// `n` records were run through `policy`'s validator, i.e. judged
     /// without a verdict from the `VerdictCache`. With several consumer
     /// groups reading the same records, this stays near one group's
@@ -530,6 +546,21 @@ impl Metrics {
 pub fn global() -> &'static Arc<Metrics> {
     static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
     GLOBAL.get_or_init(|| Arc::new(Metrics::new()))
+}
+
+/// One partition's judging in one response (`Metrics::partition_judged`).
+pub struct PartitionJudged<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub policy: &'a str,
+    /// Records run through the validator (verdict cache misses).
+    pub evaluated: u64,
+    /// Records judged (those judged again on a later fetch not counted).
+    pub judged: u64,
+    /// Records judged valid and delivered.
+    pub passed: u64,
+    /// Each invalid record counted now, and what became of it.
+    pub invalid: Vec<(&'a crate::policy::Invalid, InvalidAction)>,
 }
 
 /// The process's own series: which build runs, and since when.

@@ -1,8 +1,9 @@
 //! The judging steps every consumer kind shares, between building the
 //! partition jobs and delivering: plan each partition (`parallel`),
 //! resolve registry misses and plan again (`transient`), judge on in the
-//! background past a deadline cut, count validator runs, and where the
-//! circuit breaker cuts. A Fetch and a ShareFetch differ only in what
+//! background past a deadline cut, and where the circuit breaker cuts.
+//! What was judged is reported once per partition when it is delivered
+//! (`fetch::count`). A Fetch and a ShareFetch differ only in what
 //! they do with the plans (hold by offset, or settle by acquisition).
 
 use std::sync::Arc;
@@ -12,13 +13,11 @@ use uuid::Uuid;
 
 use super::parallel::PartitionJob;
 use super::{FetchFilter, FilterError};
-use crate::metrics;
 use crate::plan::PartitionPlan;
 
 impl FetchFilter {
     /// Plan `jobs` (with registry misses resolved, within the registry's
-    /// wait) and count what the validators ran; each plan with where it is
-    /// in the response.
+    /// wait); each plan with where it is in the response.
     pub(super) async fn judge(
         &self,
         jobs: &[Arc<PartitionJob>],
@@ -30,9 +29,6 @@ impl FetchFilter {
                 .await?;
         }
         self.judge_behind(jobs, &planned, now);
-        for (_, plan) in &planned {
-            metrics::global().record_evaluated(&plan.policy.name, plan.stats.validated);
-        }
         Ok(planned)
     }
 
