@@ -164,63 +164,11 @@ impl LoadState {
 
     fn compile(&mut self, p: PolicyDoc, base: &Path, file: &Path) -> Result<Policy, Vec<At>> {
         let mut errs = Vec::new();
-        let name = p.name.v.trim().to_string();
-        if name.is_empty() {
-            errs.push(at(&p.name, "name: a policy needs a name"));
-        } else if let Some(prev) = self.names.get(&name) {
-            errs.push(at(
-                &p.name,
-                format!(
-                    "name: a policy named `{name}` was already loaded from {}",
-                    prev.display()
-                ),
-            ));
-        }
+        let name = self.check_name(&p, &mut errs);
 
-        let mut topics = Vec::new();
-        if p.topics.v.is_empty() {
-            errs.push(at(
-                &p.topics,
-                "topics: at least one topic name or glob is needed",
-            ));
-        }
-        for t in &p.topics.v {
-            if let Err(m) = glob::check_pattern(&t.v) {
-                errs.push(at(t, format!("topics: {m}")));
-                continue;
-            }
-            if !glob::is_glob(&t.v) {
-                if let Some((other, f)) = self.topics.get(&t.v) {
-                    errs.push(at(
-                        t,
-                        format!(
-                            "topics: `{}` is already covered by policy `{other}` ({}); a topic may have one policy",
-                            t.v,
-                            f.display()
-                        ),
-                    ));
-                    continue;
-                }
-            }
-            topics.push(t.v.clone());
-        }
+        let topics = self.check_topics(&p, &mut errs);
 
-        let (decoder, schema, allow_null, max_bytes) = match &p.value {
-            None => (Decoder::Bytes, None, true, None),
-            Some(v) => match compile_value(v, base, &self.cache) {
-                Ok((d, s)) => (
-                    d,
-                    s,
-                    v.allow_null,
-                    v.max_bytes.or(default_max_bytes(&v.format.v)),
-                ),
-                Err(mut e) => {
-                    errs.append(&mut e);
-                    (Decoder::Bytes, None, true, None)
-                }
-            },
-        };
-
+        let (decoder, schema, allow_null, max_bytes) = self.value_of(&p, base, &mut errs);
         let key = match &p.key {
             None => None,
             Some(k) => match self.compile_key(&k.v, base) {
@@ -231,78 +179,16 @@ impl LoadState {
                 }
             },
         };
-        let mut rules = Vec::new();
-        let mut stale = Vec::new();
-        let (mut rule_class, mut stale_class) = (Vec::new(), Vec::new());
         let mut decoder = decoder;
-        if let Some(rs) = &p.rules {
-            if matches!(decoder, Decoder::Bytes) && !rs.v.is_empty() && errs.is_empty() {
-                errs.push(at(
-                    rs,
-                    "rules: rules need a decoded value; set value.format to json, avro or protobuf",
-                ));
-            }
-            for r in &rs.v {
-                if let Err(mut e) = compile_rule(r, &mut rules, &mut stale) {
-                    errs.append(&mut e);
-                }
-                // Every rule this list item compiled to gets its class.
-                let class = r.v.class.as_ref().map(|c| c.v.class());
-                rule_class.resize(rules.len(), class);
-                stale_class.resize(stale.len(), class);
-            }
-        }
+        let (mut rules, mut stale, rule_class, stale_class) =
+            compile_rules(&p, &decoder, &mut errs);
 
         let pointers = rules::assign_slots(&mut rules, &mut stale);
-        match &mut decoder {
-            Decoder::Json { fast, shape, .. } if schema.is_none() || shape.is_some() => {
-                *fast = Some(json::Plan::new(pointers, shape.take()));
-            }
-            Decoder::Avro(d) => d.set_plan(json::Plan::new(pointers, None)),
-            Decoder::Protobuf(d) => d.set_plan(json::Plan::new(pointers, None)),
-            Decoder::Registry(d) => d.plan = Some(json::Plan::new(pointers, None)),
-            _ => {}
-        }
+        plan_captures(&mut decoder, schema.is_none(), pointers);
 
-        let mut headers_required = Vec::new();
-        for h in &p.headers.required {
-            if h.v.is_empty() {
-                errs.push(at(h, "headers.required: a header name cannot be empty"));
-            } else {
-                headers_required.push(h.v.clone());
-            }
-        }
-
-        let dead_letter = match &p.dead_letter.topic {
-            None => DeadLetterTemplate::default(),
-            Some(t) => match DeadLetterTemplate::parse(&t.v) {
-                Ok(d) => d,
-                Err(m) => {
-                    errs.push(at(t, format!("dead_letter.topic: {m}")));
-                    DeadLetterTemplate::default()
-                }
-            },
-        };
-
-        let breaker = p.breaker.as_ref().and_then(|located| {
-            let b = &located.v;
-            let ok = b.max_ratio > 0.0
-                && b.max_ratio < 1.0
-                && b.over >= 1
-                && b.min_diverted >= 1
-                && b.min_diverted <= b.over;
-            if !ok {
-                errs.push(at(
-                    located,
-                    "breaker: max_ratio must be above 0 and below 1, over at least 1, and min_diverted from 1 to over",
-                ));
-            }
-            ok.then_some(Breaker {
-                max_ratio: b.max_ratio,
-                over: b.over,
-                min_diverted: b.min_diverted,
-            })
-        });
+        let headers_required = headers_required(&p, &mut errs);
+        let dead_letter = dead_letter_of(&p, &mut errs);
+        let breaker = breaker_of(&p, &mut errs);
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -352,4 +238,179 @@ impl LoadState {
             },
         })
     }
+
+    /// `value:`: its decoder and JSON Schema, whether null is allowed, and
+    /// its size cap (bytes, with nothing to check, when absent or wrong).
+    fn value_of(
+        &self,
+        p: &PolicyDoc,
+        base: &Path,
+        errs: &mut Vec<At>,
+    ) -> (Decoder, Option<jsonschema::Validator>, bool, Option<usize>) {
+        let Some(v) = &p.value else {
+            return (Decoder::Bytes, None, true, None);
+        };
+        match compile_value(v, base, &self.cache) {
+            Ok((d, s)) => (
+                d,
+                s,
+                v.allow_null,
+                v.max_bytes.or(default_max_bytes(&v.format.v)),
+            ),
+            Err(mut e) => {
+                errs.append(&mut e);
+                (Decoder::Bytes, None, true, None)
+            }
+        }
+    }
+
+    /// The policy's name: not empty, not loaded before.
+    fn check_name(&self, p: &PolicyDoc, errs: &mut Vec<At>) -> String {
+        let name = p.name.v.trim().to_string();
+        if name.is_empty() {
+            errs.push(at(&p.name, "name: a policy needs a name"));
+        } else if let Some(prev) = self.names.get(&name) {
+            errs.push(at(
+                &p.name,
+                format!(
+                    "name: a policy named `{name}` was already loaded from {}",
+                    prev.display()
+                ),
+            ));
+        }
+        name
+    }
+
+    /// Its topic names and globs: each valid, no exact name covered twice.
+    fn check_topics(&self, p: &PolicyDoc, errs: &mut Vec<At>) -> Vec<String> {
+        let mut topics = Vec::new();
+        if p.topics.v.is_empty() {
+            errs.push(at(
+                &p.topics,
+                "topics: at least one topic name or glob is needed",
+            ));
+        }
+        for t in &p.topics.v {
+            if let Err(m) = glob::check_pattern(&t.v) {
+                errs.push(at(t, format!("topics: {m}")));
+                continue;
+            }
+            if !glob::is_glob(&t.v) {
+                if let Some((other, f)) = self.topics.get(&t.v) {
+                    errs.push(at(
+                        t,
+                        format!(
+                            "topics: `{}` is already covered by policy `{other}` ({}); a topic may have one policy",
+                            t.v,
+                            f.display()
+                        ),
+                    ));
+                    continue;
+                }
+            }
+            topics.push(t.v.clone());
+        }
+        topics
+    }
+}
+
+/// Its rules, compiled (rules and staleness checks, each with its class).
+#[allow(clippy::type_complexity)]
+fn compile_rules(
+    p: &PolicyDoc,
+    decoder: &Decoder,
+    errs: &mut Vec<At>,
+) -> (
+    Vec<super::rules::Rule>,
+    Vec<super::rules::MaxAge>,
+    Vec<Option<super::Class>>,
+    Vec<Option<super::Class>>,
+) {
+    let mut rules = Vec::new();
+    let mut stale = Vec::new();
+    let (mut rule_class, mut stale_class) = (Vec::new(), Vec::new());
+    if let Some(rs) = &p.rules {
+        if matches!(decoder, Decoder::Bytes) && !rs.v.is_empty() && errs.is_empty() {
+            errs.push(at(
+                rs,
+                "rules: rules need a decoded value; set value.format to json, avro or protobuf",
+            ));
+        }
+        for r in &rs.v {
+            if let Err(mut e) = compile_rule(r, &mut rules, &mut stale) {
+                errs.append(&mut e);
+            }
+            // Every rule this list item compiled to gets its class.
+            let class = r.v.class.as_ref().map(|c| c.v.class());
+            rule_class.resize(rules.len(), class);
+            stale_class.resize(stale.len(), class);
+        }
+    }
+    (rules, stale, rule_class, stale_class)
+}
+
+/// Give the decoder the fields its rules read (`pointers`, one slot each),
+/// so it captures them in the one pass that decodes the value. A JSON
+/// value checked against a schema without a shape keeps the schema's own
+/// reading.
+fn plan_captures(decoder: &mut Decoder, no_schema: bool, pointers: Vec<rules::Pointer>) {
+    match decoder {
+        Decoder::Json { fast, shape, .. } if no_schema || shape.is_some() => {
+            *fast = Some(json::Plan::new(pointers, shape.take()));
+        }
+        Decoder::Avro(d) => d.set_plan(json::Plan::new(pointers, None)),
+        Decoder::Protobuf(d) => d.set_plan(json::Plan::new(pointers, None)),
+        Decoder::Registry(d) => d.plan = Some(json::Plan::new(pointers, None)),
+        _ => {}
+    }
+}
+
+/// `headers.required`: names, none empty.
+fn headers_required(p: &PolicyDoc, errs: &mut Vec<At>) -> Vec<String> {
+    let mut headers_required = Vec::new();
+    for h in &p.headers.required {
+        if h.v.is_empty() {
+            errs.push(at(h, "headers.required: a header name cannot be empty"));
+        } else {
+            headers_required.push(h.v.clone());
+        }
+    }
+    headers_required
+}
+
+/// `dead_letter.topic`, parsed (the default when absent or wrong).
+fn dead_letter_of(p: &PolicyDoc, errs: &mut Vec<At>) -> DeadLetterTemplate {
+    match &p.dead_letter.topic {
+        None => DeadLetterTemplate::default(),
+        Some(t) => match DeadLetterTemplate::parse(&t.v) {
+            Ok(d) => d,
+            Err(m) => {
+                errs.push(at(t, format!("dead_letter.topic: {m}")));
+                DeadLetterTemplate::default()
+            }
+        },
+    }
+}
+
+/// `breaker:`, checked.
+fn breaker_of(p: &PolicyDoc, errs: &mut Vec<At>) -> Option<Breaker> {
+    p.breaker.as_ref().and_then(|located| {
+        let b = &located.v;
+        let ok = b.max_ratio > 0.0
+            && b.max_ratio < 1.0
+            && b.over >= 1
+            && b.min_diverted >= 1
+            && b.min_diverted <= b.over;
+        if !ok {
+            errs.push(at(
+                located,
+                "breaker: max_ratio must be above 0 and below 1, over at least 1, and min_diverted from 1 to over",
+            ));
+        }
+        ok.then_some(Breaker {
+            max_ratio: b.max_ratio,
+            over: b.over,
+            min_diverted: b.min_diverted,
+        })
+    })
 }
