@@ -431,48 +431,7 @@ pub(super) fn compile_rule(
     let d = &r.v;
     let mut errs = Vec::new();
     if let Some(c) = &d.coordinates {
-        if d.field.is_some()
-            || d.one_of.is_some()
-            || d.min.is_some()
-            || d.max.is_some()
-            || d.max_age.is_some()
-            || d.unit.is_some()
-            || d.optional
-            || d.absent.is_some()
-        {
-            return Err(vec![at(
-                r,
-                "rules: a `coordinates` rule takes no other keys; write field rules as separate list items",
-            )]);
-        }
-        let lat = pointer(&c.v.lat, "coordinates.lat");
-        let lon = pointer(&c.v.lon, "coordinates.lon");
-        let bbox = match &c.v.bbox {
-            None => None,
-            Some(b) => match check_bbox(&b.v) {
-                Ok(bb) => Some(bb),
-                Err(m) => {
-                    errs.push(at(b, format!("coordinates.bbox: {m}")));
-                    None
-                }
-            },
-        };
-        match (lat, lon) {
-            (Ok(lat), Ok(lon)) if errs.is_empty() => {
-                rules.push(Rule::Coordinates(Box::new(Coordinates {
-                    lat,
-                    lon,
-                    reject_null_island: c.v.reject_null_island,
-                    bbox,
-                })));
-                return Ok(());
-            }
-            (a, b) => {
-                errs.extend(a.err());
-                errs.extend(b.err());
-                return Err(errs);
-            }
-        }
+        return compile_coordinates(r, c, rules);
     }
     let Some(field) = &d.field else {
         return Err(vec![at(
@@ -508,23 +467,91 @@ pub(super) fn compile_rule(
         }
     }
     if d.min.is_some() || d.max.is_some() {
-        let lo = d.min.as_ref().map(|m| m.v);
-        let hi = d.max.as_ref().map(|m| m.v);
-        for l in [&d.min, &d.max].into_iter().flatten() {
-            if !l.v.is_finite() {
-                errs.push(at(l, "min/max: must be a finite number"));
-            }
-        }
-        if let (Some(a), Some(b), Some(hl)) = (lo, hi, &d.max) {
-            if a > b {
-                errs.push(at(
-                    hl,
-                    format!("max: {} is below min {}", fmt_num(b), fmt_num(a)),
-                ));
-            }
-        }
+        let (lo, hi) = check_range(d, &mut errs);
         rules.push(Rule::range(ptr.clone(), lo, hi, d.optional));
     }
+    compile_max_age(d, ptr, stale, &mut errs);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}
+
+/// A `coordinates` rule (it takes no other keys).
+fn compile_coordinates(
+    r: &Located<RuleDoc>,
+    c: &Located<CoordDoc>,
+    rules: &mut Vec<Rule>,
+) -> Result<(), Vec<At>> {
+    let d = &r.v;
+    let mut errs = Vec::new();
+    if d.field.is_some()
+        || d.one_of.is_some()
+        || d.min.is_some()
+        || d.max.is_some()
+        || d.max_age.is_some()
+        || d.unit.is_some()
+        || d.optional
+        || d.absent.is_some()
+    {
+        return Err(vec![at(
+            r,
+            "rules: a `coordinates` rule takes no other keys; write field rules as separate list items",
+        )]);
+    }
+    let lat = pointer(&c.v.lat, "coordinates.lat");
+    let lon = pointer(&c.v.lon, "coordinates.lon");
+    let bbox = match &c.v.bbox {
+        None => None,
+        Some(b) => match check_bbox(&b.v) {
+            Ok(bb) => Some(bb),
+            Err(m) => {
+                errs.push(at(b, format!("coordinates.bbox: {m}")));
+                None
+            }
+        },
+    };
+    match (lat, lon) {
+        (Ok(lat), Ok(lon)) if errs.is_empty() => {
+            rules.push(Rule::Coordinates(Box::new(Coordinates {
+                lat,
+                lon,
+                reject_null_island: c.v.reject_null_island,
+                bbox,
+            })));
+            Ok(())
+        }
+        (a, b) => {
+            errs.extend(a.err());
+            errs.extend(b.err());
+            Err(errs)
+        }
+    }
+}
+
+/// `min`/`max`: finite, and not crossed.
+fn check_range(d: &RuleDoc, errs: &mut Vec<At>) -> (Option<f64>, Option<f64>) {
+    let lo = d.min.as_ref().map(|m| m.v);
+    let hi = d.max.as_ref().map(|m| m.v);
+    for l in [&d.min, &d.max].into_iter().flatten() {
+        if !l.v.is_finite() {
+            errs.push(at(l, "min/max: must be a finite number"));
+        }
+    }
+    if let (Some(a), Some(b), Some(hl)) = (lo, hi, &d.max) {
+        if a > b {
+            errs.push(at(
+                hl,
+                format!("max: {} is below min {}", fmt_num(b), fmt_num(a)),
+            ));
+        }
+    }
+    (lo, hi)
+}
+
+/// `max_age` (with its `unit`), or a `unit` alone (an error).
+fn compile_max_age(d: &RuleDoc, ptr: Pointer, stale: &mut Vec<MaxAge>, errs: &mut Vec<At>) {
     match (&d.max_age, &d.unit) {
         (Some(a), unit) => match max_age_ms(&a.v) {
             Ok(ms) => {
@@ -539,11 +566,6 @@ pub(super) fn compile_rule(
         },
         (None, Some(u)) => errs.push(at(u, "unit: applies to max_age only")),
         (None, None) => {}
-    }
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs)
     }
 }
 
