@@ -103,31 +103,7 @@ fn compile_registry(
             )])
         }
     };
-    if let Some(w) = v.wire.as_ref().filter(|w| w.v != Wire::Confluent) {
-        errs.push(at(
-            w,
-            "value.wire: `registry: true` reads the schema id of `wire: confluent`",
-        ));
-    }
-    no_key(
-        &mut errs,
-        &v.schema_ids,
-        "value.schema_ids: not with `registry: true` (ids come from the registry)",
-    );
-    if format != RegFormat::Json {
-        no_key(
-            &mut errs,
-            &v.max_depth,
-            "value.max_depth: applies to format json only",
-        );
-    }
-    if format != RegFormat::Protobuf {
-        no_key(
-            &mut errs,
-            &v.message,
-            "value.message: applies to format protobuf only",
-        );
-    }
+    check_registry_keys(v, format, &mut errs);
     let subject = v.subject.as_ref().and_then(|s| match Subject::parse(&s.v) {
         Ok(x) => Some(x),
         Err(m) => {
@@ -150,6 +126,63 @@ fn compile_registry(
             ));
         }
     }
+    let (reader, own_schema) = registry_own_schema(v, base, format, &mut errs);
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    let decoder = RegistryDecoder {
+        cache: cache.clone(),
+        format,
+        subject,
+        reader,
+        message: v
+            .message
+            .as_ref()
+            .map(|m| m.v.trim_start_matches('.').to_string()),
+        max_depth,
+        plan: None,
+        compiled: Default::default(),
+    };
+    Ok((Decoder::Registry(decoder), own_schema))
+}
+
+/// Keys that do not go with `registry: true` (or with its format).
+fn check_registry_keys(v: &ValueDoc, format: RegFormat, errs: &mut Vec<At>) {
+    if let Some(w) = v.wire.as_ref().filter(|w| w.v != Wire::Confluent) {
+        errs.push(at(
+            w,
+            "value.wire: `registry: true` reads the schema id of `wire: confluent`",
+        ));
+    }
+    no_key(
+        errs,
+        &v.schema_ids,
+        "value.schema_ids: not with `registry: true` (ids come from the registry)",
+    );
+    if format != RegFormat::Json {
+        no_key(
+            errs,
+            &v.max_depth,
+            "value.max_depth: applies to format json only",
+        );
+    }
+    if format != RegFormat::Protobuf {
+        no_key(
+            errs,
+            &v.message,
+            "value.message: applies to format protobuf only",
+        );
+    }
+}
+
+/// A schema file of the policy's own beside the registry's: an Avro
+/// reader schema, or a JSON Schema checked as well (never a .proto).
+fn registry_own_schema(
+    v: &ValueDoc,
+    base: &Path,
+    format: RegFormat,
+    errs: &mut Vec<At>,
+) -> (Option<apache_avro::Schema>, Option<jsonschema::Validator>) {
     let (mut reader, mut own_schema) = (None, None);
     match (&v.schema, format) {
         (Some(s), RegFormat::Avro) => match schema_path(base, s, "value.schema", "avsc")
@@ -168,23 +201,7 @@ fn compile_registry(
         )),
         (None, _) => {}
     }
-    if !errs.is_empty() {
-        return Err(errs);
-    }
-    let decoder = RegistryDecoder {
-        cache: cache.clone(),
-        format,
-        subject,
-        reader,
-        message: v
-            .message
-            .as_ref()
-            .map(|m| m.v.trim_start_matches('.').to_string()),
-        max_depth,
-        plan: None,
-        compiled: Default::default(),
-    };
-    Ok((Decoder::Registry(decoder), own_schema))
+    (reader, own_schema)
 }
 
 /// Keys that do not apply to the value's format or wire are errors.
