@@ -338,4 +338,5 @@ def summary(h: History) -> dict:
             **activity(h),
             "deliveries": {g: len(ds) for g, ds in h.deliveries.items()},
             "excuses": {g: len(e) for g, e in h.excuses.items()},
-            "recovery_s": {g: round(s, 1) for g, s in h.recovery_s.items()}}
+            "recovery_s": {g: round(s, 1) for g, s in h.recovery_s.items()},
+            "held_after_s": {p: round(s, 1) for p, s in h.held_after_s.items()}}
