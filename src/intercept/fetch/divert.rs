@@ -15,7 +15,10 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 impl FetchFilter {
     /// Write every planned diversion; for each plan, the lowest offset whose
     /// diversion did not succeed in time (`None` if all did).
-    pub(super) async fn divert_all(&self, plans: &[(usize, usize, PartitionPlan)]) -> Vec<Option<i64>> {
+    pub(super) async fn divert_all(
+        &self,
+        plans: &[(usize, usize, PartitionPlan)],
+    ) -> Vec<Option<i64>> {
         let plans: Vec<&PartitionPlan> = plans.iter().map(|(_, _, p)| p).collect();
         self.divert(&plans)
             .await
