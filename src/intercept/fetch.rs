@@ -421,33 +421,54 @@ fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
 /// (`antidote_share_withheld_records_total`), and must not clear a hold a
 /// Fetch of the same partition has.
 fn count(plan: &PartitionPlan, held_from: Option<i64>) {
-    let diverted: Vec<_> = plan
-        .diversions
-        .iter()
-        .filter(|d| held_from.is_none_or(|h| d.origin_offset < h))
-        .collect();
-    let held_back = (plan.diversions.len() - diverted.len()) as u64;
+    let held_back = (plan.diversions.iter())
+        .filter(|d| held_from.is_some_and(|h| d.origin_offset >= h))
+        .count() as u64;
     let invalid =
         (plan.diversions.len() + plan.not_diverted.len() + plan.already_diverted.len()) as u64;
-    // Diverted now or by an earlier fetch (batches resent as spliced),
-    // dropped, or passed.
-    let outcomes = diverted
-        .into_iter()
-        .map(|d| (&d.invalid, InvalidAction::Diverted))
-        .chain(
-            plan.already_diverted
-                .iter()
-                .map(|i| (i, InvalidAction::Diverted)),
-        )
-        .chain(plan.not_diverted.iter().map(|(a, i)| (i, (*a).into())));
+    let counted = |o: i64| held_from.is_none_or(|h| o < h);
+    report(
+        plan,
+        plan.stats.judged.saturating_sub(held_back),
+        plan.stats.judged.saturating_sub(invalid),
+        outcomes(plan, |o, is_diversion| !is_diversion || counted(o)),
+    );
+}
+
+/// Each invalid record of `plan` whose offset `counts` (with whether it
+/// is a diversion written now), with what became of it: diverted now or by
+/// an earlier fetch (batches resent as spliced), dropped, or passed.
+fn outcomes(
+    plan: &PartitionPlan,
+    counts: impl Fn(i64, bool) -> bool,
+) -> Vec<(&crate::policy::Invalid, InvalidAction)> {
+    let now = (plan.diversions.iter())
+        .filter(|d| counts(d.origin_offset, true))
+        .map(|d| (&d.invalid, InvalidAction::Diverted));
+    let before = (plan.already_diverted.iter())
+        .filter(|(o, _)| counts(*o, false))
+        .map(|(_, i)| (i, InvalidAction::Diverted));
+    let not = (plan.not_diverted.iter())
+        .filter(|(_, o, _)| counts(*o, false))
+        .map(|(a, _, i)| (i, (*a).into()));
+    now.chain(before).chain(not).collect()
+}
+
+/// Report one partition's judging (`metrics::PartitionJudged`).
+fn report(
+    plan: &PartitionPlan,
+    judged: u64,
+    passed: u64,
+    invalid: Vec<(&crate::policy::Invalid, InvalidAction)>,
+) {
     metrics::global().partition_judged(&metrics::PartitionJudged {
         topic: &plan.topic,
         partition: plan.partition,
         policy: &plan.policy.name,
         evaluated: plan.stats.validated,
-        judged: plan.stats.judged.saturating_sub(held_back),
-        passed: plan.stats.judged.saturating_sub(invalid),
-        invalid: outcomes.collect(),
+        judged,
+        passed,
+        invalid,
     });
 }
 

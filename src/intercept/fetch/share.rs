@@ -48,7 +48,7 @@ use uuid::Uuid;
 
 use super::gate::TopicGate;
 use super::parallel::PartitionJob;
-use super::{count, timed, FetchContext, FetchFilter, FilterError};
+use super::{outcomes, report, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::dlt_record::Diversion;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
@@ -97,9 +97,6 @@ struct Settle {
     withheld: Vec<(Span, &'static str)>,
     /// Withheld from this offset on (a batch that cannot be judged).
     held_from: Option<i64>,
-    /// Invalid records another member acquired (or none did): removed, and
-    /// counted by the proxy of the member that acquired them.
-    others: u64,
 }
 
 /// What becomes of one partition's acquired offsets, as ranges.
@@ -109,8 +106,6 @@ struct Outcome {
     /// Every acquired offset that leaves the acquired ranges (done and
     /// withheld).
     removed: Vec<Span>,
-    /// Withheld records (diversions not written now), to be judged again.
-    withheld_records: u64,
 }
 
 impl FetchFilter {
@@ -227,16 +222,14 @@ impl FetchFilter {
             settle.done.extend(before.into_iter().map(|o| (o, o)));
         }
         let out = settle.outcome(&acquired);
-        // Withheld records are judged again when they come back; those
-        // another member acquired are judged by its fetch.
-        let unjudged = out.withheld_records.saturating_add(settle.others);
-        plan.stats.judged = plan.stats.judged.saturating_sub(unjudged);
-        count(&plan, None);
+        let left = share::subtract(&acquired, &out.removed);
+        if let Some(records) = &p.records {
+            count_acquired(&plan, records, &acquired, &left, &out, settle.held_from);
+        }
         if out.removed.is_empty() && !plan.changes_anything() {
             return Ok(None);
         }
         let chunks = plan.apply_chunks(None)?;
-        let left = share::subtract(&acquired, &out.removed);
         p.acquired_records = to_wire(&left);
         p.records = Some(join(chunks));
         Ok(Some(out.done))
@@ -330,8 +323,7 @@ impl FetchFilter {
         }
         plan.diversions.retain(|d| {
             if !share::meets(acquired, span_of(d)) {
-                settle.others += 1;
-                return false;
+                return false; // another member's: its fetch counts it
             }
             if d.invalid.class == Class::Transient {
                 settle.withheld.push((span_of(d), "transient"));
@@ -362,7 +354,6 @@ impl Settle {
     /// whole), `held_from` cuts everything from it on. Counts the withheld.
     fn outcome(&self, acquired: &[Acquired]) -> Outcome {
         let held = share::before(&[(i64::MIN, i64::MAX)], self.held_from);
-        let mut withheld_records = 0u64;
         let mut withheld = Vec::new();
         for &(span, reason) in &self.withheld {
             let mine = share::within(&share::within(&[span], acquired), &to_acquired(&held));
@@ -370,7 +361,6 @@ impl Settle {
                 metrics::global()
                     .share
                     .withheld(reason, share::count(&mine));
-                withheld_records += 1;
                 withheld.extend(mine);
             }
         }
@@ -387,9 +377,48 @@ impl Settle {
         Outcome {
             done,
             removed: share::normalize(removed),
-            withheld_records,
         }
     }
+}
+
+/// Count what this member's part of the partition came to: the records
+/// it acquired in this response (given to it, or settled by the proxy;
+/// not those withheld, which are judged again when they come back), the
+/// valid ones it is given, and each invalid one it acquired with what
+/// became of it. Records it did not acquire are another member's (a batch
+/// sent again for one released record holds records settled long ago):
+/// the fetch that acquired them counts them. Offsets are counted within
+/// the section's data batches (a compacted batch's gaps count as records).
+fn count_acquired(
+    plan: &PartitionPlan,
+    records: &Bytes,
+    acquired: &[Acquired],
+    left: &[Acquired],
+    out: &Outcome,
+    held_from: Option<i64>,
+) {
+    let data: Vec<Span> = segments(records)
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Batch(b) if !b.is_control() => {
+                Some((b.base_offset(), b.last_offset().max(b.base_offset())))
+            }
+            _ => None,
+        })
+        .collect();
+    let data = share::normalize(data);
+    let withheld = share::minus(&out.removed, &out.done);
+    let mine = share::minus(&share::within(&data, acquired), &withheld);
+    let given = share::within(&data, left);
+    let counted = |o: i64, is_diversion: bool| {
+        is_diversion || (share::is_acquired(acquired, o) && held_from.is_none_or(|h| o < h))
+    };
+    let invalid = outcomes(plan, counted);
+    let passed_invalid = (plan.not_diverted.iter())
+        .filter(|(a, o, _)| *a == crate::policy::Action::Pass && counted(*o, false))
+        .count() as u64;
+    let given = share::count(&given).saturating_sub(passed_invalid);
+    report(plan, share::count(&mine), given, invalid);
 }
 
 /// The offsets a diversion covers: its record, or its whole batch.

@@ -408,3 +408,71 @@ async fn a_topic_entry_with_only_an_error_does_not_make_the_ledger_forget_the_to
         "the diversion is remembered"
     );
 }
+
+/// The value of `name{topic="t",partition="<partition>",...}` series whose
+/// labels contain `extra`, summed, in the process's metrics.
+fn counted(name: &str, partition: i32, extra: &str) -> f64 {
+    let text = crate::metrics::global().render();
+    let want = format!("partition=\"{partition}\"");
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains("topic=\"t\"") && l.contains(&want))
+        .filter(|l| l.contains(extra))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_member_is_counted_for_the_records_it_acquired_not_for_the_whole_batch() {
+    let mock = MockBroker::start().await;
+    let f = filter_with(&mock, Duration::from_secs(3), "    on_invalid: drop\n").await;
+    let book = ShareAcks::default();
+    // Partition 7: no other test counts there.
+    let body = |acquired: &[(i64, i64)]| {
+        let resp = ShareFetchResponse::decode(
+            &mut response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], acquired),
+            VERSION,
+        )
+        .expect("decode");
+        let mut resp = resp;
+        resp.responses[0].partitions[0].partition_index = 7;
+        let mut out = bytes::BytesMut::new();
+        resp.encode(&mut out, VERSION).expect("encode");
+        out.freeze()
+    };
+    let read = || {
+        (
+            counted("antidote_records_validated_total", 7, ""),
+            counted("antidote_records_passed_total", 7, ""),
+            counted("antidote_records_invalid_total", 7, "action=\"dropped\""),
+        )
+    };
+    // A batch sent again for the one record released: 0 and 1 were
+    // settled long ago (another member's deliveries counted them).
+    let before = read();
+    let _ = f
+        .filter_share(
+            &BY_ID,
+            body(&[(2, 2)]),
+            VERSION,
+            ShareCall {
+                session: Some(&session()),
+                book: &book,
+                removed_ack: REJECT,
+            },
+        )
+        .await
+        .expect("filter");
+    let after = read();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (1.0, 1.0, 0.0),
+        "judged, passed, dropped for the one record acquired"
+    );
+    // Acquired whole: every record counted once.
+    run(&f, &book, body(&[(0, 2)])).await;
+    let whole = read();
+    assert_eq!(
+        (whole.0 - after.0, whole.1 - after.1, whole.2 - after.2),
+        (3.0, 2.0, 1.0)
+    );
+}

@@ -79,15 +79,17 @@ pub struct PartitionPlan {
     segments: Vec<SegmentPlan>,
     /// Records to write to dead-letter topics before the response is released.
     pub diversions: Vec<Diversion>,
-    /// Invalid records dropped or passed (not diverted), for counting.
-    pub not_diverted: Vec<(Action, Invalid)>,
+    /// Invalid records dropped or passed (not diverted), with their
+    /// offsets, for counting.
+    pub not_diverted: Vec<(Action, i64, Invalid)>,
     /// The offsets of the records dropped (`on_invalid: drop`), in offset
     /// order: a share consumer's proxy acknowledges them (`share`).
     pub dropped: Vec<i64>,
     /// Invalid records removed because an earlier fetch diverted them and
     /// nothing is left to write (batches resent as spliced before); counted
-    /// as diverted, like a diversion the ledger finds done.
-    pub already_diverted: Vec<Invalid>,
+    /// as diverted, like a diversion the ledger finds done; with their
+    /// offsets (a batch diverted whole: its base offset).
+    pub already_diverted: Vec<(i64, Invalid)>,
     /// The offsets (`first..=last`) of each batch replaced whole because it
     /// cannot be decoded (`on_undecodable: divert`), diverted now or by an
     /// earlier fetch: a share consumer's proxy settles or withholds each

@@ -366,11 +366,13 @@ fn apply_verdicts(
         match action {
             Action::Pass => {
                 plan.stats.passed_invalid += 1;
-                plan.not_diverted.push((Action::Pass, j.invalid.clone()));
+                plan.not_diverted
+                    .push((Action::Pass, j.offset, j.invalid.clone()));
             }
             Action::Drop => {
                 plan.stats.dropped += 1;
-                plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+                plan.not_diverted
+                    .push((Action::Drop, j.offset, j.invalid.clone()));
                 plan.dropped.push(j.offset);
                 *k = false;
             }
@@ -456,11 +458,12 @@ fn resend_spliced(
         match action {
             Action::Divert => {
                 plan.stats.diverted += 1;
-                plan.already_diverted.push(j.invalid.clone());
+                plan.already_diverted.push((j.offset, j.invalid.clone()));
             }
             _ => {
                 plan.stats.dropped += 1;
-                plan.not_diverted.push((Action::Drop, j.invalid.clone()));
+                plan.not_diverted
+                    .push((Action::Drop, j.offset, j.invalid.clone()));
                 plan.dropped.push(j.offset);
             }
         }
@@ -485,7 +488,7 @@ fn divert_whole(
     plan.whole_batches
         .push((batch.base_offset(), batch.last_offset()));
     if earlier.contains(&batch.base_offset()) {
-        plan.already_diverted.push(d.invalid);
+        plan.already_diverted.push((batch.base_offset(), d.invalid));
     } else {
         tracing::warn!(topic = %plan.topic, partition = plan.partition,
             base_offset = batch.base_offset(), last_offset = batch.last_offset(),
