@@ -342,7 +342,10 @@ def cmd_consume_share(bootstrap, topic, expected, group):
     cmd = ["java", "-Xmx512m", "-XX:+UseG1GC", "-cp", h.kafka_classpath(),
            "org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server", bootstrap,
            "--topic", topic, "--num-records", str(expected), "--group", group,
-           "--timeout", "30000", "--hide-header", "--show-detailed-stats",
+           # The tool's --timeout also bounds the whole read (its executor waits
+           # --timeout + 100 ms, then interrupts the consumer): 30 s cut off a
+           # slow read of 1 M records at 769,211 on this VM.
+           "--timeout", "180000", "--hide-header", "--show-detailed-stats",
            "--reporting-interval", "500", *_perf_sizes("share")]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
