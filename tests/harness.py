@@ -6,6 +6,7 @@ deadline. The pytest fixtures that use these helpers live in conftest.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -889,3 +890,62 @@ if __name__ == "__main__":
         build_kafka_cds()
     else:
         sys.exit("usage: harness.py --build-kafka-cds")
+
+
+class Lines:
+    """A process whose stdout lines (JSON objects) are collected by a thread."""
+
+    def __init__(self, cmd: list[str], log: Path, stdin=subprocess.DEVNULL):
+        self.log = log
+        self.err = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, stdin=stdin,
+                                     text=True)
+        self.events: list[dict] = []
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                with self.lock:
+                    self.events.append(e)
+
+    def snapshot(self) -> list[dict]:
+        with self.lock:
+            return list(self.events)
+
+    def wait(self, until, timeout: float, what: str) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ev = self.snapshot()
+            if until(ev):
+                return ev
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"{what}: not reached within {timeout}s (exit {self.proc.poll()})\n"
+                             f"last events: {self.snapshot()[-5:]}\n{read_log(self.log, 6000)}")
+
+    def stop(self, timeout: float = 60, grace: float = 0) -> list[dict]:
+        """SIGTERM (after `grace` seconds for the process to end by itself),
+        then SIGKILL after `timeout`."""
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.reader.join(10)
+        self.err.close()
+        return self.snapshot()

@@ -13,9 +13,6 @@ KIP-1191 DLQs, and Kafka's own VerifiableShareConsumer.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -86,7 +83,7 @@ def wait_dlq(read, want: int, timeout: float = 30, quiet: float = 3.0) -> list:
     return read()
 
 
-class VerifiableShare:
+class VerifiableShare(h.Lines):
     """Kafka's VerifiableShareConsumer (kafka-tools) in the background; its
     stdout events (one JSON object a line) collected by a thread."""
 
@@ -97,43 +94,13 @@ class VerifiableShare:
                "-Dlog4j2.level=WARN", "-cp", cp, "org.apache.kafka.tools.VerifiableShareConsumer",
                "--bootstrap-server", bootstrap, "--topic", topic, "--group-id", group,
                "--verbose", *args]
-        self.log = log
-        self.err = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err,
-                                     stdin=subprocess.DEVNULL, text=True)
-        self.events: list[dict] = []
-        self.lock = threading.Lock()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                with self.lock:
-                    self.events.append(e)
-
-    def snapshot(self) -> list[dict]:
-        with self.lock:
-            return list(self.events)
+        super().__init__(cmd, log)
 
     def records(self) -> list[dict]:
         return [e for e in self.snapshot() if e.get("name") == "record_data"]
 
     def stop(self, timeout: float = 30) -> list[dict]:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.reader.join(10)
-        self.err.close()
-        return self.snapshot()
+        return super().stop(timeout)
 
     def stderr(self, n: int = 4000) -> str:
         return h.read_log(self.log, n)

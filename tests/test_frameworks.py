@@ -116,65 +116,6 @@ def java(classes: Path, *args: str, extra_cp: str = "") -> list[str]:
             "-Dlog4j2.level=WARN", "-cp", cp, *args]
 
 
-class Lines:
-    """A process whose stdout lines (JSON objects) are collected by a thread."""
-
-    def __init__(self, cmd: list[str], log: Path, stdin=subprocess.DEVNULL):
-        self.log = log
-        self.err = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, stdin=stdin,
-                                     text=True)
-        self.events: list[dict] = []
-        self.lock = threading.Lock()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                with self.lock:
-                    self.events.append(e)
-
-    def snapshot(self) -> list[dict]:
-        with self.lock:
-            return list(self.events)
-
-    def wait(self, until, timeout: float, what: str) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ev = self.snapshot()
-            if until(ev):
-                return ev
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"{what}: not reached within {timeout}s (exit {self.proc.poll()})\n"
-                             f"last events: {self.snapshot()[-5:]}\n{h.read_log(self.log, 6000)}")
-
-    def stop(self, timeout: float = 60, grace: float = 0) -> list[dict]:
-        """SIGTERM (after `grace` seconds for the process to end by itself),
-        then SIGKILL after `timeout`."""
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.reader.join(10)
-        self.err.close()
-        return self.snapshot()
-
-
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     """A group's committed offsets, asked of the broker directly."""
     cons = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group})
@@ -227,7 +168,7 @@ def test_verifiable_producer_and_consumer_see_every_valid_record_once_and_no_poi
     before = requests_seen(fproxy)
     stop = threading.Event()
     poisoner, poison = poison_writer(ep, topic, parts, 30, stop)
-    producer = Lines(java(java_classes, "org.apache.kafka.tools.VerifiableProducer",
+    producer = h.Lines(java(java_classes, "org.apache.kafka.tools.VerifiableProducer",
                           "--bootstrap-server", fproxy.bootstrap, "--topic", topic,
                           "--max-messages", "600", "--throughput", "300", "--acks", "-1",
                           "--repeating-keys", "30"),
@@ -254,7 +195,7 @@ def test_verifiable_producer_and_consumer_see_every_valid_record_once_and_no_poi
            "--topic", topic, "--group-id", group, "--group-protocol", protocol, "--verbose"]
     if commits == "auto":
         cmd.append("--enable-autocommit")
-    consumer = Lines(java(java_classes, *cmd), tmp_path / "consumer.log")
+    consumer = h.Lines(java(java_classes, *cmd), tmp_path / "consumer.log")
 
     def consumed(ev):
         return Counter(e["value"] for e in ev if e.get("name") == "record_data")
@@ -356,7 +297,7 @@ def test_kafka_streams_exactly_once_v2_derives_each_valid_record_once(
     c.ck_produce(ep, src, first)
     app = f"fw-streams-{protocol}-{uuid.uuid4().hex[:8]}"
     before = requests_seen(fproxy)
-    streams = Lines(java(java_classes, "StreamsDerive", fproxy.bootstrap, app, src, out,
+    streams = h.Lines(java(java_classes, "StreamsDerive", fproxy.bootstrap, app, src, out,
                          str(tmp_path / "state"), protocol),
                     tmp_path / "streams.log", stdin=subprocess.PIPE)
     try:
@@ -423,7 +364,7 @@ def test_a_connect_sink_gets_each_valid_record_once_and_commits_the_ends(
     connector.write_text("\n".join([
         f"name={name}", "connector.class=LinesSink", "tasks.max=1", f"topics={topic}",
         f"file={sink}", ""]))
-    proc = Lines(java(java_classes, "org.apache.kafka.connect.cli.ConnectStandalone",
+    proc = h.Lines(java(java_classes, "org.apache.kafka.connect.cli.ConnectStandalone",
                       str(worker), str(connector), extra_cp=str(tmp_path / "plugin")),
                  tmp_path / "connect.log")
     want = Counter(valid)
