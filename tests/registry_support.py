@@ -144,3 +144,19 @@ def registry_kind(request) -> str:
 
 def is_stub(registry) -> bool:
     return getattr(registry, "kind", "stub") == "stub"
+
+
+# The fixtures a registry test module imports: one Apicurio per module
+# (started on first use), and `registry`, the stub or Apicurio as the test's
+# parameter says (the module defines `stub` itself: its options differ).
+@pytest.fixture(scope="module")
+def apicurio(workdir):
+    a = start_apicurio(workdir)
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def registry(request):
+    """The stub, or Apicurio for tests marked `parametrize_registry`."""
+    return request.getfixturevalue(registry_kind(request))

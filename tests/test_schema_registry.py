@@ -37,6 +37,7 @@ import clients as c
 import harness as h
 import poison_support as ps
 import registry_support as rs
+from registry_support import apicurio, registry  # noqa: F401 (fixtures)
 from registry_stub import Registry
 
 AUTH = ("antidote", "s3cret-reg")
@@ -90,19 +91,6 @@ def stub():
     r = Registry(auth=AUTH).start()
     yield r
     r.stop()
-
-
-@pytest.fixture(scope="module")
-def apicurio(workdir):
-    a = rs.start_apicurio(workdir)
-    yield a
-    a.stop()
-
-
-@pytest.fixture
-def registry(request):
-    """The stub, or Apicurio for tests marked `rs.parametrize_registry`."""
-    return request.getfixturevalue(rs.registry_kind(request))
 
 
 def start_rproxy(workdir, broker, registry, tmp_path_factory, monkeypatch_module):
