@@ -522,6 +522,11 @@ impl Config {
                 "dead_letter.replication_factor: -1 (the cluster's default) or at least 1".into(),
             );
         }
+        if !(1..=10).contains(&self.share_groups.last_delivery) {
+            return Err("share_groups.last_delivery: must be from 1 to 10 (a group's \
+                 share.delivery.count.limit is 2 to 10; 1: never withhold a valid record)"
+                .into());
+        }
         if self.limits.max_frame_bytes < 1024 {
             return Err("limits.max_frame_bytes: must be at least 1024".into());
         }

@@ -507,14 +507,18 @@ def _poll_into(cons, got: list, stop: threading.Event) -> None:
                 got.append((m.partition(), m.offset(), m.value()))
 
 
-def test_while_the_dlt_cannot_be_read_back_valid_records_still_reach_a_share_consumer(
+def test_while_the_dlt_cannot_be_read_back_records_wait_for_their_last_delivery(
         workdir, share_ready, java_classes, tmp_path):
     """The proxy's DLT cluster is unreachable from its start, so the topic's
-    DLT is never read back and nothing can be written to it. A Fetch would
-    hold the whole topic (order); a share group promises no order, so its
-    valid records are delivered all the same, and only the poison waits
-    (withheld without an acknowledgement: its lock brings it back). Neither
-    is a poison record delivered nor anything written."""
+    DLT is never read back and nothing can be written to it. Any record
+    might be in its DLT already (diverted before, replayed since), so none
+    is given while the ledger cannot tell (a Fetch holds the whole topic) -
+    save valid records at the group's last delivery (`share_groups.
+    last_delivery`, the default 2, here also the group's limit): given
+    rather than left for the broker to archive. No poison delivered, nothing
+    written, no acknowledgement of the proxy's; every valid record delivered
+    exactly once and none before its first lock expired (each first
+    delivery withheld: the metric counts every record)."""
     broker = share_ready
     ep = c.Endpoint(broker.bootstrap, "direct")
     pfile = ps.write_policies(tmp_path / "policies")
@@ -529,14 +533,18 @@ def test_while_the_dlt_cannot_be_read_back_valid_records_still_reach_a_share_con
         c.ck_create_topic(ep, topic, parts)
         recs, valid, poison = mixed(40, 0, parts)
         c.ck_produce(ep, topic, recs)
-        group = new_group(broker, java_classes)
+        group = new_group(broker, java_classes, **{"share.delivery.count.limit": "2"})
+        started = time.monotonic()
         got = ck_share_consume(proxy.bootstrap, topic, group, set(valid), timeout=120)
+        took = time.monotonic() - started
         values = Counter(v for _, _, v in got)
         assert not set(values) & set(poison), [v[:60] for v in values if v in poison]
         assert set(values) == set(valid), {"missing": len(set(valid) - set(values))}
+        assert set(values.values()) == {1}, "each valid record once"
+        assert took >= LOCK_MS / 1000 * 0.9, f"a record came after {took:.1f} s"
         m = proxy.metrics()
         assert h.metric(m, "antidote_share_withheld_records_total",
-                        reason="not_loaded") >= len(poison), m
+                        reason="not_loaded") >= len(recs), m
         assert h.metric(m, "antidote_share_acks_total", result="sent") == 0
         assert not ps.topic_exists(ep, f"{topic}.dlt")
     finally:

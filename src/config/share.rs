@@ -23,6 +23,14 @@ pub struct ShareGroups {
     /// about 64 bytes). Past it, a removed record is not acknowledged by
     /// the proxy: it comes back when its lock expires and is settled then.
     pub owed_acks_budget: usize,
+    /// The delivery count of a record's last delivery before the broker
+    /// archives it (the groups' `share.delivery.count.limit`; Kafka's
+    /// minimum, 2, unless set). While a topic's DLTs are not read back, its
+    /// records are withheld (one of them might be in its DLT already), save
+    /// valid ones at this delivery: given rather than archived. Set it to
+    /// the lowest limit of the groups served to hold longer; higher than a
+    /// group's limit, that group's valid records are archived instead.
+    pub last_delivery: i16,
 }
 
 impl Default for ShareGroups {
@@ -31,6 +39,7 @@ impl Default for ShareGroups {
             enabled: true,
             removed_ack: RemovedAck::Reject,
             owed_acks_budget: DEFAULT_OWED_ACKS_BUDGET,
+            last_delivery: 2,
         }
     }
 }

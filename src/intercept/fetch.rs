@@ -27,7 +27,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
 use kafka_protocol::messages::FetchResponse;
 use kafka_protocol::protocol::Decodable;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
@@ -39,10 +39,10 @@ use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction};
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::{KeyOrdering, PolicySet};
-use gate::TopicGate;
+use crate::policy::PolicySet;
 pub use holds::Holds;
 use parallel::PartitionJob;
+use pipeline::{Judgement, Kind, Named, PartView, Postponed, TopicView};
 
 /// Fetch isolation levels (request field, v4+).
 pub const READ_COMMITTED: i8 = 1;
@@ -167,7 +167,11 @@ impl FetchFilter {
         isolation: i8,
     ) -> Result<Option<Vec<Bytes>>, FilterError> {
         let started = std::time::Instant::now();
-        let deadline = self.judge_deadline.map(|d| started + d);
+        let kind = Kind {
+            per_key: true,
+            judge_unloaded: false,
+            deadline: self.judge_deadline.map(|d| started + d),
+        };
         let (mut resp, sections, endpoints, learned) = timed(|| -> Result<_, FilterError> {
             let mut resp =
                 FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
@@ -177,21 +181,12 @@ impl FetchFilter {
         })?;
         let mut changed = endpoints;
         ctx.learn(learned).await;
-        if version >= 13 {
-            // Fetch v13+ names topics by id: learn ids we have not seen yet
-            // (single-flight, negatively cached).
-            let ids: Vec<_> = resp.responses.iter().map(|t| t.topic_id).collect();
-            ctx.resolve_topic_ids(&ids).await;
+        let views = views(&resp, version, isolation);
+        let judged = self.judge_response(ctx, views, &kind, now_ms()).await?;
+        for &(ti, _, why) in &judged.unjudged {
+            changed |= hold_topic(&mut resp.responses[ti], why);
         }
-        let (jobs, unloaded) = self.jobs(ctx, &resp, (version, isolation), deadline).await;
-        for ti in unloaded {
-            changed |= hold_topic(&mut resp.responses[ti]);
-        }
-        let (plans, transient_at) = self.hold_or_count(self.judge(&jobs, now_ms()).await?);
-        if version >= 13 {
-            // Ids still unknown might name a policy topic: hold them.
-            changed |= withhold_unknown_topics(ctx, &mut resp);
-        }
+        let plans = self.hold_or_count(judged.plans);
         let out = |resp: &mut FetchResponse, replaced: Vec<_>| {
             let fresh = patch::Fresh {
                 body: &body,
@@ -206,16 +201,19 @@ impl FetchFilter {
         }
         // Divert everything first, concurrently, then apply the outcome.
         let waiting = std::time::Instant::now();
-        let outcomes = self.divert_all(&plans).await;
+        let failed = {
+            let refs: Vec<&PartitionPlan> = plans.iter().map(|(_, p, _)| p).collect();
+            self.divert(&refs).await
+        };
         let dlt_wait = waiting.elapsed();
-        let plans_diverting = plans.iter().any(|(_, _, p)| !p.diversions.is_empty());
+        let plans_diverting = plans.iter().any(|(_, p, _)| !p.diversions.is_empty());
         let filtered = timed(|| {
-            let outcomes = outcomes.into_iter().zip(transient_at);
             let mut replaced = Vec::with_capacity(plans.len());
-            for ((ti, pi, plan), (failed_from, transient)) in plans.into_iter().zip(outcomes) {
+            for ((at, plan, transient), failed) in plans.into_iter().zip(failed) {
+                let failed_from = failed.first().copied();
                 let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
                 keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
-                replaced.push(((ti, pi), apply_outcome(holds, &plan, failed_from)?));
+                replaced.push((at, apply_outcome(holds, &plan, failed_from)?));
             }
             Ok(Some(out(&mut resp, replaced)?))
         });
@@ -227,133 +225,80 @@ impl FetchFilter {
         filtered
     }
 
-    /// Where the circuit breaker cuts, the partition holds (diversions from
-    /// the cut on are not written, as on a DLT failure). The plans that
-    /// change their partition, each with its first transient record's
-    /// offset (taken out of its diversions: never written); the others are
-    /// counted now and their holds cleared.
+    /// What may not be written now is postponed (`pipeline`), and the
+    /// partition held there. The plans that change their partition, each
+    /// with its first transient record's offset; the others are counted
+    /// now and their holds cleared.
     #[allow(clippy::type_complexity)]
     fn hold_or_count(
         &self,
-        judged: Vec<((usize, usize), PartitionPlan)>,
-    ) -> (Vec<(usize, usize, PartitionPlan)>, Vec<Option<i64>>) {
-        let (mut plans, mut transient_at) = (Vec::new(), Vec::new());
-        for (at, mut plan) in judged {
-            if let Some(cut) = self.breaker_cut(&plan) {
-                plan.diversions.retain(|d| d.origin_offset < cut);
-                if plan.held.as_ref().is_none_or(|h| h.offset > cut) {
-                    plan.held = Some(crate::plan::Hold {
-                        offset: cut,
-                        reason: crate::plan::HoldReason::Breaker,
-                    });
-                }
-            }
-            if plan.changes_anything() {
+        judged: Vec<Judgement>,
+    ) -> Vec<((usize, usize), PartitionPlan, Option<i64>)> {
+        let mut plans = Vec::new();
+        for Judgement { at, mut plan, .. } in judged {
+            let postponed = self.postpone(&mut plan);
+            let transient = hold_postponed(&mut plan, &postponed);
+            if plan.changes_anything() || transient.is_some() {
                 // Its blocks are learnt once its diversions are done.
-                transient_at.push(transient::take_transient(&mut plan));
-                plans.push((at.0, at.1, plan));
+                plans.push((at, plan, transient));
             } else {
                 keys::learn(&self.blocked, &plan, None);
                 count(&plan, None);
                 metrics::global().set_held(&plan.topic, plan.partition, false);
             }
         }
-        (plans, transient_at)
+        plans
     }
+}
 
-    /// One planning job per non-empty partition of a policy topic, and the
-    /// indexes of topics held because their DLTs are not read back yet.
-    async fn jobs<C: FetchContext>(
-        &self,
-        ctx: &C,
-        resp: &FetchResponse,
-        (version, isolation): (i16, i8),
-        deadline: Option<std::time::Instant>,
-    ) -> (Vec<Arc<PartitionJob>>, Vec<usize>) {
-        let policies = self.policies();
-        let mut jobs = Vec::new();
-        let mut unloaded = Vec::new();
-        for (ti, topic) in resp.responses.iter().enumerate() {
-            let name = if version >= 13 {
-                ctx.topic_name(&topic.topic_id)
-            } else {
-                Some(topic.topic.0.to_string())
-            };
-            let Some(name) = name else { continue };
-            let policy = match self.topic_gate(&policies, &name).await {
-                TopicGate::Unpoliced => continue,
-                TopicGate::Unloaded(_) => {
-                    unloaded.push(ti);
-                    continue;
-                }
-                TopicGate::Judge(policy) => policy,
-            };
-            let per_key = policy.ordering == KeyOrdering::PerKey;
-            // Likewise until the blocked keys are read back, and while the
-            // follower cannot keep them current (per_key only): a key
-            // another instance blocked is known only once read from its DLT.
-            if per_key && {
-                let dlts = crate::dlt::blocked::dlts_of(policy, &name);
-                !self.blocked.is_current_for(&dlts)
-                    && !self.blocked.wait_current_for(&dlts, self.timeout).await
-            } {
-                unloaded.push(ti);
-                continue;
-            }
-            let topic_name: Arc<str> = Arc::from(name.as_str());
-            if version >= 13 {
-                // A new id for a known name: the topic was recreated.
-                let parts = topic.partitions.iter();
-                self.observe_topic_id(
-                    &topic_name,
-                    topic.topic_id,
-                    parts.map(|p| (p.error_code, p.records.as_ref())),
-                );
-            }
-            for (pi, p) in topic.partitions.iter().enumerate() {
-                let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
-                    continue;
-                };
-                jobs.push(Arc::new(PartitionJob {
-                    at: (ti, pi),
-                    policy: policy.clone(),
-                    topic: topic_name.clone(),
-                    partition: p.partition_index,
-                    records: records.clone(),
+/// A Fetch response's topics as the pipeline reads them.
+fn views(resp: &FetchResponse, version: i16, isolation: i8) -> Vec<TopicView<'_>> {
+    (resp.responses.iter())
+        .map(|t| TopicView {
+            named: match version >= 13 {
+                true => Named::Id(t.topic_id),
+                false => Named::Name(t.topic.0.as_str()),
+            },
+            partitions: (t.partitions.iter())
+                .map(|p| PartView {
+                    index: p.partition_index,
+                    error: p.error_code,
+                    records: p.records.as_ref(),
                     vis: Visibility::new(
                         isolation == READ_COMMITTED,
                         p.aborted_transactions.as_deref(),
                     )
                     .with_log_start(p.log_start_offset),
-                    gate: per_key.then(|| self.blocked.gate(&name, p.partition_index)),
-                    deadline,
-                }));
-            }
-        }
-        (jobs, unloaded)
-    }
+                    refused: None,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
-/// Withhold the records of partitions whose topic id is still unknown: a
-/// policy might cover that topic, and nothing is forwarded unjudged. The
-/// client fetches them again once the id resolves. Returns whether
-/// anything changed.
-fn withhold_unknown_topics(ctx: &impl FetchContext, resp: &mut FetchResponse) -> bool {
-    let mut changed = false;
-    for topic in &mut resp.responses {
-        if ctx.topic_name(&topic.topic_id).is_some() {
-            continue;
-        }
-        for p in &mut topic.partitions {
-            if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
-                info!(topic_id = %topic.topic_id, partition = p.partition_index,
-                    "unknown topic id: records withheld until its name is known");
-                p.records = Some(Bytes::new());
-                changed = true;
-            }
+/// Where a Fetch holds for what was postponed: at an open breaker's cut
+/// (`plan.held`), and at a transient verdict before it (returned: noted
+/// when the hold is applied). No diversion from either on is written.
+fn hold_postponed(plan: &mut PartitionPlan, postponed: &[Postponed]) -> Option<i64> {
+    let first = |why: &str| {
+        (postponed.iter())
+            .find(|(_, r)| *r == why)
+            .map(|((o, _), _)| *o)
+    };
+    let cut = first("breaker");
+    let transient = first("transient").filter(|t| cut.is_none_or(|c| *t < c));
+    if let Some(cut) = cut {
+        if plan.held.as_ref().is_none_or(|h| h.offset > cut) {
+            plan.held = Some(crate::plan::Hold {
+                offset: cut,
+                reason: crate::plan::HoldReason::Breaker,
+            });
         }
     }
-    changed
+    if let Some(stop) = transient.or(cut) {
+        plan.diversions.retain(|d| d.origin_offset < stop);
+    }
+    transient
 }
 
 /// The records section a changed partition gets, once its diversions are
@@ -398,14 +343,18 @@ fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>) {
     }
 }
 
-/// Withhold every partition's records of `topic` (its DLT is not loaded).
-fn hold_topic(topic: &mut FetchableTopicResponse) -> bool {
+/// Withhold every partition's records of `topic`, not judged because
+/// `why` (its id not known yet, its DLTs or blocked keys not read back):
+/// the client fetches them again later. Whether anything changed.
+fn hold_topic(topic: &mut FetchableTopicResponse, why: &str) -> bool {
     let mut changed = false;
     for p in topic.partitions.iter_mut() {
         if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
             debug!(
+                topic_id = %topic.topic_id,
                 partition = p.partition_index,
-                "dead-letter ledger not loaded yet: records withheld"
+                why,
+                "records withheld: not judged yet"
             );
             p.records = Some(Bytes::new());
             changed = true;
@@ -486,52 +435,6 @@ fn thread_cpu_time() -> Duration {
     cpu_time::ThreadTime::try_now().map_or(Duration::ZERO, |t| t.as_duration())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kafka_protocol::messages::fetch_response::PartitionData;
-
-    use super::fetch_tests::Topics;
-
-    fn topic(id: Uuid, records: &[&'static [u8]]) -> FetchableTopicResponse {
-        let partitions = records
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                PartitionData::default()
-                    .with_partition_index(i as i32)
-                    .with_records(Some(Bytes::from_static(r)))
-            })
-            .collect();
-        FetchableTopicResponse::default()
-            .with_topic_id(id)
-            .with_partitions(partitions)
-    }
-
-    #[test]
-    fn records_of_a_still_unknown_topic_id_are_withheld() {
-        const KNOWN: Uuid = Uuid::from_u128(1);
-        const BOTH: [Uuid; 2] = [KNOWN, Uuid::from_u128(2)];
-        let (known, unknown) = (BOTH[0], BOTH[1]);
-        let mut resp = FetchResponse::default().with_responses(vec![
-            topic(known, &[b"abc"]),
-            topic(unknown, &[b"def", b""]),
-        ]);
-        assert!(withhold_unknown_topics(&Topics(&[KNOWN]), &mut resp));
-        let records = |t: usize, p: usize| resp.responses[t].partitions[p].records.clone();
-        assert_eq!(records(0, 0), Some(Bytes::from_static(b"abc")));
-        assert_eq!(records(1, 0), Some(Bytes::new()));
-        assert_eq!(records(1, 1), Some(Bytes::new()));
-        // Once the id is known nothing more is withheld.
-        let mut again = FetchResponse::default().with_responses(vec![topic(unknown, &[b"def"])]);
-        assert!(!withhold_unknown_topics(&Topics(&BOTH), &mut again));
-        assert_eq!(
-            again.responses[0].partitions[0].records.as_deref(),
-            Some(&b"def"[..])
-        );
-    }
-}
-
 mod divert;
 mod gate;
 mod holds;
@@ -539,6 +442,7 @@ mod judge;
 mod keys;
 mod parallel;
 mod patch;
+mod pipeline;
 pub mod share;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.

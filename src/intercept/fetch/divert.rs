@@ -13,20 +13,6 @@ use crate::plan::PartitionPlan;
 const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 
 impl FetchFilter {
-    /// Write every planned diversion; for each plan, the lowest offset whose
-    /// diversion did not succeed in time (`None` if all did).
-    pub(super) async fn divert_all(
-        &self,
-        plans: &[(usize, usize, PartitionPlan)],
-    ) -> Vec<Option<i64>> {
-        let plans: Vec<&PartitionPlan> = plans.iter().map(|(_, _, p)| p).collect();
-        self.divert(&plans)
-            .await
-            .into_iter()
-            .map(|failed| failed.first().copied())
-            .collect()
-    }
-
     /// Write every diversion of `plans`; for each plan, the offsets whose
     /// diversion did not succeed in time, in order (empty if all did).
     pub(crate) async fn divert(&self, plans: &[&PartitionPlan]) -> Vec<Vec<i64>> {

@@ -215,3 +215,60 @@ async fn a_clean_response_is_forwarded_unchanged() {
     assert!(out.is_none(), "forwarded as its original bytes");
     assert!(in_dlt(&mock).is_empty());
 }
+
+#[tokio::test]
+async fn records_of_a_still_unknown_topic_id_are_withheld() {
+    const KNOWN: Uuid = Uuid::from_u128(1);
+    const UNKNOWN: Uuid = Uuid::from_u128(2);
+    let mock = MockBroker::start().await;
+    let f = filter_on(&mock, Duration::from_secs(3)).await;
+    let batch = build_batch(
+        &[NewRecord {
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::from_static(br#"{"a":0}"#)),
+            headers: vec![],
+        }],
+        &BuildOptions::default(),
+    )
+    .expect("batch");
+    let topic = |id: Uuid, parts: usize| {
+        FetchableTopicResponse::default()
+            .with_topic_id(id)
+            .with_partitions(
+                (0..parts)
+                    .map(|i| {
+                        PartitionData::default()
+                            .with_partition_index(i as i32)
+                            .with_records(Some(batch.clone()))
+                    })
+                    .collect(),
+            )
+    };
+    const V13: i16 = 13;
+    let body = |resp: FetchResponse| {
+        let mut out = bytes::BytesMut::new();
+        resp.encode(&mut out, V13).expect("encode");
+        out.freeze()
+    };
+    let resp = FetchResponse::default().with_responses(vec![topic(KNOWN, 1), topic(UNKNOWN, 2)]);
+    let out = f
+        .filter(&Topics(&[KNOWN]), &mut Holds::default(), body(resp), V13, 0)
+        .await
+        .expect("filter")
+        .expect("the response changes");
+    let mut whole = bytes::BytesMut::new();
+    out.iter().for_each(|c| whole.extend_from_slice(c));
+    let got = FetchResponse::decode(&mut whole.freeze(), V13).expect("decode");
+    let records = |t: usize, p: usize| got.responses[t].partitions[p].records.clone();
+    assert_eq!(records(0, 0), Some(batch.clone()), "the known topic is judged");
+    assert_eq!(records(1, 0), Some(Bytes::new()));
+    assert_eq!(records(1, 1), Some(Bytes::new()));
+    // Once the id is known nothing more is withheld.
+    let resp = FetchResponse::default().with_responses(vec![topic(UNKNOWN, 1)]);
+    let out = f
+        .filter(&Topics(&[KNOWN, UNKNOWN]), &mut Holds::default(), body(resp), V13, 0)
+        .await
+        .expect("filter");
+    assert!(out.is_none(), "forwarded as it came");
+}

@@ -37,26 +37,21 @@
 //! the response's arrival, so that is where the deadline of the proxy's
 //! acknowledgements is taken, before any wait for a registry or a DLT.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::share_fetch_response::{AcquiredRecords, PartitionData};
 use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::Decodable;
-use uuid::Uuid;
 
-use super::gate::TopicGate;
-use super::parallel::PartitionJob;
+use super::pipeline::{span_of, Judgement, Kind, Named, PartView, TopicView};
 use super::{outcomes, report, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
-use crate::dlt_record::Diversion;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
 use crate::kafka::batch::{segments, Segment};
 use crate::metrics;
 use crate::plan::share::{self, Acquired, Span};
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::Class;
 
 /// One ShareFetch response's context on the request side.
 pub struct ShareCall<'a> {
@@ -66,6 +61,10 @@ pub struct ShareCall<'a> {
     pub book: &'a ShareAcks,
     /// The acknowledge type for records removed for good.
     pub removed_ack: i8,
+    /// The delivery count at which a record is the group's last delivery
+    /// (`share_groups.last_delivery`): while its topic's DLTs are not read
+    /// back, a valid record is given then rather than withheld.
+    pub last_delivery: i16,
 }
 
 /// One planned partition: where it is in the response, its plan, what the
@@ -79,14 +78,6 @@ struct Planned {
 
 /// A topic (partition `None`) or a partition withheld whole, and why.
 type Withheld = (usize, Option<usize>, &'static str);
-
-/// What `share_jobs` makes of a response.
-struct ShareJobs {
-    jobs: Vec<Arc<PartitionJob>>,
-    withheld: Vec<Withheld>,
-    /// Topics (indexes) judged while their DLTs are not read back yet.
-    unloaded: Vec<usize>,
-}
 
 /// What to do with one partition's acquired offsets.
 #[derive(Default)]
@@ -125,20 +116,22 @@ impl FetchFilter {
             .map_err(FilterError::Decode)?;
         let (mut changed, learned) = ctx.rewrite_share_endpoints(&mut resp);
         ctx.learn(learned).await;
-        let ids: Vec<Uuid> = resp.responses.iter().map(|t| t.topic_id).collect();
-        ctx.resolve_topic_ids(&ids).await;
-        let now = now_ms();
-        let ShareJobs {
-            jobs,
-            withheld,
-            unloaded,
-        } = self.share_jobs(ctx, &resp).await;
-        changed |= withhold(&mut resp, &withheld);
+        let kind = Kind {
+            per_key: false,
+            judge_unloaded: true,
+            deadline: None,
+        };
+        let judged = (self.judge_response(ctx, views(&resp), &kind, now_ms())).await?;
+        changed |= withhold(&mut resp, &judged.unjudged);
         let mut plans: Vec<Planned> = Vec::new();
-        for (at, mut plan) in self.judge(&jobs, now).await? {
+        for Judgement {
+            at,
+            mut plan,
+            unloaded,
+        } in judged.plans
+        {
             let acquired = acquired_of(&resp.responses[at.0].partitions[at.1].acquired_records);
-            let ledger_known = !unloaded.contains(&at.0);
-            let settle = self.sort_out(&mut plan, &acquired, ledger_known);
+            let settle = self.sort_out(&mut plan, &acquired, !unloaded, call.last_delivery);
             plans.push(Planned {
                 at,
                 plan,
@@ -235,82 +228,20 @@ impl FetchFilter {
         Ok(Some(out.done))
     }
 
-    /// One planning job per partition of a policy topic with records; the
-    /// topics and partitions withheld whole, with why.
-    async fn share_jobs<C: FetchContext>(&self, ctx: &C, resp: &ShareFetchResponse) -> ShareJobs {
-        let policies = self.policies();
-        let mut jobs = Vec::new();
-        let mut withheld = Vec::new();
-        let mut unloaded = Vec::new();
-        for (ti, topic) in resp.responses.iter().enumerate() {
-            let Some(name) = ctx.topic_name(&topic.topic_id) else {
-                withheld.push((ti, None, "unknown_topic"));
-                continue;
-            };
-            let policy = match self.topic_gate(&policies, &name).await {
-                TopicGate::Unpoliced => continue,
-                // Judged all the same: share groups promise no order, so
-                // the valid records need not wait for the ledger; the
-                // invalid ones do (`sort_out`).
-                TopicGate::Unloaded(policy) => {
-                    unloaded.push(ti);
-                    policy
-                }
-                TopicGate::Judge(policy) => policy,
-            };
-            let topic_name: Arc<str> = Arc::from(name.as_str());
-            self.observe_topic_id(
-                &topic_name,
-                topic.topic_id,
-                topic
-                    .partitions
-                    .iter()
-                    .map(|p| (p.error_code, p.records.as_ref())),
-            );
-            for (pi, p) in topic.partitions.iter().enumerate() {
-                let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
-                    continue;
-                };
-                if let Err(bad) = believable(&p.acquired_records, records) {
-                    tracing::warn!(topic = %name, partition = p.partition_index,
-                        ranges = p.acquired_records.len(), why = bad.as_str(),
-                        "share fetch: acquired ranges not believed: partition withheld");
-                    withheld.push((ti, Some(pi), "bad_ranges"));
-                    continue;
-                }
-                jobs.push(Arc::new(PartitionJob {
-                    at: (ti, pi),
-                    policy: policy.clone(),
-                    topic: topic_name.clone(),
-                    partition: p.partition_index,
-                    records: records.clone(),
-                    // The broker acquires only what the group's isolation
-                    // level lets it deliver; acquisition decides here.
-                    vis: Visibility::new(false, None),
-                    // Share groups promise no order: no key is blocked.
-                    gate: None,
-                    deadline: None,
-                }));
-            }
-        }
-        ShareJobs {
-            jobs,
-            withheld,
-            unloaded,
-        }
-    }
-
     /// Keep in `plan.diversions` what is to be written now: invalid records
-    /// the member acquired, not transient, not past an open breaker; the
+    /// the member acquired and that may be written now (`postpone`); the
     /// rest of its acquired offsets that cannot be decided now, withheld.
     /// Without `ledger_known` (the topic's DLTs not read back yet) nothing
-    /// is written: whether a record is in its DLT already cannot be told,
-    /// so every invalid record the member acquired is withheld.
+    /// is written or given: whether a record is in its DLT already cannot
+    /// be told, so every acquired offset is withheld, save valid records at
+    /// their last delivery (`last_delivery`: delivered rather than left for
+    /// the broker to archive).
     fn sort_out(
         &self,
         plan: &mut PartitionPlan,
         acquired: &[Acquired],
         ledger_known: bool,
+        last_delivery: i16,
     ) -> Settle {
         let mut settle = Settle {
             held_from: plan.held.as_ref().map(|h| h.offset),
@@ -321,29 +252,18 @@ impl FetchFilter {
             tracing::warn!(topic = %plan.topic, partition = plan.partition, offset = h.offset,
                 reason = %h.reason, "share fetch: batch cannot be judged: withheld from it on");
         }
-        plan.diversions.retain(|d| {
-            if !share::meets(acquired, span_of(d)) {
-                return false; // another member's: its fetch counts it
-            }
-            if d.invalid.class == Class::Transient {
-                settle.withheld.push((span_of(d), "transient"));
-                return false;
-            }
-            if !ledger_known {
-                settle.withheld.push((span_of(d), "not_loaded"));
-                return false;
-            }
-            true
-        });
-        if let Some(cut) = self.breaker_cut(plan) {
-            plan.diversions.retain(|d| {
-                let before = d.origin_offset < cut;
-                if !before {
-                    settle.withheld.push((span_of(d), "breaker"));
-                }
-                before
-            });
+        // Another member's invalid records: its fetch diverts them.
+        plan.diversions.retain(|d| share::meets(acquired, span_of(d)));
+        if !ledger_known {
+            let (last, earlier): (Vec<Acquired>, Vec<Acquired>) = (acquired.iter())
+                .partition(|a| a.delivery_count >= last_delivery);
+            let earlier: Vec<Span> = earlier.iter().map(|a| (a.first, a.last)).collect();
+            settle.withheld.extend(earlier.into_iter().map(|s| (s, "not_loaded")));
+            let invalid = plan.diversions.drain(..).map(|d| span_of(&d));
+            let invalid = share::within(&invalid.collect::<Vec<_>>(), &last);
+            settle.withheld.extend(invalid.into_iter().map(|s| (s, "not_loaded")));
         }
+        settle.withheld.extend(self.postpone(plan));
         settle
     }
 }
@@ -421,12 +341,6 @@ fn count_acquired(
     report(plan, share::count(&mine), given, invalid);
 }
 
-/// The offsets a diversion covers: its record, or its whole batch.
-fn span_of(d: &Diversion) -> Span {
-    let first = d.origin_offset;
-    (first, d.last_offset.unwrap_or(first).max(first))
-}
-
 /// Spans as acquired ranges (for `share::within`).
 fn to_acquired(spans: &[Span]) -> Vec<Acquired> {
     spans
@@ -435,6 +349,34 @@ fn to_acquired(spans: &[Span]) -> Vec<Acquired> {
             first,
             last,
             delivery_count: 0,
+        })
+        .collect()
+}
+
+/// A ShareFetch response's topics as the pipeline reads them: the
+/// broker acquires only what the group's isolation level lets it deliver
+/// (acquisition decides, not visibility), and a partition whose acquired
+/// ranges cannot be believed is not judged.
+fn views(resp: &ShareFetchResponse) -> Vec<TopicView<'_>> {
+    fn part(p: &PartitionData) -> PartView<'_> {
+        let records = p.records.as_ref().filter(|r| !r.is_empty());
+        let refused = records.and_then(|r| believable(&p.acquired_records, r).err());
+        if let Some(bad) = &refused {
+            tracing::warn!(partition = p.partition_index, ranges = p.acquired_records.len(),
+                why = bad.as_str(), "share fetch: acquired ranges not believed: partition withheld");
+        }
+        PartView {
+            index: p.partition_index,
+            error: p.error_code,
+            records: p.records.as_ref(),
+            vis: Visibility::new(false, None),
+            refused: refused.map(|_| "bad_ranges"),
+        }
+    }
+    (resp.responses.iter())
+        .map(|t| TopicView {
+            named: Named::Id(t.topic_id),
+            partitions: t.partitions.iter().map(part).collect(),
         })
         .collect()
 }

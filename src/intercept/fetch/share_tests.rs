@@ -72,13 +72,19 @@ fn corrupt(b: Bytes) -> Bytes {
 /// A ShareFetch v1 response of `records` (topic `t`, partition 0), the
 /// member having acquired `acquired`, locks of `lock_ms`.
 fn response_of(records: Bytes, acquired: &[(i64, i64)], lock_ms: i32) -> Bytes {
+    let first: Vec<_> = acquired.iter().map(|&(f, l)| (f, l, 1)).collect();
+    response_delivered(records, &first, lock_ms)
+}
+
+/// The same, each acquired range (first, last, delivery count).
+fn response_delivered(records: Bytes, acquired: &[(i64, i64, i16)], lock_ms: i32) -> Bytes {
     let acquired = acquired
         .iter()
-        .map(|&(f, l)| {
+        .map(|&(f, l, n)| {
             AcquiredRecords::default()
                 .with_first_offset(f)
                 .with_last_offset(l)
-                .with_delivery_count(1)
+                .with_delivery_count(n)
         })
         .collect();
     let resp = ShareFetchResponse::default()
@@ -128,6 +134,7 @@ async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
         session: Some(&s),
         book,
         removed_ack: REJECT,
+        last_delivery: 2,
     };
     f.filter_share(&BY_ID, body, VERSION, call)
         .await
@@ -221,6 +228,7 @@ async fn a_clean_share_fetch_response_goes_out_as_it_came_and_owes_nothing() {
         session: Some(&s),
         book: &book,
         removed_ack: REJECT,
+        last_delivery: 2,
     };
     let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#], &[(0, 1)]);
     let out = f
@@ -232,7 +240,8 @@ async fn a_clean_share_fetch_response_goes_out_as_it_came_and_owes_nothing() {
 }
 
 #[tokio::test]
-async fn while_its_dlt_cannot_be_read_back_valid_records_go_out_and_poison_is_withheld_unwritten() {
+async fn while_its_dlt_cannot_be_read_back_records_are_withheld_save_valid_ones_at_their_last_delivery(
+) {
     let mock = MockBroker::start().await;
     // The DLT holds a record and every Fetch of it fails: never read back.
     mock.add_topic("t.dlt", 1);
@@ -250,12 +259,17 @@ async fn while_its_dlt_cannot_be_read_back_valid_records_go_out_and_poison_is_wi
     mock.state().fail_fetches = usize::MAX;
     let f = filter_on(&mock, Duration::from_millis(300)).await;
     let book = ShareAcks::default();
-    let body = response(&[r#"{"a":0}"#, POISON, r#"{"a":2}"#], &[(0, 2)]);
+    let values = [r#"{"a":0}"#, POISON, r#"{"a":2}"#, POISON, r#"{"a":4}"#];
+    // 0..=1 delivered for the first time, 2..=4 for the last (`last_delivery` 2).
+    let body = response_delivered(batch(&values, 0), &[(0, 1, 1), (2, 4, 2)], 30_000);
     let out = run(&f, &book, body).await;
-    // Share groups promise no order: the valid records need not wait for
-    // the ledger. The poison cannot be written (is it in its DLT already?):
-    // withheld, no acknowledgement, its lock brings it back.
-    assert_eq!(seen(out), (vec![(0, 0), (2, 2)], vec![0, 2]));
+    // Any record might be in its DLT already (diverted before, replayed
+    // since): none is given while the ledger cannot tell, save valid ones
+    // the broker would archive next (then given rather than lost). The
+    // poison cannot be written: withheld, no acknowledgement. (A valid
+    // record's bytes may stay in the section: a share consumer gives only
+    // the acquired offsets.)
+    assert_eq!(seen(out), (vec![(2, 2), (4, 4)], vec![0, 2, 4]));
     assert_eq!(mock.records("t.dlt", 0).len(), 1, "nothing written");
     assert_eq!(book.waiting(), 0);
 }
@@ -397,6 +411,7 @@ async fn a_topic_entry_with_only_an_error_does_not_make_the_ledger_forget_the_to
         session: Some(&s),
         book: &book,
         removed_ack: REJECT,
+        last_delivery: 2,
     };
     f.filter_share(&BY_ID, body.freeze(), VERSION, call)
         .await
@@ -458,6 +473,7 @@ async fn a_member_is_counted_for_the_records_it_acquired_not_for_the_whole_batch
                 session: Some(&session()),
                 book: &book,
                 removed_ack: REJECT,
+                last_delivery: 2,
             },
         )
         .await

@@ -64,20 +64,6 @@ impl FetchFilter {
     }
 }
 
-/// Take the transient records out of `plan`'s diversions (they are never
-/// written), and every diversion at or after the first of them (nothing
-/// past a hold is acted on); the offset to hold the partition at.
-pub(super) fn take_transient(plan: &mut PartitionPlan) -> Option<i64> {
-    let from = plan
-        .diversions
-        .iter()
-        .filter(|d| d.invalid.class == Class::Transient)
-        .map(|d| d.origin_offset)
-        .min()?;
-    plan.diversions.retain(|d| d.origin_offset < from);
-    Some(from)
-}
-
 /// Where delivery stops: the lower of the first failed diversion and the
 /// first transient record; a transient hold is noted (`note_hold`).
 pub(super) fn hold_from(

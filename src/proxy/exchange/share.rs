@@ -55,6 +55,7 @@ async fn fetch(
         session: call.session.as_ref(),
         book: &cx.shared.share_acks,
         removed_ack: cx.shared.config.share_groups.removed_ack.ack_type(),
+        last_delivery: cx.shared.config.share_groups.last_delivery,
     };
     let filtered = cx
         .shared

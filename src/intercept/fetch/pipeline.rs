@@ -1,0 +1,227 @@
+//! One judging pipeline for every consumer kind: from a response's topics
+//! and partitions to plans whose diversions may be written now. Fetch
+//! (`fetch.rs`) and ShareFetch (`share.rs`) share every step here and
+//! differ only in delivery: by offset (holds, per-key blocks, splices) and
+//! by acquisition (acquired ranges, owed acknowledgements).
+//!
+//! The steps, in order: topic names (ids looked up), the topic gate
+//! (dead-letter topics and topics no policy covers pass as they came), the
+//! ledger (a topic whose DLTs are not read back yet is held whole, unless
+//! the kind settles it by acquisition), blocked keys current (per-key
+//! policies), topic ids observed (a recreated topic's ledger entries go),
+//! one planning job per partition with records, planning (on idle cores;
+//! transient verdicts tried again while the registry answers), and, per
+//! plan, postponing the diversions that may not be written now (transient
+//! verdicts, everything from an open breaker's cut on).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+use super::gate::TopicGate;
+use super::parallel::PartitionJob;
+use super::{FetchContext, FetchFilter, FilterError};
+use crate::dlt_record::Diversion;
+use crate::plan::share::Span;
+use crate::plan::{PartitionPlan, Visibility};
+use crate::policy::{Class, KeyOrdering};
+
+/// How a response names a topic.
+pub(super) enum Named<'r> {
+    /// Fetch v13+ and ShareFetch.
+    Id(Uuid),
+    /// Fetch before v13.
+    Name(&'r str),
+}
+
+/// One topic of a response, as the pipeline reads it.
+pub(super) struct TopicView<'r> {
+    pub named: Named<'r>,
+    pub partitions: Vec<PartView<'r>>,
+}
+
+/// One partition of a response, as the pipeline reads it.
+pub(super) struct PartView<'r> {
+    pub index: i32,
+    pub error: i16,
+    pub records: Option<&'r Bytes>,
+    pub vis: Visibility,
+    /// Why it may not be judged (a ShareFetch's acquired ranges not
+    /// believed): withheld whole.
+    pub refused: Option<&'static str>,
+}
+
+/// What differs between consumer kinds before delivery.
+pub(super) struct Kind {
+    /// Per-key policies park keys (Fetch; share groups promise no order).
+    pub per_key: bool,
+    /// A topic whose DLTs are not read back is judged, its outcome settled
+    /// by the delivery (ShareFetch), rather than held whole (Fetch).
+    pub judge_unloaded: bool,
+    /// When judging should stop (`limits.judge_deadline`, Fetch only).
+    pub deadline: Option<Instant>,
+}
+
+/// One judged partition.
+pub(super) struct Judgement {
+    /// (topic index, partition index) in the response.
+    pub at: (usize, usize),
+    pub plan: PartitionPlan,
+    /// Its topic's DLTs are not read back yet (only with `judge_unloaded`).
+    pub unloaded: bool,
+}
+
+/// What the pipeline makes of a response.
+pub(super) struct Judged {
+    pub plans: Vec<Judgement>,
+    /// Topics (partition `None`) and partitions not judged, and why; the
+    /// delivery withholds their records.
+    pub unjudged: Vec<(usize, Option<usize>, &'static str)>,
+}
+
+/// A diversion not to be written now, and why (`transient`, `breaker`).
+pub(super) type Postponed = (Span, &'static str);
+
+impl FetchFilter {
+    /// Judge the topics of a response (`views`) of `kind`.
+    pub(super) async fn judge_response<C: FetchContext>(
+        &self,
+        ctx: &C,
+        views: Vec<TopicView<'_>>,
+        kind: &Kind,
+        now: i64,
+    ) -> Result<Judged, FilterError> {
+        let ids: Vec<Uuid> = (views.iter())
+            .filter_map(|v| match v.named {
+                Named::Id(id) => Some(id),
+                Named::Name(_) => None,
+            })
+            .collect();
+        if !ids.is_empty() {
+            // Ids not seen yet are looked up (single-flight, negatively cached).
+            ctx.resolve_topic_ids(&ids).await;
+        }
+        let (jobs, unloaded, unjudged) = self.jobs(ctx, views, kind).await;
+        let plans = (self.judge(&jobs, now).await?.into_iter())
+            .map(|(at, plan)| Judgement {
+                at,
+                plan,
+                unloaded: unloaded.contains(&at.0),
+            })
+            .collect();
+        Ok(Judged { plans, unjudged })
+    }
+
+    /// One planning job per partition with records of a topic to judge;
+    /// the topics judged though not loaded; the topics and partitions not
+    /// judged, with why.
+    #[allow(clippy::type_complexity)]
+    async fn jobs<C: FetchContext>(
+        &self,
+        ctx: &C,
+        views: Vec<TopicView<'_>>,
+        kind: &Kind,
+    ) -> (
+        Vec<Arc<PartitionJob>>,
+        Vec<usize>,
+        Vec<(usize, Option<usize>, &'static str)>,
+    ) {
+        let policies = self.policies();
+        let (mut jobs, mut unloaded, mut unjudged) = (Vec::new(), Vec::new(), Vec::new());
+        for (ti, view) in views.into_iter().enumerate() {
+            let name = match view.named {
+                Named::Id(id) => ctx.topic_name(&id),
+                Named::Name(name) => Some(name.to_string()),
+            };
+            let Some(name) = name else {
+                // A policy might cover it: nothing goes out unjudged.
+                unjudged.push((ti, None, "unknown_topic"));
+                continue;
+            };
+            let policy = match self.topic_gate(&policies, &name).await {
+                TopicGate::Unpoliced => continue,
+                TopicGate::Unloaded(policy) if kind.judge_unloaded => {
+                    unloaded.push(ti);
+                    policy
+                }
+                TopicGate::Unloaded(_) => {
+                    unjudged.push((ti, None, "not_loaded"));
+                    continue;
+                }
+                TopicGate::Judge(policy) => policy,
+            };
+            let per_key = kind.per_key && policy.ordering == KeyOrdering::PerKey;
+            if per_key && !self.keys_current(policy, &name).await {
+                unjudged.push((ti, None, "not_loaded"));
+                continue;
+            }
+            let topic: Arc<str> = Arc::from(name.as_str());
+            if let Named::Id(id) = view.named {
+                // A new id for a known name: the topic was recreated.
+                let parts = view.partitions.iter().map(|p| (p.error, p.records));
+                self.observe_topic_id(&topic, id, parts);
+            }
+            for (pi, p) in view.partitions.into_iter().enumerate() {
+                let Some(records) = p.records.filter(|r| !r.is_empty()) else {
+                    continue;
+                };
+                if let Some(why) = p.refused {
+                    unjudged.push((ti, Some(pi), why));
+                    continue;
+                }
+                jobs.push(Arc::new(PartitionJob {
+                    at: (ti, pi),
+                    policy: policy.clone(),
+                    topic: topic.clone(),
+                    partition: p.index,
+                    records: records.clone(),
+                    vis: p.vis,
+                    gate: per_key.then(|| self.blocked.gate(&name, p.index)),
+                    deadline: kind.deadline,
+                }));
+            }
+        }
+        (jobs, unloaded, unjudged)
+    }
+
+    /// Whether the blocked keys of `policy`'s DLTs are read back and kept
+    /// current (waiting up to the DLT timeout): a key another instance
+    /// blocked is known only once read from its DLT.
+    async fn keys_current(&self, policy: &crate::policy::Policy, name: &str) -> bool {
+        let dlts = crate::dlt::blocked::dlts_of(policy, name);
+        self.blocked.is_current_for(&dlts) || self.blocked.wait_current_for(&dlts, self.timeout).await
+    }
+
+    /// Take out of `plan.diversions` what may not be written now: each
+    /// transient verdict (the registry did not answer), and everything
+    /// from where an open (or now tripping) breaker cuts. Sorted by offset.
+    pub(super) fn postpone(&self, plan: &mut PartitionPlan) -> Vec<Postponed> {
+        let mut postponed = Vec::new();
+        plan.diversions.retain(|d| {
+            let transient = d.invalid.class == Class::Transient;
+            if transient {
+                postponed.push((span_of(d), "transient"));
+            }
+            !transient
+        });
+        if let Some(cut) = self.breaker_cut(plan) {
+            plan.diversions.retain(|d| {
+                let before = d.origin_offset < cut;
+                if !before {
+                    postponed.push((span_of(d), "breaker"));
+                }
+                before
+            });
+        }
+        postponed.sort_unstable();
+        postponed
+    }
+}
+
+/// The offsets a diversion covers: its record, or its whole batch.
+pub(super) fn span_of(d: &Diversion) -> Span {
+    let first = d.origin_offset;
+    (first, d.last_offset.unwrap_or(first).max(first))
+}
