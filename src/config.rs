@@ -523,9 +523,11 @@ impl Config {
             );
         }
         if !(1..=10).contains(&self.share_groups.last_delivery) {
-            return Err("share_groups.last_delivery: must be from 1 to 10 (a group's \
+            return Err(
+                "share_groups.last_delivery: must be from 1 to 10 (a group's \
                  share.delivery.count.limit is 2 to 10; 1: never withhold a valid record)"
-                .into());
+                    .into(),
+            );
         }
         if self.limits.max_frame_bytes < 1024 {
             return Err("limits.max_frame_bytes: must be at least 1024".into());

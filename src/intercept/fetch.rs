@@ -444,6 +444,7 @@ mod parallel;
 mod patch;
 mod pipeline;
 pub mod share;
+mod share_patch;
 
 // FetchFilter::filter end to end against a dead-letter writer on the mock broker.
 #[cfg(test)]

@@ -261,13 +261,23 @@ async fn records_of_a_still_unknown_topic_id_are_withheld() {
     out.iter().for_each(|c| whole.extend_from_slice(c));
     let got = FetchResponse::decode(&mut whole.freeze(), V13).expect("decode");
     let records = |t: usize, p: usize| got.responses[t].partitions[p].records.clone();
-    assert_eq!(records(0, 0), Some(batch.clone()), "the known topic is judged");
+    assert_eq!(
+        records(0, 0),
+        Some(batch.clone()),
+        "the known topic is judged"
+    );
     assert_eq!(records(1, 0), Some(Bytes::new()));
     assert_eq!(records(1, 1), Some(Bytes::new()));
     // Once the id is known nothing more is withheld.
     let resp = FetchResponse::default().with_responses(vec![topic(UNKNOWN, 1)]);
     let out = f
-        .filter(&Topics(&[KNOWN, UNKNOWN]), &mut Holds::default(), body(resp), V13, 0)
+        .filter(
+            &Topics(&[KNOWN, UNKNOWN]),
+            &mut Holds::default(),
+            body(resp),
+            V13,
+            0,
+        )
         .await
         .expect("filter");
     assert!(out.is_none(), "forwarded as it came");

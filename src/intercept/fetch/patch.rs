@@ -88,22 +88,41 @@ pub(super) fn patch(
             }
         }
     }
+    let mut spliced = Vec::with_capacity(edits.len());
+    for (range, chunks) in edits {
+        let old = length_prefix(range.len(), flexible)?;
+        let at = range.start.checked_sub(old.len())?;
+        if body.get(at..range.start)? != &old[..] {
+            return None;
+        }
+        let mut new = Vec::with_capacity(chunks.len() + 1);
+        new.push(length_prefix(
+            chunks.iter().map(Bytes::len).sum(),
+            flexible,
+        )?);
+        new.extend(chunks);
+        spliced.push((at..range.end, new));
+    }
+    assemble(body, spliced)
+}
+
+/// The body with each range of `edits` (disjoint) replaced by its chunks;
+/// empty chunks are left out, the rest of the body stays slices of it.
+/// `None` if two ranges overlap or one lies outside the body.
+pub(super) fn assemble(
+    body: &Bytes,
+    mut edits: Vec<(Range<usize>, Vec<Bytes>)>,
+) -> Option<Vec<Bytes>> {
     edits.sort_by_key(|(range, _)| range.start);
     let mut out = Vec::with_capacity(edits.len() * 4 + 1);
     let mut cursor = 0;
     for (range, chunks) in edits {
-        let old = length_prefix(range.len(), flexible)?;
-        let at = range.start.checked_sub(old.len())?;
-        if at < cursor || body.get(at..range.start)? != &old[..] {
+        if range.start < cursor || range.end > body.len() {
             return None;
         }
-        if at > cursor {
-            out.push(body.slice(cursor..at));
+        if range.start > cursor {
+            out.push(body.slice(cursor..range.start));
         }
-        out.push(length_prefix(
-            chunks.iter().map(Bytes::len).sum(),
-            flexible,
-        )?);
         out.extend(chunks.into_iter().filter(|c| !c.is_empty()));
         cursor = range.end;
     }
@@ -115,7 +134,7 @@ pub(super) fn patch(
 
 /// A records section's length prefix: compact (unsigned varint of length
 /// + 1) in flexible versions (Fetch v12+), else a 32-bit length.
-fn length_prefix(len: usize, flexible: bool) -> Option<Bytes> {
+pub(super) fn length_prefix(len: usize, flexible: bool) -> Option<Bytes> {
     let mut b = BytesMut::with_capacity(5);
     if flexible {
         let mut v = len as u64 + 1;
@@ -130,38 +149,67 @@ fn length_prefix(len: usize, flexible: bool) -> Option<Bytes> {
     Some(b.freeze())
 }
 
+/// A response that can be written as its body patched (`Fresh`).
+pub(super) trait Patchable: Encodable + Decodable + PartialEq + std::fmt::Debug {
+    /// Where its changeable fields lie in the body.
+    type Sections;
+    /// The body with the changes made to `self` (and the `replaced`
+    /// records) patched in; `None` when this cannot be done exactly.
+    fn patch(
+        &self,
+        body: &Bytes,
+        version: i16,
+        sections: &Self::Sections,
+        replaced: &[((usize, usize), Vec<Bytes>)],
+    ) -> Option<Vec<Bytes>>;
+    /// Set the records of partition `at` (topic, partition index).
+    fn set_records(&mut self, at: (usize, usize), records: Bytes);
+}
+
+impl Patchable for FetchResponse {
+    type Sections = Sections;
+    fn patch(
+        &self,
+        body: &Bytes,
+        version: i16,
+        sections: &Sections,
+        replaced: &[((usize, usize), Vec<Bytes>)],
+    ) -> Option<Vec<Bytes>> {
+        patch(body, version, sections, self, replaced)
+    }
+    fn set_records(&mut self, (ti, pi): (usize, usize), records: Bytes) {
+        if let Some(p) = (self.responses.get_mut(ti)).and_then(|t| t.partitions.get_mut(pi)) {
+            p.records = Some(records);
+        }
+    }
+}
+
 /// What the new body is made from: the body as it arrived, its version,
-/// where its records sections were, and whether broker endpoints in it
+/// where its changeable fields were, and whether broker endpoints in it
 /// were rewritten (then only the full encoder can write it).
-pub(super) struct Fresh<'a> {
+pub(super) struct Fresh<'a, S> {
     pub(super) body: &'a Bytes,
     pub(super) version: i16,
-    pub(super) sections: &'a Sections,
+    pub(super) sections: &'a S,
     pub(super) endpoints: bool,
 }
 
-impl Fresh<'_> {
+impl<S> Fresh<'_, S> {
     /// The new body, `replaced` giving the rebuilt partitions' sections:
     /// patched into the original bytes when it can be, else encoded.
-    pub(super) fn body(
+    pub(super) fn body<R: Patchable<Sections = S>>(
         &self,
-        resp: &mut FetchResponse,
+        resp: &mut R,
         replaced: Vec<((usize, usize), Vec<Bytes>)>,
     ) -> Result<Vec<Bytes>, FilterError> {
         let patched = (!self.endpoints)
-            .then(|| patch(self.body, self.version, self.sections, resp, &replaced))
+            .then(|| resp.patch(self.body, self.version, self.sections, &replaced))
             .flatten();
         if patched.is_some() && !cfg!(debug_assertions) {
             return Ok(patched.unwrap_or_default());
         }
-        for ((ti, pi), chunks) in replaced {
-            if let Some(p) = resp
-                .responses
-                .get_mut(ti)
-                .and_then(|t| t.partitions.get_mut(pi))
-            {
-                p.records = Some(concat(&chunks));
-            }
+        for (at, chunks) in replaced {
+            resp.set_records(at, concat(&chunks));
         }
         if let Some(chunks) = patched {
             // Debug builds (every test) check that the patch decodes to the
@@ -169,18 +217,19 @@ impl Fresh<'_> {
             // the encoder normalises: it drops an empty tagged field the
             // patch keeps as the broker sent it), then send the patch, so
             // the chunked write is what they test.
-            let again = FetchResponse::decode(&mut concat(&chunks), self.version);
+            let again = R::decode(&mut concat(&chunks), self.version);
             assert!(
                 again.as_ref().is_ok_and(|again| again == resp),
-                "patched Fetch response decodes to {again:?}, not {resp:?}"
+                "patched response decodes to {again:?}, not {resp:?}"
             );
             return Ok(chunks);
         }
-        Ok(vec![encode(resp, self.version)?.freeze()])
+        let encoded = crate::transport::frame::encode(resp, self.version);
+        Ok(vec![encoded.map_err(FilterError::Encode)?.freeze()])
     }
 }
 
-fn concat(chunks: &[Bytes]) -> Bytes {
+pub(super) fn concat(chunks: &[Bytes]) -> Bytes {
     if let [one] = chunks {
         return one.clone();
     }
@@ -189,14 +238,6 @@ fn concat(chunks: &[Bytes]) -> Bytes {
         out.extend_from_slice(c);
     }
     out.freeze()
-}
-
-fn encode(resp: &FetchResponse, version: i16) -> Result<BytesMut, FilterError> {
-    let size = resp.compute_size(version).map_err(FilterError::Encode)?;
-    let mut out = BytesMut::with_capacity(size);
-    resp.encode(&mut out, version)
-        .map_err(FilterError::Encode)?;
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -191,7 +191,8 @@ impl FetchFilter {
     /// blocked is known only once read from its DLT.
     async fn keys_current(&self, policy: &crate::policy::Policy, name: &str) -> bool {
         let dlts = crate::dlt::blocked::dlts_of(policy, name);
-        self.blocked.is_current_for(&dlts) || self.blocked.wait_current_for(&dlts, self.timeout).await
+        self.blocked.is_current_for(&dlts)
+            || self.blocked.wait_current_for(&dlts, self.timeout).await
     }
 
     /// Take out of `plan.diversions` what may not be written now: each

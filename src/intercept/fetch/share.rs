@@ -29,22 +29,25 @@
 //! otherwise the partition is withheld whole and counted (`bad_ranges`).
 //!
 //! Topics whose id is not known yet are withheld whole the same way. A
-//! topic whose DLTs are not read back yet is judged all the same: its
-//! valid records are delivered, its invalid ones withheld (whether one is
-//! in its DLT already cannot be told yet, so none is written). A response
-//! nothing changes goes out as it came; one that changes is decoded and
-//! encoded again whole (records included). The acquisition locks run from
+//! topic whose DLTs are not read back yet is judged all the same, but
+//! nothing of it is written or given (any record might be in its DLT
+//! already), save valid records at their last delivery (`sort_out`). A
+//! response nothing changes goes out as it came; one that changes is
+//! written as the broker's bytes with the changed partitions' records and
+//! acquired ranges patched in (`share_patch`). The acquisition locks run from
 //! the response's arrival, so that is where the deadline of the proxy's
 //! acknowledgements is taken, before any wait for a registry or a DLT.
 
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::share_fetch_response::{AcquiredRecords, PartitionData};
 use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::Decodable;
 
+use super::patch::Fresh;
 use super::pipeline::{span_of, Judgement, Kind, Named, PartView, TopicView};
+use super::share_patch::ShareSections;
 use super::{outcomes, report, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
@@ -108,14 +111,25 @@ impl FetchFilter {
         body: Bytes,
         version: i16,
         call: ShareCall<'_>,
-    ) -> Result<Option<Bytes>, FilterError> {
+    ) -> Result<Option<Vec<Bytes>>, FilterError> {
         // The locks run from the broker's answer: count from its arrival,
         // not from the end of the waits below.
         let arrived = Instant::now();
-        let mut resp = timed(|| ShareFetchResponse::decode(&mut body.clone(), version))
-            .map_err(FilterError::Decode)?;
-        let (mut changed, learned) = ctx.rewrite_share_endpoints(&mut resp);
+        let (mut resp, sections) = timed(|| -> Result<_, FilterError> {
+            let resp = ShareFetchResponse::decode(&mut body.clone(), version)
+                .map_err(FilterError::Decode)?;
+            let sections = ShareSections::of(&body, &resp);
+            Ok((resp, sections))
+        })?;
+        let (endpoints, learned) = ctx.rewrite_share_endpoints(&mut resp);
+        let mut changed = endpoints;
         ctx.learn(learned).await;
+        let fresh = Fresh {
+            body: &body,
+            version,
+            sections: &sections,
+            endpoints,
+        };
         let kind = Kind {
             per_key: false,
             judge_unloaded: true,
@@ -140,22 +154,28 @@ impl FetchFilter {
             });
         }
         if plans.is_empty() {
-            return timed(|| changed.then(|| encode(&resp, version)).transpose());
+            return timed(|| {
+                changed
+                    .then(|| fresh.body(&mut resp, Vec::new()))
+                    .transpose()
+            });
         }
         let failed = {
             let refs: Vec<&PartitionPlan> = plans.iter().map(|p| &p.plan).collect();
             self.divert(&refs).await
         };
         let expires = lock_deadline(arrived, resp.acquisition_lock_timeout_ms);
-        let mut owed = Vec::new();
+        let (mut owed, mut replaced) = (Vec::new(), Vec::new());
         timed(|| -> Result<_, FilterError> {
             for (planned, failed) in plans.into_iter().zip(failed) {
-                let topic_id = resp.responses[planned.at.0].topic_id;
-                let p = &mut resp.responses[planned.at.0].partitions[planned.at.1];
-                let Some(done) = self.deliver(planned, &failed, p)? else {
+                let at = planned.at;
+                let topic_id = resp.responses[at.0].topic_id;
+                let p = &mut resp.responses[at.0].partitions[at.1];
+                let Some((done, chunks)) = self.deliver(planned, &failed, p)? else {
                     continue; // a clean partition: its bytes and ranges as they came
                 };
                 changed = true;
+                replaced.push((at, chunks));
                 owed.extend(done.into_iter().map(|span| Owed {
                     topic_id,
                     partition: p.partition_index,
@@ -170,19 +190,20 @@ impl FetchFilter {
             let dropped = call.book.owe(session, owed);
             metrics::global().share.acks("overflow", dropped);
         }
-        timed(|| changed.then(|| encode(&resp, version)).transpose())
+        timed(|| changed.then(|| fresh.body(&mut resp, replaced)).transpose())
     }
 
     /// Settle one planned partition once its diversions are written
     /// (`failed`: those not acknowledged in time): its records rebuilt, its
     /// acquired ranges without what the proxy removed, counted. The ranges
-    /// the proxy acknowledges, or `None` if nothing changes.
+    /// the proxy acknowledges and the new records section's chunks, or
+    /// `None` if nothing changes.
     fn deliver(
         &self,
         planned: Planned,
         failed: &[i64],
         p: &mut PartitionData,
-    ) -> Result<Option<Vec<Span>>, FilterError> {
+    ) -> Result<Option<(Vec<Span>, Vec<Bytes>)>, FilterError> {
         let Planned {
             mut plan,
             acquired,
@@ -224,8 +245,7 @@ impl FetchFilter {
         }
         let chunks = plan.apply_chunks(None)?;
         p.acquired_records = to_wire(&left);
-        p.records = Some(join(chunks));
-        Ok(Some(out.done))
+        Ok(Some((out.done, chunks)))
     }
 
     /// Keep in `plan.diversions` what is to be written now: invalid records
@@ -253,15 +273,20 @@ impl FetchFilter {
                 reason = %h.reason, "share fetch: batch cannot be judged: withheld from it on");
         }
         // Another member's invalid records: its fetch diverts them.
-        plan.diversions.retain(|d| share::meets(acquired, span_of(d)));
+        plan.diversions
+            .retain(|d| share::meets(acquired, span_of(d)));
         if !ledger_known {
-            let (last, earlier): (Vec<Acquired>, Vec<Acquired>) = (acquired.iter())
-                .partition(|a| a.delivery_count >= last_delivery);
+            let (last, earlier): (Vec<Acquired>, Vec<Acquired>) =
+                (acquired.iter()).partition(|a| a.delivery_count >= last_delivery);
             let earlier: Vec<Span> = earlier.iter().map(|a| (a.first, a.last)).collect();
-            settle.withheld.extend(earlier.into_iter().map(|s| (s, "not_loaded")));
+            settle
+                .withheld
+                .extend(earlier.into_iter().map(|s| (s, "not_loaded")));
             let invalid = plan.diversions.drain(..).map(|d| span_of(&d));
             let invalid = share::within(&invalid.collect::<Vec<_>>(), &last);
-            settle.withheld.extend(invalid.into_iter().map(|s| (s, "not_loaded")));
+            settle
+                .withheld
+                .extend(invalid.into_iter().map(|s| (s, "not_loaded")));
         }
         settle.withheld.extend(self.postpone(plan));
         settle
@@ -362,8 +387,12 @@ fn views(resp: &ShareFetchResponse) -> Vec<TopicView<'_>> {
         let records = p.records.as_ref().filter(|r| !r.is_empty());
         let refused = records.and_then(|r| believable(&p.acquired_records, r).err());
         if let Some(bad) = &refused {
-            tracing::warn!(partition = p.partition_index, ranges = p.acquired_records.len(),
-                why = bad.as_str(), "share fetch: acquired ranges not believed: partition withheld");
+            tracing::warn!(
+                partition = p.partition_index,
+                ranges = p.acquired_records.len(),
+                why = bad.as_str(),
+                "share fetch: acquired ranges not believed: partition withheld"
+            );
         }
         PartView {
             index: p.partition_index,
@@ -450,20 +479,4 @@ fn acquired_count(wire: &[AcquiredRecords]) -> u64 {
         .map(|a| (a.first_offset, a.last_offset))
         .collect();
     share::count(&spans)
-}
-
-fn join(chunks: Vec<Bytes>) -> Bytes {
-    if let [one] = &chunks[..] {
-        return one.clone();
-    }
-    let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-    for c in &chunks {
-        out.extend_from_slice(c);
-    }
-    out.freeze()
-}
-
-fn encode(resp: &ShareFetchResponse, version: i16) -> Result<Bytes, FilterError> {
-    let out = crate::transport::frame::encode(resp, version).map_err(FilterError::Encode)?;
-    Ok(out.freeze())
 }

@@ -136,10 +136,10 @@ async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
         removed_ack: REJECT,
         last_delivery: 2,
     };
-    f.filter_share(&BY_ID, body, VERSION, call)
-        .await
+    let chunks = (f.filter_share(&BY_ID, body, VERSION, call).await)
         .expect("filter")
-        .expect("the response changes")
+        .expect("the response changes");
+    super::patch::concat(&chunks)
 }
 
 #[tokio::test]

@@ -23,25 +23,27 @@ pub(super) async fn respond(
     frame: Bytes,
 ) -> Result<ResponseFrame, RelayError> {
     let answer = Answer::of(frame, call.key, version)?;
-    let body = match call.key {
-        kafka_protocol::messages::ApiKey::ShareFetch => {
-            let started = std::time::Instant::now();
-            let body = fetch(&cx, call, version, answer.body()).await?;
-            crate::metrics::global().fetch_rewrite_latency(started.elapsed());
-            body
-        }
-        _ => acknowledge(&cx, call, version, answer.body()).await?,
-    };
-    Ok(answer.with(body))
+    if call.key != kafka_protocol::messages::ApiKey::ShareFetch {
+        let body = acknowledge(&cx, call, version, answer.body()).await?;
+        return Ok(answer.with(body));
+    }
+    let started = std::time::Instant::now();
+    let body = fetch(&cx, call, version, answer.body()).await?;
+    crate::metrics::global().fetch_rewrite_latency(started.elapsed());
+    Ok(match body {
+        Some(chunks) => ResponseFrame::chunks(answer.header(), chunks),
+        None => answer.with(None),
+    })
 }
 
-/// A ShareFetch answer, settled and judged; `None`: forward as it came.
+/// A ShareFetch answer, settled and judged, as chunks; `None`: forward as
+/// it came.
 async fn fetch(
     cx: &Cx<'_>,
     call: &ShareCall,
     version: i16,
     body: Bytes,
-) -> Result<Option<Bytes>, RelayError> {
+) -> Result<Option<Vec<Bytes>>, RelayError> {
     let settled = if call.proxy_only.is_empty() {
         body
     } else {
@@ -63,7 +65,7 @@ async fn fetch(
         .filter_share(cx.shared, settled.clone(), version, judging)
         .await?;
     // Settled but not filtered: the settled body still goes out.
-    Ok(filtered.or_else(|| (!call.proxy_only.is_empty()).then_some(settled)))
+    Ok(filtered.or_else(|| (!call.proxy_only.is_empty()).then(|| vec![settled])))
 }
 
 /// A ShareAcknowledge answer, settled, its NodeEndpoints rewritten.
