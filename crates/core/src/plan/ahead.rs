@@ -19,7 +19,8 @@
 
 use std::ops::Range;
 
-use super::planner::{decode_within, Env, PartitionInput};
+use super::budget::decode_within;
+use super::planner::{Env, PartitionInput};
 use crate::kafka::batch::{self, Segment};
 use crate::kafka::compression::Compression;
 

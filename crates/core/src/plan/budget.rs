@@ -16,6 +16,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::HoldReason;
+use crate::kafka::batch::{Batch, BatchError, DecodedBatch};
+use crate::kafka::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
+
 /// Decompressed bytes shared by all in-flight Fetch rewrites.
 #[derive(Debug)]
 pub struct DecodeBudget {
@@ -134,5 +138,59 @@ mod tests {
         assert!(b.try_reserve(90).is_some());
         r.shrink_to(50); // never grows
         assert_eq!(r.bytes(), 10);
+    }
+}
+
+/// Decompressed bytes first reserved for a compressed batch, as a multiple
+/// of its compressed size; one that expands further is decoded again under
+/// the per-batch cap.
+const EXPANSION_GUESS: usize = 32;
+
+/// Bytes first reserved for the index of an uncompressed batch (whose
+/// records are a slice of the response), as a multiple of its size: 4
+/// bytes where each record starts, and a record takes at least 7.
+const INDEX_GUESS: usize = 1;
+
+/// Open `batch`, holding what decoding allocates (decompressed bytes and
+/// where each record starts) against `budget`: the decoder is limited to
+/// the bytes reserved, so it can never allocate past them. Its records
+/// are checked as they are first read (judged, or `DecodedBatch::check`).
+/// The header list of the record being read is not counted: one at a
+/// time, at most 16 times that record's bytes.
+pub(crate) fn decode_within(
+    batch: &Batch,
+    budget: &Arc<DecodeBudget>,
+) -> Result<(DecodedBatch, Option<Reservation>), HoldReason> {
+    let undecodable = |e: BatchError| HoldReason::Undecodable(e.to_string());
+    let uncompressed =
+        batch.compression() == Some(Compression::None) || batch.compression().is_none();
+    // An uncompressed batch's index may need more than the decompression
+    // cap (a batch of records of a few bytes larger than 112 MiB): up to
+    // the whole decode budget, so that only an index larger than the
+    // budget makes a batch undecodable.
+    let cap = if uncompressed {
+        DEFAULT_MAX_DECOMPRESSED.max(budget.limit())
+    } else {
+        DEFAULT_MAX_DECOMPRESSED
+    };
+    let factor = if uncompressed {
+        INDEX_GUESS
+    } else {
+        EXPANSION_GUESS
+    };
+    let floor = if uncompressed { 64 << 10 } else { 1 << 20 };
+    let guess = batch.bytes().len().saturating_mul(factor).clamp(floor, cap);
+    let mut limit = guess;
+    loop {
+        let mut memory = budget.try_reserve(limit).ok_or(HoldReason::Budget)?;
+        // Opened only: judging reads (and so checks) its records.
+        match batch.open_with_limit(limit) {
+            Ok(d) => {
+                memory.shrink_to(d.memory());
+                return Ok((d, Some(memory)));
+            }
+            Err(BatchError::TooLarge { .. }) if limit < cap => limit = cap,
+            Err(e) => return Err(undecodable(e)),
+        }
     }
 }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::budget::DecodeBudget;
-use super::planner::decode_within;
+use super::budget::decode_within;
 use super::HoldReason;
 use crate::kafka::batch::{self, Segment};
 use crate::policy::{Class, Invalid, Policy, Verdict};
