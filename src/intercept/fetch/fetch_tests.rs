@@ -38,6 +38,24 @@ impl FetchContext for Topics {
 
 const BY_NAME: Topics = Topics(&[]);
 
+/// One batch of `values` at `base`.
+pub(super) fn batch(values: &[&str], base: i64) -> Bytes {
+    let records: Vec<NewRecord> = values
+        .iter()
+        .map(|v| NewRecord {
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            headers: vec![],
+        })
+        .collect();
+    let batch = build_batch(&records, &BuildOptions::default()).expect("batch");
+    let mut batch = batch.to_vec();
+    batch[..8].copy_from_slice(&base.to_be_bytes()); // baseOffset: not under the CRC
+    Bytes::from(batch)
+}
+
+
 const VERSION: i16 = 12;
 pub(super) const POISON: &str = "not json";
 
@@ -81,16 +99,7 @@ pub(super) async fn filter_with(mock: &MockBroker, timeout: Duration, extra: &st
 
 /// A Fetch v12 response body: topic `t`, partition 0, one batch at offset 0.
 fn response(values: &[&str]) -> Bytes {
-    let records: Vec<NewRecord> = values
-        .iter()
-        .map(|v| NewRecord {
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::copy_from_slice(v.as_bytes())),
-            headers: vec![],
-        })
-        .collect();
-    let batch = build_batch(&records, &BuildOptions::default()).expect("batch");
+    let batch = batch(values, 0);
     let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
         .with_topic(TopicName(StrBytes::from_static_str("t")))
         .with_partitions(vec![PartitionData::default()
@@ -222,16 +231,7 @@ async fn records_of_a_still_unknown_topic_id_are_withheld() {
     const UNKNOWN: Uuid = Uuid::from_u128(2);
     let mock = MockBroker::start().await;
     let f = filter_on(&mock, Duration::from_secs(3)).await;
-    let batch = build_batch(
-        &[NewRecord {
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::from_static(br#"{"a":0}"#)),
-            headers: vec![],
-        }],
-        &BuildOptions::default(),
-    )
-    .expect("batch");
+    let batch = batch(&[r#"{"a":0}"#], 0);
     let topic = |id: Uuid, parts: usize| {
         FetchableTopicResponse::default()
             .with_topic_id(id)

@@ -182,6 +182,7 @@ mod tests {
     use kafka_protocol::protocol::{Decodable, Encodable};
 
     use super::*;
+    use super::super::patch::concat;
 
     fn response(version: i16) -> Bytes {
         let ranges = |f: i64, l: i64| {
@@ -212,10 +213,6 @@ mod tests {
         out.freeze()
     }
 
-    fn concat(chunks: &[Bytes]) -> Vec<u8> {
-        chunks.iter().flat_map(|c| c.iter().copied()).collect()
-    }
-
     /// Rebuilt, withheld and narrowed partitions patch into exactly what
     /// the encoder writes; kept bytes stay the broker's.
     #[test]
@@ -244,10 +241,10 @@ mod tests {
             withheld.acquired_records.clear();
             resp.responses[1].partitions[0].acquired_records.truncate(1);
             let chunks = patch_share(&body, &sections, &resp, &replaced).expect("patchable");
-            resp.responses[0].partitions[0].records = Some(Bytes::from(concat(&replaced[0].1)));
+            resp.responses[0].partitions[0].records = Some(concat(&replaced[0].1));
             let mut full = BytesMut::new();
             resp.encode(&mut full, version).expect("encode");
-            assert_eq!(concat(&chunks), full.to_vec(), "version {version}");
+            assert_eq!(concat(&chunks).to_vec(), full.to_vec(), "version {version}");
             assert!(chunks.iter().any(|c| c.as_ptr() == first.as_ptr()));
         }
     }
@@ -259,7 +256,7 @@ mod tests {
         let resp = ShareFetchResponse::decode(&mut body.clone(), 1).expect("decode");
         let sections = ShareSections::of(&body, &resp);
         let chunks = patch_share(&body, &sections, &resp, &[]).expect("patchable");
-        assert_eq!(concat(&chunks), body.to_vec());
+        assert_eq!(concat(&chunks), body);
     }
 
     /// Ranges where the body had no records section: the encoder's work.

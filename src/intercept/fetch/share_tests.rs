@@ -12,7 +12,7 @@ use kafka_protocol::messages::ShareFetchResponse;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use uuid::Uuid;
 
-use super::fetch_tests::{filter_on, filter_with, in_dlt, Topics, POISON};
+use super::fetch_tests::{batch, filter_on, filter_with, in_dlt, Topics, POISON};
 use super::share::ShareCall;
 use super::*;
 use crate::client::mock_broker::MockBroker;
@@ -43,22 +43,6 @@ fn response(values: &[&str], acquired: &[(i64, i64)]) -> Bytes {
     response_of(batch(values, 0), acquired, 30_000)
 }
 
-/// One batch of `values` at `base`.
-fn batch(values: &[&str], base: i64) -> Bytes {
-    let records: Vec<NewRecord> = values
-        .iter()
-        .map(|v| NewRecord {
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::copy_from_slice(v.as_bytes())),
-            headers: vec![],
-        })
-        .collect();
-    let batch = build_batch(&records, &BuildOptions::default()).expect("batch");
-    let mut batch = batch.to_vec();
-    batch[..8].copy_from_slice(&base.to_be_bytes()); // baseOffset: not under the CRC
-    Bytes::from(batch)
-}
 
 /// The same batch with its last byte flipped: its CRC fails, so it cannot
 /// be decoded.
