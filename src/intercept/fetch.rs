@@ -374,7 +374,7 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
         .filter(|d| held_from.is_some_and(|h| d.origin_offset >= h))
         .count() as u64;
     let invalid =
-        (plan.diversions.len() + plan.not_diverted.len() + plan.already_diverted.len()) as u64;
+        (plan.diversions.len() + plan.settled.len()) as u64;
     let counted = |o: i64| held_from.is_none_or(|h| o < h);
     report(
         plan,
@@ -394,13 +394,10 @@ fn outcomes(
     let now = (plan.diversions.iter())
         .filter(|d| counts(d.origin_offset, true))
         .map(|d| (&d.invalid, InvalidAction::Diverted));
-    let before = (plan.already_diverted.iter())
-        .filter(|(o, _)| counts(*o, false))
-        .map(|(_, i)| (i, InvalidAction::Diverted));
-    let not = (plan.not_diverted.iter())
-        .filter(|(_, o, _)| counts(*o, false))
-        .map(|(a, _, i)| (i, (*a).into()));
-    now.chain(before).chain(not).collect()
+    let settled = (plan.settled.iter())
+        .filter(|s| counts(s.offset, false))
+        .map(|s| (&s.invalid, s.outcome.into()));
+    now.chain(settled).collect()
 }
 
 /// Report one partition's judging (`metrics::PartitionJudged`).

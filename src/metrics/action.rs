@@ -34,3 +34,13 @@ impl From<crate::policy::Action> for InvalidAction {
         }
     }
 }
+
+impl From<crate::plan::Outcome> for InvalidAction {
+    fn from(o: crate::plan::Outcome) -> Self {
+        match o {
+            crate::plan::Outcome::DivertedBefore => InvalidAction::Diverted,
+            crate::plan::Outcome::Dropped => InvalidAction::Dropped,
+            crate::plan::Outcome::Passed => InvalidAction::PassedInvalid,
+        }
+    }
+}

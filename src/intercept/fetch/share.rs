@@ -219,7 +219,8 @@ impl FetchFilter {
             ok
         });
         settle.done.extend(plan.diversions.iter().map(span_of));
-        settle.done.extend(plan.dropped.iter().map(|&o| (o, o)));
+        let removed = plan.settled.iter().filter(|s| s.outcome.removes());
+        settle.done.extend(removed.map(|s| (s.offset, s.offset)));
         settle
             .done
             .extend(plan.whole_batches.iter().map(|&(f, l)| (f, l.max(f))));
@@ -359,8 +360,8 @@ fn count_acquired(
         is_diversion || (share::is_acquired(acquired, o) && held_from.is_none_or(|h| o < h))
     };
     let invalid = outcomes(plan, counted);
-    let passed_invalid = (plan.not_diverted.iter())
-        .filter(|(a, o, _)| *a == crate::policy::Action::Pass && counted(*o, false))
+    let passed_invalid = (plan.settled.iter())
+        .filter(|s| s.outcome == crate::plan::Outcome::Passed && counted(s.offset, false))
         .count() as u64;
     let given = share::count(&given).saturating_sub(passed_invalid);
     report(plan, share::count(&mine), given, invalid);

@@ -71,6 +71,46 @@ enum SegmentPlan {
     },
 }
 
+/// An invalid record a plan does not write now, and what became of it.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub offset: i64,
+    pub invalid: Invalid,
+    pub outcome: Outcome,
+}
+
+/// What becomes of an invalid record that is not written now: one variant
+/// per action for invalid records (a record to write now is a
+/// `Diversion`). Adding an action adds a variant here, its planning in
+/// `planner.rs`, and its label in the metrics; deliveries ask `removes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// In its DLT already (an earlier fetch, any instance; batches resent
+    /// as spliced): removed, counted as diverted.
+    DivertedBefore,
+    /// `on_invalid: drop`: removed, in no DLT.
+    Dropped,
+    /// `on_invalid: pass`: delivered, counted.
+    Passed,
+}
+
+impl Outcome {
+    /// The outcome of `action` for a record not written now.
+    pub fn of(action: Action) -> Outcome {
+        match action {
+            Action::Divert => Outcome::DivertedBefore,
+            Action::Drop => Outcome::Dropped,
+            Action::Pass => Outcome::Passed,
+        }
+    }
+
+    /// Whether the record leaves its batch for good (a share consumer's
+    /// proxy acknowledges it).
+    pub fn removes(self) -> bool {
+        !matches!(self, Outcome::Passed)
+    }
+}
+
 /// The plan for one partition of one Fetch response.
 pub struct PartitionPlan {
     pub topic: Arc<str>,
@@ -79,17 +119,10 @@ pub struct PartitionPlan {
     segments: Vec<SegmentPlan>,
     /// Records to write to dead-letter topics before the response is released.
     pub diversions: Vec<Diversion>,
-    /// Invalid records dropped or passed (not diverted), with their
-    /// offsets, for counting.
-    pub not_diverted: Vec<(Action, i64, Invalid)>,
-    /// The offsets of the records dropped (`on_invalid: drop`), in offset
-    /// order: a share consumer's proxy acknowledges them (`share`).
-    pub dropped: Vec<i64>,
-    /// Invalid records removed because an earlier fetch diverted them and
-    /// nothing is left to write (batches resent as spliced before); counted
-    /// as diverted, like a diversion the ledger finds done; with their
-    /// offsets (a batch diverted whole: its base offset).
-    pub already_diverted: Vec<(i64, Invalid)>,
+    /// Every other invalid record, in offset order within each batch, and
+    /// what became of it (`Outcome`): dropped, passed, or diverted by an
+    /// earlier fetch (a batch diverted whole: its base offset).
+    pub settled: Vec<Settled>,
     /// The offsets (`first..=last`) of each batch replaced whole because it
     /// cannot be decoded (`on_undecodable: divert`), diverted now or by an
     /// earlier fetch: a share consumer's proxy settles or withholds each
@@ -210,9 +243,7 @@ impl PartitionPlan {
             policy: input.policy.clone(),
             segments: Vec::new(),
             diversions: Vec::new(),
-            not_diverted: Vec::new(),
-            dropped: Vec::new(),
-            already_diverted: Vec::new(),
+            settled: Vec::new(),
             whole_batches: Vec::new(),
             releases: Vec::new(),
             stats: PlanStats::default(),

@@ -13,7 +13,7 @@ use super::keyed::{divert_keyed, KeyedOutcome};
 use super::keys::{KeyGate, KeyOrder, NoKeys};
 use super::verdicts::{Judged, Known, VerdictCache};
 use super::visibility::{AbortTracker, Visibility};
-use super::{Cut, Hold, HoldReason, PartitionPlan, SegmentPlan};
+use super::{Cut, Hold, HoldReason, Outcome, PartitionPlan, SegmentPlan, Settled};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::splice::Rebuilt;
@@ -363,17 +363,11 @@ fn apply_verdicts(
             action
         };
         match action {
-            Action::Pass => {
-                plan.stats.passed_invalid += 1;
-                plan.not_diverted
-                    .push((Action::Pass, j.offset, j.invalid.clone()));
-            }
-            Action::Drop => {
-                plan.stats.dropped += 1;
-                plan.not_diverted
-                    .push((Action::Drop, j.offset, j.invalid.clone()));
-                plan.dropped.push(j.offset);
-                *k = false;
+            Action::Pass | Action::Drop => {
+                settle(plan, j, Outcome::of(action));
+                if action == Action::Drop {
+                    *k = false; // dropped: out of the batch
+                }
             }
             Action::Divert => {
                 *k = false;
@@ -410,6 +404,20 @@ fn apply_verdicts(
         }
     }
     (keep_mask, out)
+}
+
+/// Note what became of an invalid record not written now, and count it.
+fn settle(plan: &mut PartitionPlan, j: &Judged, outcome: Outcome) {
+    match outcome {
+        Outcome::DivertedBefore => plan.stats.diverted += 1,
+        Outcome::Dropped => plan.stats.dropped += 1,
+        Outcome::Passed => plan.stats.passed_invalid += 1,
+    }
+    plan.settled.push(Settled {
+        offset: j.offset,
+        invalid: j.invalid.clone(),
+        outcome,
+    });
 }
 
 fn log_not_diverted(plan: &PartitionPlan, invalid: &[Judged]) {
@@ -453,19 +461,12 @@ fn resend_spliced(
     }
     // The entry matched the batch's length and CRC, so its runs fit it.
     let rebuilt = known.spliced().filter(|r| r.fits(len))?;
+    let outcome = match action {
+        Action::Divert => Outcome::DivertedBefore,
+        _ => Outcome::Dropped,
+    };
     for j in invalid.iter() {
-        match action {
-            Action::Divert => {
-                plan.stats.diverted += 1;
-                plan.already_diverted.push((j.offset, j.invalid.clone()));
-            }
-            _ => {
-                plan.stats.dropped += 1;
-                plan.not_diverted
-                    .push((Action::Drop, j.offset, j.invalid.clone()));
-                plan.dropped.push(j.offset);
-            }
-        }
+        settle(plan, j, outcome);
     }
     Some(rebuilt)
 }
@@ -487,7 +488,11 @@ fn divert_whole(
     plan.whole_batches
         .push((batch.base_offset(), batch.last_offset()));
     if earlier.contains(&batch.base_offset()) {
-        plan.already_diverted.push((batch.base_offset(), d.invalid));
+        plan.settled.push(Settled {
+            offset: batch.base_offset(),
+            invalid: d.invalid,
+            outcome: Outcome::DivertedBefore,
+        });
     } else {
         tracing::warn!(topic = %plan.topic, partition = plan.partition,
             base_offset = batch.base_offset(), last_offset = batch.last_offset(),

@@ -422,7 +422,7 @@ fn a_spliced_batch_is_resent_once_its_poison_is_in_the_dlt() {
         "resent batches replace the originals"
     );
     assert!(later.diversions.is_empty());
-    assert_eq!(later.already_diverted.len(), 3);
+    assert_eq!(later.settled.len(), 3);
     assert_eq!((later.stats.diverted, later.stats.validated), (3, 0));
     assert_eq!(later.apply(None).unwrap(), sent);
     assert_eq!(
@@ -466,7 +466,7 @@ fn dropped_records_are_resent_spliced_and_counted() {
     let again = replan(&pol, &section, &cache, &[]);
     assert_eq!(is_resent(&again), [true]);
     assert!(again.changes_anything());
-    assert_eq!((again.stats.dropped, again.not_diverted.len()), (1, 1));
+    assert_eq!((again.stats.dropped, again.settled.len()), (1, 1));
     assert_eq!(again.apply(None).unwrap(), sent);
 }
 

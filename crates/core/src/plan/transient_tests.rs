@@ -53,7 +53,7 @@ fn a_transient_batch_is_judged_again_once_the_schema_is_cached() {
         let classes: Vec<_> = plan.diversions.iter().map(|d| d.invalid.class).collect();
         assert_eq!(classes, vec![Class::Transient; 2], "{action}");
         assert!(
-            plan.not_diverted.is_empty(),
+            plan.settled.is_empty(),
             "{action}: transient is never dropped or passed"
         );
         cache.put_schema(7, compile(None, r#""string""#, &[]));
