@@ -21,6 +21,7 @@ pub(crate) const AVRO_MAX_ALLOCATION: usize = 64 << 20;
 
 pub(super) mod bound;
 mod capture;
+mod format;
 
 pub(crate) use capture::Prog;
 
@@ -157,7 +158,7 @@ impl AvroDecoder {
 
     /// The rules' values read straight from the datum, or `None` when the
     /// full decoder ([`Self::decode`]) must judge it.
-    /// Filled into `caps` (sized by [`Self::slots`]); false: decode it.
+    /// Filled into `caps` (sized by [`Self::slot_count`]); false: decode it.
     #[inline(always)]
     pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8], caps: &mut Captures<'a>) -> bool {
         let Some(plan) = self.plan.as_ref() else {
@@ -183,7 +184,7 @@ impl AvroDecoder {
     }
 
     /// The capture slots [`Self::capture`] fills (0 without a fast path).
-    pub(crate) fn slots(&self) -> usize {
+    pub(crate) fn slot_count(&self) -> usize {
         self.plan.as_ref().map_or(0, Plan::slots)
     }
 

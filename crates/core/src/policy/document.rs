@@ -56,19 +56,11 @@ pub(super) struct BreakerDoc {
     pub(super) min_diverted: u32,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum Format {
-    Json,
-    Avro,
-    Protobuf,
-    Bytes,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ValueDoc {
-    pub(super) format: Located<Format>,
+    /// A name in the format table (`format.rs`).
+    pub(super) format: Located<String>,
     #[serde(default)]
     pub(super) schema: Option<Located<PathBuf>>,
     #[serde(default)]
@@ -102,11 +94,8 @@ pub(super) fn yes() -> bool {
 /// raises the limit. `bytes` policies do not decode, so they have none.
 pub(crate) const DEFAULT_MAX_BYTES: usize = 4 * 1024 * 1024;
 
-pub(super) fn default_max_bytes(format: &Format) -> Option<usize> {
-    match format {
-        Format::Bytes => None,
-        Format::Json | Format::Avro | Format::Protobuf => Some(DEFAULT_MAX_BYTES),
-    }
+pub(super) fn default_max_bytes(format: &str) -> Option<usize> {
+    super::format::decodes(format).then_some(DEFAULT_MAX_BYTES)
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,59 +1,19 @@
 //! The compiled form of a policy and the hot path that judges one record
-//! with it: size and header checks, decoding (bytes, JSON, Avro, Protobuf),
-//! schema validation and field rules. No allocation for a valid JSON record
-//! whose schema compiles to a shape.
+//! with it: size and header checks, then the value's format (`format.rs`)
+//! captures the rules' fields or decodes the value, then schema validation
+//! and field rules. No allocation for a valid JSON record whose schema
+//! compiles to a shape.
 
-use super::avro::AvroDecoder;
 use super::checks::Checks;
 use super::dlt_topic::DeadLetterTemplate;
-use super::json::{self, Captures};
-use super::protobuf::ProtoDecoder;
-use super::registered::RegistryDecoder;
+use super::format::{Cx, Decoder};
+#[cfg(any(test, feature = "fuzzing"))]
+use super::json;
+use super::json::Captures;
 use super::rules::{Doc, MaxAge, Rule};
-use super::shape::{same_bytes, Shape};
+use super::shape::same_bytes;
 use super::{Class, Invalid};
 use crate::kafka::record::Record;
-
-/// How a value's bytes are decoded for the schema and the rules.
-#[derive(Debug)]
-#[repr(u8)]
-pub(super) enum Decoder {
-    Bytes,
-    /// `fast`: set when the policy has no JSON Schema or its schema
-    /// compiles to a [`Shape`] (`shape`, moved into the plan when it is
-    /// built), so no `serde_json::Value` is built for a valid record (see
-    /// [`json::capture`], [`json::capture_shaped`]).
-    Json {
-        max_depth: usize,
-        fast: Option<json::Plan>,
-        shape: Option<Shape>,
-    },
-    Avro(AvroDecoder),
-    Protobuf(ProtoDecoder),
-    /// `registry: true`: the schema comes from the schema registry.
-    Registry(RegistryDecoder),
-}
-
-impl Decoder {
-    /// The decoded value, without the JSON fast paths (keys); `None` for
-    /// `bytes`.
-    fn decode_full(
-        &self,
-        bytes: &[u8],
-        topic: &str,
-        now_ms: i64,
-    ) -> Result<Option<serde_json::Value>, Invalid> {
-        Ok(Some(match self {
-            Decoder::Bytes => return Ok(None),
-            Decoder::Json { max_depth, .. } => {
-                json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
-            }
-            Decoder::Avro(d) => d.decode(bytes)?,
-            Decoder::Protobuf(d) => d.decode(bytes)?,
-            Decoder::Registry(d) => d.decode(bytes, topic, now_ms)?,
-        }))
-    }
-}
 
 /// A required header missing, or present with a null value.
 #[cold]
@@ -99,7 +59,7 @@ impl KeyCheck {
         matches!(self.decoder, Decoder::Registry(_))
     }
 
-    fn check(&self, key: Option<&[u8]>, topic: &str, now_ms: i64) -> Result<(), Invalid> {
+    fn check(&self, key: Option<&[u8]>, cx: &Cx<'_>) -> Result<(), Invalid> {
         let named = |mut e: Invalid| {
             e.rule = format!("key.{}", e.rule);
             e
@@ -120,10 +80,7 @@ impl KeyCheck {
                 format!("key is {} bytes, over key.max_bytes {max}", bytes.len()),
             ));
         }
-        let value = self
-            .decoder
-            .decode_full(bytes, topic, now_ms)
-            .map_err(named)?;
+        let value = self.decoder.decode(bytes, cx).map_err(named)?;
         if let (Some(schema), Some(v)) = (&self.schema, &value) {
             if !schema.is_valid(v) {
                 let reason = match schema.validate(v) {
@@ -159,82 +116,24 @@ pub(crate) struct Compiled {
 
 impl Compiled {
     pub(crate) fn judge(&self, topic: &str, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+        let cx = Cx { topic, now_ms };
         let Some(bytes) = self.before_decode(r)? else {
             return match &self.key {
-                Some(k) => k.check(r.key, topic, now_ms),
+                Some(k) => k.check(r.key, &cx),
                 None => Ok(()),
             };
         };
         if let Some(k) = &self.key {
-            k.check(r.key, topic, now_ms)?;
+            k.check(r.key, &cx)?;
         }
-        let value = match &self.decoder {
-            Decoder::Registry(d) => {
-                // A policy JSON Schema over registered values needs them whole.
-                let fast = self.schema.is_none().then(|| {
-                    d.judge_fast(bytes, topic, now_ms, |caps| {
-                        self.check_captured(caps, now_ms)
-                    })
-                });
-                if let Some(verdict) = fast.flatten() {
-                    return verdict;
-                }
-                d.decode(bytes, topic, now_ms)?
-            }
-            _ => return self.judge_value(bytes, now_ms),
-        };
-        self.check_value(&value, now_ms)
-    }
-
-    /// Decode and judge a value with a schema of its own (not the registry).
-    fn judge_value(&self, bytes: &[u8], now_ms: i64) -> Result<(), Invalid> {
-        let value = match &self.decoder {
-            Decoder::Bytes => return Ok(()),
-            Decoder::Json {
-                max_depth,
-                fast: Some(plan),
-                ..
-            } if self.schema.is_none() => {
-                let mut caps = json::Captures::new(plan.slots());
-                json::capture(bytes, *max_depth, plan, &mut caps)
-                    .map_err(|r| Invalid::poison("decode", r))?;
-                return self.check_captured(&caps, now_ms);
-            }
-            Decoder::Json {
-                max_depth, fast, ..
-            } => {
-                // A schema in the fast subset: a record that surely meets
-                // it skips the `Value`; any other is judged in full below.
-                if let Some(plan) = fast {
-                    let mut caps = json::Captures::new(plan.slots());
-                    if json::capture_shaped(bytes, *max_depth, plan, &mut caps) {
-                        return self.check_captured(&caps, now_ms);
-                    }
-                }
-                json::decode(bytes, *max_depth).map_err(|r| Invalid::poison("decode", r))?
-            }
-            Decoder::Avro(d) => {
-                let mut caps = json::Captures::new(d.slots());
-                if d.capture(bytes, &mut caps) {
-                    return self.check_captured(&caps, now_ms);
-                }
-                d.decode(bytes)?
-            }
-            Decoder::Protobuf(d) => {
-                let mut caps = json::Captures::new(d.slots());
-                if d.capture(bytes, &mut caps) {
-                    return self.check_captured(&caps, now_ms);
-                }
-                d.decode(bytes)?
-            }
-            Decoder::Registry(_) => {
-                return Err(Invalid::poison(
-                    "decode",
-                    "internal: registry value judged as a file value",
-                ))
-            }
-        };
-        self.check_value(&value, now_ms)
+        let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, now_ms));
+        if let Some(verdict) = fast {
+            return verdict;
+        }
+        match self.decoder.decode(bytes, &cx)? {
+            Some(value) => self.check_value(&value, now_ms),
+            None => Ok(()),
+        }
     }
 
     /// Headers, null and size: the value's bytes when they need decoding,
@@ -332,7 +231,8 @@ impl Compiled {
         bytes: &[u8],
         now_ms: i64,
     ) -> Result<Option<serde_json::Value>, Invalid> {
-        self.decoder.decode_full(bytes, topic, now_ms)
+        let cx = Cx { topic, now_ms };
+        self.decoder.decode(bytes, &cx)
     }
 
     /// Whether the value or the key reads schemas from the registry.
@@ -341,29 +241,28 @@ impl Compiled {
             || self.key.as_ref().is_some_and(KeyCheck::is_registry)
     }
 
+    /// The JSON format's fast path, if this is a JSON policy with one.
+    #[cfg(any(test, feature = "fuzzing"))]
+    fn json_plan(&self) -> Option<(&json::Plan, usize)> {
+        match &self.decoder {
+            Decoder::Json(j) => j.fast.as_ref().map(|p| (p, j.max_depth)),
+            _ => None,
+        }
+    }
+
     /// Whether records are judged without building a `serde_json::Value`.
     #[cfg(test)]
     pub(crate) fn uses_fast_path(&self) -> bool {
-        matches!(self.decoder, Decoder::Json { fast: Some(_), .. })
+        self.json_plan().is_some()
     }
 
     /// Whether the fast path's shape alone accepts `bytes` (for tests that
     /// valid records do not fall back to the full path).
     #[cfg(test)]
     pub(crate) fn shape_accepts(&self, bytes: &[u8]) -> bool {
-        match &self.decoder {
-            Decoder::Json {
-                max_depth,
-                fast: Some(plan),
-                ..
-            } => json::capture_shaped(
-                bytes,
-                *max_depth,
-                plan,
-                &mut json::Captures::new(plan.slots()),
-            ),
-            _ => false,
-        }
+        self.json_plan().is_some_and(|(plan, max_depth)| {
+            json::capture_shaped(bytes, max_depth, plan, &mut Captures::new(plan.slots()))
+        })
     }
 
     /// For a JSON policy with a fast path: whether the byte scanner accepted
@@ -371,31 +270,23 @@ impl Compiled {
     /// values (`Err` with both when not). `None` for other policies.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn scanner_agrees(&self, bytes: &[u8]) -> Option<Result<bool, String>> {
-        match &self.decoder {
-            Decoder::Json {
-                max_depth,
-                fast: Some(plan),
-                ..
-            } => Some(json::scanner_agrees(bytes, *max_depth, plan)),
-            _ => None,
-        }
+        let (plan, max_depth) = self.json_plan()?;
+        Some(json::scanner_agrees(bytes, max_depth, plan))
     }
 
     /// For a JSON policy: whether the flat reader's template reads `bytes`.
     #[cfg(test)]
     pub(crate) fn template_takes(&self, bytes: &[u8]) -> bool {
-        match &self.decoder {
-            Decoder::Json { fast: Some(p), .. } => json::template_takes(bytes, p),
-            _ => false,
-        }
+        self.json_plan()
+            .is_some_and(|(p, _)| json::template_takes(bytes, p))
     }
 
     /// For an Avro or Protobuf policy: whether its fast path reads `bytes`.
     #[cfg(test)]
     pub(crate) fn binary_fast_path_takes(&self, bytes: &[u8]) -> bool {
         match &self.decoder {
-            Decoder::Avro(d) => d.capture(bytes, &mut json::Captures::new(d.slots())),
-            Decoder::Protobuf(d) => d.capture(bytes, &mut json::Captures::new(d.slots())),
+            Decoder::Avro(d) => d.capture(bytes, &mut Captures::new(d.slot_count())),
+            Decoder::Protobuf(d) => d.capture(bytes, &mut Captures::new(d.slot_count())),
             _ => false,
         }
     }
@@ -407,11 +298,11 @@ impl Compiled {
     #[cfg(test)]
     pub(crate) fn binary_captures_agree(&self, bytes: &[u8]) -> Result<bool, String> {
         let slots = match &self.decoder {
-            Decoder::Avro(d) => d.slots(),
-            Decoder::Protobuf(d) => d.slots(),
+            Decoder::Avro(d) => d.slot_count(),
+            Decoder::Protobuf(d) => d.slot_count(),
             _ => return Ok(false),
         };
-        let mut caps = json::Captures::new(slots);
+        let mut caps = Captures::new(slots);
         let (read, full, plan) = match &self.decoder {
             Decoder::Avro(d) => (
                 d.capture(bytes, &mut caps),
@@ -440,16 +331,14 @@ impl Compiled {
         let Some(bytes) = self.before_decode(r)? else {
             return Ok(());
         };
-        match &self.decoder {
-            Decoder::Json { max_depth, .. } => {
-                let value = json::decode_reference(bytes, *max_depth)
-                    .map_err(|r| Invalid::poison("decode", r))?;
-                self.check_value(&value, now_ms)
-            }
-            Decoder::Avro(d) => self.check_value(&d.decode(bytes)?, now_ms),
-            Decoder::Protobuf(d) => self.check_value(&d.decode(bytes)?, now_ms),
-            Decoder::Registry(d) => self.check_value(&d.decode(bytes, "", now_ms)?, now_ms),
-            _ => self.judge("", r, now_ms),
-        }
+        let value = match &self.decoder {
+            Decoder::Json(j) => json::decode_reference(bytes, j.max_depth)
+                .map_err(|r| Invalid::poison("decode", r))?,
+            d => match d.decode(bytes, &Cx { topic: "", now_ms })? {
+                Some(v) => v,
+                None => return Ok(()),
+            },
+        };
+        self.check_value(&value, now_ms)
     }
 }

@@ -11,9 +11,9 @@ use super::checks::Checks;
 use super::compile::{compile_rule, compile_value};
 use super::dlt_topic::DeadLetterTemplate;
 use super::document::*;
+use super::format::{Bytes, Decoder};
 use super::glob;
-use super::json;
-use super::judge::{Compiled, Decoder, KeyCheck};
+use super::judge::{Compiled, KeyCheck};
 use super::located::{at, from_yaml, parse_doc, place, At};
 use super::registry::SchemaCache;
 use super::rules;
@@ -184,7 +184,7 @@ impl LoadState {
             compile_rules(&p, &decoder, &mut errs);
 
         let pointers = rules::assign_slots(&mut rules, &mut stale);
-        plan_captures(&mut decoder, schema.is_none(), pointers);
+        decoder.slots(pointers, schema.is_some());
 
         let headers_required = headers_required(&p, &mut errs);
         let dead_letter = dead_letter_of(&p, &mut errs);
@@ -248,7 +248,7 @@ impl LoadState {
         errs: &mut Vec<At>,
     ) -> (Decoder, Option<jsonschema::Validator>, bool, Option<usize>) {
         let Some(v) = &p.value else {
-            return (Decoder::Bytes, None, true, None);
+            return (Decoder::Bytes(Bytes), None, true, None);
         };
         match compile_value(v, base, &self.cache) {
             Ok((d, s)) => (
@@ -259,7 +259,7 @@ impl LoadState {
             ),
             Err(mut e) => {
                 errs.append(&mut e);
-                (Decoder::Bytes, None, true, None)
+                (Decoder::Bytes(Bytes), None, true, None)
             }
         }
     }
@@ -330,7 +330,7 @@ fn compile_rules(
     let mut stale = Vec::new();
     let (mut rule_class, mut stale_class) = (Vec::new(), Vec::new());
     if let Some(rs) = &p.rules {
-        if matches!(decoder, Decoder::Bytes) && !rs.v.is_empty() && errs.is_empty() {
+        if !decoder.decodes() && !rs.v.is_empty() && errs.is_empty() {
             errs.push(at(
                 rs,
                 "rules: rules need a decoded value; set value.format to json, avro or protobuf",
@@ -347,22 +347,6 @@ fn compile_rules(
         }
     }
     (rules, stale, rule_class, stale_class)
-}
-
-/// Give the decoder the fields its rules read (`pointers`, one slot each),
-/// so it captures them in the one pass that decodes the value. A JSON
-/// value checked against a schema without a shape keeps the schema's own
-/// reading.
-fn plan_captures(decoder: &mut Decoder, no_schema: bool, pointers: Vec<rules::Pointer>) {
-    match decoder {
-        Decoder::Json { fast, shape, .. } if no_schema || shape.is_some() => {
-            *fast = Some(json::Plan::new(pointers, shape.take()));
-        }
-        Decoder::Avro(d) => d.set_plan(json::Plan::new(pointers, None)),
-        Decoder::Protobuf(d) => d.set_plan(json::Plan::new(pointers, None)),
-        Decoder::Registry(d) => d.plan = Some(json::Plan::new(pointers, None)),
-        _ => {}
-    }
 }
 
 /// `headers.required`: names, none empty.

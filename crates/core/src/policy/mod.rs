@@ -81,6 +81,7 @@ mod checks;
 mod compile;
 mod dlt_topic;
 mod document;
+mod format;
 mod glob;
 mod json;
 #[cfg(test)]

@@ -24,6 +24,7 @@ use super::Invalid;
 
 mod bound;
 mod capture;
+mod format;
 mod indexes;
 
 pub(crate) use capture::Links;
@@ -35,6 +36,9 @@ pub(crate) struct ProtoDecoder {
     pub(crate) wire: Wire,
     /// The message type for `raw`; for `confluent`, the type every record must have (if set).
     pub(crate) message: Option<MessageDescriptor>,
+    /// The full name of the type every Confluent-framed record must have
+    /// (`message`'s, or with `registry: true` the name `message` gives).
+    pub(crate) expected: Option<String>,
     /// For `confluent`, the file of each schema id, with its own tables (ids
     /// are separate schema versions, which may reuse type names), and the
     /// fast path's trie nodes for it once there is a plan. Looked up per
@@ -101,6 +105,7 @@ impl ProtoDecoder {
     ) -> ProtoDecoder {
         ProtoDecoder {
             wire,
+            expected: message.as_ref().map(|m| m.full_name().to_string()),
             message,
             ids: (ids.into_iter())
                 .map(|(id, file)| (id, (file, Links::default())))
@@ -116,9 +121,8 @@ impl ProtoDecoder {
             _ => Tables::default(),
         };
         let raw_links = Links::new(&raw, &plan);
-        let expected = self.message.as_ref().map(|m| m.full_name().to_string());
         for (file, links) in self.ids.values_mut() {
-            *links = file.links(&plan, expected.as_deref());
+            *links = file.links(&plan, self.expected.as_deref());
         }
         self.fast = Some(Fast {
             plan,
@@ -134,7 +138,7 @@ impl ProtoDecoder {
 
     /// The rules' values read straight from the message, or `None` when
     /// the full decoder ([`Self::decode`]) must judge it.
-    /// Filled into `caps` (sized by [`Self::slots`]); false: decode it.
+    /// Filled into `caps` (sized by [`Self::slot_count`]); false: decode it.
     #[inline(always)]
     pub(crate) fn capture<'a>(&'a self, bytes: &'a [u8], caps: &mut Captures<'a>) -> bool {
         let Some(fast) = self.fast.as_ref() else {
@@ -158,13 +162,13 @@ impl ProtoDecoder {
     }
 
     /// The capture slots [`Self::capture`] fills (0 without a fast path).
-    pub(crate) fn slots(&self) -> usize {
+    pub(crate) fn slot_count(&self) -> usize {
         self.fast.as_ref().map_or(0, |f| f.plan.slots())
     }
 
     /// The full name of the type every Confluent-framed record must have.
-    fn expected(&self) -> Option<&str> {
-        self.message.as_ref().map(|m| m.full_name())
+    pub(crate) fn expected(&self) -> Option<&str> {
+        self.expected.as_deref()
     }
 
     pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Value, Invalid> {

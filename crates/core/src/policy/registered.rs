@@ -1,8 +1,8 @@
 //! Values (or keys) whose schema comes from a schema registry
 //! (`registry: true`): the Confluent framing's schema id is looked up in
 //! the [`SchemaCache`] the binary crate fills, the id's subjects are
-//! checked against `subject`, and the datum is decoded with the registered
-//! Avro, Protobuf or JSON schema.
+//! checked against `subject`, and the datum is read by its format
+//! ([`Format`]'s registered-schema methods).
 //!
 //! Never waits and never fetches: an id or subject list the cache does not
 //! hold yet is a `transient` verdict (rule `schema-registry`), and the
@@ -10,32 +10,20 @@
 //! `schema-id`); an id not registered under the subject is `poison` (rule
 //! `subject`); a datum that does not decode under its schema is `poison`.
 
+use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use dashmap::DashMap;
 use serde_json::Value;
 
+use super::document::ValueDoc;
+use super::format::{self, errors_or, not_for, Cx, Format, OwnSchema};
+use super::json::{Captures, Plan};
+use super::located::{at, At};
 use super::registry::{Known, Registered, SchemaCache};
-use super::wire::confluent_header;
-use super::{avro, json, protobuf, Class, Invalid};
-
-/// The format a registry-backed value must have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RegFormat {
-    Avro,
-    Protobuf,
-    Json,
-}
-
-impl RegFormat {
-    fn name(self) -> &'static str {
-        match self {
-            RegFormat::Avro => "AVRO",
-            RegFormat::Protobuf => "PROTOBUF",
-            RegFormat::Json => "JSON",
-        }
-    }
-}
+use super::rules::Pointer;
+use super::wire::{confluent_header, Wire};
+use super::{Class, Invalid};
 
 /// A subject template with at most one `{topic}`, split around it, so a
 /// subject is compared without building the string for every record.
@@ -93,23 +81,20 @@ impl Subject {
     }
 }
 
+/// A value of format `F` whose schema the registry names by id.
 #[derive(Debug)]
-pub(crate) struct RegistryDecoder {
+pub(crate) struct RegistryDecoder<F: Format> {
     pub(crate) cache: Arc<SchemaCache>,
-    pub(crate) format: RegFormat,
     pub(crate) subject: Option<Subject>,
-    /// Avro: the policy's `schema`, as the reader schema.
-    pub(crate) reader: Option<apache_avro::Schema>,
-    /// Protobuf: the full name of the type every record must be.
-    pub(crate) message: Option<String>,
-    /// JSON: nesting limit.
-    pub(crate) max_depth: usize,
-    /// The rules' pointers, set at load: the Avro and Protobuf fast paths
-    /// ([`Self::judge_fast`]).
-    pub(crate) plan: Option<json::Plan>,
+    /// How a registered schema is read: the format compiled from the
+    /// policy's keys (an Avro reader schema, a Protobuf type, a JSON
+    /// nesting limit).
+    pub(crate) format: F,
+    /// The rules' pointers, set at load: the fast path ([`Self::capture`]).
+    pub(crate) plan: Option<Plan>,
     /// Per schema id, the fast path's program for its schema and `plan`,
     /// made on first use.
-    pub(crate) compiled: DashMap<u32, Compiled, foldhash::quality::RandomState>,
+    compiled: DashMap<u32, Compiled<F::Program>, foldhash::quality::RandomState>,
 }
 
 /// Programs kept at most (then all are dropped and made again as needed):
@@ -118,19 +103,12 @@ const MAX_COMPILED: usize = 4096;
 
 /// A registered schema compiled against a policy's plan.
 #[derive(Debug)]
-pub(crate) struct Compiled {
+struct Compiled<P> {
     /// The schema it was made from: a cached schema that was replaced (the
     /// cache started afresh) is compiled again.
     from: Weak<Registered>,
-    program: Program,
-}
-
-#[derive(Debug)]
-enum Program {
-    Avro(avro::Prog),
-    Protobuf(protobuf::Links),
-    /// The fast path does not read this schema.
-    None,
+    /// `None`: the fast path does not read this schema.
+    program: Option<P>,
 }
 
 /// The verdict while the registry has not answered for `what`.
@@ -150,44 +128,96 @@ fn unknown(reason: String) -> Invalid {
     }
 }
 
-impl RegistryDecoder {
-    /// The fast path for Avro (without a reader schema) and Protobuf: when
-    /// the id's schema and subjects are cached and the value is read
-    /// straight into the rules' captures, `check`'s verdict on them; `None`
-    /// when [`Self::decode`] must judge (and word) it.
-    pub(crate) fn judge_fast(
+impl<F: Format> RegistryDecoder<F> {
+    /// `registry: true`: Confluent framing, the schema by id from the
+    /// registry; `F` compiles the keys that shape how it is read.
+    pub(super) fn compile(
+        v: &ValueDoc,
+        base: &Path,
+        cache: &Arc<SchemaCache>,
+    ) -> Result<(Self, OwnSchema), Vec<At>> {
+        if F::SCHEMA_TYPE.is_none() {
+            let names = format::registry_names();
+            let (last, first) = names.split_last().map_or(("", &[][..]), |(l, f)| (*l, f));
+            return Err(vec![at(
+                &v.format,
+                format!(
+                    "value.registry: needs format {} or {last}",
+                    first.join(", ")
+                ),
+            )]);
+        }
+        let mut errs = Vec::new();
+        if let Some(w) = v.wire.as_ref().filter(|w| w.v != Wire::Confluent) {
+            errs.push(at(
+                w,
+                "value.wire: `registry: true` reads the schema id of `wire: confluent`",
+            ));
+        }
+        not_for(
+            &mut errs,
+            &v.schema_ids,
+            "value.schema_ids: not with `registry: true` (ids come from the registry)",
+        );
+        let subject = v.subject.as_ref().and_then(|s| match Subject::parse(&s.v) {
+            Ok(x) => Some(x),
+            Err(m) => {
+                errs.push(at(s, format!("value.subject: {m}")));
+                None
+            }
+        });
+        let (format, own) = match F::compile(v, base, true) {
+            Ok(f) => f,
+            Err(mut e) => {
+                errs.append(&mut e);
+                return Err(errs);
+            }
+        };
+        let decoder = RegistryDecoder {
+            cache: cache.clone(),
+            subject,
+            format,
+            plan: None,
+            compiled: Default::default(),
+        };
+        errors_or(errs, (decoder, own))
+    }
+
+    /// The rules' pointers, for the fast path (not with a JSON Schema of
+    /// the policy's own, which needs each value whole).
+    pub(super) fn slots(&mut self, pointers: Vec<Pointer>, checked: bool) {
+        if !checked && F::CAPTURES_REGISTERED {
+            self.plan = Some(Plan::new(pointers, None));
+        }
+    }
+
+    /// The fast path: when the id's schema and subjects are cached and the
+    /// value is read straight into the rules' captures, `check`'s verdict
+    /// on them; `None` when [`Self::decode`] must judge (and word) it.
+    #[inline]
+    pub(super) fn capture(
         &self,
         bytes: &[u8],
-        topic: &str,
-        now_ms: i64,
-        check: impl FnOnce(&json::Captures<'_>) -> Result<(), Invalid>,
+        cx: &Cx<'_>,
+        check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
     ) -> Option<Result<(), Invalid>> {
         let plan = self.plan.as_ref()?;
-        if self.format == RegFormat::Json {
-            return None;
-        }
         let (id, rest) = confluent_header(bytes).ok()?;
-        let Known::Found(schema) = self.cache.schema(id, now_ms) else {
+        let Known::Found(schema) = self.cache.schema(id, cx.now_ms) else {
             return None;
         };
         if let Some(subject) = &self.subject {
-            match self.cache.subjects(id, now_ms) {
-                Known::Found(list) if list.iter().any(|s| subject.is(s, topic)) => {}
+            match self.cache.subjects(id, cx.now_ms) {
+                Known::Found(list) if list.iter().any(|s| subject.is(s, cx.topic)) => {}
                 _ => return None,
             }
         }
         let compiled = self.compiled(id, &schema, plan);
-        let mut caps = json::Captures::new(plan.slots());
-        let read = match (&*schema, self.format, &compiled.program) {
-            (Registered::Avro(..), RegFormat::Avro, Program::Avro(prog)) => {
-                avro::capture_with(prog, rest, plan, &mut caps)
-            }
-            (Registered::Protobuf(file), RegFormat::Protobuf, Program::Protobuf(links)) => {
-                file.capture(rest, self.message.as_deref(), links, &mut caps)
-            }
-            _ => return None,
-        };
-        read.then(|| check(&caps))
+        let prog = compiled.program.as_ref()?;
+        let mut caps = Captures::new(plan.slots());
+        (self.format)
+            .capture_registered(&schema, prog, rest, plan, &mut caps)
+            .then(|| check(&caps))
     }
 
     /// Id `id`'s program for `schema`, made now if there is none or it was
@@ -196,8 +226,8 @@ impl RegistryDecoder {
         &self,
         id: u32,
         schema: &Arc<Registered>,
-        plan: &json::Plan,
-    ) -> dashmap::mapref::one::Ref<'_, u32, Compiled> {
+        plan: &Plan,
+    ) -> dashmap::mapref::one::Ref<'_, u32, Compiled<F::Program>> {
         if let Some(c) = self.compiled.get(&id) {
             // The weak reference keeps the allocation: its address is not
             // reused while the entry exists.
@@ -205,15 +235,7 @@ impl RegistryDecoder {
                 return c;
             }
         }
-        let program = match (&**schema, self.format) {
-            (Registered::Avro(writer, named), RegFormat::Avro) if self.reader.is_none() => {
-                avro::compile_registered(writer, named, plan).map_or(Program::None, Program::Avro)
-            }
-            (Registered::Protobuf(file), RegFormat::Protobuf) => {
-                Program::Protobuf(file.links(plan, self.message.as_deref()))
-            }
-            _ => Program::None,
-        };
+        let program = self.format.program(schema, plan);
         if self.compiled.len() >= MAX_COMPILED {
             self.compiled.clear();
         }
@@ -224,14 +246,11 @@ impl RegistryDecoder {
             .downgrade()
     }
 
-    pub(crate) fn decode(&self, bytes: &[u8], topic: &str, now_ms: i64) -> Result<Value, Invalid> {
+    pub(super) fn decode(&self, bytes: &[u8], cx: &Cx<'_>) -> Result<Value, Invalid> {
         let (id, rest) = confluent_header(bytes)?;
         // Both asked at once, so a new id costs one round of fetches.
-        let schema = self.cache.schema(id, now_ms);
-        let subjects = self
-            .subject
-            .as_ref()
-            .map(|_| self.cache.subjects(id, now_ms));
+        let schema = self.cache.schema(id, cx.now_ms);
+        let subjects = (self.subject.as_ref()).map(|_| self.cache.subjects(id, cx.now_ms));
         let schema = match schema {
             Known::Found(s) => s,
             Known::NotFound => {
@@ -243,13 +262,13 @@ impl RegistryDecoder {
         };
         if let (Some(subject), Some(list)) = (&self.subject, subjects) {
             match list {
-                Known::Found(l) if l.iter().any(|s| subject.is(s, topic)) => {}
+                Known::Found(l) if l.iter().any(|s| subject.is(s, cx.topic)) => {}
                 Known::Found(_) | Known::NotFound => {
                     return Err(Invalid::poison(
                         "subject",
                         format!(
                             "schema id {id} is not registered under subject {}",
-                            subject.render(topic)
+                            subject.render(cx.topic)
                         ),
                     ))
                 }
@@ -260,34 +279,17 @@ impl RegistryDecoder {
     }
 
     fn decode_with(&self, id: u32, schema: &Registered, rest: &[u8]) -> Result<Value, Invalid> {
-        match (schema, self.format) {
-            (Registered::Avro(w, named), RegFormat::Avro) => {
-                avro::decode_datum_with(w, named, self.reader.as_ref(), rest)
-            }
-            (Registered::Protobuf(file), RegFormat::Protobuf) => {
-                file.decode(rest, self.message.as_deref())
-            }
-            (Registered::Json(v), RegFormat::Json) => {
-                let value =
-                    json::decode(rest, self.max_depth).map_err(|r| Invalid::poison("decode", r))?;
-                if !v.is_valid(&value) {
-                    let reason = match v.validate(&value) {
-                        Err(e) => format!("{}: {e}", e.instance_path()),
-                        Ok(()) => "value does not match its registered JSON Schema".into(),
-                    };
-                    return Err(Invalid::poison("schema", reason));
-                }
-                Ok(value)
-            }
-            (Registered::Unusable(why), _) => Err(unknown(format!(
+        match schema {
+            Registered::Unusable(why) => Err(unknown(format!(
                 "registered schema {id} cannot be used: {why}"
             ))),
-            (other, want) => Err(Invalid::poison(
+            s if Some(s.type_name()) == F::SCHEMA_TYPE => self.format.decode_registered(s, rest),
+            other => Err(Invalid::poison(
                 "schema",
                 format!(
                     "schema id {id} is a {} schema, this policy expects {}",
                     other.type_name(),
-                    want.name()
+                    F::SCHEMA_TYPE.unwrap_or("none")
                 ),
             )),
         }

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::DashMap;
-use prost_reflect::FileDescriptor;
 
 /// Most compiled schemas kept at once.
 pub const MAX_SCHEMAS: usize = 10_000;
@@ -264,97 +263,8 @@ pub struct Reference {
 /// first). A schema that does not compile is `Unusable`, not an error: the
 /// id exists and will never change.
 pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Registered {
-    let out = match schema_type.unwrap_or("AVRO") {
-        "AVRO" => compile_avro(text, refs).map(|(s, named)| Registered::Avro(s, named)),
-        "PROTOBUF" => compile_protobuf(text, refs)
-            .map(|f| Registered::Protobuf(super::protobuf::IndexedFile::new(f))),
-        "JSON" => compile_json(text).map(Registered::Json),
-        other => Err(format!("schema type {other} is not supported")),
-    };
-    out.unwrap_or_else(Registered::Unusable)
-}
-
-type AvroSchemas = (apache_avro::Schema, Vec<apache_avro::Schema>);
-
-fn compile_avro(text: &str, refs: &[Reference]) -> Result<AvroSchemas, String> {
-    super::avro::limit_allocations();
-    let (schema, named) = if refs.is_empty() {
-        let s =
-            apache_avro::Schema::parse_str(text).map_err(|e| format!("not an Avro schema: {e}"))?;
-        (s, Vec::new())
-    } else {
-        let list: Vec<&str> = refs.iter().map(|r| r.schema.as_str()).collect();
-        apache_avro::Schema::parse_str_with_list(text, list)
-            .map_err(|e| format!("not an Avro schema with its references: {e}"))?
-    };
-    super::avro::check_not_recursive(&schema)?;
-    for n in &named {
-        super::avro::check_not_recursive(n)?;
-    }
-    Ok((schema, named))
-}
-
-/// The name the registered schema's own file gets among its imports.
-const MAIN_PROTO: &str = "antidote-registered.proto";
-
-fn compile_protobuf(text: &str, refs: &[Reference]) -> Result<FileDescriptor, String> {
-    let mut files = Vec::with_capacity(refs.len() + 1);
-    for r in refs {
-        files.push(
-            proto_file(&r.name, &r.schema).map_err(|e| format!("reference {}: {e}", r.name))?,
-        );
-    }
-    files.push(proto_file(MAIN_PROTO, text)?);
-    let mut chain = protox::file::ChainFileResolver::new();
-    chain.add(MemoryFiles(files));
-    chain.add(protox::file::GoogleFileResolver::new());
-    let mut compiler = protox::Compiler::with_file_resolver(chain);
-    compiler.include_imports(true);
-    compiler
-        .open_file(MAIN_PROTO)
-        .map_err(|e| format!("does not compile: {e}"))?;
-    compiler
-        .descriptor_pool()
-        .get_file_by_name(MAIN_PROTO)
-        .ok_or_else(|| "compiled, but the file is missing".to_string())
-}
-
-/// A registered Protobuf schema as a file named `name`: `.proto` text, or
-/// (as some registries store what serializers send) a base64
-/// `FileDescriptorProto`.
-fn proto_file(name: &str, text: &str) -> Result<protox::file::File, String> {
-    use base64::Engine;
-    use prost::Message;
-    let source_err = match protox::file::File::from_source(name, text) {
-        Ok(f) => return Ok(f),
-        Err(e) => e,
-    };
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(text.trim())
-        .map_err(|_| format!("does not compile: {source_err}"))?;
-    let mut proto = prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice())
-        .map_err(|_| format!("does not compile: {source_err}"))?;
-    proto.name = Some(name.to_string());
-    Ok(protox::file::File::from_file_descriptor_proto(proto))
-}
-
-/// Protobuf sources held in memory, by import name.
-struct MemoryFiles(Vec<protox::file::File>);
-
-impl protox::file::FileResolver for MemoryFiles {
-    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
-        self.0
-            .iter()
-            .find(|f| f.name() == name)
-            .cloned()
-            .ok_or_else(|| protox::Error::file_not_found(name))
-    }
-}
-
-fn compile_json(text: &str) -> Result<jsonschema::Validator, String> {
-    let doc: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    jsonschema::validator_for(&doc).map_err(|e| format!("not a usable JSON Schema: {e}"))
+    super::format::compile_registered(schema_type.unwrap_or("AVRO"), text, refs)
+        .unwrap_or_else(Registered::Unusable)
 }
 
 #[cfg(test)]

@@ -176,7 +176,7 @@ fn unknown_format_is_an_error() {
     assert_error(
         &format!("{BASE}    value:\n      format: xml\n"),
         "5:15",
-        "unknown variant `xml`",
+        "value.format: unknown format `xml` (formats: json, avro, protobuf, bytes)",
     );
 }
 

@@ -2,6 +2,9 @@
 //! `raw` (the datum alone) or `confluent` (magic byte 0, then a 4-byte
 //! big-endian schema id, then the datum; Protobuf adds message indexes).
 
+use super::document::ValueDoc;
+use super::format::not_for;
+use super::located::{at, At};
 use super::{Class, Invalid};
 
 /// How a value's bytes are framed.
@@ -11,6 +14,29 @@ pub(crate) enum Wire {
     #[default]
     Raw,
     Confluent,
+}
+
+/// The `wire` of a format that reads schema files (Avro, Protobuf): `raw`
+/// carries no schema id, so `schema_ids` needs `confluent`, and
+/// `confluent` needs `schema_ids` (or `registry: true`).
+pub(crate) fn check_file_wire(v: &ValueDoc, errs: &mut Vec<At>) -> Wire {
+    let wire = v.wire.as_ref().map_or(Wire::Raw, |w| w.v);
+    if wire == Wire::Raw {
+        not_for(
+            errs,
+            &v.schema_ids,
+            "value.schema_ids: needs `wire: confluent` (raw values carry no schema id)",
+        );
+    }
+    if wire == Wire::Confluent && v.schema_ids.as_ref().is_none_or(|m| m.v.is_empty()) {
+        if let Some(w) = &v.wire {
+            errs.push(at(
+                w,
+                "value.wire: `confluent` needs value.schema_ids (schema id: file) or `registry: true`",
+            ));
+        }
+    }
+    wire
 }
 
 /// Split a Confluent-framed value into its schema id and payload.

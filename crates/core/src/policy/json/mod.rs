@@ -32,6 +32,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde_json::{Map, Number, Value};
 
 mod capture;
+mod format;
 
 use capture::run;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -39,6 +40,7 @@ pub(crate) use capture::scanner_agrees;
 #[cfg(test)]
 pub(crate) use capture::template_takes;
 pub(crate) use capture::{capture_shaped, Captured, Captures, Plan};
+pub(crate) use format::JsonFormat;
 
 /// Default and largest allowed `value.max_depth`.
 pub(crate) const DEFAULT_MAX_DEPTH: usize = 64;
