@@ -112,12 +112,23 @@ def collected(out_file):
     raise SystemExit(f"no totals in {out_file}")
 
 
+def toggle(binary):
+    """The function whose calls are counted: the exchange (`proxy::exchange::
+    respond`), or, in builds before the exchanges had their module (8585ca1),
+    the relay's `respond` that held them."""
+    names = subprocess.run(["nm", "-C", binary], capture_output=True, text=True).stdout
+    for f in ("antidote::proxy::exchange::respond", "antidote::proxy::relay::respond"):
+        if f + "::{{closure}}" in names or f + "\n" in names:
+            return f + "*"
+    raise SystemExit(f"{binary}: no exchange to count")
+
+
 def run_once(work, run, binary, topic, ports, fetch_bin):
     bport, tport, pfile = ports
     cfg, boot, admin = proxy_config(work, run, bport, tport, pfile)
     out_file = os.path.join(work, f"callgrind.{run}.out")
     env = dict(os.environ, ANTIDOTE_LOG="warn", TOKIO_WORKER_THREADS="1")
-    p = subprocess.Popen(["valgrind", "--tool=callgrind", "--toggle-collect=antidote::proxy::exchange::respond*",
+    p = subprocess.Popen(["valgrind", "--tool=callgrind", f"--toggle-collect={toggle(binary)}",
                           f"--callgrind-out-file={out_file}", binary, "run", "--config", cfg],
                          env=env, stdout=open(os.path.join(work, f"antidote-{run}.log"), "w"),
                          stderr=subprocess.STDOUT)
