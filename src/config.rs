@@ -19,7 +19,10 @@ pub use antidote_core::text::{parse_duration, yaml_error};
 pub use limits::Limits;
 pub use redrive::Redrive;
 pub use registry::{BasicAuth, RegistryConfig, RegistryUrl};
-pub use share::{RemovedAck, ShareGroups, DEFAULT_OWED_ACKS_BUDGET};
+pub use share::{
+    RemovedAck, ShareGroups, DEFAULT_MAX_RENEWALS, DEFAULT_OWED_ACKS_BUDGET,
+    DEFAULT_WITHHELD_BUDGET,
+};
 pub use signing::{SigningKey, UnsignedRecords};
 pub use sni::{Sni, SniPattern};
 

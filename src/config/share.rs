@@ -7,6 +7,12 @@ use serde::Deserialize;
 /// `share_groups.owed_acks_budget` unless set: 4 MiB, about 65,000 ranges.
 pub const DEFAULT_OWED_ACKS_BUDGET: usize = 4 << 20;
 
+/// `share_groups.withheld_budget` unless set: 1 MiB, about 8,000 ranges.
+pub const DEFAULT_WITHHELD_BUDGET: usize = 1 << 20;
+
+/// `share_groups.max_renewals` unless set.
+pub const DEFAULT_MAX_RENEWALS: u32 = 20;
+
 /// `share_groups`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -31,6 +37,23 @@ pub struct ShareGroups {
     /// the lowest limit of the groups served to hold longer; higher than a
     /// group's limit, that group's valid records are archived instead.
     pub last_delivery: i16,
+    /// Keep what the proxy withholds acquired (KIP-1222 RENEW, brokers
+    /// with ShareAcknowledge v2): the proxy renews the member's locks in the
+    /// member's own session instead of letting each lock expire (every
+    /// expiry costs a delivery), and releases the records once the reason
+    /// clears (`intercept::share::withheld`). Off: withheld records come
+    /// back when their locks expire.
+    pub renew_withheld: bool,
+    /// Bytes the withheld ranges being renewed may take, over all
+    /// sessions (each about 100 bytes). Past it, a withheld range is not
+    /// renewed: it comes back when its lock expires.
+    pub withheld_budget: usize,
+    /// Renewals of one withheld range before the proxy releases it all
+    /// the same (for reasons it cannot tell have cleared: a DLT write not
+    /// acknowledged, a registry, a breaker, a batch that cannot be judged):
+    /// the record is delivered again and judged again. About
+    /// `max_renewals` half lock durations per delivery.
+    pub max_renewals: u32,
 }
 
 impl Default for ShareGroups {
@@ -40,6 +63,9 @@ impl Default for ShareGroups {
             removed_ack: RemovedAck::Reject,
             owed_acks_budget: DEFAULT_OWED_ACKS_BUDGET,
             last_delivery: 2,
+            renew_withheld: true,
+            withheld_budget: DEFAULT_WITHHELD_BUDGET,
+            max_renewals: DEFAULT_MAX_RENEWALS,
         }
     }
 }

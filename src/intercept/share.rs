@@ -12,11 +12,18 @@
 //! `share_groups.removed_ack: accept`) in the client's next request of the
 //! session. What cannot be decided now (a DLT write not acknowledged, a
 //! registry that does not answer, a batch that cannot be judged) is
-//! withheld without an acknowledgement: the broker delivers it again when
-//! its acquisition lock expires, and it is judged again then. Share groups
-//! promise no order, so nothing valid waits behind a withheld record.
+//! withheld without an acknowledgement. On a broker with ShareAcknowledge
+//! v2 (KIP-1222) the proxy keeps it acquired by renewing its lock in the
+//! member's own session (`withheld`, `renew`) and releases it once the
+//! reason clears, so it is delivered and judged again: one delivery more
+//! per outage. Elsewhere (and in every fallback, counted) the broker
+//! delivers it again when its acquisition lock expires, and it is judged
+//! again then. Share groups promise no order, so nothing valid waits
+//! behind a withheld record.
 
 pub mod acks;
+pub mod renew;
 pub mod wire;
+pub mod withheld;
 
 pub use acks::{SessionKey, ShareAcks};

@@ -14,16 +14,38 @@
 //! `unknown_topic` (a topic id not known yet), `not_loaded` (the DLT not
 //! read back yet), `bad_ranges` (acquired ranges not believed: unsorted,
 //! overlapping, outside the records, or too many).
+//! `antidote_share_renewals_total{result}`: withheld ranges the proxy kept
+//! acquired (KIP-1222) in its own ShareAcknowledge of the member's session:
+//! `sent` (ranges renewed), `released` (ranges released once their reason
+//! cleared, or their renewals were spent: delivered and judged again),
+//! `refused` (renewed ranges the broker refused: back on lock expiry).
+//! `antidote_share_renew_fallbacks_total{reason}`: withheld ranges left to
+//! their locks (they come back when the lock expires, a delivery counted):
+//! `no_v2` (the broker has no ShareAcknowledge v2), `disabled`
+//! (`share_groups.renew_withheld: false`), `member_gone` (the session
+//! ended or started again, or its connection closed: the broker released
+//! them), `budget` (`share_groups.withheld_budget` spent), `refused` (the
+//! broker refused the renewal), `expired` (no request of the session came
+//! before the lock ran out), `renewals_spent` (released after
+//! `share_groups.max_renewals` renewals, the reason not known to have
+//! cleared).
+//! `antidote_share_withheld_ranges` and `antidote_share_withheld_bytes`:
+//! the withheld ranges kept for renewal now, and the bytes they take.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::series::register;
 
 pub const SHARE_ACKS: &str = "antidote_share_acks_total";
 pub const SHARE_WITHHELD: &str = "antidote_share_withheld_records_total";
+pub const SHARE_RENEWALS: &str = "antidote_share_renewals_total";
+pub const SHARE_RENEW_FALLBACKS: &str = "antidote_share_renew_fallbacks_total";
+pub const SHARE_WITHHELD_RANGES: &str = "antidote_share_withheld_ranges";
+pub const SHARE_WITHHELD_BYTES: &str = "antidote_share_withheld_bytes";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -40,6 +62,10 @@ struct ReasonLabel {
 pub struct ShareMetrics {
     acks: Family<ResultLabel, Counter>,
     withheld: Family<ReasonLabel, Counter>,
+    renewals: Family<ResultLabel, Counter>,
+    fallbacks: Family<ReasonLabel, Counter>,
+    kept_ranges: Gauge,
+    kept_bytes: Gauge,
 }
 
 impl ShareMetrics {
@@ -56,6 +82,61 @@ impl ShareMetrics {
             "Acquired records withheld from share consumers without an acknowledgement (delivered again when their locks expire), by reason.",
             self.withheld.clone(),
         );
+        register(
+            r,
+            SHARE_RENEWALS,
+            "Withheld ranges the proxy kept acquired in the member's share session (KIP-1222), by result: sent (renewed), released (released to be delivered and judged again), refused (the broker refused the renewal).",
+            self.renewals.clone(),
+        );
+        register(
+            r,
+            SHARE_RENEW_FALLBACKS,
+            "Withheld ranges left to their acquisition locks instead of renewed (each comes back on lock expiry, a delivery counted), by reason.",
+            self.fallbacks.clone(),
+        );
+        register(
+            r,
+            SHARE_WITHHELD_RANGES,
+            "Withheld ranges of share consumers kept for renewal now.",
+            self.kept_ranges.clone(),
+        );
+        register(
+            r,
+            SHARE_WITHHELD_BYTES,
+            "Bytes the withheld ranges kept for renewal take (share_groups.withheld_budget bounds them).",
+            self.kept_bytes.clone(),
+        );
+    }
+
+    /// `n` withheld ranges ended with `result` in a renewal of the proxy's.
+    ///
+    /// Call site: `intercept::share::renew`.
+    pub fn renewals(&self, result: &'static str, n: u64) {
+        if n > 0 {
+            self.renewals
+                .get_or_create(&ResultLabel { result })
+                .inc_by(n);
+        }
+    }
+
+    /// `n` withheld ranges left to their locks for `reason`.
+    ///
+    /// Call site: `intercept::share::withheld`, `intercept::share::renew`.
+    pub fn fallback(&self, reason: &'static str, n: u64) {
+        if n > 0 {
+            self.fallbacks
+                .get_or_create(&ReasonLabel { reason })
+                .inc_by(n);
+        }
+    }
+
+    /// The withheld book holds `ranges` ranges in `bytes` bytes.
+    ///
+    /// Call site: `intercept::share::withheld`.
+    pub fn withheld_kept(&self, ranges: usize, bytes: usize) {
+        self.kept_ranges
+            .set(i64::try_from(ranges).unwrap_or(i64::MAX));
+        self.kept_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// `n` of the proxy's acknowledgements ended with `result`.

@@ -52,6 +52,9 @@ pub(super) enum Handling {
     /// A ShareFetch answer to judge, or a ShareAcknowledge answer, in a
     /// share session the proxy may owe acknowledgements to.
     Share(ShareCall),
+    /// The answer to the proxy's own renewal in a share session
+    /// (`intercept::share::renew`): read, settled, never sent to the client.
+    Renewal(share::renew::Sent),
 }
 
 /// A share request's context for its answer (`intercept::share`).
@@ -94,6 +97,9 @@ pub(super) struct Classified {
     /// otherwise; Kafka closes the connection in that case too, so that the
     /// producer notices, refreshes its metadata and reports the records.
     pub close: bool,
+    /// The proxy's own request, to send (and its answer to expect) before
+    /// this frame: a renewal in a share session.
+    pub inject: Option<(Pending, Bytes)>,
 }
 
 impl Classified {
@@ -106,6 +112,7 @@ impl Classified {
             pending,
             send,
             close: false,
+            inject: None,
         }
     }
 }
@@ -122,9 +129,19 @@ pub(super) struct Context<'a> {
     pub produce_guard: Option<&'a dyn produce::Topics>,
     /// `limits.fetch_max_version`, `share_groups.enabled`.
     pub offer: versions::Offer,
-    /// Share sessions' owed acknowledgements, while policies are loaded;
-    /// the node id of the broker this connection leads to (-1: bootstrap).
-    pub share: Option<(&'a share::ShareAcks, i32)>,
+    /// Share sessions' books and this connection's share state, while
+    /// policies are loaded.
+    pub share: Option<ShareCx<'a>>,
+}
+
+/// What a share request needs: the books (acknowledgements owed, ranges
+/// withheld), the node id of the broker this connection leads to (-1:
+/// bootstrap), the connection's share state and the renewal rules.
+pub(super) struct ShareCx<'a> {
+    pub book: &'a share::ShareAcks,
+    pub node: i32,
+    pub conn: &'a share::renew::Conn,
+    pub renewing: share::renew::Renewing<'a>,
 }
 
 /// Produce requests as the current policies see them: dead-letter topics
@@ -210,10 +227,10 @@ const OFFLOAD_BYTES: usize = 256 * 1024;
 pub(super) async fn classify_request(
     shared: &Arc<Shared>,
     marks: &Arc<door::Marks>,
-    (raw_sasl, node): (Raw, i32),
+    (raw_sasl, node, share_conn): (Raw, i32, &share::renew::Conn),
     frame: Bytes,
 ) -> Result<(Classified, Bytes), RelayError> {
-    let conn = (raw_sasl, node);
+    let conn = (raw_sasl, node, share_conn);
     let (c, notes) = classify_maybe_offloaded(shared, marks, conn, frame.clone()).await?;
     let registry = shared.engine.registry();
     let (c, notes) = match registry {
@@ -236,16 +253,19 @@ pub(super) async fn classify_request(
 async fn classify_maybe_offloaded(
     shared: &Arc<Shared>,
     marks: &Arc<door::Marks>,
-    conn: (Raw, i32),
+    (raw, node, share_conn): (Raw, i32, &share::renew::Conn),
     frame: Bytes,
 ) -> Result<(Classified, door::Notes), RelayError> {
     let produce = frame::peek_request(&frame).is_some_and(|h| h.api_key == ApiKey::Produce as i16);
     if !(produce && frame.len() >= OFFLOAD_BYTES) {
-        return classify_with_policies(shared, marks, conn, &frame);
+        return classify_with_policies(shared, marks, (raw, node, Some(share_conn)), &frame);
     }
     let shared = shared.clone();
     let marks = marks.clone();
-    tokio::task::spawn_blocking(move || classify_with_policies(&shared, &marks, conn, &frame))
+    // A Produce: no share state needed.
+    tokio::task::spawn_blocking(move || {
+        classify_with_policies(&shared, &marks, (raw, node, None), &frame)
+    })
         .await
         .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
 }
@@ -255,7 +275,7 @@ async fn classify_maybe_offloaded(
 fn classify_with_policies(
     shared: &Shared,
     marks: &door::Marks,
-    (raw_sasl, node): (Raw, i32),
+    (raw_sasl, node, share_conn): (Raw, i32, Option<&share::renew::Conn>),
     frame: &Bytes,
 ) -> Result<(Classified, door::Notes), RelayError> {
     let policies = shared.engine.policies();
@@ -268,16 +288,55 @@ fn classify_with_policies(
         notes: Default::default(),
     };
     let checked = refuse_dlt || policies.rejects_at_produce();
+    let cleared = |topic_id: uuid::Uuid, reason: &'static str| {
+        withheld_reason_cleared(shared, &policies, topic_id, reason)
+    };
+    let share = share_conn
+        .filter(|_| shared.intercepting())
+        .map(|conn| ShareCx {
+            book: &shared.share_acks,
+            node,
+            conn,
+            renewing: share::renew::Renewing {
+                enabled: shared.config.share_groups.renew_withheld,
+                rules: share::withheld::Rules {
+                    max_renewals: shared.config.share_groups.max_renewals,
+                },
+                cleared: &cleared,
+            },
+        });
     let ctx = Context {
         raw: raw_sasl,
         policies_loaded: !policies.is_empty(),
         intercepting: shared.intercepting(),
         produce_guard: checked.then_some(&guard as &dyn produce::Topics),
         offer: versions::Offer::of(&shared.config),
-        share: shared.intercepting().then_some((&shared.share_acks, node)),
+        share,
     };
     let c = classify(frame, &ctx)?;
     Ok((c, guard.notes.into_inner()))
+}
+
+/// Whether the reason a share consumer's records were withheld for has
+/// cleared, as far as the proxy can tell cheaply: the topic's DLTs read
+/// back (`not_loaded`), or no policy covers the topic any more. For the
+/// other reasons (a DLT write not acknowledged, a registry, a breaker, a
+/// batch that cannot be judged) nothing cheap tells: their ranges are
+/// released after `share_groups.max_renewals` renewals.
+fn withheld_reason_cleared(
+    shared: &Shared,
+    policies: &PolicySet,
+    topic_id: uuid::Uuid,
+    reason: &'static str,
+) -> bool {
+    let Some(name) = shared.topic_names.get(&topic_id).map(|n| n.to_string()) else {
+        return false;
+    };
+    match policies.for_topic(&name) {
+        None => true,
+        Some(_) if reason != "not_loaded" => false,
+        Some(policy) => shared.dead_letter.is_loaded_for(policy, &name),
+    }
 }
 
 /// The isolation level of a Fetch request (v4+), found by hand.
@@ -347,7 +406,7 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
             Handling::SaslHandshake(sasl_phase::handshake(frame, v, ctx.policies_loaded)?)
         }
         ApiKey::ShareFetch | ApiKey::ShareAcknowledge if ctx.share.is_some() => {
-            return classify_share(frame, head, key, ctx.share);
+            return classify_share(frame, head, key, ctx.share.as_ref());
         }
         ApiKey::Fetch if ctx.intercepting => Handling::Fetch {
             isolation: fetch_isolation(frame, v)
@@ -360,38 +419,51 @@ pub(super) fn classify(frame: &Bytes, ctx: &Context) -> Result<Classified, Relay
 }
 
 /// A ShareFetch or ShareAcknowledge while policies are loaded: the
-/// acknowledgements the proxy owes in its session go into it, and its
-/// answer is judged (ShareFetch) and settled.
+/// acknowledgements the proxy owes in its session go into it, a renewal of
+/// what the proxy withheld in the session goes before it (its epoch then
+/// advanced), and its answer is judged (ShareFetch) and settled.
 fn classify_share(
     frame: &Bytes,
     head: frame::RequestHead,
     key: ApiKey,
-    share: Option<(&share::ShareAcks, i32)>,
+    share: Option<&ShareCx>,
 ) -> Result<Classified, RelayError> {
     let v = head.api_version;
     let bad = |why: String| RelayError::BadRequest(format!("{key:?} v{v}: {why}"));
-    let (book, node) = share.ok_or_else(|| bad("no share state".into()))?;
+    let cx = share.ok_or_else(|| bad("no share state".into()))?;
     let flexible = key.request_header_version(v) >= 2;
     let at = frame::request_body_offset(frame, flexible)
         .ok_or_else(|| bad("malformed request header".into()))?;
-    let added = share::wire::add_acks(
-        key,
-        v,
-        &frame.slice(at..),
-        node,
-        book,
-        std::time::Instant::now(),
-    )
-    .map_err(|e| bad(e.to_string()))?;
-    let send = match added.body {
+    let now = std::time::Instant::now();
+    let added = share::wire::add_acks(key, v, &frame.slice(at..), cx.node, cx.book, now)
+        .map_err(|e| bad(e.to_string()))?;
+    let mut out = match added.body {
         Some(body) => {
             let mut out = Vec::with_capacity(at - frame::LENGTH_PREFIX + body.len());
             out.extend_from_slice(&frame[frame::LENGTH_PREFIX..at]);
             out.extend_from_slice(&body);
-            Send::Replaced(frame::with_length_prefix(&out))
+            Some(frame::with_length_prefix(&out))
         }
-        None => Send::Original,
+        None => None,
     };
+    let mut inject = None;
+    let epoch = frame.get(at..).and_then(share::renew::epoch_at);
+    if let (Some(session), Some((_, epoch))) = (&added.session, epoch) {
+        let book = &cx.book.withheld;
+        let before = share::renew::before(cx.conn, book, session, epoch, now, &cx.renewing);
+        if let Some(epoch) = before.epoch {
+            let f = out.as_ref().unwrap_or(frame);
+            out = Some(share::renew::set_epoch(f, at, epoch).ok_or_else(|| bad("epoch".into()))?);
+        }
+        inject = before.inject.map(|i| {
+            let p = Pending {
+                correlation_id: Some(i.correlation_id),
+                version: share::renew::RENEW_VERSION,
+                handling: Handling::Renewal(i.sent),
+            };
+            (p, i.frame)
+        });
+    }
     Ok(Classified {
         pending: Some(Pending {
             correlation_id: Some(head.correlation_id),
@@ -402,8 +474,9 @@ fn classify_share(
                 proxy_only: added.proxy_only,
             }),
         }),
-        send,
+        send: out.map_or(Send::Original, Send::Replaced),
         close: false,
+        inject,
     })
 }
 
@@ -483,6 +556,7 @@ fn classify_produce(
             },
             send: Send::Replaced(request),
             close: acks == 0,
+            inject: None,
         },
         produce::Decision::AllRefused { body } => Classified {
             close: body.is_none(),
@@ -492,6 +566,7 @@ fn classify_produce(
                 pending(Handling::Local(out))
             }),
             send: Send::Nothing,
+            inject: None,
         },
     })
 }

@@ -35,6 +35,9 @@ use crate::transport::splice::{self, AsTcp};
 
 pub use super::error::RelayError;
 
+const SHARE_ACK: kafka_protocol::messages::ApiKey =
+    kafka_protocol::messages::ApiKey::ShareAcknowledge;
+
 /// State the two pumps of one connection share.
 #[derive(Default)]
 struct ConnState {
@@ -51,6 +54,8 @@ struct ConnState {
     /// The node id of the broker this connection leads to (-1: a bootstrap
     /// server): share sessions are per broker.
     node: i32,
+    /// Share sessions on this connection: the proxy's renewals in them.
+    share: crate::intercept::share::renew::Conn,
 }
 
 impl ConnState {
@@ -139,14 +144,19 @@ where
     let requests = request_pump(shared, &state, client, bw, tx);
     let responses = response_pump(shared, &state, FrameReader::new(br, max), cw, rx);
     tokio::pin!(requests, responses);
-    tokio::select! {
+    let out = tokio::select! {
         r = &mut responses => r,
         r = &mut requests => {
             // The client is done (or shutdown began): deliver what is pending.
             let done = responses.await;
             r.and(done)
         }
+    };
+    // The broker ends a share session with the connection that opened it.
+    for session in state.share.sessions() {
+        (shared.share_acks.withheld).forget(&session, "member_gone");
     }
+    out
 }
 
 /// The next client frame; `None` at a clean end, at shutdown, or once the
@@ -200,8 +210,13 @@ where
                     .request(head.api_key, head.api_version);
             }
         }
-        let (c, frame) =
-            classify_request(shared, &state.door, (raw_sasl, state.node), frame).await?;
+        let conn = (raw_sasl, state.node, &state.share);
+        let (mut c, frame) = classify_request(shared, &state.door, conn, frame).await?;
+        if let Some((p, f)) = c.inject.take() {
+            if !inject(state, &mut broker, &pending, p, &f).await? {
+                return Ok(());
+            }
+        }
         let expects_answer = c.pending.is_some();
         if let Some(p) = c.pending {
             if matches!(p.handling, Handling::SaslHandshake(_)) {
@@ -238,6 +253,27 @@ where
             return close_after_barrier(state, &mut broker, &pending).await;
         }
     }
+}
+
+/// Send the proxy's own request `frame` before a client's (a renewal in a
+/// share session), its answer expected as `p`. False if the response side
+/// is gone.
+async fn inject<W: AsyncWrite + Unpin>(
+    state: &ConnState,
+    broker: &mut W,
+    pending: &mpsc::Sender<Pending>,
+    p: Pending,
+    frame: &[u8],
+) -> Result<bool, RelayError> {
+    state.in_flight.fetch_add(1, Ordering::SeqCst);
+    if pending.send(p).await.is_err() {
+        return Ok(false);
+    }
+    broker
+        .write_all(frame)
+        .await
+        .map_err(RelayError::BrokerWrite)?;
+    Ok(true)
 }
 
 /// Close an acks=0 connection whose Produce the proxy refused in part.
@@ -310,12 +346,15 @@ where
                 Some(_) => return Err(RelayError::BadResponse("unsolicited frame".into())),
             },
         };
-        if matches!(p.handling, Handling::Discard) {
+        if matches!(p.handling, Handling::Discard | Handling::Renewal(_)) {
             let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
                 Some(f) => f,
                 None => return Err(RelayError::BrokerClosed(1 + pending.len())),
             };
             check_correlation_id(&f, p.correlation_id)?;
+            if let Handling::Renewal(sent) = p.handling {
+                crate::intercept::share::renew::answered(&shared.share_acks.withheld, sent, &f);
+            }
             state.in_flight.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
@@ -337,6 +376,10 @@ where
                 arrived = Some(std::time::Instant::now());
                 if let Handling::SaslHandshake(tokens) = handling {
                     state.sasl.handshake_answered(tokens, p.version, &frame);
+                }
+                if let Handling::ApiVersions = handling {
+                    let acks = crate::proxy::versions::broker_max(&frame, p.version, SHARE_ACK);
+                    state.share.learn_versions(acks);
                 }
                 let cx = exchange::Cx {
                     shared,

@@ -189,6 +189,18 @@ pub fn rewrite(body: Bytes, version: i16, offer: Offer) -> anyhow::Result<BytesM
     crate::transport::frame::encode(&m, v)
 }
 
+/// The broker's highest version of `key` in its ApiVersions answer `frame`
+/// (the whole frame; the request was `version`), if it offers `key`.
+pub fn broker_max(frame: &Bytes, version: i16, key: ApiKey) -> Option<i16> {
+    let body = frame.slice(crate::transport::frame::RESPONSE_ID_END..);
+    let unsupported = body.get(..2) == Some(&UNSUPPORTED_VERSION.to_be_bytes()[..]);
+    let v = if unsupported { 0 } else { version };
+    let m = ApiVersionsResponse::decode(&mut body.clone(), v).ok()?;
+    (m.api_keys.iter())
+        .find(|k| k.api_key == key as i16)
+        .map(|k| k.max_version)
+}
+
 /// The highest ApiVersions version the proxy can decode.
 pub fn max_api_versions_version() -> i16 {
     ApiKey::ApiVersions.valid_versions().max

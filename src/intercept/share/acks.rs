@@ -53,9 +53,11 @@ pub struct Owed {
 /// What one waiting entry costs, for the budget.
 const ENTRY_BYTES: usize = std::mem::size_of::<Owed>();
 
-/// Acknowledgements waiting, by session.
+/// Acknowledgements waiting, by session; and what the proxy withheld and
+/// keeps acquired by renewing its locks (`withheld`).
 pub struct ShareAcks {
     inner: Mutex<Book>,
+    pub withheld: super::withheld::Withheld,
 }
 
 #[derive(Default)]
@@ -97,6 +99,15 @@ impl ShareAcks {
                 budget,
                 ..Book::default()
             }),
+            withheld: Default::default(),
+        }
+    }
+
+    /// The books `share_groups` asks for.
+    pub fn of(config: &crate::config::ShareGroups) -> Self {
+        ShareAcks {
+            withheld: super::withheld::Withheld::new(config.withheld_budget),
+            ..ShareAcks::new(config.owed_acks_budget)
         }
     }
 

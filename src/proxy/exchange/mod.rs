@@ -59,10 +59,12 @@ pub(super) async fn respond(
     frame: Bytes,
 ) -> Result<ResponseFrame, RelayError> {
     match handling {
-        // Discard never gets here: the response pump drops its answer.
-        Handling::Forward | Handling::Local(_) | Handling::SaslHandshake(_) | Handling::Discard => {
-            Ok(passthrough::respond(frame))
-        }
+        // Discard and Renewal never get here: the response pump takes their answers.
+        Handling::Forward
+        | Handling::Local(_)
+        | Handling::SaslHandshake(_)
+        | Handling::Discard
+        | Handling::Renewal(_) => Ok(passthrough::respond(frame)),
         Handling::ApiVersions => api_versions::respond(cx, version, frame),
         Handling::Addresses(key) => addresses::respond(cx, key, version, frame).await,
         Handling::Produce(refused) => produce::respond(cx, &refused, version, frame).await,
