@@ -100,6 +100,8 @@ struct Outcome {
     /// Every acquired offset that leaves the acquired ranges (done and
     /// withheld).
     removed: Vec<Span>,
+    /// The withheld ones, by reason (kept acquired by renewals).
+    held: Vec<(Span, &'static str)>,
 }
 
 impl FetchFilter {
@@ -165,15 +167,20 @@ impl FetchFilter {
             self.divert(&refs).await
         };
         let expires = lock_deadline(arrived, resp.acquisition_lock_timeout_ms);
+        let lock_ms = resp.acquisition_lock_timeout_ms;
         let (mut owed, mut replaced) = (Vec::new(), Vec::new());
         timed(|| -> Result<_, FilterError> {
             for (planned, failed) in plans.into_iter().zip(failed) {
                 let at = planned.at;
                 let topic_id = resp.responses[at.0].topic_id;
                 let p = &mut resp.responses[at.0].partitions[at.1];
-                let Some((done, chunks)) = self.deliver(planned, &failed, p)? else {
+                let Some(((done, held), chunks)) = self.deliver(planned, &failed, p)? else {
                     continue; // a clean partition: its bytes and ranges as they came
                 };
+                if let Some(s) = call.session {
+                    let at = (topic_id, p.partition_index);
+                    call.book.withheld.withhold(s, at, &held, arrived, lock_ms);
+                }
                 changed = true;
                 replaced.push((at, chunks));
                 owed.extend(done.into_iter().map(|span| Owed {
@@ -203,7 +210,7 @@ impl FetchFilter {
         planned: Planned,
         failed: &[i64],
         p: &mut PartitionData,
-    ) -> Result<Option<(Vec<Span>, Vec<Bytes>)>, FilterError> {
+    ) -> Result<Option<((Vec<Span>, Vec<(Span, &'static str)>), Vec<Bytes>)>, FilterError> {
         let Planned {
             mut plan,
             acquired,
@@ -246,7 +253,7 @@ impl FetchFilter {
         }
         let chunks = plan.apply_chunks(None)?;
         p.acquired_records = to_wire(&left);
-        Ok(Some((out.done, chunks)))
+        Ok(Some(((out.done, out.held), chunks)))
     }
 
     /// Keep in `plan.diversions` what is to be written now: invalid records
@@ -301,12 +308,14 @@ impl Settle {
     fn outcome(&self, acquired: &[Acquired]) -> Outcome {
         let held = share::before(&[(i64::MIN, i64::MAX)], self.held_from);
         let mut withheld = Vec::new();
+        let mut by_reason = Vec::new();
         for &(span, reason) in &self.withheld {
             let mine = share::within(&share::within(&[span], acquired), &to_acquired(&held));
             if !mine.is_empty() {
                 metrics::global()
                     .share
                     .withheld(reason, share::count(&mine));
+                by_reason.extend(mine.iter().map(|&s| (s, reason)));
                 withheld.extend(mine);
             }
         }
@@ -318,11 +327,13 @@ impl Settle {
         if let Some(from) = self.held_from {
             let cut = share::within(&[(from, i64::MAX)], acquired);
             metrics::global().share.withheld("held", share::count(&cut));
+            by_reason.extend(cut.iter().map(|&s| (s, "held")));
             removed.extend(cut);
         }
         Outcome {
             done,
             removed: share::normalize(removed),
+            held: by_reason,
         }
     }
 }
