@@ -654,3 +654,127 @@ def test_verifiable_share_consumer_releasing_rejecting_and_renewing_with_a_broke
               f" per topic {counters.topic(topic)}")
     finally:
         proxy.stop_and_check()
+
+
+# --- Renewals (KIP-1222): withheld records kept acquired through an outage ---
+
+RENEW_LOCK_MS = 4000  # the renewal tests' group lock (their broker allows 1 s and up)
+RENEW_LIMIT = 2       # share.delivery.count.limit of their groups (the broker's minimum)
+
+
+@pytest.fixture(scope="module")
+def renew_broker(workdir, share_ready):
+    """A Kafka 4.4 broker of the renewal tests' own, whose groups may have
+    locks as short as 1 s (`group.share.min.record.lock.duration.ms`): an
+    outage three times limit x lock then takes seconds, not minutes."""
+    b = h.KafkaBroker(workdir, extra_properties={
+        "group.share.min.record.lock.duration.ms": "1000"}).start(fresh=True)
+    yield b
+    b.stop()
+
+
+def renew_group(broker, classes, dlq: str, **extra: str) -> str:
+    return new_group(broker, classes, **{
+        "share.record.lock.duration.ms": str(RENEW_LOCK_MS),
+        "share.delivery.count.limit": str(RENEW_LIMIT),
+        "errors.deadletterqueue.topic.name": dlq, **extra})
+
+
+def dlq_now(ep: c.Endpoint, dlq: str) -> Counter:
+    """The (partition, offset) origins the group's DLQ holds now."""
+    recs = ps.read_dlt(ep, dlq, settle=0.5)
+    return Counter((int(ps.hdict(r)["__dlq.errors.partition"]),
+                    int(ps.hdict(r)["__dlq.errors.offset"])) for r in recs)
+
+
+def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_renewed_not_archived(
+        workdir, renew_broker, java_classes, tmp_path):
+    """The proxy cannot read its DLTs back (their cluster is down from its
+    start), so the poison a share consumer fetches is withheld (`not_loaded`:
+    whether it is in its DLT already cannot be told) while the valid records
+    are delivered. The outage lasts three times the group's delivery limit x
+    lock duration. Without renewals each lock expiry brings the poison back
+    and counts a delivery: the broker archives it into the group's DLQ
+    (KIP-1191) though no client got it and no DLT of antidote's has it. With
+    them the proxy renews the member's locks in the member's own session:
+    the poison is withheld once, never archived, never delivered. When the
+    DLT cluster comes up the proxy releases it; it is delivered again,
+    diverted and rejected: each poison record in antidote's DLT once and in
+    the DLQ once (the broker's copy of the proxy's REJECT); each valid
+    record delivered exactly once; the group's lag 0."""
+    broker = renew_broker
+    ep = c.Endpoint(broker.bootstrap, "direct")
+    dlt_port = h.free_port()  # the DLT cluster's, down until the outage ends
+    pfile = ps.write_policies(tmp_path / "policies")
+    proxy = ps.start_policy_proxy(
+        workdir, upstream=[broker.bootstrap], policies=[pfile],
+        dead_letter={"bootstrap_servers": [f"{h.HOST}:{dlt_port}"], "timeout": "1s"},
+        name="antidote-share-renew", admin=True)
+    dlt_dir = workdir / f"renew-dlt-{uuid.uuid4().hex[:6]}"
+    dlt_dir.mkdir()
+    dlt_broker = None
+    stop = threading.Event()
+    got: list = []
+    t = None
+    try:
+        topic = ps.unique_topic(ps.JSON_PREFIX, "share-renew")
+        parts = 2
+        c.ck_create_topic(ep, topic, parts)
+        recs, valid, poison = mixed(24, 0, parts)
+        c.ck_produce(ep, topic, recs)
+        log = topic_log(ep, topic, parts, len(recs))
+        dlq = ss.make_dlq(broker.bootstrap)
+        group = renew_group(broker, java_classes, dlq)
+        counters = ss.Counters(proxy)
+        t = threading.Thread(target=lambda: ck_share_consume(
+            proxy.bootstrap, topic, group, set(), timeout=170, stop=stop, into=got), daemon=True)
+        t.start()
+        started = time.monotonic()
+        outage = 3 * RENEW_LIMIT * RENEW_LOCK_MS / 1000
+        deadline = started + 60
+        while set(valid) - {v for _, _, v in got} and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert set(valid) <= {v for _, _, v in got}, {"missing": len(set(valid) - {
+            v for _, _, v in got})}
+        time.sleep(max(0.0, started + outage - time.monotonic()))
+        # The outage has lasted 3 x limit x lock: nothing archived, no poison given.
+        counters.read()
+        share = counters.share()
+        assert not [v for _, _, v in got if v in poison]
+        assert dlq_now(ep, dlq) == Counter(), "archived during the outage"
+        assert share.get("withheld.not_loaded") == len(poison), share
+        renewals = counters.delta("antidote_share_renewals_total", result="sent")
+        # Every withheld range renewed about every half lock: the fault took effect.
+        assert renewals >= 2 * RENEW_LIMIT, renewals
+        fallbacks = counters.delta("antidote_share_renew_fallbacks_total")
+        assert fallbacks == 0, fallbacks
+        kept = h.metric(counters.now, "antidote_share_withheld_ranges")
+        assert kept >= 1, counters.now
+
+        # The DLT cluster comes up: the DLTs are read back, the poison released.
+        dlt_broker = h.Tansu(dlt_dir, port=dlt_port).start()
+        dlt_ep = c.Endpoint(dlt_broker.bootstrap)
+        removed = Counter(k for k, v in log.items() if v in poison)
+        origins = ss.wait_dlq(lambda: dlq_now(ep, dlq), len(poison), timeout=60)
+        assert origins == removed, origins
+        dlt = ps.read_dlt(dlt_ep, f"{topic}.dlt", c.ck_partition_count(dlt_ep, f"{topic}.dlt"))
+        assert Counter(r.value for r in dlt) == Counter(poison)
+        lag = wait_settled(broker, java_classes, group, topic, parts, timeout=30)
+        assert lag == {p: 0 for p in range(parts)}, lag
+        stop.set()
+        t.join(60)
+        values = Counter(v for _, _, v in got)
+        assert values == Counter(valid), {"poison": [v[:60] for v in values if v in poison],
+                                          "twice": [v[:60] for v, n in values.items() if n > 1]}
+        counters.read()
+        released = counters.delta("antidote_share_renewals_total", result="released")
+        assert released >= 1, counters.share()
+        assert counters.delta("antidote_share_renewals_total", result="refused") == 0
+        print(f"renewals {renewals} in the outage of {outage:.0f} s; released {released}")
+    finally:
+        stop.set()
+        if t is not None:
+            t.join(60)
+        proxy.stop_and_check()
+        if dlt_broker is not None:
+            dlt_broker.stop()
