@@ -292,6 +292,11 @@ fn type_lines_are_those_of_the_old_exposition() {
         // Added with share groups (issue 49, metrics/share.rs).
         "antidote_share_acks_total counter",
         "antidote_share_withheld_records_total counter",
+        // Added with renewals of withheld records (issue 54, metrics/share.rs).
+        "antidote_share_renewals_total counter",
+        "antidote_share_renew_fallbacks_total counter",
+        "antidote_share_withheld_ranges gauge",
+        "antidote_share_withheld_bytes gauge",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

@@ -431,6 +431,23 @@ mod tests {
     }
 
     #[test]
+    fn the_brokers_share_acknowledge_version_is_read_from_its_answer() {
+        let frame = |body: Bytes| {
+            let mut f = vec![0, 0, 0, 0, 0, 0, 0, 7];
+            f.extend_from_slice(&body);
+            Bytes::from(f)
+        };
+        let k = ApiKey::ShareAcknowledge;
+        let v44 = frame(response(&[(18, 0, 4), (79, 1, 2)], 3));
+        assert_eq!(broker_max(&v44, 3, k), Some(2));
+        let v41 = frame(response(&[(18, 0, 4), (79, 1, 1)], 3));
+        assert_eq!(broker_max(&v41, 3, k), Some(1));
+        let none = frame(response(&[(18, 0, 4)], 3));
+        assert_eq!(broker_max(&none, 3, k), None);
+        assert_eq!(broker_max(&frame(Bytes::from_static(&[0, 0, 0xff])), 3, k), None);
+    }
+
+    #[test]
     fn an_unsupported_version_answer_in_v0_form_is_understood() {
         let body = response(&[(18, 0, 3)], 0);
         let mut body = BytesMut::from(&body[..]);

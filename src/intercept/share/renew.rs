@@ -375,3 +375,251 @@ pub fn set_epoch(frame: &Bytes, body_at: usize, epoch: i32) -> Option<Bytes> {
     out[body_at + at..body_at + at + 4].copy_from_slice(&epoch.to_be_bytes());
     Some(out.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::share_fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::ShareFetchRequest;
+    use std::time::Duration;
+
+    const T: Uuid = Uuid::from_u128(0xabc);
+    const LOCK: Duration = Duration::from_millis(4000);
+
+    fn session() -> SessionKey {
+        SessionKey {
+            node: 1,
+            group: "g".into(),
+            member: "m".into(),
+        }
+    }
+
+    fn never(_: Uuid, _: &'static str) -> bool {
+        false
+    }
+
+    fn on() -> Renewing<'static> {
+        Renewing {
+            enabled: true,
+            rules: Rules { max_renewals: 20 },
+            cleared: &never,
+        }
+    }
+
+    fn v2() -> Conn {
+        let conn = Conn::default();
+        conn.learn_versions(Some(2));
+        conn
+    }
+
+    /// A ShareFetch request frame (header v2, client id "c") at `epoch`.
+    fn share_fetch(epoch: i32, version: i16) -> (Bytes, usize) {
+        let req = ShareFetchRequest::default()
+            .with_group_id(Some(GroupId(StrBytes::from_static_str("g"))))
+            .with_member_id(Some(StrBytes::from_static_str("m")))
+            .with_share_session_epoch(epoch)
+            .with_max_wait_ms(500)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic_id(T)
+                .with_partitions(vec![FetchPartition::default().with_partition_index(0)])]);
+        let header = RequestHeader::default()
+            .with_request_api_key(ApiKey::ShareFetch as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(9)
+            .with_client_id(Some(StrBytes::from_static_str("c")));
+        let mut b = BytesMut::new();
+        b.put_i32(0);
+        header.encode(&mut b, 2).unwrap();
+        let at = b.len();
+        req.encode(&mut b, version).unwrap();
+        let len = (b.len() - 4) as i32;
+        b[..4].copy_from_slice(&len.to_be_bytes());
+        (b.freeze(), at)
+    }
+
+    fn decode_injected(frame: &Bytes) -> (RequestHeader, ShareAcknowledgeRequest) {
+        let len = i32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+        let mut b = frame.slice(4..);
+        let hv = ApiKey::ShareAcknowledge.request_header_version(RENEW_VERSION);
+        let header = RequestHeader::decode(&mut b, hv).unwrap();
+        let req = ShareAcknowledgeRequest::decode(&mut b, RENEW_VERSION).unwrap();
+        assert!(b.is_empty(), "every byte read");
+        (header, req)
+    }
+
+    #[test]
+    fn epochs_advance_as_the_broker_counts_them_and_0_and_minus_1_stay() {
+        assert_eq!(advance(5, 0), 5);
+        assert_eq!(advance(5, 3), 8);
+        assert_eq!(advance(i32::MAX, 1), 1, "nextEpoch wraps to 1");
+        assert_eq!(advance(i32::MAX - 1, 3), 2);
+        assert_eq!(advance(1, u32::MAX), advance(1, u32::MAX % i32::MAX as u32));
+        assert_eq!(advance(0, 4), 0);
+        assert_eq!(advance(-1, 4), -1);
+    }
+
+    #[test]
+    fn the_epoch_is_found_and_written_in_both_request_versions() {
+        for version in [1, 2] {
+            let (frame, at) = share_fetch(41, version);
+            assert_eq!(epoch_at(&frame[at..]).map(|e| e.1), Some(41));
+            let out = set_epoch(&frame, at, i32::MAX).unwrap();
+            let back = ShareFetchRequest::decode(&mut out.slice(at..), version).unwrap();
+            assert_eq!(back.share_session_epoch, i32::MAX);
+            assert_eq!(back.max_wait_ms, 500, "nothing else moved");
+        }
+        // Null group and member (compact length 0).
+        assert_eq!(epoch_at(&[0, 0, 0, 0, 0, 7]), Some((2, 7)));
+        assert_eq!(epoch_at(&[0, 0, 0]), None);
+    }
+
+    #[test]
+    fn a_due_renewal_goes_first_at_the_sessions_epoch_and_later_requests_are_advanced() {
+        let conn = v2();
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        let spans = [((3, 5), "dlt"), ((9, 9), "not_loaded")];
+        book.withhold(&session(), (T, 0), &spans, t0, 4000);
+        book.withhold(&session(), (T, 2), &[((0, 0), "dlt")], t0, 4000);
+        // Nothing due yet: the client's epoch goes up unchanged.
+        let b = before(&conn, &book, &session(), 7, t0, &on());
+        assert!(b.inject.is_none() && b.epoch.is_none());
+        let now = t0 + LOCK / 2;
+        let b = before(&conn, &book, &session(), 8, now, &on());
+        let inject = b.inject.unwrap();
+        assert_eq!(b.epoch, Some(9), "the client's request follows the proxy's");
+        let (header, req) = decode_injected(&inject.frame);
+        assert_eq!(header.request_api_key, ApiKey::ShareAcknowledge as i16);
+        assert_eq!(header.request_api_version, 2);
+        assert_eq!(header.correlation_id, inject.correlation_id);
+        assert_eq!(req.share_session_epoch, 8);
+        assert!(req.is_renew_ack);
+        assert_eq!(req.group_id.as_ref().map(|g| g.0.as_str()), Some("g"));
+        assert_eq!(req.member_id.as_deref(), Some("m"));
+        let wire: Vec<(i32, i64, i64, Vec<i8>)> = req.topics[0]
+            .partitions
+            .iter()
+            .flat_map(|p| {
+                p.acknowledgement_batches.iter().map(move |b| {
+                    let t = b.acknowledge_types.clone();
+                    (p.partition_index, b.first_offset, b.last_offset, t)
+                })
+            })
+            .collect();
+        assert_eq!(
+            wire,
+            [(0, 3, 5, vec![RENEW]), (0, 9, 9, vec![RENEW]), (2, 0, 0, vec![RENEW])]
+        );
+        assert_eq!(inject.sent.renewed.len(), 3);
+        // Pipelined requests of the session, and after a second renewal.
+        let b = before(&conn, &book, &session(), 9, now, &on());
+        assert_eq!((b.inject.is_none(), b.epoch), (true, Some(10)));
+        let later = now + LOCK / 2;
+        let b = before(&conn, &book, &session(), 10, later, &on());
+        let (_, req) = decode_injected(&b.inject.unwrap().frame);
+        assert_eq!((req.share_session_epoch, b.epoch), (11, Some(12)));
+        // A new session (epoch 0) starts the count again and forgets the ranges.
+        let b = before(&conn, &book, &session(), 0, later, &on());
+        assert_eq!((b.inject.is_none(), b.epoch), (true, None));
+        assert_eq!(book.ranges(), 0);
+        let b = before(&conn, &book, &session(), 1, later, &on());
+        assert_eq!(b.epoch, None);
+    }
+
+    #[test]
+    fn the_renewal_takes_the_wrap_after_int32_max() {
+        let conn = v2();
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
+        let b = before(&conn, &book, &session(), i32::MAX, t0 + LOCK / 2, &on());
+        let (_, req) = decode_injected(&b.inject.unwrap().frame);
+        assert_eq!((req.share_session_epoch, b.epoch), (i32::MAX, Some(1)));
+    }
+
+    #[test]
+    fn a_cleared_range_is_released_without_the_renew_flag() {
+        let conn = v2();
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&session(), (T, 0), &[((4, 6), "not_loaded")], t0, 4000);
+        let loaded = |_: Uuid, _: &'static str| true;
+        let renewing = Renewing {
+            cleared: &loaded,
+            ..on()
+        };
+        let b = before(&conn, &book, &session(), 3, t0, &renewing);
+        let (_, req) = decode_injected(&b.inject.unwrap().frame);
+        assert!(!req.is_renew_ack);
+        let batch = &req.topics[0].partitions[0].acknowledgement_batches[0];
+        assert_eq!(
+            (batch.first_offset, batch.last_offset, batch.acknowledge_types.clone()),
+            (4, 6, vec![RELEASE])
+        );
+        assert_eq!(book.ranges(), 0);
+    }
+
+    #[test]
+    fn without_v2_or_turned_off_the_ranges_are_dropped_and_nothing_is_injected() {
+        for (conn, enabled) in [(Conn::default(), true), (v2(), false)] {
+            let book = Withheld::default();
+            let t0 = Instant::now();
+            book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
+            let renewing = Renewing { enabled, ..on() };
+            let b = before(&conn, &book, &session(), 3, t0 + LOCK / 2, &renewing);
+            assert!(b.inject.is_none() && b.epoch.is_none());
+            assert_eq!(book.ranges(), 0);
+        }
+    }
+
+    fn answer(correlation_id: i32, resp: &ShareAcknowledgeResponse) -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_i32(0);
+        b.put_i32(correlation_id);
+        b.put_u8(0); // no tagged fields in the v1 response header
+        resp.encode(&mut b, RENEW_VERSION).unwrap();
+        let len = (b.len() - 4) as i32;
+        b[..4].copy_from_slice(&len.to_be_bytes());
+        b.freeze()
+    }
+
+    #[test]
+    fn the_brokers_answer_drops_refused_partitions_and_takes_its_lock_duration() {
+        use kafka_protocol::messages::share_acknowledge_response::{
+            PartitionData, ShareAcknowledgeTopicResponse,
+        };
+        let conn = v2();
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
+        book.withhold(&session(), (T, 1), &[((2, 2), "dlt")], t0, 4000);
+        let sent_at = t0 + LOCK / 2;
+        let inject = before(&conn, &book, &session(), 3, sent_at, &on()).inject.unwrap();
+        let resp = ShareAcknowledgeResponse::default()
+            .with_acquisition_lock_timeout_ms(10_000)
+            .with_responses(vec![ShareAcknowledgeTopicResponse::default()
+                .with_topic_id(T)
+                .with_partitions(vec![
+                    PartitionData::default().with_partition_index(0),
+                    PartitionData::default()
+                        .with_partition_index(1)
+                        .with_error_code(5), // INVALID_RECORD_STATE-like
+                ])]);
+        answered(&book, inject.sent, &answer(inject.correlation_id, &resp));
+        assert_eq!(book.ranges(), 1, "partition 1 refused");
+        // Partition 0's lock is 10 s from the renewal: due 5 s after it.
+        let at = sent_at + Duration::from_millis(4900);
+        assert!(before(&conn, &book, &session(), 5, at, &on()).inject.is_none());
+        let at = sent_at + Duration::from_secs(5);
+        assert!(before(&conn, &book, &session(), 6, at, &on()).inject.is_some());
+        // A top-level error (or an answer that does not decode): all refused.
+        let inject = before(&conn, &book, &session(), 8, at + LOCK * 3, &on()).inject;
+        assert!(inject.is_none(), "expired meanwhile");
+        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], at, 4000);
+        let i = before(&conn, &book, &session(), 8, at + LOCK / 2, &on()).inject.unwrap();
+        let bad = ShareAcknowledgeResponse::default().with_error_code(72);
+        answered(&book, i.sent, &answer(i.correlation_id, &bad));
+        assert_eq!(book.ranges(), 0);
+    }
+}

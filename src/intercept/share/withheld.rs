@@ -430,3 +430,139 @@ fn disjoint(spans: &[(Span, &'static str)]) -> Vec<(Span, &'static str)> {
 fn session_bytes(session: &SessionKey) -> usize {
     session.group.len() + session.member.len() + 64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Uuid = Uuid::from_u128(7);
+    const LOCK_MS: i32 = 4000;
+    const LOCK: Duration = Duration::from_millis(4000);
+
+    fn key(member: &str) -> SessionKey {
+        SessionKey {
+            node: 1,
+            group: "g".into(),
+            member: member.into(),
+        }
+    }
+
+    fn never(_: Uuid, _: &'static str) -> bool {
+        false
+    }
+
+    const RULES: Rules = Rules { max_renewals: 3 };
+
+    fn spans(due: &[(u64, Held)]) -> Vec<Span> {
+        due.iter().map(|(_, h)| h.span).collect()
+    }
+
+    #[test]
+    fn a_range_is_renewed_once_its_lock_nears_its_end_and_not_before() {
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&key("a"), (T, 0), &[((5, 9), "dlt")], t0, LOCK_MS);
+        // More than half the lock left: nothing due.
+        assert!(book.due(&key("a"), t0 + LOCK / 4, RULES, &never).is_empty());
+        let at = t0 + LOCK / 2;
+        let due = book.due(&key("a"), at, RULES, &never);
+        assert_eq!(spans(&due.renew), [(5, 9)]);
+        assert_eq!(due.renew[0].1.expires, at + LOCK, "renewed from now");
+        assert_eq!(due.renew[0].1.renewals, 1);
+        // Renewed: not due again until half of the new lock has passed.
+        assert!(book.due(&key("a"), at + LOCK / 4, RULES, &never).is_empty());
+        assert_eq!(
+            spans(&book.due(&key("a"), at + LOCK / 2, RULES, &never).renew),
+            [(5, 9)]
+        );
+        // Another session has nothing.
+        assert!(book.due(&key("b"), at + LOCK, RULES, &never).is_empty());
+    }
+
+    #[test]
+    fn a_cleared_reason_releases_at_once_and_spent_renewals_release_all_the_same() {
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        let spans_ = [((1, 1), "not_loaded"), ((3, 4), "dlt")];
+        book.withhold(&key("a"), (T, 0), &spans_, t0, LOCK_MS);
+        let loaded = |_: Uuid, r: &'static str| r == "not_loaded";
+        let due = book.due(&key("a"), t0, RULES, &loaded);
+        let released: Vec<Span> = due.release.iter().map(|h| h.span).collect();
+        assert_eq!((released, due.renew.len()), (vec![(1, 1)], 0));
+        assert_eq!(book.ranges(), 1);
+        // The DLT write's range: renewed RULES.max_renewals times, then released.
+        let mut now = t0;
+        for n in 1..=RULES.max_renewals {
+            now += LOCK / 2;
+            let due = book.due(&key("a"), now, RULES, &never);
+            assert_eq!((due.renew.len(), due.release.len()), (1, 0), "renewal {n}");
+        }
+        now += LOCK / 2;
+        let due = book.due(&key("a"), now, RULES, &never);
+        assert_eq!((due.renew.len(), due.release.len()), (0, 1));
+        assert_eq!((book.ranges(), book.bytes(), book.has(&key("a"))), (0, 0, false));
+    }
+
+    #[test]
+    fn ranges_whose_lock_ran_out_leave_by_deadline_and_refused_ones_leave_at_once() {
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS);
+        book.withhold(&key("b"), (T, 1), &[((2, 2), "dlt"), ((4, 4), "dlt")], t0, LOCK_MS);
+        // Nobody asked in time: the lock ran out, the broker released them.
+        assert!(book.due(&key("a"), t0 + LOCK, RULES, &never).is_empty());
+        assert_eq!(book.ranges(), 0);
+        book.withhold(&key("b"), (T, 1), &[((2, 2), "dlt"), ((4, 4), "dlt")], t0, LOCK_MS);
+        let due = book.due(&key("b"), t0 + LOCK / 2, RULES, &never);
+        let ids: Vec<u64> = due.renew.iter().map(|(id, _)| *id).collect();
+        book.refused(&key("b"), &ids[..1]);
+        assert_eq!(book.ranges(), 1);
+        book.forget(&key("b"), "member_gone");
+        assert_eq!((book.ranges(), book.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_record_withheld_again_replaces_its_old_range_and_one_offset_is_named_once() {
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&key("a"), (T, 0), &[((0, 9), "dlt")], t0, LOCK_MS);
+        // Part of it came back (the old lock ran out) and is withheld again,
+        // with overlapping reasons in one response.
+        let again = [((5, 7), "transient"), ((6, 12), "held"), ((8, 8), "dlt")];
+        book.withhold(&key("a"), (T, 0), &again, t0 + LOCK, LOCK_MS);
+        let due = book.due(&key("a"), t0 + LOCK + LOCK / 2, RULES, &never);
+        assert_eq!(spans(&due.renew), [(5, 7), (8, 12)]);
+        let reasons: Vec<&str> = due.renew.iter().map(|(_, h)| h.reason).collect();
+        assert_eq!(reasons, ["transient", "held"]);
+    }
+
+    #[test]
+    fn the_budget_bounds_the_bytes_over_all_sessions() {
+        let budget = 16 * 1024;
+        let book = Withheld::new(budget);
+        let t0 = Instant::now();
+        let mut dropped = 0;
+        for m in 0..1000 {
+            let spans: Vec<(Span, &str)> = (0..10).map(|o| ((o * 2, o * 2), "dlt")).collect();
+            dropped += book.withhold(&key(&m.to_string()), (T, 0), &spans, t0, LOCK_MS);
+        }
+        assert!(book.bytes() <= budget, "{} bytes", book.bytes());
+        assert_eq!(dropped as usize + book.ranges(), 10_000);
+        assert!(book.ranges() > 0);
+    }
+
+    #[test]
+    fn the_brokers_lock_duration_moves_the_expiry_of_renewed_ranges() {
+        let book = Withheld::default();
+        let t0 = Instant::now();
+        book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS);
+        let sent = t0 + LOCK / 2;
+        let due = book.due(&key("a"), sent, RULES, &never);
+        book.renewed(&key("a"), &[due.renew[0].0], sent, 10_000);
+        // With a 10 s lock, half of it is 5 s: not due 4 s after the renewal.
+        let four = sent + Duration::from_secs(4);
+        assert!(book.due(&key("a"), four, RULES, &never).is_empty());
+        let due = book.due(&key("a"), sent + Duration::from_secs(5), RULES, &never);
+        assert_eq!(due.renew.len(), 1);
+    }
+}
