@@ -50,6 +50,9 @@ pub struct Held {
     pub renewals: u32,
 }
 
+/// Withheld spans of one partition, each with its reason.
+pub type Reasoned = Vec<(Span, &'static str)>;
+
 /// What one entry costs, for the budget (the entry and its queue place).
 const ENTRY_BYTES: usize = std::mem::size_of::<Held>() + 48;
 
