@@ -687,8 +687,40 @@ def dlq_now(ep: c.Endpoint, dlq: str) -> Counter:
                     int(ps.hdict(r)["__dlq.errors.offset"])) for r in recs)
 
 
+class _Consumer:
+    """A share consumer through `bootstrap` in the background: Kafka's
+    KafkaShareConsumer (tests/java/JavaShare.java) or librdkafka's;
+    `records()` is what it got so far, (partition, offset, value)."""
+
+    def __init__(self, client, classes, bootstrap, topic, group, tmp_path):
+        self.client, self.stop_file = client, tmp_path / f"stop-{group}"
+        self.stop_event, self.got, self.t, self.java = threading.Event(), [], None, None
+        if client == "java":
+            self.java = JavaShareConsumer(classes, bootstrap, topic, group, 10**6, 170_000,
+                                          self.stop_file)
+        else:
+            self.t = threading.Thread(target=lambda: ck_share_consume(
+                bootstrap, topic, group, set(), timeout=170, stop=self.stop_event,
+                into=self.got), daemon=True)
+            self.t.start()
+
+    def records(self) -> list:
+        return self.java.records() if self.java else list(self.got)
+
+    def stop(self) -> list:
+        if self.java:
+            self.stop_file.touch()
+            out = self.java.wait()
+            assert [x for x in out if "error" in x] == [], out[-3:]
+        else:
+            self.stop_event.set()
+            self.t.join(60)
+        return self.records()
+
+
+@pytest.mark.parametrize("client", ["librdkafka", "java"])
 def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_renewed_not_archived(
-        workdir, renew_broker, java_classes, tmp_path):
+        client, workdir, renew_broker, java_classes, tmp_path):
     """The proxy cannot read its DLTs back (their cluster is down from its
     start), so the poison a share consumer fetches is withheld (`not_loaded`:
     whether it is in its DLT already cannot be told) while the valid records
@@ -713,9 +745,7 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
     dlt_dir = workdir / f"renew-dlt-{uuid.uuid4().hex[:6]}"
     dlt_dir.mkdir()
     dlt_broker = None
-    stop = threading.Event()
-    got: list = []
-    t = None
+    cons = None
     try:
         topic = ps.unique_topic(ps.JSON_PREFIX, "share-renew")
         parts = 2
@@ -726,21 +756,19 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
         dlq = ss.make_dlq(broker.bootstrap)
         group = renew_group(broker, java_classes, dlq)
         counters = ss.Counters(proxy)
-        t = threading.Thread(target=lambda: ck_share_consume(
-            proxy.bootstrap, topic, group, set(), timeout=170, stop=stop, into=got), daemon=True)
-        t.start()
+        cons = _Consumer(client, java_classes, proxy.bootstrap, topic, group, tmp_path)
         started = time.monotonic()
         outage = 3 * RENEW_LIMIT * RENEW_LOCK_MS / 1000
         deadline = started + 60
-        while set(valid) - {v for _, _, v in got} and time.monotonic() < deadline:
+        while set(valid) - {v for _, _, v in cons.records()} and time.monotonic() < deadline:
             time.sleep(0.25)
-        assert set(valid) <= {v for _, _, v in got}, {"missing": len(set(valid) - {
-            v for _, _, v in got})}
+        missing = set(valid) - {v for _, _, v in cons.records()}
+        assert not missing, {"missing": len(missing)}
         time.sleep(max(0.0, started + outage - time.monotonic()))
         # The outage has lasted 3 x limit x lock: nothing archived, no poison given.
         counters.read()
         share = counters.share()
-        assert not [v for _, _, v in got if v in poison]
+        assert not [v for _, _, v in cons.records() if v in poison]
         assert dlq_now(ep, dlq) == Counter(), "archived during the outage"
         assert share.get("withheld.not_loaded") == len(poison), share
         renewals = counters.delta("antidote_share_renewals_total", result="sent")
@@ -761,8 +789,8 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
         assert Counter(r.value for r in dlt) == Counter(poison)
         lag = wait_settled(broker, java_classes, group, topic, parts, timeout=30)
         assert lag == {p: 0 for p in range(parts)}, lag
-        stop.set()
-        t.join(60)
+        got = cons.stop()
+        cons = None
         values = Counter(v for _, _, v in got)
         assert values == Counter(valid), {"poison": [v[:60] for v in values if v in poison],
                                           "twice": [v[:60] for v, n in values.items() if n > 1]}
@@ -772,9 +800,68 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
         assert counters.delta("antidote_share_renewals_total", result="refused") == 0
         print(f"renewals {renewals} in the outage of {outage:.0f} s; released {released}")
     finally:
-        stop.set()
-        if t is not None:
-            t.join(60)
+        if cons is not None:
+            cons.stop_file.touch()
+            cons.stop_event.set()
         proxy.stop_and_check()
         if dlt_broker is not None:
             dlt_broker.stop()
+
+
+def test_a_renewal_the_group_refuses_falls_back_to_the_lock_and_the_session_carries_on(
+        workdir, renew_broker, java_classes, tmp_path):
+    """The group turns renewals off (`share.renew.acknowledge.enable=false`):
+    the broker refuses the proxy's renewals of the withheld poison
+    (INVALID_RECORD_STATE for the partition), the proxy counts the refusal
+    and the fallback and leaves the records to their locks, as without
+    renewals: the broker archives them into the group's DLQ at the delivery
+    limit (the documented fallback). The member's session carries on: its
+    epochs stayed in step with the broker's (the refused request still
+    counted), so records produced after the refusal are delivered, once."""
+    broker = renew_broker
+    ep = c.Endpoint(broker.bootstrap, "direct")
+    pfile = ps.write_policies(tmp_path / "policies")
+    proxy = ps.start_policy_proxy(
+        workdir, upstream=[broker.bootstrap], policies=[pfile],
+        dead_letter={"bootstrap_servers": [f"{h.HOST}:{h.free_port()}"], "timeout": "1s"},
+        name="antidote-share-renew-refused", admin=True)
+    cons = None
+    try:
+        topic = ps.unique_topic(ps.JSON_PREFIX, "share-renew-off")
+        parts = 1
+        c.ck_create_topic(ep, topic, parts)
+        recs, valid, poison = mixed(12, 0, parts)
+        c.ck_produce(ep, topic, recs)
+        log = topic_log(ep, topic, parts, len(recs))
+        dlq = ss.make_dlq(broker.bootstrap)
+        group = renew_group(broker, java_classes, dlq,
+                            **{"share.renew.acknowledge.enable": "false"})
+        counters = ss.Counters(proxy)
+        cons = _Consumer("librdkafka", java_classes, proxy.bootstrap, topic, group, tmp_path)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            counters.read()
+            if counters.delta("antidote_share_renew_fallbacks_total", reason="refused"):
+                break
+            time.sleep(0.25)
+        assert counters.delta("antidote_share_renewals_total", result="refused") >= 1, \
+            counters.share()
+        # The session goes on after the refusal: new records come, once each.
+        more = [ps.json_rec("valid", 100 + i) for i in range(6)]
+        c.ck_produce(ep, topic, more)
+        removed = Counter(k for k, v in log.items() if v in poison)
+        origins = ss.wait_dlq(lambda: dlq_now(ep, dlq), len(poison), timeout=40)
+        assert origins == removed, origins  # archived by the broker: the lock's way
+        want = Counter(valid + [r.value for r in more])
+        deadline = time.monotonic() + 20
+        while Counter(v for _, _, v in cons.records()) != want and time.monotonic() < deadline:
+            time.sleep(0.25)
+        got = cons.stop()
+        cons = None
+        assert Counter(v for _, _, v in got) == want
+        counters.read()
+        assert counters.delta("antidote_share_renewals_total", result="released") == 0
+    finally:
+        if cons is not None:
+            cons.stop_event.set()
+        proxy.stop_and_check()
