@@ -51,6 +51,7 @@ use super::share_patch::ShareSections;
 use super::{outcomes, report, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, SessionKey, ShareAcks};
+use crate::intercept::share::withheld::Reasoned;
 use crate::kafka::batch::{segments, Segment};
 use crate::metrics;
 use crate::plan::share::{self, Acquired, Span};
@@ -93,6 +94,10 @@ struct Settle {
     held_from: Option<i64>,
 }
 
+/// A partition's acquired ranges the proxy acknowledges, and those it
+/// withholds, by reason.
+type Settled = (Vec<Span>, Reasoned);
+
 /// What becomes of one partition's acquired offsets, as ranges.
 struct Outcome {
     /// Acknowledged by the proxy.
@@ -101,7 +106,7 @@ struct Outcome {
     /// withheld).
     removed: Vec<Span>,
     /// The withheld ones, by reason (kept acquired by renewals).
-    held: Vec<(Span, &'static str)>,
+    held: Reasoned,
 }
 
 impl FetchFilter {
@@ -210,7 +215,7 @@ impl FetchFilter {
         planned: Planned,
         failed: &[i64],
         p: &mut PartitionData,
-    ) -> Result<Option<((Vec<Span>, Vec<(Span, &'static str)>), Vec<Bytes>)>, FilterError> {
+    ) -> Result<Option<(Settled, Vec<Bytes>)>, FilterError> {
         let Planned {
             mut plan,
             acquired,
