@@ -107,19 +107,32 @@ class VerifiableShare(h.Lines):
 
 
 def ack_proxy(workdir: Path, upstream: list[str], policies: list[Path], removed_ack: str,
-              name: str):
+              name: str, **kw):
     """A policy proxy with an admin listener and `share_groups.removed_ack`
-    set, started and registered (conftest attaches its log to failures)."""
+    set, started and registered (conftest attaches its log to failures);
+    `kw`: `share_groups` (more keys of that section) or PolicyProxy fields
+    (`dead_letter`)."""
+    return share_proxy(workdir, upstream, policies, name,
+                       share_groups={"removed_ack": removed_ack, **kw.pop("share_groups", {})},
+                       **kw)
+
+
+def share_proxy(workdir: Path, upstream: list[str], policies: list[Path], name: str,
+                share_groups: dict, **kw):
+    """A policy proxy with an admin listener and the `share_groups` keys
+    given, started and registered; `kw`: PolicyProxy fields (`dead_letter`)."""
     from dataclasses import dataclass
 
     import conftest
     import poison_support as ps
 
-    @dataclass
-    class AckProxy(ps.AdminPolicyProxy):
-        def config_yaml(self) -> str:
-            return super().config_yaml() + f"share_groups:\n  removed_ack: {removed_ack}\n"
+    section = "share_groups:\n" + "".join(f"  {k}: {v}\n" for k, v in share_groups.items())
 
-    proxy = AckProxy(workdir, upstream=upstream, policies=policies, name=name)
+    @dataclass
+    class ShareProxy(ps.AdminPolicyProxy):
+        def config_yaml(self) -> str:
+            return super().config_yaml() + section
+
+    proxy = ShareProxy(workdir, upstream=upstream, policies=policies, name=name, **kw)
     conftest._PROXIES.append(proxy)
     return proxy.start()
