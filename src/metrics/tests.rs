@@ -225,6 +225,8 @@ fn every_series_once() -> Metrics {
     m.requests.request(0, 13);
     m.share.acks("sent", 1);
     m.share.withheld("dlt", 1);
+    m.share.renewals("sent", 1);
+    m.share.fallback("no_v2", 1);
     m
 }
 
