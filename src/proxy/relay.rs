@@ -28,7 +28,7 @@ use crate::intercept::fetch::Holds;
 use crate::intercept::produce as door;
 use crate::proxy::classify::{classify_request, learn_produce_topic_ids, Handling, Pending, Send};
 use crate::proxy::sasl_phase::{Raw, SaslPhase};
-use crate::proxy::{exchange, Shared};
+use crate::proxy::{exchange, versions, Shared};
 use crate::transport::frame::{self, FrameError, FrameReader, ResponseFrame, RESPONSE_ID_END};
 use crate::transport::net::Conn;
 use crate::transport::splice::{self, AsTcp};
@@ -347,15 +347,7 @@ where
             },
         };
         if matches!(p.handling, Handling::Discard | Handling::Renewal(_)) {
-            let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
-                Some(f) => f,
-                None => return Err(RelayError::BrokerClosed(1 + pending.len())),
-            };
-            check_correlation_id(&f, p.correlation_id)?;
-            if let Handling::Renewal(sent) = p.handling {
-                crate::intercept::share::renew::answered(&shared.share_acks.withheld, sent, &f);
-            }
-            state.in_flight.fetch_sub(1, Ordering::SeqCst);
+            own_answer(shared, state, &mut broker, p, pending.len()).await?;
             continue;
         }
         if matches!(p.handling, Handling::Forward) {
@@ -378,8 +370,7 @@ where
                     state.sasl.handshake_answered(tokens, p.version, &frame);
                 }
                 if let Handling::ApiVersions = handling {
-                    let acks = crate::proxy::versions::broker_max(&frame, p.version, SHARE_ACK);
-                    state.share.learn_versions(acks);
+                    state.share.learn_versions(versions::broker_max(&frame, p.version, SHARE_ACK));
                 }
                 let cx = exchange::Cx {
                     shared,
@@ -400,6 +391,29 @@ where
         }
         state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The broker's answer to one of the proxy's own requests (`p`: the
+/// barrier before closing, or a renewal in a share session, whose answer
+/// settles the withheld book): read, checked, never sent to the client.
+/// `queued`: answers pending behind it.
+async fn own_answer<R: AsyncRead + Unpin>(
+    shared: &Shared,
+    state: &ConnState,
+    broker: &mut FrameReader<R>,
+    p: Pending,
+    queued: usize,
+) -> Result<(), RelayError> {
+    let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
+        Some(f) => f,
+        None => return Err(RelayError::BrokerClosed(1 + queued)),
+    };
+    check_correlation_id(&f, p.correlation_id)?;
+    if let Handling::Renewal(sent) = p.handling {
+        crate::intercept::share::renew::answered(&shared.share_acks.withheld, sent, &f);
+    }
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
 }
 
 /// The broker's answer to the request of `correlation_id`, skipping
