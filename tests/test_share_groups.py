@@ -870,3 +870,83 @@ def test_a_renewal_the_group_refuses_falls_back_to_the_lock_and_the_session_carr
         if cons is not None:
             cons.stop_event.set()
         proxy.stop_and_check()
+
+
+def test_poison_whose_dlt_write_fails_is_renewed_then_released_after_max_renewals(
+        workdir, renew_broker, java_classes, tmp_path):
+    """The DLT cluster (tansu) is up when the proxy starts, then killed:
+    the poison's DLT writes are not acknowledged, so it is withheld (`dlt`,
+    or `not_loaded` once the follower loses the DLT), a reason the proxy
+    cannot tell has cleared. It renews the locks `share_groups.max_renewals`
+    times (16: 17 half locks, 34 s with 4 s locks) and then releases the
+    poison to be judged again: an outage of 3 x limit x lock (24 s) archives
+    nothing and gives no poison; the DLT cluster is back (empty, same port)
+    before the release, so the poison is diverted then: antidote's DLT and
+    the group's DLQ hold each poison record once, every valid record is
+    delivered once, the lag ends at 0."""
+    broker = renew_broker
+    ep = c.Endpoint(broker.bootstrap, "direct")
+    dlt_dir = workdir / f"renew-dlt2-{uuid.uuid4().hex[:6]}"
+    dlt_dir.mkdir()
+    dlt_broker = h.Tansu(dlt_dir).start()
+    pfile = ps.write_policies(tmp_path / "policies")
+    proxy = ss.share_proxy(
+        workdir, [broker.bootstrap], [pfile], "antidote-share-renew-dlt",
+        share_groups={"max_renewals": 16},
+        dead_letter={"bootstrap_servers": [dlt_broker.bootstrap], "timeout": "1s"})
+    cons = None
+    try:
+        topic = ps.unique_topic(ps.JSON_PREFIX, "share-renew-dlt")
+        parts = 1
+        c.ck_create_topic(ep, topic, parts)
+        # A first valid record read through the proxy: the topic's DLT is
+        # read back (it does not exist yet) while its cluster is up.
+        first = ps.json_rec("valid", 999)
+        c.ck_produce(ep, topic, [first])
+        assert len(c.kp_consume_assign(c.Endpoint(proxy.bootstrap, "proxy"), topic, [0], 1)) == 1
+        recs, valid, poison = mixed(12, 0, parts)
+        valid = [first.value, *valid]
+        c.ck_produce(ep, topic, recs)
+        log = topic_log(ep, topic, parts, 1 + len(recs))
+        dlq = ss.make_dlq(broker.bootstrap)
+        group = renew_group(broker, java_classes, dlq)
+        dlt_broker.proc.kill()
+        dlt_broker.proc.wait(10)
+        counters = ss.Counters(proxy)
+        cons = _Consumer("librdkafka", java_classes, proxy.bootstrap, topic, group, tmp_path)
+        started = time.monotonic()
+        outage = 3 * RENEW_LIMIT * RENEW_LOCK_MS / 1000
+        deadline = started + 40
+        while counters.read().delta("antidote_share_withheld_records_total") < len(poison):
+            assert time.monotonic() < deadline, counters.share()
+            time.sleep(0.25)
+        time.sleep(max(0.0, started + outage - time.monotonic()))
+        counters.read()
+        assert not [v for _, _, v in cons.records() if v in poison]
+        assert dlq_now(ep, dlq) == Counter(), "archived during the outage"
+        assert counters.delta("antidote_share_renewals_total", result="sent") >= 2 * RENEW_LIMIT
+        assert counters.delta("antidote_share_renewals_total", result="released") == 0
+        # The DLT cluster back, empty, on the same port, before the release.
+        dlt_broker = h.Tansu(dlt_dir, port=dlt_broker.port).start()
+        dlt_ep = c.Endpoint(dlt_broker.bootstrap)
+        removed = Counter(k for k, v in log.items() if v in poison)
+        origins = ss.wait_dlq(lambda: dlq_now(ep, dlq), len(poison), timeout=60)
+        assert origins == removed, origins
+        dlt = ps.read_dlt(dlt_ep, f"{topic}.dlt", c.ck_partition_count(dlt_ep, f"{topic}.dlt"))
+        assert Counter(r.value for r in dlt) == Counter(poison)
+        lag = wait_settled(broker, java_classes, group, topic, parts, timeout=30)
+        assert lag == {p: 0 for p in range(parts)}, lag
+        got = cons.stop()
+        cons = None
+        assert Counter(v for _, _, v in got) == Counter(valid)
+        counters.read()
+        assert counters.delta("antidote_share_renewals_total", result="released") >= 1
+        assert counters.delta("antidote_share_renewals_total", result="refused") == 0
+        print(f"withheld and renewed through the DLT outage: {counters.share()}, renewals"
+              f" {counters.delta('antidote_share_renewals_total', result='sent')}")
+    finally:
+        if cons is not None:
+            cons.stop_event.set()
+        proxy.stop_and_check()
+        dlt_broker.stop()
+
