@@ -26,8 +26,15 @@ group's lag 0 on every partition) within one lock duration
   record delivered as often as its acknowledgement says; the DLQ holds
   what the tool rejected or released past the delivery limit, and the
   poison only with `reject` (with `accept` only antidote's DLT has it).
-- A proxy whose DLT cannot be read back: the valid records are delivered
-  all the same (no order to keep), the poison neither delivered nor written.
+- A proxy whose DLT cannot be read back, without renewals: no record is
+  given before its last delivery (`share_groups.last_delivery`), valid
+  ones then are; the poison neither delivered nor written.
+- Renewals (KIP-1222), on a broker of their own whose groups may have 4 s
+  locks and a delivery limit of 2: records withheld through an outage of
+  3 x limit x lock (DLTs not read back; DLT writes failing) stay acquired,
+  renewed in the member's own session, never archived nor delivered, and
+  are released and judged once the outage ends (librdkafka and Java); a
+  group that refuses renewals falls back to the lock, its session intact.
 """
 
 from __future__ import annotations
