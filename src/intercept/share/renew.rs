@@ -195,7 +195,13 @@ pub fn before(
     }
     let shift = {
         let mut injected = conn.injected();
-        *injected.entry(session.clone()).or_default()
+        match injected.get(session) {
+            Some(&n) => n,
+            None => {
+                injected.insert(session.clone(), 0);
+                0
+            }
+        }
     };
     let renumbered = |n| (n > 0).then(|| advance(epoch, n));
     if !book.has(session) {
