@@ -692,11 +692,46 @@ def renew_group(broker, classes, dlq: str, **extra: str) -> str:
         "errors.deadletterqueue.topic.name": dlq, **extra})
 
 
+def renew_topic(ep: c.Endpoint, broker, classes, name: str, n: int, parts: int,
+                **group_extra: str):
+    """A renewal test's topic of `n` mixed records (produced straight to the
+    broker) and its group with a DLQ: (topic, valid, poison, log, dlq, group)."""
+    topic = ps.unique_topic(ps.JSON_PREFIX, name)
+    c.ck_create_topic(ep, topic, parts)
+    recs, valid, poison = mixed(n, 0, parts)
+    c.ck_produce(ep, topic, recs)
+    log = topic_log(ep, topic, parts, len(recs))
+    dlq = ss.make_dlq(broker.bootstrap)
+    return topic, valid, poison, log, dlq, renew_group(broker, classes, dlq, **group_extra)
+
+
 def dlq_now(ep: c.Endpoint, dlq: str) -> Counter:
     """The (partition, offset) origins the group's DLQ holds now."""
     recs = ps.read_dlt(ep, dlq, settle=0.5)
     return Counter((int(ps.hdict(r)["__dlq.errors.partition"]),
                     int(ps.hdict(r)["__dlq.errors.offset"])) for r in recs)
+
+
+def settled_after_the_outage(ep, dlt_ep, broker, classes, group, topic, parts, log, valid,
+                             poison, dlq, cons, counters) -> None:
+    """Once a renewal test's outage is over: the group's DLQ and antidote's
+    DLT hold each poison record once (the broker's copy of the proxy's
+    REJECT, and the diversion), the lag is 0, the consumer (stopped) got
+    every valid record once and no poison, and the proxy released what it
+    withheld with no renewal refused."""
+    removed = Counter(k for k, v in log.items() if v in poison)
+    origins = ss.wait_dlq(lambda: dlq_now(ep, dlq), len(poison), timeout=60)
+    assert origins == removed, origins
+    dlt = ps.read_dlt(dlt_ep, f"{topic}.dlt", c.ck_partition_count(dlt_ep, f"{topic}.dlt"))
+    assert Counter(r.value for r in dlt) == Counter(poison)
+    lag = wait_settled(broker, classes, group, topic, parts, timeout=30)
+    assert lag == {p: 0 for p in range(parts)}, lag
+    values = Counter(v for _, _, v in cons.stop())
+    assert values == Counter(valid), {"poison": [v[:60] for v in values if v in poison],
+                                      "twice": [v[:60] for v, n in values.items() if n > 1]}
+    counters.read()
+    assert counters.delta("antidote_share_renewals_total", result="released") >= 1
+    assert counters.delta("antidote_share_renewals_total", result="refused") == 0
 
 
 class _Consumer:
@@ -760,20 +795,15 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
     dlt_broker = None
     cons = None
     try:
-        topic = ps.unique_topic(ps.JSON_PREFIX, "share-renew")
         parts = 2
-        c.ck_create_topic(ep, topic, parts)
-        recs, valid, poison = mixed(24, 0, parts)
-        c.ck_produce(ep, topic, recs)
-        log = topic_log(ep, topic, parts, len(recs))
-        dlq = ss.make_dlq(broker.bootstrap)
-        group = renew_group(broker, java_classes, dlq)
+        topic, valid, poison, log, dlq, group = renew_topic(
+            ep, broker, java_classes, "share-renew", 24, parts)
         counters = ss.Counters(proxy)
         cons = _Consumer(client, java_classes, proxy.bootstrap, topic, group, tmp_path)
         started = time.monotonic()
         outage = 3 * RENEW_LIMIT * RENEW_LOCK_MS / 1000
         deadline = started + 60
-        while not counters.read().delta("antidote_share_withheld_records_total") >= len(recs):
+        while not counters.read().delta("antidote_share_withheld_records_total") >= len(log):
             assert time.monotonic() < deadline, counters.share()
             time.sleep(0.25)
         time.sleep(max(0.0, started + outage - time.monotonic()))
@@ -782,7 +812,7 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
         share = counters.share()
         assert cons.records() == [], [v[:60] for _, _, v in cons.records()]
         assert dlq_now(ep, dlq) == Counter(), "archived during the outage"
-        assert share.get("withheld.not_loaded") == len(recs), share
+        assert share.get("withheld.not_loaded") == len(log), share
         renewals = counters.delta("antidote_share_renewals_total", result="sent")
         # Every withheld range renewed about every half lock: the fault took effect.
         assert renewals >= 2 * RENEW_LIMIT, renewals
@@ -793,23 +823,10 @@ def test_poison_withheld_through_an_outage_longer_than_the_delivery_limit_is_ren
 
         # The DLT cluster comes up: the DLTs are read back, the poison released.
         dlt_broker = h.Tansu(dlt_dir, port=dlt_port).start()
-        dlt_ep = c.Endpoint(dlt_broker.bootstrap)
-        removed = Counter(k for k, v in log.items() if v in poison)
-        origins = ss.wait_dlq(lambda: dlq_now(ep, dlq), len(poison), timeout=60)
-        assert origins == removed, origins
-        dlt = ps.read_dlt(dlt_ep, f"{topic}.dlt", c.ck_partition_count(dlt_ep, f"{topic}.dlt"))
-        assert Counter(r.value for r in dlt) == Counter(poison)
-        lag = wait_settled(broker, java_classes, group, topic, parts, timeout=30)
-        assert lag == {p: 0 for p in range(parts)}, lag
-        got = cons.stop()
+        settled_after_the_outage(ep, c.Endpoint(dlt_broker.bootstrap), broker, java_classes,
+                                 group, topic, parts, log, valid, poison, dlq, cons, counters)
         cons = None
-        values = Counter(v for _, _, v in got)
-        assert values == Counter(valid), {"poison": [v[:60] for v in values if v in poison],
-                                          "twice": [v[:60] for v, n in values.items() if n > 1]}
-        counters.read()
         released = counters.delta("antidote_share_renewals_total", result="released")
-        assert released >= 1, counters.share()
-        assert counters.delta("antidote_share_renewals_total", result="refused") == 0
         print(f"renewals {renewals} in the outage of {outage:.0f} s; released {released}")
     finally:
         if cons is not None:
@@ -839,15 +856,10 @@ def test_a_renewal_the_group_refuses_falls_back_to_the_lock_and_the_session_carr
         name="antidote-share-renew-refused", admin=True)
     cons = None
     try:
-        topic = ps.unique_topic(ps.JSON_PREFIX, "share-renew-off")
         parts = 1
-        c.ck_create_topic(ep, topic, parts)
-        recs, valid, poison = mixed(12, 0, parts)
-        c.ck_produce(ep, topic, recs)
-        log = topic_log(ep, topic, parts, len(recs))
-        dlq = ss.make_dlq(broker.bootstrap)
-        group = renew_group(broker, java_classes, dlq,
-                            **{"share.renew.acknowledge.enable": "false"})
+        topic, valid, poison, log, dlq, group = renew_topic(
+            ep, broker, java_classes, "share-renew-off", 12, parts,
+            **{"share.renew.acknowledge.enable": "false"})
         counters = ss.Counters(proxy)
         cons = _Consumer("librdkafka", java_classes, proxy.bootstrap, topic, group, tmp_path)
         deadline = time.monotonic() + 40
@@ -935,20 +947,9 @@ def test_poison_whose_dlt_write_fails_is_renewed_then_released_after_max_renewal
         assert counters.delta("antidote_share_renewals_total", result="released") == 0
         # The DLT cluster back, empty, on the same port, before the release.
         dlt_broker = h.Tansu(dlt_dir, port=dlt_broker.port).start()
-        dlt_ep = c.Endpoint(dlt_broker.bootstrap)
-        removed = Counter(k for k, v in log.items() if v in poison)
-        origins = ss.wait_dlq(lambda: dlq_now(ep, dlq), len(poison), timeout=60)
-        assert origins == removed, origins
-        dlt = ps.read_dlt(dlt_ep, f"{topic}.dlt", c.ck_partition_count(dlt_ep, f"{topic}.dlt"))
-        assert Counter(r.value for r in dlt) == Counter(poison)
-        lag = wait_settled(broker, java_classes, group, topic, parts, timeout=30)
-        assert lag == {p: 0 for p in range(parts)}, lag
-        got = cons.stop()
+        settled_after_the_outage(ep, c.Endpoint(dlt_broker.bootstrap), broker, java_classes,
+                                 group, topic, parts, log, valid, poison, dlq, cons, counters)
         cons = None
-        assert Counter(v for _, _, v in got) == Counter(valid)
-        counters.read()
-        assert counters.delta("antidote_share_renewals_total", result="released") >= 1
-        assert counters.delta("antidote_share_renewals_total", result="refused") == 0
         print(f"withheld and renewed through the DLT outage: {counters.share()}, renewals"
               f" {counters.delta('antidote_share_renewals_total', result='sent')}")
     finally:
