@@ -144,22 +144,7 @@ impl FetchFilter {
         };
         let judged = (self.judge_response(ctx, views(&resp), &kind, now_ms())).await?;
         changed |= withhold(&mut resp, &judged.unjudged);
-        let mut plans: Vec<Planned> = Vec::new();
-        for Judgement {
-            at,
-            mut plan,
-            unloaded,
-        } in judged.plans
-        {
-            let acquired = acquired_of(&resp.responses[at.0].partitions[at.1].acquired_records);
-            let settle = self.sort_out(&mut plan, &acquired, !unloaded, call.last_delivery);
-            plans.push(Planned {
-                at,
-                plan,
-                acquired,
-                settle,
-            });
-        }
+        let plans = self.sort_out_all(&resp, judged.plans, call.last_delivery);
         if plans.is_empty() {
             return timed(|| {
                 changed
@@ -171,38 +156,81 @@ impl FetchFilter {
             let refs: Vec<&PartitionPlan> = plans.iter().map(|p| &p.plan).collect();
             self.divert(&refs).await
         };
-        let expires = lock_deadline(arrived, resp.acquisition_lock_timeout_ms);
+        let replaced = timed(|| self.deliver_all(&mut resp, plans, failed, &call, arrived))?;
+        changed |= !replaced.is_empty();
+        timed(|| changed.then(|| fresh.body(&mut resp, replaced)).transpose())
+    }
+
+    /// Each judged partition with what the member acquired of it and what
+    /// becomes of those offsets (`sort_out`).
+    fn sort_out_all(
+        &self,
+        resp: &ShareFetchResponse,
+        judged: Vec<Judgement>,
+        last_delivery: i16,
+    ) -> Vec<Planned> {
+        let mut plans = Vec::with_capacity(judged.len());
+        for Judgement {
+            at,
+            mut plan,
+            unloaded,
+        } in judged
+        {
+            let acquired = acquired_of(&resp.responses[at.0].partitions[at.1].acquired_records);
+            let settle = self.sort_out(&mut plan, &acquired, !unloaded, last_delivery);
+            plans.push(Planned {
+                at,
+                plan,
+                acquired,
+                settle,
+            });
+        }
+        plans
+    }
+
+    /// Deliver every planned partition (`deliver`) once its diversions are
+    /// written (`failed`, per plan): what the proxy withholds goes to the
+    /// session's withheld book (renewed while it cannot be decided), what
+    /// it removed for good is owed an acknowledgement (its deadline the
+    /// lock's, counted from the response's `arrived`). The rebuilt
+    /// partitions' records chunks.
+    #[allow(clippy::type_complexity)]
+    fn deliver_all(
+        &self,
+        resp: &mut ShareFetchResponse,
+        plans: Vec<Planned>,
+        failed: Vec<Vec<i64>>,
+        call: &ShareCall<'_>,
+        arrived: Instant,
+    ) -> Result<Vec<((usize, usize), Vec<Bytes>)>, FilterError> {
         let lock_ms = resp.acquisition_lock_timeout_ms;
+        let expires = lock_deadline(arrived, lock_ms);
         let (mut owed, mut replaced) = (Vec::new(), Vec::new());
-        timed(|| -> Result<_, FilterError> {
-            for (planned, failed) in plans.into_iter().zip(failed) {
-                let at = planned.at;
-                let topic_id = resp.responses[at.0].topic_id;
-                let p = &mut resp.responses[at.0].partitions[at.1];
-                let Some(((done, held), chunks)) = self.deliver(planned, &failed, p)? else {
-                    continue; // a clean partition: its bytes and ranges as they came
-                };
-                if let Some(s) = call.session {
-                    let at = (topic_id, p.partition_index);
-                    call.book.withheld.withhold(s, at, &held, arrived, lock_ms);
-                }
-                changed = true;
-                replaced.push((at, chunks));
-                owed.extend(done.into_iter().map(|span| Owed {
-                    topic_id,
-                    partition: p.partition_index,
-                    span,
-                    ack: call.removed_ack,
-                    expires,
-                }));
+        for (planned, failed) in plans.into_iter().zip(failed) {
+            let at = planned.at;
+            let topic_id = resp.responses[at.0].topic_id;
+            let p = &mut resp.responses[at.0].partitions[at.1];
+            let Some(((done, held), chunks)) = self.deliver(planned, &failed, p)? else {
+                continue; // a clean partition: its bytes and ranges as they came
+            };
+            if let Some(s) = call.session {
+                let at = (topic_id, p.partition_index);
+                call.book.withheld.withhold(s, at, &held, arrived, lock_ms);
             }
-            Ok(())
-        })?;
+            replaced.push((at, chunks));
+            owed.extend(done.into_iter().map(|span| Owed {
+                topic_id,
+                partition: p.partition_index,
+                span,
+                ack: call.removed_ack,
+                expires,
+            }));
+        }
         if let Some(session) = call.session {
             let dropped = call.book.owe(session, owed);
             metrics::global().share.acks("overflow", dropped);
         }
-        timed(|| changed.then(|| fresh.body(&mut resp, replaced)).transpose())
+        Ok(replaced)
     }
 
     /// Settle one planned partition once its diversions are written

@@ -105,42 +105,6 @@ impl Drop for Reservation {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reservation_over_the_limit_is_refused_while_another_is_held() {
-        let b = DecodeBudget::new(100);
-        let first = b.try_reserve(80).expect("fits");
-        assert!(b.try_reserve(30).is_none());
-        assert!(b.try_reserve(20).is_some());
-        drop(first);
-        assert_eq!(b.used(), 0);
-        assert!(b.try_reserve(30).is_some());
-    }
-
-    #[test]
-    fn an_empty_budget_always_admits_one_reservation() {
-        let b = DecodeBudget::new(10);
-        let big = b.try_reserve(1000).expect("nothing else held: progress");
-        assert!(b.try_reserve(1).is_none());
-        drop(big);
-        assert_eq!(b.used(), 0);
-    }
-
-    #[test]
-    fn shrinking_returns_the_difference() {
-        let b = DecodeBudget::new(100);
-        let mut r = b.try_reserve(90).expect("fits");
-        r.shrink_to(10);
-        assert_eq!(b.used(), 10);
-        assert!(b.try_reserve(90).is_some());
-        r.shrink_to(50); // never grows
-        assert_eq!(r.bytes(), 10);
-    }
-}
-
 /// Decompressed bytes first reserved for a compressed batch, as a multiple
 /// of its compressed size; one that expands further is decoded again under
 /// the per-batch cap.
@@ -192,5 +156,41 @@ pub(crate) fn decode_within(
             Err(BatchError::TooLarge { .. }) if limit < cap => limit = cap,
             Err(e) => return Err(undecodable(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservation_over_the_limit_is_refused_while_another_is_held() {
+        let b = DecodeBudget::new(100);
+        let first = b.try_reserve(80).expect("fits");
+        assert!(b.try_reserve(30).is_none());
+        assert!(b.try_reserve(20).is_some());
+        drop(first);
+        assert_eq!(b.used(), 0);
+        assert!(b.try_reserve(30).is_some());
+    }
+
+    #[test]
+    fn an_empty_budget_always_admits_one_reservation() {
+        let b = DecodeBudget::new(10);
+        let big = b.try_reserve(1000).expect("nothing else held: progress");
+        assert!(b.try_reserve(1).is_none());
+        drop(big);
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn shrinking_returns_the_difference() {
+        let b = DecodeBudget::new(100);
+        let mut r = b.try_reserve(90).expect("fits");
+        r.shrink_to(10);
+        assert_eq!(b.used(), 10);
+        assert!(b.try_reserve(90).is_some());
+        r.shrink_to(50); // never grows
+        assert_eq!(r.bytes(), 10);
     }
 }
