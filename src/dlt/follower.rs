@@ -26,7 +26,9 @@
 //! races a read; one client of the dead-letter cluster and one of the
 //! upstream serve them all.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod hand;
+
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,16 +40,15 @@ use crate::config::Config;
 use crate::dlt::backoff;
 use crate::dlt::blocked::BlockedKeys;
 use crate::dlt::breaker::Breakers;
-use crate::dlt::ledger::rebuild::{trusted, Loader, TAIL_INTERVAL};
+use crate::dlt::ledger::rebuild::{Loader, TAIL_INTERVAL};
 use crate::dlt::ledger::tail::{read_new, DltPartition};
-use crate::dlt::read::Event;
 use crate::dlt::redrive::Scheduler;
-use crate::dlt::trust::{self, Reader};
+use crate::dlt::trust;
 use crate::dlt_marker::Marker;
-use crate::dlt_record::Origin;
 use crate::kafka::record::Record;
 use crate::metrics;
 use crate::policy::{Class, KeyOrdering, PolicySet};
+use hand::{Hand, Handed, Positions, Start};
 
 /// How often the upstream's topics are listed again for the blocked keys'
 /// and re-drive's DLTs: re-drive's attempts wait on it, so it lists more
@@ -61,14 +62,6 @@ pub struct Readers {
     pub ledger: bool,
     pub blocked: bool,
     pub redrive: bool,
-}
-
-/// Where the blocked keys and re-drive go on in one DLT partition (`None`:
-/// its log start). The ledger keeps its own (`Ledger::tail_position`).
-#[derive(Debug, Default, Clone, Copy)]
-struct Positions {
-    blocked: Option<i64>,
-    redrive: Option<i64>,
 }
 
 /// Whether the blocked-key reader follows `policy`'s DLTs: for blocked keys
@@ -237,12 +230,48 @@ impl Follower {
             // if the DLTs cannot be read.
             self.keys_loaded(&HashMap::new(), &HashMap::new(), began)?;
         }
+        let wanted = self.wanted().await?;
+        let (mut positions, starts) = self.starts(&wanted).await?;
+        if positions.is_empty() {
+            return self.keys_loaded(&starts, &HashMap::new(), began);
+        }
+        let (keys, redrive) = match self.readers.as_mut() {
+            Some(k) => (Some((&*k.blocked, &*k.breakers)), k.redrive.as_mut()),
+            None => (None, None),
+        };
+        let mut hand = Hand {
+            policies: &policies,
+            starts: &starts,
+            ledger: &self.loader.ledger,
+            ids: &self.loader.ids,
+            keys,
+            redrive,
+            out: Handed::default(),
+        };
+        let mut give = |dlt: &str, p: i32, r: Option<&Record<'_>>| hand.give(dlt, p, r);
+        let ends = read_new(&mut self.loader.dlt, &mut positions, &mut give).await?;
+        let handed = hand.out;
+        if handed.learned > 0 {
+            debug!(
+                learned = handed.learned,
+                "diversions of other instances learned from the DLTs"
+            );
+        }
+        let lag = self.advance(&positions, &ends, &starts, &handed);
+        metrics::global().fleet_learned(handed.learned);
+        metrics::global().set_ledger_lag(lag);
+        self.keys_loaded(&starts, &ends, began)
+    }
+
+    /// The DLTs to read and their readers: those the blocked keys and
+    /// re-drive follow, and those the ledger has loaded. The partitions of
+    /// those not seen yet are asked for in one metadata request (most do
+    /// not exist until a first diversion), not one per DLT.
+    async fn wanted(&mut self) -> Result<BTreeMap<String, Readers>, ClientError> {
         let mut wanted: BTreeMap<String, Readers> = self.known.clone();
         for dlt in self.loader.ledger.loaded_dlts() {
             wanted.entry(dlt).or_default().ledger = true;
         }
-        // One metadata request for every DLT not seen yet (most of them do
-        // not exist until a first diversion), not one per DLT.
         let unknown: Vec<String> = wanted
             .keys()
             .filter(|d| self.loader.dlt.known_partitions(d).is_none())
@@ -251,10 +280,19 @@ impl Follower {
         if !unknown.is_empty() {
             self.loader.dlt.metadata(Some(&unknown)).await?;
         }
-        // Each partition is read from the lowest position of its readers.
+        Ok(wanted)
+    }
+
+    /// Where each partition of the `wanted` DLTs is read from (the lowest
+    /// position of its readers; `None`, a log start, asked for), and where
+    /// each of its readers stands.
+    async fn starts(
+        &mut self,
+        wanted: &BTreeMap<String, Readers>,
+    ) -> Result<(HashMap<DltPartition, i64>, HashMap<DltPartition, Start>), ClientError> {
         let mut from: HashMap<DltPartition, i64> = HashMap::new();
-        let mut readers: HashMap<DltPartition, (Readers, Option<i64>, Positions)> = HashMap::new();
-        for (dlt, r) in &wanted {
+        let mut starts: HashMap<DltPartition, Start> = HashMap::new();
+        for (dlt, r) in wanted {
             let Some(n) = self.loader.dlt.known_partitions(dlt) else {
                 continue;
             };
@@ -279,80 +317,33 @@ impl Follower {
                 }
                 if let Some(lowest) = lowest {
                     from.insert(key.clone(), lowest);
-                    readers.insert(key, (*r, ledger, at));
+                    starts.insert(
+                        key,
+                        Start {
+                            who: *r,
+                            ledger,
+                            at,
+                        },
+                    );
                 }
             }
         }
-        if from.is_empty() {
-            return self.keys_loaded(&readers, &HashMap::new(), began);
-        }
-        let (ledger, ids) = (&self.loader.ledger, &self.loader.ids);
-        let (keys, mut redrive) = match self.readers.as_mut() {
-            Some(k) => (Some((&k.blocked, &k.breakers)), k.redrive.as_mut()),
-            None => (None, None),
-        };
-        // Where re-drive ran out of room, per partition.
-        let mut stopped: HashMap<DltPartition, i64> = HashMap::new();
-        let mut learned = 0u64;
-        // Partitions found recreated or truncated: every reader reads them
-        // again from their start.
-        let mut reset: HashSet<DltPartition> = HashSet::new();
-        let mut f = |dlt: &str, p: i32, r: Option<&Record<'_>>| {
-            let key = (dlt.to_string(), p);
-            let Some(r) = r else {
-                stopped.remove(&key);
-                reset.insert(key);
-                return;
-            };
-            let Some((who, ledger_at, at)) = readers.get(&key) else {
-                return;
-            };
-            let (ledger_at, at) = match reset.contains(&key) {
-                true => (None, Positions::default()),
-                false => (*ledger_at, *at),
-            };
-            let Some(ctx) = trust::open(Reader::Follower, dlt, p, r) else {
-                return;
-            };
-            let event = match Marker::parse(&ctx, r.key) {
-                Some(m) => Event::Marker(m),
-                None => Event::Diverted {
-                    ctx: &ctx,
-                    record: r,
-                },
-            };
-            let due = |pos: Option<i64>| pos.is_none_or(|pos| r.offset >= pos);
-            if who.ledger && due(ledger_at) {
-                if let Event::Diverted { ctx, .. } = &event {
-                    if let Some(o) = Origin::of(ctx) {
-                        if trusted(&policies, dlt, &o, ids.get(&*o.topic).copied())
-                            && ledger.learn(&(o.topic, o.partition, o.offset))
-                        {
-                            learned += 1;
-                        }
-                    }
-                }
-            }
-            if let Some((blocked, breakers)) = keys.filter(|_| who.blocked && due(at.blocked)) {
-                blocked.observe(breakers, &policies, dlt, &event);
-            }
-            if let Some(s) = redrive.as_mut().filter(|_| who.redrive && due(at.redrive)) {
-                if !stopped.contains_key(&key) && !s.observe((dlt, p), r.offset, &event) {
-                    stopped.insert(key, r.offset);
-                }
-            }
-        };
-        let mut positions = from;
-        let ends = read_new(&mut self.loader.dlt, &mut positions, &mut f).await?;
-        if learned > 0 {
-            debug!(
-                learned,
-                "diversions of other instances learned from the DLTs"
-            );
-        }
+        Ok((from, starts))
+    }
+
+    /// Move each reader of the partitions read on to where the read got
+    /// (`positions`; `ends` are the partitions' ends), or re-drive to where
+    /// it ran out of room; returns the ledger's lag behind the ends.
+    fn advance(
+        &mut self,
+        positions: &HashMap<DltPartition, i64>,
+        ends: &HashMap<DltPartition, i64>,
+        starts: &HashMap<DltPartition, Start>,
+        handed: &Handed,
+    ) -> i64 {
         let mut lag = 0i64;
-        for (key, &pos) in &positions {
-            let Some((who, ledger_at, at)) = readers.get(key) else {
+        for (key, &pos) in positions {
+            let Some(start) = starts.get(key) else {
                 continue;
             };
             let end = ends.get(key).copied();
@@ -363,31 +354,29 @@ impl Follower {
             // goes on from the read.
             let advance = |old: Option<i64>| -> Option<i64> {
                 match old {
-                    _ if reset.contains(key) => Some(pos),
+                    _ if handed.reset.contains(key) => Some(pos),
                     Some(old) if end.is_some_and(|end| old > end) => None,
                     Some(old) => Some(old.max(pos)),
                     None => Some(pos),
                 }
             };
-            if who.ledger {
-                let at = advance(*ledger_at).unwrap_or(0);
+            if start.who.ledger {
+                let at = advance(start.ledger).unwrap_or(0);
                 lag += end.map_or(0, |end| (end - at).max(0));
                 self.loader.ledger.set_tail_position(key.clone(), at);
             }
             let next = self.next.entry(key.clone()).or_default();
-            if who.blocked {
-                next.blocked = advance(at.blocked);
+            if start.who.blocked {
+                next.blocked = advance(start.at.blocked);
             }
-            if who.redrive {
-                next.redrive = match stopped.get(key) {
+            if start.who.redrive {
+                next.redrive = match handed.stopped.get(key) {
                     Some(&s) => Some(s),
-                    None => advance(at.redrive),
+                    None => advance(start.at.redrive),
                 };
             }
         }
-        metrics::global().fleet_learned(learned);
-        metrics::global().set_ledger_lag(lag);
-        self.keys_loaded(&readers, &ends, began)
+        lag
     }
 
     /// Once every partition the blocked keys follow has been read to its
@@ -396,7 +385,7 @@ impl Follower {
     /// gauges.
     fn keys_loaded(
         &self,
-        readers: &HashMap<DltPartition, (Readers, Option<i64>, Positions)>,
+        starts: &HashMap<DltPartition, Start>,
         ends: &HashMap<DltPartition, i64>,
         began: Instant,
     ) -> Result<(), ClientError> {
@@ -407,9 +396,9 @@ impl Follower {
         metrics::global()
             .keys
             .set_blocked(keys, oldest, crate::clock::now_ms());
-        let caught_up = readers
+        let caught_up = starts
             .iter()
-            .filter(|(_, (r, ..))| r.blocked)
+            .filter(|(_, s)| s.who.blocked)
             .all(|(key, _)| {
                 let at = self.next.get(key).and_then(|n| n.blocked);
                 at.zip(ends.get(key)).is_some_and(|(at, end)| at >= *end)
