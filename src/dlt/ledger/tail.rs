@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_response::PartitionData;
 use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
@@ -72,6 +73,49 @@ async fn fetch_round<F>(
 where
     F: FnMut(&str, i32, Option<&Record<'_>>),
 {
+    let resp = cluster
+        .node(node)
+        .await?
+        .send(request(parts), 4, 12)
+        .await?;
+    let position: HashMap<(&str, i32), i64> = parts
+        .iter()
+        .map(|((t, p), o)| ((t.as_str(), *p), *o))
+        .collect();
+    let mut out = HashMap::new();
+    for t in resp.responses {
+        let name = t.topic.0.to_string();
+        for p in t.partitions {
+            let Some(&from) = position.get(&(name.as_str(), p.partition_index)) else {
+                continue;
+            };
+            let progress = if p.error_code != 0 {
+                failed(cluster, &name, &p, from, f).await?
+            } else {
+                let records = p.records.unwrap_or_default();
+                tracing::trace!(dlt = %name, partition = p.partition_index, from, hw = p.high_watermark, bytes = records.len(), "tail fetched");
+                let next = visit(&name, p.partition_index, from, &records, f)?;
+                let end = match p.last_stable_offset {
+                    lso if lso >= 0 => lso.min(p.high_watermark),
+                    _ => p.high_watermark,
+                };
+                Some(Progress {
+                    next,
+                    end,
+                    reset: false,
+                })
+            };
+            if let Some(progress) = progress {
+                out.insert((name.clone(), p.partition_index), progress);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One tail Fetch of `parts`, each from its position: read_committed,
+/// [`MAX_WAIT_MS`], at most [`FETCH_MAX_BYTES`].
+fn request(parts: &[(DltPartition, i64)]) -> FetchRequest {
     let mut by_topic: BTreeMap<&str, Vec<FetchPartition>> = BTreeMap::new();
     for ((t, p), offset) in parts {
         by_topic.entry(t).or_default().push(
@@ -89,83 +133,62 @@ where
                 .with_partitions(ps)
         })
         .collect();
-    let req = FetchRequest::default()
+    FetchRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_max_wait_ms(MAX_WAIT_MS)
         .with_min_bytes(1)
         .with_max_bytes(FETCH_MAX_BYTES)
         .with_isolation_level(1)
         .with_session_epoch(-1)
-        .with_topics(topics);
-    let resp = cluster.node(node).await?.send(req, 4, 12).await?;
-    let position: HashMap<(&str, i32), i64> = parts
-        .iter()
-        .map(|((t, p), o)| ((t.as_str(), *p), *o))
-        .collect();
-    let mut out = HashMap::new();
-    for t in resp.responses {
-        let name = t.topic.0.to_string();
-        for p in t.partitions {
-            let Some(&from) = position.get(&(name.as_str(), p.partition_index)) else {
-                continue;
-            };
-            if p.error_code != 0 {
-                debug!(dlt = %name, partition = p.partition_index, error = p.error_code, "tail fetch error");
-                if moved(p.error_code) {
-                    // The leader moved (a reassignment took the partition
-                    // off this broker, a broker stopped): without this the
-                    // cached leader is asked forever and the tail stands
-                    // still, silently (the answer is not an error of the
-                    // request). The next round looks the leader up again.
-                    cluster.forget_leaders(&name);
-                }
-                if p.error_code == errors::OFFSET_OUT_OF_RANGE {
-                    // Retention or DeleteRecords moved the log start past
-                    // `from`: go on from the log start. The answer says
-                    // nothing of the end (Kafka gives no high watermark
-                    // with an error), and the log start is not the end:
-                    // records may follow it. Ask for the end.
-                    // A position past the end means another partition
-                    // under the same name (recreated) or a truncated one:
-                    // read it from its start.
-                    let start = cluster.log_start(&name, p.partition_index).await?;
-                    let end = cluster.list_offset(&name, p.partition_index, -1).await?;
-                    let reset = from > end;
-                    let next = if reset { start } else { start.max(from) };
-                    if reset {
-                        tracing::warn!(dlt = %name, partition = p.partition_index, position = from, end,
-                            "DLT partition ends below the position read to (recreated or truncated): reading it from its start");
-                        f(&name, p.partition_index, None);
-                    }
-                    out.insert(
-                        (name.clone(), p.partition_index),
-                        Progress {
-                            next,
-                            end: end.max(next),
-                            reset,
-                        },
-                    );
-                }
-                continue;
-            }
-            let records = p.records.unwrap_or_default();
-            tracing::trace!(dlt = %name, partition = p.partition_index, from, hw = p.high_watermark, bytes = records.len(), "tail fetched");
-            let next = visit(&name, p.partition_index, from, &records, f)?;
-            let end = match p.last_stable_offset {
-                lso if lso >= 0 => lso.min(p.high_watermark),
-                _ => p.high_watermark,
-            };
-            out.insert(
-                (name.clone(), p.partition_index),
-                Progress {
-                    next,
-                    end,
-                    reset: false,
-                },
-            );
-        }
+        .with_topics(topics)
+}
+
+/// A partition of DLT `name` answered with an error, read from `from`:
+/// forget its leader if it moved; the progress when the error says where
+/// to go on (the log start moved past `from`), else `None` (asked again
+/// next round).
+async fn failed<F>(
+    cluster: &mut Cluster,
+    name: &str,
+    p: &PartitionData,
+    from: i64,
+    f: &mut F,
+) -> Result<Option<Progress>, ClientError>
+where
+    F: FnMut(&str, i32, Option<&Record<'_>>),
+{
+    debug!(dlt = %name, partition = p.partition_index, error = p.error_code, "tail fetch error");
+    if moved(p.error_code) {
+        // The leader moved (a reassignment took the partition off this
+        // broker, a broker stopped): without this the cached leader is
+        // asked forever and the tail stands still, silently (the answer is
+        // not an error of the request). The next round looks the leader
+        // up again.
+        cluster.forget_leaders(name);
     }
-    Ok(out)
+    if p.error_code != errors::OFFSET_OUT_OF_RANGE {
+        return Ok(None);
+    }
+    // Retention or DeleteRecords moved the log start past `from`: go on
+    // from the log start. The answer says nothing of the end (Kafka gives
+    // no high watermark with an error), and the log start is not the end:
+    // records may follow it. Ask for the end. A position past the end
+    // means another partition under the same name (recreated) or a
+    // truncated one: read it from its start.
+    let start = cluster.log_start(name, p.partition_index).await?;
+    let end = cluster.list_offset(name, p.partition_index, -1).await?;
+    let reset = from > end;
+    let next = if reset { start } else { start.max(from) };
+    if reset {
+        tracing::warn!(dlt = %name, partition = p.partition_index, position = from, end,
+            "DLT partition ends below the position read to (recreated or truncated): reading it from its start");
+        f(name, p.partition_index, None);
+    }
+    Ok(Some(Progress {
+        next,
+        end: end.max(next),
+        reset,
+    }))
 }
 
 /// Partition errors of a Fetch that mean the broker asked is no longer
