@@ -78,42 +78,95 @@ pub(crate) async fn fence_partition(
         return Err(format!("InitProducerId: error code {}", r.error_code));
     }
     let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
-    let txn_id = TransactionalId(StrBytes::from_string(tid.to_string()));
-    let versions = match cluster.transaction_coordinator(tid).await {
-        Ok(conn) => (
-            conn.version::<AddPartitionsToTxnRequest>(0, 3),
-            conn.version::<EndTxnRequest>(0, 4),
-            conn.version::<DescribeTransactionsRequest>(0, 0),
-        ),
-        Err(e) => return Err(e.to_string()),
+    let (add_v, end_v) = match versions(cluster, tid).await? {
+        Ok(versions) => versions,
+        Err(why) => return Ok(Fence::Unsupported { pid, epoch, why }),
     };
-    let (add_v, end_v) = match versions {
-        (Ok(a), Ok(e), Ok(_)) => (a, e),
-        (a, e, d) => {
-            let why = [a.err(), e.err(), d.err()]
-                .into_iter()
-                .flatten()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Ok(Fence::Unsupported { pid, epoch, why });
-        }
+    let txn = Txn {
+        tid,
+        id: TransactionalId(StrBytes::from_string(tid.to_string())),
+        pid,
+        epoch,
     };
+    let added = add_partition(cluster, &txn, topic, partition, add_v).await?;
+    if !went_through("AddPartitionsToTxn", added)? {
+        return Ok(Fence::Lost);
+    }
+    let aborted = abort(cluster, &txn, end_v).await?;
+    if !went_through("EndTxn (abort)", aborted)? {
+        return Ok(Fence::Lost);
+    }
+    wait_for_marker(cluster, &txn).await
+}
+
+/// The transaction of one fence: `tid` (as a string and as sent) and the
+/// producer id and epoch InitProducerId handed out.
+struct Txn<'a> {
+    tid: &'a str,
+    id: TransactionalId,
+    pid: i64,
+    epoch: i16,
+}
+
+/// The versions of AddPartitionsToTxn (v0-3) and EndTxn (v0-4) that `tid`'s
+/// coordinator speaks, or why it has no transactions of those versions (or
+/// no DescribeTransactions) for a fence.
+async fn versions(cluster: &mut Cluster, tid: &str) -> Result<Result<(i16, i16), String>, String> {
+    let conn = cluster
+        .transaction_coordinator(tid)
+        .await
+        .map_err(|e| e.to_string())?;
+    let versions = (
+        conn.version::<AddPartitionsToTxnRequest>(0, 3),
+        conn.version::<EndTxnRequest>(0, 4),
+        conn.version::<DescribeTransactionsRequest>(0, 0),
+    );
+    Ok(match versions {
+        (Ok(a), Ok(e), Ok(_)) => Ok((a, e)),
+        (a, e, d) => Err([a.err(), e.err(), d.err()]
+            .into_iter()
+            .flatten()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")),
+    })
+}
+
+/// Whether the step `what` went through (error code 0) or found the
+/// lease taken by a newer epoch; any other error code is an error.
+fn went_through(what: &str, code: i16) -> Result<bool, String> {
+    match code {
+        0 => Ok(true),
+        c if fenced(c) => Ok(false),
+        c => Err(format!("{what}: error code {c}")),
+    }
+}
+
+/// Open `txn`'s empty transaction on `topic`/`partition`
+/// (AddPartitionsToTxn at version `v`): the first error code of the
+/// answer, or 0.
+async fn add_partition(
+    cluster: &mut Cluster,
+    txn: &Txn<'_>,
+    topic: &str,
+    partition: i32,
+    v: i16,
+) -> Result<i16, String> {
     let add = AddPartitionsToTxnRequest::default()
-        .with_v3_and_below_transactional_id(txn_id.clone())
-        .with_v3_and_below_producer_id(ProducerId(pid))
-        .with_v3_and_below_producer_epoch(epoch)
+        .with_v3_and_below_transactional_id(txn.id.clone())
+        .with_v3_and_below_producer_id(ProducerId(txn.pid))
+        .with_v3_and_below_producer_epoch(txn.epoch)
         .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default()
             .with_name(TopicName(StrBytes::from_string(topic.to_string())))
             .with_partitions(vec![partition])]);
-    let code = coordinator_call(
+    coordinator_call(
         cluster,
-        tid,
+        txn.tid,
         |c: &i16| *c,
         |conn| {
             let add = add.clone();
             Box::pin(async move {
-                let r = conn.send_at(add, add_v).await?;
+                let r = conn.send_at(add, v).await?;
                 Ok(r.results_by_topic_v3_and_below
                     .iter()
                     .flat_map(|t| &t.results_by_partition)
@@ -123,34 +176,35 @@ pub(crate) async fn fence_partition(
             })
         },
     )
-    .await?;
-    match code {
-        0 => {}
-        c if fenced(c) => return Ok(Fence::Lost),
-        c => return Err(format!("AddPartitionsToTxn: error code {c}")),
-    }
+    .await
+}
+
+/// Abort `txn` (EndTxn at version `v`): the answer's error code.
+async fn abort(cluster: &mut Cluster, txn: &Txn<'_>, v: i16) -> Result<i16, String> {
     let end = EndTxnRequest::default()
-        .with_transactional_id(txn_id.clone())
-        .with_producer_id(ProducerId(pid))
-        .with_producer_epoch(epoch)
+        .with_transactional_id(txn.id.clone())
+        .with_producer_id(ProducerId(txn.pid))
+        .with_producer_epoch(txn.epoch)
         .with_committed(false);
-    let code = coordinator_call(
+    coordinator_call(
         cluster,
-        tid,
+        txn.tid,
         |c: &i16| *c,
         |conn| {
             let end = end.clone();
-            Box::pin(async move { Ok(conn.send_at(end, end_v).await?.error_code) })
+            Box::pin(async move { Ok(conn.send_at(end, v).await?.error_code) })
         },
     )
-    .await?;
-    match code {
-        0 => {}
-        c if fenced(c) => return Ok(Fence::Lost),
-        c => return Err(format!("EndTxn (abort): error code {c}")),
-    }
-    // Wait for the coordinator to have the marker written.
-    let describe = DescribeTransactionsRequest::default().with_transactional_ids(vec![txn_id]);
+    .await
+}
+
+/// Wait (up to [`MARKER_WAIT`]) for the coordinator to have `txn`'s abort
+/// marker written (`CompleteAbort`): the fence then holds, unless a newer
+/// epoch took the id meanwhile.
+async fn wait_for_marker(cluster: &mut Cluster, txn: &Txn<'_>) -> Result<Fence, String> {
+    let (tid, pid, epoch) = (txn.tid, txn.pid, txn.epoch);
+    let describe =
+        DescribeTransactionsRequest::default().with_transactional_ids(vec![txn.id.clone()]);
     let deadline = Instant::now() + MARKER_WAIT;
     let mut attempt = 0;
     loop {
