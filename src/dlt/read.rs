@@ -259,23 +259,9 @@ where
         let (code, hw, records) =
             fetch_partition(cluster, topic, partition, offset, limits).await?;
         if code == errors::OFFSET_OUT_OF_RANGE {
-            let start = cluster.log_start(topic, partition).await?;
-            if start > offset {
+            if let Some(start) = out_of_range(cluster, topic, partition, offset, past).await? {
                 offset = start;
                 continue;
-            }
-            // Past its end: the partition was deleted and created again (or
-            // truncated) below where this reader had got to. Read the new
-            // one from its start, as the DLT tail does; waiting for its end
-            // to pass the old position would miss every record until then.
-            if past == Past::FromStart {
-                let end = cluster.list_offset(topic, partition, LATEST).await?;
-                if end < offset && end >= start {
-                    warn!(topic, partition, from = offset, end,
-                        "a followed partition ends below where it was read to (deleted and created again?): read again from its start");
-                    offset = start;
-                    continue;
-                }
             }
         }
         if code != 0 {
@@ -287,27 +273,10 @@ where
         if offset >= end {
             return Ok(offset);
         }
-        let mut next = offset;
-        for seg in batch::segments(&records) {
-            let Segment::Batch(b) = seg else { continue };
-            next = next.max(b.next_offset());
-            if b.is_control() {
-                continue;
-            }
-            // A batch that cannot be decoded is an error, not a gap: a
-            // reader (the ledger) would silently lose its entries.
-            let d = b.decode().map_err(|e| {
-                no_broker(format!(
-                    "{topic}-{partition}: batch at {}: {e}",
-                    b.base_offset()
-                ))
-            })?;
-            for r in d.records().filter(|r| r.offset >= offset && r.offset < end) {
-                if !f(&r) {
-                    return Ok(r.offset);
-                }
-            }
-        }
+        let next = match visit((topic, partition), &records, offset..end, f)? {
+            Visited::Stopped(at) => return Ok(at),
+            Visited::Through(next) => next,
+        };
         if next <= offset {
             return Err(no_broker(format!(
                 "{topic}-{partition}: no progress reading at offset {offset} (high watermark {end})"
@@ -318,4 +287,79 @@ where
         }
         offset = next;
     }
+}
+
+/// Where a read at `offset` goes on after OFFSET_OUT_OF_RANGE: the log
+/// start when it moved past `offset` (retention, DeleteRecords) or, under
+/// [`Past::FromStart`], when the partition now ends below `offset`; `None`
+/// when the read fails.
+async fn out_of_range(
+    cluster: &mut Cluster,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    past: Past,
+) -> Result<Option<i64>, ClientError> {
+    let start = cluster.log_start(topic, partition).await?;
+    if start > offset {
+        return Ok(Some(start));
+    }
+    // Past its end: the partition was deleted and created again (or
+    // truncated) below where this reader had got to. Read the new one from
+    // its start, as the DLT tail does; waiting for its end to pass the old
+    // position would miss every record until then.
+    if past == Past::FromStart {
+        let end = cluster.list_offset(topic, partition, LATEST).await?;
+        if end < offset && end >= start {
+            warn!(topic, partition, from = offset, end,
+                "a followed partition ends below where it was read to (deleted and created again?): read again from its start");
+            return Ok(Some(start));
+        }
+    }
+    Ok(None)
+}
+
+/// How [`visit`] ended.
+pub(crate) enum Visited {
+    /// The callback stopped at this offset (it is read again next time).
+    Stopped(i64),
+    /// Every record was given; the offset after the last complete batch
+    /// (at least the range's start).
+    Through(i64),
+}
+
+/// Give `f` every record in `range` of `records` (fetched from `topic`,
+/// `partition`) until it returns false; control batches are skipped. A
+/// batch that does not decode is an error, never a gap: a reader (the
+/// ledger) would silently lose its entries. The one batch walk of the DLT
+/// readers (this module's read loop and the ledger's tail).
+pub(crate) fn visit<F>(
+    (topic, partition): (&str, i32),
+    records: &bytes::Bytes,
+    range: std::ops::Range<i64>,
+    f: &mut F,
+) -> Result<Visited, ClientError>
+where
+    F: FnMut(&Record<'_>) -> bool,
+{
+    let mut next = range.start;
+    for seg in batch::segments(records) {
+        let Segment::Batch(b) = seg else { continue };
+        next = next.max(b.next_offset());
+        if b.is_control() {
+            continue;
+        }
+        let d = b.decode().map_err(|e| {
+            no_broker(format!(
+                "{topic}-{partition}: batch at {}: {e}",
+                b.base_offset()
+            ))
+        })?;
+        for r in d.records().filter(|r| range.contains(&r.offset)) {
+            if !f(&r) {
+                return Ok(Visited::Stopped(r.offset));
+            }
+        }
+    }
+    Ok(Visited::Through(next))
 }

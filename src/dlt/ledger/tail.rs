@@ -27,8 +27,8 @@ use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
 use crate::client::{errors, ClientError, Cluster};
+use crate::dlt::read::{self, Visited};
 use crate::dlt::trust::{self, Reader};
-use crate::kafka::batch::{self, Segment};
 use crate::kafka::record::Record;
 use antidote_core::dlt_record::Origin;
 
@@ -219,25 +219,13 @@ fn visit<F>(
 where
     F: FnMut(&str, i32, Option<&Record<'_>>),
 {
-    let mut next = from;
-    for seg in batch::segments(records) {
-        let Segment::Batch(b) = seg else { continue };
-        next = next.max(b.next_offset());
-        if b.is_control() {
-            continue;
-        }
-        // Skipping a batch would lose ledger entries: an error, retried.
-        let d = b.decode().map_err(|e| {
-            crate::client::no_broker(format!(
-                "{dlt}-{partition}: batch at {}: {e}",
-                b.base_offset()
-            ))
-        })?;
-        for r in d.records().filter(|r| r.offset >= from) {
-            f(dlt, partition, Some(&r));
-        }
+    let mut each = |r: &Record<'_>| {
+        f(dlt, partition, Some(r));
+        true
+    };
+    match read::visit((dlt, partition), records, from..i64::MAX, &mut each)? {
+        Visited::Through(next) | Visited::Stopped(next) => Ok(next),
     }
-    Ok(next)
 }
 
 /// Read `parts` from their positions up to their ends (see [`Progress`]),
