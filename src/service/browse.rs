@@ -69,20 +69,8 @@ pub struct Page {
 /// Read one page of `req.topic` from the dead-letter cluster.
 pub async fn page(cluster: &mut Cluster, req: &PageRequest<'_>) -> Result<Page, DltError> {
     let topic = req.topic;
-    let Some(n) = cluster.partitions(topic).await? else {
-        return Err(DltError::Usage(format!("topic {topic} does not exist")));
-    };
-    let n = i32::try_from(n).unwrap_or(i32::MAX);
-    let mut partitions = Vec::with_capacity(n as usize);
-    for p in 0..n {
-        let start = cluster.log_start(topic, p).await?;
-        let end = cluster.list_offset(topic, p, LATEST).await?;
-        partitions.push(Span {
-            partition: p,
-            start,
-            end,
-        });
-    }
+    let partitions = spans(cluster, topic).await?;
+    let n = i32::try_from(partitions.len()).unwrap_or(i32::MAX);
     let from = req.from.unwrap_or(Position {
         partition: 0,
         offset: 0,
@@ -114,46 +102,79 @@ pub async fn page(cluster: &mut Cluster, req: &PageRequest<'_>) -> Result<Page, 
         if at >= span.end {
             continue;
         }
-        if page.records.len() >= req.limit || page.scanned >= req.scan || bytes >= req.max_bytes {
+        let full = page.records.len() >= req.limit || page.scanned >= req.scan;
+        let stopped = match full || bytes >= req.max_bytes {
+            true => Some(at),
+            false => read_into(cluster, req, span.partition, at, &mut page, &mut bytes).await?,
+        };
+        if let Some(offset) = stopped {
             page.next = Some(Position {
                 partition: span.partition,
-                offset: at,
-            });
-            return Ok(page);
-        }
-        let p = span.partition;
-        let mut full = false;
-        let stopped = crate::dlt::read_partition_while(cluster, topic, p, at, &mut |r| {
-            let size = r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len);
-            let over = !page.records.is_empty() && bytes + size > req.max_bytes;
-            if page.records.len() >= req.limit || page.scanned >= req.scan || over {
-                full = true;
-                return false;
-            }
-            page.scanned += 1;
-            let Some(ctx) = trust::open(Reader::Inspect, topic, p, r) else {
-                return true;
-            };
-            if is_marker(&ctx) {
-                return true;
-            }
-            let d = DltRecord::from_context(topic, p, r, &ctx, trust::keys());
-            if req.filters.matches(&d) {
-                bytes += size;
-                page.records.push(d);
-            }
-            true
-        })
-        .await?;
-        if full {
-            page.next = Some(Position {
-                partition: p,
-                offset: stopped,
+                offset,
             });
             return Ok(page);
         }
     }
     Ok(page)
+}
+
+/// Every partition of `topic` with its log start and end; an error when
+/// the topic does not exist.
+async fn spans(cluster: &mut Cluster, topic: &str) -> Result<Vec<Span>, DltError> {
+    let Some(n) = cluster.partitions(topic).await? else {
+        return Err(DltError::Usage(format!("topic {topic} does not exist")));
+    };
+    let n = i32::try_from(n).unwrap_or(i32::MAX);
+    let mut partitions = Vec::with_capacity(n as usize);
+    for p in 0..n {
+        let start = cluster.log_start(topic, p).await?;
+        let end = cluster.list_offset(topic, p, LATEST).await?;
+        partitions.push(Span {
+            partition: p,
+            start,
+            end,
+        });
+    }
+    Ok(partitions)
+}
+
+/// Read partition `p` of `req.topic` from `at` into `page` (markers
+/// skipped, the filters applied; `bytes` counts the keys and values
+/// returned) until the page is full: the offset it stopped at, or `None`
+/// when the partition was read to its end.
+async fn read_into(
+    cluster: &mut Cluster,
+    req: &PageRequest<'_>,
+    p: i32,
+    at: i64,
+    page: &mut Page,
+    bytes: &mut usize,
+) -> Result<Option<i64>, DltError> {
+    let topic = req.topic;
+    let mut full = false;
+    let stopped = crate::dlt::read_partition_while(cluster, topic, p, at, &mut |r| {
+        let size = r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len);
+        let over = !page.records.is_empty() && *bytes + size > req.max_bytes;
+        if page.records.len() >= req.limit || page.scanned >= req.scan || over {
+            full = true;
+            return false;
+        }
+        page.scanned += 1;
+        let Some(ctx) = trust::open(Reader::Inspect, topic, p, r) else {
+            return true;
+        };
+        if is_marker(&ctx) {
+            return true;
+        }
+        let d = DltRecord::from_context(topic, p, r, &ctx, trust::keys());
+        if req.filters.matches(&d) {
+            *bytes += size;
+            page.records.push(d);
+        }
+        true
+    })
+    .await?;
+    Ok(full.then_some(stopped))
 }
 
 /// One DLT record as a JSON object (`dlt inspect --json`, the console).

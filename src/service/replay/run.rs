@@ -40,33 +40,7 @@ pub async fn run(
             args.topic
         )));
     }
-    // Past `limit` nothing more is kept (the first ones in DLT order are
-    // what `limit` chooses): memory stays bounded on a large DLT; past
-    // `max_bytes` of keys and values too (the console).
-    let (mut kept, mut bytes, mut full) = (0usize, 0usize, false);
-    let mut records = read_dlt(Reader::Replay, &mut cluster, &args.topic, |r| {
-        let size = r.key.as_ref().map_or(0, |k| k.len()) + r.value.as_ref().map_or(0, |v| v.len());
-        let room = args
-            .max_bytes
-            .is_none_or(|m| bytes + size <= m || kept == 0);
-        let keep = selected(args, r) && args.limit.is_none_or(|n| kept < n) && !full;
-        full |= keep && !room;
-        let keep = keep && room;
-        kept += usize::from(keep);
-        bytes += if keep { size } else { 0 };
-        keep
-    })
-    .await?;
-    if full {
-        sink.notice(&format!(
-            "only the first {kept} selected records were considered: their keys and values fill {bytes} bytes (at most {} at once)",
-            args.max_bytes.unwrap_or(0)
-        ));
-    }
-    let duplicates = drop_later_copies(&mut records);
-    if duplicates > 0 {
-        sink.notice(&format!("{duplicates} later copies of DLT records with the same origin skipped (the first copy is replayed)"));
-    }
+    let records = read_selected(&mut cluster, args, sink).await?;
     // A blocked key's records go together (keys.rs); markers go to the DLT.
     let units = keys::units(&mut cluster, &args.topic, &ctx.policies, records).await?;
     let dlt = ctx.dead_letter_cluster()?;
@@ -110,6 +84,71 @@ pub async fn run(
         sink.progress(&runner.report);
     }
     Ok(runner.report)
+}
+
+/// The DLT records `args` selects, in DLT order, the first copy of each
+/// origin only. Past `limit` nothing more is kept (the first ones in DLT
+/// order are what `limit` chooses): memory stays bounded on a large DLT;
+/// past `max_bytes` of keys and values too (the console). What was left
+/// out is told to `sink`.
+async fn read_selected(
+    cluster: &mut Cluster,
+    args: &ReplayPlan,
+    sink: &mut dyn Sink,
+) -> Result<Vec<DltRecord>, DltError> {
+    let (mut kept, mut bytes, mut full) = (0usize, 0usize, false);
+    let mut records = read_dlt(Reader::Replay, cluster, &args.topic, |r| {
+        let size = r.key.as_ref().map_or(0, |k| k.len()) + r.value.as_ref().map_or(0, |v| v.len());
+        let room = args
+            .max_bytes
+            .is_none_or(|m| bytes + size <= m || kept == 0);
+        let keep = selected(args, r) && args.limit.is_none_or(|n| kept < n) && !full;
+        full |= keep && !room;
+        let keep = keep && room;
+        kept += usize::from(keep);
+        bytes += if keep { size } else { 0 };
+        keep
+    })
+    .await?;
+    if full {
+        sink.notice(&format!(
+            "only the first {kept} selected records were considered: their keys and values fill {bytes} bytes (at most {} at once)",
+            args.max_bytes.unwrap_or(0)
+        ));
+    }
+    let duplicates = drop_later_copies(&mut records);
+    if duplicates > 0 {
+        sink.notice(&format!("{duplicates} later copies of DLT records with the same origin skipped (the first copy is replayed)"));
+    }
+    Ok(records)
+}
+
+/// The last record of a blocked key's `rs` that is written (decided
+/// `Replay` in `ds`) carries `x-released-through`: `through`, the key's
+/// last origin offset.
+fn mark_released_through(rs: &[DltRecord], ds: &mut [Decision], through: i64) {
+    if let Some((
+        r,
+        Decision::Replay {
+            record,
+            topic,
+            partition,
+            attempt,
+        },
+    )) = rs
+        .iter()
+        .zip(ds.iter_mut())
+        .rev()
+        .find(|(_, d)| matches!(d, Decision::Replay { .. }))
+    {
+        *record = super::replay_record(
+            r,
+            *attempt,
+            record.timestamp,
+            Some(through),
+            &crate::dlt::trust::seal(topic, *partition),
+        );
+    }
 }
 
 /// The state of one replay run against its target cluster.
@@ -209,47 +248,14 @@ impl Runner<'_> {
         if let Some(i) = ds.iter().position(|d| !ok(d)) {
             let why = ds.get(i).map_or("", |d| d.label());
             let blocker = rs.get(i).map(DltRecord::coordinate).unwrap_or_default();
-            for r in rs {
-                self.report.refused += 1;
-                let o = Outcome::HeldBack {
-                    coord: r.coordinate(),
-                    key: key.clone(),
-                    topic: g.0.clone(),
-                    partition: g.1,
-                    blocker: blocker.clone(),
-                    why,
-                };
-                sink.outcome(o, &self.report)?;
-            }
-            return Ok(());
+            return self.hold_back(g, rs, &blocker, why, sink);
         }
         let through = rs
             .iter()
             .filter_map(|r| r.origin_offset)
             .max()
             .unwrap_or(-1);
-        if let Some((
-            r,
-            Decision::Replay {
-                record,
-                topic,
-                partition,
-                attempt,
-            },
-        )) = rs
-            .iter()
-            .zip(ds.iter_mut())
-            .rev()
-            .find(|(_, d)| matches!(d, Decision::Replay { .. }))
-        {
-            *record = super::replay_record(
-                r,
-                *attempt,
-                record.timestamp,
-                Some(through),
-                &crate::dlt::trust::seal(topic, *partition),
-            );
-        }
+        mark_released_through(rs, &mut ds, through);
         let failed = self.report.failed;
         for (r, d) in rs.iter().zip(&ds) {
             self.apply(r, d, sink).await?;
@@ -264,6 +270,32 @@ impl Runner<'_> {
                 topic: g.0.clone(),
                 partition: g.1,
                 through,
+            };
+            sink.outcome(o, &self.report)?;
+        }
+        Ok(())
+    }
+
+    /// None of a blocked key's records `rs` is replayed: the one at
+    /// `blocker` cannot be (`why`). Each is told to `sink` as held back.
+    fn hold_back(
+        &mut self,
+        g: &GroupKey,
+        rs: &[DltRecord],
+        blocker: &str,
+        why: &'static str,
+        sink: &mut dyn Sink,
+    ) -> Result<(), DltError> {
+        let key = crate::service::show_bytes(Some(&g.2));
+        for r in rs {
+            self.report.refused += 1;
+            let o = Outcome::HeldBack {
+                coord: r.coordinate(),
+                key: key.clone(),
+                topic: g.0.clone(),
+                partition: g.1,
+                blocker: blocker.to_string(),
+                why,
             };
             sink.outcome(o, &self.report)?;
         }

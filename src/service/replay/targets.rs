@@ -294,41 +294,61 @@ async fn take_lease(cluster: &mut Cluster, topic: &str, partition: i32) -> Lease
                 };
             }
             Ok(Fence::Lost) => {
-                tracing::debug!(
-                    topic,
-                    partition,
-                    attempt,
-                    "another replay took the target's lease meanwhile; again"
-                );
-                cluster.reset();
-                let pause = crate::dlt::backoff(
-                    attempt,
-                    Duration::from_millis(20),
-                    Duration::from_millis(1000),
-                );
-                tokio::time::sleep(pause).await;
+                again(cluster, (topic, partition), attempt, None).await;
             }
             Err(e) => {
-                // Another run's abort can keep InitProducerId answering
-                // CONCURRENT_TRANSACTIONS for a while: ask a few more times.
-                cluster.reset();
-                if attempt + 1 >= MAX_FAILED {
-                    tracing::warn!(topic, partition, error = %e,
-                        "no producer lease for the replay target: concurrent replays may both write");
+                if !again(cluster, (topic, partition), attempt, Some(&e)).await {
                     return none;
                 }
-                tracing::debug!(topic, partition, error = %e, "taking the replay target's lease failed; again");
-                let pause = crate::dlt::backoff(
-                    attempt,
-                    Duration::from_millis(100),
-                    Duration::from_millis(2000),
-                );
-                tokio::time::sleep(pause).await;
             }
         }
     }
     tracing::warn!(topic, partition, "no producer lease for the replay target (another replay kept taking it): concurrent replays may both write");
     none
+}
+
+/// After try `attempt` at a target's lease found it taken by another run
+/// meanwhile (`failed` is `None`) or failed: pause before the next try;
+/// false (at once) when a failure was the last of [`MAX_FAILED`] tries.
+async fn again(
+    cluster: &mut Cluster,
+    (topic, partition): (&str, i32),
+    attempt: u32,
+    failed: Option<&str>,
+) -> bool {
+    cluster.reset();
+    let pause = match failed {
+        None => {
+            tracing::debug!(
+                topic,
+                partition,
+                attempt,
+                "another replay took the target's lease meanwhile; again"
+            );
+            crate::dlt::backoff(
+                attempt,
+                Duration::from_millis(20),
+                Duration::from_millis(1000),
+            )
+        }
+        // Another run's abort can keep InitProducerId answering
+        // CONCURRENT_TRANSACTIONS for a while: ask a few more times.
+        Some(e) => {
+            if attempt + 1 >= MAX_FAILED {
+                tracing::warn!(topic, partition, error = %e,
+                    "no producer lease for the replay target: concurrent replays may both write");
+                return false;
+            }
+            tracing::debug!(topic, partition, error = %e, "taking the replay target's lease failed; again");
+            crate::dlt::backoff(
+                attempt,
+                Duration::from_millis(100),
+                Duration::from_millis(2000),
+            )
+        }
+    };
+    tokio::time::sleep(pause).await;
+    true
 }
 
 /// Produce one record with acks=all under lease `l`: `Ok(Ok(offset))`,
