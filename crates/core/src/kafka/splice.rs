@@ -123,37 +123,8 @@ pub fn splice_runs(
     keep: &[bool],
     cut_before: Option<i64>,
 ) -> Result<Rebuilt, BatchError> {
-    if keep.len() != decoded.len() {
-        return Err(BatchError::Invalid(format!(
-            "keep has {} entries for {} records",
-            keep.len(),
-            decoded.len()
-        )));
-    }
-    let count = usize::try_from(batch.records_count()).ok();
-    if count != Some(decoded.len())
-        || decoded.base_offset() != batch.base_offset()
-        || Some(decoded.compression()) != batch.compression()
-    {
-        return Err(BatchError::Invalid(
-            "decoded records do not belong to this batch".into(),
-        ));
-    }
-    let base = batch.base_offset();
-    let last_offset_delta = match cut_before {
-        None => batch.last_offset_delta(),
-        Some(off) => {
-            if off <= base || off > batch.next_offset() {
-                return Err(BatchError::Invalid(format!(
-                    "cut_before {off} outside ({base}, {}]",
-                    batch.next_offset()
-                )));
-            }
-            // off - 1 - base fits: base < off <= base + lastOffsetDelta + 1.
-            i32::try_from(off - 1 - base)
-                .map_err(|_| BatchError::Invalid(format!("cut_before {off} too far")))?
-        }
-    };
+    check_decoded(batch, decoded, keep)?;
+    let last_offset_delta = last_offset_delta(batch, cut_before)?;
     // Offsets are read only for a cut.
     let kept: Cow<[bool]> = match cut_before {
         None => Cow::Borrowed(keep),
@@ -170,7 +141,59 @@ pub fn splice_runs(
             "control batches are passed through, never rewritten".into(),
         ));
     }
+    rewrite(batch, decoded, (&kept, n_kept), last_offset_delta)
+}
 
+/// An error unless `decoded` was decoded from `batch` and `keep` has an
+/// entry for each of its records.
+fn check_decoded(batch: &Batch, decoded: &DecodedBatch, keep: &[bool]) -> Result<(), BatchError> {
+    if keep.len() != decoded.len() {
+        return Err(BatchError::Invalid(format!(
+            "keep has {} entries for {} records",
+            keep.len(),
+            decoded.len()
+        )));
+    }
+    let count = usize::try_from(batch.records_count()).ok();
+    if count != Some(decoded.len())
+        || decoded.base_offset() != batch.base_offset()
+        || Some(decoded.compression()) != batch.compression()
+    {
+        return Err(BatchError::Invalid(
+            "decoded records do not belong to this batch".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The spliced batch's lastOffsetDelta: the batch's own, or, cut before
+/// `cut_before`, the one that makes the client fetch `cut_before` next.
+fn last_offset_delta(batch: &Batch, cut_before: Option<i64>) -> Result<i32, BatchError> {
+    let base = batch.base_offset();
+    let Some(off) = cut_before else {
+        return Ok(batch.last_offset_delta());
+    };
+    if off <= base || off > batch.next_offset() {
+        return Err(BatchError::Invalid(format!(
+            "cut_before {off} outside ({base}, {}]",
+            batch.next_offset()
+        )));
+    }
+    // off - 1 - base fits: base < off <= base + lastOffsetDelta + 1.
+    i32::try_from(off - 1 - base)
+        .map_err(|_| BatchError::Invalid(format!("cut_before {off} too far")))
+}
+
+/// `batch` rebuilt with the `n_kept` records `kept` and
+/// `last_offset_delta`: a new header, then the kept runs of an uncompressed
+/// batch as slices of it (copied when more than [`MAX_RUNS`]), the kept
+/// records compressed again, or nothing (codec none) when none is kept.
+fn rewrite(
+    batch: &Batch,
+    decoded: &DecodedBatch,
+    (kept, n_kept): (&[bool], usize),
+    last_offset_delta: i32,
+) -> Result<Rebuilt, BatchError> {
     let src = batch.bytes();
     let mut attributes = batch.attributes();
     let mut out = BytesMut::with_capacity(HEADER_LEN);
@@ -180,21 +203,12 @@ pub fn splice_runs(
     if n_kept == 0 {
         attributes &= !ATTR_CODEC_MASK;
     } else if decoded.compression() == Compression::None {
-        spans = (runs(&kept))
+        spans = (runs(kept))
             .map(|(first, end)| decoded.span(first, end))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| BatchError::Invalid("records not walked".into()))?;
     } else {
-        let kept_records =
-            (decoded.raw_records().zip(kept.iter())).filter_map(|(r, &k)| k.then_some(r));
-        let mut raw = Vec::with_capacity(decoded.buffer().len());
-        kept_records.for_each(|r| raw.extend_from_slice(r));
-        let codec = decoded.compression();
-        out.extend_from_slice(&compression::compress(
-            codec,
-            &raw,
-            decoded.snappy_framing(),
-        )?);
+        out.extend_from_slice(&recompressed(decoded, kept)?);
     }
     out[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
     out[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4].copy_from_slice(&last_offset_delta.to_be_bytes());
@@ -218,6 +232,20 @@ pub fn splice_runs(
             .collect(),
         tail: Bytes::new(),
     })
+}
+
+/// The records `kept` of a compressed batch, compressed again with its
+/// codec (and framing).
+fn recompressed(decoded: &DecodedBatch, kept: &[bool]) -> Result<Vec<u8>, BatchError> {
+    let kept_records =
+        (decoded.raw_records().zip(kept.iter())).filter_map(|(r, &k)| k.then_some(r));
+    let mut raw = Vec::with_capacity(decoded.buffer().len());
+    kept_records.for_each(|r| raw.extend_from_slice(r));
+    Ok(compression::compress(
+        decoded.compression(),
+        &raw,
+        decoded.snappy_framing(),
+    )?)
 }
 
 /// The runs of `true` in `kept`, as `[first, end)` indexes.
