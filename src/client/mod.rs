@@ -19,8 +19,8 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use crate::config::HostPort;
 
 mod cluster;
-#[cfg(test)]
-pub(crate) mod mock_broker;
+#[cfg(any(test, feature = "mock-broker"))]
+pub mod mock_broker;
 #[cfg(test)]
 mod tests;
 use crate::transport::frame::{with_length_prefix, FrameReader};
