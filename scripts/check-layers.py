@@ -69,7 +69,6 @@ PENDING = {
     "crates/core/src/plan/planner.rs::plan_batch": 109,
     "crates/core/src/policy/avro/bound.rs::Scan::value": 98,
     "crates/core/src/policy/protobuf/capture/compile.rs::Tables::message": 87,
-    "src/intercept/fetch/share.rs::FetchFilter::filter_share": 87,
 }
 TEST_FILES = re.compile(r"(^|_)(tests|proptests|testutil|mock_broker)\.rs$")
 CRATES = {"core": ROOT / "crates" / "core" / "src", "antidote": ROOT / "src"}
