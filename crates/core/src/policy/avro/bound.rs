@@ -266,6 +266,14 @@ impl<'m> Scan<'m, '_> {
                 let i = usize::try_from(self.int()?).map_err(|_| Stop::Decoder)?;
                 (i < e.symbols.len()).then_some(()).ok_or(Stop::Decoder)
             }
+            _ => self.compound(s, ns, depth),
+        }
+    }
+
+    /// [`Self::value`] of a union, record, array, map or named reference:
+    /// the values it holds, one level deeper.
+    fn compound(&mut self, s: &'m Schema, ns: Option<&'m str>, depth: usize) -> Step {
+        match s {
             Schema::Union(u) => match self.varint() {
                 // Cut off at the end of the input: a null to apache-avro.
                 Err(true) => Ok(()),
@@ -318,6 +326,7 @@ impl<'m> Scan<'m, '_> {
                 let (s, ns) = self.resolve(name, ns).ok_or(Stop::Decoder)?;
                 self.value(s, ns, depth + 1)
             }
+            _ => Err(Stop::Decoder),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! wire type, presence and default.
 
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine};
-use prost_reflect::{Kind, MessageDescriptor, Value as P};
+use prost_reflect::{FieldDescriptor, Kind, MessageDescriptor, Value as P};
 use serde_json::Number;
 
 use super::{enum_name, Def, Field, Msg, Tables, K};
@@ -53,45 +53,11 @@ impl Tables {
                 supported = false;
                 continue;
             }
-            let kind = match f.kind() {
-                Kind::Int32 => K::Int32,
-                Kind::Sint32 => K::Sint32,
-                Kind::Sfixed32 => K::Sfixed32,
-                Kind::Int64 => K::Int64,
-                Kind::Sint64 => K::Sint64,
-                Kind::Sfixed64 => K::Sfixed64,
-                Kind::Uint32 => K::Uint32,
-                Kind::Fixed32 => K::Fixed32,
-                Kind::Uint64 => K::Uint64,
-                Kind::Fixed64 => K::Fixed64,
-                Kind::Float => K::Float,
-                Kind::Double => K::Double,
-                Kind::Bool => K::Bool,
-                Kind::String => K::Str,
-                Kind::Bytes => K::Bytes,
-                Kind::Enum(e) => {
-                    let mut names: Vec<(i32, String)> = e
-                        .values()
-                        .map(|v| (v.number(), v.name().to_string()))
-                        .collect();
-                    names.sort_by_key(|n| n.0);
-                    let count = names.len();
-                    names.dedup_by_key(|n| n.0);
-                    if names.len() != count {
-                        // Aliases: which name the full path shows is the
-                        // descriptor's binary search's choice.
-                        supported = false;
-                    }
-                    K::Enum(names)
-                }
-                Kind::Message(m) => match self.by_name.get(m.full_name()) {
-                    Some(&i) => K::Message(i),
-                    None => {
-                        supported = false;
-                        continue;
-                    }
-                },
+            let Some((kind, exact)) = self.kind(&f) else {
+                supported = false;
+                continue;
             };
+            supported &= exact;
             let default = if f.supports_presence() {
                 None
             } else {
@@ -130,6 +96,46 @@ impl Tables {
             supported,
             by_key,
         }
+    }
+
+    /// The tables' kind of field `f` and whether the fast path shows it as
+    /// the full decoder does (an enum with aliases: not always); `None`
+    /// for a message type the tables do not hold.
+    fn kind(&self, f: &FieldDescriptor) -> Option<(K, bool)> {
+        Some((
+            match f.kind() {
+                Kind::Int32 => K::Int32,
+                Kind::Sint32 => K::Sint32,
+                Kind::Sfixed32 => K::Sfixed32,
+                Kind::Int64 => K::Int64,
+                Kind::Sint64 => K::Sint64,
+                Kind::Sfixed64 => K::Sfixed64,
+                Kind::Uint32 => K::Uint32,
+                Kind::Fixed32 => K::Fixed32,
+                Kind::Uint64 => K::Uint64,
+                Kind::Fixed64 => K::Fixed64,
+                Kind::Float => K::Float,
+                Kind::Double => K::Double,
+                Kind::Bool => K::Bool,
+                Kind::String => K::Str,
+                Kind::Bytes => K::Bytes,
+                Kind::Enum(e) => {
+                    let mut names: Vec<(i32, String)> = e
+                        .values()
+                        .map(|v| (v.number(), v.name().to_string()))
+                        .collect();
+                    names.sort_by_key(|n| n.0);
+                    let count = names.len();
+                    names.dedup_by_key(|n| n.0);
+                    // Aliases: which name the full path shows is the
+                    // descriptor's binary search's choice.
+                    let exact = names.len() == count;
+                    return Some((K::Enum(names), exact));
+                }
+                Kind::Message(m) => K::Message(*self.by_name.get(m.full_name())?),
+            },
+            true,
+        ))
     }
 }
 
