@@ -32,6 +32,36 @@ pub struct RegistryConfig {
     /// How long a subject list or a "no such id" answer is trusted.
     #[serde(default = "default_ttl", deserialize_with = "de_duration")]
     pub cache_ttl: Duration,
+    /// Apicurio's native API (`.../apis/registry/v3`), for values framed
+    /// Apicurio's way (`wire: apicurio-headers`, `apicurio-8byte`). Default:
+    /// each `url` ending in `/apis/ccompat/v7` (or `v6`) with that part
+    /// replaced. Same auth, TLS and timeout as `url`.
+    #[serde(default, deserialize_with = "de_some_urls")]
+    pub apicurio_url: Option<Vec<RegistryUrl>>,
+}
+
+fn de_some_urls<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<RegistryUrl>>, D::Error> {
+    de_urls(d).map(Some)
+}
+
+impl RegistryConfig {
+    /// The URLs of Apicurio's native API: `apicurio_url`, or those derived
+    /// from `url` (its ccompat paths).
+    pub fn apicurio_urls(&self) -> Vec<RegistryUrl> {
+        if let Some(list) = &self.apicurio_url {
+            return list.clone();
+        }
+        (self.url.iter())
+            .filter_map(|u| {
+                let root = (u.base.strip_suffix("/apis/ccompat/v7"))
+                    .or_else(|| u.base.strip_suffix("/apis/ccompat/v6"))?;
+                Some(RegistryUrl {
+                    base: format!("{root}/apis/registry/v3"),
+                    ..u.clone()
+                })
+            })
+            .collect()
+    }
 }
 
 fn default_timeout() -> Duration {

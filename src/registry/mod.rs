@@ -16,6 +16,7 @@
 //! an answer the registry gave: a failure leaves the cache as it was, so the
 //! record stays `transient` (held) and is asked for again on the next fetch.
 
+mod apicurio;
 mod http;
 #[cfg(test)]
 mod tests;
@@ -93,6 +94,8 @@ struct SubjectVersion {
 /// The client, shared by every connection (and by the `dlt` commands).
 pub struct Registry {
     urls: Vec<RegistryUrl>,
+    /// Apicurio's native API, for Apicurio-framed values.
+    apicurio_urls: Vec<RegistryUrl>,
     client: http::Client,
     cache: Arc<SchemaCache>,
     inflight: Mutex<HashMap<Want, watch::Receiver<Option<bool>>>>,
@@ -119,6 +122,7 @@ impl Registry {
         cache.set_ttl_ms(i64::try_from(cfg.cache_ttl.as_millis()).unwrap_or(i64::MAX));
         Ok(Arc::new(Registry {
             urls: cfg.url.clone(),
+            apicurio_urls: cfg.apicurio_urls(),
             client: http::Client::new(tls, basic, cfg.timeout),
             cache,
             inflight: Mutex::new(HashMap::new()),
@@ -221,6 +225,7 @@ impl Registry {
         let result = match want {
             Want::Schema(id) => self.fetch_schema(id).await,
             Want::Subjects(id) => self.fetch_subjects(id).await,
+            Want::Apicurio(kind, id) => self.fetch_apicurio(kind, id).await,
         };
         match result {
             Ok(()) => {
@@ -333,8 +338,13 @@ impl Registry {
     /// GET `path` from the first URL that answers (2xx or 404); the last
     /// error when none does.
     async fn get(&self, path: &str) -> Result<Answer, RegistryError> {
+        self.get_from(&self.urls, path).await
+    }
+
+    /// [`Self::get`] from `urls`.
+    async fn get_from(&self, urls: &[RegistryUrl], path: &str) -> Result<Answer, RegistryError> {
         let mut last = None;
-        for url in &self.urls {
+        for url in urls {
             let m = metrics::global();
             match self.client.get(url, path).await {
                 Ok((200..=299, body)) => {

@@ -194,7 +194,8 @@ impl AvroDecoder {
                 Some(s) => (s, None, bytes),
                 None => return Err(Invalid::poison("decode", "no Avro schema")),
             },
-            Wire::Confluent => {
+            // Apicurio's wires are registry-only: never a file decoder's.
+            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte => {
                 let (id, rest) = confluent_header(bytes)?;
                 let writer = self.ids.get(&id).ok_or_else(|| unknown_id(id))?;
                 (writer, self.schema.as_ref(), rest)

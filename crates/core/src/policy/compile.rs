@@ -49,8 +49,24 @@ pub(super) fn compile_value(
     cache: &Arc<SchemaCache>,
 ) -> Result<(Decoder, OwnSchema), Vec<At>> {
     if !v.registry.as_ref().is_some_and(|r| r.v) {
-        if let Some(s) = &v.subject {
-            return Err(vec![at(s, "value.subject: needs `registry: true`")]);
+        let mut errs = Vec::new();
+        format::not_for(
+            &mut errs,
+            &v.subject,
+            "value.subject: needs `registry: true`",
+        );
+        format::not_for(
+            &mut errs,
+            &v.id,
+            "value.id: needs `registry: true` and an Apicurio wire",
+        );
+        format::not_for(
+            &mut errs,
+            &v.id_header,
+            "value.id_header: needs `registry: true` and `wire: apicurio-headers`",
+        );
+        if !errs.is_empty() {
+            return Err(errs);
         }
     }
     format::compile(&v.format.v, v, base, cache).unwrap_or_else(|| {

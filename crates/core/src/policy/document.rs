@@ -56,7 +56,7 @@ pub(super) struct BreakerDoc {
     pub(super) min_diverted: u32,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ValueDoc {
     /// A name in the format table (`format.rs`).
@@ -81,6 +81,24 @@ pub(super) struct ValueDoc {
     /// With `registry`: the id must be registered under this subject.
     #[serde(default)]
     pub(super) subject: Option<Located<String>>,
+    /// Apicurio wires: which id the record carries (`global`, `content`).
+    #[serde(default)]
+    pub(super) id: Option<Located<IdKindDoc>>,
+    /// `wire: apicurio-headers`: the header holding the id (default
+    /// Apicurio's own, `apicurio.value.contentId` and the like).
+    #[serde(default)]
+    pub(super) id_header: Option<Located<String>>,
+    /// Set by the loader for the `key:` section (Apicurio's key headers).
+    #[serde(skip)]
+    pub(super) is_key: bool,
+}
+
+/// `id:` of an Apicurio wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum IdKindDoc {
+    Global,
+    Content,
 }
 
 pub(super) fn yes() -> bool {

@@ -19,17 +19,19 @@ use super::registered::RegistryDecoder;
 use super::registry::{Reference, Registered, SchemaCache};
 use super::rules::Pointer;
 use super::{avro, json, protobuf, Invalid};
+use crate::kafka::record::Header;
 
 /// The policy's own JSON Schema, checked on every decoded value.
 pub(super) type OwnSchema = Option<jsonschema::Validator>;
 
 /// What a format is judged in besides a value's bytes: the record's topic
-/// (a registry subject's `{topic}`) and the clock (registry answers
-/// expire).
+/// (a registry subject's `{topic}`), the clock (registry answers expire)
+/// and its headers (Apicurio's framing may carry the schema id there).
 #[derive(Clone, Copy)]
 pub(super) struct Cx<'r> {
     pub(super) topic: &'r str,
     pub(super) now_ms: i64,
+    pub(super) headers: &'r [Header<'r>],
 }
 
 /// One record format.
@@ -42,6 +44,9 @@ pub(super) trait Format: Sized + std::fmt::Debug {
     const DECODES: bool = true;
     /// Whether [`Format::capture_registered`] reads registered datums.
     const CAPTURES_REGISTERED: bool = false;
+    /// Whether a datum framed Apicurio's way is what follows Confluent's
+    /// header too (so the fast path reads it); not for Protobuf.
+    const APICURIO_SAME_DATUM: bool = true;
     /// A registered schema compiled against a policy's plan (the registry
     /// fast path's program).
     type Program: std::fmt::Debug + Send + Sync;
@@ -89,6 +94,11 @@ pub(super) trait Format: Sized + std::fmt::Debug {
         _caps: &mut Captures<'a>,
     ) -> bool {
         false
+    }
+
+    /// [`Format::decode_registered`] of a datum framed Apicurio's way.
+    fn decode_apicurio(&self, schema: &Registered, datum: &[u8]) -> Result<Value, Invalid> {
+        self.decode_registered(schema, datum)
     }
 
     /// [`Format::decode`] of a registered datum (`schema` is of

@@ -116,7 +116,11 @@ pub(crate) struct Compiled {
 
 impl Compiled {
     pub(crate) fn judge(&self, topic: &str, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
-        let cx = Cx { topic, now_ms };
+        let cx = Cx {
+            topic,
+            now_ms,
+            headers: &r.headers,
+        };
         let Some(bytes) = self.before_decode(r)? else {
             return match &self.key {
                 Some(k) => k.check(r.key, &cx),
@@ -231,7 +235,13 @@ impl Compiled {
         bytes: &[u8],
         now_ms: i64,
     ) -> Result<Option<serde_json::Value>, Invalid> {
-        let cx = Cx { topic, now_ms };
+        // No headers here: a value framed with its id in a header is
+        // `unknown` (the DLT record's headers are antidote's).
+        let cx = Cx {
+            topic,
+            now_ms,
+            headers: &[],
+        };
         self.decoder.decode(bytes, &cx)
     }
 
@@ -334,7 +344,14 @@ impl Compiled {
         let value = match &self.decoder {
             Decoder::Json(j) => json::decode_reference(bytes, j.max_depth)
                 .map_err(|r| Invalid::poison("decode", r))?,
-            d => match d.decode(bytes, &Cx { topic: "", now_ms })? {
+            d => match d.decode(
+                bytes,
+                &Cx {
+                    topic: "",
+                    now_ms,
+                    headers: &r.headers,
+                },
+            )? {
                 Some(v) => v,
                 None => return Ok(()),
             },

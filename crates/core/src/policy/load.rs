@@ -171,7 +171,13 @@ impl LoadState {
         let (decoder, schema, allow_null, max_bytes) = self.value_of(&p, base, &mut errs);
         let key = match &p.key {
             None => None,
-            Some(k) => match self.compile_key(&k.v, base) {
+            Some(k) => match self.compile_key(
+                &ValueDoc {
+                    is_key: true,
+                    ..k.v.clone()
+                },
+                base,
+            ) {
                 Ok(k) => Some(k),
                 Err(mut e) => {
                     errs.append(&mut e);

@@ -72,6 +72,8 @@
 //! writer's datum is resolved to. Protobuf values become JSON keyed by proto
 //! field names with int64 as numbers and enums as names.
 
+#[cfg(test)]
+mod apicurio_tests;
 mod avro;
 #[cfg(test)]
 mod avro_proptests;

@@ -16,14 +16,97 @@ use std::sync::{Arc, Weak};
 use dashmap::DashMap;
 use serde_json::Value;
 
+use super::document::IdKindDoc;
 use super::document::ValueDoc;
 use super::format::{self, errors_or, not_for, Cx, Format, OwnSchema};
 use super::json::{Captures, Plan};
 use super::located::{at, At};
 use super::registry::{Known, Registered, SchemaCache};
 use super::rules::Pointer;
-use super::wire::{confluent_header, Wire};
+use super::wire::{ApicurioId, Framing, SchemaKey, Wire};
 use super::{Class, Invalid};
+
+/// The registry's answer for `key`: its schema, `unknown` when there is no
+/// such id, `transient` while the registry has not answered.
+fn found(known: Known<Arc<Registered>>, key: SchemaKey) -> Result<Arc<Registered>, Invalid> {
+    match known {
+        Known::Found(s) => Ok(s),
+        Known::NotFound => Err(unknown(format!("{key} is not in the schema registry"))),
+        Known::Missing => Err(transient(key.to_string())),
+    }
+}
+
+/// `wire` (with `id`, `id_header`) of a `registry: true` value: Confluent's
+/// framing (the default) or one of Apicurio's.
+fn framing(v: &ValueDoc, errs: &mut Vec<At>) -> Framing {
+    let wire = v.wire.as_ref().map_or(Wire::Confluent, |w| w.v);
+    let kind = |default| match v.id.as_ref().map(|i| i.v) {
+        Some(IdKindDoc::Global) => ApicurioId::Global,
+        Some(IdKindDoc::Content) => ApicurioId::Content,
+        None => default,
+    };
+    if wire != Wire::ApicurioHeaders {
+        not_for(
+            errs,
+            &v.id_header,
+            "value.id_header: applies to `wire: apicurio-headers`",
+        );
+    }
+    match wire {
+        Wire::Raw => {
+            if let Some(w) = &v.wire {
+                errs.push(at(w, "value.wire: `registry: true` reads a schema id: `confluent`, `apicurio-headers` or `apicurio-8byte`"));
+            }
+            Framing::Confluent
+        }
+        Wire::Confluent => {
+            not_for(errs, &v.id, "value.id: applies to Apicurio's wires");
+            Framing::Confluent
+        }
+        Wire::ApicurioHeaders => {
+            // Apicurio's serializers write the content id by default.
+            let id = kind(ApicurioId::Content);
+            let header = v
+                .id_header
+                .as_ref()
+                .map_or_else(|| default_header(v.is_key, id), |h| h.v.clone());
+            if header.is_empty() {
+                not_for(
+                    errs,
+                    &v.id_header,
+                    "value.id_header: a header name cannot be empty",
+                );
+            }
+            not_for(
+                errs,
+                &v.subject,
+                "value.subject: applies to `wire: confluent` (Apicurio's ids are not a subject's)",
+            );
+            Framing::Headers { header, id }
+        }
+        Wire::Apicurio8Byte => {
+            not_for(
+                errs,
+                &v.subject,
+                "value.subject: applies to `wire: confluent` (Apicurio's ids are not a subject's)",
+            );
+            // 2.x serializers wrote the global id.
+            Framing::Long {
+                id: kind(ApicurioId::Global),
+            }
+        }
+    }
+}
+
+/// Apicurio's own header names (`KafkaSerdeHeaders`).
+fn default_header(key: bool, id: ApicurioId) -> String {
+    let side = if key { "key" } else { "value" };
+    let name = match id {
+        ApicurioId::Global => "globalId",
+        ApicurioId::Content => "contentId",
+    };
+    format!("apicurio.{side}.{name}")
+}
 
 /// A subject template with at most one `{topic}`, split around it, so a
 /// subject is compared without building the string for every record.
@@ -85,6 +168,8 @@ impl Subject {
 #[derive(Debug)]
 pub(crate) struct RegistryDecoder<F: Format> {
     pub(crate) cache: Arc<SchemaCache>,
+    /// Where the schema's id is: Confluent's framing or Apicurio's.
+    pub(crate) framing: Framing,
     pub(crate) subject: Option<Subject>,
     /// How a registered schema is read: the format compiled from the
     /// policy's keys (an Avro reader schema, a Protobuf type, a JSON
@@ -92,9 +177,9 @@ pub(crate) struct RegistryDecoder<F: Format> {
     pub(crate) format: F,
     /// The rules' pointers, set at load: the fast path ([`Self::capture`]).
     pub(crate) plan: Option<Plan>,
-    /// Per schema id, the fast path's program for its schema and `plan`,
-    /// made on first use.
-    compiled: DashMap<u32, Compiled<F::Program>, foldhash::quality::RandomState>,
+    /// Per schema id (of `framing`'s one namespace), the fast path's
+    /// program for its schema and `plan`, made on first use.
+    compiled: DashMap<u64, Compiled<F::Program>, foldhash::quality::RandomState>,
 }
 
 /// Programs kept at most (then all are dropped and made again as needed):
@@ -148,12 +233,7 @@ impl<F: Format> RegistryDecoder<F> {
             )]);
         }
         let mut errs = Vec::new();
-        if let Some(w) = v.wire.as_ref().filter(|w| w.v != Wire::Confluent) {
-            errs.push(at(
-                w,
-                "value.wire: `registry: true` reads the schema id of `wire: confluent`",
-            ));
-        }
+        let framing = framing(v, &mut errs);
         not_for(
             &mut errs,
             &v.schema_ids,
@@ -175,6 +255,7 @@ impl<F: Format> RegistryDecoder<F> {
         };
         let decoder = RegistryDecoder {
             cache: cache.clone(),
+            framing,
             subject,
             format,
             plan: None,
@@ -186,7 +267,8 @@ impl<F: Format> RegistryDecoder<F> {
     /// The rules' pointers, for the fast path (not with a JSON Schema of
     /// the policy's own, which needs each value whole).
     pub(super) fn slots(&mut self, pointers: Vec<Pointer>, checked: bool) {
-        if !checked && F::CAPTURES_REGISTERED {
+        let datum_as_confluent = self.framing == Framing::Confluent || F::APICURIO_SAME_DATUM;
+        if !checked && F::CAPTURES_REGISTERED && datum_as_confluent {
             self.plan = Some(Plan::new(pointers, None));
         }
     }
@@ -202,16 +284,22 @@ impl<F: Format> RegistryDecoder<F> {
         check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
     ) -> Option<Result<(), Invalid>> {
         let plan = self.plan.as_ref()?;
-        let (id, rest) = confluent_header(bytes).ok()?;
-        let Known::Found(schema) = self.cache.schema(id, cx.now_ms) else {
+        let (key, rest) = self.framing.split(bytes, cx.headers).ok()?;
+        let Known::Found(schema) = self.cache.schema_of(key, cx.now_ms) else {
             return None;
         };
-        if let Some(subject) = &self.subject {
-            match self.cache.subjects(id, cx.now_ms) {
-                Known::Found(list) if list.iter().any(|s| subject.is(s, cx.topic)) => {}
-                _ => return None,
+        let id = match key {
+            SchemaKey::Confluent(id) => {
+                if let Some(subject) = &self.subject {
+                    match self.cache.subjects(id, cx.now_ms) {
+                        Known::Found(list) if list.iter().any(|s| subject.is(s, cx.topic)) => {}
+                        _ => return None,
+                    }
+                }
+                u64::from(id)
             }
-        }
+            SchemaKey::Apicurio(_, id) => id,
+        };
         let compiled = self.compiled(id, &schema, plan);
         let prog = compiled.program.as_ref()?;
         let mut caps = Captures::new(plan.slots());
@@ -224,10 +312,10 @@ impl<F: Format> RegistryDecoder<F> {
     /// made from another schema.
     fn compiled(
         &self,
-        id: u32,
+        id: u64,
         schema: &Arc<Registered>,
         plan: &Plan,
-    ) -> dashmap::mapref::one::Ref<'_, u32, Compiled<F::Program>> {
+    ) -> dashmap::mapref::one::Ref<'_, u64, Compiled<F::Program>> {
         if let Some(c) = self.compiled.get(&id) {
             // The weak reference keeps the allocation: its address is not
             // reused while the entry exists.
@@ -247,19 +335,15 @@ impl<F: Format> RegistryDecoder<F> {
     }
 
     pub(super) fn decode(&self, bytes: &[u8], cx: &Cx<'_>) -> Result<Value, Invalid> {
-        let (id, rest) = confluent_header(bytes)?;
+        let (key, rest) = self.framing.split(bytes, cx.headers)?;
+        let id = match key {
+            SchemaKey::Confluent(id) => id,
+            SchemaKey::Apicurio(..) => return self.decode_apicurio(key, rest, cx),
+        };
         // Both asked at once, so a new id costs one round of fetches.
         let schema = self.cache.schema(id, cx.now_ms);
         let subjects = (self.subject.as_ref()).map(|_| self.cache.subjects(id, cx.now_ms));
-        let schema = match schema {
-            Known::Found(s) => s,
-            Known::NotFound => {
-                return Err(unknown(format!(
-                    "schema id {id} is not in the schema registry"
-                )))
-            }
-            Known::Missing => return Err(transient(format!("schema id {id}"))),
-        };
+        let schema = found(schema, key)?;
         if let (Some(subject), Some(list)) = (&self.subject, subjects) {
             match list {
                 Known::Found(l) if l.iter().any(|s| subject.is(s, cx.topic)) => {}
@@ -275,19 +359,33 @@ impl<F: Format> RegistryDecoder<F> {
                 Known::Missing => return Err(transient(format!("subjects of schema id {id}"))),
             }
         }
-        self.decode_with(id, &schema, rest)
+        self.decode_with(key, &schema, rest)
     }
 
-    fn decode_with(&self, id: u32, schema: &Registered, rest: &[u8]) -> Result<Value, Invalid> {
+    /// [`Self::decode`] of a value framed the Apicurio way (no subjects).
+    fn decode_apicurio(&self, key: SchemaKey, rest: &[u8], cx: &Cx<'_>) -> Result<Value, Invalid> {
+        let schema = found(self.cache.schema_of(key, cx.now_ms), key)?;
+        self.decode_with(key, &schema, rest)
+    }
+
+    fn decode_with(
+        &self,
+        key: SchemaKey,
+        schema: &Registered,
+        rest: &[u8],
+    ) -> Result<Value, Invalid> {
         match schema {
             Registered::Unusable(why) => Err(unknown(format!(
-                "registered schema {id} cannot be used: {why}"
+                "registered schema of {key} cannot be used: {why}"
             ))),
-            s if Some(s.type_name()) == F::SCHEMA_TYPE => self.format.decode_registered(s, rest),
+            s if Some(s.type_name()) == F::SCHEMA_TYPE => match key {
+                SchemaKey::Confluent(_) => self.format.decode_registered(s, rest),
+                SchemaKey::Apicurio(..) => self.format.decode_apicurio(s, rest),
+            },
             other => Err(Invalid::poison(
                 "schema",
                 format!(
-                    "schema id {id} is a {} schema, this policy expects {}",
+                    "{key} is a {} schema, this policy expects {}",
                     other.type_name(),
                     F::SCHEMA_TYPE.unwrap_or("none")
                 ),

@@ -22,6 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::DashMap;
 
+pub use super::wire::ApicurioId;
+use super::wire::SchemaKey;
+
 /// Most compiled schemas kept at once.
 pub const MAX_SCHEMAS: usize = 10_000;
 /// Most subject lists kept at once.
@@ -65,6 +68,9 @@ pub enum Want {
     Schema(u32),
     /// `GET /schemas/ids/{id}/versions`: the subjects the id is under.
     Subjects(u32),
+    /// Apicurio's native API: `GET /ids/globalIds/{id}` or
+    /// `/ids/contentIds/{id}`, its type and references.
+    Apicurio(ApicurioId, u64),
 }
 
 /// What the cache knows of one id.
@@ -94,6 +100,9 @@ type ById<V> = DashMap<u32, V, foldhash::quality::RandomState>;
 #[derive(Debug)]
 pub struct SchemaCache {
     schemas: ById<SchemaEntry>,
+    /// Apicurio's ids, by namespace (a global id 5 is not content id 5,
+    /// nor Confluent id 5).
+    apicurio: DashMap<(ApicurioId, u64), SchemaEntry, foldhash::quality::RandomState>,
     subjects: ById<(Arc<[String]>, i64)>,
     wants: Mutex<BTreeSet<Want>>,
     ttl_ms: AtomicI64,
@@ -103,6 +112,7 @@ impl Default for SchemaCache {
     fn default() -> Self {
         SchemaCache {
             schemas: ById::default(),
+            apicurio: DashMap::default(),
             subjects: ById::default(),
             wants: Mutex::new(BTreeSet::new()),
             ttl_ms: AtomicI64::new(DEFAULT_TTL_MS),
@@ -141,6 +151,35 @@ impl SchemaCache {
                 Known::Missing
             }
         }
+    }
+
+    /// The schema of `key`, in its namespace; queues a want when missing.
+    pub(crate) fn schema_of(&self, key: SchemaKey, now_ms: i64) -> Known<Arc<Registered>> {
+        let (kind, id) = match key {
+            SchemaKey::Confluent(id) => return self.schema(id, now_ms),
+            SchemaKey::Apicurio(kind, id) => (kind, id),
+        };
+        match self.apicurio.get(&(kind, id)).map(|e| e.clone()) {
+            Some(SchemaEntry::Found(s)) => Known::Found(s),
+            Some(SchemaEntry::NotFound { at_ms }) if self.fresh(at_ms, now_ms) => Known::NotFound,
+            _ => {
+                self.want(Want::Apicurio(kind, id));
+                Known::Missing
+            }
+        }
+    }
+
+    /// Store Apicurio's answer for `id` of `kind`: its schema, or (`None`)
+    /// "no such id", trusted for the TTL.
+    pub fn put_apicurio(&self, kind: ApicurioId, id: u64, schema: Option<Registered>, now_ms: i64) {
+        if self.apicurio.len() >= MAX_SCHEMAS {
+            self.apicurio.clear();
+        }
+        let entry = match schema {
+            Some(s) => SchemaEntry::Found(Arc::new(s)),
+            None => SchemaEntry::NotFound { at_ms: now_ms },
+        };
+        self.apicurio.insert((kind, id), entry);
     }
 
     /// The subjects `id` is registered under; queues a want when missing
@@ -183,6 +222,11 @@ impl SchemaCache {
                 .subjects
                 .get(&id)
                 .is_some_and(|e| self.fresh(e.1, now_ms)),
+            Want::Apicurio(kind, id) => match self.apicurio.get(&(kind, id)).map(|e| e.clone()) {
+                Some(SchemaEntry::Found(_)) => true,
+                Some(SchemaEntry::NotFound { at_ms }) => self.fresh(at_ms, now_ms),
+                None => false,
+            },
         }
     }
 

@@ -8,13 +8,13 @@ use super::registry::{compile, Reference};
 use super::*;
 use crate::kafka::record::Record;
 
-const NOW: i64 = 1_764_460_000_000;
+pub(super) const NOW: i64 = 1_764_460_000_000;
 
-const TRIGGER_AVSC: &str = r#"{"type":"record","name":"Trigger","namespace":"geo","fields":[
+pub(super) const TRIGGER_AVSC: &str = r#"{"type":"record","name":"Trigger","namespace":"geo","fields":[
   {"name":"lat","type":"double"},{"name":"lon","type":"double"},
   {"name":"ssn","type":["null","string"],"default":null}]}"#;
 
-fn set(yaml: &str, cache: &Arc<SchemaCache>) -> PolicySet {
+pub(super) fn set(yaml: &str, cache: &Arc<SchemaCache>) -> PolicySet {
     match PolicySet::parse_with(yaml, Path::new("/tmp/registry-test.yaml"), cache) {
         Ok(s) => s,
         Err(e) => panic!("{e:#?}"),
@@ -44,7 +44,7 @@ fn framed(id: u32, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-fn avro_datum(lat: f64, ssn: Option<&str>) -> Vec<u8> {
+pub(super) fn avro_datum(lat: f64, ssn: Option<&str>) -> Vec<u8> {
     use apache_avro::types::Value as A;
     let schema = apache_avro::Schema::parse_str(TRIGGER_AVSC).expect("schema");
     let ssn = match ssn {
@@ -69,7 +69,7 @@ fn rec<'a>(key: Option<&'a [u8]>, value: &'a [u8]) -> Record<'a> {
     }
 }
 
-fn invalid(v: Verdict) -> Invalid {
+pub(super) fn invalid(v: Verdict) -> Invalid {
     match v {
         Verdict::Invalid(i) => i,
         Verdict::Valid => panic!("expected invalid"),

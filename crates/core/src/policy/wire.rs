@@ -1,11 +1,16 @@
-//! Schema-registry wire framing shared by Avro and Protobuf values:
-//! `raw` (the datum alone) or `confluent` (magic byte 0, then a 4-byte
-//! big-endian schema id, then the datum; Protobuf adds message indexes).
+//! Schema-registry wire framing shared by the formats: `raw` (the datum
+//! alone), `confluent` (magic byte 0, then a 4-byte big-endian schema id,
+//! then the datum; Protobuf adds message indexes), and Apicurio's own
+//! (`registry: true` only): `apicurio-headers` (the id, an 8-byte
+//! big-endian long, in a record header; the value is the datum alone) and
+//! `apicurio-8byte` (magic byte 0, then the id as 8 bytes). Apicurio ids
+//! are global ids or content ids, each its own namespace.
 
 use super::document::ValueDoc;
 use super::format::not_for;
 use super::located::{at, At};
 use super::{Class, Invalid};
+use crate::kafka::record::Header;
 
 /// How a value's bytes are framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
@@ -14,6 +19,111 @@ pub(crate) enum Wire {
     #[default]
     Raw,
     Confluent,
+    #[serde(rename = "apicurio-headers")]
+    ApicurioHeaders,
+    #[serde(rename = "apicurio-8byte")]
+    Apicurio8Byte,
+}
+
+/// Which of Apicurio's ids a record carries: a namespace of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ApicurioId {
+    /// One artifact version (`apicurio.value.globalId`).
+    Global,
+    /// One schema text, shared by identical versions (`apicurio.value.contentId`).
+    Content,
+}
+
+impl ApicurioId {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApicurioId::Global => "global id",
+            ApicurioId::Content => "content id",
+        }
+    }
+}
+
+/// How a registry-backed value names its schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Framing {
+    Confluent,
+    /// The id in the last header named `header`; the value is the datum.
+    Headers {
+        header: String,
+        id: ApicurioId,
+    },
+    /// Magic byte 0, then the id as an 8-byte big-endian long.
+    Long {
+        id: ApicurioId,
+    },
+}
+
+/// A schema id and the namespace it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SchemaKey {
+    Confluent(u32),
+    Apicurio(ApicurioId, u64),
+}
+
+impl std::fmt::Display for SchemaKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SchemaKey::Confluent(id) => write!(f, "schema id {id}"),
+            SchemaKey::Apicurio(kind, id) => write!(f, "Apicurio {} {id}", kind.as_str()),
+        }
+    }
+}
+
+impl Framing {
+    /// The schema key of a value and its datum. A missing id header is
+    /// `unknown` (rule `schema-id`): the validator cannot decide; a header
+    /// or frame that is not Apicurio's is poison.
+    pub(crate) fn split<'a>(
+        &self,
+        bytes: &'a [u8],
+        headers: &[Header<'_>],
+    ) -> Result<(SchemaKey, &'a [u8]), Invalid> {
+        match self {
+            Framing::Confluent => {
+                confluent_header(bytes).map(|(id, rest)| (SchemaKey::Confluent(id), rest))
+            }
+            Framing::Long { id } => match bytes {
+                [0, rest @ ..] if rest.len() >= 8 => {
+                    let (head, datum) = rest.split_at(8);
+                    let n = u64::from_be_bytes(head.try_into().unwrap_or([0; 8]));
+                    Ok((SchemaKey::Apicurio(*id, n), datum))
+                }
+                [m, ..] if *m != 0 => Err(Invalid::poison(
+                    "decode",
+                    format!("magic byte is 0x{m:02x}, not 0: not an Apicurio 8-byte framed value"),
+                )),
+                _ => Err(Invalid::poison(
+                    "decode",
+                    format!(
+                        "value is {} bytes, too short for the 9-byte Apicurio header",
+                        bytes.len()
+                    ),
+                )),
+            },
+            Framing::Headers { header, id } => {
+                let found = headers.iter().rev().find(|h| h.key == header.as_bytes());
+                match found.map(|h| h.value) {
+                    None | Some(None) => Err(Invalid {
+                        class: Class::Unknown,
+                        rule: "schema-id".into(),
+                        reason: format!("no header {header} names the schema"),
+                    }),
+                    Some(Some(v)) => match <[u8; 8]>::try_from(v) {
+                        Ok(b) => Ok((SchemaKey::Apicurio(*id, u64::from_be_bytes(b)), bytes)),
+                        Err(_) => Err(Invalid::poison(
+                            "decode",
+                            format!("header {header} is {} bytes, not an 8-byte id", v.len()),
+                        )),
+                    },
+                }
+            }
+        }
+    }
 }
 
 /// The `wire` of a format that reads schema files (Avro, Protobuf): `raw`
@@ -21,6 +131,10 @@ pub(crate) enum Wire {
 /// `confluent` needs `schema_ids` (or `registry: true`).
 pub(crate) fn check_file_wire(v: &ValueDoc, errs: &mut Vec<At>) -> Wire {
     let wire = v.wire.as_ref().map_or(Wire::Raw, |w| w.v);
+    if let Some(w) = v.wire.as_ref().filter(|_| apicurio(wire)) {
+        errs.push(at(w, "value.wire: Apicurio's wires need `registry: true`"));
+        return Wire::Confluent;
+    }
     if wire == Wire::Raw {
         not_for(
             errs,
@@ -37,6 +151,11 @@ pub(crate) fn check_file_wire(v: &ValueDoc, errs: &mut Vec<At>) -> Wire {
         }
     }
     wire
+}
+
+/// Whether `wire` is one of Apicurio's own.
+pub(crate) fn apicurio(wire: Wire) -> bool {
+    matches!(wire, Wire::ApicurioHeaders | Wire::Apicurio8Byte)
 }
 
 /// Split a Confluent-framed value into its schema id and payload.

@@ -10,7 +10,7 @@ use std::path::Path;
 use prost_reflect::FileDescriptor;
 use serde_json::Value;
 
-use super::{load_file, IndexedFile, Links, ProtoDecoder};
+use super::{check_type_name, decode_message, load_file, IndexedFile, Links, ProtoDecoder};
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
 use crate::policy::format::{errors_or, not_for, Format, OwnSchema};
@@ -18,12 +18,13 @@ use crate::policy::json::{Captures, Plan};
 use crate::policy::located::{at, At};
 use crate::policy::registry::{Reference, Registered};
 use crate::policy::rules::Pointer;
-use crate::policy::wire::{check_file_wire, Wire};
+use crate::policy::wire::{check_file_wire, varint_at, Tenth, Wire};
 use crate::policy::Invalid;
 
 impl Format for ProtoDecoder {
     const SCHEMA_TYPE: Option<&'static str> = Some("PROTOBUF");
     const CAPTURES_REGISTERED: bool = true;
+    const APICURIO_SAME_DATUM: bool = false;
     type Program = Links;
 
     fn compile(v: &ValueDoc, base: &Path, registry: bool) -> Result<(Self, OwnSchema), Vec<At>> {
@@ -139,6 +140,53 @@ impl Format for ProtoDecoder {
         };
         file.decode(datum, self.expected())
     }
+
+    /// Apicurio's Protobuf serializers write a length-delimited `Ref`
+    /// (field 1: the message type's name) before the message, not
+    /// Confluent's index array.
+    fn decode_apicurio(&self, schema: &Registered, datum: &[u8]) -> Result<Value, Invalid> {
+        let Registered::Protobuf(file) = schema else {
+            return Err(Invalid::poison("schema", "not a Protobuf schema"));
+        };
+        let (name, payload) = type_ref(datum).ok_or_else(|| {
+            Invalid::poison(
+                "decode",
+                "value does not start with Apicurio's Protobuf type reference",
+            )
+        })?;
+        let desc = (file.file().messages())
+            .find(|m| m.name() == name || m.full_name() == name)
+            .ok_or_else(|| {
+                Invalid::poison(
+                    "schema",
+                    format!("the registered schema has no message `{name}`"),
+                )
+            })?;
+        check_type_name(&desc, self.expected())?;
+        decode_message(desc, payload)
+    }
+}
+
+/// Apicurio's `Ref { string name = 1; }`, length-delimited, at the start
+/// of `datum`: the name, and what follows the reference.
+fn type_ref(datum: &[u8]) -> Option<(&str, &[u8])> {
+    let mut i = 0;
+    let len = usize::try_from(varint_at(datum, &mut i, Tenth::ZeroOrOne)?).ok()?;
+    let end = i.checked_add(len).filter(|e| *e <= datum.len())?;
+    let (mut r, rest) = (&datum[i..end], &datum[end..]);
+    let mut name = "";
+    while !r.is_empty() {
+        let mut j = 0;
+        let key = varint_at(r, &mut j, Tenth::ZeroOrOne)?;
+        let n = usize::try_from(varint_at(r, &mut j, Tenth::ZeroOrOne)?).ok()?;
+        // Only length-delimited fields are expected (field 1, the name).
+        let field = r.get(j..j.checked_add(n)?).filter(|_| key & 7 == 2)?;
+        if key >> 3 == 1 {
+            name = std::str::from_utf8(field).ok()?;
+        }
+        r = &r[j + n..];
+    }
+    (!name.is_empty()).then_some((name, rest))
 }
 
 /// The name the registered schema's own file gets among its imports.
