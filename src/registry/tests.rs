@@ -192,3 +192,49 @@ async fn while_the_registry_is_down_responses_wait_less() {
     assert!(!r.fetch_once(Want::Schema(1)).await);
     assert_eq!(r.wait(), DOWN_WAIT);
 }
+
+/// Apicurio's native API: content by global id, the type from a version
+/// search, a reference read by group/artifact/version; an unknown content
+/// id is stored as "no such id" in its own namespace.
+#[tokio::test]
+async fn apicurio_ids_resolve_through_the_native_api() {
+    use crate::policy::registry::ApicurioId;
+    let loc = r#"{"type":"record","name":"Location","namespace":"geo","fields":[{"name":"lat","type":"double"}]}"#;
+    let main = r#"{"type":"record","name":"T","namespace":"geo","fields":[{"name":"at","type":"geo.Location"}]}"#;
+    let handler: Handler = Arc::new(move |path, _| {
+        let v3 = "/apis/registry/v3";
+        let body = match path.strip_prefix(v3).unwrap_or("") {
+            "/ids/globalIds/2" => main.to_string(),
+            "/search/versions?globalId=2&limit=1" => {
+                r#"{"count":1,"versions":[{"artifactType":"AVRO","globalId":2}]}"#.to_string()
+            }
+            "/ids/globalIds/2/references" => {
+                r#"[{"artifactId":"loc","version":"1","name":"geo.Location"}]"#.to_string()
+            }
+            "/groups/default/artifacts/loc/versions/1/content" => loc.to_string(),
+            "/groups/default/artifacts/loc/versions/1/references" => "[]".to_string(),
+            _ => return (404, "{}".into(), 0),
+        };
+        (200, body, 0)
+    });
+    let (base, _) = stub(handler).await;
+    let r = registry(&[&format!("{base}/apis/ccompat/v7")], 2000);
+    assert!(r.fetch_once(Want::Apicurio(ApicurioId::Global, 2)).await);
+    match r.cache().apicurio_schema(ApicurioId::Global, 2, now_ms()) {
+        Known::Found(s) => assert!(
+            matches!(*s, Registered::Avro(_, ref named) if named.len() == 1),
+            "{s:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The same number in the other namespaces is not this schema.
+    assert!(!r
+        .cache()
+        .has(Want::Apicurio(ApicurioId::Content, 2), now_ms()));
+    assert!(!r.cache().has(Want::Schema(2), now_ms()));
+    assert!(r.fetch_once(Want::Apicurio(ApicurioId::Content, 9)).await);
+    assert!(matches!(
+        r.cache().apicurio_schema(ApicurioId::Content, 9, now_ms()),
+        Known::NotFound
+    ));
+}

@@ -155,10 +155,19 @@ impl SchemaCache {
 
     /// The schema of `key`, in its namespace; queues a want when missing.
     pub(crate) fn schema_of(&self, key: SchemaKey, now_ms: i64) -> Known<Arc<Registered>> {
-        let (kind, id) = match key {
-            SchemaKey::Confluent(id) => return self.schema(id, now_ms),
-            SchemaKey::Apicurio(kind, id) => (kind, id),
-        };
+        match key {
+            SchemaKey::Confluent(id) => self.schema(id, now_ms),
+            SchemaKey::Apicurio(kind, id) => self.apicurio_schema(kind, id, now_ms),
+        }
+    }
+
+    /// The schema of Apicurio's `kind` id `id`; queues a want when missing.
+    pub fn apicurio_schema(
+        &self,
+        kind: ApicurioId,
+        id: u64,
+        now_ms: i64,
+    ) -> Known<Arc<Registered>> {
         match self.apicurio.get(&(kind, id)).map(|e| e.clone()) {
             Some(SchemaEntry::Found(s)) => Known::Found(s),
             Some(SchemaEntry::NotFound { at_ms }) if self.fresh(at_ms, now_ms) => Known::NotFound,
