@@ -373,8 +373,7 @@ fn count(plan: &PartitionPlan, held_from: Option<i64>) {
     let held_back = (plan.diversions.iter())
         .filter(|d| held_from.is_some_and(|h| d.origin_offset >= h))
         .count() as u64;
-    let invalid =
-        (plan.diversions.len() + plan.settled.len()) as u64;
+    let invalid = (plan.diversions.len() + plan.settled.len()) as u64;
     let counted = |o: i64| held_from.is_none_or(|h| o < h);
     report(
         plan,

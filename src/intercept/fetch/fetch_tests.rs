@@ -55,7 +55,6 @@ pub(super) fn batch(values: &[&str], base: i64) -> Bytes {
     Bytes::from(batch)
 }
 
-
 const VERSION: i16 = 12;
 pub(super) const POISON: &str = "not json";
 

@@ -181,8 +181,8 @@ mod tests {
     };
     use kafka_protocol::protocol::{Decodable, Encodable};
 
-    use super::*;
     use super::super::patch::concat;
+    use super::*;
 
     fn response(version: i16) -> Bytes {
         let ranges = |f: i64, l: i64| {

@@ -43,7 +43,6 @@ fn response(values: &[&str], acquired: &[(i64, i64)]) -> Bytes {
     response_of(batch(values, 0), acquired, 30_000)
 }
 
-
 /// The same batch with its last byte flipped: its CRC fails, so it cannot
 /// be decoded.
 fn corrupt(b: Bytes) -> Bytes {

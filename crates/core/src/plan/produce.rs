@@ -31,8 +31,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::budget::DecodeBudget;
 use super::budget::decode_within;
+use super::budget::DecodeBudget;
 use super::HoldReason;
 use crate::kafka::batch::{self, Segment};
 use crate::policy::{Class, Invalid, Policy, Verdict};

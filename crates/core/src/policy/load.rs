@@ -111,6 +111,10 @@ impl LoadState {
 
     /// The `key:` section, compiled like a value; messages say `key.`.
     fn compile_key(&self, k: &ValueDoc, base: &Path) -> Result<KeyCheck, Vec<At>> {
+        let k = &ValueDoc {
+            is_key: true,
+            ..k.clone()
+        };
         let (decoder, schema) = compile_value(k, base, &self.cache).map_err(|errs| {
             errs.into_iter()
                 .map(|mut e| {
@@ -169,22 +173,13 @@ impl LoadState {
         let topics = self.check_topics(&p, &mut errs);
 
         let (decoder, schema, allow_null, max_bytes) = self.value_of(&p, base, &mut errs);
-        let key = match &p.key {
-            None => None,
-            Some(k) => match self.compile_key(
-                &ValueDoc {
-                    is_key: true,
-                    ..k.v.clone()
-                },
-                base,
-            ) {
-                Ok(k) => Some(k),
-                Err(mut e) => {
-                    errs.append(&mut e);
-                    None
-                }
-            },
-        };
+        let key = (p.key.as_ref()).and_then(|k| match self.compile_key(&k.v, base) {
+            Ok(k) => Some(k),
+            Err(mut e) => {
+                errs.append(&mut e);
+                None
+            }
+        });
         let mut decoder = decoder;
         let (mut rules, mut stale, rule_class, stale_class) =
             compile_rules(&p, &decoder, &mut errs);
