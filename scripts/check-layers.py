@@ -57,7 +57,7 @@ LAYERS = [
     ["cli", "proxy"],
     ["main"],
 ]
-MAX_FILE_LINES = 600
+MAX_FILE_LINES = 550
 MAX_FN_LINES = 80
 HOT_PATH_DOC = ROOT / "docs" / "architecture.md"
 HOT_PATH_HEADING = "## Hot-path functions over 80 lines"
@@ -65,11 +65,7 @@ HOT_PATH_HEADING = "## Hot-path functions over 80 lines"
 # with their length when it was written: each is being split by its owner.
 # They are reported but do not fail the check while listed, and may not grow.
 # The lead empties this list once everyone's splits are merged.
-PENDING = {
-    "crates/core/src/plan/planner.rs::plan_batch": 109,
-    "crates/core/src/policy/avro/bound.rs::Scan::value": 98,
-    "crates/core/src/policy/protobuf/capture/compile.rs::Tables::message": 87,
-}
+PENDING: dict[str, int] = {}
 TEST_FILES = re.compile(r"(^|_)(tests|proptests|testutil|mock_broker)\.rs$")
 CRATES = {"core": ROOT / "crates" / "core" / "src", "antidote": ROOT / "src"}
 ROOT_FILES = {"lib.rs", "mod.rs"}

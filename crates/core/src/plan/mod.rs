@@ -24,6 +24,7 @@ pub mod budget;
 mod keyed;
 pub mod keys;
 mod planner;
+mod undecodable;
 pub mod produce;
 pub mod share;
 pub mod verdicts;

@@ -8,16 +8,17 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::budget::{decode_within, DecodeBudget};
+use super::budget::{decode_within, DecodeBudget, Reservation};
 use super::keyed::{divert_keyed, KeyedOutcome};
 use super::keys::{KeyGate, KeyOrder, NoKeys};
 use super::verdicts::{Judged, Known, VerdictCache};
+use super::undecodable::plan_undecodable;
 use super::visibility::{AbortTracker, Visibility};
 use super::{Cut, Hold, HoldReason, Outcome, PartitionPlan, SegmentPlan, Settled};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::splice::Rebuilt;
-use crate::policy::{Action, Class, Invalid, KeyOrdering, Policy, Undecodable};
+use crate::policy::{Action, Class, Invalid, KeyOrdering, Policy};
 
 /// One partition of a Fetch response, as the planner sees it.
 pub struct PartitionInput<'a> {
@@ -140,27 +141,12 @@ fn plan_batch(
     order: Option<&mut KeyOrder<'_>>,
     (batch, start): (Batch, usize),
 ) -> ControlFlow<()> {
-    let (policy, topic, partition) = (input.policy, input.topic, input.partition);
     // A batch judged before (another consumer group, a re-fetch) with
     // nothing to remove passes without even being decoded; one whose
     // removals are all done may be sent as spliced before.
     let earlier = (env.already)(batch.base_offset(), batch.next_offset());
     let keyed = order.as_ref().is_some_and(|o| o.active());
-    // A verdict was reached on the bytes judged then: it stands for these
-    // only if their CRC holds (a corrupt copy is decoded, fails and is
-    // held, never passed on the good copy's verdict). A batch the cache
-    // may answer for unread has its CRC read here; under per_key a batch
-    // with removals is read record by record (which records its blocks
-    // take depends on keys, not on the cache), and its decode below reads
-    // the CRC, once.
-    let (known, unread) = match env.verdicts.lookup(policy, topic, partition, &batch) {
-        Some(k) => {
-            let plain = k.verdicts().is_empty() && earlier.is_empty() && !keyed;
-            let unread = order.is_none() || plain;
-            (Some(k).filter(|_| !unread || batch.crc_valid()), unread)
-        }
-        None => (None, false),
-    };
+    let (known, unread) = cached_verdicts(input, env, &batch, &earlier, (order.is_none(), keyed));
     // Past the judging deadline, a batch still to judge is left for the
     // client's next fetch; one whose verdicts are known still goes out.
     if known.is_none() && out_of_time(plan, input) {
@@ -206,10 +192,76 @@ fn plan_batch(
         plan.segments.push(keep(&batch));
         return ControlFlow::Continue(());
     }
+    let decided = Decided {
+        decoded,
+        memory,
+        known,
+        cached,
+        invalid,
+    };
+    plan_removals(plan, input, batch, decided, &earlier, order)
+}
+
+/// The verdicts the cache holds for `batch`, if they stand for these
+/// bytes, and whether the batch may be answered for unread. A verdict was
+/// reached on the bytes judged then: it stands for these only if their CRC
+/// holds (a corrupt copy is decoded, fails and is held, never passed on the
+/// good copy's verdict). A batch the cache may answer for unread has its
+/// CRC read here; under per_key (`unkeyed` false) a batch with removals is
+/// read record by record (which records its blocks take depends on keys,
+/// not on the cache), and its decode reads the CRC, once.
+fn cached_verdicts(
+    input: &PartitionInput<'_>,
+    env: &Env<'_>,
+    batch: &Batch,
+    earlier: &[i64],
+    (unkeyed, keyed): (bool, bool),
+) -> (Option<Known>, bool) {
+    let (policy, topic, partition) = (input.policy, input.topic, input.partition);
+    match env.verdicts.lookup(policy, topic, partition, batch) {
+        Some(k) => {
+            let plain = k.verdicts().is_empty() && earlier.is_empty() && !keyed;
+            let unread = unkeyed || plain;
+            (Some(k).filter(|_| !unread || batch.crc_valid()), unread)
+        }
+        None => (None, false),
+    }
+}
+
+/// A decoded batch with its verdicts (`cached`: reached by an earlier
+/// fetch), the budget its decoding holds, and its invalid records.
+struct Decided {
+    decoded: DecodedBatch,
+    memory: Option<Reservation>,
+    known: Known,
+    cached: bool,
+    invalid: Arc<Vec<Judged>>,
+}
+
+/// Plan a judged batch with something to remove (or keys to watch): kept,
+/// or spliced without what its verdicts and the key order remove (kept
+/// for later fetches when it removes exactly what the verdicts do); `Break`
+/// when the partition's blocked keys are full here.
+fn plan_removals(
+    plan: &mut PartitionPlan,
+    input: &PartitionInput<'_>,
+    batch: Batch,
+    d: Decided,
+    earlier: &[i64],
+    order: Option<&mut KeyOrder<'_>>,
+) -> ControlFlow<()> {
+    let Decided {
+        decoded,
+        memory,
+        known,
+        cached,
+        invalid,
+    } = d;
+    let policy = input.policy;
     // Records below the log start are deleted: never judged into a DLT (a
     // batch cut by DeleteRecords or retention still comes whole).
     let visible = input.visibility.not_deleted(&invalid);
-    let (keep_mask, keyed_out) = apply_verdicts(plan, &decoded, &visible, &earlier, cached, order);
+    let (keep_mask, keyed_out) = apply_verdicts(plan, &decoded, &visible, earlier, cached, order);
     if keep_mask.iter().all(|k| *k) {
         plan.segments.push(keep(&batch));
     } else {
@@ -260,30 +312,6 @@ fn plan_from_cache(
         rebuilt,
         next: batch.next_offset(),
     })
-}
-
-/// A batch that cannot be decoded is never forwarded unjudged, never
-/// dropped: diverted whole (if the policy says so) or held here.
-fn plan_undecodable(
-    plan: &mut PartitionPlan,
-    batch: &Batch,
-    reason: HoldReason,
-    earlier: &[i64],
-) -> ControlFlow<()> {
-    if let HoldReason::Undecodable(why) = &reason {
-        plan.stats.undecodable_batches += 1;
-        if plan.policy.on_undecodable == Undecodable::Divert {
-            if let Some(seg) = divert_whole(plan, batch, why, earlier) {
-                plan.segments.push(seg);
-                return ControlFlow::Continue(());
-            }
-        }
-    }
-    plan.held = Some(Hold {
-        offset: batch.base_offset(),
-        reason,
-    });
-    ControlFlow::Break(())
 }
 
 /// Judge a decoded batch (or find another fetch's verdicts reached while
@@ -469,41 +497,6 @@ fn resend_spliced(
         settle(plan, j, outcome);
     }
     Some(rebuilt)
-}
-
-/// Plan `batch`, which cannot be decoded, as diverted whole: one DLT record
-/// holding its raw bytes (unless an earlier fetch wrote it: its base offset
-/// is in the ledger), and an empty batch plus a commit marker in its place.
-/// `None` if even its header is unusable for that (then it is held).
-fn divert_whole(
-    plan: &mut PartitionPlan,
-    batch: &Batch,
-    why: &str,
-    earlier: &[i64],
-) -> Option<SegmentPlan> {
-    let bytes = crate::kafka::marker::replace_whole(batch).ok()?;
-    let reason = format!("batch cannot be decoded: {why}");
-    let d = Diversion::whole_batch(&plan.policy, &plan.topic, plan.partition, batch, reason);
-    plan.stats.diverted += 1;
-    plan.whole_batches
-        .push((batch.base_offset(), batch.last_offset()));
-    if earlier.contains(&batch.base_offset()) {
-        plan.settled.push(Settled {
-            offset: batch.base_offset(),
-            invalid: d.invalid,
-            outcome: Outcome::DivertedBefore,
-        });
-    } else {
-        tracing::warn!(topic = %plan.topic, partition = plan.partition,
-            base_offset = batch.base_offset(), last_offset = batch.last_offset(),
-            error = why, "batch cannot be decoded: diverted whole");
-        plan.diversions.push(d);
-    }
-    Some(SegmentPlan::Spliced {
-        batch: batch.bytes().clone(),
-        rebuilt: Rebuilt::whole(bytes),
-        next: batch.next_offset(),
-    })
 }
 
 fn keep(batch: &Batch) -> SegmentPlan {
