@@ -329,15 +329,18 @@ async fn the_acknowledgement_deadline_runs_from_the_responses_arrival_not_from_t
     mock.state().produce_delay = Some(Duration::from_millis(1200));
     let book = ShareAcks::default();
     let arrived = std::time::Instant::now();
-    // A 2 s lock: the proxy's acknowledgement must reach the broker by
-    // 1.5 s after the response arrived (a quarter kept as margin).
-    let body = response_of(batch(&[r#"{"a":0}"#, POISON], 0), &[(0, 1)], 2_000);
+    // A 20 s lock: the proxy's acknowledgement must reach the broker by
+    // 15 s after the response arrived (min(lock / 4, 5 s) kept as margin);
+    // the DLT wait alone is 1.2 s. (A 2 s lock made a loaded machine's
+    // slow filter miss the deadline itself and drop the acknowledgement.)
+    let body = response_of(batch(&[r#"{"a":0}"#, POISON], 0), &[(0, 1)], 20_000);
     run(&f, &book, body).await;
     assert_eq!(in_dlt(&mock), [1]);
     let owed = book.take(&session(), arrived);
     assert_eq!(spans(&owed), [(1, 1)]);
-    // (100 ms for the test's own steps; the DLT wait alone is 1.2 s.)
-    let bound = arrived + Duration::from_millis(1600);
+    // Up to 600 ms for the test's own steps before the filter starts; a
+    // deadline counted after the DLT wait would be 1.2 s later.
+    let bound = arrived + Duration::from_millis(15_600);
     assert!(
         owed[0].expires <= bound,
         "expires {:?} after the lock's deadline",

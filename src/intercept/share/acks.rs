@@ -277,7 +277,9 @@ mod tests {
     fn the_budget_bounds_the_bytes_over_all_sessions() {
         let budget = 64 * 1024;
         let book = ShareAcks::new(budget);
-        let later = Instant::now() + Duration::from_secs(30);
+        // Far enough that no entry expires while ten million are offered
+        // (a debug build on a loaded CI machine took over 30 s).
+        let later = Instant::now() + Duration::from_secs(3600);
         let mut dropped = 0;
         // Ten thousand members that never come back, each owed a thousand
         // separate offsets.
