@@ -668,3 +668,47 @@ mod properties {
         }
     }
 }
+
+/// The probe `scripts/bench/cel-cost.sh` counts under cachegrind: the
+/// condition `CEL_CASE` names (`two`: two fields compared; `ten`: the
+/// ten-clause worst case of `TEN`) judged `CEL_LOOPS` times over values
+/// already in their slots (what the record's reader leaves), so the
+/// count is the evaluation's alone.
+#[test]
+#[ignore = "a cachegrind probe: scripts/bench/cel-cost.sh"]
+fn cost_probe() {
+    let loops: u64 = std::env::var("CEL_LOOPS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let case = std::env::var("CEL_CASE").unwrap_or_default();
+    let text = if case == "ten" { TEN } else { "message.exit_time > message.enter_time" };
+    let mut r = record(json!({
+        "a": 7, "b": 3, "c": "Y", "d": 1, "e": 50, "f": true, "g": "B",
+        "h": 9, "s": "abcdef", "i": 4, "j": 2, "enter_time": 1000, "exit_time": 2000,
+    }));
+    let p = compile(text, &mut r).expect("compiles");
+    // The values by slot, as a captured record holds them.
+    let values: Vec<Val<'_>> = (0..r.paths.len() as u32).map(|s| r.get(s).expect("set")).collect();
+    let slots = Probe(&values);
+    assert_eq!(p.eval(&slots), Ok(true));
+    let mut held = 0u64;
+    for _ in 0..loops {
+        held += u64::from(p.eval(std::hint::black_box(&slots)) == Ok(true));
+    }
+    assert_eq!(held, loops);
+}
+
+/// The worst case the probe measures: ten clauses, every kind a
+/// condition over a flat record uses (all of them true, so `&&` reads
+/// all ten).
+const TEN: &str = r#"message.a > message.b && message.c != "X" && message.d >= 0
+    && message.e <= 100 && message.f == true && message.g in ["A", "B", "C"]
+    && message.h > message.a && size(message.s) < 64 && message.s.startsWith("ab")
+    && message.i + 1 > message.j"#;
+
+struct Probe<'v>(&'v [Val<'v>]);
+
+impl Slots for Probe<'_> {
+    #[inline]
+    fn get(&self, slot: u32) -> Option<Val<'_>> {
+        self.0.get(slot as usize).copied()
+    }
+}
