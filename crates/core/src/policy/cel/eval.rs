@@ -125,6 +125,12 @@ impl Program {
         }
     }
 
+    /// Each slot the expression reads a field from, and the path as
+    /// written (`message.a`), in order of first use.
+    pub(crate) fn paths(&self) -> &[(u32, Box<str>)] {
+        &self.paths
+    }
+
     /// The expression as written.
     pub(crate) fn text(&self) -> &str {
         &self.text

@@ -16,7 +16,8 @@
 //! limits), [`compile`] (names resolved to slots, types checked where
 //! known, everything unsupported refused with its position), [`value`]
 //! (values, equality, ordering, arithmetic), [`eval`] (the judging loop,
-//! with CEL's commutative `&&`/`||`).
+//! with CEL's commutative `&&`/`||`), [`rule`] (a policy's `- cel:` rule:
+//! its names, and a record's values by slot).
 //!
 //! Bounded per record by construction: no loops (comprehension macros are
 //! refused), at most [`MAX_NODES`] nodes each run at most once, string
@@ -28,6 +29,7 @@ mod eval;
 mod functions;
 mod lex;
 mod parse;
+mod rule;
 mod value;
 
 #[cfg(test)]
@@ -35,7 +37,8 @@ mod tests;
 
 use std::fmt;
 
-pub(crate) use compile::compile;
+pub(crate) use compile::{compile, Program};
+pub(crate) use rule::CelRule;
 pub(crate) use value::{Type, Val};
 
 /// Longest expression text accepted, in bytes.

@@ -317,3 +317,22 @@ pub(crate) fn size(v: Val<'_>) -> Result<Val<'static>, Fault> {
     };
     i64::try_from(n).map(Val::Int).map_err(|_| Fault::Overflow)
 }
+
+/// A value as a reason shows it (CEL's literal syntax), cut at 64 bytes.
+pub(crate) fn show(v: Val<'_>) -> String {
+    let text = match v {
+        Val::Null => "null".into(),
+        Val::Bool(b) => b.to_string(),
+        Val::Int(i) => i.to_string(),
+        Val::Uint(u) => format!("{u}u"),
+        Val::Double(x) => format!("{x:?}"),
+        Val::Str(s) => Value::String(String::from_utf8_lossy(s).into()).to_string(),
+        Val::Bytes(b) => format!("b\"{}\"", b.get(..64).unwrap_or(b).escape_ascii()),
+        Val::List(l) => Value::Array(l.to_vec()).to_string(),
+        Val::Map(m) => Value::Object(m.clone()).to_string(),
+    };
+    match text.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
+}

@@ -1,0 +1,210 @@
+//! A `- cel: "<expr>"` policy rule: the condition compiled against a
+//! policy's names (`message` the decoded value, `key` the record key's
+//! bytes, `headers` the record headers by name, `timestamp` the record's
+//! time in ms) and judged on a record through the same [`Doc`] the field
+//! rules read, captured or decoded whole. A record for which the condition
+//! is false, or raises an error, fails the rule.
+
+use super::compile::render;
+use super::{compile, CompileError, EvalError, Program, Resolver, Slots, Step, Type, Val};
+use crate::kafka::record::Record;
+use crate::policy::rules::{Doc, Field, Pointer};
+use crate::policy::Invalid;
+
+/// What a slot of a CEL rule reads.
+#[derive(Debug)]
+pub(crate) enum Source {
+    /// A field of the decoded value (its pointer's slot is the captures').
+    Message(Pointer),
+    /// The first header of this name (`null` when its value is null).
+    Header(Box<[u8]>),
+    Key,
+    Timestamp,
+}
+
+/// One compiled `cel` rule.
+#[derive(Debug)]
+pub(crate) struct CelRule {
+    /// `cel:<name>`, or `cel:<expression>` for a rule without a name.
+    pub(crate) id: String,
+    program: Program,
+    sources: Box<[Source]>,
+}
+
+/// The policy's names, as [`Resolver`] for the compiler.
+#[derive(Default)]
+struct Names {
+    sources: Vec<Source>,
+}
+
+impl Names {
+    fn slot(&mut self, source: Source) -> u32 {
+        let same = |s: &Source| match (s, &source) {
+            (Source::Message(a), Source::Message(b)) => a.as_str() == b.as_str(),
+            (Source::Header(a), Source::Header(b)) => a == b,
+            (Source::Key, Source::Key) | (Source::Timestamp, Source::Timestamp) => true,
+            _ => false,
+        };
+        match self.sources.iter().position(same) {
+            Some(i) => i as u32,
+            None => {
+                self.sources.push(source);
+                (self.sources.len() - 1) as u32
+            }
+        }
+    }
+}
+
+impl Resolver for Names {
+    fn resolve(&mut self, variable: &str, steps: &[Step]) -> Result<(u32, Type), String> {
+        let (source, t) = match (variable, steps) {
+            ("message", _) => (Source::Message(pointer(steps)?), Type::Dyn),
+            ("headers", [Step::Key(name)]) => {
+                (Source::Header(name.as_bytes().into()), Type::Bytes)
+            }
+            ("headers", _) => {
+                return Err(
+                    "`headers` is read by name only: headers[\"name\"], \"name\" in headers".into(),
+                )
+            }
+            ("key", []) => (Source::Key, Type::Dyn),
+            ("timestamp", []) => (Source::Timestamp, Type::Int),
+            ("key" | "timestamp", _) => {
+                return Err(format!(
+                    "`{}` has no fields ({variable} is a record's {})",
+                    render(variable, steps),
+                    if variable == "key" { "key bytes" } else { "time in ms" }
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "undeclared reference to `{variable}` (the names are message, key, headers and timestamp)"
+                ))
+            }
+        };
+        Ok((self.slot(source), t))
+    }
+}
+
+/// The JSON pointer of a path under `message`.
+fn pointer(steps: &[Step]) -> Result<Pointer, String> {
+    let mut text = String::new();
+    for s in steps {
+        text.push('/');
+        match s {
+            Step::Key(k) => text.push_str(&k.replace('~', "~0").replace('/', "~1")),
+            Step::Index(i) => text.push_str(&i.to_string()),
+        }
+    }
+    Pointer::parse(&text)
+}
+
+impl CelRule {
+    pub(crate) fn new(name: Option<&str>, text: &str) -> Result<CelRule, CompileError> {
+        let mut names = Names::default();
+        let program = compile(text, &mut names)?;
+        let id = match name {
+            Some(n) => format!("cel:{n}"),
+            None => {
+                let flat: Vec<&str> = text.split_whitespace().collect();
+                let flat = flat.join(" ");
+                match flat.char_indices().nth(80) {
+                    Some((cut, _)) => format!("cel:{}...", &flat[..cut]),
+                    None => format!("cel:{flat}"),
+                }
+            }
+        };
+        Ok(CelRule {
+            id,
+            program,
+            sources: names.sources.into_boxed_slice(),
+        })
+    }
+
+    /// The pointers of the fields it reads, for the captures' slots.
+    pub(crate) fn pointers_mut(&mut self) -> impl Iterator<Item = &mut Pointer> {
+        self.sources.iter_mut().filter_map(|s| match s {
+            Source::Message(p) => Some(p),
+            _ => None,
+        })
+    }
+
+    /// Whether the condition is true for this record.
+    #[inline]
+    pub(crate) fn holds<D: Doc + ?Sized>(&self, doc: &D, record: &Record<'_>) -> bool {
+        let slots = RecordSlots {
+            doc,
+            record,
+            sources: &self.sources,
+        };
+        self.program.eval(&slots) == Ok(true)
+    }
+
+    /// [`Self::holds`], or the reason it does not (poison, this rule).
+    #[cold]
+    pub(crate) fn check<D: Doc + ?Sized>(&self, doc: &D, record: &Record<'_>) -> Result<(), Invalid> {
+        let slots = RecordSlots {
+            doc,
+            record,
+            sources: &self.sources,
+        };
+        let reason = match self.program.eval(&slots) {
+            Ok(true) => return Ok(()),
+            Ok(false) => format!("`{}` is false{}", self.program.text(), self.values(&slots)),
+            Err(e) => self.error(&e),
+        };
+        Err(Invalid::poison(&self.id, reason))
+    }
+
+    fn error(&self, e: &EvalError) -> String {
+        format!("`{}`: {}", self.program.text(), self.program.explain(e))
+    }
+
+    /// The fields the condition read, as the record has them: `(message.a
+    /// = 1, message.b = "x")`, at most eight.
+    fn values<D: Doc + ?Sized>(&self, slots: &RecordSlots<'_, D>) -> String {
+        let shown: Vec<String> = self
+            .program
+            .paths()
+            .iter()
+            .take(8)
+            .map(|(slot, path)| match slots.get(*slot) {
+                Some(v) => format!("{path} = {}", super::value::show(v)),
+                None => format!("{path} missing"),
+            })
+            .collect();
+        if shown.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", shown.join(", "))
+        }
+    }
+}
+
+/// A record's values by a CEL rule's slots.
+struct RecordSlots<'r, D: ?Sized> {
+    doc: &'r D,
+    record: &'r Record<'r>,
+    sources: &'r [Source],
+}
+
+impl<D: Doc + ?Sized> Slots for RecordSlots<'_, D> {
+    #[inline]
+    fn get(&self, slot: u32) -> Option<Val<'_>> {
+        Some(match self.sources.get(slot as usize)? {
+            Source::Message(p) => match self.doc.field(p)? {
+                Field::Null => Val::Null,
+                Field::Bool(b) => Val::Bool(b),
+                Field::Number(n) => Val::of_number(n),
+                Field::Str(s) => Val::Str(s),
+                Field::Composite(v) => Val::of_json(v),
+            },
+            Source::Header(name) => {
+                let h = self.record.headers.iter().find(|h| h.key == &name[..])?;
+                h.value.map_or(Val::Null, Val::Bytes)
+            }
+            Source::Key => self.record.key.map_or(Val::Null, Val::Bytes),
+            Source::Timestamp => Val::Int(self.record.timestamp),
+        })
+    }
+}
