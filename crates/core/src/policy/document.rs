@@ -142,6 +142,12 @@ pub(super) struct RuleDoc {
     /// The class a failure of this rule gets (default: the rule's own).
     #[serde(default)]
     pub(super) class: Option<Located<ClassDoc>>,
+    /// A CEL condition over `message`, `key`, `headers`, `timestamp`.
+    #[serde(default)]
+    pub(super) cel: Option<Located<String>>,
+    /// A `cel` rule's name (`cel:<name>` in verdicts).
+    #[serde(default)]
+    pub(super) name: Option<Located<String>>,
 }
 
 /// The classes a rule may be given (`transient` is the registry's alone).

@@ -1,9 +1,10 @@
 //! The compiled form of a policy and the hot path that judges one record
 //! with it: size and header checks, then the value's format (`format.rs`)
-//! captures the rules' fields or decodes the value, then schema validation
-//! and field rules. No allocation for a valid JSON record whose schema
+//! captures the rules' fields or decodes the value, then schema validation,
+//! field rules and CEL conditions. No allocation for a valid JSON record whose schema
 //! compiles to a shape.
 
+use super::cel::CelRule;
 use super::checks::Checks;
 use super::dlt_topic::DeadLetterTemplate;
 use super::format::{Cx, Decoder};
@@ -111,6 +112,10 @@ pub(crate) struct Compiled {
     /// The `class:` of each rule in `rules` and `stale` (same order), if set.
     pub(super) rule_class: Vec<Option<Class>>,
     pub(super) stale_class: Vec<Option<Class>>,
+    /// The `cel` rules, judged after `rules` (and before `stale`), read
+    /// through the same captures or value; each with its `class:`.
+    pub(super) cel: Vec<CelRule>,
+    pub(super) cel_class: Vec<Option<Class>>,
     pub(super) key: Option<KeyCheck>,
 }
 
@@ -130,12 +135,12 @@ impl Compiled {
         if let Some(k) = &self.key {
             k.check(r.key, &cx)?;
         }
-        let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, now_ms));
+        let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
         if let Some(verdict) = fast {
             return verdict;
         }
         match self.decoder.decode(bytes, &cx)? {
-            Some(value) => self.check_value(&value, now_ms),
+            Some(value) => self.check_value(&value, r, now_ms),
             None => Ok(()),
         }
     }
@@ -170,7 +175,12 @@ impl Compiled {
     }
 
     /// JSON Schema, then the rules.
-    fn check_value(&self, value: &serde_json::Value, now_ms: i64) -> Result<(), Invalid> {
+    fn check_value(
+        &self,
+        value: &serde_json::Value,
+        r: &Record<'_>,
+        now_ms: i64,
+    ) -> Result<(), Invalid> {
         if let Some(schema) = &self.schema {
             if !schema.is_valid(value) {
                 let reason = match schema.validate(value) {
@@ -188,38 +198,59 @@ impl Compiled {
                 return Err(Invalid::poison("schema", reason));
             }
         }
-        self.check_rules(value, now_ms)
+        self.check_rules(value, r, now_ms)
     }
 
-    /// Rules in file order, then `max_age` rules.
+    /// Rules in file order, CEL conditions, then `max_age` rules.
     #[inline]
-    fn check_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
-        if self.rules.iter().all(|r| r.holds(value))
+    fn check_rules<D: Doc + ?Sized>(
+        &self,
+        value: &D,
+        r: &Record<'_>,
+        now_ms: i64,
+    ) -> Result<(), Invalid> {
+        if self.rules.iter().all(|rule| rule.holds(value))
+            && self.cel.iter().all(|c| c.holds(value, r))
             && self.stale.iter().all(|s| s.holds(value, now_ms))
         {
             return Ok(());
         }
-        self.explain_rules(value, now_ms)
+        self.explain_rules(value, r, now_ms)
     }
 
     /// [`Self::check_rules`] for captured values, through the compiled
     /// checks.
     #[inline]
-    fn check_captured(&self, caps: &Captures<'_>, now_ms: i64) -> Result<(), Invalid> {
-        if self.checks.hold(caps, &self.rules, now_ms) {
+    fn check_captured(
+        &self,
+        caps: &Captures<'_>,
+        r: &Record<'_>,
+        now_ms: i64,
+    ) -> Result<(), Invalid> {
+        if self.checks.hold(caps, &self.rules, now_ms) && self.cel.iter().all(|c| c.holds(caps, r))
+        {
             return Ok(());
         }
-        self.explain_rules(caps, now_ms)
+        self.explain_rules(caps, r, now_ms)
     }
 
     /// The first rule `value` fails, as [`Invalid`]: `check_rules` past
     /// its fast answer (`Ok` if none fails after all).
     #[cold]
     #[inline(never)]
-    fn explain_rules<D: Doc + ?Sized>(&self, value: &D, now_ms: i64) -> Result<(), Invalid> {
+    fn explain_rules<D: Doc + ?Sized>(
+        &self,
+        value: &D,
+        r: &Record<'_>,
+        now_ms: i64,
+    ) -> Result<(), Invalid> {
         for (i, rule) in self.rules.iter().enumerate() {
             rule.check(value)
                 .map_err(|e| reclass(e, self.rule_class.get(i)))?;
+        }
+        for (i, c) in self.cel.iter().enumerate() {
+            c.check(value, r)
+                .map_err(|e| reclass(e, self.cel_class.get(i)))?;
         }
         for (i, s) in self.stale.iter().enumerate() {
             s.check(value, now_ms)
@@ -356,6 +387,6 @@ impl Compiled {
                 None => return Ok(()),
             },
         };
-        self.check_value(&value, now_ms)
+        self.check_value(&value, r, now_ms)
     }
 }

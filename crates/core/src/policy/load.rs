@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::cel::CelRule;
 use super::checks::Checks;
 use super::compile::{compile_rule, compile_value};
 use super::dlt_topic::DeadLetterTemplate;
@@ -181,10 +182,20 @@ impl LoadState {
             }
         });
         let mut decoder = decoder;
-        let (mut rules, mut stale, rule_class, stale_class) =
-            compile_rules(&p, &decoder, &mut errs);
+        let Rules {
+            mut rules,
+            mut stale,
+            mut cel,
+            rule_class,
+            stale_class,
+            cel_class,
+        } = compile_rules(&p, &decoder, &mut errs);
 
-        let pointers = rules::assign_slots(&mut rules, &mut stale);
+        let mut pointers = rules::assign_slots(&mut rules, &mut stale);
+        rules::assign_more(
+            &mut pointers,
+            cel.iter_mut().flat_map(CelRule::pointers_mut),
+        );
         decoder.slots(pointers, schema.is_some());
 
         let headers_required = headers_required(&p, &mut errs);
@@ -235,6 +246,8 @@ impl LoadState {
                 stale,
                 rule_class,
                 stale_class,
+                cel,
+                cel_class,
                 key,
             },
         })
@@ -315,21 +328,21 @@ impl LoadState {
     }
 }
 
-/// Its rules, compiled (rules and staleness checks, each with its class).
-#[allow(clippy::type_complexity)]
-fn compile_rules(
-    p: &PolicyDoc,
-    decoder: &Decoder,
-    errs: &mut Vec<At>,
-) -> (
-    Vec<super::rules::Rule>,
-    Vec<super::rules::MaxAge>,
-    Vec<Option<super::Class>>,
-    Vec<Option<super::Class>>,
-) {
-    let mut rules = Vec::new();
-    let mut stale = Vec::new();
-    let (mut rule_class, mut stale_class) = (Vec::new(), Vec::new());
+/// A policy's `rules:` compiled: field rules, staleness checks and CEL
+/// conditions, each with the class its list item sets.
+#[derive(Default)]
+struct Rules {
+    rules: Vec<super::rules::Rule>,
+    stale: Vec<super::rules::MaxAge>,
+    cel: Vec<CelRule>,
+    rule_class: Vec<Option<super::Class>>,
+    stale_class: Vec<Option<super::Class>>,
+    cel_class: Vec<Option<super::Class>>,
+}
+
+/// Its rules, compiled.
+fn compile_rules(p: &PolicyDoc, decoder: &Decoder, errs: &mut Vec<At>) -> Rules {
+    let mut out = Rules::default();
     if let Some(rs) = &p.rules {
         if !decoder.decodes() && !rs.v.is_empty() && errs.is_empty() {
             errs.push(at(
@@ -338,16 +351,17 @@ fn compile_rules(
             ));
         }
         for r in &rs.v {
-            if let Err(mut e) = compile_rule(r, &mut rules, &mut stale) {
+            if let Err(mut e) = compile_rule(r, &mut out.rules, &mut out.stale, &mut out.cel) {
                 errs.append(&mut e);
             }
             // Every rule this list item compiled to gets its class.
             let class = r.v.class.as_ref().map(|c| c.v.class());
-            rule_class.resize(rules.len(), class);
-            stale_class.resize(stale.len(), class);
+            out.rule_class.resize(out.rules.len(), class);
+            out.stale_class.resize(out.stale.len(), class);
+            out.cel_class.resize(out.cel.len(), class);
         }
     }
-    (rules, stale, rule_class, stale_class)
+    out
 }
 
 /// `headers.required`: names, none empty.

@@ -79,8 +79,6 @@ mod avro;
 mod avro_proptests;
 #[cfg(test)]
 mod byte_edits;
-// Wired into the rules in the next step (issue 56).
-#[allow(dead_code)]
 mod cel;
 mod checks;
 mod compile;

@@ -24,6 +24,9 @@ mod max_age;
 use max_age::human_ms;
 pub(crate) use max_age::{MaxAge, TimeUnit};
 
+mod slots;
+pub(crate) use slots::{assign_more, assign_slots};
+
 /// An RFC 6901 JSON pointer, split into unescaped reference tokens.
 #[derive(Debug, Clone)]
 pub(crate) struct Pointer {
@@ -118,40 +121,6 @@ impl Pointer {
         }
         Some(cur)
     }
-}
-
-/// Give every distinct pointer (by text) of `rules` and `stale` a slot, in
-/// order of first use, and return one pointer per slot.
-pub(crate) fn assign_slots(rules: &mut [Rule], stale: &mut [MaxAge]) -> Vec<Pointer> {
-    let mut distinct: Vec<Pointer> = Vec::new();
-    let mut assign = |p: &mut Pointer| {
-        let slot = match distinct.iter().position(|d| d.text == p.text) {
-            Some(i) => i,
-            None => {
-                distinct.push(p.clone());
-                distinct.len() - 1
-            }
-        };
-        p.slot = slot;
-        if let Some(d) = distinct.get_mut(slot) {
-            d.slot = slot;
-        }
-    };
-    for r in rules.iter_mut() {
-        match r {
-            Rule::OneOf { ptr, .. } | Rule::Range { ptr, .. } | Rule::Absent { ptr, .. } => {
-                assign(ptr)
-            }
-            Rule::Coordinates(c) => {
-                assign(&mut c.lat);
-                assign(&mut c.lon);
-            }
-        }
-    }
-    for s in stale.iter_mut() {
-        assign(&mut s.ptr);
-    }
-    distinct
 }
 
 /// A decoded value as the rules see it: what is at a pointer.

@@ -33,6 +33,8 @@ mod rule;
 mod value;
 
 #[cfg(test)]
+mod policy_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;

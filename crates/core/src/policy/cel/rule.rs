@@ -142,7 +142,11 @@ impl CelRule {
 
     /// [`Self::holds`], or the reason it does not (poison, this rule).
     #[cold]
-    pub(crate) fn check<D: Doc + ?Sized>(&self, doc: &D, record: &Record<'_>) -> Result<(), Invalid> {
+    pub(crate) fn check<D: Doc + ?Sized>(
+        &self,
+        doc: &D,
+        record: &Record<'_>,
+    ) -> Result<(), Invalid> {
         let slots = RecordSlots {
             doc,
             record,

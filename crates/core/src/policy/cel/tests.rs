@@ -677,16 +677,25 @@ mod properties {
 #[test]
 #[ignore = "a cachegrind probe: scripts/bench/cel-cost.sh"]
 fn cost_probe() {
-    let loops: u64 = std::env::var("CEL_LOOPS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let loops: u64 = std::env::var("CEL_LOOPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let case = std::env::var("CEL_CASE").unwrap_or_default();
-    let text = if case == "ten" { TEN } else { "message.exit_time > message.enter_time" };
+    let text = if case == "ten" {
+        TEN
+    } else {
+        "message.exit_time > message.enter_time"
+    };
     let mut r = record(json!({
         "a": 7, "b": 3, "c": "Y", "d": 1, "e": 50, "f": true, "g": "B",
         "h": 9, "s": "abcdef", "i": 4, "j": 2, "enter_time": 1000, "exit_time": 2000,
     }));
     let p = compile(text, &mut r).expect("compiles");
     // The values by slot, as a captured record holds them.
-    let values: Vec<Val<'_>> = (0..r.paths.len() as u32).map(|s| r.get(s).expect("set")).collect();
+    let values: Vec<Val<'_>> = (0..r.paths.len() as u32)
+        .map(|s| r.get(s).expect("set"))
+        .collect();
     let slots = Probe(&values);
     assert_eq!(p.eval(&slots), Ok(true));
     let mut held = 0u64;

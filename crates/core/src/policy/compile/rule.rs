@@ -1,17 +1,26 @@
 //! Policy rules (`rules:` list items) compiled: coordinates, enums
-//! (`one_of`), ranges, absent fields and staleness (`max_age`), each item
-//! to the checks it stands for, every mistake named at its place.
+//! (`one_of`), ranges, absent fields, staleness (`max_age`) and CEL
+//! conditions (`cel`), each item to the checks it stands for, every
+//! mistake named at its place.
 
 use super::*;
+use crate::policy::cel::CelRule;
 use crate::policy::rules::{fmt_num, Coordinates, MaxAge, Rule, TimeUnit};
 
 pub(in crate::policy) fn compile_rule(
     r: &Located<RuleDoc>,
     rules: &mut Vec<Rule>,
     stale: &mut Vec<MaxAge>,
+    cel: &mut Vec<CelRule>,
 ) -> Result<(), Vec<At>> {
     let d = &r.v;
     let mut errs = Vec::new();
+    if let Some(c) = &d.cel {
+        return compile_cel(r, c, cel);
+    }
+    if let Some(n) = &d.name {
+        return Err(vec![at(n, "name: only a `cel` rule takes a name")]);
+    }
     if let Some(c) = &d.coordinates {
         return compile_coordinates(r, c, rules);
     }
@@ -58,6 +67,39 @@ pub(in crate::policy) fn compile_rule(
     } else {
         Err(errs)
     }
+}
+
+/// A `cel` rule (it takes `name` and `class` only): the expression
+/// compiled now, its errors placed at the `cel` value with their column
+/// within the expression.
+fn compile_cel(
+    r: &Located<RuleDoc>,
+    c: &Located<String>,
+    cel: &mut Vec<CelRule>,
+) -> Result<(), Vec<At>> {
+    let d = &r.v;
+    if d.coordinates.is_some()
+        || d.field.is_some()
+        || d.one_of.is_some()
+        || d.min.is_some()
+        || d.max.is_some()
+        || d.max_age.is_some()
+        || d.unit.is_some()
+        || d.optional
+        || d.absent.is_some()
+    {
+        return Err(vec![at(
+            r,
+            "rules: a `cel` rule takes `name` and `class` only; write field rules as separate list items",
+        )]);
+    }
+    let name = d.name.as_ref().map(|n| n.v.as_str());
+    if let Some(n) = d.name.as_ref().filter(|n| n.v.trim().is_empty()) {
+        return Err(vec![at(n, "name: a rule name cannot be empty")]);
+    }
+    let rule = CelRule::new(name, &c.v).map_err(|e| vec![at(c, format!("cel: {e}"))])?;
+    cel.push(rule);
+    Ok(())
 }
 
 /// A `coordinates` rule (it takes no other keys).
