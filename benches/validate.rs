@@ -3,6 +3,9 @@
 //!
 //! - json_rules: JSON decode + coordinate, one_of, min/max, max_age rules,
 //!   required header (no JSON Schema).
+//! - json_cel, json_cel_ten: json_rules plus a CEL condition comparing two
+//!   fields the rules read already (`message.lat > message.lon`), or the
+//!   ten-clause one of `CEL_TEN` (what a condition adds to a judged record).
 //! - json_schema: the reference policy `policies/geofence.yaml` (the above
 //!   plus JSON Schema).
 //! - json_schema_gaps: the same, every other record without the optional
@@ -143,11 +146,28 @@ fn registry_policy(file: &str, ids_block: &str, schema: &str, kind: &str) -> Arc
     set.policies()[0].clone()
 }
 
+/// Ten clauses, each true of every benchmark record, of every kind a
+/// condition over a flat record uses.
+const CEL_TEN: &str = r#"      - cel: 'message.lat > message.lon && message.transition != "X" && message.speed_mps >= 0.0 && message.accuracy_m <= 100.0 && message.event_time_ms > 0 && message.transition in ["ENTER", "EXIT", "DWELL"] && message.lat < 90.0 && size(message.device_id) < 64 && message.device_id.startsWith("device-") && message.event_time_ms + 1 > message.event_time_ms'
+"#;
+
 fn bench_validate(c: &mut Criterion) {
     bench_one(
         c,
         "json_rules",
         common::json_rules_policy(),
+        common::json_value,
+    );
+    bench_one(
+        c,
+        "json_cel",
+        common::json_rules_policy_with("      - cel: 'message.lat > message.lon'\n"),
+        common::json_value,
+    );
+    bench_one(
+        c,
+        "json_cel_ten",
+        common::json_rules_policy_with(CEL_TEN),
         common::json_value,
     );
     bench_one(

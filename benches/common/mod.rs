@@ -26,6 +26,11 @@ pub fn load_policy(file: &str) -> Arc<Policy> {
 
 /// The reference JSON policy without `schema:` (decode + coordinate and field rules).
 pub fn json_rules_policy() -> Arc<Policy> {
+    json_rules_policy_with("")
+}
+
+/// [`json_rules_policy`] with more rules (YAML list items) after its own.
+pub fn json_rules_policy_with(more_rules: &str) -> Arc<Policy> {
     let text = r#"
 policies:
   - name: geofence-rules-only
@@ -46,8 +51,9 @@ policies:
         unit: ms
     headers:
       required: [idempotency-key]
-"#;
-    let set = PolicySet::parse(text, &root().join("policies/bench-inline.yaml"))
+"#
+    .replace("    headers:\n", &format!("{more_rules}    headers:\n"));
+    let set = PolicySet::parse(&text, &root().join("policies/bench-inline.yaml"))
         .unwrap_or_else(|e| panic!("{e:?}"));
     set.policies()[0].clone()
 }

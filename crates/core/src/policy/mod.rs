@@ -16,8 +16,8 @@
 //!
 //! Judging order (first failure wins): `headers.required`, `allow_null`,
 //! `max_bytes`, `decode` (and `schema_id`), `schema`, rules in file order,
-//! then `max_age` rules last, so a record that is both broken and old is
-//! `poison`, not `stale`.
+//! `cel` conditions in file order, then `max_age` rules last, so a record
+//! that is both broken and old is `poison`, not `stale`.
 //!
 //! Topic matching: an exact topic name beats any glob; among globs the first
 //! policy in load order wins. The same exact topic named by two policies is a
@@ -57,6 +57,8 @@
 //!       - field: /ssn
 //!         absent: true                 # missing or null, or the rule fails
 //!         class: redact                # any rule: poison | stale | unknown | redact
+//!       - cel: "message.exit_time > message.enter_time"   # a CEL condition (`cel`): message, key, headers, timestamp
+//!         name: exit-after-enter       # optional: the rule is `cel:exit-after-enter`
 //!     headers:
 //!       required: [idempotency-key]    # present with a non-null value
 //!     on_invalid: divert               # divert (default) | drop | pass
