@@ -7,9 +7,9 @@
 #   cargo test --release -p antidote-core --lib --no-run
 # (its path is printed as "Executable unittests src/lib.rs (...)").
 # `two`: message.exit_time > message.enter_time; `ten`: the ten-clause
-# worst case (cel/tests.rs, TEN). Values are read from their slots as a
-# captured record holds them: the judged record's decoding is not in it
-# (judge-cost.sh json_cel measures the rule on a judged record).
+# worst case (cel/tests.rs, TEN). A `cel` rule judging a record whose
+# fields are captured, as a JSON record's are: the reading of the record
+# is not in it (judge-cost.sh json_cel measures a whole judged record).
 set -euo pipefail
 bin="$1"; shift
 loops="${CEL_LOOPS:-100000}"

@@ -44,25 +44,38 @@ pub(super) enum Op {
     /// `has(path)`: whether the slot has a value.
     Has(u32),
     Not(Ix),
-    Neg(Ix),
+    Neg(Arg),
     And(Ix, Ix),
     Or(Ix, Ix),
     Cond(Ix, Ix, Ix),
-    Eq(Ix, Ix),
-    Ne(Ix, Ix),
+    Eq(Arg, Arg),
+    Ne(Arg, Arg),
     /// `<`, `<=`, `>`, `>=` as the orderings that make it true.
-    Order(Ix, Ix, [bool; 3]),
-    Arith(Arith, Ix, Ix),
+    Order(Arg, Arg, [bool; 3]),
+    Arith(Arith, Arg, Arg),
     /// `x in [a, b, ...]`
-    InList(Ix, Box<[Ix]>),
+    InList(Arg, Box<[Arg]>),
     /// `x in e`: an element of a list, a key of a map.
-    In(Ix, Ix),
-    Size(Ix),
-    StartsWith(Ix, Ix),
-    EndsWith(Ix, Ix),
-    Contains(Ix, Ix),
-    Matches(Ix, Box<Regex>),
-    Convert(Type, Ix),
+    In(Arg, Arg),
+    Size(Arg),
+    StartsWith(Arg, Arg),
+    EndsWith(Arg, Arg),
+    Contains(Arg, Arg),
+    Matches(Arg, Box<Regex>),
+    Convert(Type, Arg),
+}
+
+/// An operator's operand: a field or a literal held in place (read
+/// without visiting a node: a two-field comparison is one node), or
+/// another node.
+#[derive(Debug)]
+pub(super) enum Arg {
+    /// A slot, and the node that reads it (for errors).
+    Slot(u32, Ix),
+    Int(i64),
+    Double(f64),
+    Str(Box<[u8]>),
+    Node(Ix),
 }
 
 /// Compile `text` against `resolver`'s names.
@@ -102,6 +115,17 @@ pub(super) struct Compiler<'t, 'r> {
 impl Compiler<'_, '_> {
     pub(super) fn error(&self, at: usize, message: impl Into<String>) -> CompileError {
         CompileError::new(self.text, at, message)
+    }
+
+    /// Node `i` as an operand: in place when it is a field or a literal.
+    pub(super) fn arg(&self, i: Ix) -> Arg {
+        match self.nodes.get(i as usize).map(|n| &n.op) {
+            Some(Op::Field(slot)) => Arg::Slot(*slot, i),
+            Some(Op::Int(x)) => Arg::Int(*x),
+            Some(Op::Double(x)) => Arg::Double(*x),
+            Some(Op::Str(b)) => Arg::Str(b.clone()),
+            _ => Arg::Node(i),
+        }
     }
 
     pub(super) fn push(&mut self, at: usize, op: Op) -> Ix {
@@ -205,7 +229,7 @@ impl Compiler<'_, '_> {
             if !matches!(t, Type::Int | Type::Double | Type::Dyn) {
                 return Err(self.error(at, format!("no overload of `-` for {}", t.name())));
             }
-            (Op::Neg(i), t)
+            (Op::Neg(self.arg(i)), t)
         };
         Ok((self.push(at, op), t))
     }
@@ -231,6 +255,7 @@ impl Compiler<'_, '_> {
         }
         let (a, ta) = self.expr(l)?;
         let (b, tb) = self.expr(r)?;
+        let (a, b) = (self.arg(a), self.arg(b));
         let known = ta != Type::Dyn && tb != Type::Dyn;
         let no_overload = || format!("no overload of `{op}` for {} and {}", ta.name(), tb.name());
         let (op, t) = match op {
@@ -280,9 +305,10 @@ impl Compiler<'_, '_> {
     fn inclusion(&mut self, at: usize, l: &Expr, r: &Expr) -> Result<(Ix, Type), CompileError> {
         if let Kind::List(items) = &r.kind {
             let (x, _) = self.expr(l)?;
+            let x = self.arg(x);
             let items = items
                 .iter()
-                .map(|i| self.expr(i).map(|(i, _)| i))
+                .map(|i| self.expr(i).map(|(i, _)| self.arg(i)))
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok((self.push(at, Op::InList(x, items.into())), Type::Bool));
         }
@@ -301,7 +327,7 @@ impl Compiler<'_, '_> {
         if !matches!(t, Type::List | Type::Map | Type::Dyn) {
             return Err(self.error(at, format!("no overload of `in` for {}", t.name())));
         }
-        Ok((self.push(at, Op::In(x, c)), Type::Bool))
+        Ok((self.push(at, Op::In(self.arg(x), self.arg(c))), Type::Bool))
     }
 }
 

@@ -6,7 +6,7 @@
 
 use memchr::memmem;
 
-use super::compile::{Ix, Op, Program};
+use super::compile::{Arg, Ix, Op, Program};
 use super::value::{arith, convert, equal, order, size, Type, Val};
 use super::{EvalError, Fault, Slots};
 
@@ -20,13 +20,75 @@ impl Program {
     /// Whether the condition holds for the record `slots` reads.
     #[inline]
     pub(crate) fn eval<S: Slots + ?Sized>(&self, slots: &S) -> Result<bool, EvalError> {
-        let root = self.nodes.len().saturating_sub(1) as Ix;
-        match self.value(root, slots)? {
-            Val::Bool(b) => Ok(b),
-            other => Err(fault(root, Fault::NotBool(other.type_of()))),
+        self.truth(self.nodes.len().saturating_sub(1) as Ix, slots)
+    }
+
+    /// An operand's value: a field or a literal read in place, inlined
+    /// into its operator, or a node evaluated.
+    #[inline(always)]
+    fn operand<'a, S: Slots + ?Sized>(&'a self, arg: &'a Arg, s: &'a S) -> Out<'a> {
+        match arg {
+            Arg::Slot(slot, node) => match s.get(*slot) {
+                Some(v) => Ok(v),
+                None => Err(fault(*node, Fault::NoSuchField)),
+            },
+            Arg::Int(x) => Ok(Val::Int(*x)),
+            Arg::Double(x) => Ok(Val::Double(*x)),
+            Arg::Str(b) => Ok(Val::Str(b)),
+            Arg::Node(i) => self.value(*i, s),
         }
     }
 
+    /// A node whose value must be a bool (a condition, an operand of
+    /// `&&`, `||`, `!`, `?:`): answered as one, in registers, without
+    /// making a [`Val`] of it. Comparisons and `&&`/`||` here; the rest
+    /// out of line, so that this frame stays small (its register saves
+    /// were a fifth of a two-field comparison).
+    fn truth<S: Slots + ?Sized>(&self, i: Ix, s: &S) -> Result<bool, EvalError> {
+        let Some(node) = self.nodes.get(i as usize) else {
+            return Err(fault(i, Fault::NoSuchField));
+        };
+        match &node.op {
+            Op::Order(a, b, holds) => {
+                let (x, y) = (self.operand(a, s)?, self.operand(b, s)?);
+                // Same-type numbers without the general dispatch.
+                let ord = match (x, y) {
+                    (Val::Int(p), Val::Int(q)) => Some(p.cmp(&q)),
+                    (Val::Double(p), Val::Double(q)) => p.partial_cmp(&q),
+                    _ => order(x, y).map_err(|f| fault(i, f))?,
+                };
+                Ok(ord.is_some_and(|o| holds[(o as i8 + 1) as usize]))
+            }
+            Op::Eq(a, b) => Ok(equal(self.operand(a, s)?, self.operand(b, s)?)),
+            Op::Ne(a, b) => Ok(!equal(self.operand(a, s)?, self.operand(b, s)?)),
+            Op::And(a, b) => self.logic(*a, *b, false, s),
+            Op::Or(a, b) => self.logic(*a, *b, true, s),
+            op => self.truth_of(i, op, s),
+        }
+    }
+
+    /// [`Self::truth`] of the other nodes.
+    #[inline(never)]
+    fn truth_of<S: Slots + ?Sized>(&self, i: Ix, op: &Op, s: &S) -> Result<bool, EvalError> {
+        match op {
+            Op::Not(x) => Ok(!self.truth(*x, s)?),
+            Op::Has(slot) => Ok(s.get(*slot).is_some()),
+            Op::Bool(b) => Ok(*b),
+            Op::Cond(c, y, n) => self.truth(if self.truth(*c, s)? { *y } else { *n }, s),
+            Op::InList(..)
+            | Op::In(..)
+            | Op::StartsWith(..)
+            | Op::EndsWith(..)
+            | Op::Contains(..)
+            | Op::Matches(..) => self.test(i, op, s),
+            _ => match self.value(i, s)? {
+                Val::Bool(b) => Ok(b),
+                other => Err(fault(i, Fault::NotBool(other.type_of()))),
+            },
+        }
+    }
+
+    /// A node's value, of any type.
     fn value<'a, S: Slots + ?Sized>(&'a self, i: Ix, s: &'a S) -> Out<'a> {
         let Some(node) = self.nodes.get(i as usize) else {
             return Err(fault(i, Fault::NoSuchField));
@@ -34,58 +96,44 @@ impl Program {
         let err = |f| fault(i, f);
         Ok(match &node.op {
             Op::Field(slot) => return s.get(*slot).ok_or(err(Fault::NoSuchField)),
-            Op::Has(slot) => Val::Bool(s.get(*slot).is_some()),
             Op::Null => Val::Null,
-            Op::Bool(b) => Val::Bool(*b),
             Op::Int(x) => Val::Int(*x),
             Op::Uint(x) => Val::Uint(*x),
             Op::Double(x) => Val::Double(*x),
             Op::Str(b) => Val::Str(b),
             Op::Bytes(b) => Val::Bytes(b),
-            Op::And(a, b) => return self.logic(*a, *b, false, s),
-            Op::Or(a, b) => return self.logic(*a, *b, true, s),
-            Op::Not(x) => Val::Bool(!self.boolean(*x, s)?),
-            Op::Cond(c, y, n) => return self.value(if self.boolean(*c, s)? { *y } else { *n }, s),
-            Op::Eq(a, b) => Val::Bool(equal(self.value(*a, s)?, self.value(*b, s)?)),
-            Op::Ne(a, b) => Val::Bool(!equal(self.value(*a, s)?, self.value(*b, s)?)),
-            Op::Order(a, b, holds) => {
-                let ord = order(self.value(*a, s)?, self.value(*b, s)?).map_err(err)?;
-                Val::Bool(ord.is_some_and(|o| holds[(o as i8 + 1) as usize]))
-            }
+            Op::Cond(c, y, n) => return self.value(if self.truth(*c, s)? { *y } else { *n }, s),
             Op::Arith(op, a, b) => {
-                arith(*op, self.value(*a, s)?, self.value(*b, s)?).map_err(err)?
+                arith(*op, self.operand(a, s)?, self.operand(b, s)?).map_err(err)?
             }
-            Op::Neg(x) => match self.value(*x, s)? {
+            Op::Neg(x) => match self.operand(x, s)? {
                 Val::Int(v) => Val::Int(v.checked_neg().ok_or(err(Fault::Overflow))?),
                 Val::Double(v) => Val::Double(-v),
                 other => return Err(err(Fault::NoOverloadFor(other.type_of()))),
             },
-            Op::Size(x) => size(self.value(*x, s)?).map_err(err)?,
-            Op::Convert(to, x) => convert(*to, self.value(*x, s)?).map_err(err)?,
-            _ => return self.rare(i, &node.op, s),
+            Op::Size(x) => size(self.operand(x, s)?).map_err(err)?,
+            Op::Convert(to, x) => convert(*to, self.operand(x, s)?).map_err(err)?,
+            _ => Val::Bool(self.truth(i, s)?),
         })
     }
 
-    /// The operators no two-field comparison uses, out of the hot match.
+    /// Inclusion and the string tests, out of the hot match.
     #[inline(never)]
-    fn rare<'a, S: Slots + ?Sized>(&'a self, i: Ix, op: &'a Op, s: &'a S) -> Out<'a> {
+    fn test<S: Slots + ?Sized>(&self, i: Ix, op: &Op, s: &S) -> Result<bool, EvalError> {
         let err = |f| fault(i, f);
-        let text = |x: Ix| match self.value(x, s)? {
-            Val::Str(t) => Ok(t),
-            other => Err(err(Fault::NoOverloadFor(other.type_of()))),
-        };
-        Ok(Val::Bool(match op {
+        let text = |x| self.string(x, i, s);
+        Ok(match op {
             Op::InList(x, items) => {
-                let x = self.value(*x, s)?;
+                let x = self.operand(x, s)?;
                 let mut found = false;
                 for item in items.iter() {
-                    found = found || equal(x, self.value(*item, s)?);
+                    found = found || equal(x, self.operand(item, s)?);
                 }
                 found
             }
             Op::In(x, c) => {
-                let x = self.value(*x, s)?;
-                match self.value(*c, s)? {
+                let x = self.operand(x, s)?;
+                match self.operand(c, s)? {
                     Val::List(l) => l.iter().any(|e| equal(x, Val::of_json(e))),
                     Val::Map(m) => match x {
                         Val::Str(k) => std::str::from_utf8(k).is_ok_and(|k| m.contains_key(k)),
@@ -94,34 +142,55 @@ impl Program {
                     other => return Err(err(Fault::NoOverloadFor(other.type_of()))),
                 }
             }
-            Op::StartsWith(a, b) => text(*a)?.starts_with(text(*b)?),
-            Op::EndsWith(a, b) => text(*a)?.ends_with(text(*b)?),
-            Op::Contains(a, b) => memmem::find(text(*a)?, text(*b)?).is_some(),
-            Op::Matches(a, re) => re.is_match(text(*a)?),
+            Op::StartsWith(a, b) => text(a)?.starts_with(text(b)?),
+            Op::EndsWith(a, b) => text(a)?.ends_with(text(b)?),
+            Op::Contains(a, b) => memmem::find(text(a)?, text(b)?).is_some(),
+            Op::Matches(a, re) => re.is_match(text(a)?),
             _ => return Err(err(Fault::NoSuchField)),
-        }))
+        })
     }
 
-    /// A bool operand, or the error it is.
-    #[inline]
-    fn boolean<S: Slots + ?Sized>(&self, x: Ix, s: &S) -> Result<bool, EvalError> {
-        match self.value(x, s)? {
-            Val::Bool(b) => Ok(b),
-            other => Err(fault(x, Fault::NoOverloadFor(other.type_of()))),
+    /// A string operand's bytes.
+    fn string<'a, S: Slots + ?Sized>(
+        &'a self,
+        x: &'a Arg,
+        i: Ix,
+        s: &'a S,
+    ) -> Result<&'a [u8], EvalError> {
+        match self.operand(x, s)? {
+            Val::Str(t) => Ok(t),
+            other => Err(fault(i, Fault::NoOverloadFor(other.type_of()))),
         }
     }
 
     /// `a && b` (`decides` false) or `a || b` (`decides` true): an operand
     /// equal to `decides` is the answer even if the other is an error;
     /// otherwise both must be bools, and the first error is the answer.
-    fn logic<'a, S: Slots + ?Sized>(&'a self, a: Ix, b: Ix, decides: bool, s: &'a S) -> Out<'a> {
-        match self.boolean(a, s) {
-            Ok(x) if x == decides => Ok(Val::Bool(decides)),
-            Ok(_) => self.boolean(b, s).map(Val::Bool),
-            Err(e) => match self.boolean(b, s) {
-                Ok(y) if y == decides => Ok(Val::Bool(decides)),
+    #[inline]
+    fn logic<S: Slots + ?Sized>(
+        &self,
+        a: Ix,
+        b: Ix,
+        decides: bool,
+        s: &S,
+    ) -> Result<bool, EvalError> {
+        match self.truth(a, s) {
+            Ok(x) if x == decides => Ok(decides),
+            Ok(_) => self.truth(b, s),
+            Err(e) => match self.truth(b, s) {
+                Ok(y) if y == decides => Ok(decides),
                 _ => Err(e),
             },
+        }
+    }
+
+    /// `Some((a, b, holds))` when the whole condition orders two fields
+    /// (`message.x > message.y`): the shape a `cel` rule judges without
+    /// this evaluator when both are numbers ([`super::CelRule::holds`]).
+    pub(crate) fn two_fields(&self) -> Option<(u32, u32, [bool; 3])> {
+        match &self.nodes.last()?.op {
+            Op::Order(Arg::Slot(a, _), Arg::Slot(b, _), holds) => Some((*a, *b, *holds)),
+            _ => None,
         }
     }
 
@@ -163,7 +232,7 @@ impl Program {
             Fault::NoConversion(to, from) => {
                 format!("no conversion from {} to {}", from.name(), to.name())
             }
-            Fault::NotBool(t) => format!("the condition is {}, not bool", t.name()),
+            Fault::NotBool(t) => format!("expected a bool, found {}", t.name()),
         };
         format!("column {column}: {what}")
     }

@@ -6,7 +6,7 @@
 
 use regex::bytes::RegexBuilder;
 
-use super::compile::{start, Compiler, Ix, Op};
+use super::compile::{start, Arg, Compiler, Op};
 use super::parse::{Expr, Kind};
 use super::value::Type;
 use super::CompileError;
@@ -39,7 +39,7 @@ impl Compiler<'_, '_> {
         target: Option<&Expr>,
         name: &str,
         args: &[Expr],
-    ) -> Result<(Ix, Type), CompileError> {
+    ) -> Result<(super::compile::Ix, Type), CompileError> {
         let (op, t) = match (name, target, args) {
             ("has", None, [arg]) => (Op::Has(self.presence(arg)?), Type::Bool),
             ("size", None, [x]) | ("size", Some(x), []) => {
@@ -104,7 +104,7 @@ impl Compiler<'_, '_> {
     }
 
     /// An operand of one of the types `allowed` (or of unknown type).
-    fn operand(&mut self, e: &Expr, allowed: &[Type]) -> Result<Ix, CompileError> {
+    fn operand(&mut self, e: &Expr, allowed: &[Type]) -> Result<Arg, CompileError> {
         let (i, t) = self.expr(e)?;
         if t != Type::Dyn && !allowed.contains(&t) {
             let names: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
@@ -113,7 +113,7 @@ impl Compiler<'_, '_> {
                 format!("expected {}, found {}", names.join(" or "), t.name()),
             ));
         }
-        Ok(i)
+        Ok(self.arg(i))
     }
 
     /// `has(e.f)`'s slot: the operand must select a field.

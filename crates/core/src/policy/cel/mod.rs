@@ -117,7 +117,8 @@ pub(crate) enum Fault {
     /// `int("x")`: a string that is not a number of that type.
     BadConversion(Type),
     NoConversion(Type, Type),
-    /// The whole condition is not a bool.
+    /// A condition, or an operand of `&&`, `||`, `!`, `?:`, that is not
+    /// a bool.
     NotBool(Type),
 }
 

@@ -229,3 +229,42 @@ fn load_errors_name_the_rule_and_the_column_in_the_expression() {
         );
     }
 }
+
+/// Two fields ordered are judged straight from the fields when both are
+/// numbers (`CelRule::holds`); the evaluator answers every other pair.
+/// Both agree with the evaluator's own answer (the same comparison under
+/// `== true`, which the shortcut does not take) on every pair of edge
+/// values, missing ones included, for each ordering.
+#[test]
+fn two_fields_shortcut_agrees_with_the_evaluator() {
+    let mut values = crate::policy::rules_testutil::edge_values();
+    values.extend([
+        json!(i64::MAX),
+        json!(i64::MIN),
+        json!(u64::MAX),
+        json!(9.223372036854776e18),
+    ]);
+    let mut seen = [0usize; 2];
+    for op in ["<", "<=", ">", ">="] {
+        let short = policy("", &format!("      - cel: 'message.x {op} message.y'\n"));
+        let long = policy(
+            "",
+            &format!("      - cel: '(message.x {op} message.y) == true'\n"),
+        );
+        for x in values.iter().map(Some).chain([None]) {
+            for y in values.iter().map(Some).chain([None]) {
+                let mut doc = serde_json::Map::new();
+                doc.extend(x.map(|v| ("x".to_string(), v.clone())));
+                doc.extend(y.map(|v| ("y".to_string(), v.clone())));
+                let doc = serde_json::Value::Object(doc);
+                let (a, b) = (
+                    verdict(&short, &doc).is_valid(),
+                    verdict(&long, &doc).is_valid(),
+                );
+                assert_eq!(a, b, "{op} on {doc}");
+                seen[usize::from(a)] += 1;
+            }
+        }
+    }
+    assert!(seen[0] > 500 && seen[1] > 500, "{seen:?}");
+}

@@ -6,6 +6,7 @@
 //! is false, or raises an error, fails the rule.
 
 use super::compile::render;
+use super::value::order;
 use super::{compile, CompileError, EvalError, Program, Resolver, Slots, Step, Type, Val};
 use crate::kafka::record::Record;
 use crate::policy::rules::{Doc, Field, Pointer};
@@ -29,6 +30,11 @@ pub(crate) struct CelRule {
     pub(crate) id: String,
     program: Program,
     sources: Box<[Source]>,
+    /// Two fields ordered (`message.exit > message.enter`, the commonest
+    /// condition): their pointers and the orderings that hold, judged
+    /// straight from the fields when both are numbers (the evaluator's
+    /// frames and value copies were ~150 instructions of its ~230).
+    two: Option<(Pointer, Pointer, [bool; 3])>,
 }
 
 /// The policy's names, as [`Resolver`] for the compiler.
@@ -114,24 +120,45 @@ impl CelRule {
                 }
             }
         };
+        let two = program.two_fields().and_then(|(a, b, holds)| {
+            match (
+                names.sources.get(a as usize)?,
+                names.sources.get(b as usize)?,
+            ) {
+                (Source::Message(a), Source::Message(b)) => Some((a.clone(), b.clone(), holds)),
+                _ => None,
+            }
+        });
         Ok(CelRule {
             id,
             program,
             sources: names.sources.into_boxed_slice(),
+            two,
         })
     }
 
     /// The pointers of the fields it reads, for the captures' slots.
     pub(crate) fn pointers_mut(&mut self) -> impl Iterator<Item = &mut Pointer> {
-        self.sources.iter_mut().filter_map(|s| match s {
+        let sources = self.sources.iter_mut().filter_map(|s| match s {
             Source::Message(p) => Some(p),
             _ => None,
-        })
+        });
+        let two = self.two.iter_mut().flat_map(|(a, b, _)| [a, b]);
+        sources.chain(two)
     }
 
     /// Whether the condition is true for this record.
     #[inline]
     pub(crate) fn holds<D: Doc + ?Sized>(&self, doc: &D, record: &Record<'_>) -> bool {
+        if let Some((a, b, holds)) = &self.two {
+            if let (Some(Field::Number(x)), Some(Field::Number(y))) = (doc.field(a), doc.field(b)) {
+                let ord = match (x.as_i64(), y.as_i64()) {
+                    (Some(p), Some(q)) => Some(p.cmp(&q)),
+                    _ => order(Val::of_number(x), Val::of_number(y)).ok().flatten(),
+                };
+                return ord.is_some_and(|o| holds[(o as i8 + 1) as usize]);
+            }
+        }
         let slots = RecordSlots {
             doc,
             record,
@@ -193,7 +220,9 @@ struct RecordSlots<'r, D: ?Sized> {
 }
 
 impl<D: Doc + ?Sized> Slots for RecordSlots<'_, D> {
-    #[inline]
+    /// Inlined into the operator reading it, so that the value is not
+    /// returned through memory and matched twice.
+    #[inline(always)]
     fn get(&self, slot: u32) -> Option<Val<'_>> {
         Some(match self.sources.get(slot as usize)? {
             Source::Message(p) => match self.doc.field(p)? {

@@ -671,12 +671,17 @@ mod properties {
 
 /// The probe `scripts/bench/cel-cost.sh` counts under cachegrind: the
 /// condition `CEL_CASE` names (`two`: two fields compared; `ten`: the
-/// ten-clause worst case of `TEN`) judged `CEL_LOOPS` times over values
-/// already in their slots (what the record's reader leaves), so the
-/// count is the evaluation's alone.
+/// ten-clause worst case of `TEN`) judged `CEL_LOOPS` times as a policy's
+/// `cel` rule judges a record whose fields were captured (what
+/// `Compiled::check_captured` adds per record), the reading of the record
+/// itself not included.
 #[test]
 #[ignore = "a cachegrind probe: scripts/bench/cel-cost.sh"]
 fn cost_probe() {
+    use crate::kafka::record::Record;
+    use crate::policy::cel::CelRule;
+    use crate::policy::json::{Captured, Captures};
+
     let loops: u64 = std::env::var("CEL_LOOPS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -687,20 +692,35 @@ fn cost_probe() {
     } else {
         "message.exit_time > message.enter_time"
     };
-    let mut r = record(json!({
+    let doc = json!({
         "a": 7, "b": 3, "c": "Y", "d": 1, "e": 50, "f": true, "g": "B",
         "h": 9, "s": "abcdef", "i": 4, "j": 2, "enter_time": 1000, "exit_time": 2000,
-    }));
-    let p = compile(text, &mut r).expect("compiles");
-    // The values by slot, as a captured record holds them.
-    let values: Vec<Val<'_>> = (0..r.paths.len() as u32)
-        .map(|s| r.get(s).expect("set"))
-        .collect();
-    let slots = Probe(&values);
-    assert_eq!(p.eval(&slots), Ok(true));
+    });
+    let mut rule = CelRule::new(None, text).expect("compiles");
+    let mut pointers = Vec::new();
+    crate::policy::rules::assign_more(&mut pointers, rule.pointers_mut());
+    // The fields captured, as the JSON reader leaves them.
+    let mut caps = Captures::new(pointers.len());
+    for (slot, p) in pointers.iter().enumerate() {
+        let v = match p.get(&doc).expect("present") {
+            Value::Number(n) => Captured::Number(n.clone()),
+            Value::String(s) => Captured::Str(s),
+            Value::Bool(b) => Captured::Bool(*b),
+            other => panic!("{other}"),
+        };
+        caps.set(slot, v);
+    }
+    let record = Record {
+        offset: 0,
+        timestamp: 0,
+        key: None,
+        value: None,
+        headers: Vec::new(),
+    };
+    assert!(rule.holds(&caps, &record));
     let mut held = 0u64;
     for _ in 0..loops {
-        held += u64::from(p.eval(std::hint::black_box(&slots)) == Ok(true));
+        held += u64::from(rule.holds(std::hint::black_box(&caps), &record));
     }
     assert_eq!(held, loops);
 }
@@ -712,12 +732,3 @@ const TEN: &str = r#"message.a > message.b && message.c != "X" && message.d >= 0
     && message.e <= 100 && message.f == true && message.g in ["A", "B", "C"]
     && message.h > message.a && size(message.s) < 64 && message.s.startsWith("ab")
     && message.i + 1 > message.j"#;
-
-struct Probe<'v>(&'v [Val<'v>]);
-
-impl Slots for Probe<'_> {
-    #[inline]
-    fn get(&self, slot: u32) -> Option<Val<'_>> {
-        self.0.get(slot as usize).copied()
-    }
-}

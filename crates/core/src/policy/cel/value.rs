@@ -81,7 +81,7 @@ impl<'a> Val<'a> {
     /// Confluent's CEL executors make of JSON, not the spec's all-double
     /// JSON mapping, so that integer fields of Avro and Protobuf records
     /// (captured as the same numbers) stay `int`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn of_json(v: &'a Value) -> Val<'a> {
         match v {
             Value::Null => Val::Null,
@@ -93,7 +93,7 @@ impl<'a> Val<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn of_number(n: &serde_json::Number) -> Val<'a> {
         if let Some(i) = n.as_i64() {
             Val::Int(i)
