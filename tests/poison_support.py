@@ -351,6 +351,33 @@ def read_dlt(ep: c.Endpoint, topic: str, partitions: int = 1, settle: float = 1.
     return got if lease_markers else [r for r in got if not is_lease_marker(r)]
 
 
+def read_to_end(ep: c.Endpoint, topic: str, partition: int, at_least: int,
+                **conf) -> list[c.Rec]:
+    """Every record of the partition a librdkafka consumer gets through `ep`,
+    until the end of the partition once at least `at_least` were read (so a
+    duplicate or an extra shows), at most 20 s. `conf`: extra settings."""
+    import confluent_kafka as ck
+    cons = ck.Consumer(ep.ck(**{"group.id": f"to-end-{time.monotonic_ns()}",
+                                "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                "enable.partition.eof": True, **conf}))
+    got: list[c.Rec] = []
+    try:
+        cons.assign([ck.TopicPartition(topic, partition, ck.OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            m = cons.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == ck.KafkaError._PARTITION_EOF and len(got) >= at_least:
+                    break
+                continue
+            got.append(c._ck_rec(m))
+    finally:
+        cons.close()
+    return got
+
+
 def without_markers(recs: list[c.Rec]) -> list[c.Rec]:
     """A DLT's records without its lease markers (every lease, epoch 0
     included, writes one before its first record: 47d1769)."""

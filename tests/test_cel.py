@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import confluent_kafka as ck
 import kafka as kp
@@ -61,30 +60,6 @@ def rec(i: int, transition: str, speed) -> c.Rec:
     return dataclasses.replace(ps.json_rec("valid", i), value=json.dumps(d).encode())
 
 
-def read_all(ep: c.Endpoint, topic: str, at_least: int) -> list[c.Rec]:
-    """Every record a consumer gets from partition 0 until the end of the
-    partition, once `at_least` were read (so a duplicate or an extra shows)."""
-    cons = ck.Consumer(ep.ck(**{"group.id": f"cel-{time.monotonic_ns()}",
-                                "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                                "enable.partition.eof": True}))
-    got: list[c.Rec] = []
-    try:
-        cons.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            m = cons.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == ck.KafkaError._PARTITION_EOF and len(got) >= at_least:
-                    break
-                continue
-            got.append(c._ck_rec(m))
-    finally:
-        cons.close()
-    return got
-
-
 def test_records_breaking_a_condition_are_diverted_naming_it_and_valid_ones_delivered_once(
         cel_proxy, broker):
     ep = c.Endpoint(broker.bootstrap)
@@ -94,7 +69,7 @@ def test_records_breaking_a_condition_are_diverted_naming_it_and_valid_ones_deli
             rec(3, "DWELL", None), rec(4, "EXIT", 9.0)]
     c.ck_produce(ep, topic, recs)
     valid = [recs[0], recs[2], recs[4]]
-    got = read_all(c.Endpoint(cel_proxy.bootstrap, "proxy"), topic, 3)
+    got = ps.read_to_end(c.Endpoint(cel_proxy.bootstrap, "proxy"), topic, 0, 3)
     assert [(r.offset, r.value) for r in got] == [(r.offset, r.value) for r in valid]
 
     dlt = ps.sorted_by_origin(ps.read_dlt(ep, f"{topic}.dlt"))
@@ -114,7 +89,7 @@ def test_a_condition_over_key_and_headers_diverts_records_without_them(cel_proxy
     keyless = dataclasses.replace(rec(1, "ENTER", 1.0), key=b"")
     recs = [rec(0, "ENTER", 1.0), keyless, rec(2, "ENTER", 1.0)]
     c.ck_produce(ep, topic, recs)
-    got = read_all(c.Endpoint(cel_proxy.bootstrap, "proxy"), topic, 2)
+    got = ps.read_to_end(c.Endpoint(cel_proxy.bootstrap, "proxy"), topic, 0, 2)
     assert [r.offset for r in got] == [0, 2]
     dlt = ps.read_dlt(ep, f"{topic}.dlt")
     assert ps.origin_offsets(dlt) == [(0, 1)]

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,27 +83,8 @@ def read_back(broker, topic: str, partition: int, n: int) -> list[c.Rec]:
     """Every record of the partition, read from the broker itself: until the
     end of the partition once at least `n` were read (so extras show).
     read_uncommitted: records of aborted transactions count (they landed)."""
-    ep = c.Endpoint(broker.bootstrap)
-    cons = ck.Consumer(ep.ck(**{"group.id": f"door-{time.monotonic_ns()}",
-                                "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                                "enable.partition.eof": True,
-                                "isolation.level": "read_uncommitted"}))
-    got: list[c.Rec] = []
-    try:
-        cons.assign([ck.TopicPartition(topic, partition, ck.OFFSET_BEGINNING)])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            m = cons.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == ck.KafkaError._PARTITION_EOF and len(got) >= n:
-                    break
-                continue
-            got.append(c._ck_rec(m))
-    finally:
-        cons.close()
-    return got
+    return ps.read_to_end(c.Endpoint(broker.bootstrap), topic, partition, n,
+                          **{"isolation.level": "read_uncommitted"})
 
 
 def ck_send(ep: c.Endpoint, topic: str, recs: list[c.Rec], flush_each: bool = True,

@@ -200,36 +200,31 @@ pub(crate) enum Arith {
     Rem,
 }
 
+/// `x <op> y` for integers of one type, overflow and a zero divisor
+/// being errors.
+macro_rules! checked {
+    ($op:expr, $x:expr, $y:expr) => {
+        zero_divisor($op, $y == 0).and_then(|()| {
+            match $op {
+                Arith::Add => $x.checked_add($y),
+                Arith::Sub => $x.checked_sub($y),
+                Arith::Mul => $x.checked_mul($y),
+                Arith::Div => $x.checked_div($y),
+                Arith::Rem => $x.checked_rem($y),
+            }
+            .ok_or(Fault::Overflow)
+        })
+    };
+}
+
 /// `a <op> b` over two numbers of the same type: `int` and `uint` checked
 /// (overflow, division or modulus by zero are errors), `double` IEEE (no
 /// `%`). CEL converts nothing implicitly: `1 + 1.0` has no overload.
 pub(crate) fn arith(op: Arith, a: Val<'_>, b: Val<'_>) -> Result<Val<'static>, Fault> {
     let none = || Fault::NoOverload(a.type_of(), b.type_of());
     match (a, b) {
-        (Val::Int(x), Val::Int(y)) => {
-            zero_divisor(op, y == 0)?;
-            match op {
-                Arith::Add => x.checked_add(y),
-                Arith::Sub => x.checked_sub(y),
-                Arith::Mul => x.checked_mul(y),
-                Arith::Div => x.checked_div(y),
-                Arith::Rem => x.checked_rem(y),
-            }
-            .map(Val::Int)
-            .ok_or(Fault::Overflow)
-        }
-        (Val::Uint(x), Val::Uint(y)) => {
-            zero_divisor(op, y == 0)?;
-            match op {
-                Arith::Add => x.checked_add(y),
-                Arith::Sub => x.checked_sub(y),
-                Arith::Mul => x.checked_mul(y),
-                Arith::Div => x.checked_div(y),
-                Arith::Rem => x.checked_rem(y),
-            }
-            .map(Val::Uint)
-            .ok_or(Fault::Overflow)
-        }
+        (Val::Int(x), Val::Int(y)) => checked!(op, x, y).map(Val::Int),
+        (Val::Uint(x), Val::Uint(y)) => checked!(op, x, y).map(Val::Uint),
         (Val::Double(x), Val::Double(y)) => Ok(Val::Double(match op {
             Arith::Add => x + y,
             Arith::Sub => x - y,

@@ -69,6 +69,18 @@ pub(in crate::policy) fn compile_rule(
     }
 }
 
+/// Whether a rule item sets any key of a field rule.
+fn has_field_keys(d: &RuleDoc) -> bool {
+    d.field.is_some()
+        || d.one_of.is_some()
+        || d.min.is_some()
+        || d.max.is_some()
+        || d.max_age.is_some()
+        || d.unit.is_some()
+        || d.optional
+        || d.absent.is_some()
+}
+
 /// A `cel` rule (it takes `name` and `class` only): the expression
 /// compiled now, its errors placed at the `cel` value with their column
 /// within the expression.
@@ -78,16 +90,7 @@ fn compile_cel(
     cel: &mut Vec<CelRule>,
 ) -> Result<(), Vec<At>> {
     let d = &r.v;
-    if d.coordinates.is_some()
-        || d.field.is_some()
-        || d.one_of.is_some()
-        || d.min.is_some()
-        || d.max.is_some()
-        || d.max_age.is_some()
-        || d.unit.is_some()
-        || d.optional
-        || d.absent.is_some()
-    {
+    if d.coordinates.is_some() || has_field_keys(d) {
         return Err(vec![at(
             r,
             "rules: a `cel` rule takes `name` and `class` only; write field rules as separate list items",
@@ -110,15 +113,7 @@ fn compile_coordinates(
 ) -> Result<(), Vec<At>> {
     let d = &r.v;
     let mut errs = Vec::new();
-    if d.field.is_some()
-        || d.one_of.is_some()
-        || d.min.is_some()
-        || d.max.is_some()
-        || d.max_age.is_some()
-        || d.unit.is_some()
-        || d.optional
-        || d.absent.is_some()
-    {
+    if has_field_keys(d) {
         return Err(vec![at(
             r,
             "rules: a `coordinates` rule takes no other keys; write field rules as separate list items",
