@@ -45,8 +45,11 @@ pub(super) enum Op {
     Has(u32),
     Not(Ix),
     Neg(Arg),
-    And(Ix, Ix),
-    Or(Ix, Ix),
+    /// `a && b && ...`: a chain of `&&` as one node (each operand a
+    /// frame less than nesting them).
+    All(Box<[Ix]>),
+    /// `a || b || ...`
+    Any(Box<[Ix]>),
     Cond(Ix, Ix, Ix),
     Eq(Arg, Arg),
     Ne(Arg, Arg),
@@ -245,11 +248,14 @@ impl Compiler<'_, '_> {
             return self.inclusion(at, l, r);
         }
         if op == "&&" || op == "||" {
+            let all = op == "&&";
             let (a, b) = (self.boolean(l)?, self.boolean(r)?);
-            let op = if op == "&&" {
-                Op::And(a, b)
+            let mut items = self.chain(a, all);
+            items.extend(self.chain(b, all));
+            let op = if all {
+                Op::All(items.into())
             } else {
-                Op::Or(a, b)
+                Op::Any(items.into())
             };
             return Ok((self.push(at, op), Type::Bool));
         }
@@ -298,6 +304,16 @@ impl Compiler<'_, '_> {
             }
         };
         Ok((self.push(at, op), t))
+    }
+
+    /// The operands of node `i` when it is a chain of the same operator
+    /// (`all`: `&&`), taken out of it (the node is left unused); else `i`.
+    fn chain(&mut self, i: Ix, all: bool) -> Vec<Ix> {
+        match self.nodes.get_mut(i as usize).map(|n| &mut n.op) {
+            Some(Op::All(items)) if all => std::mem::take(items).into_vec(),
+            Some(Op::Any(items)) if !all => std::mem::take(items).into_vec(),
+            _ => vec![i],
+        }
     }
 
     /// `x in [..]`, `x in path` (list elements, map keys), and

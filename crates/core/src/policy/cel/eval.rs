@@ -61,8 +61,8 @@ impl Program {
             }
             Op::Eq(a, b) => Ok(equal(self.operand(a, s)?, self.operand(b, s)?)),
             Op::Ne(a, b) => Ok(!equal(self.operand(a, s)?, self.operand(b, s)?)),
-            Op::And(a, b) => self.logic(*a, *b, false, s),
-            Op::Or(a, b) => self.logic(*a, *b, true, s),
+            Op::All(items) => self.logic(items, false, s),
+            Op::Any(items) => self.logic(items, true, s),
             op => self.truth_of(i, op, s),
         }
     }
@@ -163,25 +163,28 @@ impl Program {
         }
     }
 
-    /// `a && b` (`decides` false) or `a || b` (`decides` true): an operand
-    /// equal to `decides` is the answer even if the other is an error;
-    /// otherwise both must be bools, and the first error is the answer.
+    /// `a && b && ...` (`decides` false) or `a || b || ...` (`decides`
+    /// true): an operand equal to `decides` is the answer even if another
+    /// is an error (CEL's commutative operators); otherwise every operand
+    /// must be a bool, and the first error is the answer.
     #[inline]
     fn logic<S: Slots + ?Sized>(
         &self,
-        a: Ix,
-        b: Ix,
+        items: &[Ix],
         decides: bool,
         s: &S,
     ) -> Result<bool, EvalError> {
-        match self.truth(a, s) {
-            Ok(x) if x == decides => Ok(decides),
-            Ok(_) => self.truth(b, s),
-            Err(e) => match self.truth(b, s) {
-                Ok(y) if y == decides => Ok(decides),
-                _ => Err(e),
-            },
+        let mut first = None;
+        for i in items {
+            match self.truth(*i, s) {
+                Ok(x) if x == decides => return Ok(decides),
+                Ok(_) => {}
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
         }
+        first.map_or(Ok(!decides), Err)
     }
 
     /// `Some((a, b, holds))` when the whole condition orders two fields
@@ -243,8 +246,8 @@ fn op_name(op: &Op) -> &'static str {
     match op {
         Op::Not(_) => "!",
         Op::Neg(_) => "-",
-        Op::And(..) => "&&",
-        Op::Or(..) => "||",
+        Op::All(..) => "&&",
+        Op::Any(..) => "||",
         Op::Cond(..) => "?:",
         Op::Eq(..) => "==",
         Op::Ne(..) => "!=",
