@@ -182,21 +182,8 @@ impl LoadState {
             }
         });
         let mut decoder = decoder;
-        let Rules {
-            mut rules,
-            mut stale,
-            mut cel,
-            rule_class,
-            stale_class,
-            cel_class,
-        } = compile_rules(&p, &decoder, &mut errs);
-
-        let mut pointers = rules::assign_slots(&mut rules, &mut stale);
-        rules::assign_more(
-            &mut pointers,
-            cel.iter_mut().flat_map(CelRule::pointers_mut),
-        );
-        decoder.slots(pointers, schema.is_some());
+        let mut rs = compile_rules(&p, &decoder, &mut errs);
+        decoder.slots(rs.slots(), schema.is_some());
 
         let headers_required = headers_required(&p, &mut errs);
         let dead_letter = dead_letter_of(&p, &mut errs);
@@ -241,13 +228,13 @@ impl LoadState {
                 max_bytes,
                 decoder,
                 schema,
-                checks: Checks::new(&rules, &stale),
-                rules,
-                stale,
-                rule_class,
-                stale_class,
-                cel,
-                cel_class,
+                checks: Checks::new(&rs.rules, &rs.stale),
+                rules: rs.rules,
+                stale: rs.stale,
+                rule_class: rs.rule_class,
+                stale_class: rs.stale_class,
+                cel: rs.cel,
+                cel_class: rs.cel_class,
                 key,
             },
         })
@@ -338,6 +325,19 @@ struct Rules {
     rule_class: Vec<Option<super::Class>>,
     stale_class: Vec<Option<super::Class>>,
     cel_class: Vec<Option<super::Class>>,
+}
+
+impl Rules {
+    /// A capture slot for every field the rules and conditions read: one
+    /// pointer per slot, for the decoder.
+    fn slots(&mut self) -> Vec<rules::Pointer> {
+        let mut pointers = rules::assign_slots(&mut self.rules, &mut self.stale);
+        rules::assign_more(
+            &mut pointers,
+            self.cel.iter_mut().flat_map(CelRule::pointers_mut),
+        );
+        pointers
+    }
 }
 
 /// Its rules, compiled.
