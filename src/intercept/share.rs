@@ -26,4 +26,15 @@ pub mod renew;
 pub mod wire;
 pub mod withheld;
 
-pub use acks::{SessionKey, ShareAcks};
+pub use acks::ShareAcks;
+
+/// One share session, as the proxy can tell it: the broker the connection
+/// leads to (its node id; -1 for a bootstrap connection), the group and the
+/// member.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionKey {
+    pub node: i32,
+    pub group: String,
+    pub member: String,
+}
+

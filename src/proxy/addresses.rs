@@ -240,16 +240,7 @@ pub fn rewrite_body(
     match key {
         ApiKey::Metadata => {
             let mut m = MetadataResponse::decode(&mut buf, version)?;
-            for b in &mut m.brokers {
-                addrs.rewrite(b.node_id, &mut b.host, &mut b.port, seen);
-            }
-            for t in &m.topics {
-                if let Some(name) = &t.name {
-                    if !t.topic_id.is_nil() {
-                        seen.topics.push((t.topic_id, name.0.clone()));
-                    }
-                }
-            }
+            rewrite_metadata(&mut m, addrs, seen);
             reencode!(m)
         }
         ApiKey::FindCoordinator => {
@@ -302,6 +293,19 @@ pub fn rewrite_body(
             reencode!(m)
         }
         _ => Ok(None),
+    }
+}
+
+/// Point a Metadata answer's brokers at the proxy and note the topic ids
+/// it names (Fetch v13+ names topics by id).
+fn rewrite_metadata(m: &mut MetadataResponse, addrs: &Addresses, seen: &mut Seen) {
+    for b in &mut m.brokers {
+        addrs.rewrite(b.node_id, &mut b.host, &mut b.port, seen);
+    }
+    for t in &m.topics {
+        if let Some(name) = t.name.as_ref().filter(|_| !t.topic_id.is_nil()) {
+            seen.topics.push((t.topic_id, name.0.clone()));
+        }
     }
 }
 

@@ -25,17 +25,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use super::SessionKey;
 use crate::plan::share::Span;
-
-/// One share session, as the proxy can tell it: the broker the connection
-/// leads to (its node id; -1 for a bootstrap connection), the group and the
-/// member.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionKey {
-    pub node: i32,
-    pub group: String,
-    pub member: String,
-}
 
 /// Acknowledgements the proxy owes for one range of offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

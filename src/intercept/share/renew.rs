@@ -42,7 +42,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tracing::debug;
 use uuid::Uuid;
 
-use super::acks::SessionKey;
+use super::SessionKey;
 use super::withheld::{Due, Rules, Withheld};
 use crate::metrics;
 use crate::plan::share::{Span, RELEASE};

@@ -24,7 +24,8 @@ use kafka_protocol::protocol::Decodable;
 use tracing::debug;
 use uuid::Uuid;
 
-use super::acks::{Owed, SessionKey, ShareAcks};
+use super::acks::{Owed, ShareAcks};
+use super::SessionKey;
 use crate::metrics;
 use crate::plan::share::{self, AckBatch};
 

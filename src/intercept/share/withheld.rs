@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::acks::SessionKey;
+use super::SessionKey;
 use crate::metrics;
 use crate::plan::share::Span;
 
