@@ -37,4 +37,3 @@ pub struct SessionKey {
     pub group: String,
     pub member: String,
 }
-

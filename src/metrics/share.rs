@@ -136,7 +136,8 @@ impl ShareMetrics {
     pub fn withheld_kept(&self, ranges: usize, bytes: usize) {
         self.kept_ranges
             .set(i64::try_from(ranges).unwrap_or(i64::MAX));
-        self.kept_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.kept_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// `n` of the proxy's acknowledgements ended with `result`.

@@ -26,8 +26,8 @@ use crate::proxy::sasl_phase::{self, Raw, Tokens};
 use crate::proxy::{addresses, versions, Shared};
 
 mod share_request;
-pub(super) use share_request::ShareCx;
 use crate::transport::frame::{self, response_frame, Cursor};
+pub(super) use share_request::ShareCx;
 
 /// What the response to one request needs on its way back.
 #[derive(Debug)]
@@ -259,8 +259,8 @@ async fn classify_maybe_offloaded(
     tokio::task::spawn_blocking(move || {
         classify_with_policies(&shared, &marks, (raw, node, None), &frame)
     })
-        .await
-        .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
+    .await
+    .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
 }
 
 /// Classify one frame under the current policies (read per request, so a

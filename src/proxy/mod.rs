@@ -192,8 +192,7 @@ impl Shared {
         let console =
             crate::console::Console::new(&config, engine.clone(), keys.1.clone(), keys.0.clone());
         let config_max_connections = config.limits.max_connections;
-        let share_acks =
-            crate::intercept::share::ShareAcks::of(&config.share_groups);
+        let share_acks = crate::intercept::share::ShareAcks::of(&config.share_groups);
         let request_queue =
             crate::transport::frame::RequestQueue::new(config.limits.max_queued_request_bytes);
         // The background refresh learns new topics at this pace anyway.

@@ -370,7 +370,9 @@ where
                     state.sasl.handshake_answered(tokens, p.version, &frame);
                 }
                 if let Handling::ApiVersions = handling {
-                    state.share.learn_versions(versions::broker_max(&frame, p.version, SHARE_ACK));
+                    state
+                        .share
+                        .learn_versions(versions::broker_max(&frame, p.version, SHARE_ACK));
                 }
                 let cx = exchange::Cx {
                     shared,

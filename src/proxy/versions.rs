@@ -444,7 +444,10 @@ mod tests {
         assert_eq!(broker_max(&v41, 3, k), Some(1));
         let none = frame(response(&[(18, 0, 4)], 3));
         assert_eq!(broker_max(&none, 3, k), None);
-        assert_eq!(broker_max(&frame(Bytes::from_static(&[0, 0, 0xff])), 3, k), None);
+        assert_eq!(
+            broker_max(&frame(Bytes::from_static(&[0, 0, 0xff])), 3, k),
+            None
+        );
     }
 
     #[test]

@@ -42,8 +42,8 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tracing::debug;
 use uuid::Uuid;
 
-use super::SessionKey;
 use super::withheld::{Due, Rules, Withheld};
+use super::SessionKey;
 use crate::metrics;
 use crate::plan::share::{Span, RELEASE};
 
@@ -211,7 +211,11 @@ pub fn before(
         };
     }
     if !renewing.enabled || !conn.renews() {
-        let why = if renewing.enabled { "no_v2" } else { "disabled" };
+        let why = if renewing.enabled {
+            "no_v2"
+        } else {
+            "disabled"
+        };
         book.forget(session, why);
         return Before {
             inject: None,
@@ -335,7 +339,9 @@ pub fn answered(book: &Withheld, sent: Sent, frame: &Bytes) {
     };
     let Some(resp) = decoded.filter(|r| r.error_code == 0) else {
         debug!(session = ?sent.session, "the broker refused the proxy's renewal");
-        metrics::global().share.renewals("refused", sent.renewed.len() as u64);
+        metrics::global()
+            .share
+            .renewals("refused", sent.renewed.len() as u64);
         book.refused(&sent.session, &ids(&|_| true));
         return;
     };
@@ -350,7 +356,9 @@ pub fn answered(book: &Withheld, sent: Sent, frame: &Bytes) {
         }
     }
     let bad = ids(&|at| refused.contains(at));
-    metrics::global().share.renewals("refused", bad.len() as u64);
+    metrics::global()
+        .share
+        .renewals("refused", bad.len() as u64);
     book.refused(&sent.session, &bad);
     let good = ids(&|at| !refused.contains(at));
     book.renewed(
@@ -427,7 +435,9 @@ mod tests {
             .with_max_wait_ms(500)
             .with_topics(vec![FetchTopic::default()
                 .with_topic_id(T)
-                .with_partitions(vec![FetchPartition::default().with_partition_index(0)])]);
+                .with_partitions(vec![
+                    FetchPartition::default().with_partition_index(0)
+                ])]);
         let header = RequestHeader::default()
             .with_request_api_key(ApiKey::ShareFetch as i16)
             .with_request_api_version(version)
@@ -515,7 +525,11 @@ mod tests {
             .collect();
         assert_eq!(
             wire,
-            [(0, 3, 5, vec![RENEW]), (0, 9, 9, vec![RENEW]), (2, 0, 0, vec![RENEW])]
+            [
+                (0, 3, 5, vec![RENEW]),
+                (0, 9, 9, vec![RENEW]),
+                (2, 0, 0, vec![RENEW])
+            ]
         );
         assert_eq!(inject.sent.renewed.len(), 3);
         // Pipelined requests of the session, and after a second renewal.
@@ -560,7 +574,11 @@ mod tests {
         assert!(!req.is_renew_ack);
         let batch = &req.topics[0].partitions[0].acknowledgement_batches[0];
         assert_eq!(
-            (batch.first_offset, batch.last_offset, batch.acknowledge_types.clone()),
+            (
+                batch.first_offset,
+                batch.last_offset,
+                batch.acknowledge_types.clone()
+            ),
             (4, 6, vec![RELEASE])
         );
         assert_eq!(book.ranges(), 0);
@@ -601,7 +619,9 @@ mod tests {
         book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
         book.withhold(&session(), (T, 1), &[((2, 2), "dlt")], t0, 4000);
         let sent_at = t0 + LOCK / 2;
-        let inject = before(&conn, &book, &session(), 3, sent_at, &on()).inject.unwrap();
+        let inject = before(&conn, &book, &session(), 3, sent_at, &on())
+            .inject
+            .unwrap();
         let resp = ShareAcknowledgeResponse::default()
             .with_acquisition_lock_timeout_ms(10_000)
             .with_responses(vec![ShareAcknowledgeTopicResponse::default()
@@ -616,14 +636,20 @@ mod tests {
         assert_eq!(book.ranges(), 1, "partition 1 refused");
         // Partition 0's lock is 10 s from the renewal: due 5 s after it.
         let at = sent_at + Duration::from_millis(4900);
-        assert!(before(&conn, &book, &session(), 5, at, &on()).inject.is_none());
+        assert!(before(&conn, &book, &session(), 5, at, &on())
+            .inject
+            .is_none());
         let at = sent_at + Duration::from_secs(5);
-        assert!(before(&conn, &book, &session(), 6, at, &on()).inject.is_some());
+        assert!(before(&conn, &book, &session(), 6, at, &on())
+            .inject
+            .is_some());
         // A top-level error (or an answer that does not decode): all refused.
         let inject = before(&conn, &book, &session(), 8, at + LOCK * 3, &on()).inject;
         assert!(inject.is_none(), "expired meanwhile");
         book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], at, 4000);
-        let i = before(&conn, &book, &session(), 8, at + LOCK / 2, &on()).inject.unwrap();
+        let i = before(&conn, &book, &session(), 8, at + LOCK / 2, &on())
+            .inject
+            .unwrap();
         let bad = ShareAcknowledgeResponse::default().with_error_code(72);
         answered(&book, i.sent, &answer(i.correlation_id, &bad));
         assert_eq!(book.ranges(), 0);

@@ -107,7 +107,10 @@ impl Session {
     fn add(&mut self, id: u64, held: Held) {
         let renew_at = held.expires - held.lock / 2;
         self.next_due = Some(self.next_due.map_or(renew_at, |d| d.min(renew_at)));
-        *self.reasons.entry((held.topic_id, held.reason)).or_default() += 1;
+        *self
+            .reasons
+            .entry((held.topic_id, held.reason))
+            .or_default() += 1;
         self.entries.insert(id, held);
     }
 
@@ -126,8 +129,7 @@ impl Session {
     /// Whether `due` would find nothing at `now` without looking at every
     /// entry.
     fn quiet(&self, now: Instant, cleared: &dyn Fn(Uuid, &'static str) -> bool) -> bool {
-        self.next_due.is_some_and(|d| now < d)
-            && !self.reasons.keys().any(|&(t, r)| cleared(t, r))
+        self.next_due.is_some_and(|d| now < d) && !self.reasons.keys().any(|&(t, r)| cleared(t, r))
     }
 }
 
@@ -503,7 +505,10 @@ mod tests {
         now += LOCK / 2;
         let due = book.due(&key("a"), now, RULES, &never);
         assert_eq!((due.renew.len(), due.release.len()), (0, 1));
-        assert_eq!((book.ranges(), book.bytes(), book.has(&key("a"))), (0, 0, false));
+        assert_eq!(
+            (book.ranges(), book.bytes(), book.has(&key("a"))),
+            (0, 0, false)
+        );
     }
 
     #[test]
@@ -511,11 +516,23 @@ mod tests {
         let book = Withheld::default();
         let t0 = Instant::now();
         book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS);
-        book.withhold(&key("b"), (T, 1), &[((2, 2), "dlt"), ((4, 4), "dlt")], t0, LOCK_MS);
+        book.withhold(
+            &key("b"),
+            (T, 1),
+            &[((2, 2), "dlt"), ((4, 4), "dlt")],
+            t0,
+            LOCK_MS,
+        );
         // Nobody asked in time: the lock ran out, the broker released them.
         assert!(book.due(&key("a"), t0 + LOCK, RULES, &never).is_empty());
         assert_eq!(book.ranges(), 0);
-        book.withhold(&key("b"), (T, 1), &[((2, 2), "dlt"), ((4, 4), "dlt")], t0, LOCK_MS);
+        book.withhold(
+            &key("b"),
+            (T, 1),
+            &[((2, 2), "dlt"), ((4, 4), "dlt")],
+            t0,
+            LOCK_MS,
+        );
         let due = book.due(&key("b"), t0 + LOCK / 2, RULES, &never);
         let ids: Vec<u64> = due.renew.iter().map(|(id, _)| *id).collect();
         book.refused(&key("b"), &ids[..1]);

@@ -24,9 +24,9 @@ pub mod budget;
 mod keyed;
 pub mod keys;
 mod planner;
-mod undecodable;
 pub mod produce;
 pub mod share;
+mod undecodable;
 pub mod verdicts;
 mod visibility;
 
