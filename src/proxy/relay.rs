@@ -26,17 +26,15 @@ use tracing::debug;
 
 use crate::intercept::fetch::Holds;
 use crate::intercept::produce as door;
-use crate::proxy::classify::{classify_request, learn_produce_topic_ids, Handling, Pending, Send};
+use crate::proxy::classify::classify_request;
+use crate::proxy::exchange::{self, Handling, Pending, Send};
 use crate::proxy::sasl_phase::{Raw, SaslPhase};
-use crate::proxy::{exchange, versions, Shared};
+use crate::proxy::Shared;
 use crate::transport::frame::{self, FrameError, FrameReader, ResponseFrame, RESPONSE_ID_END};
 use crate::transport::net::Conn;
 use crate::transport::splice::{self, AsTcp};
 
 pub use super::error::RelayError;
-
-const SHARE_ACK: kafka_protocol::messages::ApiKey =
-    kafka_protocol::messages::ApiKey::ShareAcknowledge;
 
 /// State the two pumps of one connection share.
 #[derive(Default)]
@@ -201,17 +199,15 @@ where
         let Some(frame) = next_request(shared, state, &mut client).await? else {
             return Ok(());
         };
-        learn_produce_topic_ids(shared, &frame).await;
         let raw_sasl = state.sasl.next_frame();
-        if raw_sasl != Raw::Token {
-            if let Some(head) = frame::peek_request(&frame) {
-                crate::metrics::global()
-                    .requests
-                    .request(head.api_key, head.api_version);
-            }
+        let head = frame::peek_request(&frame);
+        if let Some(head) = head.filter(|_| raw_sasl != Raw::Token) {
+            crate::metrics::global()
+                .requests
+                .request(head.api_key, head.api_version);
         }
         let conn = (raw_sasl, state.node, &state.share);
-        let (mut c, frame) = classify_request(shared, &state.door, conn, frame).await?;
+        let (mut c, frame) = classify_request(shared, &state.door, conn, (head, frame)).await?;
         if let Some((p, f)) = c.inject.take() {
             if !inject(state, &mut broker, &pending, p, &f).await? {
                 return Ok(());
@@ -366,17 +362,11 @@ where
             handling => {
                 let frame = answer_to(state, &mut broker, p.correlation_id, pending.len()).await?;
                 arrived = Some(std::time::Instant::now());
-                if let Handling::SaslHandshake(tokens) = handling {
-                    state.sasl.handshake_answered(tokens, p.version, &frame);
-                }
-                if let Handling::ApiVersions = handling {
-                    state
-                        .share
-                        .learn_versions(versions::broker_max(&frame, p.version, SHARE_ACK));
-                }
                 let cx = exchange::Cx {
                     shared,
                     holds: &mut holds,
+                    sasl: &state.sasl,
+                    share: &state.share,
                 };
                 exchange::respond(cx, handling, p.version, frame).await?
             }
@@ -411,9 +401,7 @@ async fn own_answer<R: AsyncRead + Unpin>(
         None => return Err(RelayError::BrokerClosed(1 + queued)),
     };
     check_correlation_id(&f, p.correlation_id)?;
-    if let Handling::Renewal(sent) = p.handling {
-        crate::intercept::share::renew::answered(&shared.share_acks.withheld, sent, &f);
-    }
+    exchange::own_answer(shared, p.handling, &f);
     state.in_flight.fetch_sub(1, Ordering::SeqCst);
     Ok(())
 }
@@ -427,32 +415,38 @@ async fn answer_to<R: AsyncRead + Unpin>(
     correlation_id: Option<i32>,
     queued: usize,
 ) -> Result<Bytes, RelayError> {
-    let frame = loop {
+    loop {
         let f = match broker.next().await.map_err(RelayError::BrokerFrame)? {
             Some(f) => f,
             None => return Err(RelayError::BrokerClosed(1 + queued)),
         };
-        let other = correlation_id.is_some() && frame::peek_correlation_id(&f) != correlation_id;
-        if !(other && state.answers_unanswered(&f)) {
-            break f;
+        let Some(id) = correlation_id else {
+            return Ok(f);
+        };
+        let got = frame::peek_correlation_id(&f);
+        if got == Some(id) {
+            return Ok(f);
         }
-    };
-    check_correlation_id(&frame, correlation_id)?;
-    Ok(frame)
+        if !state.answers_unanswered(&f) {
+            return Err(wrong_correlation_id(id, got));
+        }
+    }
 }
 
 /// A response frame must carry its request's correlation id (`None`: the
 /// request had none to check, e.g. a raw SASL token).
 fn check_correlation_id(frame: &[u8], expected: Option<i32>) -> Result<(), RelayError> {
-    match expected {
-        Some(id) if frame::peek_correlation_id(frame) != Some(id) => {
-            Err(RelayError::BadResponse(format!(
-                "expected correlation id {id}, got {:?}",
-                frame::peek_correlation_id(frame)
-            )))
-        }
+    let Some(id) = expected else {
+        return Ok(());
+    };
+    match frame::peek_correlation_id(frame) {
+        got if got != Some(id) => Err(wrong_correlation_id(id, got)),
         _ => Ok(()),
     }
+}
+
+fn wrong_correlation_id(expected: i32, got: Option<i32>) -> RelayError {
+    RelayError::BadResponse(format!("expected correlation id {expected}, got {got:?}"))
 }
 
 /// Forward the next response by splicing it, when both sides are plain

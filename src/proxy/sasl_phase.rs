@@ -166,7 +166,8 @@ fn handshake_accepted(answer: &[u8]) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::classify::{classify, Classified, Context, Handling, Send};
+    use crate::proxy::classify::classify;
+    use crate::proxy::exchange::{Classified, Context, Handling, Send};
     use bytes::Bytes;
 
     fn request(key: i16, version: i16, body: &[u8]) -> Bytes {
@@ -209,12 +210,11 @@ mod tests {
         let ctx = Context {
             raw: phase.next_frame(),
             policies_loaded,
-            intercepting: policies_loaded,
             produce_guard: None,
             offer: crate::proxy::versions::Offer::default(),
             share: None,
         };
-        let c = classify(frame, &ctx)?;
+        let c = classify(frame, frame::peek_request(frame), &ctx)?;
         if matches!(
             c.pending.as_ref().map(|p| &p.handling),
             Some(Handling::SaslHandshake(_))

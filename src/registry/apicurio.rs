@@ -12,7 +12,8 @@ use tracing::debug;
 
 use super::{Answer, Registry, RegistryError, MAX_DEPTH, MAX_REFERENCES};
 use crate::clock::now_ms;
-use crate::policy::registry::{compile, ApicurioId, Reference, Registered};
+use crate::policy::formats::compile_schema as compile;
+use crate::policy::registry::{ApicurioId, Reference, Registered};
 
 /// A reference as the native API lists it (`groupId` absent: `default`).
 #[derive(Deserialize)]

@@ -34,7 +34,8 @@ use tracing::{debug, info, warn};
 use crate::clock::now_ms;
 use crate::config::{RegistryConfig, RegistryUrl};
 use crate::metrics;
-use crate::policy::registry::{compile, Reference, Registered};
+use crate::policy::formats::compile_schema as compile;
+use crate::policy::registry::{Reference, Registered};
 use crate::policy::{SchemaCache, Want};
 pub use http::{HttpError, MAX_BODY};
 

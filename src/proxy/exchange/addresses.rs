@@ -1,6 +1,7 @@
-//! Answers that name brokers (Metadata, FindCoordinator, DescribeCluster,
-//! ...): every broker address becomes the proxy's listener for that node,
-//! and what the answer taught (brokers, topic ids) is learnt before it is
+//! Answers that name brokers (Metadata, FindCoordinator, DescribeCluster;
+//! the NodeEndpoints of Produce, Fetch and share answers): every broker
+//! address becomes the proxy's listener for that node, and what the answer
+//! taught (brokers, topic ids) is learnt before it is
 //! released, so a listener is open before a client can know its port.
 
 use std::sync::Arc;
@@ -8,21 +9,41 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
-use super::{bad, Answer, Cx};
-use crate::proxy::addresses::{self as rewrite, Seen};
+use super::passthrough::Passthrough;
+use super::{bad, Answer, Classified, Context, Cx, Exchange, Handling};
+use crate::proxy::addresses::{self as rewrite, carries_addresses, Seen};
 use crate::proxy::error::RelayError;
 use crate::proxy::Shared;
-use crate::transport::frame::ResponseFrame;
+use crate::transport::frame::{RequestHead, ResponseFrame};
 
-pub(super) async fn respond(
-    cx: Cx<'_>,
-    key: ApiKey,
-    version: i16,
-    frame: Bytes,
-) -> Result<ResponseFrame, RelayError> {
-    let answer = Answer::of(frame, key, version)?;
-    let body = rewrite_addresses(cx.shared, key, version, answer.body()).await?;
-    Ok(answer.with(body))
+/// The exchange of the keys whose answers carry addresses
+/// (`proxy::addresses::carries_addresses`) and nothing else to change; of
+/// any other key, [`Passthrough`].
+pub(super) struct Addresses;
+
+impl Exchange for Addresses {
+    /// The key answered.
+    type Call = ApiKey;
+
+    fn request(frame: &Bytes, head: RequestHead, cx: &Context) -> Result<Classified, RelayError> {
+        match ApiKey::try_from(head.api_key) {
+            Ok(key) if carries_addresses(key, head.api_version) => {
+                Ok(Classified::answered(head, Handling::Addresses(key)))
+            }
+            _ => Passthrough::request(frame, head, cx),
+        }
+    }
+
+    async fn respond(
+        cx: Cx<'_>,
+        key: ApiKey,
+        version: i16,
+        frame: Bytes,
+    ) -> Result<ResponseFrame, RelayError> {
+        let answer = Answer::of(frame, key, version)?;
+        let body = rewrite_addresses(cx.shared, key, version, answer.body()).await?;
+        Ok(answer.with(body))
+    }
 }
 
 /// `body` (an answer to `key`) with its broker addresses the proxy's, and

@@ -1,11 +1,28 @@
-//! The exchange of every key antidote does not change: the broker's frame
-//! as it came (also the proxy's own local answers and SASL handshakes,
-//! whose raw tokens the request side deals with).
+//! The exchange of every key antidote does not change: the request and the
+//! broker's answer forwarded as they came (also the proxy's own local
+//! answers, whose frames the relay sends itself).
 
 use bytes::Bytes;
 
-use crate::transport::frame::ResponseFrame;
+use super::{Classified, Context, Cx, Exchange, Handling};
+use crate::proxy::error::RelayError;
+use crate::transport::frame::{RequestHead, ResponseFrame};
 
-pub(super) fn respond(frame: Bytes) -> ResponseFrame {
-    ResponseFrame::whole(frame)
+pub(super) struct Passthrough;
+
+impl Exchange for Passthrough {
+    type Call = ();
+
+    fn request(_: &Bytes, head: RequestHead, _: &Context) -> Result<Classified, RelayError> {
+        Ok(Classified::answered(head, Handling::Forward))
+    }
+
+    async fn respond(
+        _: Cx<'_>,
+        _: (),
+        _: i16,
+        frame: Bytes,
+    ) -> Result<ResponseFrame, RelayError> {
+        Ok(ResponseFrame::whole(frame))
+    }
 }

@@ -3,44 +3,77 @@
 //! ranges, the acknowledgements the proxy then owes); both kinds with the
 //! proxy's own acknowledgement errors kept from the client (partitions
 //! where only the proxy acknowledged) and their NodeEndpoints rewritten.
+//! The requests carry the acknowledgements the proxy owes and, before
+//! them, its renewals of what it withheld ([`request`]). With no policy
+//! loaded, the addresses exchange's.
+
+mod request;
 
 use bytes::Bytes;
-use kafka_protocol::messages::{ShareAcknowledgeResponse, ShareFetchResponse};
+use kafka_protocol::messages::{ApiKey, ShareAcknowledgeResponse, ShareFetchResponse};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
-use super::{bad, Answer, Cx};
-use crate::intercept::fetch::share::ShareCall as Judging;
-use crate::intercept::share::wire;
-use crate::proxy::addresses::Seen;
-use crate::proxy::classify::ShareCall;
-use crate::proxy::error::RelayError;
-use crate::transport::frame::ResponseFrame;
+pub(in crate::proxy) use request::{withheld_reason_cleared, ShareCx};
 
-pub(super) async fn respond(
-    cx: Cx<'_>,
-    call: &ShareCall,
-    version: i16,
-    frame: Bytes,
-) -> Result<ResponseFrame, RelayError> {
-    let answer = Answer::of(frame, call.key, version)?;
-    if call.key != kafka_protocol::messages::ApiKey::ShareFetch {
-        let body = acknowledge(&cx, call, version, answer.body()).await?;
-        return Ok(answer.with(body));
+use super::addresses::Addresses;
+use super::{bad, Answer, Classified, Context, Cx, Exchange};
+use crate::intercept::fetch::share::ShareCall as Judging;
+use crate::intercept::share::{self, wire};
+use crate::proxy::addresses::Seen;
+use crate::proxy::error::RelayError;
+use crate::transport::frame::{RequestHead, ResponseFrame};
+
+/// What a share request's answer needs.
+#[derive(Debug)]
+pub(in crate::proxy) struct ShareNeeds {
+    pub key: ApiKey,
+    /// The share session (group and member named in the request).
+    pub session: Option<share::SessionKey>,
+    /// Partitions where only the proxy acknowledged in the request: their
+    /// acknowledgement errors are the proxy's, not the client's.
+    pub proxy_only: Vec<(uuid::Uuid, i32)>,
+}
+
+pub(super) struct Share;
+
+impl Exchange for Share {
+    type Call = ShareNeeds;
+
+    fn request(frame: &Bytes, head: RequestHead, cx: &Context) -> Result<Classified, RelayError> {
+        let key = ApiKey::try_from(head.api_key)
+            .map_err(|_| RelayError::BadRequest("unknown api key".into()))?;
+        match &cx.share {
+            Some(share) => request::request(frame, head, key, share),
+            None => Addresses::request(frame, head, cx),
+        }
     }
-    let started = std::time::Instant::now();
-    let body = fetch(&cx, call, version, answer.body()).await?;
-    crate::metrics::global().fetch_rewrite_latency(started.elapsed());
-    Ok(match body {
-        Some(chunks) => ResponseFrame::chunks(answer.header(), chunks),
-        None => answer.with(None),
-    })
+
+    async fn respond(
+        cx: Cx<'_>,
+        call: ShareNeeds,
+        version: i16,
+        frame: Bytes,
+    ) -> Result<ResponseFrame, RelayError> {
+        let answer = Answer::of(frame, call.key, version)?;
+        if call.key != ApiKey::ShareFetch {
+            let body = acknowledge(&cx, &call, version, answer.body()).await?;
+            return Ok(answer.with(body));
+        }
+        let started = std::time::Instant::now();
+        let body = fetch(&cx, &call, version, answer.body()).await?;
+        crate::metrics::global().fetch_rewrite_latency(started.elapsed());
+        Ok(match body {
+            Some(chunks) => ResponseFrame::chunks(answer.header(), chunks),
+            None => answer.with(None),
+        })
+    }
 }
 
 /// A ShareFetch answer, settled and judged, as chunks; `None`: forward as
 /// it came.
 async fn fetch(
     cx: &Cx<'_>,
-    call: &ShareCall,
+    call: &ShareNeeds,
     version: i16,
     body: Bytes,
 ) -> Result<Option<Vec<Bytes>>, RelayError> {
@@ -71,7 +104,7 @@ async fn fetch(
 /// A ShareAcknowledge answer, settled, its NodeEndpoints rewritten.
 async fn acknowledge(
     cx: &Cx<'_>,
-    call: &ShareCall,
+    call: &ShareNeeds,
     version: i16,
     body: Bytes,
 ) -> Result<Option<Bytes>, RelayError> {

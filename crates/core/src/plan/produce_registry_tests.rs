@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::policy::registry::compile;
+use crate::policy::formats::compile_schema as compile;
 use crate::policy::{Class, PolicySet, SchemaCache, Want};
 
 const NOW: i64 = 1_764_460_000_000;

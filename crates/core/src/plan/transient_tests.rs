@@ -7,7 +7,7 @@ use std::path::Path;
 use super::verdicts::VerdictCache;
 use super::*;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
-use crate::policy::registry::compile;
+use crate::policy::formats::compile_schema as compile;
 use crate::policy::{Class, PolicySet, SchemaCache};
 
 fn policy(cache: &Arc<SchemaCache>, action: &str) -> Arc<Policy> {

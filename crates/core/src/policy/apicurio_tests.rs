@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::registry::{compile, ApicurioId};
+use super::formats::compile_schema as compile;
+use super::registry::ApicurioId;
 use super::registry_tests::{avro_datum, invalid, set, NOW, TRIGGER_AVSC};
 use super::*;
 use crate::kafka::record::{Header, Record};

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::document::*;
-use super::format::{self, Decoder, OwnSchema};
+use super::format::OwnSchema;
+use super::formats::{self, Decoder};
+use super::located::not_for;
 use super::located::{at, At, Located};
 use super::registry::SchemaCache;
 use super::rules::Pointer;
@@ -50,17 +52,17 @@ pub(super) fn compile_value(
 ) -> Result<(Decoder, OwnSchema), Vec<At>> {
     if !v.registry.as_ref().is_some_and(|r| r.v) {
         let mut errs = Vec::new();
-        format::not_for(
+        not_for(
             &mut errs,
             &v.subject,
             "value.subject: needs `registry: true`",
         );
-        format::not_for(
+        not_for(
             &mut errs,
             &v.id,
             "value.id: needs `registry: true` and an Apicurio wire",
         );
-        format::not_for(
+        not_for(
             &mut errs,
             &v.id_header,
             "value.id_header: needs `registry: true` and `wire: apicurio-headers`",
@@ -69,13 +71,13 @@ pub(super) fn compile_value(
             return Err(errs);
         }
     }
-    format::compile(&v.format.v, v, base, cache).unwrap_or_else(|| {
+    formats::compile(&v.format.v, v, base, cache).unwrap_or_else(|| {
         Err(vec![at(
             &v.format,
             format!(
                 "value.format: unknown format `{}` (formats: {})",
                 v.format.v,
-                format::NAMES.join(", ")
+                formats::NAMES.join(", ")
             ),
         )])
     })

@@ -9,7 +9,6 @@ use serde::Deserialize;
 
 use super::located::Located;
 use super::rules::TimeUnit;
-use super::wire::Wire;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -112,8 +111,17 @@ pub(super) fn yes() -> bool {
 /// raises the limit. `bytes` policies do not decode, so they have none.
 pub(crate) const DEFAULT_MAX_BYTES: usize = 4 * 1024 * 1024;
 
-pub(super) fn default_max_bytes(format: &str) -> Option<usize> {
-    super::format::decodes(format).then_some(DEFAULT_MAX_BYTES)
+/// How a value's bytes are framed (`value.wire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Wire {
+    #[default]
+    Raw,
+    Confluent,
+    #[serde(rename = "apicurio-headers")]
+    ApicurioHeaders,
+    #[serde(rename = "apicurio-8byte")]
+    Apicurio8Byte,
 }
 
 #[derive(Debug, Deserialize)]

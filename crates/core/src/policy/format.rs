@@ -1,24 +1,20 @@
-//! Record formats, one module each behind [`Format`]: how a format
-//! compiles its `value:` (or `key:`) section, resolves the rules' field
-//! slots against its schema, captures a value's fields, decodes its bytes,
-//! and reads the schemas a registry serves. The [`formats!`] table at the
-//! end registers them by name: a new format is its own module and one line
-//! there. The judge, the compiler and the registry decoder dispatch through
-//! the enum the table makes, which only forwards (static dispatch: judging
-//! is the hot path).
+//! What a record format is: the [`Format`] trait every format implements
+//! (how it compiles its `value:` (or `key:`) section, resolves the rules'
+//! field slots against its schema, captures a value's fields, decodes its
+//! bytes, and reads the schemas a registry serves), the judging context
+//! [`Cx`], and `bytes`, the format that does not decode. The formats are
+//! registered by name in `formats`.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::document::ValueDoc;
 use super::json::{Captures, Plan};
-use super::located::{at, At, Located};
-use super::registered::RegistryDecoder;
-use super::registry::{Reference, Registered, SchemaCache};
+use super::located::{errors_or, not_for, At};
+use super::registry::{Reference, Registered};
 use super::rules::Pointer;
-use super::{avro, json, protobuf, Invalid};
+use super::Invalid;
 use crate::kafka::record::Header;
 
 /// The policy's own JSON Schema, checked on every decoded value.
@@ -162,138 +158,4 @@ impl Format for Bytes {
     fn decode(&self, _: &[u8]) -> Result<Option<Value>, Invalid> {
         Ok(None)
     }
-}
-
-/// A key this format does not take, if written.
-pub(super) fn not_for<T>(errs: &mut Vec<At>, l: &Option<Located<T>>, msg: &str) {
-    if let Some(l) = l {
-        errs.push(at(l, msg));
-    }
-}
-
-/// `ok` when no error was found.
-pub(super) fn errors_or<T>(errs: Vec<At>, ok: T) -> Result<T, Vec<At>> {
-    if errs.is_empty() {
-        Ok(ok)
-    } else {
-        Err(errs)
-    }
-}
-
-/// Registers formats by name: `"name" => Variant(Type)`. Makes
-/// [`Decoder`] (a value read with a schema of the policy's own, or with
-/// one from the registry: [`Registry`]), its forwarding methods, the
-/// names, and the compilers by name and by registry schema type.
-macro_rules! formats {
-    ($($name:literal => $v:ident($t:ty)),* $(,)?) => {
-        /// How a value's bytes are read. One per policy, built at load and
-        /// never moved after: its size does not matter.
-        #[derive(Debug)]
-        #[allow(clippy::large_enum_variant)]
-        pub(super) enum Decoder {
-            $($v($t),)*
-            Registry(Registry),
-        }
-
-        /// A value whose schema the registry names by id.
-        #[derive(Debug)]
-        pub(super) enum Registry {
-            $($v(RegistryDecoder<$t>),)*
-        }
-
-        /// Every format's name, in table order.
-        pub(super) const NAMES: &[&str] = &[$($name),*];
-
-        /// Compile `v` as format `name` (`None`: no such format).
-        pub(super) fn compile(
-            name: &str,
-            v: &ValueDoc,
-            base: &Path,
-            cache: &Arc<SchemaCache>,
-        ) -> Option<Result<(Decoder, OwnSchema), Vec<At>>> {
-            let registry = v.registry.as_ref().is_some_and(|r| r.v);
-            Some(match name {
-                $($name if registry => RegistryDecoder::<$t>::compile(v, base, cache)
-                    .map(|(d, s)| (Decoder::Registry(Registry::$v(d)), s)),
-                $name => <$t>::compile(v, base, false).map(|(d, s)| (Decoder::$v(d), s)),)*
-                _ => return None,
-            })
-        }
-
-        /// The formats a registry serves, for `registry: true`'s error.
-        pub(super) fn registry_names() -> Vec<&'static str> {
-            let mut out = Vec::new();
-            $(if <$t as Format>::SCHEMA_TYPE.is_some() {
-                out.push($name);
-            })*
-            out
-        }
-
-        /// Whether format `name` decodes its values.
-        pub(super) fn decodes(name: &str) -> bool {
-            match name {
-                $($name => <$t as Format>::DECODES,)*
-                _ => false,
-            }
-        }
-
-        /// A registry answer of type `schema_type` compiled.
-        pub(super) fn compile_registered(
-            schema_type: &str,
-            text: &str,
-            refs: &[Reference],
-        ) -> Result<Registered, String> {
-            $(if <$t as Format>::SCHEMA_TYPE == Some(schema_type) {
-                return <$t>::compile_registered(text, refs);
-            })*
-            Err(format!("schema type {schema_type} is not supported"))
-        }
-
-        impl Decoder {
-            pub(super) fn decodes(&self) -> bool {
-                match self {
-                    $(Decoder::$v(_) => <$t as Format>::DECODES,)*
-                    Decoder::Registry(_) => true,
-                }
-            }
-
-            pub(super) fn slots(&mut self, pointers: Vec<Pointer>, checked: bool) {
-                match self {
-                    $(Decoder::$v(f) => Format::slots(f, pointers, checked),)*
-                    $(Decoder::Registry(Registry::$v(r)) => r.slots(pointers, checked),)*
-                }
-            }
-
-            #[inline(always)]
-            pub(super) fn capture(
-                &self,
-                bytes: &[u8],
-                cx: &Cx<'_>,
-                check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
-            ) -> Option<Result<(), Invalid>> {
-                match self {
-                    $(Decoder::$v(f) => Format::capture(f, bytes, check),)*
-                    $(Decoder::Registry(Registry::$v(r)) => r.capture(bytes, cx, check),)*
-                }
-            }
-
-            pub(super) fn decode(
-                &self,
-                bytes: &[u8],
-                cx: &Cx<'_>,
-            ) -> Result<Option<Value>, Invalid> {
-                match self {
-                    $(Decoder::$v(f) => Format::decode(f, bytes),)*
-                    $(Decoder::Registry(Registry::$v(r)) => r.decode(bytes, cx).map(Some),)*
-                }
-            }
-        }
-    };
-}
-
-formats! {
-    "json" => Json(json::JsonFormat),
-    "avro" => Avro(avro::AvroDecoder),
-    "protobuf" => Protobuf(protobuf::ProtoDecoder),
-    "bytes" => Bytes(Bytes),
 }

@@ -7,7 +7,8 @@
 use super::cel::CelRule;
 use super::checks::Checks;
 use super::dlt_topic::DeadLetterTemplate;
-use super::format::{Cx, Decoder};
+use super::format::Cx;
+use super::formats::Decoder;
 #[cfg(any(test, feature = "fuzzing"))]
 use super::json;
 use super::json::Captures;

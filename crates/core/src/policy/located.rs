@@ -174,3 +174,20 @@ pub(super) fn place<D: serde::de::DeserializeOwned>(
         _ => PolicyError::whole_file(path, err.msg),
     }
 }
+
+/// A key this format does not take, if written.
+pub(super) fn not_for<T>(errs: &mut Vec<At>, l: &Option<Located<T>>, msg: &str) {
+    if let Some(l) = l {
+        errs.push(at(l, msg));
+    }
+}
+
+/// `ok` when no error was found.
+pub(super) fn errors_or<T>(errs: Vec<At>, ok: T) -> Result<T, Vec<At>> {
+    if errs.is_empty() {
+        Ok(ok)
+    } else {
+        Err(errs)
+    }
+}
+

@@ -87,6 +87,7 @@ mod compile;
 mod dlt_topic;
 mod document;
 mod format;
+pub mod formats;
 mod glob;
 mod json;
 #[cfg(test)]

@@ -18,7 +18,8 @@ use serde_json::Value;
 
 use super::document::IdKindDoc;
 use super::document::ValueDoc;
-use super::format::{self, errors_or, not_for, Cx, Format, OwnSchema};
+use super::format::{Cx, Format, OwnSchema};
+use super::located::{errors_or, not_for};
 use super::json::{Captures, Plan};
 use super::located::{at, At};
 use super::registry::{Known, Registered, SchemaCache};
@@ -221,17 +222,6 @@ impl<F: Format> RegistryDecoder<F> {
         base: &Path,
         cache: &Arc<SchemaCache>,
     ) -> Result<(Self, OwnSchema), Vec<At>> {
-        if F::SCHEMA_TYPE.is_none() {
-            let names = format::registry_names();
-            let (last, first) = names.split_last().map_or(("", &[][..]), |(l, f)| (*l, f));
-            return Err(vec![at(
-                &v.format,
-                format!(
-                    "value.registry: needs format {} or {last}",
-                    first.join(", ")
-                ),
-            )]);
-        }
         let mut errs = Vec::new();
         let framing = framing(v, &mut errs);
         not_for(

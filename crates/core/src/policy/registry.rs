@@ -310,19 +310,10 @@ pub struct Reference {
     pub schema: String,
 }
 
-/// Compile a registry answer: `schema_type` as the registry names it
-/// (`AVRO` when absent, `PROTOBUF`, `JSON`), the schema text, and the
-/// texts of its references (already resolved, transitively, dependencies
-/// first). A schema that does not compile is `Unusable`, not an error: the
-/// id exists and will never change.
-pub fn compile(schema_type: Option<&str>, text: &str, refs: &[Reference]) -> Registered {
-    super::format::compile_registered(schema_type.unwrap_or("AVRO"), text, refs)
-        .unwrap_or_else(Registered::Unusable)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::formats::compile_schema as compile;
 
     #[test]
     fn a_missing_id_is_wanted_once_and_found_after_put() {

@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::registry::{compile, Reference};
+use super::formats::compile_schema as compile;
+use super::registry::Reference;
 use super::*;
 use crate::kafka::record::Record;
 

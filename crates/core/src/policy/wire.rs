@@ -6,24 +6,12 @@
 //! `apicurio-8byte` (magic byte 0, then the id as 8 bytes). Apicurio ids
 //! are global ids or content ids, each its own namespace.
 
+pub(crate) use super::document::Wire;
 use super::document::ValueDoc;
-use super::format::not_for;
+use super::located::not_for;
 use super::located::{at, At};
 use super::{Class, Invalid};
 use crate::kafka::record::Header;
-
-/// How a value's bytes are framed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Wire {
-    #[default]
-    Raw,
-    Confluent,
-    #[serde(rename = "apicurio-headers")]
-    ApicurioHeaders,
-    #[serde(rename = "apicurio-8byte")]
-    Apicurio8Byte,
-}
 
 /// Which of Apicurio's ids a record carries: a namespace of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -16,7 +16,8 @@ use super::{
 };
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
-use crate::policy::format::{errors_or, not_for, Format, OwnSchema};
+use crate::policy::format::{Format, OwnSchema};
+use crate::policy::located::{errors_or, not_for};
 use crate::policy::json::{Captures, Plan};
 use crate::policy::located::{at, At};
 use crate::policy::registry::{Reference, Registered};

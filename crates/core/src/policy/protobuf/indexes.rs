@@ -173,7 +173,8 @@ impl IndexedFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::registry::{compile, Registered};
+    use crate::policy::formats::compile_schema as compile;
+    use crate::policy::registry::Registered;
 
     fn file() -> IndexedFile {
         let text = "syntax = \"proto3\"; package p; \

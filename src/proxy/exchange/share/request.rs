@@ -1,12 +1,13 @@
-//! Share requests at classification: the proxy's acknowledgements owed in
-//! the session merged in (`intercept::share::wire`), a renewal of what it
-//! withheld in the session injected before the request and the request's
-//! epoch advanced (`intercept::share::renew`), and what the answer needs.
+//! Share requests: the proxy's acknowledgements owed in the session merged
+//! in (`intercept::share::wire`), a renewal of what it withheld in the
+//! session injected before the request and the request's epoch advanced
+//! (`intercept::share::renew`), and what the answer needs.
 
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
-use super::{Classified, Handling, Pending, Send, ShareCall};
+use super::ShareNeeds;
+use crate::proxy::exchange::{Classified, Handling, Pending, Send};
 use crate::intercept::share;
 use crate::policy::PolicySet;
 use crate::proxy::error::RelayError;
@@ -26,7 +27,7 @@ pub(in crate::proxy) struct ShareCx<'a> {
 impl<'a> ShareCx<'a> {
     /// The books of `shared`, the connection's share state `conn` to node
     /// `node`, and the renewal rules of the config.
-    pub(super) fn of(
+    pub(in crate::proxy) fn of(
         shared: &'a Shared,
         node: i32,
         conn: &'a share::renew::Conn,
@@ -54,7 +55,7 @@ impl<'a> ShareCx<'a> {
 /// other reasons (a DLT write not acknowledged, a registry, a breaker, a
 /// batch that cannot be judged) nothing cheap tells: their ranges are
 /// released after `share_groups.max_renewals` renewals.
-pub(super) fn withheld_reason_cleared(
+pub(in crate::proxy) fn withheld_reason_cleared(
     shared: &Shared,
     policies: &PolicySet,
     topic_id: uuid::Uuid,
@@ -74,15 +75,14 @@ pub(super) fn withheld_reason_cleared(
 /// acknowledgements the proxy owes in its session go into it, a renewal of
 /// what the proxy withheld in the session goes before it (its epoch then
 /// advanced), and its answer is judged (ShareFetch) and settled.
-pub(super) fn classify_share(
+pub(super) fn request(
     frame: &Bytes,
     head: frame::RequestHead,
     key: ApiKey,
-    share: Option<&ShareCx>,
+    cx: &ShareCx,
 ) -> Result<Classified, RelayError> {
     let v = head.api_version;
     let bad = |why: String| RelayError::BadRequest(format!("{key:?} v{v}: {why}"));
-    let cx = share.ok_or_else(|| bad("no share state".into()))?;
     let flexible = key.request_header_version(v) >= 2;
     let at = frame::request_body_offset(frame, flexible)
         .ok_or_else(|| bad("malformed request header".into()))?;
@@ -120,7 +120,7 @@ pub(super) fn classify_share(
         pending: Some(Pending {
             correlation_id: Some(head.correlation_id),
             version: v,
-            handling: Handling::Share(ShareCall {
+            handling: Handling::Share(ShareNeeds {
                 key,
                 session: added.session,
                 proxy_only: added.proxy_only,
