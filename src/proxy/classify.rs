@@ -20,6 +20,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::intercept::produce as door;
 use crate::intercept::share;
+use crate::policy::PolicySet;
 use crate::proxy::error::RelayError;
 use crate::proxy::exchange::{
     self, learn_topic_ids, response_tags, withheld_reason_cleared, Classified, Context, Handling,
@@ -50,10 +51,13 @@ pub(super) async fn classify_request(
     conn: Conn<'_>,
     (head, frame): (Option<RequestHead>, Bytes),
 ) -> Result<(Classified, Bytes), RelayError> {
+    // Read per request, so a reload applies to open connections too.
+    let policies = shared.engine.policies();
     if let Some(head) = head.filter(|h| h.api_key == ApiKey::Produce as i16) {
-        learn_topic_ids(shared, &shared.engine.policies(), head, &frame).await;
+        learn_topic_ids(shared, &policies, head, &frame).await;
     }
-    let (c, notes) = classify_maybe_offloaded(shared, marks, conn, head, frame.clone()).await?;
+    let on = (shared, marks, &policies);
+    let (c, notes) = classify_maybe_offloaded(on, conn, head, frame.clone()).await?;
     // Only a Produce checked at the door leaves notes.
     let Some(notes) = notes else {
         return Ok((c, frame));
@@ -66,7 +70,7 @@ pub(super) async fn classify_request(
                 registry.cache().recheck(*id, now, door::RECHECK_FLOOR_MS);
             }
             registry.resolve_wants(registry.wait()).await;
-            let again = classify_maybe_offloaded(shared, marks, conn, head, frame.clone()).await?;
+            let again = classify_maybe_offloaded(on, conn, head, frame.clone()).await?;
             (again.0, again.1.unwrap_or_default())
         }
         _ => (c, notes),
@@ -77,48 +81,45 @@ pub(super) async fn classify_request(
 
 /// Classify one frame, large Produce requests off the async workers.
 async fn classify_maybe_offloaded(
-    shared: &Arc<Shared>,
-    marks: &Arc<door::Marks>,
+    (shared, marks, policies): (&Arc<Shared>, &Arc<door::Marks>, &Arc<PolicySet>),
     (raw, node, share_conn): Conn<'_>,
     head: Option<RequestHead>,
     frame: Bytes,
 ) -> Result<(Classified, Option<door::Notes>), RelayError> {
     let produce = head.is_some_and(|h| h.api_key == ApiKey::Produce as i16);
     if !(produce && frame.len() >= OFFLOAD_BYTES) {
-        return classify_with_policies(shared, marks, (raw, node, Some(share_conn)), head, &frame);
+        let on = (&**shared, &**marks, &**policies);
+        return classify_with_policies(on, (raw, node, Some(share_conn)), head, &frame);
     }
-    let shared = shared.clone();
-    let marks = marks.clone();
+    let (shared, marks, policies) = (shared.clone(), marks.clone(), policies.clone());
     // A Produce: no share state needed.
     tokio::task::spawn_blocking(move || {
-        classify_with_policies(&shared, &marks, (raw, node, None), head, &frame)
+        let on = (&*shared, &*marks, &*policies);
+        classify_with_policies(on, (raw, node, None), head, &frame)
     })
     .await
     .map_err(|e| RelayError::BadRequest(format!("judging a Produce request failed: {e}")))?
 }
 
-/// Classify one frame under the current policies (read per request, so a
-/// reload applies to open connections too).
+/// Classify one frame under `policies`.
 fn classify_with_policies(
-    shared: &Shared,
-    marks: &door::Marks,
+    (shared, marks, policies): (&Shared, &door::Marks, &PolicySet),
     (raw_sasl, node, share_conn): (Raw, i32, Option<&share::renew::Conn>),
     head: Option<RequestHead>,
     frame: &Bytes,
 ) -> Result<(Classified, Option<door::Notes>), RelayError> {
-    let policies = shared.engine.policies();
     let loaded = !policies.is_empty();
     let refuse_dlt = !shared.config.dead_letter.allow_client_produce && loaded;
     let guard = ProduceGuard {
         shared,
-        policies: &policies,
+        policies,
         refuse_dead_letters: refuse_dlt,
         marks: Some(marks),
         notes: Default::default(),
     };
     let checked = refuse_dlt || policies.rejects_at_produce();
     let cleared = |topic_id: uuid::Uuid, reason: &'static str| {
-        withheld_reason_cleared(shared, &policies, topic_id, reason)
+        withheld_reason_cleared(shared, policies, topic_id, reason)
     };
     let share_key = |h: &RequestHead| {
         let k = h.api_key;

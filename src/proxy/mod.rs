@@ -231,11 +231,6 @@ impl Shared {
         Ok((shared, background))
     }
 
-    /// Whether Fetch responses are inspected.
-    pub fn intercepting(&self) -> bool {
-        self.fetch_filter.active()
-    }
-
     /// Learn the names of `ids` not known yet: at most one metadata request
     /// in flight (others wait for it), and an id still unknown after one is
     /// not looked up again for `upstream.metadata_refresh` (`topics`).

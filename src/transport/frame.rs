@@ -279,7 +279,6 @@ pub fn request_body_offset(frame: &[u8], flexible_header: bool) -> Option<usize>
     Some(r.pos())
 }
 
-/// Frame a body: prefix it with its length.
 /// A message body encoded at `version`: the one place the proxy encodes a
 /// decoded message again (size computed first, one allocation).
 pub fn encode<M: kafka_protocol::protocol::Encodable>(
