@@ -28,7 +28,7 @@ mod common;
 use std::sync::Arc;
 
 use antidote::kafka::record::{Header, Record};
-use antidote::policy::registry::compile;
+use antidote::policy::formats::compile_schema as compile;
 use antidote::policy::{Policy, PolicySet, SchemaCache, Verdict};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

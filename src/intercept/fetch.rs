@@ -36,7 +36,7 @@ use crate::dlt::breaker::Breakers;
 use crate::dlt::DeadLetter;
 use crate::engine::Engine;
 use crate::kafka::batch::BatchError;
-use crate::metrics::{self, InvalidAction};
+use crate::metrics::{self, InvalidAction, Judged, Observation};
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
 use crate::policy::PolicySet;
@@ -136,11 +136,6 @@ impl FetchFilter {
         self
     }
 
-    /// Whether any Fetch response needs to be looked at.
-    pub fn active(&self) -> bool {
-        !self.policies().is_empty()
-    }
-
     /// The current policies (the engine's snapshot).
     pub fn policies(&self) -> Arc<PolicySet> {
         self.engine.policies()
@@ -158,6 +153,7 @@ impl FetchFilter {
     }
 
     /// Filter a Fetch response body; `Ok(None)` means forward it unchanged.
+    /// What it came to is reported once (`metrics::Observation`).
     pub async fn filter<C: FetchContext>(
         &self,
         ctx: &C,
@@ -166,27 +162,42 @@ impl FetchFilter {
         version: i16,
         isolation: i8,
     ) -> Result<Option<Vec<Bytes>>, FilterError> {
-        let started = std::time::Instant::now();
+        let mut seen = Observation::start();
+        let out = (self.filter_seen(ctx, holds, body, version, isolation, &mut seen)).await;
+        metrics::global().observe(seen);
+        out
+    }
+
+    async fn filter_seen<C: FetchContext>(
+        &self,
+        ctx: &C,
+        holds: &mut Holds,
+        body: Bytes,
+        version: i16,
+        isolation: i8,
+        seen: &mut Observation,
+    ) -> Result<Option<Vec<Bytes>>, FilterError> {
         let kind = Kind {
             per_key: true,
             judge_unloaded: false,
-            deadline: self.judge_deadline.map(|d| started + d),
+            deadline: (self.judge_deadline).map(|d| std::time::Instant::now() + d),
         };
-        let (mut resp, sections, endpoints, learned) = timed(|| -> Result<_, FilterError> {
-            let mut resp =
-                FetchResponse::decode(&mut body.clone(), version).map_err(FilterError::Decode)?;
-            let sections = patch::Sections::of(&body, &resp);
-            let (endpoints, learned) = ctx.rewrite_endpoints(&mut resp);
-            Ok((resp, sections, endpoints, learned))
-        })?;
+        let (mut resp, sections, endpoints, learned) =
+            timed(seen, || -> Result<_, FilterError> {
+                let mut resp = FetchResponse::decode(&mut body.clone(), version)
+                    .map_err(FilterError::Decode)?;
+                let sections = patch::Sections::of(&body, &resp);
+                let (endpoints, learned) = ctx.rewrite_endpoints(&mut resp);
+                Ok((resp, sections, endpoints, learned))
+            })?;
         let mut changed = endpoints;
         ctx.learn(learned).await;
         let views = views(&resp, version, isolation);
-        let judged = self.judge_response(ctx, views, &kind, now_ms()).await?;
+        let judged = (self.judge_response(ctx, views, &kind, now_ms(), seen)).await?;
         for &(ti, _, why) in &judged.unjudged {
             changed |= hold_topic(&mut resp.responses[ti], why);
         }
-        let plans = self.hold_or_count(judged.plans);
+        let plans = self.hold_or_count(judged.plans, seen);
         let out = |resp: &mut FetchResponse, replaced: Vec<_>| {
             let fresh = patch::Fresh {
                 body: &body,
@@ -197,7 +208,9 @@ impl FetchFilter {
             fresh.body(resp, replaced)
         };
         if plans.is_empty() {
-            return timed(|| changed.then(|| out(&mut resp, Vec::new())).transpose());
+            return timed(seen, || {
+                changed.then(|| out(&mut resp, Vec::new())).transpose()
+            });
         }
         // Divert everything first, concurrently, then apply the outcome.
         let waiting = std::time::Instant::now();
@@ -205,23 +218,20 @@ impl FetchFilter {
             let refs: Vec<&PartitionPlan> = plans.iter().map(|(_, p, _)| p).collect();
             self.divert(&refs).await
         };
-        let dlt_wait = waiting.elapsed();
-        let plans_diverting = plans.iter().any(|(_, p, _)| !p.diversions.is_empty());
-        let filtered = timed(|| {
+        if plans.iter().any(|(_, p, _)| !p.diversions.is_empty()) {
+            seen.dlt_wait = Some(waiting.elapsed());
+        }
+        let (filtered, cpu) = cpu_of(|| {
             let mut replaced = Vec::with_capacity(plans.len());
             for ((at, plan, transient), failed) in plans.into_iter().zip(failed) {
                 let failed_from = failed.first().copied();
-                let failed_from = transient::hold_from(holds, &plan, failed_from, transient);
+                let failed_from = transient::hold_from(holds, &plan, failed_from, transient, seen);
                 keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
-                replaced.push((at, apply_outcome(holds, &plan, failed_from)?));
+                replaced.push((at, apply_outcome(holds, &plan, failed_from, seen)?));
             }
             Ok(Some(out(&mut resp, replaced)?))
         });
-        if plans_diverting {
-            metrics::global()
-                .hold
-                .diverting_response(started.elapsed(), dlt_wait);
-        }
+        seen.cpu += cpu;
         filtered
     }
 
@@ -233,6 +243,7 @@ impl FetchFilter {
     fn hold_or_count(
         &self,
         judged: Vec<Judgement>,
+        seen: &mut Observation,
     ) -> Vec<((usize, usize), PartitionPlan, Option<i64>)> {
         let mut plans = Vec::new();
         for Judgement { at, mut plan, .. } in judged {
@@ -243,8 +254,8 @@ impl FetchFilter {
                 plans.push((at, plan, transient));
             } else {
                 keys::learn(&self.blocked, &plan, None);
-                count(&plan, None);
-                metrics::global().set_held(&plan.topic, plan.partition, false);
+                seen.partitions.push(count(&plan, None));
+                seen.held.push((plan.topic.clone(), plan.partition, false));
             }
         }
         plans
@@ -308,12 +319,12 @@ fn apply_outcome(
     holds: &mut Holds,
     plan: &PartitionPlan,
     failed_from: Option<i64>,
+    seen: &mut Observation,
 ) -> Result<Vec<Bytes>, BatchError> {
     let held_from = plan.held_from(failed_from);
-    // The hold's reason is noted before the held gauge is set (the console).
-    log_hold(plan, failed_from);
-    count(plan, held_from);
-    metrics::global().set_held(&plan.topic, plan.partition, held_from.is_some());
+    log_hold(plan, failed_from, seen);
+    seen.partitions.push(count(plan, held_from));
+    (seen.held).push((plan.topic.clone(), plan.partition, held_from.is_some()));
     match held_from {
         None => {
             holds.release(&plan.topic, plan.partition);
@@ -328,10 +339,10 @@ fn apply_outcome(
 
 /// Say why a partition is held: a batch that could not be judged (counted
 /// by reason) or a diversion that was not acknowledged in time.
-fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>) {
+fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>, seen: &mut Observation) {
     let (topic, partition) = (&*plan.topic, plan.partition);
     if let Some(h) = &plan.held {
-        metrics::global().held_batch(topic, partition, h.reason.as_str());
+        (seen.held_batches).push((plan.topic.clone(), partition, h.reason.as_str()));
         warn!(topic, partition, offset = h.offset, reason = %h.reason,
             "batch cannot be judged: partition held at it");
     }
@@ -369,62 +380,61 @@ fn hold_topic(topic: &mut FetchableTopicResponse, why: &str) -> bool {
 /// (`antidote_held_partitions`); a ShareFetch withholds records
 /// (`antidote_share_withheld_records_total`), and must not clear a hold a
 /// Fetch of the same partition has.
-fn count(plan: &PartitionPlan, held_from: Option<i64>) {
+fn count(plan: &PartitionPlan, held_from: Option<i64>) -> Judged {
     let held_back = (plan.diversions.iter())
         .filter(|d| held_from.is_some_and(|h| d.origin_offset >= h))
         .count() as u64;
     let invalid = (plan.diversions.len() + plan.settled.len()) as u64;
     let counted = |o: i64| held_from.is_none_or(|h| o < h);
-    report(
+    judged(
         plan,
         plan.stats.judged.saturating_sub(held_back),
         plan.stats.judged.saturating_sub(invalid),
-        outcomes(plan, |o, is_diversion| !is_diversion || counted(o)),
-    );
+        |o, is_diversion| !is_diversion || counted(o),
+    )
 }
 
-/// Each invalid record of `plan` whose offset `counts` (with whether it
-/// is a diversion written now), with what became of it: diverted now or by
-/// an earlier fetch (batches resent as spliced), dropped, or passed.
-fn outcomes(
-    plan: &PartitionPlan,
-    counts: impl Fn(i64, bool) -> bool,
-) -> Vec<(&crate::policy::Invalid, InvalidAction)> {
-    let now = (plan.diversions.iter())
-        .filter(|d| counts(d.origin_offset, true))
-        .map(|d| (&d.invalid, InvalidAction::Diverted));
-    let settled = (plan.settled.iter())
-        .filter(|s| counts(s.offset, false))
-        .map(|s| (&s.invalid, s.outcome.into()));
-    now.chain(settled).collect()
-}
-
-/// Report one partition's judging (`metrics::PartitionJudged`).
-fn report(
+/// One partition's judging: `judged` records, `passed` of them valid,
+/// and each invalid record whose offset `counts` (with whether it is a
+/// diversion written now), with what became of it: diverted now or by an
+/// earlier fetch (batches resent as spliced), dropped, or passed.
+fn judged(
     plan: &PartitionPlan,
     judged: u64,
     passed: u64,
-    invalid: Vec<(&crate::policy::Invalid, InvalidAction)>,
-) {
-    metrics::global().partition_judged(&metrics::PartitionJudged {
-        topic: &plan.topic,
+    counts: impl Fn(i64, bool) -> bool,
+) -> Judged {
+    let mut j = Judged {
+        topic: plan.topic.clone(),
         partition: plan.partition,
-        policy: &plan.policy.name,
+        policy: plan.policy.clone(),
         evaluated: plan.stats.validated,
         judged,
         passed,
-        invalid,
-    });
+        invalid: Vec::new(),
+    };
+    for d in (plan.diversions.iter()).filter(|d| counts(d.origin_offset, true)) {
+        j.invalid(&d.invalid, InvalidAction::Diverted);
+    }
+    for s in (plan.settled.iter()).filter(|s| counts(s.offset, false)) {
+        j.invalid(&s.invalid, s.outcome.into());
+    }
+    j
 }
 
-/// Run `f` and add the CPU time it took on this thread to
-/// `antidote_fetch_rewrite_cpu_seconds_total`. `f` is synchronous, so the
-/// task cannot move to another thread while it runs.
-fn timed<R>(f: impl FnOnce() -> R) -> R {
+/// Run `f` and add the CPU time it took on this thread to `seen`. `f` is
+/// synchronous, so the task cannot move to another thread while it runs.
+fn timed<R>(seen: &mut Observation, f: impl FnOnce() -> R) -> R {
+    let (out, cpu) = cpu_of(f);
+    seen.cpu += cpu;
+    out
+}
+
+/// Run `f`: its result and the CPU time it took on this thread.
+fn cpu_of<R>(f: impl FnOnce() -> R) -> (R, Duration) {
     let start = thread_cpu_time();
     let out = f();
-    metrics::global().fetch_rewrite_cpu(thread_cpu_time().saturating_sub(start));
-    out
+    (out, thread_cpu_time().saturating_sub(start))
 }
 
 fn thread_cpu_time() -> Duration {

@@ -1,53 +1,65 @@
 //! What judging records came to, as series: records judged, run through a
 //! validator, delivered valid, and each invalid record with its class,
-//! rule and action. The Fetch and ShareFetch paths report one
-//! [`PartitionJudged`] per partition of a response; the Produce door
+//! rule and action. The Fetch and ShareFetch paths report them per
+//! partition of a response ([`Judged`], in an `Observation`); the Produce door
 //! reports its refusals record by record.
 
-use super::*;
+use std::sync::Arc;
 
-/// One partition's judging in one response (`Metrics::partition_judged`).
-pub struct PartitionJudged<'a> {
-    pub topic: &'a str,
+use super::*;
+use crate::policy::{Class, Invalid, Policy};
+
+/// One partition's judging in one response.
+pub struct Judged {
+    pub topic: Arc<str>,
     pub partition: i32,
-    pub policy: &'a str,
+    pub policy: Arc<Policy>,
     /// Records run through the validator (verdict cache misses).
     pub evaluated: u64,
     /// Records judged (those judged again on a later fetch not counted).
     pub judged: u64,
     /// Records judged valid and delivered.
     pub passed: u64,
-    /// Each invalid record counted now, and what became of it.
-    pub invalid: Vec<(&'a crate::policy::Invalid, InvalidAction)>,
+    /// Invalid records counted now: class, rule, what became of them, how many.
+    pub invalid: Vec<(Class, String, InvalidAction, u64)>,
+}
+
+impl Judged {
+    /// Count one more invalid record (`inv`, `action`).
+    pub fn invalid(&mut self, inv: &Invalid, action: InvalidAction) {
+        let same = |(c, r, a, _): &&mut (Class, String, InvalidAction, u64)| {
+            *c == inv.class && *a == action && *r == inv.rule
+        };
+        match self.invalid.iter_mut().find(same) {
+            Some((.., n)) => *n += 1,
+            None => self.invalid.push((inv.class, inv.rule.clone(), action, 1)),
+        }
+    }
 }
 
 impl Metrics {
-    /// `n` records of `topic`/`partition` were judged under `policy`.
-    ///
-    /// Call site: `plan::plan_partition` (or `FetchFilter::filter`
-    /// right after it), once per partition with the number of records judged
-    /// in this response, including those whose verdict came from the
-    /// `VerdictCache` (the DLT rate is per delivered record, not per
-    /// validation run). Not called for aborted transactional batches.
-    pub fn record_validated(&self, topic: &str, partition: i32, policy: &str, n: u64) {
-        self.validated
-            .with(&(topic, partition, policy), |c| c.inc_by(n));
-    }
-
-    /// What judging one partition of one response came to, reported once:
-    /// records run through the validator, judged, delivered valid, and each
-    /// invalid one with what became of it.
-    ///
-    /// Call site: `intercept::fetch::count`, once per planned partition of
-    /// a Fetch or ShareFetch response.
-    pub fn partition_judged(&self, j: &PartitionJudged<'_>) {
-        let (topic, partition, policy) = (j.topic, j.partition, j.policy);
+    /// What judging one partition of one response came to: records run
+    /// through the validator, judged, delivered valid, and each invalid
+    /// one with what became of it.
+    pub(super) fn partition_judged(&self, j: &Judged) {
+        let (topic, partition, policy) = (&*j.topic, j.partition, j.policy.name.as_str());
         self.record_evaluated(policy, j.evaluated);
         self.record_validated(topic, partition, policy, j.judged);
         self.record_passed(topic, partition, policy, j.passed);
-        for (inv, action) in &j.invalid {
-            self.record_invalid(topic, partition, policy, inv.class, &inv.rule, *action);
+        for (class, rule, action, n) in &j.invalid {
+            self.record_invalid_n(topic, partition, policy, *class, rule, *action, *n);
         }
+    }
+
+    /// `n` records of `topic`/`partition` were judged under `policy`.
+    ///
+    /// Call site: `Metrics::observe`, once per partition with the number of
+    /// records judged in this response, including those whose verdict came
+    /// from the `VerdictCache` (the DLT rate is per delivered record, not
+    /// per validation run). Not called for aborted transactional batches.
+    pub fn record_validated(&self, topic: &str, partition: i32, policy: &str, n: u64) {
+        self.validated
+            .with(&(topic, partition, policy), |c| c.inc_by(n));
     }
 
     /// `n` records were run through `policy`'s validator, i.e. judged
@@ -55,7 +67,7 @@ impl Metrics {
     /// groups reading the same records, this stays near one group's
     /// `antidote_records_validated_total`.
     ///
-    /// Call site: `Interceptor::rewrite`, with `PlanStats::validated`.
+    /// Call site: `Metrics::observe`, with `PlanStats::validated`.
     pub fn record_evaluated(&self, policy: &str, n: u64) {
         if n > 0 {
             let labels = PolicyLabel {
@@ -77,8 +89,9 @@ impl Metrics {
     /// One record judged invalid (`class`, failing `rule`) and what was done
     /// with it.
     ///
-    /// Call site: `Interceptor::rewrite` after `divert_all`, once per invalid
-    /// record of a plan: `Diverted` for diversions that were acknowledged,
+    /// Call sites: the Produce door (`Rejected`), and `Metrics::observe`
+    /// (through `record_invalid_n`) for the invalid records of a plan once
+    /// its diversions are done: `Diverted` for diversions that were acknowledged,
     /// `Dropped` for `on_invalid: drop`, `PassedInvalid` for `on_invalid:
     /// pass`. A diversion that failed is not counted here (its partition is
     /// held and the record will be judged again); see [`Metrics::dlt_write`].
@@ -91,6 +104,21 @@ impl Metrics {
         rule: &str,
         action: InvalidAction,
     ) {
+        self.record_invalid_n(topic, partition, policy, class, rule, action, 1);
+    }
+
+    /// `n` records judged invalid alike (`record_invalid`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_invalid_n(
+        &self,
+        topic: &str,
+        partition: i32,
+        policy: &str,
+        class: crate::policy::Class,
+        rule: &str,
+        action: InvalidAction,
+        n: u64,
+    ) {
         let labels = InvalidRef {
             topic,
             partition,
@@ -99,9 +127,9 @@ impl Metrics {
             rule,
             action: action.as_str(),
         };
-        self.invalid.with(&labels, |c| c.inc());
+        self.invalid.with(&labels, |c| c.inc_by(n));
         if action == InvalidAction::Diverted {
-            history::global().diverted(topic, class.as_str(), 1, crate::clock::now_ms());
+            history::global().diverted(topic, class.as_str(), n, crate::clock::now_ms());
         }
     }
 }

@@ -46,7 +46,9 @@ mod fleet;
 pub mod history;
 pub mod hold;
 mod judged;
-pub use judged::PartitionJudged;
+pub use judged::Judged;
+mod observation;
+pub use observation::Observation;
 pub mod keys;
 pub mod requests;
 mod series;
@@ -267,23 +269,9 @@ impl Metrics {
         );
     }
 
-    /// CPU time (of the calling thread) spent decoding, judging, splicing
-    /// and re-encoding one Fetch response, the dead-letter wait excluded.
-    ///
-    /// Call site: `Interceptor::rewrite`, around its synchronous parts.
-    pub fn fetch_rewrite_cpu(&self, d: Duration) {
-        self.fetch_rewrite_cpu.inc_by(d.as_secs_f64());
-    }
-
     /// `n` records judged ahead of their planner (`plan::judge_ahead`).
     pub fn judged_ahead(&self, n: u64) {
         self.judged_ahead.inc_by(n);
-    }
-
-    /// A partition of a Fetch response was cut short by its judging
-    /// deadline (`plan::Cut`).
-    pub fn deadline_cut(&self) {
-        self.deadline_cuts.inc();
     }
 
     /// One dead-letter Produce request finished (`ok` = acknowledged with
@@ -307,31 +295,6 @@ impl Metrics {
             .with(&labels, |h| h.observe(latency.as_secs_f64()));
     }
 
-    /// Set whether `topic`/`partition` is held (a diversion failed).
-    ///
-    /// Call site: `Interceptor::rewrite`: `true` where `failed_from` is
-    /// `Some` (the "partition held" warning), `false` when a later response
-    /// for the same partition was applied with `failed_from == None`.
-    pub fn set_held(&self, topic: &str, partition: i32, held: bool) {
-        self.held
-            .with(&(topic, partition), |g| g.set(i64::from(held)));
-        history::global().set_held(topic, partition, held);
-    }
-
-    /// A batch of `topic`/`partition` could not be judged (`reason`:
-    /// `undecodable`, `legacy` or `budget`), so the partition was held at it.
-    ///
-    /// Call site: `Interceptor::rewrite`, once per response per held partition.
-    pub fn held_batch(&self, topic: &str, partition: i32, reason: &'static str) {
-        history::global().note_hold(topic, partition, reason);
-        let labels = HeldBatchLabels {
-            topic: topic.to_owned(),
-            partition,
-            reason: reason.to_owned(),
-        };
-        self.held_batches.with(&labels, |c| c.inc());
-    }
-
     /// Add `delta` (+1 / -1) to the held gauge of `topic`/`partition`, for
     /// call sites that count holders rather than set a state.
     pub fn held_partitions_add(&self, topic: &str, partition: i32, delta: i64) {
@@ -343,14 +306,6 @@ impl Metrics {
         let mut sum = 0;
         self.held.for_each(|g| sum += g.get());
         sum
-    }
-
-    /// One Fetch response was inspected and rewritten in `d`.
-    ///
-    /// Call site: `proxy::relay::respond`, around `Interceptor::rewrite`
-    /// (only for responses that were actually inspected).
-    pub fn fetch_rewrite_latency(&self, d: Duration) {
-        self.fetch_rewrite_seconds.observe(d.as_secs_f64());
     }
 
     /// One broker response was relayed to its client (rewritten or

@@ -413,3 +413,59 @@ fn borrowed_lookups_hit_and_collisions_stay_apart() {
     assert_eq!(c.peek(&Colliding("b"), |c| c.get()), Some(1));
     assert_eq!(c.peek(&Colliding("z"), |c| c.get()), None);
 }
+
+/// One response's observation becomes its series once: invalid records
+/// of one class and rule counted together (3, not 1), the held gauge and
+/// the held batch's reason set, a share session's dropped acknowledgements
+/// counted.
+#[test]
+fn an_observation_becomes_its_series() {
+    let text = "policies:\n  - name: p\n    topics: [geo]\n    value:\n      format: json\n";
+    let set = crate::policy::PolicySet::parse(text, std::path::Path::new("/tmp/p.yaml"))
+        .expect("policy");
+    let policy = set.for_topic("geo").expect("covers geo").clone();
+    let invalid = |rule: &str| crate::policy::Invalid {
+        class: Class::Poison,
+        rule: rule.into(),
+        reason: "r".into(),
+    };
+    let mut j = Judged {
+        topic: "geo".into(),
+        partition: 2,
+        policy,
+        evaluated: 4,
+        judged: 9,
+        passed: 5,
+        invalid: Vec::new(),
+    };
+    for _ in 0..3 {
+        j.invalid(&invalid("schema"), InvalidAction::Diverted);
+    }
+    j.invalid(&invalid("schema"), InvalidAction::Dropped);
+    assert_eq!(j.invalid.len(), 2, "one entry per class, rule and action");
+    let m = Metrics::new();
+    let mut seen = Observation::start();
+    seen.partitions.push(j);
+    seen.held_batches.push(("geo".into(), 2, "budget"));
+    seen.held.push(("geo".into(), 2, true));
+    seen.deadline_cuts = 2;
+    m.observe(seen);
+    let text = m.render();
+    for line in [
+        "antidote_records_validated_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 9\n",
+        "antidote_records_passed_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 5\n",
+        "antidote_records_invalid_total{topic=\"geo\",partition=\"2\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"diverted\"} 3\n",
+        "antidote_records_invalid_total{topic=\"geo\",partition=\"2\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"dropped\"} 1\n",
+        "antidote_held_batches_total{topic=\"geo\",partition=\"2\",reason=\"budget\"} 1\n",
+        "\nantidote_fetch_deadline_cuts_total 2\n",
+        "antidote_fetch_rewrite_duration_seconds_count 1\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    assert_eq!(m.held_partitions(), 1);
+    assert!(!text.contains("result=\"overflow\""), "none dropped: {text}");
+    let mut seen = Observation::start();
+    seen.acks_overflow = 3;
+    m.observe(seen);
+    assert!(m.render().contains("result=\"overflow\"} 3\n"));
+}

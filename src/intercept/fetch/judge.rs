@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::parallel::PartitionJob;
 use super::{FetchFilter, FilterError};
+use crate::metrics::Observation;
 use crate::plan::PartitionPlan;
 
 impl FetchFilter {
@@ -22,13 +23,14 @@ impl FetchFilter {
         &self,
         jobs: &[Arc<PartitionJob>],
         now: i64,
+        seen: &mut Observation,
     ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
-        let mut planned = self.plan_all(jobs.to_vec(), now).await?;
+        let mut planned = self.plan_all(jobs.to_vec(), now, seen).await?;
         if let Some(registry) = self.engine.registry() {
             self.resolve_transient(registry, jobs, &mut planned, now)
                 .await?;
         }
-        self.judge_behind(jobs, &planned, now);
+        self.judge_behind(jobs, &planned, now, seen);
         Ok(planned)
     }
 

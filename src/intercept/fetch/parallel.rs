@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{timed, FetchFilter, FilterError};
+use super::{cpu_of, FetchFilter, FilterError};
 use crate::dlt::blocked::Gate;
 use crate::dlt::DeadLetter;
-use crate::metrics;
+use crate::metrics::{self, Observation};
 use crate::plan::budget::DecodeBudget;
 use crate::plan::verdicts::VerdictCache;
 use crate::plan::{self, PartitionPlan, Visibility};
@@ -107,6 +107,7 @@ impl FetchFilter {
         &self,
         mut jobs: Vec<Arc<PartitionJob>>,
         now_ms: i64,
+        seen: &mut Observation,
     ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
         let sizes: Vec<usize> = jobs.iter().map(|j| j.records.len()).collect();
         let bytes: usize = sizes.iter().sum();
@@ -121,11 +122,10 @@ impl FetchFilter {
         let _planning = Planning::enter(jobs.len());
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
         let (verdicts, budget) = (&self.engine.verdicts, &self.engine.budget);
-        let here = |j: &Arc<PartitionJob>| {
-            (
-                j.at,
-                timed(|| j.plan(now_ms, verdicts, budget, &self.dead_letter)),
-            )
+        let mut here = |j: &Arc<PartitionJob>| {
+            let (plan, cpu) = cpu_of(|| j.plan(now_ms, verdicts, budget, &self.dead_letter));
+            seen.cpu += cpu;
+            (j.at, plan)
         };
         if alone || bytes < PARALLEL_MIN_BYTES {
             return Ok(jobs.iter().map(here).collect());
@@ -142,8 +142,7 @@ impl FetchFilter {
                 let planning = Planning::enter(1);
                 ahead.push(tokio::task::spawn_blocking(move || {
                     let _planning = planning;
-                    let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, stretch));
-                    metrics::global().judged_ahead(n);
+                    judge_ahead(|| j.judge_ahead(now_ms, &verdicts, &budget, stretch));
                 }));
             }
         }
@@ -153,14 +152,16 @@ impl FetchFilter {
                 let (verdicts, dl) = (self.engine.verdicts.clone(), self.dead_letter.clone());
                 let budget = self.engine.budget.clone();
                 tokio::task::spawn_blocking(move || {
-                    (j.at, timed(|| j.plan(now_ms, &verdicts, &budget, &dl)))
+                    (j.at, cpu_of(|| j.plan(now_ms, &verdicts, &budget, &dl)))
                 })
             })
             .collect();
         let mut out = Vec::with_capacity(rest.len() + 1);
-        out.extend(jobs.iter().map(here));
+        out.extend(jobs.iter().map(&mut here));
         for handle in rest {
-            out.push(handle.await?);
+            let (at, (plan, cpu)) = handle.await?;
+            seen.cpu += cpu;
+            out.push((at, plan));
         }
         // Done already unless a plan stopped (held or cut) before their stretch.
         if wait_for_helpers {
@@ -182,10 +183,11 @@ impl FetchFilter {
         jobs: &[Arc<PartitionJob>],
         planned: &[((usize, usize), PartitionPlan)],
         now_ms: i64,
+        seen: &mut Observation,
     ) {
         for (at, plan) in planned {
             let Some(cut) = plan.cut else { continue };
-            metrics::global().deadline_cut();
+            seen.deadline_cuts += 1;
             let Some(job) = jobs.iter().find(|j| j.at == *at) else {
                 continue;
             };
@@ -195,11 +197,19 @@ impl FetchFilter {
             // any planner or helper.
             run_behind(Box::new(move || {
                 let rest = cut.at..j.records.len();
-                let n = timed(|| j.judge_ahead(now_ms, &verdicts, &budget, rest));
-                metrics::global().judged_ahead(n);
+                judge_ahead(|| j.judge_ahead(now_ms, &verdicts, &budget, rest));
             }));
         }
     }
+}
+
+/// Judge ahead in the background (`judge`: how many records it judged),
+/// reporting the CPU it took and the records: work for a later response,
+/// so not any response's observation.
+fn judge_ahead(judge: impl FnOnce() -> u64) {
+    let (n, cpu) = cpu_of(judge);
+    metrics::global().fetch_rewrite_cpu(cpu);
+    metrics::global().judged_ahead(n);
 }
 
 /// A job judging behind a cut.

@@ -24,6 +24,7 @@ use super::gate::TopicGate;
 use super::parallel::PartitionJob;
 use super::{FetchContext, FetchFilter, FilterError};
 use crate::dlt_record::Diversion;
+use crate::metrics::Observation;
 use crate::plan::share::Span;
 use crate::plan::{PartitionPlan, Visibility};
 use crate::policy::{Class, KeyOrdering};
@@ -92,6 +93,7 @@ impl FetchFilter {
         views: Vec<TopicView<'_>>,
         kind: &Kind,
         now: i64,
+        seen: &mut Observation,
     ) -> Result<Judged, FilterError> {
         let ids: Vec<Uuid> = (views.iter())
             .filter_map(|v| match v.named {
@@ -104,7 +106,7 @@ impl FetchFilter {
             ctx.resolve_topic_ids(&ids).await;
         }
         let (jobs, unloaded, unjudged) = self.jobs(ctx, views, kind).await;
-        let plans = (self.judge(&jobs, now).await?.into_iter())
+        let plans = (self.judge(&jobs, now, seen).await?.into_iter())
             .map(|(at, plan)| Judgement {
                 at,
                 plan,

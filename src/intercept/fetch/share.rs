@@ -48,13 +48,13 @@ use kafka_protocol::protocol::Decodable;
 use super::patch::Fresh;
 use super::pipeline::{span_of, Judgement, Kind, Named, PartView, TopicView};
 use super::share_patch::ShareSections;
-use super::{outcomes, report, timed, FetchContext, FetchFilter, FilterError};
+use super::{cpu_of, judged, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, ShareAcks};
 use crate::intercept::share::withheld::Reasoned;
 use crate::intercept::share::SessionKey;
 use crate::kafka::batch::{segments, Segment};
-use crate::metrics;
+use crate::metrics::{self, Observation};
 use crate::plan::share::{self, Acquired, Span};
 use crate::plan::{PartitionPlan, Visibility};
 
@@ -112,7 +112,8 @@ struct Outcome {
 
 impl FetchFilter {
     /// Filter a ShareFetch response body; `Ok(None)` means forward it as it
-    /// came. `call` says where the acknowledgements owed go.
+    /// came. `call` says where the acknowledgements owed go. What it came
+    /// to is reported once (`metrics::Observation`).
     pub async fn filter_share<C: FetchContext>(
         &self,
         ctx: &C,
@@ -120,10 +121,24 @@ impl FetchFilter {
         version: i16,
         call: ShareCall<'_>,
     ) -> Result<Option<Vec<Bytes>>, FilterError> {
+        let mut seen = Observation::start();
+        let out = (self.filter_share_seen(ctx, body, version, call, &mut seen)).await;
+        metrics::global().observe(seen);
+        out
+    }
+
+    async fn filter_share_seen<C: FetchContext>(
+        &self,
+        ctx: &C,
+        body: Bytes,
+        version: i16,
+        call: ShareCall<'_>,
+        seen: &mut Observation,
+    ) -> Result<Option<Vec<Bytes>>, FilterError> {
         // The locks run from the broker's answer: count from its arrival,
         // not from the end of the waits below.
         let arrived = Instant::now();
-        let (mut resp, sections) = timed(|| -> Result<_, FilterError> {
+        let (mut resp, sections) = timed(seen, || -> Result<_, FilterError> {
             let resp = ShareFetchResponse::decode(&mut body.clone(), version)
                 .map_err(FilterError::Decode)?;
             let sections = ShareSections::of(&body, &resp);
@@ -143,11 +158,11 @@ impl FetchFilter {
             judge_unloaded: true,
             deadline: None,
         };
-        let judged = (self.judge_response(ctx, views(&resp), &kind, now_ms())).await?;
-        changed |= withhold(&mut resp, &judged.unjudged);
-        let plans = self.sort_out_all(&resp, judged.plans, call.last_delivery);
+        let judged = (self.judge_response(ctx, views(&resp), &kind, now_ms(), seen)).await?;
+        changed |= withhold(&mut resp, &judged.unjudged, seen);
+        let plans = self.sort_out_all(&resp, judged.plans, call.last_delivery, seen);
         if plans.is_empty() {
-            return timed(|| {
+            return timed(seen, || {
                 changed
                     .then(|| fresh.body(&mut resp, Vec::new()))
                     .transpose()
@@ -157,9 +172,14 @@ impl FetchFilter {
             let refs: Vec<&PartitionPlan> = plans.iter().map(|p| &p.plan).collect();
             self.divert(&refs).await
         };
-        let replaced = timed(|| self.deliver_all(&mut resp, plans, failed, &call, arrived))?;
+        let (replaced, cpu) =
+            cpu_of(|| self.deliver_all(&mut resp, plans, failed, &call, arrived, seen));
+        seen.cpu += cpu;
+        let replaced = replaced?;
         changed |= !replaced.is_empty();
-        timed(|| changed.then(|| fresh.body(&mut resp, replaced)).transpose())
+        timed(seen, || {
+            changed.then(|| fresh.body(&mut resp, replaced)).transpose()
+        })
     }
 
     /// Each judged partition with what the member acquired of it and what
@@ -169,6 +189,7 @@ impl FetchFilter {
         resp: &ShareFetchResponse,
         judged: Vec<Judgement>,
         last_delivery: i16,
+        seen: &mut Observation,
     ) -> Vec<Planned> {
         let mut plans = Vec::with_capacity(judged.len());
         for Judgement {
@@ -178,7 +199,7 @@ impl FetchFilter {
         } in judged
         {
             let acquired = acquired_of(&resp.responses[at.0].partitions[at.1].acquired_records);
-            let settle = self.sort_out(&mut plan, &acquired, !unloaded, last_delivery);
+            let settle = self.sort_out(&mut plan, &acquired, !unloaded, last_delivery, seen);
             plans.push(Planned {
                 at,
                 plan,
@@ -203,6 +224,7 @@ impl FetchFilter {
         failed: Vec<Vec<i64>>,
         call: &ShareCall<'_>,
         arrived: Instant,
+        seen: &mut Observation,
     ) -> Result<Vec<((usize, usize), Vec<Bytes>)>, FilterError> {
         let lock_ms = resp.acquisition_lock_timeout_ms;
         let expires = lock_deadline(arrived, lock_ms);
@@ -211,7 +233,7 @@ impl FetchFilter {
             let at = planned.at;
             let topic_id = resp.responses[at.0].topic_id;
             let p = &mut resp.responses[at.0].partitions[at.1];
-            let Some(((done, held), chunks)) = self.deliver(planned, &failed, p)? else {
+            let Some(((done, held), chunks)) = self.deliver(planned, &failed, p, seen)? else {
                 continue; // a clean partition: its bytes and ranges as they came
             };
             if let Some(s) = call.session {
@@ -228,8 +250,7 @@ impl FetchFilter {
             }));
         }
         if let Some(session) = call.session {
-            let dropped = call.book.owe(session, owed);
-            metrics::global().share.acks("overflow", dropped);
+            seen.acks_overflow += call.book.owe(session, owed);
         }
         Ok(replaced)
     }
@@ -244,6 +265,7 @@ impl FetchFilter {
         planned: Planned,
         failed: &[i64],
         p: &mut PartitionData,
+        seen: &mut Observation,
     ) -> Result<Option<(Settled, Vec<Bytes>)>, FilterError> {
         let Planned {
             mut plan,
@@ -277,10 +299,11 @@ impl FetchFilter {
             );
             settle.done.extend(before.into_iter().map(|o| (o, o)));
         }
-        let out = settle.outcome(&acquired);
+        let out = settle.outcome(&acquired, seen);
         let left = share::subtract(&acquired, &out.removed);
         if let Some(records) = &p.records {
-            count_acquired(&plan, records, &acquired, &left, &out, settle.held_from);
+            let judged = count_acquired(&plan, records, &acquired, &left, &out, settle.held_from);
+            seen.partitions.push(judged);
         }
         if out.removed.is_empty() && !plan.changes_anything() {
             return Ok(None);
@@ -304,13 +327,14 @@ impl FetchFilter {
         acquired: &[Acquired],
         ledger_known: bool,
         last_delivery: i16,
+        seen: &mut Observation,
     ) -> Settle {
         let mut settle = Settle {
             held_from: plan.held.as_ref().map(|h| h.offset),
             ..Settle::default()
         };
         if let Some(h) = &plan.held {
-            metrics::global().held_batch(&plan.topic, plan.partition, h.reason.as_str());
+            (seen.held_batches).push((plan.topic.clone(), plan.partition, h.reason.as_str()));
             tracing::warn!(topic = %plan.topic, partition = plan.partition, offset = h.offset,
                 reason = %h.reason, "share fetch: batch cannot be judged: withheld from it on");
         }
@@ -339,16 +363,14 @@ impl Settle {
     /// What becomes of `acquired` (checked: sorted, disjoint): withheld
     /// wins over done (a batch diverted whole and not written is withheld
     /// whole), `held_from` cuts everything from it on. Counts the withheld.
-    fn outcome(&self, acquired: &[Acquired]) -> Outcome {
+    fn outcome(&self, acquired: &[Acquired], seen: &mut Observation) -> Outcome {
         let held = share::before(&[(i64::MIN, i64::MAX)], self.held_from);
         let mut withheld = Vec::new();
         let mut by_reason = Vec::new();
         for &(span, reason) in &self.withheld {
             let mine = share::within(&share::within(&[span], acquired), &to_acquired(&held));
             if !mine.is_empty() {
-                metrics::global()
-                    .share
-                    .withheld(reason, share::count(&mine));
+                seen.withheld(reason, share::count(&mine));
                 by_reason.extend(mine.iter().map(|&s| (s, reason)));
                 withheld.extend(mine);
             }
@@ -360,7 +382,7 @@ impl Settle {
         let mut removed: Vec<Span> = done.iter().chain(&withheld).copied().collect();
         if let Some(from) = self.held_from {
             let cut = share::within(&[(from, i64::MAX)], acquired);
-            metrics::global().share.withheld("held", share::count(&cut));
+            seen.withheld("held", share::count(&cut));
             by_reason.extend(cut.iter().map(|&s| (s, "held")));
             removed.extend(cut);
         }
@@ -387,7 +409,7 @@ fn count_acquired(
     left: &[Acquired],
     out: &Outcome,
     held_from: Option<i64>,
-) {
+) -> metrics::Judged {
     let data: Vec<Span> = segments(records)
         .iter()
         .filter_map(|s| match s {
@@ -404,12 +426,11 @@ fn count_acquired(
     let counted = |o: i64, is_diversion: bool| {
         is_diversion || (share::is_acquired(acquired, o) && held_from.is_none_or(|h| o < h))
     };
-    let invalid = outcomes(plan, counted);
     let passed_invalid = (plan.settled.iter())
         .filter(|s| s.outcome == crate::plan::Outcome::Passed && counted(s.offset, false))
         .count() as u64;
     let given = share::count(&given).saturating_sub(passed_invalid);
-    report(plan, share::count(&mine), given, invalid);
+    judged(plan, share::count(&mine), given, counted)
 }
 
 /// Spans as acquired ranges (for `share::within`).
@@ -476,7 +497,7 @@ fn believable(wire: &[AcquiredRecords], records: &Bytes) -> Result<(), share::Ba
 /// Withhold what `withheld` names: its acquired ranges and records go, no
 /// acknowledgement (they come back when their locks expire). Whether
 /// anything changed.
-fn withhold(resp: &mut ShareFetchResponse, withheld: &[Withheld]) -> bool {
+fn withhold(resp: &mut ShareFetchResponse, withheld: &[Withheld], seen: &mut Observation) -> bool {
     let mut changed = false;
     for &(ti, pi, reason) in withheld {
         let parts = &mut resp.responses[ti].partitions;
@@ -487,7 +508,7 @@ fn withhold(resp: &mut ShareFetchResponse, withheld: &[Withheld]) -> bool {
         for p in &mut parts[which] {
             let n = acquired_count(&p.acquired_records);
             if n > 0 || p.records.as_ref().is_some_and(|r| !r.is_empty()) {
-                metrics::global().share.withheld(reason, n);
+                seen.withheld(reason, n);
                 p.acquired_records.clear();
                 p.records = Some(Bytes::new());
                 changed = true;

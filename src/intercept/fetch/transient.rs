@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tracing::warn;
 
 use super::{FetchFilter, FilterError, Holds, PartitionJob};
-use crate::metrics;
+use crate::metrics::Observation;
 use crate::plan::PartitionPlan;
 use crate::policy::Class;
 use crate::registry::Registry;
@@ -71,19 +71,20 @@ pub(super) fn hold_from(
     plan: &PartitionPlan,
     failed_from: Option<i64>,
     transient: Option<i64>,
+    seen: &mut Observation,
 ) -> Option<i64> {
     let Some(t) = transient else {
         return failed_from;
     };
-    note_hold(holds, plan, t);
+    note_hold(holds, plan, t, seen);
     Some(failed_from.map_or(t, |f| f.min(t)))
 }
 
 /// Count a transient hold and log it once per hold (per connection and
 /// offset), never with the record's contents.
-fn note_hold(holds: &Holds, plan: &PartitionPlan, offset: i64) {
+fn note_hold(holds: &Holds, plan: &PartitionPlan, offset: i64, seen: &mut Observation) {
     let (topic, partition) = (&*plan.topic, plan.partition);
-    metrics::global().held_batch(topic, partition, "transient");
+    (seen.held_batches).push((plan.topic.clone(), partition, "transient"));
     if holds.at.get(&(plan.topic.clone(), partition)) != Some(&offset) {
         warn!(
             topic,

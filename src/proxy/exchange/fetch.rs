@@ -34,13 +34,11 @@ impl Exchange for Fetch {
         frame: Bytes,
     ) -> Result<ResponseFrame, RelayError> {
         let answer = Answer::of(frame, ApiKey::Fetch, version)?;
-        let started = std::time::Instant::now();
         let body = cx
             .shared
             .fetch_filter
             .filter(cx.shared, cx.holds, answer.body(), version, isolation)
             .await?;
-        crate::metrics::global().fetch_rewrite_latency(started.elapsed());
         Ok(match body {
             Some(chunks) => ResponseFrame::chunks(answer.header(), chunks),
             None => answer.with(None),

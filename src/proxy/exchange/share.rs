@@ -59,9 +59,7 @@ impl Exchange for Share {
             let body = acknowledge(&cx, &call, version, answer.body()).await?;
             return Ok(answer.with(body));
         }
-        let started = std::time::Instant::now();
         let body = fetch(&cx, &call, version, answer.body()).await?;
-        crate::metrics::global().fetch_rewrite_latency(started.elapsed());
         Ok(match body {
             Some(chunks) => ResponseFrame::chunks(answer.header(), chunks),
             None => answer.with(None),
