@@ -1,5 +1,11 @@
 import java.util.Properties;
 
+import com.google.protobuf.DescriptorProtos.DescriptorProto;
+import com.google.protobuf.DescriptorProtos.FieldDescriptorProto;
+import com.google.protobuf.DescriptorProtos.FileDescriptorProto;
+import com.google.protobuf.Descriptors.Descriptor;
+import com.google.protobuf.Descriptors.FileDescriptor;
+import com.google.protobuf.DynamicMessage;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
@@ -7,39 +13,116 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 
 /**
- * Produces Avro records with Apicurio Registry's own Kafka serializer
- * (io.apicurio.registry.serde.avro.AvroKafkaSerializer, 2.x), registering
- * the schema itself. Args: bootstrap topic registryUrl mode count, where mode
- * is `headers` (the global id in the apicurio.value.globalId header, the
- * value the bare datum) or `8byte` (magic byte 0, then the 8-byte global
- * id). Record i has n = i and lat = 95 when i % 4 == 3 (breaks the policy's
- * coordinates rule), else 10. Prints one JSON line: {"sent": count}.
+ * Produces records with Apicurio Registry's own 3.x Kafka serializers
+ * (io.apicurio.registry.serde.avro.AvroKafkaSerializer and
+ * io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer), which
+ * register their schemas themselves, for tests/test_apicurio_serdes.py.
+ * Every mode runs in one JVM (its start is the slow part).
+ * Args: bootstrap registryV3Url count mode=topic..., where mode is
+ * - `default`: nothing set but the URL: 3.x's default framing
+ *   (Default4ByteIdHandler: magic byte 0, the 4-byte content id);
+ * - `headers-content`: the content id in the apicurio.value.contentId header;
+ * - `headers-global`: use-id=globalId, the apicurio.value.globalId header;
+ * - `8byte`: Legacy8ByteIdHandler with use-id=globalId (magic byte 0, the
+ *   8-byte global id: 2.x's default);
+ * - `proto-headers`: Protobuf (a DynamicMessage of geo.Trigger), the content
+ *   id in the header.
+ * Record i has n = i and lat = 95 when i % 4 == 3 (breaks the policy's
+ * coordinates rule), else 10. Prints one JSON line: {"sent": total}.
  */
 public class ApicurioProducer {
+    static final Schema AVRO = new Schema.Parser().parse(
+        "{\"type\":\"record\",\"name\":\"Trigger\",\"namespace\":\"geo\",\"fields\":["
+        + "{\"name\":\"n\",\"type\":\"int\"},{\"name\":\"lat\",\"type\":\"double\"},"
+        + "{\"name\":\"lon\",\"type\":\"double\"}]}");
+
     public static void main(String[] a) throws Exception {
-        String bootstrap = a[0], topic = a[1], url = a[2], mode = a[3];
-        int count = Integer.parseInt(a[4]);
-        Schema schema = new Schema.Parser().parse(
-            "{\"type\":\"record\",\"name\":\"Trigger\",\"namespace\":\"geo\",\"fields\":["
-            + "{\"name\":\"n\",\"type\":\"int\"},{\"name\":\"lat\",\"type\":\"double\"},"
-            + "{\"name\":\"lon\",\"type\":\"double\"}]}");
+        String bootstrap = a[0], url = a[1];
+        int count = Integer.parseInt(a[2]), total = 0;
+        for (int k = 3; k < a.length; k++) {
+            String[] mt = a[k].split("=", 2);
+            produce(config(bootstrap, url, mt[0]), mt[0], mt[1], count);
+            total += count;
+        }
+        System.out.println("{\"sent\": " + total + "}");
+    }
+
+    /** The producer's configuration for one mode. */
+    static Properties config(String bootstrap, String url, String mode) {
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
+        p.put("acks", "all");
         p.put("key.serializer", "org.apache.kafka.common.serialization.StringSerializer");
-        p.put("value.serializer", "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
+        p.put("value.serializer", mode.startsWith("proto")
+            ? "io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer"
+            : "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
         p.put("apicurio.registry.url", url);
         p.put("apicurio.registry.auto-register", "true");
-        p.put("apicurio.registry.headers.enabled", String.valueOf(mode.equals("headers")));
-        p.put("acks", "all");
+        switch (mode) {
+            case "default":
+                break;
+            case "headers-content":
+            case "proto-headers":
+                p.put("apicurio.registry.headers.enabled", "true");
+                p.put("apicurio.registry.use-id", "contentId");
+                break;
+            case "headers-global":
+                p.put("apicurio.registry.headers.enabled", "true");
+                p.put("apicurio.registry.use-id", "globalId");
+                break;
+            case "8byte":
+                p.put("apicurio.registry.headers.enabled", "false");
+                p.put("apicurio.registry.id-handler", "io.apicurio.registry.serde.Legacy8ByteIdHandler");
+                p.put("apicurio.registry.use-id", "globalId");
+                break;
+            default:
+                throw new IllegalArgumentException("unknown mode " + mode);
+        }
+        return p;
+    }
+
+    static void produce(Properties p, String mode, String topic, int count) throws Exception {
+        Descriptor proto = mode.startsWith("proto") ? protoTrigger() : null;
         try (KafkaProducer<String, Object> producer = new KafkaProducer<>(p)) {
             for (int i = 0; i < count; i++) {
-                GenericRecord r = new GenericData.Record(schema);
-                r.put("n", i);
-                r.put("lat", i % 4 == 3 ? 95.0 : 10.0);
-                r.put("lon", 20.0);
-                producer.send(new ProducerRecord<>(topic, "k" + i, r)).get();
+                double lat = i % 4 == 3 ? 95.0 : 10.0;
+                Object v = proto == null ? avro(i, lat) : proto(proto, i, lat);
+                producer.send(new ProducerRecord<>(topic, "k" + i, v)).get();
             }
         }
-        System.out.println("{\"sent\": " + count + "}");
+    }
+
+    static GenericRecord avro(int n, double lat) {
+        GenericRecord r = new GenericData.Record(AVRO);
+        r.put("n", n);
+        r.put("lat", lat);
+        r.put("lon", 20.0);
+        return r;
+    }
+
+    static DynamicMessage proto(Descriptor d, int n, double lat) {
+        return DynamicMessage.newBuilder(d)
+            .setField(d.findFieldByName("n"), n)
+            .setField(d.findFieldByName("lat"), lat)
+            .setField(d.findFieldByName("lon"), 20.0)
+            .build();
+    }
+
+    /** geo.Trigger { int32 n = 1; double lat = 2; double lon = 3; }, built
+     *  without protoc. */
+    static Descriptor protoTrigger() throws Exception {
+        DescriptorProto msg = DescriptorProto.newBuilder().setName("Trigger")
+            .addField(field("n", 1, FieldDescriptorProto.Type.TYPE_INT32))
+            .addField(field("lat", 2, FieldDescriptorProto.Type.TYPE_DOUBLE))
+            .addField(field("lon", 3, FieldDescriptorProto.Type.TYPE_DOUBLE))
+            .build();
+        FileDescriptorProto file = FileDescriptorProto.newBuilder().setName("geo/trigger.proto")
+            .setPackage("geo").setSyntax("proto3").addMessageType(msg).build();
+        return FileDescriptor.buildFrom(file, new FileDescriptor[0]).findMessageTypeByName("Trigger");
+    }
+
+    static FieldDescriptorProto field(String name, int number, FieldDescriptorProto.Type type) {
+        return FieldDescriptorProto.newBuilder().setName(name).setNumber(number).setType(type)
+            .setLabel(FieldDescriptorProto.Label.LABEL_OPTIONAL).build();
     }
 }
