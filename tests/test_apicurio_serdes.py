@@ -1,8 +1,9 @@
 """Apicurio Registry's own wire formats, written by Apicurio's own 3.x
-Kafka serializers (io.apicurio.registry.serde.avro.AvroKafkaSerializer and
-.protobuf.ProtobufKafkaSerializer from apicurio-registry-avro-serde-kafka
-and -protobuf-serde-kafka 3.1.7, Maven Central) registering their schemas
-in a real Apicurio Registry 3.3.3 (its v3 API), and judged by antidote:
+Kafka serializers (io.apicurio.registry.serde.avro.AvroKafkaSerializer,
+.protobuf.ProtobufKafkaSerializer and .jsonschema.JsonSchemaKafkaSerializer
+from apicurio-registry-{avro,protobuf,jsonschema}-serde-kafka 3.1.7, Maven
+Central; 3.3.3 has none) registering their schemas in a real Apicurio
+Registry 3.3.3 (its v3 API), and judged by antidote:
 
 - `default`: 3.x's default framing, magic byte 0 then the 4-byte content
   id (Default4ByteIdHandler), judged with `wire: confluent` through
@@ -14,7 +15,8 @@ in a real Apicurio Registry 3.3.3 (its v3 API), and judged by antidote:
 - `8byte`: Legacy8ByteIdHandler with `use-id=globalId`, magic byte 0 then
   the 8-byte global id (2.x's default; `wire: apicurio-8byte`);
 - `proto-headers`: Protobuf, the content id in the header and Apicurio's
-  `Ref` (the type's name) before the message.
+  `Ref` (the type's name) before the message;
+- `json-headers`: JSON Schema, the content id in the header.
 
 The ids antidote reads are resolved through Apicurio's native v3 API
 (the Confluent API for `default`). Each schema is registered first under a
@@ -24,11 +26,12 @@ or none (checked), and the valid records would not arrive.
 
 Poison mixed in: records that break the policy's coordinates rule (written
 by the serializer), a record with the first record's id but bytes that are
-no datum, one naming an id the registry does not have and, with headers, a
-datum without its header (librdkafka). Consumed through the proxy by
-librdkafka: every valid record once, in order; each invalid one in its
-class's dead-letter topic with antidote's context headers. One Apicurio,
-one proxy and one Java run for every mode.
+no datum, for JSON a document its registered schema refuses, one naming an
+id the registry does not have and, with headers, a datum without its
+header (librdkafka). Consumed through the proxy by librdkafka: every valid
+record once, in order; each invalid one in its class's dead-letter topic
+with antidote's context headers. One Apicurio, one proxy and one Java run
+for every mode.
 """
 
 from __future__ import annotations
@@ -65,12 +68,14 @@ MODES = {
     "headers-global": "{ format: avro, registry: true, wire: apicurio-headers, id: global }",
     "8byte": "{ format: avro, registry: true, wire: apicurio-8byte, id: global }",
     "proto-headers": "{ format: protobuf, registry: true, wire: apicurio-headers, id: content }",
+    "json-headers": "{ format: json, registry: true, wire: apicurio-headers, id: content }",
 }
 # header modes -> (the id header, the version metadata's field it holds)
 HEADER = {
     "headers-content": ("apicurio.value.contentId", "contentId"),
     "headers-global": ("apicurio.value.globalId", "globalId"),
     "proto-headers": ("apicurio.value.contentId", "contentId"),
+    "json-headers": ("apicurio.value.contentId", "contentId"),
 }
 POLICIES = "policies:\n" + "".join(f"""
   - name: ap-{m}
@@ -94,7 +99,7 @@ class ApicurioProxy(ps.PolicyProxy):
 
 @pytest.fixture(scope="module")
 def serdes_lib() -> Path:
-    jars = ("apicurio-registry-avro-serde-kafka-*.jar", "apicurio-registry-protobuf-serde-kafka-*.jar")
+    jars = [f"apicurio-registry-{f}-serde-kafka-*.jar" for f in ("avro", "protobuf", "jsonschema")]
     if not (SERDES_LIB.is_dir() and all(any(SERDES_LIB.glob(j)) for j in jars)):
         why = f"Apicurio's serializers not found at {SERDES_LIB}: run scripts/setup.sh"
         if os.environ.get("CI") == "true":
@@ -142,7 +147,8 @@ def produced(serdes_lib, apicurio, broker) -> dict[str, str]:
     schema first and are deleted after, leaving no global id equal to the
     content ids the modes carry (and the modes' global ids differ from them)."""
     ep = c.Endpoint(broker.bootstrap, "direct")
-    seeds = {m: f"ap.seed-{m}.{uuid.uuid4().hex[:10]}" for m in ("headers-content", "proto-headers")}
+    seeds = {m: f"ap.seed-{m}.{uuid.uuid4().hex[:10]}"
+             for m in ("headers-content", "proto-headers", "json-headers")}
     topics = {m: f"ap.{m}.{uuid.uuid4().hex[:10]}" for m in MODES}
     runs = list(seeds.items()) + list(topics.items())
     for _, t in runs:
@@ -153,7 +159,8 @@ def produced(serdes_lib, apicurio, broker) -> dict[str, str]:
                           v3, str(COUNT)] + [f"{m}={t}" for m, t in runs],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"sent": COUNT * len(runs)}, out.stdout
+    sent = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sent == {"sent": COUNT * len(runs)}, out.stdout
     for t in seeds.values():
         for q in ("", "?permanent=true"):
             assert http_json(f"{apicurio.url}/subjects/{t}-value{q}", method="DELETE") == [1]
@@ -181,7 +188,8 @@ def check_framing(mode: str, first: c.Rec, v3: str, topic: str) -> bytes:
             else ("globalId", first.value[1:9])
     n = int.from_bytes(framed, "big")
     assert n == meta[kind], (mode, n, meta)
-    own, misread = ("contentIds", "globalIds") if kind == "contentId" else ("globalIds", "contentIds")
+    own, misread = ("contentIds", "globalIds") if kind == "contentId" \
+        else ("globalIds", "contentIds")
     assert http_json(f"{v3}/ids/{misread}/{n}") != http_json(f"{v3}/ids/{own}/{n}")
     return framed
 
@@ -189,12 +197,17 @@ def check_framing(mode: str, first: c.Rec, v3: str, topic: str) -> bytes:
 def extras(mode: str, first: c.Rec, framed: bytes) -> list[tuple[c.Rec, str, str]]:
     """Records librdkafka adds after the serializer's, with the class and
     rule each must get: the first record's id before bytes that are no
-    datum, an unknown id, and (header modes) the datum without its header."""
+    datum, (JSON) a document off its schema, an unknown id, and (header
+    modes) the datum without its header."""
     unknown = UNKNOWN_ID.to_bytes(len(framed), "big")
     if mode in HEADER:
         name = HEADER[mode][0]
         other = tuple((k, unknown if k == name else v) for k, v in first.headers)
+        # JSON: a document the registered JSON Schema refuses (n a string).
+        off = c.Rec(0, None, b"k-off-schema", b'{"n": "x", "lat": 10, "lon": 20}', first.headers, 0)
+        off_schema = [(off, "poison", "schema")] if mode == "json-headers" else []
         return [(c.Rec(0, None, b"k-garbage", GARBAGE, first.headers, 0), "poison", "decode"),
+                *off_schema,
                 (c.Rec(0, None, b"k-unknown", first.value, other, 0), "unknown", "schema-id"),
                 (c.Rec(0, None, b"k-bare", first.value, (), 0), "unknown", "schema-id")]
     head = 1 + len(framed)

@@ -1,3 +1,9 @@
+import java.net.URL;
+import java.net.URLClassLoader;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
 import java.util.Properties;
 
 import com.google.protobuf.DescriptorProtos.DescriptorProto;
@@ -14,9 +20,9 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 
 /**
  * Produces records with Apicurio Registry's own 3.x Kafka serializers
- * (io.apicurio.registry.serde.avro.AvroKafkaSerializer and
- * io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer), which
- * register their schemas themselves, for tests/test_apicurio_serdes.py.
+ * (io.apicurio.registry.serde.avro.AvroKafkaSerializer,
+ * .protobuf.ProtobufKafkaSerializer and .jsonschema.JsonSchemaKafkaSerializer),
+ * which register their schemas themselves, for tests/test_apicurio_serdes.py.
  * Every mode runs in one JVM (its start is the slow part).
  * Args: bootstrap registryV3Url count mode=topic..., where mode is
  * - `default`: nothing set but the URL: 3.x's default framing
@@ -26,7 +32,9 @@ import org.apache.kafka.clients.producer.ProducerRecord;
  * - `8byte`: Legacy8ByteIdHandler with use-id=globalId (magic byte 0, the
  *   8-byte global id: 2.x's default);
  * - `proto-headers`: Protobuf (a DynamicMessage of geo.Trigger), the content
- *   id in the header.
+ *   id in the header;
+ * - `json-headers`: JSON Schema (the schema from a class-path resource,
+ *   `apicurio.registry.artifact.schema.location`), the content id in the header.
  * Record i has n = i and lat = 95 when i % 4 == 3 (breaks the policy's
  * coordinates rule), else 10. Prints one JSON line: {"sent": total}.
  */
@@ -36,8 +44,18 @@ public class ApicurioProducer {
         + "{\"name\":\"n\",\"type\":\"int\"},{\"name\":\"lat\",\"type\":\"double\"},"
         + "{\"name\":\"lon\",\"type\":\"double\"}]}");
 
+    static final String JSON_SCHEMA = "{\"$schema\":\"http://json-schema.org/draft-07/schema#\","
+        + "\"title\":\"Trigger\",\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},"
+        + "\"lat\":{\"type\":\"number\"},\"lon\":{\"type\":\"number\"}},"
+        + "\"required\":[\"n\",\"lat\",\"lon\"]}";
+
     public static void main(String[] a) throws Exception {
         String bootstrap = a[0], url = a[1];
+        // The JSON Schema serializer reads its schema from the class path.
+        Path dir = Files.createTempDirectory("apicurio-schemas");
+        Files.writeString(dir.resolve("trigger.schema.json"), JSON_SCHEMA);
+        Thread.currentThread().setContextClassLoader(new URLClassLoader(
+            new URL[] {dir.toUri().toURL()}, Thread.currentThread().getContextClassLoader()));
         int count = Integer.parseInt(a[2]), total = 0;
         for (int k = 3; k < a.length; k++) {
             String[] mt = a[k].split("=", 2);
@@ -55,12 +73,17 @@ public class ApicurioProducer {
         p.put("key.serializer", "org.apache.kafka.common.serialization.StringSerializer");
         p.put("value.serializer", mode.startsWith("proto")
             ? "io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer"
+            : mode.startsWith("json")
+            ? "io.apicurio.registry.serde.jsonschema.JsonSchemaKafkaSerializer"
             : "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
         p.put("apicurio.registry.url", url);
         p.put("apicurio.registry.auto-register", "true");
         switch (mode) {
             case "default":
                 break;
+            case "json-headers":
+                p.put("apicurio.registry.artifact.schema.location", "trigger.schema.json");
+                // fall through: the content id in the header
             case "headers-content":
             case "proto-headers":
                 p.put("apicurio.registry.headers.enabled", "true");
@@ -72,7 +95,8 @@ public class ApicurioProducer {
                 break;
             case "8byte":
                 p.put("apicurio.registry.headers.enabled", "false");
-                p.put("apicurio.registry.id-handler", "io.apicurio.registry.serde.Legacy8ByteIdHandler");
+                p.put("apicurio.registry.id-handler",
+                      "io.apicurio.registry.serde.Legacy8ByteIdHandler");
                 p.put("apicurio.registry.use-id", "globalId");
                 break;
             default:
@@ -86,7 +110,8 @@ public class ApicurioProducer {
         try (KafkaProducer<String, Object> producer = new KafkaProducer<>(p)) {
             for (int i = 0; i < count; i++) {
                 double lat = i % 4 == 3 ? 95.0 : 10.0;
-                Object v = proto == null ? avro(i, lat) : proto(proto, i, lat);
+                Object v = proto != null ? proto(proto, i, lat)
+                    : mode.startsWith("json") ? json(i, lat) : avro(i, lat);
                 producer.send(new ProducerRecord<>(topic, "k" + i, v)).get();
             }
         }
@@ -98,6 +123,14 @@ public class ApicurioProducer {
         r.put("lat", lat);
         r.put("lon", 20.0);
         return r;
+    }
+
+    static Map<String, Object> json(int n, double lat) {
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("n", n);
+        m.put("lat", lat);
+        m.put("lon", 20.0);
+        return m;
     }
 
     static DynamicMessage proto(Descriptor d, int n, double lat) {
@@ -116,9 +149,11 @@ public class ApicurioProducer {
             .addField(field("lat", 2, FieldDescriptorProto.Type.TYPE_DOUBLE))
             .addField(field("lon", 3, FieldDescriptorProto.Type.TYPE_DOUBLE))
             .build();
-        FileDescriptorProto file = FileDescriptorProto.newBuilder().setName("geo/trigger.proto")
+        FileDescriptorProto file = FileDescriptorProto.newBuilder()
+            .setName("geo/trigger.proto")
             .setPackage("geo").setSyntax("proto3").addMessageType(msg).build();
-        return FileDescriptor.buildFrom(file, new FileDescriptor[0]).findMessageTypeByName("Trigger");
+        return FileDescriptor.buildFrom(file, new FileDescriptor[0])
+            .findMessageTypeByName("Trigger");
     }
 
     static FieldDescriptorProto field(String name, int number, FieldDescriptorProto.Type type) {
