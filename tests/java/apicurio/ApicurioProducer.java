@@ -33,6 +33,8 @@ import org.apache.kafka.clients.producer.ProducerRecord;
  *   8-byte global id: 2.x's default);
  * - `proto-headers`: Protobuf (a DynamicMessage of geo.Trigger), the content
  *   id in the header;
+ * - `proto-indexes`: Protobuf, send-indexes=true and send-type-ref=false:
+ *   the default framing with Confluent's message indexes instead of the Ref;
  * - `json-headers`: JSON Schema (the schema from a class-path resource,
  *   `apicurio.registry.artifact.schema.location`), the content id in the header.
  * Record i has n = i and lat = 95 when i % 4 == 3 (breaks the policy's
@@ -80,6 +82,10 @@ public class ApicurioProducer {
         p.put("apicurio.registry.auto-register", "true");
         switch (mode) {
             case "default":
+                break;
+            case "proto-indexes":
+                p.put("apicurio.registry.serde.send-indexes", "true");
+                p.put("apicurio.registry.serde.send-type-ref", "false");
                 break;
             case "json-headers":
                 p.put("apicurio.registry.artifact.schema.location", "trigger.schema.json");
