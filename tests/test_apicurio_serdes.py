@@ -16,11 +16,13 @@ Registry 3.3.3 (its v3 API), and judged by antidote:
   the 8-byte global id (2.x's default; `wire: apicurio-8byte`);
 - `proto-headers`: Protobuf, the content id in the header and Apicurio's
   `Ref` (the type's name) before the message;
+- `proto-default`: Protobuf with nothing set: the default framing, then
+  the `Ref` where Confluent's indexes would be (`wire: apicurio-4byte`:
+  `wire: confluent` would read the `Ref` as indexes, and every record,
+  valid or not, would be `poison`);
 - `proto-indexes`: Protobuf with `send-indexes=true, send-type-ref=false`:
   the default framing, then Confluent's message indexes instead of the
-  `Ref` (`wire: confluent`). With the defaults (the `Ref` after the 4-byte
-  id) antidote has no wire: every record, valid or not, is `poison`
-  (rule `decode`);
+  `Ref` (`wire: confluent`);
 - `json-headers`: JSON Schema, the content id in the header.
 
 The ids antidote reads are resolved through Apicurio's native v3 API
@@ -75,6 +77,7 @@ MODES = {
     "proto-headers": "{ format: protobuf, registry: true, wire: apicurio-headers, id: content }",
     "json-headers": "{ format: json, registry: true, wire: apicurio-headers, id: content }",
     "proto-indexes": "{ format: protobuf, registry: true, wire: confluent }",
+    "proto-default": "{ format: protobuf, registry: true, wire: apicurio-4byte }",
 }
 # header modes -> (the id header, the version metadata's field it holds)
 HEADER = {
@@ -194,6 +197,8 @@ def check_framing(mode: str, first: c.Rec, v3: str, topic: str) -> bytes:
             else ("globalId", first.value[1:9])
         if mode == "proto-indexes":  # Confluent's indexes [0] (count 1, index 0), no Ref
             assert first.value[5:7] == b"\x02\x00", first.value
+        if mode == "proto-default":  # Apicurio's Ref { name: "Trigger" }
+            assert first.value[5:].startswith(b"\x09\x0a\x07Trigger"), first.value
     n = int.from_bytes(framed, "big")
     assert n == meta[kind], (mode, n, meta)
     own, misread = ("contentIds", "globalIds") if kind == "contentId" \

@@ -33,6 +33,8 @@ import org.apache.kafka.clients.producer.ProducerRecord;
  *   8-byte global id: 2.x's default);
  * - `proto-headers`: Protobuf (a DynamicMessage of geo.Trigger), the content
  *   id in the header;
+ * - `proto-default`: Protobuf, nothing set: the default framing, then the
+ *   Ref (the type's name) where Confluent's indexes would be;
  * - `proto-indexes`: Protobuf, send-indexes=true and send-type-ref=false:
  *   the default framing with Confluent's message indexes instead of the Ref;
  * - `json-headers`: JSON Schema (the schema from a class-path resource,
@@ -82,6 +84,7 @@ public class ApicurioProducer {
         p.put("apicurio.registry.auto-register", "true");
         switch (mode) {
             case "default":
+            case "proto-default":
                 break;
             case "proto-indexes":
                 p.put("apicurio.registry.serde.send-indexes", "true");
