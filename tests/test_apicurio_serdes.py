@@ -26,10 +26,11 @@ Registry 3.3.3 (its v3 API), and judged by antidote:
 - `json-headers`: JSON Schema, the content id in the header.
 
 The ids antidote reads are resolved through Apicurio's native v3 API
-(the Confluent API for `default`). Each schema is registered first under a
-seed subject deleted afterwards, so that no global id equals a content id
-the records carry: an id read in the wrong namespace names another schema
-or none (checked), and the valid records would not arrive.
+(the Confluent API for `default` and `proto-indexes`). Each schema is
+registered first under a seed subject deleted afterwards, so that no
+global id equals a content id the records carry: an id read in the wrong
+namespace names another schema or none (checked), and the valid records
+would not arrive.
 
 Poison mixed in: records that break the policy's coordinates rule (written
 by the serializer), a record with the first record's id but bytes that are
@@ -66,7 +67,7 @@ SERDES_LIB = Path(os.environ.get(
 PRODUCER = h.REPO / "tests" / "java" / "apicurio" / "ApicurioProducer.java"
 UNKNOWN_ID = 987_654
 COUNT = 8  # records n = 0..7; n % 4 == 3 breaks the coordinates rule
-GARBAGE = b"\xff" * 11  # no Avro datum (a varint too long), no Protobuf Ref
+GARBAGE = b"\xff" * 11  # no Avro datum (a varint too long), no Ref, no indexes, no JSON
 
 # mode -> the policy's `value:` (ApicurioProducer.java says what each writes)
 MODES = {
@@ -130,11 +131,9 @@ def aproxy(workdir, broker, apicurio, tmp_path_factory):
     p.stop_and_check()
 
 
-def http_json(url: str, body: dict | None = None, method: str | None = None):
-    """GET (or POST `body`, or `method`) and the JSON answer; None on 404."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+def http_json(url: str, method: str = "GET"):
+    """The JSON answer of `method` on `url` (text if not JSON); None on 404."""
+    req = urllib.request.Request(url, method=method)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             text = r.read()
