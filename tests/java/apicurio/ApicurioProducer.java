@@ -57,7 +57,9 @@ public class ApicurioProducer {
         String bootstrap = a[0], url = a[1];
         // The JSON Schema serializer reads its schema from the class path.
         Path dir = Files.createTempDirectory("apicurio-schemas");
-        Files.writeString(dir.resolve("trigger.schema.json"), JSON_SCHEMA);
+        Path schema = Files.writeString(dir.resolve("trigger.schema.json"), JSON_SCHEMA);
+        dir.toFile().deleteOnExit();  // deleted in reverse order: the file first
+        schema.toFile().deleteOnExit();
         Thread.currentThread().setContextClassLoader(new URLClassLoader(
             new URL[] {dir.toUri().toURL()}, Thread.currentThread().getContextClassLoader()));
         int count = Integer.parseInt(a[2]), total = 0;
