@@ -131,11 +131,14 @@ else
 fi
 
 # --- Apicurio's own Kafka serializers (tests/test_apicurio_serdes.py) ----------
-# apicurio-registry-serdes-avro-serde and its runtime dependencies from Maven
-# Central through tests/java/apicurio/pom.xml, into .tools/apicurio-serdes-V/lib
-# (the test runs tests/java/apicurio/ApicurioProducer.java against it with the
-# source launcher). Optional like Apicurio itself: the test skips without it,
-# and fails under CI=true.
+# Apicurio's 3.x serdes, apicurio-registry-avro-serde-kafka,
+# -protobuf-serde-kafka and -jsonschema-serde-kafka (3.1.7, the version
+# Quarkus's BOM pins; the registry's own 3.3.3 has no serde jars on Maven
+# Central), and their runtime dependencies from Maven Central through
+# tests/java/apicurio/pom.xml, into .tools/apicurio-serdes-V/lib (the test
+# runs tests/java/apicurio/ApicurioProducer.java against it with the source
+# launcher). Optional like Apicurio itself: the test skips without it, and
+# fails under CI=true.
 SERDES_POM="$ROOT/tests/java/apicurio/pom.xml"
 SERDES_VERSION="$(sed -n 's:.*<apicurio.serdes.version>\(.*\)</apicurio.serdes.version>.*:\1:p' "$SERDES_POM")"
 SERDES_HOME="$TOOLS/apicurio-serdes-$SERDES_VERSION"

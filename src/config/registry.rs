@@ -33,7 +33,8 @@ pub struct RegistryConfig {
     #[serde(default = "default_ttl", deserialize_with = "de_duration")]
     pub cache_ttl: Duration,
     /// Apicurio's native API (`.../apis/registry/v3`), for values framed
-    /// Apicurio's way (`wire: apicurio-headers`, `apicurio-8byte`). Default:
+    /// Apicurio's way (`wire: apicurio-headers`, `apicurio-8byte`,
+    /// `apicurio-4byte`). Default:
     /// each `url` ending in `/apis/ccompat/v7` (or `v6`) with that part
     /// replaced. Same auth, TLS and timeout as `url`.
     #[serde(default, deserialize_with = "de_some_urls")]

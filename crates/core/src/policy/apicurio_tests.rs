@@ -1,4 +1,5 @@
-//! Apicurio's own framings (`wire: apicurio-headers`, `apicurio-8byte`):
+//! Apicurio's own framings (`wire: apicurio-headers`, `apicurio-8byte`,
+//! `apicurio-4byte`):
 //! the id's namespace, the classes of a missing header, an unknown id, a
 //! registry that has not answered and a malformed frame, and Apicurio's
 //! Protobuf type reference.
@@ -180,6 +181,76 @@ fn the_8_byte_framing_reads_a_global_id_after_magic_byte_0() {
     assert_eq!(i.class, Class::Poison, "{i:?}");
 }
 
+/// 3.x's default (`Default4ByteIdHandler`): Confluent's 5-byte head, the
+/// id a content id, and a Protobuf value's `Ref` where Confluent's indexes
+/// would be.
+#[test]
+fn the_4_byte_framing_reads_a_content_id_and_apicurio_s_protobuf_ref() {
+    let cache = SchemaCache::new();
+    let yaml = r#"
+policies:
+  - name: apicurio
+    topics: ["geo.a"]
+    value: { format: protobuf, registry: true, wire: apicurio-4byte }
+    rules:
+      - field: /lat
+        max: 90
+"#;
+    let s = set(yaml, &cache);
+    // `Ref { name: "T" }`, then `T { lat: 3.0 }`, after magic 0 and id 9.
+    let mut v = vec![0, 0, 0, 0, 9, 3, 0x0a, 1, b'T', 0x09];
+    v.extend_from_slice(&3.0f64.to_le_bytes());
+    let r = Record {
+        value: Some(&v),
+        ..with_header(&v, "x", b"")
+    };
+    assert_eq!(invalid(judge(&s, &r)).class, Class::Transient);
+    assert_eq!(
+        cache.take_wants(),
+        vec![Want::Apicurio(ApicurioId::Content, 9)]
+    );
+    let proto = "syntax = \"proto3\"; package geo; message T { double lat = 1; }";
+    // Confluent's id 9 is another namespace: still not known.
+    cache.put_schema(9, compile(Some("PROTOBUF"), proto, &[]));
+    assert_eq!(invalid(judge(&s, &r)).class, Class::Transient);
+    assert_eq!(
+        cache.take_wants(),
+        vec![Want::Apicurio(ApicurioId::Content, 9)]
+    );
+    cache.put_apicurio(
+        ApicurioId::Content,
+        9,
+        Some(compile(Some("PROTOBUF"), proto, &[])),
+        NOW,
+    );
+    assert!(judge(&s, &r).is_valid());
+    // Confluent's indexes where the `Ref` belongs, and a short frame: poison.
+    for bad in [&[0u8, 0, 0, 0, 9, 0, 0x09, 1][..], &[0, 0, 0][..]] {
+        let i = invalid(judge(
+            &s,
+            &Record {
+                value: Some(bad),
+                ..r.clone()
+            },
+        ));
+        assert_eq!(
+            (i.class, i.rule.as_str()),
+            (Class::Poison, "decode"),
+            "{i:?}"
+        );
+    }
+    // `id: global` reads the same bytes as a global id.
+    let s = set(
+        &yaml.replace("apicurio-4byte", "apicurio-4byte, id: global"),
+        &cache,
+    );
+    assert_eq!(invalid(judge(&s, &r)).class, Class::Transient);
+    assert_eq!(
+        cache.take_wants(),
+        vec![Want::Apicurio(ApicurioId::Global, 9)]
+    );
+}
+
 #[test]
 fn apicurio_keys_are_load_errors_where_they_do_not_apply() {
     let cache = SchemaCache::new();
@@ -194,6 +265,10 @@ fn apicurio_keys_are_load_errors_where_they_do_not_apply() {
         ),
         (
             policy("apicurio-headers", ", subject: \"{topic}-value\""),
+            "value.subject: applies to `wire: confluent`",
+        ),
+        (
+            policy("apicurio-4byte", ", subject: \"{topic}-value\""),
             "value.subject: applies to `wire: confluent`",
         ),
     ] {

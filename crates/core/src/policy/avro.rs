@@ -195,7 +195,7 @@ impl AvroDecoder {
                 None => return Err(Invalid::poison("decode", "no Avro schema")),
             },
             // Apicurio's wires are registry-only: never a file decoder's.
-            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte => {
+            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte | Wire::Apicurio4Byte => {
                 let (id, rest) = confluent_header(bytes)?;
                 let writer = self.ids.get(&id).ok_or_else(|| unknown_id(id))?;
                 (writer, self.schema.as_ref(), rest)

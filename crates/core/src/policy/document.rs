@@ -122,6 +122,8 @@ pub(crate) enum Wire {
     ApicurioHeaders,
     #[serde(rename = "apicurio-8byte")]
     Apicurio8Byte,
+    #[serde(rename = "apicurio-4byte")]
+    Apicurio4Byte,
 }
 
 #[derive(Debug, Deserialize)]

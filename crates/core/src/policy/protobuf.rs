@@ -149,7 +149,7 @@ impl ProtoDecoder {
                 Some(m) => (fast.raw).capture(m, bytes, &fast.raw_links, caps),
                 None => false,
             },
-            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte => {
+            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte | Wire::Apicurio4Byte => {
                 let Ok((id, rest)) = confluent_header(bytes) else {
                     return false;
                 };
@@ -178,7 +178,7 @@ impl ProtoDecoder {
                 None => Err(Invalid::poison("decode", "no Protobuf message type")),
             },
             // Apicurio's wires are registry-only: never a file decoder's.
-            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte => {
+            Wire::Confluent | Wire::ApicurioHeaders | Wire::Apicurio8Byte | Wire::Apicurio4Byte => {
                 let (id, rest) = confluent_header(bytes)?;
                 let (file, _) = self.ids.get(&id).ok_or_else(|| unknown_id(id))?;
                 file.decode(rest, self.expected())

@@ -56,7 +56,7 @@ fn framing(v: &ValueDoc, errs: &mut Vec<At>) -> Framing {
     match wire {
         Wire::Raw => {
             if let Some(w) = &v.wire {
-                errs.push(at(w, "value.wire: `registry: true` reads a schema id: `confluent`, `apicurio-headers` or `apicurio-8byte`"));
+                errs.push(at(w, "value.wire: `registry: true` reads a schema id: `confluent`, `apicurio-headers`, `apicurio-8byte` or `apicurio-4byte`"));
             }
             Framing::Confluent
         }
@@ -94,6 +94,17 @@ fn framing(v: &ValueDoc, errs: &mut Vec<At>) -> Framing {
             // 2.x serializers wrote the global id.
             Framing::Long {
                 id: kind(ApicurioId::Global),
+            }
+        }
+        Wire::Apicurio4Byte => {
+            not_for(
+                errs,
+                &v.subject,
+                "value.subject: applies to `wire: confluent` (Apicurio's ids are not a subject's)",
+            );
+            // 3.x serializers write the content id by default.
+            Framing::Int {
+                id: kind(ApicurioId::Content),
             }
         }
     }

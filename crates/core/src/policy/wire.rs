@@ -2,9 +2,12 @@
 //! alone), `confluent` (magic byte 0, then a 4-byte big-endian schema id,
 //! then the datum; Protobuf adds message indexes), and Apicurio's own
 //! (`registry: true` only): `apicurio-headers` (the id, an 8-byte
-//! big-endian long, in a record header; the value is the datum alone) and
-//! `apicurio-8byte` (magic byte 0, then the id as 8 bytes). Apicurio ids
-//! are global ids or content ids, each its own namespace.
+//! big-endian long, in a record header; the value is the datum alone),
+//! `apicurio-8byte` (magic byte 0, then the id as 8 bytes) and
+//! `apicurio-4byte` (magic byte 0, then the id as 4 bytes: Confluent's
+//! framing, the id Apicurio's and the datum as Apicurio's serializers
+//! write it). Apicurio ids are global ids or content ids, each its own
+//! namespace.
 
 use super::document::ValueDoc;
 pub(crate) use super::document::Wire;
@@ -44,6 +47,11 @@ pub(crate) enum Framing {
     Long {
         id: ApicurioId,
     },
+    /// Magic byte 0, then the id as a 4-byte big-endian int
+    /// (`Default4ByteIdHandler`, 3.x's default).
+    Int {
+        id: ApicurioId,
+    },
 }
 
 /// A schema id and the namespace it belongs to.
@@ -75,6 +83,8 @@ impl Framing {
             Framing::Confluent => {
                 confluent_header(bytes).map(|(id, rest)| (SchemaKey::Confluent(id), rest))
             }
+            Framing::Int { id } => confluent_header(bytes)
+                .map(|(n, rest)| (SchemaKey::Apicurio(*id, u64::from(n)), rest)),
             Framing::Long { id } => match bytes {
                 [0, rest @ ..] if rest.len() >= 8 => {
                     let (head, datum) = rest.split_at(8);
@@ -143,7 +153,10 @@ pub(crate) fn check_file_wire(v: &ValueDoc, errs: &mut Vec<At>) -> Wire {
 
 /// Whether `wire` is one of Apicurio's own.
 pub(crate) fn apicurio(wire: Wire) -> bool {
-    matches!(wire, Wire::ApicurioHeaders | Wire::Apicurio8Byte)
+    matches!(
+        wire,
+        Wire::ApicurioHeaders | Wire::Apicurio8Byte | Wire::Apicurio4Byte
+    )
 }
 
 /// Split a Confluent-framed value into its schema id and payload.
