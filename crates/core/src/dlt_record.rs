@@ -13,7 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use uuid::Uuid;
 
-use crate::dlt_context::{Context, Seal};
+use crate::dlt_context::{
+    Context, Seal, H_RULE_EXCEPTION, H_RULE_MODE, H_RULE_NAME, H_RULE_SUBJECT, H_RULE_TOPIC,
+};
 use crate::kafka::batch::Batch;
 use crate::kafka::builder::NewRecord;
 use crate::kafka::record::Record;
@@ -202,6 +204,7 @@ impl Diversion {
                 class: Class::Redact,
                 rule: invalid.rule.clone(),
                 reason: format!("rule {} (class redact: contents withheld)", invalid.rule),
+                contract: invalid.contract.clone(),
             },
             policy: Arc::from(policy.name.as_str()),
             blocked_by: None,
@@ -278,6 +281,14 @@ impl Diversion {
         }
         if let Some(first) = self.blocked_by {
             add(H_BLOCKED_BY, first.to_string());
+        }
+        if let Some(rule) = &self.invalid.contract {
+            // Confluent's DLQ action's headers, inside the signed context.
+            add(H_RULE_NAME, rule.name.clone());
+            add(H_RULE_MODE, rule.mode.to_string());
+            add(H_RULE_SUBJECT, rule.subject.clone());
+            add(H_RULE_TOPIC, self.origin_topic.to_string());
+            add(H_RULE_EXCEPTION, bound_reason(&self.invalid.reason).into_owned());
         }
         seal.frame(
             self.origin_timestamp,

@@ -14,6 +14,7 @@ use super::document::{ValueDoc, DEFAULT_MAX_BYTES};
 use super::format::{Bytes, Cx, Format, OwnSchema};
 use super::json::Captures;
 use super::located::{at, At};
+use super::contract::Contract;
 use super::registered::RegistryDecoder;
 use super::registry::{Reference, Registered, SchemaCache};
 use super::rules::Pointer;
@@ -145,6 +146,14 @@ macro_rules! formats {
                 match self {
                     $(Decoder::$v(f) => Format::capture(f, bytes, check),)*
                     $(Decoder::Registry(Registry::$v(r)) => r.capture(bytes, cx, check),)*
+                }
+            }
+
+            /// The data-contract rules of the value's registered schema.
+            pub(super) fn contract(&self, bytes: &[u8], cx: &Cx<'_>) -> Option<Arc<Contract>> {
+                match self {
+                    $(Decoder::$v(_) => None,)*
+                    $(Decoder::Registry(Registry::$v(r)) => r.contract(bytes, cx),)*
                 }
             }
 
