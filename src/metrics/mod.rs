@@ -41,8 +41,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod action;
-pub mod contract;
 pub mod breaker;
+pub mod contract;
 mod fleet;
 pub mod history;
 pub mod hold;

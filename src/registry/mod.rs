@@ -438,9 +438,11 @@ impl Registry {
 /// Whether a `ruleSet` holds any domain or encoding rule (migration
 /// rules never run: a record is read with its writer's schema).
 fn has_rules(set: &serde_json::Value) -> bool {
-    ["domainRules", "encodingRules"]
-        .iter()
-        .any(|k| set.get(k).and_then(|r| r.as_array()).is_some_and(|r| !r.is_empty()))
+    ["domainRules", "encodingRules"].iter().any(|k| {
+        set.get(k)
+            .and_then(|r| r.as_array())
+            .is_some_and(|r| !r.is_empty())
+    })
 }
 
 /// Percent-encode a subject for a URL path (everything but RFC 3986

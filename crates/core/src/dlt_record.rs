@@ -288,7 +288,10 @@ impl Diversion {
             add(H_RULE_MODE, rule.mode.to_string());
             add(H_RULE_SUBJECT, rule.subject.clone());
             add(H_RULE_TOPIC, self.origin_topic.to_string());
-            add(H_RULE_EXCEPTION, bound_reason(&self.invalid.reason).into_owned());
+            add(
+                H_RULE_EXCEPTION,
+                bound_reason(&self.invalid.reason).into_owned(),
+            );
         }
         seal.frame(
             self.origin_timestamp,

@@ -17,12 +17,7 @@ impl Exchange for Passthrough {
         Ok(Classified::answered(head, Handling::Forward))
     }
 
-    async fn respond(
-        _: Cx<'_>,
-        _: (),
-        _: i16,
-        frame: Bytes,
-    ) -> Result<ResponseFrame, RelayError> {
+    async fn respond(_: Cx<'_>, _: (), _: i16, frame: Bytes) -> Result<ResponseFrame, RelayError> {
         Ok(ResponseFrame::whole(frame))
     }
 }

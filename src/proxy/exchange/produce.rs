@@ -58,7 +58,11 @@ impl Exchange for Produce {
                 close: body.is_none(),
                 pending: body.and_then(|b| {
                     let tags = super::response_tags(ApiKey::Produce, v);
-                    pending(Handling::Local(response_frame(head.correlation_id, tags, &b)))
+                    pending(Handling::Local(response_frame(
+                        head.correlation_id,
+                        tags,
+                        &b,
+                    )))
                 }),
                 send: Send::Nothing,
                 inject: None,

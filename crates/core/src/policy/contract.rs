@@ -143,7 +143,9 @@ pub fn compile_contract(
     }
     let mut rules = Vec::new();
     for r in doc.domain_rules.iter().filter(|r| !r.disabled) {
-        if let Some(rule) = compile_rule(r, schema_type, schema).map_err(|e| named(subject, &r.name, e))? {
+        if let Some(rule) =
+            compile_rule(r, schema_type, schema).map_err(|e| named(subject, &r.name, e))?
+        {
             rules.push(rule);
         }
     }
@@ -154,22 +156,36 @@ pub fn compile_contract(
 }
 
 /// One domain rule; `None` for a rule of a migration mode.
-fn compile_rule(r: &RuleDoc, schema_type: &str, schema: &str) -> Result<Option<ContractRule>, String> {
+fn compile_rule(
+    r: &RuleDoc,
+    schema_type: &str,
+    schema: &str,
+) -> Result<Option<ContractRule>, String> {
     let (read, write) = match r.mode.as_deref().unwrap_or("") {
         "READ" => (true, false),
         "WRITE" => (false, true),
         "WRITEREAD" => (true, true),
         "UPGRADE" | "DOWNGRADE" | "UPDOWN" => return Ok(None),
-        m => return Err(format!("mode `{m}` is not one of WRITE, READ, WRITEREAD, UPGRADE, DOWNGRADE, UPDOWN")),
+        m => {
+            return Err(format!(
+                "mode `{m}` is not one of WRITE, READ, WRITEREAD, UPGRADE, DOWNGRADE, UPDOWN"
+            ))
+        }
     };
     match r.kind.as_deref().unwrap_or("") {
         "CONDITION" => {}
         "TRANSFORM" => {
-            return Err("TRANSFORM rules are not supported: a proxy does not rewrite records".into())
+            return Err(
+                "TRANSFORM rules are not supported: a proxy does not rewrite records".into(),
+            )
         }
         k => return Err(format!("kind `{k}` is not CONDITION")),
     }
-    if let Some(s) = r.on_success.as_deref().filter(|s| !s.split(',').all(|a| a.trim() == "NONE")) {
+    if let Some(s) = r
+        .on_success
+        .as_deref()
+        .filter(|s| !s.split(',').all(|a| a.trim() == "NONE"))
+    {
         return Err(format!("onSuccess `{s}` is not supported (only NONE)"));
     }
     let expr = r.expr.as_deref().unwrap_or("");
@@ -180,7 +196,11 @@ fn compile_rule(r: &RuleDoc, schema_type: &str, schema: &str) -> Result<Option<C
         t @ ("JSONATA" | "ENCRYPT" | "ENCRYPT_PAYLOAD") => {
             return Err(format!("rules of type {t} are not supported"))
         }
-        t => return Err(format!("rules of type `{t}` are not supported (CEL and CEL_FIELD are)")),
+        t => {
+            return Err(format!(
+                "rules of type `{t}` are not supported (CEL and CEL_FIELD are)"
+            ))
+        }
     };
     let on_failure = r.on_failure.as_deref().unwrap_or("ERROR");
     Ok(Some(ContractRule {
@@ -205,7 +225,9 @@ fn action(on_failure: &str, side: Side) -> Result<Action, String> {
     match one.trim() {
         "ERROR" | "DLQ" => Ok(Action::Refuse),
         "NONE" => Ok(Action::Count),
-        a => Err(format!("onFailure `{a}` is not supported (ERROR, DLQ or NONE)")),
+        a => Err(format!(
+            "onFailure `{a}` is not supported (ERROR, DLQ or NONE)"
+        )),
     }
 }
 
@@ -254,7 +276,11 @@ impl Contract {
                 Side::Write => rule.write,
             };
             let Some(act) = act else { return Ok(()) };
-            let Some(Err(mut e)) = rule.checks.iter().find(|c| !c.holds(value, r)).map(|c| c.check(value, r))
+            let Some(Err(mut e)) = rule
+                .checks
+                .iter()
+                .find(|c| !c.holds(value, r))
+                .map(|c| c.check(value, r))
             else {
                 return Ok(());
             };
@@ -289,7 +315,9 @@ type NoneKey = (String, String, Side);
 static NONE_COUNTS: Mutex<BTreeMap<NoneKey, u64>> = Mutex::new(BTreeMap::new());
 
 fn count_none(subject: &str, rule: &str, side: Side) {
-    let Ok(mut m) = NONE_COUNTS.lock() else { return };
+    let Ok(mut m) = NONE_COUNTS.lock() else {
+        return;
+    };
     let key = (subject.to_string(), rule.to_string(), side);
     if let Some(n) = m.get_mut(&key) {
         *n += 1;
@@ -303,7 +331,10 @@ fn count_none(subject: &str, rule: &str, side: Side) {
 /// counted again). At most 1,024 series.
 pub fn none_counts() -> Vec<(String, String, Side, u64)> {
     match NONE_COUNTS.lock() {
-        Ok(m) => m.iter().map(|((s, r, d), n)| (s.clone(), r.clone(), *d, *n)).collect(),
+        Ok(m) => m
+            .iter()
+            .map(|((s, r, d), n)| (s.clone(), r.clone(), *d, *n))
+            .collect(),
         Err(_) => Vec::new(),
     }
 }

@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::contract::Contract;
 use super::document::{ValueDoc, DEFAULT_MAX_BYTES};
 use super::format::{Bytes, Cx, Format, OwnSchema};
 use super::json::Captures;
 use super::located::{at, At};
-use super::contract::Contract;
 use super::registered::RegistryDecoder;
 use super::registry::{Reference, Registered, SchemaCache};
 use super::rules::Pointer;

@@ -187,10 +187,8 @@ impl Compiled {
             return verdict;
         }
         match self.decoder.decode(bytes, &cx)? {
-            Some(value) => {
-                contract(&self.decoder, bytes, &value, r, &cx, &self.dead_letter)
-                    .and_then(|()| self.check_value(&value, r, now_ms))
-            }
+            Some(value) => contract(&self.decoder, bytes, &value, r, &cx, &self.dead_letter)
+                .and_then(|()| self.check_value(&value, r, now_ms)),
             None => Ok(()),
         }
     }

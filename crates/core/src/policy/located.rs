@@ -190,4 +190,3 @@ pub(super) fn errors_or<T>(errs: Vec<At>, ok: T) -> Result<T, Vec<At>> {
         Err(errs)
     }
 }
-

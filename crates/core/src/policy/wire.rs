@@ -6,8 +6,8 @@
 //! `apicurio-8byte` (magic byte 0, then the id as 8 bytes). Apicurio ids
 //! are global ids or content ids, each its own namespace.
 
-pub(crate) use super::document::Wire;
 use super::document::ValueDoc;
+pub(crate) use super::document::Wire;
 use super::located::not_for;
 use super::located::{at, At};
 use super::{Class, Invalid};

@@ -7,10 +7,10 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use super::ShareNeeds;
-use crate::proxy::exchange::{Classified, Handling, Pending, Send};
 use crate::intercept::share;
 use crate::policy::PolicySet;
 use crate::proxy::error::RelayError;
+use crate::proxy::exchange::{Classified, Handling, Pending, Send};
 use crate::proxy::Shared;
 use crate::transport::frame;
 

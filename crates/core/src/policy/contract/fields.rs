@@ -45,8 +45,11 @@ pub(super) fn checks(
 
 /// The top-level fields of a record schema and their type names.
 fn fields(schema_type: &str, schema: &str) -> Result<Vec<(String, &'static str)>, String> {
-    let text: Value = serde_json::from_str(schema)
-        .map_err(|_| format!("CEL_FIELD rules are supported on Avro and JSON Schema schemas, not on {schema_type}"))?;
+    let text: Value = serde_json::from_str(schema).map_err(|_| {
+        format!(
+            "CEL_FIELD rules are supported on Avro and JSON Schema schemas, not on {schema_type}"
+        )
+    })?;
     match schema_type {
         "AVRO" => {
             let fields = (text.get("type") == Some(&Value::from("record")))
@@ -55,7 +58,12 @@ fn fields(schema_type: &str, schema: &str) -> Result<Vec<(String, &'static str)>
                 .ok_or("CEL_FIELD rules need an Avro record schema")?;
             Ok(fields
                 .iter()
-                .filter_map(|f| Some((f.get("name")?.as_str()?.to_string(), avro_type(f.get("type")?))))
+                .filter_map(|f| {
+                    Some((
+                        f.get("name")?.as_str()?.to_string(),
+                        avro_type(f.get("type")?),
+                    ))
+                })
                 .collect())
         }
         "JSON" => {
@@ -63,7 +71,10 @@ fn fields(schema_type: &str, schema: &str) -> Result<Vec<(String, &'static str)>
                 .get("properties")
                 .and_then(Value::as_object)
                 .ok_or("CEL_FIELD rules need a JSON Schema with properties")?;
-            Ok(props.iter().map(|(k, v)| (k.clone(), json_type(v))).collect())
+            Ok(props
+                .iter()
+                .map(|(k, v)| (k.clone(), json_type(v)))
+                .collect())
         }
         t => Err(format!(
             "CEL_FIELD rules are supported on Avro and JSON Schema schemas, not on {t}"
@@ -108,7 +119,12 @@ fn json_type(s: &Value) -> &'static str {
         return "ENUM";
     }
     match o.get("type").and_then(Value::as_str) {
-        Some("object") if o.get("properties").is_none_or(|p| p.as_object().is_none_or(|m| m.is_empty())) => "MAP",
+        Some("object")
+            if o.get("properties")
+                .is_none_or(|p| p.as_object().is_none_or(|m| m.is_empty())) =>
+        {
+            "MAP"
+        }
         Some("object") => "RECORD",
         Some("array") => "ARRAY",
         Some("string") => "STRING",

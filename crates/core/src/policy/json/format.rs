@@ -12,8 +12,8 @@ use super::{capture, capture_shaped, decode, Captures, Plan, DEFAULT_MAX_DEPTH, 
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
 use crate::policy::format::{Format, OwnSchema};
-use crate::policy::located::{errors_or, not_for};
 use crate::policy::located::{at, At, Located};
+use crate::policy::located::{errors_or, not_for};
 use crate::policy::registry::{Reference, Registered};
 use crate::policy::rules::Pointer;
 use crate::policy::shape::Shape;

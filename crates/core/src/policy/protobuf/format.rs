@@ -14,9 +14,9 @@ use super::{check_type_name, decode_message, load_file, IndexedFile, Links, Prot
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
 use crate::policy::format::{Format, OwnSchema};
-use crate::policy::located::{errors_or, not_for};
 use crate::policy::json::{Captures, Plan};
 use crate::policy::located::{at, At};
+use crate::policy::located::{errors_or, not_for};
 use crate::policy::registry::{Reference, Registered};
 use crate::policy::rules::Pointer;
 use crate::policy::wire::{check_file_wire, varint_at, Tenth, Wire};
