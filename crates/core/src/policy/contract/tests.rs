@@ -6,8 +6,6 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
-use crate::dlt_context::{open, Keys, Seal};
-use crate::dlt_record::Diversion;
 use crate::policy::formats::compile_schema;
 use crate::policy::registry_tests::{avro_datum, invalid, set, NOW, TRIGGER_AVSC};
 use crate::policy::{SchemaCache, Verdict};
@@ -280,67 +278,4 @@ fn a_dlq_topic_that_is_not_the_policys_dlt_makes_the_schema_unknown() {
     let cache = cache_with(vec![r]);
     assert!(judge(&cache, 10.0, Side::Read).is_valid());
     assert_eq!(invalid(judge(&cache, 61.0, Side::Read)).rule, "rule:r");
-}
-
-#[test]
-fn the_rule_headers_are_inside_the_signed_context() {
-    let cache = cache_with(vec![rule(
-        "north",
-        "CEL",
-        "READ",
-        "message.lat < 60",
-        "DLQ",
-    )]);
-    let s = set(POLICY, &cache);
-    let p = s.for_topic("geo.avro").expect("policy");
-    let value = framed(5, &avro_datum(61.0, None));
-    let r = rec(&value);
-    let Verdict::Invalid(inv) = p.judge_at("geo.avro", &r, NOW, Side::Read) else {
-        panic!("valid")
-    };
-    let d = Diversion::new(p, &Arc::from("geo.avro"), 0, &r, &inv);
-    let keys = Keys::new(&[b"0123456789abcdef0123"], false);
-    let out = d.to_record(NOW, None, &Seal::new(&keys, "geo.avro.dlt", 0));
-    let headers: Vec<crate::kafka::record::Header<'_>> = out
-        .headers
-        .iter()
-        .map(|(k, v)| crate::kafka::record::Header {
-            key: k.as_bytes(),
-            value: v.as_deref(),
-        })
-        .collect();
-    let back = Record {
-        offset: 0,
-        timestamp: out.timestamp,
-        key: out.key.as_deref(),
-        value: out.value.as_deref(),
-        headers,
-    };
-    let ctx = open(&back, "geo.avro.dlt", 0, &keys).expect("verifies");
-    assert!(ctx.signed);
-    assert_eq!(ctx.text("__rule.name"), Some("north"));
-    assert_eq!(ctx.text("__rule.mode"), Some("READ"));
-    assert_eq!(ctx.text("__rule.subject"), Some("geo.avro-value"));
-    assert_eq!(ctx.text("__rule.topic"), Some("geo.avro"));
-    assert!(ctx
-        .text("__rule.exception")
-        .is_some_and(|e| e.contains("is false")));
-    // Another rule name in the same frame does not verify.
-    let mut forged = back.clone();
-    for h in &mut forged.headers {
-        if h.key == b"__rule.name" {
-            h.value = Some(b"other");
-        }
-    }
-    assert!(open(&forged, "geo.avro.dlt", 0, &keys).is_err());
-    // A plain record's own __rule.* headers stay its own (not context).
-    let plain = Record {
-        headers: vec![crate::kafka::record::Header {
-            key: b"__rule.name",
-            value: Some(b"x"),
-        }],
-        ..rec(&value)
-    };
-    let ctx = open(&plain, "t", 0, &Keys::none()).expect("plain");
-    assert!(ctx.is_empty() && ctx.originals.len() == 1);
 }
