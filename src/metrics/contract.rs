@@ -63,6 +63,6 @@ impl ContractMetrics {
             rule: rule.into(),
             mode: "READ",
         };
-        self.none.get_or_create(&labels);
+        let _ = self.none.get_or_create(&labels);
     }
 }
