@@ -13,7 +13,7 @@ Covers: on fetch, records that satisfy the schema but break a READ rule are
 diverted to the DLT with Confluent's `__rule.*` headers, valid ones delivered
 once, in order; a NONE rule's failures are delivered and counted; a disabled
 rule is ignored; at the door (`on_produce: reject`) a record breaking a WRITE
-rule is refused with the rule named; a rule antidote cannot honour (JSONATA)
+rule is refused with the rule named, a WRITE rule with NONE only counted; a rule antidote cannot honour (JSONATA)
 makes the schema unusable (class `unknown`, naming subject and rule). And
 what Apicurio Registry 3.3.3's Confluent API does with a `ruleSet`.
 """
@@ -150,6 +150,7 @@ def rules_for(topic: str) -> list[Rule]:
             rule_type="CEL_FIELD"),
         cel("lon-east", "READ", "message.lon > 0.0", "NONE"),
         cel("no-south", "WRITE", "message.lat > -60.0"),
+        cel("lon-east-written", "WRITE", "message.lon > 0.0", "NONE"),
         cel("never", "WRITEREAD", "false", disabled=True),
     ]
 
@@ -160,7 +161,8 @@ def test_the_serializer_gets_the_rule_set_back_from_the_registry(stub):
     latest = sr(stub).get_latest_version(f"{topic}-value")
     assert latest.schema_id == sid
     got = [r.name for r in latest.schema.rule_set.domain_rules]
-    assert got == ["north-of-60", "device-prefix", "lon-east", "no-south", "never"]
+    assert got == ["north-of-60", "device-prefix", "lon-east", "no-south", "lon-east-written",
+                   "never"]
     by_id = sr(stub).get_schema(sid)
     assert by_id.rule_set.domain_rules[0].params.params == {"dlq.topic": f"{topic}.dlt"}
 
@@ -214,8 +216,10 @@ def test_a_write_rule_refuses_the_produce_at_the_door_naming_the_rule(proxy, stu
         trig(1, lat=-61.0),           # breaks no-south (WRITE)
         trig(2, device="x-2"),        # breaks device-prefix (WRITEREAD)
         trig(3, lat=61.0),            # breaks north-of-60, a READ rule: written
-        trig(4, lon=-3.0),            # breaks lon-east, READ and NONE: written
-    ])
+        trig(4, lon=-3.0),            # breaks lon-east (READ) and lon-east-written
+    ])                                # (WRITE, NONE): written, counted
+    counted = f'subject="{topic}-value".*rule="lon-east-written".*mode="WRITE"'
+    assert metric(proxy, "antidote_contract_rule_none_total", counted) == 0
     p = kp.KafkaProducer(**c.Endpoint(proxy.bootstrap, "proxy").kp(
         linger_ms=0, retries=0, max_in_flight_requests_per_connection=1))
     errors = []
@@ -237,6 +241,7 @@ def test_a_write_rule_refuses_the_produce_at_the_door_naming_the_rule(proxy, stu
     from test_produce_door import read_back
     landed = [r.value for r in read_back(broker, topic, 0, 3)]
     assert landed == [values[0], values[3], values[4]]
+    assert metric(proxy, "antidote_contract_rule_none_total", counted) == 1
 
 
 def test_a_rule_antidote_cannot_honour_makes_the_schema_unknown(

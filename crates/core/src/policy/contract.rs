@@ -106,7 +106,8 @@ struct ContractRule {
     /// `params.dlq.topic`: must be the policy's DLT ([`Contract::dlq_mismatch`]).
     dlq_topic: Option<String>,
     /// One check (`CEL`), or one per field its guard selects (`CEL_FIELD`).
-    checks: Vec<CelRule>,
+    /// CEL_FIELD's checks name their field.
+    checks: Vec<(Option<String>, CelRule)>,
 }
 
 /// The rules of one registered schema that run on reads or writes.
@@ -191,7 +192,10 @@ fn compile_rule(
     let expr = r.expr.as_deref().unwrap_or("");
     let id = format!("rule:{}", r.name);
     let checks = match r.rule_type.as_deref().unwrap_or("") {
-        "CEL" => vec![CelRule::named(id, expr, None).map_err(|e| format!("`{expr}`: {e}"))?],
+        "CEL" => vec![(
+            None,
+            CelRule::named(id, expr, None).map_err(|e| format!("`{expr}`: {e}"))?,
+        )],
         "CEL_FIELD" => fields::checks(&id, expr, schema_type, schema)?,
         t @ ("JSONATA" | "ENCRYPT" | "ENCRYPT_PAYLOAD") => {
             return Err(format!("rules of type {t} are not supported"))
@@ -276,11 +280,11 @@ impl Contract {
                 Side::Write => rule.write,
             };
             let Some(act) = act else { return Ok(()) };
-            let Some(Err(mut e)) = rule
+            let Some((field, Err(mut e))) = rule
                 .checks
                 .iter()
-                .find(|c| !c.holds(value, r))
-                .map(|c| c.check(value, r))
+                .find(|(_, c)| !c.holds(value, r))
+                .map(|(f, c)| (f, c.check(value, r)))
             else {
                 return Ok(());
             };
@@ -290,7 +294,14 @@ impl Contract {
                     Ok(())
                 }
                 Action::Refuse => {
-                    e.reason = named(&self.subject, &rule.name, &e.reason);
+                    e.reason = match field {
+                        Some(f) => named(
+                            &self.subject,
+                            &rule.name,
+                            format!("field {f}: {}", e.reason),
+                        ),
+                        None => named(&self.subject, &rule.name, &e.reason),
+                    };
                     e.contract = Some(Box::new(RuleFailure {
                         name: rule.name.clone(),
                         mode: side.mode(),

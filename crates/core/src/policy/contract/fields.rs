@@ -20,7 +20,7 @@ pub(super) fn checks(
     expr: &str,
     schema_type: &str,
     schema: &str,
-) -> Result<Vec<CelRule>, String> {
+) -> Result<Vec<(Option<String>, CelRule)>, String> {
     let (guard, body) = match expr.split_once(';') {
         Some((g, b)) => (Some(g.trim()), b.trim()),
         None => (None, expr.trim()),
@@ -38,7 +38,8 @@ pub(super) fn checks(
                 continue;
             }
         }
-        out.push(field_rule(id, body, &name, type_name)?);
+        let check = field_rule(id, body, &name, type_name)?;
+        out.push((Some(name), check));
     }
     Ok(out)
 }

@@ -251,6 +251,7 @@ fn cel_field_rules_run_on_the_fields_their_guard_selects() {
     assert!(judge(&cache, 52.0, Side::Read).is_valid());
     let v = invalid(judge(&cache, 61.0, Side::Read));
     assert_eq!(v.rule, "rule:lat-bound");
+    assert!(v.reason.starts_with("subject geo.avro-value, data-contract rule lat-bound: field lat: `value < 60.0` is false"), "{}", v.reason);
     // lon is 4.0 in every datum: only lat can fail the typeName guard.
     assert_eq!(
         invalid(judge(&cache, -1500.0, Side::Read)).rule,
@@ -278,4 +279,53 @@ fn a_dlq_topic_that_is_not_the_policys_dlt_makes_the_schema_unknown() {
     let cache = cache_with(vec![r]);
     assert!(judge(&cache, 10.0, Side::Read).is_valid());
     assert_eq!(invalid(judge(&cache, 61.0, Side::Read)).rule, "rule:r");
+}
+
+#[test]
+fn a_key_schemas_rules_are_judged_on_the_key() {
+    use apache_avro::types::Value as A;
+    const KEY: &str = r#"{"type":"record","name":"DeviceKey","namespace":"geo","fields":[{"name":"device_id","type":"string"}]}"#;
+    let cache = SchemaCache::new();
+    let contract = compile_contract(
+        "geo.keyed-key",
+        &json!({"domainRules": [rule("device-prefix", "CEL", "WRITEREAD", "message.device_id.startsWith('d-')", "ERROR")]}),
+        "AVRO",
+        KEY,
+    )
+    .expect("compiles");
+    cache.put_schema_with(9, compile_schema(None, KEY, &[]), contract);
+    let s = set(
+        r#"
+policies:
+  - name: keyed
+    topics: ["geo.keyed"]
+    key: { format: avro, wire: confluent, registry: true }
+    value: { format: bytes }
+"#,
+        &cache,
+    );
+    let p = s.for_topic("geo.keyed").expect("policy");
+    let schema = apache_avro::Schema::parse_str(KEY).expect("schema");
+    let key = |id: &str| {
+        let datum = A::Record(vec![("device_id".into(), A::String(id.into()))]);
+        framed(
+            9,
+            &apache_avro::to_avro_datum(&schema, datum).expect("encodes"),
+        )
+    };
+    let (good, bad) = (key("d-1"), key("x-1"));
+    let with_key = |k: &[u8]| -> Verdict {
+        let r = Record {
+            key: Some(k),
+            ..rec(b"v")
+        };
+        p.judge_at("geo.keyed", &r, NOW, Side::Write)
+    };
+    assert!(with_key(&good).is_valid());
+    let v = invalid(with_key(&bad));
+    assert_eq!(v.rule, "key.rule:device-prefix");
+    assert_eq!(
+        v.contract.map(|c| c.subject),
+        Some("geo.keyed-key".to_string())
+    );
 }
