@@ -9,7 +9,7 @@ The producers here do not run the rules themselves (confluent-kafka's rule
 override `disabled` for CEL and CEL_FIELD, as a client without CEL executors
 or another client library would): the proxy is what enforces them.
 
-Covers: on fetch, records that satisfy the schema but break a READ rule are
+Covers, for Avro (AvroSerializer) and JSON Schema (JSONSerializer): on fetch, records that satisfy the schema but break a READ rule are
 diverted to the DLT with Confluent's `__rule.*` headers, valid ones delivered
 once, in order; a NONE rule's failures are delivered and counted; a disabled
 rule is ignored; at the door (`on_produce: reject`) a record breaking a WRITE
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.rule_registry import RuleOverride, RuleRegistry
 from confluent_kafka.schema_registry.schema_registry_client import (
     Rule, RuleKind, RuleMode, RuleParams, RuleSet)
@@ -50,6 +51,9 @@ policies:
     rules:
       - coordinates: { lat: /lat, lon: /lon }
     on_produce: reject
+  - name: contracts-json
+    topics: ["dcj.*"]
+    value: { format: json, wire: confluent, registry: true, subject: "{topic}-value" }
 """
 
 TRIGGER = json.dumps({"type": "record", "name": "Trigger", "namespace": "geo", "fields": [
@@ -242,6 +246,44 @@ def test_a_write_rule_refuses_the_produce_at_the_door_naming_the_rule(proxy, stu
     landed = [r.value for r in read_back(broker, topic, 0, 3)]
     assert landed == [values[0], values[3], values[4]]
     assert metric(proxy, "antidote_contract_rule_none_total", counted) == 1
+
+
+TRIGGER_JSON = json.dumps({"type": "object", "required": ["device_id", "lat", "lon", "count"],
+                           "properties": {"device_id": {"type": "string"},
+                                          "lat": {"type": "number"}, "lon": {"type": "number"},
+                                          "count": {"type": "integer"}}})
+
+
+def test_json_schema_rules_by_field_type(proxy, stub, broker, broker_endpoint):
+    """A JSON Schema's CEL_FIELD rule guarded by typeName (integer fields are
+    INT, as Confluent's clients name them) and a CEL rule, with records by
+    confluent-kafka's JSONSerializer."""
+    topic = f"dcj.{uuid.uuid4().hex[:10]}"
+    c.ck_create_topic(c.Endpoint(broker.bootstrap), topic, 1)
+    rules = [cel("counts-positive", "READ", 'typeName == "INT" ; value >= 0',
+                 rule_type="CEL_FIELD"),
+             cel("named", "WRITEREAD", 'message.device_id != ""', "DLQ,ERROR")]
+    schema = Schema(TRIGGER_JSON, "JSON", rule_set=RuleSet(migration_rules=[], domain_rules=rules))
+    sr(stub).register_schema(f"{topic}-value", schema)
+    rr = RuleRegistry()
+    for t in ("CEL", "CEL_FIELD"):
+        rr.register_override(RuleOverride(t, None, None, True))
+    ser = JSONSerializer(None, sr(stub), conf={"auto.register.schemas": False,
+                                               "use.latest.version": True}, rule_registry=rr)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    docs = [{"device_id": "d-0", "lat": 1.0, "lon": 2.0, "count": 3},
+            {"device_id": "d-1", "lat": 1.0, "lon": 2.0, "count": -1},   # counts-positive
+            {"device_id": "", "lat": 1.0, "lon": 2.0, "count": 1},       # named
+            {"device_id": "d-3", "lat": -1.5, "lon": -2.0, "count": 0}]  # doubles unguarded
+    values = [ser(d, ctx) for d in docs]
+    c.ck_produce(broker_endpoint, topic, [c.Rec(0, i, None, v, (), 1_700_000_000_000 + i)
+                                          for i, v in enumerate(values)])
+    got = ps.read_to_end(c.Endpoint(proxy.bootstrap, "proxy"), topic, 0, at_least=2)
+    assert [(g.offset, g.value) for g in got] == [(0, values[0]), (3, values[3])]
+    dlt = ps.read_dlt(broker_endpoint, f"{topic}.dlt")
+    assert ps.origin_offsets(dlt) == [(0, 1), (0, 2)]
+    assert [ps.hdict(d)["__rule.name"] for d in dlt] == [b"counts-positive", b"named"]
+    assert b"field count:" in ps.hdict(dlt[0])["x-error"]
 
 
 def test_a_rule_antidote_cannot_honour_makes_the_schema_unknown(
