@@ -86,10 +86,14 @@ def stub():
 def proxy(workdir, broker, stub, tmp_path_factory):
     d = tmp_path_factory.mktemp("contracts")
     (d / "contracts.yaml").write_text(POLICIES)
+    # Signed DLT records: the __rule.* headers are inside the signed context,
+    # and the proxy's own readers (ledger, follower) must accept them.
+    (d / "signing.key").write_text("a-data-contracts-signing-key-0001")
     import conftest
     p = ContractProxy(workdir, upstream=[broker.bootstrap], policies=[d / "contracts.yaml"],
                       name="antidote-contracts", registry_url=stub.url,
-                      admin_port=h.free_port())
+                      admin_port=h.free_port(),
+                      dead_letter={"signing_keys": [f"file: {d / 'signing.key'}"]})
     conftest._PROXIES.append(p)
     p.start()
     yield p
@@ -202,12 +206,15 @@ def test_records_breaking_a_read_rule_are_diverted_with_the_rule_headers(
         assert hd["__rule.subject"] == f"{topic}-value".encode()
         assert hd["__rule.topic"] == topic.encode()
         assert f"data-contract rule {rule}".encode() in hd["__rule.exception"]
-        # Inside the framed context, not among the original headers.
-        n = int(d.headers[-1][1].split()[1])
-        assert "__rule.name" in [k for k, _ in d.headers[-1 - n:-1]]
+        # Inside the framed, signed context, not among the original headers.
+        assert d.headers[-1][0] == "x-antidote-signature"
+        n = int(d.headers[-2][1].split()[1])
+        assert "__rule.name" in [k for k, _ in d.headers[-2 - n:-2]]
     after = metric(proxy, "antidote_contract_rule_none_total",
                    f'subject="{topic}-value".*rule="lon-east".*mode="READ"')
     assert after - before >= 1
+    # Read back by the proxy's DLT follower, none refused as not its own.
+    assert metric(proxy, "antidote_dlt_records_refused_total", "") == 0
 
 
 def test_a_write_rule_refuses_the_produce_at_the_door_naming_the_rule(proxy, stub, broker):
