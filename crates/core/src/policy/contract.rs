@@ -185,7 +185,7 @@ fn compile_rule(
     if let Some(s) = r
         .on_success
         .as_deref()
-        .filter(|s| !s.split(',').all(|a| a.trim() == "NONE"))
+        .filter(|s| !s.split(',').all(|a| matches!(a.trim(), "NONE" | "")))
     {
         return Err(format!("onSuccess `{s}` is not supported (only NONE)"));
     }
@@ -206,7 +206,9 @@ fn compile_rule(
             ))
         }
     };
-    let on_failure = r.on_failure.as_deref().unwrap_or("ERROR");
+    let on_failure = (r.on_failure.as_deref())
+        .filter(|f| !f.is_empty())
+        .unwrap_or("ERROR");
     Ok(Some(ContractRule {
         name: r.name.clone(),
         read: read.then(|| action(on_failure, Side::Read)).transpose()?,
