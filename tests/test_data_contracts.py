@@ -33,7 +33,7 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.rule_registry import RuleOverride, RuleRegistry
 from confluent_kafka.schema_registry.schema_registry_client import (
     Rule, RuleKind, RuleMode, RuleParams, RuleSet)
-from confluent_kafka.serialization import MessageField, SerializationContext
+from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
 import clients as c
 import harness as h
@@ -173,6 +173,14 @@ def test_the_serializer_gets_the_rule_set_back_from_the_registry(stub):
                    "never"]
     by_id = sr(stub).get_schema(sid)
     assert by_id.rule_set.domain_rules[0].params.params == {"dlq.topic": f"{topic}.dlt"}
+    # The serializer reads them too: without CEL executors (celpy is not
+    # installed) and without the override, it refuses to write the record.
+    ser = AvroSerializer(sr(stub), None, conf={"auto.register.schemas": False,
+                                               "use.latest.version": True},
+                         rule_registry=RuleRegistry())
+    with pytest.raises(SerializationError) as refused:
+        ser(trig(0), SerializationContext(topic, MessageField.VALUE))
+    assert "Could not find rule executor of type CEL_FIELD" in str(refused.value.__cause__)
 
 
 def test_records_breaking_a_read_rule_are_diverted_with_the_rule_headers(
