@@ -13,8 +13,10 @@ answer), "500", or "slow" (answers after `slow_s` seconds).
 
 Schemas are stored as sent: Protobuf as the base64 FileDescriptorProto the
 Python serializer registers (a real Confluent registry stores .proto text;
-antidote reads both). One global id per distinct (type, schema, references),
-as in Confluent's registry.
+antidote reads both). One global id per distinct (type, schema, references,
+metadata, ruleSet), as in Confluent's registry; a schema's `metadata` and
+data-contract `ruleSet` are served with it (by id, by subject and version,
+and by lookup), as Confluent Schema Registry 7.4+ serves them.
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ class Registry:
     def register(self, subject: str, body: dict) -> int:
         schema_type = body.get("schemaType", "AVRO") or "AVRO"
         refs = body.get("references") or []
-        key = json.dumps([schema_type, body["schema"], refs], sort_keys=True)
+        # Confluent Schema Registry 7.4+: metadata and the data-contract
+        # ruleSet are part of what is registered; the same text with other
+        # rules is another schema, with its own id.
+        metadata, rule_set = body.get("metadata"), body.get("ruleSet")
+        key = json.dumps([schema_type, body["schema"], refs, metadata, rule_set], sort_keys=True)
         with self.lock:
             sid = self.by_key.get(key)
             if sid is None:
@@ -82,7 +88,8 @@ class Registry:
                 self.next_id += 1
                 self.by_key[key] = sid
                 self.schemas[sid] = {"schema": body["schema"], "schemaType": schema_type,
-                                     "references": refs}
+                                     "references": refs, "metadata": metadata,
+                                     "ruleSet": rule_set}
             versions = self.subjects.setdefault(subject, [])
             if sid not in versions:
                 versions.append(sid)
@@ -116,7 +123,16 @@ class Registry:
                "references": s["references"]}
         if s["schemaType"] != "AVRO":
             out["schemaType"] = s["schemaType"]
-        return out
+        return with_rules(out, s)
+
+
+def with_rules(out: dict, s: dict) -> dict:
+    """`out` with the schema's `metadata` and `ruleSet`, as Confluent's API
+    returns them (absent when the schema was registered without)."""
+    for k in ("metadata", "ruleSet"):
+        if s.get(k) is not None:
+            out[k] = s[k]
+    return out
 
 
 def _handler(reg: Registry):
@@ -197,7 +213,7 @@ def _handler(reg: Registry):
                 out = {"schema": s["schema"], "references": s["references"]}
                 if s["schemaType"] != "AVRO":
                     out["schemaType"] = s["schemaType"]
-                return self._send(200, out)
+                return self._send(200, with_rules(out, s))
             if m := re.fullmatch(r"/schemas/ids/(\d+)/versions", path):
                 sid = int(m[1])
                 if sid not in reg.schemas:
@@ -237,7 +253,8 @@ def _handler(reg: Registry):
                 with reg.lock:
                     for n, sid in enumerate(reg.subjects.get(subject, []), start=1):
                         s = reg.schemas[sid]
-                        if s["schema"] == body.get("schema"):
+                        if s["schema"] == body.get("schema") and \
+                                body.get("ruleSet") in (None, s.get("ruleSet")):
                             return self._send(200, reg._entry(sid, subject, n))
                 return self._error(404, 40403, "Schema not found")
             return self._error(404, 404, f"stub: no route for POST {path}")

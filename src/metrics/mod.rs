@@ -42,6 +42,7 @@ use prometheus_client::registry::Registry;
 
 mod action;
 pub mod breaker;
+pub mod contract;
 mod fleet;
 pub mod history;
 pub mod hold;
@@ -95,6 +96,8 @@ pub struct Metrics {
     pub requests: requests::RequestMetrics,
     /// Share consumers: the proxy's acknowledgements, withheld records (`share`).
     pub share: share::ShareMetrics,
+    /// Data-contract rules with onFailure NONE (`contract`).
+    contract: contract::ContractMetrics,
     diversions: Cached<SourceLabel, Counter>,
     ledger_lag: Gauge,
     dlt_refused: Cached<RefusedLabels, Counter>,
@@ -133,6 +136,7 @@ impl Metrics {
             hold: hold::HoldMetrics::default(),
             requests: requests::RequestMetrics::default(),
             share: share::ShareMetrics::default(),
+            contract: contract::ContractMetrics::default(),
             diversions: Cached::new(),
             ledger_lag: Gauge::default(),
             dlt_refused: Cached::new(),
@@ -195,6 +199,7 @@ impl Metrics {
         self.hold.register(&mut self.registry);
         self.requests.register(&mut self.registry);
         self.share.register(&mut self.registry);
+        self.contract.register(&mut self.registry);
         self
     }
 
@@ -406,6 +411,7 @@ impl Metrics {
     /// Everything, in the Prometheus text exposition format (0.0.4), served
     /// with [`CONTENT_TYPE`].
     pub fn render(&self) -> String {
+        self.contract.sync();
         let mut out = String::with_capacity(4096);
         // Writing into a String cannot fail; an encoder error would mean a
         // bug in the crate, and a partial page is still worth serving.

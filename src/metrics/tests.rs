@@ -227,6 +227,7 @@ fn every_series_once() -> Metrics {
     m.share.withheld("dlt", 1);
     m.share.renewals("sent", 1);
     m.share.fallback("no_v2", 1);
+    m.contract.touch("t-value", "r");
     m
 }
 
@@ -299,6 +300,8 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_share_renew_fallbacks_total counter",
         "antidote_share_withheld_ranges gauge",
         "antidote_share_withheld_bytes gauge",
+        // Added with data-contract rules (issue 56, metrics/contract.rs).
+        "antidote_contract_rule_none_total counter",
     ];
     let text = Metrics::new().render();
     let got: Vec<&str> = text

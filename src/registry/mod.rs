@@ -8,7 +8,9 @@
 //!   absent) and `references`, each resolved through
 //!   `GET /subjects/{subject}/versions/{version}`, recursively and bounded
 //!   ([`MAX_REFERENCES`], [`MAX_DEPTH`]);
-//! - `GET /schemas/ids/{id}/versions`: the subjects an id is registered under.
+//! - `GET /schemas/ids/{id}/versions`: the subjects an id is registered under
+//!   (also asked for a schema that carries data-contract rules, which are
+//!   named by subject).
 //!
 //! Owns: URLs tried in order, the single flight per want (concurrent misses
 //! for one id share one request), the registry's up/down state (logged
@@ -34,6 +36,7 @@ use tracing::{debug, info, warn};
 use crate::clock::now_ms;
 use crate::config::{RegistryConfig, RegistryUrl};
 use crate::metrics;
+use crate::policy::contract::{compile_contract, Contract};
 use crate::policy::formats::compile_schema as compile;
 use crate::policy::registry::{Reference, Registered};
 use crate::policy::{SchemaCache, Want};
@@ -78,6 +81,9 @@ struct SchemaAnswer {
     schema_type: Option<String>,
     #[serde(default)]
     references: Vec<RefAnswer>,
+    /// Confluent's data-contract rules (`domainRules`, ...), if any.
+    #[serde(rename = "ruleSet", default)]
+    rule_set: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -266,13 +272,41 @@ impl Registry {
             Ok(()) => compile(answer.schema_type.as_deref(), &answer.schema, &refs),
             Err(missing) => Registered::Unusable(missing),
         };
+        let (registered, contract) = match self.contract(id, &answer).await? {
+            Ok(c) => (registered, c),
+            // A rule antidote cannot honour: the schema is unusable (class
+            // `unknown`), as one that does not compile.
+            Err(why) => (Registered::Unusable(why), None),
+        };
         debug!(
             id,
             schema_type = registered.type_name(),
+            rules = contract.is_some(),
             "schema fetched from the registry"
         );
-        self.cache.put_schema(id, registered);
+        self.cache.put_schema_with(id, registered, contract);
         Ok(())
+    }
+
+    /// The data-contract rules of schema `id`, compiled; the subject they
+    /// are named by is the first the id is registered under (asked only
+    /// when there are rules).
+    async fn contract(
+        &self,
+        id: u32,
+        answer: &SchemaAnswer,
+    ) -> Result<Result<Option<Contract>, String>, RegistryError> {
+        let Some(set) = answer.rule_set.as_ref().filter(|s| has_rules(s)) else {
+            return Ok(Ok(None));
+        };
+        let subjects = self.subjects_of(id).await?;
+        let subject = subjects
+            .first()
+            .cloned()
+            .unwrap_or_else(|| format!("(schema id {id})"));
+        self.cache.put_subjects(id, subjects, now_ms());
+        let schema_type = answer.schema_type.as_deref().unwrap_or("AVRO");
+        Ok(compile_contract(&subject, set, schema_type, &answer.schema))
     }
 
     /// Resolve `list` (and their own references, dependencies first) into
@@ -323,17 +357,22 @@ impl Registry {
     }
 
     async fn fetch_subjects(&self, id: u32) -> Result<(), RegistryError> {
+        let subjects = self.subjects_of(id).await?;
+        self.cache.put_subjects(id, subjects, now_ms());
+        Ok(())
+    }
+
+    /// `GET /schemas/ids/{id}/versions`: the subjects `id` is under.
+    async fn subjects_of(&self, id: u32) -> Result<Vec<String>, RegistryError> {
         let path = format!("/schemas/ids/{id}/versions");
-        let subjects = match self.get(&path).await? {
+        Ok(match self.get(&path).await? {
             Answer::NotFound => Vec::new(),
             Answer::Found(body) => serde_json::from_slice::<Vec<SubjectVersion>>(&body)
                 .map_err(|_| RegistryError::BadAnswer(path))?
                 .into_iter()
                 .map(|s| s.subject)
                 .collect(),
-        };
-        self.cache.put_subjects(id, subjects, now_ms());
-        Ok(())
+        })
     }
 
     /// GET `path` from the first URL that answers (2xx or 404); the last
@@ -394,6 +433,16 @@ impl Registry {
         }
         out
     }
+}
+
+/// Whether a `ruleSet` holds any domain or encoding rule (migration
+/// rules never run: a record is read with its writer's schema).
+fn has_rules(set: &serde_json::Value) -> bool {
+    ["domainRules", "encodingRules"].iter().any(|k| {
+        set.get(k)
+            .and_then(|r| r.as_array())
+            .is_some_and(|r| !r.is_empty())
+    })
 }
 
 /// Percent-encode a subject for a URL path (everything but RFC 3986

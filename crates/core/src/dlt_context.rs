@@ -59,6 +59,31 @@ const RESERVED_NAMES: &[&str] = &[
     "x-redacted",
 ];
 
+/// The headers Confluent's DLQ action writes for a failed data-contract
+/// rule. Not reserved (a record a Confluent client dead-lettered keeps
+/// them among its own headers), but allowed in the context section, where
+/// the signature covers them.
+pub const RULE_HEADERS: &[&str] = &[
+    H_RULE_NAME,
+    H_RULE_MODE,
+    H_RULE_SUBJECT,
+    H_RULE_TOPIC,
+    H_RULE_EXCEPTION,
+];
+pub const H_RULE_NAME: &str = "__rule.name";
+/// `READ` (diverted on fetch) or `WRITE`.
+pub const H_RULE_MODE: &str = "__rule.mode";
+pub const H_RULE_SUBJECT: &str = "__rule.subject";
+pub const H_RULE_TOPIC: &str = "__rule.topic";
+/// Why the rule failed (the record's `x-error`).
+pub const H_RULE_EXCEPTION: &str = "__rule.exception";
+
+/// Whether `key` may be a context header: a reserved name, or one of
+/// [`RULE_HEADERS`].
+fn is_context_name(key: &[u8]) -> bool {
+    is_reserved(key) || RULE_HEADERS.iter().any(|n| key == n.as_bytes())
+}
+
 /// Whether antidote reserves the header name `key` for its own context.
 pub fn is_reserved(key: &[u8]) -> bool {
     RESERVED_NAMES.iter().any(|n| key == n.as_bytes())
@@ -368,7 +393,10 @@ pub fn open<'a>(
     }
     let (originals, context) = rest.split_at(rest.len() - n);
     for (i, h) in context.iter().enumerate() {
-        if !is_reserved(h.key) || h.key == H_CONTEXT.as_bytes() || h.key == H_SIGNATURE.as_bytes() {
+        if !is_context_name(h.key)
+            || h.key == H_CONTEXT.as_bytes()
+            || h.key == H_SIGNATURE.as_bytes()
+        {
             return Err(Refusal::Unexpected);
         }
         if context[..i].iter().any(|o| o.key == h.key) {

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use uuid::Uuid;
 
-use crate::dlt_context::{Context, Seal};
+use crate::dlt_context::{
+    Context, Seal, H_RULE_EXCEPTION, H_RULE_MODE, H_RULE_NAME, H_RULE_SUBJECT, H_RULE_TOPIC,
+};
 use crate::kafka::batch::Batch;
 use crate::kafka::builder::NewRecord;
 use crate::kafka::record::Record;
@@ -202,6 +204,7 @@ impl Diversion {
                 class: Class::Redact,
                 rule: invalid.rule.clone(),
                 reason: format!("rule {} (class redact: contents withheld)", invalid.rule),
+                contract: invalid.contract.clone(),
             },
             policy: Arc::from(policy.name.as_str()),
             blocked_by: None,
@@ -279,6 +282,17 @@ impl Diversion {
         if let Some(first) = self.blocked_by {
             add(H_BLOCKED_BY, first.to_string());
         }
+        if let Some(rule) = &self.invalid.contract {
+            // Confluent's DLQ action's headers, inside the signed context.
+            add(H_RULE_NAME, rule.name.clone());
+            add(H_RULE_MODE, rule.mode.to_string());
+            add(H_RULE_SUBJECT, rule.subject.clone());
+            add(H_RULE_TOPIC, self.origin_topic.to_string());
+            add(
+                H_RULE_EXCEPTION,
+                bound_reason(&self.invalid.reason).into_owned(),
+            );
+        }
         seal.frame(
             self.origin_timestamp,
             self.key.clone(),
@@ -298,6 +312,91 @@ mod tests {
         for n in CONTEXT_HEADERS {
             assert!(crate::dlt_context::is_reserved(n.as_bytes()), "{n}");
         }
+    }
+
+    #[test]
+    fn a_rules_headers_are_inside_the_signed_context() {
+        use crate::dlt_context::{open, Keys};
+        use crate::kafka::record::Header;
+        use crate::policy::contract::RuleFailure;
+        let mut invalid =
+            Invalid::poison("rule:north", "subject s, data-contract rule north: false");
+        invalid.contract = Some(Box::new(RuleFailure {
+            name: "north".into(),
+            mode: "READ",
+            subject: "geo-value".into(),
+        }));
+        let d = Diversion {
+            dlt_topic: "geo.dlt".into(),
+            origin_topic: Arc::from("geo"),
+            origin_partition: 0,
+            origin_offset: 7,
+            origin_timestamp: 1,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"v")),
+            headers: vec![(
+                Bytes::from_static(b"__rule.name"),
+                Some(Bytes::from_static(b"own")),
+            )],
+            invalid,
+            policy: Arc::from("p"),
+            blocked_by: None,
+            last_offset: None,
+        };
+        let keys = Keys::new(&[b"0123456789abcdef0123"], false);
+        let out = d.to_record(2, None, &Seal::new(&keys, "geo.dlt", 0));
+        let read = |hs: &[(String, Option<Bytes>)]| -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+            hs.iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_ref().map(|b| b.to_vec())))
+                .collect()
+        };
+        let owned = read(&out.headers);
+        fn record<'a>(out: &'a NewRecord, hs: &'a [(Vec<u8>, Option<Vec<u8>>)]) -> Record<'a> {
+            Record {
+                offset: 0,
+                timestamp: out.timestamp,
+                key: out.key.as_deref(),
+                value: out.value.as_deref(),
+                headers: hs
+                    .iter()
+                    .map(|(k, v)| Header {
+                        key: k,
+                        value: v.as_deref(),
+                    })
+                    .collect(),
+            }
+        }
+        let back = record(&out, &owned);
+        let ctx = open(&back, "geo.dlt", 0, &keys).expect("verifies");
+        assert!(ctx.signed);
+        assert_eq!(ctx.text("__rule.name"), Some("north"));
+        assert_eq!(ctx.text("__rule.mode"), Some("READ"));
+        assert_eq!(ctx.text("__rule.subject"), Some("geo-value"));
+        assert_eq!(ctx.text("__rule.topic"), Some("geo"));
+        assert!(ctx
+            .text("__rule.exception")
+            .is_some_and(|e| e.contains("rule north")));
+        // The record's own __rule.name stays among its original headers.
+        assert_eq!(ctx.originals.len(), 1);
+        assert_eq!(ctx.originals[0].value, Some(&b"own"[..]));
+        // Another rule name in the context does not verify.
+        let mut forged = owned.clone();
+        for (k, v) in forged.iter_mut() {
+            if k == b"__rule.name" && v.as_deref() == Some(b"north") {
+                *v = Some(b"other".to_vec());
+            }
+        }
+        assert!(open(&record(&out, &forged), "geo.dlt", 0, &keys).is_err());
+        // A plain record with __rule.* headers: they are its own, not context.
+        let plain = Record {
+            headers: vec![Header {
+                key: b"__rule.name",
+                value: Some(b"x"),
+            }],
+            ..record(&out, &[])
+        };
+        let ctx = open(&plain, "t", 0, &Keys::none()).expect("plain");
+        assert!(ctx.is_empty() && ctx.originals.len() == 1);
     }
 
     #[test]

@@ -71,6 +71,7 @@ fn diversion(topic: &str, partition: i32, offset: i64, len: usize) -> Diversion 
             class: Class::Poison,
             rule: "schema".into(),
             reason: "bad".into(),
+            contract: None,
         },
         policy: Arc::from("p"),
         blocked_by: None,

@@ -202,5 +202,6 @@ pub(super) fn blocked_invalid(block: Block, own: Option<&Invalid>) -> Invalid {
         class: Class::Blocked,
         rule: RULE_KEY.to_string(),
         reason,
+        contract: None,
     }
 }

@@ -35,6 +35,7 @@ use super::budget::decode_within;
 use super::budget::DecodeBudget;
 use super::HoldReason;
 use crate::kafka::batch::{self, Segment};
+use crate::policy::contract::Side;
 use crate::policy::{Class, Invalid, Policy, Verdict};
 
 /// Invalid records described one by one in a verdict (KIP-467
@@ -211,7 +212,7 @@ pub fn judge_produce(
         };
         let walked = decoded.each_record(|_, record| {
             rejection.records += 1;
-            if let Verdict::Invalid(invalid) = policy.judge_in(topic, record, now_ms) {
+            if let Verdict::Invalid(invalid) = policy.judge_at(topic, record, now_ms, Side::Write) {
                 match invalid.class {
                     Class::Stale => {}
                     // Judging goes on, so that one round of registry

@@ -28,6 +28,8 @@ pub(super) struct Cx<'r> {
     pub(super) topic: &'r str,
     pub(super) now_ms: i64,
     pub(super) headers: &'r [Header<'r>],
+    /// Fetched or produced: which data-contract rules run.
+    pub(super) side: super::contract::Side,
 }
 
 /// One record format.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::contract::Contract;
 use super::document::{ValueDoc, DEFAULT_MAX_BYTES};
 use super::format::{Bytes, Cx, Format, OwnSchema};
 use super::json::Captures;
@@ -145,6 +146,14 @@ macro_rules! formats {
                 match self {
                     $(Decoder::$v(f) => Format::capture(f, bytes, check),)*
                     $(Decoder::Registry(Registry::$v(r)) => r.capture(bytes, cx, check),)*
+                }
+            }
+
+            /// The data-contract rules of the value's registered schema.
+            pub(super) fn contract(&self, bytes: &[u8], cx: &Cx<'_>) -> Option<Arc<Contract>> {
+                match self {
+                    $(Decoder::$v(_) => None,)*
+                    $(Decoder::Registry(Registry::$v(r)) => r.contract(bytes, cx),)*
                 }
             }
 

@@ -6,6 +6,7 @@
 
 use super::cel::CelRule;
 use super::checks::Checks;
+use super::contract::Side;
 use super::dlt_topic::DeadLetterTemplate;
 use super::format::Cx;
 use super::formats::Decoder;
@@ -46,6 +47,29 @@ fn reclass(mut e: Invalid, class: Option<&Option<Class>>) -> Invalid {
     e
 }
 
+/// The data-contract rules of the registered schema `bytes` name, judged
+/// on their decoded `value`; first, a rule whose `dlq.topic` is not this
+/// policy's DLT makes the schema unusable here (`unknown`).
+fn contract(
+    decoder: &Decoder,
+    bytes: &[u8],
+    value: &serde_json::Value,
+    r: &Record<'_>,
+    cx: &Cx<'_>,
+    dead_letter: &DeadLetterTemplate,
+) -> Result<(), Invalid> {
+    let Some(c) = decoder.contract(bytes, cx) else {
+        return Ok(());
+    };
+    if c.names_dlq() {
+        let dlt = dead_letter.render(cx.topic, Class::Poison);
+        if let Some(e) = c.dlq_mismatch(&dlt) {
+            return Err(e);
+        }
+    }
+    c.check(value, r, cx.side)
+}
+
 /// The `key:` section: keys are decoded and checked against their schema
 /// (rules apply to values only). Failures are named `key.<rule>`.
 #[derive(Debug)]
@@ -61,7 +85,13 @@ impl KeyCheck {
         matches!(self.decoder, Decoder::Registry(_))
     }
 
-    fn check(&self, key: Option<&[u8]>, cx: &Cx<'_>) -> Result<(), Invalid> {
+    fn check(
+        &self,
+        r: &Record<'_>,
+        cx: &Cx<'_>,
+        dead_letter: &DeadLetterTemplate,
+    ) -> Result<(), Invalid> {
+        let key = r.key;
         let named = |mut e: Invalid| {
             e.rule = format!("key.{}", e.rule);
             e
@@ -83,6 +113,9 @@ impl KeyCheck {
             ));
         }
         let value = self.decoder.decode(bytes, cx).map_err(named)?;
+        if let Some(v) = &value {
+            contract(&self.decoder, bytes, v, r, cx, dead_letter).map_err(named)?;
+        }
         if let (Some(schema), Some(v)) = (&self.schema, &value) {
             if !schema.is_valid(v) {
                 let reason = match schema.validate(v) {
@@ -121,27 +154,41 @@ pub(crate) struct Compiled {
 }
 
 impl Compiled {
+    /// [`Self::judge_on`] a fetched record.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn judge(&self, topic: &str, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
+        self.judge_on(topic, r, now_ms, Side::Read)
+    }
+
+    pub(crate) fn judge_on(
+        &self,
+        topic: &str,
+        r: &Record<'_>,
+        now_ms: i64,
+        side: Side,
+    ) -> Result<(), Invalid> {
         let cx = Cx {
             topic,
             now_ms,
             headers: &r.headers,
+            side,
         };
         let Some(bytes) = self.before_decode(r)? else {
             return match &self.key {
-                Some(k) => k.check(r.key, &cx),
+                Some(k) => k.check(r, &cx, &self.dead_letter),
                 None => Ok(()),
             };
         };
         if let Some(k) = &self.key {
-            k.check(r.key, &cx)?;
+            k.check(r, &cx, &self.dead_letter)?;
         }
         let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
         if let Some(verdict) = fast {
             return verdict;
         }
         match self.decoder.decode(bytes, &cx)? {
-            Some(value) => self.check_value(&value, r, now_ms),
+            Some(value) => contract(&self.decoder, bytes, &value, r, &cx, &self.dead_letter)
+                .and_then(|()| self.check_value(&value, r, now_ms)),
             None => Ok(()),
         }
     }
@@ -273,6 +320,7 @@ impl Compiled {
             topic,
             now_ms,
             headers: &[],
+            side: Side::Read,
         };
         self.decoder.decode(bytes, &cx)
     }
@@ -382,6 +430,7 @@ impl Compiled {
                     topic: "",
                     now_ms,
                     headers: &r.headers,
+                    side: Side::Read,
                 },
             )? {
                 Some(v) => v,

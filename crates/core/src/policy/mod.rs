@@ -84,6 +84,7 @@ mod byte_edits;
 mod cel;
 mod checks;
 mod compile;
+pub mod contract;
 mod dlt_topic;
 mod document;
 mod format;
@@ -246,6 +247,9 @@ pub struct Invalid {
     pub rule: String,
     /// A reason a human can act on, e.g. `/lat: 91.5 is outside [-90, 90]`.
     pub reason: String,
+    /// The registry's data-contract rule that failed, when one did (the
+    /// DLT record's `__rule.*` headers).
+    pub contract: Option<Box<contract::RuleFailure>>,
 }
 
 /// Whether logs may quote record contents (`logging.record_contents`).
@@ -275,6 +279,7 @@ impl Invalid {
             class: Class::Poison,
             rule: rule.into(),
             reason: reason.into(),
+            contract: None,
         }
     }
 }
@@ -349,7 +354,20 @@ impl Policy {
 
     /// Judge one record of `topic` (the `{topic}` of a registry `subject`).
     pub fn judge_in(&self, topic: &str, record: &Record<'_>, now_ms: i64) -> Verdict {
-        match self.inner.judge(topic, record, now_ms) {
+        self.judge_at(topic, record, now_ms, contract::Side::Read)
+    }
+
+    /// [`Self::judge_in`] on `side`: a fetched record (`Read`) or one
+    /// produced through the door (`Write`), for the registry's
+    /// data-contract rules of that mode.
+    pub fn judge_at(
+        &self,
+        topic: &str,
+        record: &Record<'_>,
+        now_ms: i64,
+        side: contract::Side,
+    ) -> Verdict {
+        match self.inner.judge_on(topic, record, now_ms, side) {
             Ok(()) => Verdict::Valid,
             Err(invalid) => Verdict::Invalid(invalid),
         }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Weak};
 use dashmap::DashMap;
 use serde_json::Value;
 
+use super::contract::Contract;
 use super::document::IdKindDoc;
 use super::document::ValueDoc;
 use super::format::{Cx, Format, OwnSchema};
@@ -214,6 +215,7 @@ fn transient(what: String) -> Invalid {
         class: Class::Transient,
         rule: "schema-registry".into(),
         reason: format!("{what}: waiting for the schema registry"),
+        contract: None,
     }
 }
 
@@ -222,6 +224,7 @@ fn unknown(reason: String) -> Invalid {
         class: Class::Unknown,
         rule: "schema-id".into(),
         reason,
+        contract: None,
     }
 }
 
@@ -291,6 +294,10 @@ impl<F: Format> RegistryDecoder<F> {
         };
         let id = match key {
             SchemaKey::Confluent(id) => {
+                // Data-contract rules are judged on the decoded value.
+                if self.cache.contract(id).is_some() {
+                    return None;
+                }
                 if let Some(subject) = &self.subject {
                     match self.cache.subjects(id, cx.now_ms) {
                         Known::Found(list) if list.iter().any(|s| subject.is(s, cx.topic)) => {}
@@ -333,6 +340,15 @@ impl<F: Format> RegistryDecoder<F> {
             .entry(id)
             .insert(Compiled { from, program })
             .downgrade()
+    }
+
+    /// The data-contract rules of the value's schema (Confluent ids only:
+    /// Apicurio's native API has no rule sets).
+    pub(super) fn contract(&self, bytes: &[u8], cx: &Cx<'_>) -> Option<Arc<Contract>> {
+        match self.framing.split(bytes, cx.headers) {
+            Ok((SchemaKey::Confluent(id), _)) => self.cache.contract(id),
+            _ => None,
+        }
     }
 
     pub(super) fn decode(&self, bytes: &[u8], cx: &Cx<'_>) -> Result<Value, Invalid> {

@@ -17,11 +17,12 @@
 //! are kept for a bounded time (`ttl_ms`).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::DashMap;
 
+use super::contract::Contract;
 pub use super::wire::ApicurioId;
 use super::wire::SchemaKey;
 
@@ -104,6 +105,13 @@ pub struct SchemaCache {
     /// nor Confluent id 5).
     apicurio: DashMap<(ApicurioId, u64), SchemaEntry, foldhash::quality::RandomState>,
     subjects: ById<(Arc<[String]>, i64)>,
+    /// The data-contract rules of Confluent ids whose schema carries any,
+    /// stored before the schema itself (a judge that finds the schema
+    /// finds its rules).
+    contracts: ById<Arc<Contract>>,
+    /// Whether any contract was ever stored: the fast path looks for one
+    /// only then.
+    any_contracts: AtomicBool,
     wants: Mutex<BTreeSet<Want>>,
     ttl_ms: AtomicI64,
 }
@@ -114,6 +122,8 @@ impl Default for SchemaCache {
             schemas: ById::default(),
             apicurio: DashMap::default(),
             subjects: ById::default(),
+            contracts: ById::default(),
+            any_contracts: AtomicBool::new(false),
             wants: Mutex::new(BTreeSet::new()),
             ttl_ms: AtomicI64::new(DEFAULT_TTL_MS),
         }
@@ -267,8 +277,23 @@ impl SchemaCache {
 
     /// Store the registry's schema for `id`.
     pub fn put_schema(&self, id: u32, schema: Registered) {
+        self.put_schema_with(id, schema, None);
+    }
+
+    /// Store the registry's schema for `id` with its data-contract rules.
+    pub fn put_schema_with(&self, id: u32, schema: Registered, contract: Option<Contract>) {
         if self.schemas.len() >= MAX_SCHEMAS {
             self.schemas.clear();
+            self.contracts.clear();
+        }
+        match contract {
+            Some(c) => {
+                self.any_contracts.store(true, Ordering::Release);
+                self.contracts.insert(id, Arc::new(c));
+            }
+            None => {
+                self.contracts.remove(&id);
+            }
         }
         self.schemas
             .insert(id, SchemaEntry::Found(Arc::new(schema)));
@@ -290,6 +315,14 @@ impl SchemaCache {
             self.subjects.clear();
         }
         self.subjects.insert(id, (subjects.into(), now_ms));
+    }
+
+    /// The data-contract rules of Confluent id `id`, if its schema has any.
+    pub fn contract(&self, id: u32) -> Option<Arc<Contract>> {
+        if !self.any_contracts.load(Ordering::Acquire) {
+            return None;
+        }
+        self.contracts.get(&id).map(|c| c.clone())
     }
 
     /// Compiled schemas held (for tests and the check command).

@@ -110,6 +110,7 @@ impl Framing {
                         class: Class::Unknown,
                         rule: "schema-id".into(),
                         reason: format!("no header {header} names the schema"),
+                        contract: None,
                     }),
                     Some(Some(v)) => match <[u8; 8]>::try_from(v) {
                         Ok(b) => Ok((SchemaKey::Apicurio(*id, u64::from_be_bytes(b)), bytes)),
@@ -183,6 +184,7 @@ pub(crate) fn unknown_id(id: u32) -> Invalid {
         class: Class::Unknown,
         rule: "schema_id".into(),
         reason: format!("schema id {id} is not listed in this policy's schema_ids"),
+        contract: None,
     }
 }
 

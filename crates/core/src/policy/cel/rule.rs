@@ -21,6 +21,17 @@ pub(crate) enum Source {
     Header(Box<[u8]>),
     Key,
     Timestamp,
+    /// A constant of a CEL_FIELD rule (`name`, `typeName` of the field it
+    /// is judged on), as UTF-8.
+    Text(Box<[u8]>),
+}
+
+/// The field a data contract's CEL_FIELD rule is judged on: `value` is
+/// `message.<name>`, and `name` and `typeName` are constants.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FieldScope<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) type_name: &'a str,
 }
 
 /// One compiled `cel` rule.
@@ -39,16 +50,19 @@ pub(crate) struct CelRule {
 
 /// The policy's names, as [`Resolver`] for the compiler.
 #[derive(Default)]
-struct Names {
+struct Names<'a> {
     sources: Vec<Source>,
+    /// A CEL_FIELD rule's field: adds `value`, `name` and `typeName`.
+    field: Option<FieldScope<'a>>,
 }
 
-impl Names {
+impl Names<'_> {
     fn slot(&mut self, source: Source) -> u32 {
         let same = |s: &Source| match (s, &source) {
             (Source::Message(a), Source::Message(b)) => a.as_str() == b.as_str(),
             (Source::Header(a), Source::Header(b)) => a == b,
             (Source::Key, Source::Key) | (Source::Timestamp, Source::Timestamp) => true,
+            (Source::Text(a), Source::Text(b)) => a == b,
             _ => false,
         };
         match self.sources.iter().position(same) {
@@ -61,8 +75,34 @@ impl Names {
     }
 }
 
-impl Resolver for Names {
+impl Names<'_> {
+    /// `value`, `name` and `typeName` of a CEL_FIELD rule; `None` for
+    /// other names.
+    fn field_name(&self, variable: &str, steps: &[Step]) -> Option<Result<(Source, Type), String>> {
+        let f = self.field?;
+        Some(match (variable, steps) {
+            ("value", _) => {
+                let mut path = vec![Step::Key(f.name.to_string())];
+                path.extend_from_slice(steps);
+                pointer(&path).map(|p| (Source::Message(p), Type::Dyn))
+            }
+            ("name", []) => Ok((Source::Text(f.name.as_bytes().into()), Type::String)),
+            ("typeName", []) => Ok((Source::Text(f.type_name.as_bytes().into()), Type::String)),
+            ("name" | "typeName", _) => Err(format!("`{variable}` is a string, it has no fields")),
+            ("tags" | "fullName", _) => Err(format!(
+                "`{variable}` is not supported (the names are value, name, typeName and message)"
+            )),
+            _ => return None,
+        })
+    }
+}
+
+impl Resolver for Names<'_> {
     fn resolve(&mut self, variable: &str, steps: &[Step]) -> Result<(u32, Type), String> {
+        if let Some(r) = self.field_name(variable, steps) {
+            let (source, t) = r?;
+            return Ok((self.slot(source), t));
+        }
         let (source, t) = match (variable, steps) {
             ("message", _) => (Source::Message(pointer(steps)?), Type::Dyn),
             ("headers", [Step::Key(name)]) => {
@@ -107,8 +147,6 @@ fn pointer(steps: &[Step]) -> Result<Pointer, String> {
 
 impl CelRule {
     pub(crate) fn new(name: Option<&str>, text: &str) -> Result<CelRule, CompileError> {
-        let mut names = Names::default();
-        let program = compile(text, &mut names)?;
         let id = match name {
             Some(n) => format!("cel:{n}"),
             None => {
@@ -120,6 +158,21 @@ impl CelRule {
                 }
             }
         };
+        Self::named(id, text, None)
+    }
+
+    /// A condition whose failures are named `id`; with `field`, a data
+    /// contract's CEL_FIELD rule on that field.
+    pub(crate) fn named(
+        id: String,
+        text: &str,
+        field: Option<FieldScope<'_>>,
+    ) -> Result<CelRule, CompileError> {
+        let mut names = Names {
+            sources: Vec::new(),
+            field,
+        };
+        let program = compile(text, &mut names)?;
         let two = program.two_fields().and_then(|(a, b, holds)| {
             match (
                 names.sources.get(a as usize)?,
@@ -135,6 +188,32 @@ impl CelRule {
             sources: names.sources.into_boxed_slice(),
             two,
         })
+    }
+
+    /// Whether it reads nothing of a record (a CEL_FIELD guard on `name`
+    /// and `typeName` only).
+    pub(crate) fn is_constant(&self) -> bool {
+        self.sources.iter().all(|s| matches!(s, Source::Text(_)))
+    }
+
+    /// Its value when it reads nothing of a record ([`Self::is_constant`]).
+    pub(crate) fn constant(&self) -> Result<bool, String> {
+        let record = Record {
+            offset: 0,
+            timestamp: 0,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        };
+        let slots = RecordSlots {
+            doc: &serde_json::Value::Null,
+            record: &record,
+            sources: &self.sources,
+        };
+        match self.program.eval(&slots) {
+            Ok(b) => Ok(b),
+            Err(e) => Err(self.error(&e)),
+        }
     }
 
     /// The pointers of the fields it reads, for the captures' slots.
@@ -238,6 +317,7 @@ impl<D: Doc + ?Sized> Slots for RecordSlots<'_, D> {
             }
             Source::Key => self.record.key.map_or(Val::Null, Val::Bytes),
             Source::Timestamp => Val::Int(self.record.timestamp),
+            Source::Text(t) => Val::Str(t),
         })
     }
 }

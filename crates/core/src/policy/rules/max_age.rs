@@ -72,6 +72,7 @@ impl MaxAge {
                     human_ms(age_ms),
                     self.written
                 ),
+                contract: None,
             });
         }
         Ok(())

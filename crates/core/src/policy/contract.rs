@@ -1,0 +1,359 @@
+//! Confluent data-contract rules: the `ruleSet` a schema registry returns
+//! with a schema, its `CONDITION` rules of type `CEL` and `CEL_FIELD`
+//! compiled by antidote's own CEL compiler ([`CelRule`]) and judged on a
+//! decoded value on the side they name (`READ` on fetch, `WRITE` at the
+//! door). Pure: the registry client compiles a contract when it stores a
+//! schema, the policy's judge runs it.
+//!
+//! Must never skip a rule it cannot honour: a `TRANSFORM`, a `JSONATA` or
+//! `ENCRYPT` rule, an unknown action or a `CEL_FIELD` form the compiler
+//! cannot express is a compile error naming the subject and the rule (the
+//! schema is then unusable, class `unknown`, as any schema that does not
+//! compile). Disabled rules, and rules of the migration modes (`UPGRADE`,
+//! `DOWNGRADE`, `UPDOWN`: a record is read with its writer's schema, never
+//! migrated), never run, as in Confluent's own clients.
+
+mod fields;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::cel::{CelRule, FieldScope};
+use super::{Class, Invalid};
+use crate::kafka::record::Record;
+
+/// Which side a record is judged on: fetched (`READ` rules) or produced
+/// through the door (`WRITE` rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Side {
+    #[default]
+    Read,
+    Write,
+}
+
+impl Side {
+    /// The rule mode Confluent's clients name this side by.
+    pub fn mode(self) -> &'static str {
+        match self {
+            Side::Read => "READ",
+            Side::Write => "WRITE",
+        }
+    }
+}
+
+/// What a failed rule does on one side (`onFailure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// `ERROR` and `DLQ`: the record is invalid (diverted on fetch,
+    /// refused at the door): a proxy cannot throw inside a client.
+    Refuse,
+    /// `NONE`: counted only ([`none_counts`]); the record goes on.
+    Count,
+}
+
+/// A failed data-contract rule, as the DLT's `__rule.*` headers name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleFailure {
+    pub name: String,
+    /// `READ` or `WRITE`.
+    pub mode: &'static str,
+    pub subject: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RuleSetDoc {
+    #[serde(default)]
+    domain_rules: Vec<RuleDoc>,
+    #[serde(default)]
+    encoding_rules: Vec<RuleDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RuleDoc {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(rename = "type", default)]
+    rule_type: Option<String>,
+    #[serde(default)]
+    params: BTreeMap<String, String>,
+    #[serde(default)]
+    expr: Option<String>,
+    #[serde(default)]
+    on_success: Option<String>,
+    #[serde(default)]
+    on_failure: Option<String>,
+    #[serde(default)]
+    disabled: bool,
+}
+
+/// One compiled rule.
+#[derive(Debug)]
+struct ContractRule {
+    name: String,
+    read: Option<Action>,
+    write: Option<Action>,
+    /// `params.dlq.topic`: must be the policy's DLT ([`Contract::dlq_mismatch`]).
+    dlq_topic: Option<String>,
+    /// One check (`CEL`), or one per field its guard selects (`CEL_FIELD`).
+    /// CEL_FIELD's checks name their field.
+    checks: Vec<(Option<String>, CelRule)>,
+}
+
+/// The rules of one registered schema that run on reads or writes.
+#[derive(Debug)]
+pub struct Contract {
+    subject: String,
+    rules: Vec<ContractRule>,
+}
+
+/// A rule's error, naming the subject and the rule.
+fn named(subject: &str, rule: &str, what: impl std::fmt::Display) -> String {
+    format!("subject {subject}, data-contract rule {rule}: {what}")
+}
+
+/// Compile the `ruleSet` of a schema registered under `subject`, of
+/// `schema_type` (`AVRO`, `JSON`, `PROTOBUF`) with text `schema` (the
+/// fields of `CEL_FIELD` rules). `None` when no rule runs on reads or
+/// writes; `Err` naming the subject and the first rule antidote cannot
+/// honour.
+pub fn compile_contract(
+    subject: &str,
+    rule_set: &Value,
+    schema_type: &str,
+    schema: &str,
+) -> Result<Option<Contract>, String> {
+    let doc = RuleSetDoc::deserialize(rule_set)
+        .map_err(|e| format!("subject {subject}: the ruleSet does not read: {e}"))?;
+    if let Some(r) = doc.encoding_rules.iter().find(|r| !r.disabled) {
+        return Err(named(
+            subject,
+            &r.name,
+            "encoding rules (payload encryption) are not supported: the value could not be read",
+        ));
+    }
+    let mut rules = Vec::new();
+    for r in doc.domain_rules.iter().filter(|r| !r.disabled) {
+        if let Some(rule) =
+            compile_rule(r, schema_type, schema).map_err(|e| named(subject, &r.name, e))?
+        {
+            rules.push(rule);
+        }
+    }
+    Ok((!rules.is_empty()).then(|| Contract {
+        subject: subject.to_string(),
+        rules,
+    }))
+}
+
+/// One domain rule; `None` for a rule of a migration mode.
+fn compile_rule(
+    r: &RuleDoc,
+    schema_type: &str,
+    schema: &str,
+) -> Result<Option<ContractRule>, String> {
+    let (read, write) = match r.mode.as_deref().unwrap_or("") {
+        "READ" => (true, false),
+        "WRITE" => (false, true),
+        "WRITEREAD" => (true, true),
+        "UPGRADE" | "DOWNGRADE" | "UPDOWN" => return Ok(None),
+        m => {
+            return Err(format!(
+                "mode `{m}` is not one of WRITE, READ, WRITEREAD, UPGRADE, DOWNGRADE, UPDOWN"
+            ))
+        }
+    };
+    match r.kind.as_deref().unwrap_or("") {
+        "CONDITION" => {}
+        "TRANSFORM" => {
+            return Err(
+                "TRANSFORM rules are not supported: a proxy does not rewrite records".into(),
+            )
+        }
+        k => return Err(format!("kind `{k}` is not CONDITION")),
+    }
+    if let Some(s) = r
+        .on_success
+        .as_deref()
+        .filter(|s| !s.split(',').all(|a| matches!(a.trim(), "NONE" | "")))
+    {
+        return Err(format!("onSuccess `{s}` is not supported (only NONE)"));
+    }
+    let expr = r.expr.as_deref().unwrap_or("");
+    let id = format!("rule:{}", r.name);
+    let checks = match r.rule_type.as_deref().unwrap_or("") {
+        "CEL" => vec![(
+            None,
+            CelRule::named(id, expr, None).map_err(|e| format!("`{expr}`: {e}"))?,
+        )],
+        "CEL_FIELD" => fields::checks(&id, expr, schema_type, schema)?,
+        t @ ("JSONATA" | "ENCRYPT" | "ENCRYPT_PAYLOAD") => {
+            return Err(format!("rules of type {t} are not supported"))
+        }
+        t => {
+            return Err(format!(
+                "rules of type `{t}` are not supported (CEL and CEL_FIELD are)"
+            ))
+        }
+    };
+    let on_failure = (r.on_failure.as_deref())
+        .filter(|f| !f.is_empty())
+        .unwrap_or("ERROR");
+    Ok(Some(ContractRule {
+        name: r.name.clone(),
+        read: read.then(|| action(on_failure, Side::Read)).transpose()?,
+        write: write.then(|| action(on_failure, Side::Write)).transpose()?,
+        dlq_topic: r.params.get("dlq.topic").cloned(),
+        checks,
+    }))
+}
+
+/// `onFailure` on `side`: `"DLQ,ERROR"` is DLQ on writes, ERROR on reads
+/// (as Confluent's clients split it); a single action is both.
+fn action(on_failure: &str, side: Side) -> Result<Action, String> {
+    let one = match on_failure.split_once(',') {
+        Some((w, r)) => match side {
+            Side::Write => w,
+            Side::Read => r,
+        },
+        None => on_failure,
+    };
+    match one.trim() {
+        "ERROR" | "DLQ" => Ok(Action::Refuse),
+        "NONE" => Ok(Action::Count),
+        a => Err(format!(
+            "onFailure `{a}` is not supported (ERROR, DLQ or NONE)"
+        )),
+    }
+}
+
+impl Contract {
+    /// The subject the schema was found under.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// A rule whose `dlq.topic` is not `dlt` (the policy's dead-letter
+    /// topic for this record's poison): the schema cannot be used with
+    /// this policy, class `unknown`, as a schema that does not compile.
+    pub(crate) fn dlq_mismatch(&self, dlt: &str) -> Option<Invalid> {
+        let r = self
+            .rules
+            .iter()
+            .find(|r| r.dlq_topic.as_deref().is_some_and(|t| t != dlt))?;
+        Some(Invalid {
+            class: Class::Unknown,
+            rule: "schema-id".into(),
+            reason: named(
+                &self.subject,
+                &r.name,
+                format!(
+                    "dlq.topic {} is not a dead-letter topic of this policy (its DLT here is {dlt})",
+                    r.dlq_topic.as_deref().unwrap_or_default()
+                ),
+            ),
+            contract: None,
+        })
+    }
+
+    /// Whether any rule has a `dlq.topic` (so [`Self::dlq_mismatch`] needs
+    /// the policy's DLT).
+    pub(crate) fn names_dlq(&self) -> bool {
+        self.rules.iter().any(|r| r.dlq_topic.is_some())
+    }
+
+    /// Judge `value` (record `r`) by the rules for `side`, in Confluent's
+    /// order (reversed on reads). The first failing rule whose action
+    /// refuses is the verdict; a failing `NONE` rule is counted.
+    pub(crate) fn check(&self, value: &Value, r: &Record<'_>, side: Side) -> Result<(), Invalid> {
+        let run = |rule: &ContractRule| -> Result<(), Invalid> {
+            let act = match side {
+                Side::Read => rule.read,
+                Side::Write => rule.write,
+            };
+            let Some(act) = act else { return Ok(()) };
+            let Some((field, Err(mut e))) = rule
+                .checks
+                .iter()
+                .find(|(_, c)| !c.holds(value, r))
+                .map(|(f, c)| (f, c.check(value, r)))
+            else {
+                return Ok(());
+            };
+            match act {
+                Action::Count => {
+                    count_none(&self.subject, &rule.name, side);
+                    Ok(())
+                }
+                Action::Refuse => {
+                    e.reason = match field {
+                        Some(f) => named(
+                            &self.subject,
+                            &rule.name,
+                            format!("field {f}: {}", e.reason),
+                        ),
+                        None => named(&self.subject, &rule.name, &e.reason),
+                    };
+                    e.contract = Some(Box::new(RuleFailure {
+                        name: rule.name.clone(),
+                        mode: side.mode(),
+                        subject: self.subject.clone(),
+                    }));
+                    Err(e)
+                }
+            }
+        };
+        match side {
+            Side::Write => self.rules.iter().try_for_each(run),
+            Side::Read => self.rules.iter().rev().try_for_each(run),
+        }
+    }
+}
+
+/// Most (subject, rule, side) series [`none_counts`] keeps.
+const MAX_NONE_SERIES: usize = 1024;
+
+type NoneKey = (String, String, Side);
+
+static NONE_COUNTS: Mutex<BTreeMap<NoneKey, u64>> = Mutex::new(BTreeMap::new());
+
+fn count_none(subject: &str, rule: &str, side: Side) {
+    let Ok(mut m) = NONE_COUNTS.lock() else {
+        return;
+    };
+    let key = (subject.to_string(), rule.to_string(), side);
+    if let Some(n) = m.get_mut(&key) {
+        *n += 1;
+    } else if m.len() < MAX_NONE_SERIES {
+        m.insert(key, 1);
+    }
+}
+
+/// Failures of `onFailure: NONE` rules so far, by subject, rule and side
+/// (records judged, not records delivered: a verdict cached is not
+/// counted again). At most 1,024 series.
+pub fn none_counts() -> Vec<(String, String, Side, u64)> {
+    match NONE_COUNTS.lock() {
+        Ok(m) => m
+            .iter()
+            .map(|((s, r, d), n)| (s.clone(), r.clone(), *d, *n))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// For [`fields`]: a CEL_FIELD rule's scope on one field.
+fn field_rule(id: &str, text: &str, name: &str, type_name: &str) -> Result<CelRule, String> {
+    let scope = FieldScope { name, type_name };
+    CelRule::named(id.to_string(), text, Some(scope)).map_err(|e| format!("`{text}`: {e}"))
+}
