@@ -424,13 +424,14 @@ fn borrowed_lookups_hit_and_collisions_stay_apart() {
 #[test]
 fn an_observation_becomes_its_series() {
     let text = "policies:\n  - name: p\n    topics: [geo]\n    value:\n      format: json\n";
-    let set = crate::policy::PolicySet::parse(text, std::path::Path::new("/tmp/p.yaml"))
-        .expect("policy");
+    let set =
+        crate::policy::PolicySet::parse(text, std::path::Path::new("/tmp/p.yaml")).expect("policy");
     let policy = set.for_topic("geo").expect("covers geo").clone();
     let invalid = |rule: &str| crate::policy::Invalid {
         class: Class::Poison,
         rule: rule.into(),
         reason: "r".into(),
+        contract: None,
     };
     let mut j = Judged {
         topic: "geo".into(),
@@ -466,7 +467,10 @@ fn an_observation_becomes_its_series() {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
     assert_eq!(m.held_partitions(), 1);
-    assert!(!text.contains("result=\"overflow\""), "none dropped: {text}");
+    assert!(
+        !text.contains("result=\"overflow\""),
+        "none dropped: {text}"
+    );
     let mut seen = Observation::start();
     seen.acks_overflow = 3;
     m.observe(seen);
