@@ -20,11 +20,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
 import pytest
 
 import harness as h
+import poison_support as ps
 
 APICURIO_VERSION = "3.3.3"
 APICURIO_HOME = Path(os.environ.get(
@@ -160,3 +162,27 @@ def apicurio(workdir):
 def registry(request):
     """The stub, or Apicurio for tests marked `parametrize_registry`."""
     return request.getfixturevalue(registry_kind(request))
+
+
+@dataclass
+class RegistryPolicyProxy(ps.PolicyProxy):
+    """A policy proxy that reads schemas from `registry_url` (timeout
+    `registry_timeout`; with `registry_user`, basic auth whose password is
+    in SR_TEST_PASSWORD), with an admin listener on `admin_port`."""
+    registry_url: str = ""
+    admin_port: int = 0
+    registry_timeout: str = "1s"
+    registry_user: Optional[str] = None
+
+    def config_yaml(self) -> str:
+        auth = ""
+        if self.registry_user:
+            auth = (f"  basic_auth: {{ username: {self.registry_user}, "
+                    "password_env: SR_TEST_PASSWORD }\n")
+        return ps.PolicyProxy.config_yaml(self) + (
+            "schema_registry:\n"
+            f"  url: [\"{self.registry_url}\"]\n"
+            + auth +
+            f"  timeout: {self.registry_timeout}\n"
+            "  cache_ttl: 1h\n"
+            f"admin:\n  listen: {h.HOST}:{self.admin_port}\n")

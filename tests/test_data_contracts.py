@@ -24,7 +24,6 @@ import json
 import re
 import urllib.request
 import uuid
-from dataclasses import dataclass
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -38,6 +37,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext, Se
 import clients as c
 import harness as h
 import poison_support as ps
+import registry_support as rs
 from registry_support import apicurio  # noqa: F401 (fixture)
 from registry_stub import Registry
 
@@ -61,20 +61,6 @@ TRIGGER = json.dumps({"type": "record", "name": "Trigger", "namespace": "geo", "
     {"name": "lat", "type": "double"}, {"name": "lon", "type": "double"}]})
 
 
-@dataclass
-class ContractProxy(ps.PolicyProxy):
-    registry_url: str = ""
-    admin_port: int = 0
-
-    def config_yaml(self) -> str:
-        return ps.PolicyProxy.config_yaml(self) + (
-            "schema_registry:\n"
-            f"  url: [\"{self.registry_url}\"]\n"
-            "  timeout: 2s\n"
-            "  cache_ttl: 1h\n"
-            f"admin:\n  listen: {h.HOST}:{self.admin_port}\n")
-
-
 @pytest.fixture(scope="module")
 def stub():
     r = Registry().start()
@@ -90,7 +76,7 @@ def proxy(workdir, broker, stub, tmp_path_factory):
     # and the proxy's own readers (ledger, follower) must accept them.
     (d / "signing.key").write_text("a-data-contracts-signing-key-0001")
     import conftest
-    p = ContractProxy(workdir, upstream=[broker.bootstrap], policies=[d / "contracts.yaml"],
+    p = rs.RegistryPolicyProxy(workdir, registry_timeout="2s", upstream=[broker.bootstrap], policies=[d / "contracts.yaml"],
                       name="antidote-contracts", registry_url=stub.url,
                       admin_port=h.free_port(),
                       dead_letter={"signing_keys": [f"file: {d / 'signing.key'}"]})

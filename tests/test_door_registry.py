@@ -25,7 +25,6 @@ import threading
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
 
 import confluent_kafka as ck
 import kafka as kp
@@ -89,20 +88,6 @@ KEY = json.dumps({"type": "record", "name": "DeviceKey", "namespace": "geo",
                   "fields": [{"name": "device_id", "type": "string"}]})
 
 
-@dataclass
-class RegistryDoorProxy(ps.PolicyProxy):
-    registry_url: str = ""
-    admin_port: int = 0
-
-    def config_yaml(self) -> str:
-        return ps.PolicyProxy.config_yaml(self) + (
-            "schema_registry:\n"
-            f"  url: [\"{self.registry_url}\"]\n"
-            "  timeout: 1s\n"
-            "  cache_ttl: 1h\n"
-            f"admin:\n  listen: {h.HOST}:{self.admin_port}\n")
-
-
 @pytest.fixture(scope="module")
 def stub():
     r = Registry().start()
@@ -114,7 +99,7 @@ def start_door(workdir, broker, registry, tmp_path_factory):
     d = tmp_path_factory.mktemp("door-sr")
     (d / "door-sr.yaml").write_text(POLICIES)
     import conftest
-    p = RegistryDoorProxy(workdir, upstream=[broker.bootstrap], policies=[d / "door-sr.yaml"],
+    p = rs.RegistryPolicyProxy(workdir, upstream=[broker.bootstrap], policies=[d / "door-sr.yaml"],
                           name=f"antidote-door-sr-{getattr(registry, 'kind', 'stub')}",
                           registry_url=registry.url, admin_port=h.free_port())
     conftest._PROXIES.append(p)

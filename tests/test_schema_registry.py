@@ -22,7 +22,6 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
 
 import confluent_kafka as ck
 import pytest
@@ -70,22 +69,6 @@ policies:
 """
 
 
-@dataclass
-class RegistryProxy(ps.PolicyProxy):
-    registry_url: str = ""
-    admin_port: int = 0
-
-    def config_yaml(self) -> str:
-        text = ps.PolicyProxy.config_yaml(self)
-        text += ("schema_registry:\n"
-                 f"  url: [\"{self.registry_url}\"]\n"
-                 f"  basic_auth: {{ username: {AUTH[0]}, password_env: SR_TEST_PASSWORD }}\n"
-                 "  timeout: 1s\n"
-                 "  cache_ttl: 1h\n"
-                 f"admin:\n  listen: {h.HOST}:{self.admin_port}\n")
-        return text
-
-
 @pytest.fixture(scope="module")
 def stub():
     r = Registry(auth=AUTH).start()
@@ -98,7 +81,7 @@ def start_rproxy(workdir, broker, registry, tmp_path_factory, monkeypatch_module
     (d / "sr.yaml").write_text(POLICIES)
     monkeypatch_module.setenv("SR_TEST_PASSWORD", AUTH[1])
     import conftest
-    p = RegistryProxy(workdir, upstream=[broker.bootstrap], policies=[d / "sr.yaml"],
+    p = rs.RegistryPolicyProxy(workdir, registry_user=AUTH[0], upstream=[broker.bootstrap], policies=[d / "sr.yaml"],
                       name=f"antidote-sr-{getattr(registry, 'kind', 'stub')}",
                       registry_url=registry.url, admin_port=h.free_port())
     conftest._PROXIES.append(p)
