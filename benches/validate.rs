@@ -15,6 +15,14 @@
 //! - avro_registry, protobuf_registry: the same policies with `registry:
 //!   true` instead of `schema_ids`, schema id 1 already in the schema cache
 //!   (the cost of judging once the registry has answered).
+//! - avro_registry_contract, avro_registry_contract_field: avro_registry
+//!   with schema id 1 carrying a Confluent data-contract rule (mode READ,
+//!   onFailure DLQ): `CEL` `message.lat > message.lon` (two fields
+//!   compared), or `CEL_FIELD` `typeName == 'DOUBLE' ; value < 100.0`
+//!   (checked on `lat` and `lon`); avro_registry is their baseline. The
+//!   setup also asserts that a record breaking the rule is refused by it.
+//! - avro_registry_contract_write: the CEL rule with mode WRITE, never run
+//!   on reads (what a schema with rules costs before its rules run).
 //!
 //! Each case judges a rotating set of 1024 distinct records, and the setup
 //! asserts that all of them are valid and that a poisoned one is not (so the
@@ -28,6 +36,7 @@ mod common;
 use std::sync::Arc;
 
 use antidote::kafka::record::{Header, Record};
+use antidote::policy::contract::compile_contract;
 use antidote::policy::formats::compile_schema as compile;
 use antidote::policy::{Policy, PolicySet, SchemaCache, Verdict};
 use bytes::Bytes;
@@ -131,6 +140,26 @@ fn bench_one(
 /// `file`'s policy with `registry: true` in place of its `schema_ids`
 /// block, and schema id 1 (`schema`, of registry type `kind`) cached.
 fn registry_policy(file: &str, ids_block: &str, schema: &str, kind: &str) -> Arc<Policy> {
+    registry_policy_with(file, ids_block, schema, kind, None)
+}
+
+/// A `ruleSet` of one domain rule of `mode` and `rule_type` (onFailure DLQ).
+fn rule_set(mode: &str, rule_type: &str, expr: &str) -> serde_json::Value {
+    serde_json::json!({ "domainRules": [{
+        "name": "bench", "kind": "CONDITION", "mode": mode,
+        "type": rule_type, "expr": expr, "onFailure": "DLQ",
+    }]})
+}
+
+/// [`registry_policy`], schema id 1 carrying the data-contract rules of
+/// `rules` (a registry's `ruleSet`), if any.
+fn registry_policy_with(
+    file: &str,
+    ids_block: &str,
+    schema: &str,
+    kind: &str,
+    rules: Option<serde_json::Value>,
+) -> Arc<Policy> {
     let dir = common::root().join("policies");
     let text = std::fs::read_to_string(dir.join(file)).expect("reference policy");
     assert!(text.contains(ids_block), "{file}: no {ids_block:?}");
@@ -140,16 +169,76 @@ fn registry_policy(file: &str, ids_block: &str, schema: &str, kind: &str) -> Arc
     }
     let schema = std::fs::read_to_string(dir.join("schemas").join(schema)).expect("schema");
     let cache = SchemaCache::new();
-    cache.put_schema(1, compile(Some(kind), &schema, &[]));
+    let contract = rules.map(|set| {
+        compile_contract("geofence.triggers.avro-value", &set, kind, &schema)
+            .expect("the bench's data-contract rule compiles")
+            .expect("a rule that runs on reads or writes")
+    });
+    cache.put_schema_with(1, compile(Some(kind), &schema, &[]), contract);
     let set = PolicySet::parse_with(&text, &dir.join(file), &cache)
         .unwrap_or_else(|e| panic!("{file} with registry: {e:?}"));
     set.policies()[0].clone()
+}
+
+/// A record at (`lat`, `lon`), which only the data-contract rule refuses,
+/// is refused by it when the rule runs on reads, and valid otherwise.
+fn assert_contract_runs(name: &str, policy: &Policy, (lat, lon): (f64, f64), runs: bool) {
+    let t = common::Trigger {
+        lat,
+        lon,
+        ..common::trigger(3, false)
+    };
+    let o = Owned {
+        key: Bytes::from_static(b"device-00000003"),
+        value: common::avro_value(&t),
+        hkey: b"idempotency-key",
+        hval: Bytes::from_static(b"k-000000000003"),
+    };
+    match policy.judge(&record(&o, 3), common::NOW_MS) {
+        Verdict::Invalid(i) if runs && i.contract.is_some() => {}
+        Verdict::Valid if !runs => {}
+        v => panic!("{name}: ({lat}, {lon}), the rule run {runs}: {v:?}"),
+    }
 }
 
 /// Ten clauses, each true of every benchmark record, of every kind a
 /// condition over a flat record uses.
 const CEL_TEN: &str = r#"      - cel: 'message.lat > message.lon && message.transition != "X" && message.speed_mps >= 0.0 && message.accuracy_m <= 100.0 && message.event_time_ms > 0 && message.transition in ["ENTER", "EXIT", "DWELL"] && message.lat < 90.0 && size(message.device_id) < 64 && message.device_id.startsWith("device-") && message.event_time_ms + 1 > message.event_time_ms'
 "#;
+
+/// avro_registry with a data-contract rule on schema id 1: `CEL` comparing
+/// two fields, `CEL_FIELD` checking the `DOUBLE` fields, and a `WRITE`
+/// rule (not run on reads: the cost of the decoded value alone).
+fn bench_contracts(c: &mut Criterion) {
+    const TWO: &str = "message.lat > message.lon";
+    for (name, mode, rule_type, expr, breaks) in [
+        ("avro_registry_contract", "READ", "CEL", TWO, (1.0, 2.0)),
+        (
+            "avro_registry_contract_field",
+            "READ",
+            "CEL_FIELD",
+            "typeName == 'DOUBLE' ; value < 100.0",
+            (48.0, 150.0),
+        ),
+        (
+            "avro_registry_contract_write",
+            "WRITE",
+            "CEL",
+            TWO,
+            (1.0, 2.0),
+        ),
+    ] {
+        let policy = registry_policy_with(
+            "geofence-avro.yaml",
+            "      schema_ids:\n        1: schemas/trigger.avsc\n",
+            "trigger.avsc",
+            "AVRO",
+            Some(rule_set(mode, rule_type, expr)),
+        );
+        assert_contract_runs(name, &policy, breaks, mode == "READ");
+        bench_one(c, name, policy, common::avro_value);
+    }
+}
 
 fn bench_validate(c: &mut Criterion) {
     bench_one(
@@ -205,6 +294,7 @@ fn bench_validate(c: &mut Criterion) {
         ),
         common::avro_value,
     );
+    bench_contracts(c);
     bench_one(
         c,
         "protobuf_registry",
