@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::cel::{CelRule, FieldScope};
+use super::rules::{assign_more, Doc, Pointer};
 use super::{Class, Invalid};
 use crate::kafka::record::Record;
 
@@ -115,6 +116,9 @@ struct ContractRule {
 pub struct Contract {
     subject: String,
     rules: Vec<ContractRule>,
+    /// The fields the rules read, one per slot of the contract's own (the
+    /// fast path captures them with the policy's: `registered.rs`).
+    pointers: Vec<Pointer>,
 }
 
 /// A rule's error, naming the subject and the rule.
@@ -150,9 +154,16 @@ pub fn compile_contract(
             rules.push(rule);
         }
     }
+    let mut pointers = Vec::new();
+    for r in &mut rules {
+        for (_, c) in &mut r.checks {
+            assign_more(&mut pointers, c.pointers_mut());
+        }
+    }
     Ok((!rules.is_empty()).then(|| Contract {
         subject: subject.to_string(),
         rules,
+        pointers,
     }))
 }
 
@@ -266,16 +277,27 @@ impl Contract {
         })
     }
 
+    /// The fields the rules read, in the order of their slots.
+    pub(crate) fn pointers(&self) -> &[Pointer] {
+        &self.pointers
+    }
+
     /// Whether any rule has a `dlq.topic` (so [`Self::dlq_mismatch`] needs
     /// the policy's DLT).
     pub(crate) fn names_dlq(&self) -> bool {
         self.rules.iter().any(|r| r.dlq_topic.is_some())
     }
 
-    /// Judge `value` (record `r`) by the rules for `side`, in Confluent's
-    /// order (reversed on reads). The first failing rule whose action
-    /// refuses is the verdict; a failing `NONE` rule is counted.
-    pub(crate) fn check(&self, value: &Value, r: &Record<'_>, side: Side) -> Result<(), Invalid> {
+    /// Judge `value` (the decoded value, or its captured fields by the
+    /// contract's slots) of record `r` by the rules for `side`, in
+    /// Confluent's order (reversed on reads). The first failing rule whose
+    /// action refuses is the verdict; a failing `NONE` rule is counted.
+    pub(crate) fn check<D: Doc + ?Sized>(
+        &self,
+        value: &D,
+        r: &Record<'_>,
+        side: Side,
+    ) -> Result<(), Invalid> {
         let run = |rule: &ContractRule| -> Result<(), Invalid> {
             let act = match side {
                 Side::Read => rule.read,

@@ -30,6 +30,9 @@ pub(super) struct Cx<'r> {
     pub(super) headers: &'r [Header<'r>],
     /// Fetched or produced: which data-contract rules run.
     pub(super) side: super::contract::Side,
+    /// The record judged (its key, headers and timestamp for data-contract
+    /// rules on the fast path); `None` when a value is only decoded.
+    pub(super) record: Option<&'r crate::kafka::record::Record<'r>>,
 }
 
 /// One record format.

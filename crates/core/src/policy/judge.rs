@@ -172,6 +172,7 @@ impl Compiled {
             now_ms,
             headers: &r.headers,
             side,
+            record: Some(r),
         };
         let Some(bytes) = self.before_decode(r)? else {
             return match &self.key {
@@ -191,6 +192,35 @@ impl Compiled {
                 .and_then(|()| self.check_value(&value, r, now_ms)),
             None => Ok(()),
         }
+    }
+
+    /// A record's value judged both ways (no key, header or size checks):
+    /// on the fast path's captures (`None`: not taken) and on the decoded
+    /// value, for tests that the two agree.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn both_ways(
+        &self,
+        topic: &str,
+        r: &Record<'_>,
+        now_ms: i64,
+        side: Side,
+    ) -> (Option<Result<(), Invalid>>, Result<(), Invalid>) {
+        let cx = Cx {
+            topic,
+            now_ms,
+            headers: &r.headers,
+            side,
+            record: Some(r),
+        };
+        let bytes = r.value.unwrap_or_default();
+        let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
+        let slow = self.decoder.decode(bytes, &cx).and_then(|v| match v {
+            Some(value) => contract(&self.decoder, bytes, &value, r, &cx, &self.dead_letter)
+                .and_then(|()| self.check_value(&value, r, now_ms)),
+            None => Ok(()),
+        });
+        (fast, slow)
     }
 
     /// Headers, null and size: the value's bytes when they need decoding,
@@ -321,6 +351,7 @@ impl Compiled {
             now_ms,
             headers: &[],
             side: Side::Read,
+            record: None,
         };
         self.decoder.decode(bytes, &cx)
     }
@@ -431,6 +462,7 @@ impl Compiled {
                     now_ms,
                     headers: &r.headers,
                     side: Side::Read,
+                    record: None,
                 },
             )? {
                 Some(v) => v,

@@ -24,7 +24,7 @@ use super::json::{Captures, Plan};
 use super::located::{at, At};
 use super::located::{errors_or, not_for};
 use super::registry::{Known, Registered, SchemaCache};
-use super::rules::Pointer;
+use super::rules::{Doc, Field, Pointer};
 use super::wire::{ApicurioId, Framing, SchemaKey, Wire};
 use super::{Class, Invalid};
 
@@ -190,6 +190,9 @@ pub(crate) struct RegistryDecoder<F: Format> {
     pub(crate) format: F,
     /// The rules' pointers, set at load: the fast path ([`Self::capture`]).
     pub(crate) plan: Option<Plan>,
+    /// Those pointers, in slot order (a schema's data-contract rules add
+    /// theirs after them: [`Ext`]).
+    pointers: Vec<Pointer>,
     /// Per schema id (of `framing`'s one namespace), the fast path's
     /// program for its schema and `plan`, made on first use.
     compiled: DashMap<u64, Compiled<F::Program>, foldhash::quality::RandomState>,
@@ -207,6 +210,54 @@ struct Compiled<P> {
     from: Weak<Registered>,
     /// `None`: the fast path does not read this schema.
     program: Option<P>,
+    /// Whether the schema had data-contract rules, and the plan the
+    /// program was made for when their fields are captured.
+    ruled: bool,
+    ext: Option<Ext>,
+}
+
+/// The policy's plan with a schema's data-contract fields after its own:
+/// `map[i]` is the slot of the contract's `i`th field.
+#[derive(Debug)]
+struct Ext {
+    plan: Plan,
+    map: Vec<usize>,
+}
+
+impl Ext {
+    /// `None` when a rule reads the whole message (not a field the fast
+    /// path can capture): the rules then judge the decoded value.
+    fn of(policy: &[Pointer], contract: &Contract) -> Option<Ext> {
+        let mut pointers = policy.to_vec();
+        let mut map = Vec::with_capacity(contract.pointers().len());
+        for p in contract.pointers() {
+            if p.as_str().is_empty() {
+                return None;
+            }
+            let at = pointers.iter().position(|q| q.as_str() == p.as_str());
+            map.push(at.unwrap_or_else(|| {
+                pointers.push(p.clone());
+                pointers.len() - 1
+            }));
+        }
+        Some(Ext {
+            plan: Plan::new(pointers, None),
+            map,
+        })
+    }
+}
+
+/// A record's captures read by a contract's slots.
+struct ByContract<'c, 'de> {
+    caps: &'c Captures<'de>,
+    map: &'c [usize],
+}
+
+impl Doc for ByContract<'_, '_> {
+    #[inline]
+    fn field(&self, ptr: &Pointer) -> Option<Field<'_>> {
+        self.caps.field_at(*self.map.get(ptr.slot())?)
+    }
 }
 
 /// The verdict while the registry has not answered for `what`.
@@ -263,6 +314,7 @@ impl<F: Format> RegistryDecoder<F> {
             subject,
             format,
             plan: None,
+            pointers: Vec::new(),
             compiled: Default::default(),
         };
         errors_or(errs, (decoder, own))
@@ -273,13 +325,15 @@ impl<F: Format> RegistryDecoder<F> {
     pub(super) fn slots(&mut self, pointers: Vec<Pointer>, checked: bool) {
         let datum_as_confluent = self.framing == Framing::Confluent || F::APICURIO_SAME_DATUM;
         if !checked && F::CAPTURES_REGISTERED && datum_as_confluent {
-            self.plan = Some(Plan::new(pointers, None));
+            self.plan = Some(Plan::new(pointers.clone(), None));
+            self.pointers = pointers;
         }
     }
 
     /// The fast path: when the id's schema and subjects are cached and the
     /// value is read straight into the rules' captures, `check`'s verdict
-    /// on them; `None` when [`Self::decode`] must judge (and word) it.
+    /// on them, after the schema's data-contract rules' on theirs (read in
+    /// the same pass); `None` when [`Self::decode`] must judge (and word) it.
     #[inline]
     pub(super) fn capture(
         &self,
@@ -292,10 +346,13 @@ impl<F: Format> RegistryDecoder<F> {
         let Known::Found(schema) = self.cache.schema_of(key, cx.now_ms) else {
             return None;
         };
+        let mut contract = None;
         let id = match key {
             SchemaKey::Confluent(id) => {
-                // Data-contract rules are judged on the decoded value.
-                if self.cache.contract(id).is_some() {
+                contract = self.cache.contract(id);
+                // A `dlq.topic` is checked against the policy's DLT by the
+                // judge, on the decoded value.
+                if contract.as_ref().is_some_and(|c| c.names_dlq()) {
                     return None;
                 }
                 if let Some(subject) = &self.subject {
@@ -308,12 +365,24 @@ impl<F: Format> RegistryDecoder<F> {
             }
             SchemaKey::Apicurio(_, id) => id,
         };
-        let compiled = self.compiled(id, &schema, plan);
+        let compiled = self.compiled(id, &schema, plan, contract.as_deref());
         let prog = compiled.program.as_ref()?;
+        let plan = compiled.ext.as_ref().map_or(plan, |e| &e.plan);
         let mut caps = Captures::new(plan.slots());
-        (self.format)
-            .capture_registered(&schema, prog, rest, plan, &mut caps)
-            .then(|| check(&caps))
+        if !(self.format).capture_registered(&schema, prog, rest, plan, &mut caps) {
+            return None;
+        }
+        if let Some(c) = &contract {
+            let (ext, r) = (compiled.ext.as_ref()?, cx.record?);
+            let doc = ByContract {
+                caps: &caps,
+                map: &ext.map,
+            };
+            if let Err(e) = c.check(&doc, r, cx.side) {
+                return Some(Err(e));
+            }
+        }
+        Some(check(&caps))
     }
 
     /// Id `id`'s program for `schema`, made now if there is none or it was
@@ -323,22 +392,33 @@ impl<F: Format> RegistryDecoder<F> {
         id: u64,
         schema: &Arc<Registered>,
         plan: &Plan,
+        contract: Option<&Contract>,
     ) -> dashmap::mapref::one::Ref<'_, u64, Compiled<F::Program>> {
         if let Some(c) = self.compiled.get(&id) {
             // The weak reference keeps the allocation: its address is not
-            // reused while the entry exists.
-            if std::ptr::eq(c.from.as_ptr(), Arc::as_ptr(schema)) {
+            // reused while the entry exists. Its rules are the schema's.
+            if std::ptr::eq(c.from.as_ptr(), Arc::as_ptr(schema)) && c.ruled == contract.is_some() {
                 return c;
             }
         }
-        let program = self.format.program(schema, plan);
+        let ext = contract.and_then(|c| Ext::of(&self.pointers, c));
+        let program = match (contract, &ext) {
+            (Some(_), None) => None,
+            (_, Some(e)) => self.format.program(schema, &e.plan),
+            (None, None) => self.format.program(schema, plan),
+        };
         if self.compiled.len() >= MAX_COMPILED {
             self.compiled.clear();
         }
         let from = Arc::downgrade(schema);
         self.compiled
             .entry(id)
-            .insert(Compiled { from, program })
+            .insert(Compiled {
+                from,
+                program,
+                ruled: contract.is_some(),
+                ext,
+            })
             .downgrade()
     }
 

@@ -329,3 +329,54 @@ policies:
         Some("geo.keyed-key".to_string())
     );
 }
+
+/// A schema with rules is judged in one pass over the captured fields (the
+/// policy's own and the rules'), not decoded whole, and each verdict is
+/// the decoded value's: class, rule and reason, on both sides, for `CEL`
+/// and `CEL_FIELD` rules, the policy's own rules after them.
+#[test]
+fn rules_are_judged_on_the_captured_fields_as_on_the_decoded_value() {
+    let cache = cache_with(vec![
+        rule("north-of-60", "CEL", "WRITEREAD", "message.lat < 60", "DLQ"),
+        rule(
+            "south",
+            "CEL",
+            "READ",
+            "message.lat > -80.0 || message.lon == 3.0",
+            "ERROR",
+        ),
+        rule(
+            "f",
+            "CEL_FIELD",
+            "WRITE",
+            "typeName == 'DOUBLE' ; value > -1000.0",
+            "ERROR",
+        ),
+    ]);
+    let s = set(POLICY, &cache);
+    let p = s.for_topic("geo.avro").expect("policy");
+    let mut fast_failures = 0;
+    for lat in [52.0, 59.99, 60.0, 61.5, -79.0, -85.0, -95.0, -1500.0] {
+        let value = framed(5, &avro_datum(lat, None));
+        for side in [Side::Read, Side::Write] {
+            let (fast, slow) = p.inner.both_ways("geo.avro", &rec(&value), NOW, side);
+            let fast = fast.unwrap_or_else(|| panic!("lat {lat}: fast path not taken"));
+            let key = |v: &Result<(), Invalid>| {
+                v.as_ref().err().map(|e| {
+                    (
+                        e.class,
+                        e.rule.clone(),
+                        e.reason.clone(),
+                        e.contract.clone(),
+                    )
+                })
+            };
+            assert_eq!(key(&fast), key(&slow), "lat {lat} {side:?}");
+            fast_failures += usize::from(fast.is_err());
+        }
+    }
+    assert!(
+        fast_failures >= 6,
+        "the rules failed records: {fast_failures}"
+    );
+}

@@ -219,7 +219,15 @@ impl<'c> CapturedFields<'c, '_> {
 impl Doc for Captures<'_> {
     #[inline]
     fn field(&self, ptr: &Pointer) -> Option<Field<'_>> {
-        self.get(ptr.slot()).and_then(|c| self.field_of(c))
+        self.field_at(ptr.slot())
+    }
+}
+
+impl Captures<'_> {
+    /// The field captured in `slot`.
+    #[inline]
+    pub(crate) fn field_at(&self, slot: usize) -> Option<Field<'_>> {
+        self.get(slot).and_then(|c| self.field_of(c))
     }
 }
 
