@@ -210,24 +210,28 @@ struct Compiled<P> {
     from: Weak<Registered>,
     /// `None`: the fast path does not read this schema.
     program: Option<P>,
-    /// Whether the schema had data-contract rules, and the plan the
-    /// program was made for when their fields are captured.
-    ruled: bool,
+    /// The schema's data-contract rules and the plan the program was made
+    /// for, when the fast path judges them.
     ext: Option<Ext>,
 }
 
-/// The policy's plan with a schema's data-contract fields after its own:
-/// `map[i]` is the slot of the contract's `i`th field.
+/// A schema's data-contract rules, with the policy's plan and their
+/// fields after its own: `map[i]` is the slot of the contract's `i`th field.
 #[derive(Debug)]
 struct Ext {
+    contract: Arc<Contract>,
     plan: Plan,
     map: Vec<usize>,
 }
 
 impl Ext {
-    /// `None` when a rule reads the whole message (not a field the fast
-    /// path can capture): the rules then judge the decoded value.
-    fn of(policy: &[Pointer], contract: &Contract) -> Option<Ext> {
+    /// `None` when the rules are judged on the decoded value: one reads
+    /// the whole message (not a field the fast path captures), or names a
+    /// `dlq.topic` (the judge checks it against the policy's DLT).
+    fn of(policy: &[Pointer], contract: Arc<Contract>) -> Option<Ext> {
+        if contract.names_dlq() {
+            return None;
+        }
         let mut pointers = policy.to_vec();
         let mut map = Vec::with_capacity(contract.pointers().len());
         for p in contract.pointers() {
@@ -241,6 +245,7 @@ impl Ext {
             }));
         }
         Some(Ext {
+            contract,
             plan: Plan::new(pointers, None),
             map,
         })
@@ -346,39 +351,31 @@ impl<F: Format> RegistryDecoder<F> {
         let Known::Found(schema) = self.cache.schema_of(key, cx.now_ms) else {
             return None;
         };
-        let mut contract = None;
-        let id = match key {
+        let (id, confluent) = match key {
             SchemaKey::Confluent(id) => {
-                contract = self.cache.contract(id);
-                // A `dlq.topic` is checked against the policy's DLT by the
-                // judge, on the decoded value.
-                if contract.as_ref().is_some_and(|c| c.names_dlq()) {
-                    return None;
-                }
                 if let Some(subject) = &self.subject {
                     match self.cache.subjects(id, cx.now_ms) {
                         Known::Found(list) if list.iter().any(|s| subject.is(s, cx.topic)) => {}
                         _ => return None,
                     }
                 }
-                u64::from(id)
+                (u64::from(id), Some(id))
             }
-            SchemaKey::Apicurio(_, id) => id,
+            SchemaKey::Apicurio(_, id) => (id, None),
         };
-        let compiled = self.compiled(id, &schema, plan, contract.as_deref());
+        let compiled = self.compiled(id, &schema, plan, confluent);
         let prog = compiled.program.as_ref()?;
         let plan = compiled.ext.as_ref().map_or(plan, |e| &e.plan);
         let mut caps = Captures::new(plan.slots());
         if !(self.format).capture_registered(&schema, prog, rest, plan, &mut caps) {
             return None;
         }
-        if let Some(c) = &contract {
-            let (ext, r) = (compiled.ext.as_ref()?, cx.record?);
+        if let Some(ext) = &compiled.ext {
             let doc = ByContract {
                 caps: &caps,
                 map: &ext.map,
             };
-            if let Err(e) = c.check(&doc, r, cx.side) {
+            if let Err(e) = ext.contract.check(&doc, cx.record?, cx.side) {
                 return Some(Err(e));
             }
         }
@@ -392,33 +389,31 @@ impl<F: Format> RegistryDecoder<F> {
         id: u64,
         schema: &Arc<Registered>,
         plan: &Plan,
-        contract: Option<&Contract>,
+        confluent: Option<u32>,
     ) -> dashmap::mapref::one::Ref<'_, u64, Compiled<F::Program>> {
         if let Some(c) = self.compiled.get(&id) {
             // The weak reference keeps the allocation: its address is not
-            // reused while the entry exists. Its rules are the schema's.
-            if std::ptr::eq(c.from.as_ptr(), Arc::as_ptr(schema)) && c.ruled == contract.is_some() {
+            // reused while the entry exists. The cache stores a schema's
+            // rules before the schema, so they are its rules.
+            if std::ptr::eq(c.from.as_ptr(), Arc::as_ptr(schema)) {
                 return c;
             }
         }
-        let ext = contract.and_then(|c| Ext::of(&self.pointers, c));
-        let program = match (contract, &ext) {
-            (Some(_), None) => None,
-            (_, Some(e)) => self.format.program(schema, &e.plan),
-            (None, None) => self.format.program(schema, plan),
+        let contract = confluent.and_then(|id| self.cache.contract(id));
+        let ext = contract.map(|c| Ext::of(&self.pointers, c));
+        let program = match &ext {
+            Some(None) => None,
+            Some(Some(e)) => self.format.program(schema, &e.plan),
+            None => self.format.program(schema, plan),
         };
+        let ext = ext.flatten();
         if self.compiled.len() >= MAX_COMPILED {
             self.compiled.clear();
         }
         let from = Arc::downgrade(schema);
         self.compiled
             .entry(id)
-            .insert(Compiled {
-                from,
-                program,
-                ruled: contract.is_some(),
-                ext,
-            })
+            .insert(Compiled { from, program, ext })
             .downgrade()
     }
 
