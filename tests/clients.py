@@ -13,6 +13,7 @@ from typing import Optional
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 import kafka as kp
+import kafka.errors as kerr
 from kafka.admin import NewTopic as KpNewTopic
 
 
@@ -293,4 +294,22 @@ def by_partition_in_order(recs: list[Rec]) -> dict[int, list[Rec]]:
     out: dict[int, list[Rec]] = {}
     for r in recs:
         out.setdefault(r.partition, []).append(r)
+    return out
+
+
+def kp_send_each(ep: Endpoint, topic: str, values: list[bytes]) -> list:
+    """kafka-python, one batch per record; each record's exception (or None)."""
+    p = kp.KafkaProducer(**ep.kp(linger_ms=0, retries=0, max_in_flight_requests_per_connection=1))
+    out = []
+    try:
+        for v in values:
+            f = p.send(topic, value=v)
+            p.flush(30)
+            try:
+                f.get(timeout=30)
+                out.append(None)
+            except kerr.KafkaError as e:
+                out.append(e)
+    finally:
+        p.close(10)
     return out

@@ -212,7 +212,6 @@ def test_records_breaking_a_read_rule_are_diverted_with_the_rule_headers(
 
 
 def test_a_write_rule_refuses_the_produce_at_the_door_naming_the_rule(proxy, stub, broker):
-    import kafka as kp
     import kafka.errors as kerr
     topic = new_topic(broker)
     register(stub, topic, rules_for(topic))
@@ -225,20 +224,7 @@ def test_a_write_rule_refuses_the_produce_at_the_door_naming_the_rule(proxy, stu
     ])                                # (WRITE, NONE): written, counted
     counted = f'subject="{topic}-value".*rule="lon-east-written".*mode="WRITE"'
     assert metric(proxy, "antidote_contract_rule_none_total", counted) == 0
-    p = kp.KafkaProducer(**c.Endpoint(proxy.bootstrap, "proxy").kp(
-        linger_ms=0, retries=0, max_in_flight_requests_per_connection=1))
-    errors = []
-    try:
-        for v in values:
-            f = p.send(topic, value=v)
-            p.flush(30)
-            try:
-                f.get(timeout=30)
-                errors.append(None)
-            except kerr.KafkaError as e:
-                errors.append(e)
-    finally:
-        p.close(10)
+    errors = c.kp_send_each(c.Endpoint(proxy.bootstrap, "proxy"), topic, values)
     assert [e is None for e in errors] == [True, False, False, True, True], errors
     for e, rule in [(errors[1], "no-south"), (errors[2], "device-prefix")]:
         assert isinstance(e, kerr.InvalidRecordError), e

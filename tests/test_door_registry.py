@@ -38,7 +38,6 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 import clients as c
 import harness as h
-import poison_support as ps
 import registry_support as rs
 from registry_support import apicurio, registry  # noqa: F401 (fixtures)
 from registry_stub import Registry
@@ -184,24 +183,6 @@ def ck_send_each(ep: c.Endpoint, topic: str, values: list[bytes], keys=None, **c
     return errors
 
 
-def kp_send_each(ep: c.Endpoint, topic: str, values: list[bytes]) -> list:
-    """kafka-python, one batch per record; each record's exception (or None)."""
-    p = kp.KafkaProducer(**ep.kp(linger_ms=0, retries=0, max_in_flight_requests_per_connection=1))
-    out = []
-    try:
-        for v in values:
-            f = p.send(topic, value=v)
-            p.flush(30)
-            try:
-                f.get(timeout=30)
-                out.append(None)
-            except kerr.KafkaError as e:
-                out.append(e)
-    finally:
-        p.close(10)
-    return out
-
-
 def metrics(door) -> str:
     with urllib.request.urlopen(f"http://{h.HOST}:{door.admin_port}/metrics", timeout=5) as r:
         return r.read().decode()
@@ -255,7 +236,7 @@ def test_librdkafka_valid_records_land_and_poison_is_refused_in_each_format(
 def test_kafka_python_sees_which_rule_refused_the_record(door, broker, registry):
     topic = new_topic(broker, "dsr.avro.")
     values = avro_values(registry, topic, [trigger(0), trigger(1, lat=95.0), trigger(2)])
-    errors = kp_send_each(proxy_ep(door), topic, values)
+    errors = c.kp_send_each(proxy_ep(door), topic, values)
     assert errors[0] is None and errors[2] is None, errors
     assert isinstance(errors[1], kerr.InvalidRecordError), errors
     assert "door-sr-avro, rule coordinates (poison)" in str(errors[1]), errors[1]
@@ -267,7 +248,7 @@ def test_a_redact_refusal_names_the_rule_and_never_the_value(door, broker, regis
     topic = new_topic(broker, "dsr.avro.")
     secret = f"SSN-{uuid.uuid4().hex[:8]}"
     values = avro_values(registry, topic, [trigger(0, ssn=secret)])
-    errors = kp_send_each(proxy_ep(door), topic, values)
+    errors = c.kp_send_each(proxy_ep(door), topic, values)
     assert isinstance(errors[0], kerr.InvalidRecordError), errors
     text = str(errors[0])
     assert "(redact)" in text, text
@@ -291,7 +272,7 @@ def test_an_id_of_another_subject_and_an_unknown_id_are_refused(door, broker, re
     ser = AvroSerializer(sr(registry), foreign_schema, conf={"auto.register.schemas": True})
     foreign = ser(trigger(1), SerializationContext(other, MessageField.VALUE))
     unknown = framed(4_000_000 + int(uuid.uuid4().int % 1000), good[5:])
-    errors = kp_send_each(proxy_ep(door), topic, [good, foreign, unknown])
+    errors = c.kp_send_each(proxy_ep(door), topic, [good, foreign, unknown])
     assert errors[0] is None, errors
     assert isinstance(errors[1], kerr.InvalidRecordError), errors
     assert "rule subject (poison)" in str(errors[1]) and f"{topic}-value" in str(errors[1]), errors[1]
@@ -423,7 +404,7 @@ def test_without_retries_the_producer_sees_a_retriable_error_naming_the_registry
     topic = new_topic(broker, "dsr.avro.")
     values = outage_values(registry, topic, 1)
     registry.mode = "down"
-    errors = kp_send_each(proxy_ep(door), topic, values)
+    errors = c.kp_send_each(proxy_ep(door), topic, values)
     assert isinstance(errors[0], kerr.NotEnoughReplicasError), errors
     assert errors[0].retriable
     assert "waiting for the schema registry" in str(errors[0]), errors[0]
@@ -434,7 +415,7 @@ def test_without_retries_the_producer_sees_a_retriable_error_naming_the_registry
     # itself starts: until then a send may still get the retriable answer
     # (a producer with retries would simply retry; this one does by hand).
     deadline = time.monotonic() + 15
-    while (errors := kp_send_each(proxy_ep(door), topic, values)) != [None]:
+    while (errors := c.kp_send_each(proxy_ep(door), topic, values)) != [None]:
         assert isinstance(errors[0], kerr.NotEnoughReplicasError), errors
         assert time.monotonic() < deadline, f"still refused 15 s after the registry came back: {errors}"
         time.sleep(0.5)
