@@ -121,6 +121,16 @@ pub struct Contract {
     pointers: Vec<Pointer>,
 }
 
+/// Most checks one rule set compiles to (each `CEL` rule is one, a
+/// `CEL_FIELD` rule one per field it selects): a registry answer is input
+/// (up to `MAX_BODY`), and every check runs on every record of the schema.
+pub(super) const MAX_CHECKS: usize = 256;
+
+/// The error of a rule set past [`MAX_CHECKS`].
+pub(super) fn too_many() -> String {
+    format!("more than {MAX_CHECKS} checks in the rule set (a CEL rule is one, a CEL_FIELD rule one per field it selects)")
+}
+
 /// A rule's error, naming the subject and the rule.
 fn named(subject: &str, rule: &str, what: impl std::fmt::Display) -> String {
     format!("subject {subject}, data-contract rule {rule}: {what}")
@@ -146,11 +156,12 @@ pub fn compile_contract(
             "encoding rules (payload encryption) are not supported: the value could not be read",
         ));
     }
-    let mut rules = Vec::new();
+    let (mut rules, mut left) = (Vec::new(), MAX_CHECKS);
     for r in doc.domain_rules.iter().filter(|r| !r.disabled) {
         if let Some(rule) =
-            compile_rule(r, schema_type, schema).map_err(|e| named(subject, &r.name, e))?
+            compile_rule(r, schema_type, schema, left).map_err(|e| named(subject, &r.name, e))?
         {
+            left -= rule.checks.len();
             rules.push(rule);
         }
     }
@@ -172,6 +183,7 @@ fn compile_rule(
     r: &RuleDoc,
     schema_type: &str,
     schema: &str,
+    left: usize,
 ) -> Result<Option<ContractRule>, String> {
     let (read, write) = match r.mode.as_deref().unwrap_or("") {
         "READ" => (true, false),
@@ -203,11 +215,12 @@ fn compile_rule(
     let expr = r.expr.as_deref().unwrap_or("");
     let id = format!("rule:{}", r.name);
     let checks = match r.rule_type.as_deref().unwrap_or("") {
+        "CEL" if left == 0 => return Err(too_many()),
         "CEL" => vec![(
             None,
             CelRule::named(id, expr, None).map_err(|e| format!("`{expr}`: {e}"))?,
         )],
-        "CEL_FIELD" => fields::checks(&id, expr, schema_type, schema)?,
+        "CEL_FIELD" => fields::checks(&id, expr, schema_type, schema, left)?,
         t @ ("JSONATA" | "ENCRYPT" | "ENCRYPT_PAYLOAD") => {
             return Err(format!("rules of type {t} are not supported"))
         }

@@ -10,16 +10,17 @@
 
 use serde_json::Value;
 
-use super::field_rule;
+use super::{field_rule, too_many};
 use crate::policy::cel::CelRule;
 
 /// The checks of CEL_FIELD rule `id` with text `expr` on a schema of
-/// `schema_type` with text `schema`.
+/// `schema_type` with text `schema`; more than `left` is an error.
 pub(super) fn checks(
     id: &str,
     expr: &str,
     schema_type: &str,
     schema: &str,
+    left: usize,
 ) -> Result<Vec<(Option<String>, CelRule)>, String> {
     let (guard, body) = match expr.split_once(';') {
         Some((g, b)) => (Some(g.trim()), b.trim()),
@@ -37,6 +38,9 @@ pub(super) fn checks(
             if !guard.constant()? {
                 continue;
             }
+        }
+        if out.len() >= left {
+            return Err(too_many());
         }
         let check = field_rule(id, body, &name, type_name)?;
         out.push((Some(name), check));

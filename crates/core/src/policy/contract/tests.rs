@@ -380,3 +380,40 @@ fn rules_are_judged_on_the_captured_fields_as_on_the_decoded_value() {
         "the rules failed records: {fast_failures}"
     );
 }
+
+/// A registry answer is input: a rule set that would compile to more than
+/// MAX_CHECKS checks (run on every record) is refused, naming the subject
+/// and the rule that crossed it; one at the bound compiles.
+#[test]
+fn a_rule_set_past_the_check_bound_is_refused() {
+    let many = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| {
+                rule(
+                    &format!("r{i}"),
+                    "CEL",
+                    "READ",
+                    "message.lat < 90.0",
+                    "ERROR",
+                )
+            })
+            .collect()
+    };
+    assert!(compiled(many(MAX_CHECKS)).expect("at the bound").is_some());
+    let e = refusal(many(MAX_CHECKS + 1));
+    let last = format!("rule r{MAX_CHECKS}: more than {MAX_CHECKS} checks");
+    assert!(e.contains(&last), "{e}");
+    // CEL_FIELD counts one check per selected field: the trigger schema's
+    // fields times enough rules crosses the bound inside a rule.
+    let field = |i: usize| {
+        rule(
+            &format!("f{i}"),
+            "CEL_FIELD",
+            "READ",
+            "value != null",
+            "ERROR",
+        )
+    };
+    let e = refusal((0..MAX_CHECKS).map(field).collect());
+    assert!(e.contains(&format!("more than {MAX_CHECKS} checks")), "{e}");
+}
