@@ -39,7 +39,7 @@ use crate::kafka::batch::BatchError;
 use crate::metrics::{self, InvalidAction, Judged, Observation};
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::PolicySet;
+use crate::policy::{Action, PolicySet};
 pub use holds::Holds;
 use parallel::PartitionJob;
 use pipeline::{Judgement, Kind, Named, PartView, Postponed, TopicView};
@@ -414,10 +414,10 @@ fn judged(
         invalid: Vec::new(),
     };
     for d in (plan.diversions.iter()).filter(|d| counts(d.origin_offset, true)) {
-        j.invalid(&d.invalid, InvalidAction::Diverted);
+        j.invalid(&d.invalid, InvalidAction::Met(Action::Divert));
     }
     for s in (plan.settled.iter()).filter(|s| counts(s.offset, false)) {
-        j.invalid(&s.invalid, s.outcome.into());
+        j.invalid(&s.invalid, s.action.into());
     }
     j
 }

@@ -1,15 +1,15 @@
 //! The `action` label of `antidote_records_invalid_total`: what happened
-//! to an invalid record.
+//! to an invalid record. The labels of fetch actions are the policy
+//! action's own (`policy::Action::label`).
+
+use crate::policy::Action;
 
 /// What happened to an invalid record (the `action` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InvalidAction {
-    /// Written to its dead-letter topic and removed from the response.
-    Diverted,
-    /// Removed from the response, not written anywhere (`on_invalid: drop`).
-    Dropped,
-    /// Delivered to the consumer although invalid (`on_invalid: pass`).
-    PassedInvalid,
+    /// Met on fetch by its policy's action (`on_invalid`): diverted now or
+    /// by an earlier fetch, dropped, or passed.
+    Met(Action),
     /// Refused at Produce (`on_produce: reject`): never written.
     Rejected,
 }
@@ -17,30 +17,20 @@ pub enum InvalidAction {
 impl InvalidAction {
     pub fn as_str(self) -> &'static str {
         match self {
-            InvalidAction::Diverted => "diverted",
-            InvalidAction::Dropped => "dropped",
-            InvalidAction::PassedInvalid => "passed_invalid",
+            InvalidAction::Met(a) => a.label(),
             InvalidAction::Rejected => "rejected",
         }
     }
-}
 
-impl From<crate::policy::Action> for InvalidAction {
-    fn from(a: crate::policy::Action) -> Self {
-        match a {
-            crate::policy::Action::Divert => InvalidAction::Diverted,
-            crate::policy::Action::Drop => InvalidAction::Dropped,
-            crate::policy::Action::Pass => InvalidAction::PassedInvalid,
-        }
+    /// Whether the record went to a dead-letter topic (the history's
+    /// diverted series).
+    pub fn diverted(self) -> bool {
+        matches!(self, InvalidAction::Met(a) if a.writes())
     }
 }
 
-impl From<crate::plan::Outcome> for InvalidAction {
-    fn from(o: crate::plan::Outcome) -> Self {
-        match o {
-            crate::plan::Outcome::DivertedBefore => InvalidAction::Diverted,
-            crate::plan::Outcome::Dropped => InvalidAction::Dropped,
-            crate::plan::Outcome::Passed => InvalidAction::PassedInvalid,
-        }
+impl From<Action> for InvalidAction {
+    fn from(a: Action) -> Self {
+        InvalidAction::Met(a)
     }
 }

@@ -128,7 +128,7 @@ impl Metrics {
             action: action.as_str(),
         };
         self.invalid.with(&labels, |c| c.inc_by(n));
-        if action == InvalidAction::Diverted {
+        if action.diverted() {
             history::global().diverted(topic, class.as_str(), n, crate::clock::now_ms());
         }
     }

@@ -6,7 +6,7 @@ use std::hash::Hash;
 
 use super::series::*;
 use super::*;
-use crate::policy::Class;
+use crate::policy::{Action, Class};
 
 #[test]
 fn renders_help_type_and_samples() {
@@ -20,7 +20,7 @@ fn renders_help_type_and_samples() {
         "p",
         Class::Poison,
         "schema",
-        InvalidAction::Diverted,
+        InvalidAction::Met(Action::Divert),
     );
     let text = m.render();
     assert!(
@@ -60,7 +60,7 @@ fn label_values_are_escaped() {
         "p",
         Class::Unknown,
         "rule \"x\"\n\\",
-        InvalidAction::Dropped,
+        InvalidAction::Met(Action::Drop),
     );
     let text = m.render();
     assert!(
@@ -208,7 +208,14 @@ fn every_series_once() -> Metrics {
     m.record_validated("t", 0, "p", 1);
     m.record_evaluated("p", 1);
     m.record_passed("t", 0, "p", 1);
-    m.record_invalid("t", 0, "p", Class::Poison, "r", InvalidAction::Dropped);
+    m.record_invalid(
+        "t",
+        0,
+        "p",
+        Class::Poison,
+        "r",
+        InvalidAction::Met(Action::Drop),
+    );
     m.dlt_write(true, Duration::from_millis(1));
     m.response_relayed(true, Duration::from_micros(100), Duration::from_micros(300));
     m.set_held("t", 0, false);
@@ -378,9 +385,23 @@ fn cached_series_are_the_ones_scraped() {
 fn borrowed_lookups_hit_and_collisions_stay_apart() {
     let m = Metrics::new();
     for _ in 0..3 {
-        m.record_invalid("t", 1, "p", Class::Poison, "r1", InvalidAction::Diverted);
+        m.record_invalid(
+            "t",
+            1,
+            "p",
+            Class::Poison,
+            "r1",
+            InvalidAction::Met(Action::Divert),
+        );
     }
-    m.record_invalid("t", 1, "p", Class::Poison, "r2", InvalidAction::Diverted);
+    m.record_invalid(
+        "t",
+        1,
+        "p",
+        Class::Poison,
+        "r2",
+        InvalidAction::Met(Action::Divert),
+    );
     assert_eq!(m.invalid.cache.len(), 2);
     let text = m.render();
     assert!(
@@ -443,9 +464,9 @@ fn an_observation_becomes_its_series() {
         invalid: Vec::new(),
     };
     for _ in 0..3 {
-        j.invalid(&invalid("schema"), InvalidAction::Diverted);
+        j.invalid(&invalid("schema"), InvalidAction::Met(Action::Divert));
     }
-    j.invalid(&invalid("schema"), InvalidAction::Dropped);
+    j.invalid(&invalid("schema"), InvalidAction::Met(Action::Drop));
     assert_eq!(j.invalid.len(), 2, "one entry per class, rule and action");
     let m = Metrics::new();
     let mut seen = Observation::start();

@@ -282,7 +282,7 @@ impl FetchFilter {
             ok
         });
         settle.done.extend(plan.diversions.iter().map(span_of));
-        let removed = plan.settled.iter().filter(|s| s.outcome.removes());
+        let removed = plan.settled.iter().filter(|s| s.action.removes());
         settle.done.extend(removed.map(|s| (s.offset, s.offset)));
         settle
             .done
@@ -427,7 +427,7 @@ fn count_acquired(
         is_diversion || (share::is_acquired(acquired, o) && held_from.is_none_or(|h| o < h))
     };
     let passed_invalid = (plan.settled.iter())
-        .filter(|s| s.outcome == crate::plan::Outcome::Passed && counted(s.offset, false))
+        .filter(|s| !s.action.removes() && counted(s.offset, false))
         .count() as u64;
     let given = share::count(&given).saturating_sub(passed_invalid);
     judged(plan, share::count(&mine), given, counted)

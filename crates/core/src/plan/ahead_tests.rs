@@ -70,7 +70,7 @@ fn stretch_judged_ahead(action: &str, parts: usize) {
     let budget = DecodeBudget::unlimited();
     let alone = plan_partition(&input(&pol, &t, &records, &vis), &VerdictCache::new(64));
     let total = (BATCHES as u64) * PER_BATCH as u64;
-    let removed = alone.diversions.len() as u64 + alone.stats.dropped;
+    let removed = (alone.diversions.len() + alone.invalid_count(Action::Drop)) as u64;
     assert_eq!((alone.stats.validated, removed), (total, 4), "{action}");
     let cache = VerdictCache::new(64);
     let e = env(&cache, &budget);
@@ -86,7 +86,10 @@ fn stretch_judged_ahead(action: &str, parts: usize) {
     );
     let p = plan_partition_with(&inp, &e);
     assert_eq!(outcome(&p), outcome(&alone), "{action}, {parts} stretches");
-    assert_eq!(p.stats.dropped, alone.stats.dropped);
+    assert_eq!(
+        p.invalid_count(Action::Drop),
+        alone.invalid_count(Action::Drop)
+    );
     assert_eq!(
         (p.stats.validated, p.stats.cached_batches),
         (total, 0),

@@ -65,7 +65,6 @@ pub(super) fn divert_keyed(
             // state (it may have been released since); only re-queue its
             // diversion as the plain path does (the ledger finds it done).
             if let Some(v) = own {
-                plan.stats.diverted += 1;
                 let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, v);
                 plan.diversions.push(d);
             }
@@ -104,7 +103,6 @@ pub(super) fn divert_keyed(
         if let Some(k) = keep_mask.get_mut(i) {
             *k = false;
         }
-        plan.stats.diverted += 1;
         let mut d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, &verdict);
         // Parked records go where their key's first record went.
         d.dlt_topic = plan.policy.dead_letter_topic(&plan.topic, class);

@@ -72,44 +72,15 @@ enum SegmentPlan {
     },
 }
 
-/// An invalid record a plan does not write now, and what became of it.
+/// An invalid record a plan does not write now, and what became of it:
+/// its policy's action (`removes` tells a delivery whether it left the
+/// batch). A record to write now is a `Diversion`; a `Divert` here was
+/// written by an earlier fetch (any instance; batches resent as spliced).
 #[derive(Debug, Clone)]
 pub struct Settled {
     pub offset: i64,
     pub invalid: Invalid,
-    pub outcome: Outcome,
-}
-
-/// What becomes of an invalid record that is not written now: one variant
-/// per action for invalid records (a record to write now is a
-/// `Diversion`). Adding an action adds a variant here, its planning in
-/// `planner.rs`, and its label in the metrics; deliveries ask `removes`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// In its DLT already (an earlier fetch, any instance; batches resent
-    /// as spliced): removed, counted as diverted.
-    DivertedBefore,
-    /// `on_invalid: drop`: removed, in no DLT.
-    Dropped,
-    /// `on_invalid: pass`: delivered, counted.
-    Passed,
-}
-
-impl Outcome {
-    /// The outcome of `action` for a record not written now.
-    pub fn of(action: Action) -> Outcome {
-        match action {
-            Action::Divert => Outcome::DivertedBefore,
-            Action::Drop => Outcome::Dropped,
-            Action::Pass => Outcome::Passed,
-        }
-    }
-
-    /// Whether the record leaves its batch for good (a share consumer's
-    /// proxy acknowledges it).
-    pub fn removes(self) -> bool {
-        !matches!(self, Outcome::Passed)
-    }
+    pub action: Action,
 }
 
 /// The plan for one partition of one Fetch response.
@@ -121,8 +92,8 @@ pub struct PartitionPlan {
     /// Records to write to dead-letter topics before the response is released.
     pub diversions: Vec<Diversion>,
     /// Every other invalid record, in offset order within each batch, and
-    /// what became of it (`Outcome`): dropped, passed, or diverted by an
-    /// earlier fetch (a batch diverted whole: its base offset).
+    /// its action: dropped, passed, or diverted by an earlier fetch (a
+    /// batch diverted whole: its base offset).
     pub settled: Vec<Settled>,
     /// The offsets (`first..=last`) of each batch replaced whole because it
     /// cannot be decoded (`on_undecodable: divert`), diverted now or by an
@@ -228,9 +199,6 @@ pub struct PlanStats {
     pub judged: u64,
     /// Records validated now (not from the cache).
     pub validated: u64,
-    pub diverted: u64,
-    pub dropped: u64,
-    pub passed_invalid: u64,
     pub undecodable_batches: u64,
     pub cached_batches: u64,
 }
@@ -253,6 +221,17 @@ impl PartitionPlan {
             judged_to: None,
             cut: None,
         }
+    }
+
+    /// The invalid records this plan meets with `action`: the diversions
+    /// to write now (for an action that writes) and those settled with it.
+    pub fn invalid_count(&self, action: Action) -> usize {
+        let now = if action.writes() {
+            self.diversions.len()
+        } else {
+            0
+        };
+        now + self.settled.iter().filter(|s| s.action == action).count()
     }
 
     /// Whether the records section must be rebuilt.

@@ -14,7 +14,7 @@ use super::keys::{KeyGate, KeyOrder, NoKeys};
 use super::undecodable::plan_undecodable;
 use super::verdicts::{Judged, Known, VerdictCache};
 use super::visibility::{AbortTracker, Visibility};
-use super::{Cut, Hold, HoldReason, Outcome, PartitionPlan, SegmentPlan, Settled};
+use super::{Cut, Hold, HoldReason, PartitionPlan, SegmentPlan, Settled};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{self, Batch, BatchError, DecodedBatch, Segment};
 use crate::kafka::splice::Rebuilt;
@@ -268,7 +268,7 @@ fn plan_removals(
         // Worth keeping for later fetches only if it removes exactly
         // what the verdicts remove (not also records diverted under an
         // earlier policy).
-        let exact = policy.on_invalid != Action::Pass
+        let exact = policy.on_invalid.removes()
             && visible.len() == invalid.len()
             && !keyed_out.blocked_any
             && keyed_out.full_at.is_none()
@@ -390,20 +390,17 @@ fn apply_verdicts(
         } else {
             action
         };
-        match action {
-            Action::Pass | Action::Drop => {
-                settle(plan, j, Outcome::of(action));
-                if action == Action::Drop {
-                    *k = false; // dropped: out of the batch
-                }
-            }
-            Action::Divert => {
-                *k = false;
-                divert.push((j.index, &j.invalid));
+        if action.writes() {
+            *k = false;
+            divert.push((j.index, &j.invalid));
+        } else {
+            settle(plan, j, action);
+            if action.removes() {
+                *k = false; // out of the batch, written nowhere
             }
         }
     }
-    if !cached && action != Action::Divert {
+    if !cached && !action.writes() {
         log_not_diverted(plan, invalid);
     }
     let mut out = KeyedOutcome::default();
@@ -425,7 +422,6 @@ fn apply_verdicts(
         // read for every one cost ~400 instructions).
         for &(i, verdict) in &divert {
             if let Some(record) = decoded.record(i) {
-                plan.stats.diverted += 1;
                 let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, &record, verdict);
                 plan.diversions.push(d);
             }
@@ -434,17 +430,12 @@ fn apply_verdicts(
     (keep_mask, out)
 }
 
-/// Note what became of an invalid record not written now, and count it.
-fn settle(plan: &mut PartitionPlan, j: &Judged, outcome: Outcome) {
-    match outcome {
-        Outcome::DivertedBefore => plan.stats.diverted += 1,
-        Outcome::Dropped => plan.stats.dropped += 1,
-        Outcome::Passed => plan.stats.passed_invalid += 1,
-    }
+/// Note what became of an invalid record not written now.
+fn settle(plan: &mut PartitionPlan, j: &Judged, action: Action) {
     plan.settled.push(Settled {
         offset: j.offset,
         invalid: j.invalid.clone(),
-        outcome,
+        action,
     });
 }
 
@@ -472,29 +463,27 @@ fn resend_spliced(
 ) -> Option<Rebuilt> {
     let invalid = known.verdicts();
     let action = plan.policy.on_invalid;
-    let removes_exactly = match action {
-        Action::Pass => false,
-        Action::Drop => earlier
-            .iter()
-            .all(|o| invalid.iter().any(|j| j.offset == *o)),
-        Action::Divert => {
+    // Removed exactly: by an action that writes, every invalid record and
+    // nothing else was written before; by one that does not, no record
+    // was removed but an invalid one.
+    let removes_exactly = action.removes()
+        && if action.writes() {
             invalid.len() == earlier.len()
                 && invalid
                     .iter()
                     .all(|j| earlier.binary_search(&j.offset).is_ok())
-        }
-    };
+        } else {
+            earlier
+                .iter()
+                .all(|o| invalid.iter().any(|j| j.offset == *o))
+        };
     if !removes_exactly {
         return None;
     }
     // The entry matched the batch's length and CRC, so its runs fit it.
     let rebuilt = known.spliced().filter(|r| r.fits(len))?;
-    let outcome = match action {
-        Action::Divert => Outcome::DivertedBefore,
-        _ => Outcome::Dropped,
-    };
     for j in invalid.iter() {
-        settle(plan, j, outcome);
+        settle(plan, j, action);
     }
     Some(rebuilt)
 }

@@ -221,7 +221,7 @@ fn drop_removes_without_diverting_and_pass_delivers() {
         &uncommitted(),
     );
     assert!(p.diversions.is_empty());
-    assert_eq!(p.stats.dropped, 1);
+    assert_eq!(p.invalid_count(Action::Drop), 1);
     assert_eq!(offsets(&p.apply(None).unwrap()), vec![(0, vec![0, 2], 3)]);
     let p = plan(
         batch(0, 3, &[1], Compression::None, -1, false),
@@ -229,7 +229,7 @@ fn drop_removes_without_diverting_and_pass_delivers() {
         &uncommitted(),
     );
     assert!(!p.changes_anything());
-    assert_eq!(p.stats.passed_invalid, 1);
+    assert_eq!(p.invalid_count(Action::Pass), 1);
 }
 
 /// DeleteRecords (or retention) cut a batch: Kafka returns it whole, but
@@ -423,7 +423,10 @@ fn a_spliced_batch_is_resent_once_its_poison_is_in_the_dlt() {
     );
     assert!(later.diversions.is_empty());
     assert_eq!(later.settled.len(), 3);
-    assert_eq!((later.stats.diverted, later.stats.validated), (3, 0));
+    assert_eq!(
+        (later.invalid_count(Action::Divert), later.stats.validated),
+        (3, 0)
+    );
     assert_eq!(later.apply(None).unwrap(), sent);
     assert_eq!(
         offsets(&sent),
@@ -466,7 +469,10 @@ fn dropped_records_are_resent_spliced_and_counted() {
     let again = replan(&pol, &section, &cache, &[]);
     assert_eq!(is_resent(&again), [true]);
     assert!(again.changes_anything());
-    assert_eq!((again.stats.dropped, again.settled.len()), (1, 1));
+    assert_eq!(
+        (again.invalid_count(Action::Drop), again.settled.len()),
+        (1, 1)
+    );
     assert_eq!(again.apply(None).unwrap(), sent);
 }
 

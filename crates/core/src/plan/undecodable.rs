@@ -5,11 +5,11 @@
 
 use std::ops::ControlFlow;
 
-use super::{Hold, HoldReason, Outcome, PartitionPlan, SegmentPlan, Settled};
+use super::{Hold, HoldReason, PartitionPlan, SegmentPlan, Settled};
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::Batch;
 use crate::kafka::splice::Rebuilt;
-use crate::policy::Undecodable;
+use crate::policy::{Action, Undecodable};
 
 /// A batch that cannot be decoded is never forwarded unjudged, never
 /// dropped: diverted whole (if the policy says so) or held here.
@@ -48,14 +48,13 @@ fn divert_whole(
     let bytes = crate::kafka::marker::replace_whole(batch).ok()?;
     let reason = format!("batch cannot be decoded: {why}");
     let d = Diversion::whole_batch(&plan.policy, &plan.topic, plan.partition, batch, reason);
-    plan.stats.diverted += 1;
     plan.whole_batches
         .push((batch.base_offset(), batch.last_offset()));
     if earlier.contains(&batch.base_offset()) {
         plan.settled.push(Settled {
             offset: batch.base_offset(),
             invalid: d.invalid,
-            outcome: Outcome::DivertedBefore,
+            action: Action::Divert,
         });
     } else {
         tracing::warn!(topic = %plan.topic, partition = plan.partition,

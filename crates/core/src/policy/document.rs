@@ -32,7 +32,7 @@ pub(super) struct PolicyDoc {
     #[serde(default)]
     pub(super) headers: HeadersDoc,
     #[serde(default)]
-    pub(super) on_invalid: ActionDoc,
+    pub(super) on_invalid: super::Action,
     #[serde(default)]
     pub(super) on_undecodable: UndecodableDoc,
     #[serde(default)]
@@ -197,15 +197,6 @@ pub(super) struct CoordDoc {
 pub(super) struct HeadersDoc {
     #[serde(default)]
     pub(super) required: Vec<Located<String>>,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum ActionDoc {
-    #[default]
-    Divert,
-    Drop,
-    Pass,
 }
 
 #[derive(Debug, Default, Deserialize)]

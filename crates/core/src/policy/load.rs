@@ -19,7 +19,7 @@ use super::judge::{Compiled, KeyCheck};
 use super::located::{at, from_yaml, parse_doc, place, At};
 use super::registry::SchemaCache;
 use super::rules;
-use super::{Action, Breaker, KeyOrdering, OnProduce, Policy, PolicyError, Undecodable};
+use super::{Breaker, KeyOrdering, OnProduce, Policy, PolicyError, Undecodable};
 use std::sync::Arc;
 
 /// Load every file named (directories: their `*.yaml`/`*.yml`, sorted).
@@ -201,11 +201,7 @@ impl LoadState {
         self.names.insert(name.clone(), file.to_path_buf());
         Ok(Policy {
             name,
-            on_invalid: match p.on_invalid {
-                ActionDoc::Divert => Action::Divert,
-                ActionDoc::Drop => Action::Drop,
-                ActionDoc::Pass => Action::Pass,
-            },
+            on_invalid: p.on_invalid,
             on_undecodable: match p.on_undecodable {
                 UndecodableDoc::Hold => Undecodable::Hold,
                 UndecodableDoc::Divert => Undecodable::Divert,

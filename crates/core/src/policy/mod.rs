@@ -74,6 +74,7 @@
 //! writer's datum is resolved to. Protobuf values become JSON keyed by proto
 //! field names with int64 as numbers and enums as names.
 
+mod action;
 #[cfg(test)]
 mod apicurio_tests;
 mod avro;
@@ -118,6 +119,7 @@ use std::sync::Arc;
 
 use crate::kafka::record::Record;
 
+pub use action::Action;
 pub use dlt_topic::DeadLetterTemplate;
 pub use registry::{Registered, SchemaCache, Want};
 
@@ -192,14 +194,6 @@ impl fmt::Display for Class {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// What to do with an invalid record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Divert,
-    Drop,
-    Pass,
 }
 
 /// What to do with a batch whose records cannot be read at all (corrupt,
