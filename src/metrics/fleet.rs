@@ -50,8 +50,8 @@ impl Metrics {
 
     /// `n` records this instance wrote to a DLT (acknowledged).
     ///
-    /// Call site: `dlt::writer::producer`, per acknowledged batch.
-    pub fn fleet_written(&self, n: u64) {
+    /// Call site: `Metrics::dlt_written`, once per DLT partition's write.
+    pub(super) fn fleet_written(&self, n: u64) {
         self.diversions_add("written", n);
     }
 
@@ -62,7 +62,9 @@ impl Metrics {
 
     /// `n` diversions found in the DLT by the catch-up read before a write,
     /// so not written again.
-    pub fn fleet_found_at_write(&self, n: u64) {
+    ///
+    /// Call site: `Metrics::dlt_written`, once per DLT partition's write.
+    pub(super) fn fleet_found_at_write(&self, n: u64) {
         self.diversions_add("found_at_write", n);
     }
 

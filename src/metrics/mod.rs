@@ -43,6 +43,8 @@ use prometheus_client::registry::Registry;
 mod action;
 pub mod breaker;
 pub mod contract;
+mod dlt_write;
+pub use dlt_write::{DltWriteSeen, Produced};
 mod fleet;
 pub mod history;
 pub mod hold;
@@ -277,27 +279,6 @@ impl Metrics {
     /// `n` records judged ahead of their planner (`plan::judge_ahead`).
     pub fn judged_ahead(&self, n: u64) {
         self.judged_ahead.inc_by(n);
-    }
-
-    /// One dead-letter Produce request finished (`ok` = acknowledged with
-    /// acks=all), after `latency`.
-    ///
-    /// Call site: `dlt::writer::producer::Producer`, around each
-    /// `produce(topic, partition, records)` call (one per DLT batch),
-    /// measured from the first attempt to the final outcome.
-    pub fn dlt_write(&self, ok: bool, latency: Duration) {
-        self.dlt_write_result(if ok { "ok" } else { "error" }, latency);
-    }
-
-    /// Like [`Metrics::dlt_write`] with a named result: `too_large` when the
-    /// broker refused a single record as too large (it cannot be split).
-    pub fn dlt_write_result(&self, result: &str, latency: Duration) {
-        let labels = ResultLabel {
-            result: result.to_owned(),
-        };
-        self.dlt_writes.with(&labels, |c| c.inc());
-        self.dlt_write_seconds
-            .with(&labels, |h| h.observe(latency.as_secs_f64()));
     }
 
     /// Add `delta` (+1 / -1) to the held gauge of `topic`/`partition`, for

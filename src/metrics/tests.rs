@@ -76,9 +76,9 @@ fn label_values_are_escaped() {
 #[test]
 fn histogram_buckets_are_cumulative() {
     let m = Metrics::new();
-    m.dlt_write(true, Duration::from_micros(300));
-    m.dlt_write(true, Duration::from_millis(30));
-    m.dlt_write(false, Duration::from_secs(60));
+    m.dlt_write_result("ok", Duration::from_micros(300));
+    m.dlt_write_result("ok", Duration::from_millis(30));
+    m.dlt_write_result("error", Duration::from_secs(60));
     let text = m.render();
     assert!(text.contains("# TYPE antidote_dlt_write_duration_seconds histogram\n"));
     assert!(
@@ -216,7 +216,7 @@ fn every_series_once() -> Metrics {
         "r",
         InvalidAction::Met(Action::Drop),
     );
-    m.dlt_write(true, Duration::from_millis(1));
+    m.dlt_write_result("ok", Duration::from_millis(1));
     m.response_relayed(true, Duration::from_micros(100), Duration::from_micros(300));
     m.set_held("t", 0, false);
     m.held_batch("t", 0, "budget");
@@ -496,4 +496,45 @@ fn an_observation_becomes_its_series() {
     seen.acks_overflow = 3;
     m.observe(seen);
     assert!(m.render().contains("result=\"overflow\"} 3\n"));
+}
+
+#[test]
+fn a_dlt_write_observation_becomes_its_series() {
+    let m = Metrics::new();
+    m.dlt_written(DltWriteSeen {
+        produced: vec![
+            (Produced::Retimed, Duration::from_millis(2)),
+            (Produced::Ok, Duration::from_millis(3)),
+            (Produced::Ok, Duration::from_millis(4)),
+            (Produced::TooLarge, Duration::from_millis(5)),
+        ],
+        written: 7,
+        found_at_write: 2,
+        fenced: 1,
+        lease_failed: 0,
+    });
+    let text = m.render();
+    for line in [
+        "antidote_dlt_writes_total{result=\"ok\"} 2\n",
+        "antidote_dlt_writes_total{result=\"retimed\"} 1\n",
+        "antidote_dlt_writes_total{result=\"too_large\"} 1\n",
+        "antidote_dlt_writes_total{result=\"fenced\"} 1\n",
+        "antidote_dlt_write_duration_seconds_sum{result=\"ok\"} 0.007\n",
+        "antidote_dlt_write_duration_seconds_count{result=\"fenced\"} 1\n",
+        "antidote_dlt_diversions_total{source=\"written\"} 7\n",
+        "antidote_dlt_diversions_total{source=\"found_at_write\"} 2\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    for absent in ["result=\"error\"", "result=\"lease_failed\""] {
+        assert!(!text.contains(absent), "nothing {absent}: {text}");
+    }
+    // A write that only failed to take the lease: one series, no records.
+    m.dlt_written(DltWriteSeen {
+        lease_failed: 1,
+        ..DltWriteSeen::default()
+    });
+    let text = m.render();
+    assert!(text.contains("antidote_dlt_writes_total{result=\"lease_failed\"} 1\n"));
+    assert!(text.contains("antidote_dlt_diversions_total{source=\"written\"} 7\n"));
 }

@@ -18,6 +18,7 @@ use crate::dlt::backoff;
 use crate::dlt::ledger::LedgerKey;
 use crate::dlt_record::Origin;
 use crate::kafka::builder::NewRecord;
+use crate::metrics::DltWriteSeen;
 
 /// Most times one round re-reads and re-writes a DLT partition after being
 /// fenced by another instance.
@@ -30,23 +31,49 @@ impl Producer {
     /// Fenced by another instance in between: its epoch is newer, so it
     /// read and wrote after our reading; take the lease back, read again,
     /// write what is still missing.
+    ///
+    /// What the write came to (every lease attempt, catch-up read and
+    /// Produce of it) is reported once, at its end
+    /// ([`crate::metrics::Metrics::dlt_written`]): a DLT partition is the
+    /// writer's unit, with its own lease, its own read to the end and its
+    /// own outcome.
     pub(super) async fn write_partition(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        jobs: Vec<PendingWrite>,
+        ids: &HashMap<Arc<str>, Uuid>,
+        failed_at: i64,
+    ) -> Written {
+        let mut seen = DltWriteSeen::default();
+        let written = self
+            .write_leased(topic, partition, jobs, ids, failed_at, &mut seen)
+            .await;
+        crate::metrics::global().dlt_written(seen);
+        written
+    }
+
+    /// [`Producer::write_partition`]'s attempts, noting what each came to
+    /// in `seen`.
+    async fn write_leased(
         &mut self,
         topic: &str,
         partition: i32,
         mut jobs: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
         failed_at: i64,
+        seen: &mut DltWriteSeen,
     ) -> Written {
         for attempt in 0..=MAX_FENCED_RETRIES {
-            let fenced = match self.ensure_lease(topic, partition).await {
+            let fenced = match self.ensure_lease(topic, partition, seen).await {
                 Claim::Held => {
-                    let Some(todo) = self.not_yet_written(topic, partition, jobs, ids).await else {
+                    let todo = self.not_yet_written(topic, partition, jobs, ids, seen);
+                    let Some(todo) = todo.await else {
                         return Written::Failed;
                     };
                     let stopped;
                     (jobs, stopped) = self
-                        .write_missing(topic, partition, todo, ids, failed_at)
+                        .write_missing(topic, partition, todo, ids, failed_at, seen)
                         .await;
                     match stopped {
                         _ if jobs.is_empty() => return Written::All,
@@ -67,7 +94,7 @@ impl Producer {
             if !fenced || attempt == MAX_FENCED_RETRIES {
                 break;
             }
-            crate::metrics::global().dlt_write_result("fenced", Duration::ZERO);
+            seen.fenced += 1;
             self.leases.forget(&(topic.to_string(), partition));
             // Jittered: two instances taking the lease back at once would
             // fence each other again.
@@ -93,6 +120,7 @@ impl Producer {
         todo: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
         failed_at: i64,
+        seen: &mut DltWriteSeen,
     ) -> (Vec<PendingWrite>, Option<Stopped>) {
         if todo.is_empty() {
             return (todo, None);
@@ -107,7 +135,7 @@ impl Producer {
                 )
             })
             .collect();
-        let (ok, stopped) = self.send_split(topic, partition, &mut records).await;
+        let (ok, stopped) = self.send_split(topic, partition, &mut records, seen).await;
         let (done, rest): (Vec<_>, Vec<_>) = todo.into_iter().zip(ok).partition(|(_, ok)| *ok);
         done.into_iter()
             .for_each(|(j, _)| finish(&self.ledger, j, true));
@@ -125,6 +153,7 @@ impl Producer {
         partition: i32,
         jobs: Vec<PendingWrite>,
         ids: &HashMap<Arc<str>, Uuid>,
+        seen: &mut DltWriteSeen,
     ) -> Option<Vec<PendingWrite>> {
         let from = match self.ledger.tail_position(&(topic.to_string(), partition)) {
             Some(from) => Ok(from),
@@ -172,7 +201,7 @@ impl Producer {
                 let key = super::ledger_key(&j.diversion);
                 there.contains(&key) || self.ledger.contains(&key)
             });
-        crate::metrics::global().fleet_found_at_write(found.len() as u64);
+        seen.found_at_write += found.len() as u64;
         found
             .into_iter()
             .for_each(|j| finish(&self.ledger, j, true));
@@ -189,7 +218,12 @@ impl Producer {
     /// or loading, refused, unreachable), no lease is cached and the write
     /// waits (its partition is held), unless `dead_letter.fencing:
     /// best_effort`, which writes without fencing or idempotence then.
-    async fn ensure_lease(&mut self, topic: &str, partition: i32) -> Claim {
+    async fn ensure_lease(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        seen: &mut DltWriteSeen,
+    ) -> Claim {
         let key = (topic.to_string(), partition);
         if self.leases.fresh(&key) {
             return Claim::Held;
@@ -204,7 +238,7 @@ impl Producer {
                     warn!(dlt = topic, partition, error = %why, "InitProducerId failed; writing without fencing (dead_letter.fencing: best_effort)");
                     Lease::none(LEASE_REFRESH)
                 } else {
-                    crate::metrics::global().dlt_write_result("lease_failed", Duration::ZERO);
+                    seen.lease_failed += 1;
                     warn!(dlt = topic, partition, error = %why, "InitProducerId failed: the DLT partition's writes wait (held) and are retried; antidote_dlt_writes_total{{result=\"lease_failed\"}}");
                     return Claim::Failed;
                 }

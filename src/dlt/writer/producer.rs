@@ -37,6 +37,7 @@ use crate::config::DeadLetterConfig;
 use crate::dlt::backoff;
 use crate::dlt::ledger::Ledger;
 use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
+use crate::metrics::{DltWriteSeen, Produced};
 
 /// Most jobs taken into one round.
 const MAX_JOBS_PER_ROUND: usize = 1000;
@@ -294,12 +295,14 @@ impl Producer {
     /// DLT refuses is sent again, once, stamped with the time of its
     /// diversion (the original stays in `x-original-timestamp`). Whether
     /// each record was acknowledged, and why sending stopped early if it did
-    /// (a single record too large does not stop it).
+    /// (a single record too large does not stop it); what each Produce came
+    /// to is noted in `seen`.
     pub(super) async fn send_split(
         &mut self,
         topic: &str,
         partition: i32,
         records: &mut [NewRecord],
+        seen: &mut DltWriteSeen,
     ) -> (Vec<bool>, Option<Stopped>) {
         let mut ok = vec![false; records.len()];
         let mut retimed = vec![false; records.len()];
@@ -311,8 +314,8 @@ impl Producer {
             let started = Instant::now();
             match self.produce(topic, partition, &records[r.clone()]).await {
                 Ok(()) => {
-                    crate::metrics::global().dlt_write(true, started.elapsed());
-                    crate::metrics::global().fleet_written(r.len() as u64);
+                    seen.produced.push((Produced::Ok, started.elapsed()));
+                    seen.written += r.len() as u64;
                     ok[r].fill(true);
                 }
                 Err(e @ (ProduceError::TooLarge(..) | ProduceError::BadTimestamp(..)))
@@ -328,7 +331,7 @@ impl Producer {
                     todo.push(r.start..mid);
                 }
                 Err(e @ ProduceError::BadTimestamp(..)) if !retimed[r.start] => {
-                    crate::metrics::global().dlt_write_result("retimed", started.elapsed());
+                    seen.produced.push((Produced::Retimed, started.elapsed()));
                     warn!(error = %e, dlt = topic, partition, timestamp = records[r.start].timestamp, "the DLT refused a dead-letter record's timestamp: sent again with the time of its diversion (the original is in x-original-timestamp)");
                     records[r.start].timestamp = now_ms();
                     retimed[r.start] = true;
@@ -340,7 +343,7 @@ impl Producer {
                     break;
                 }
                 Err(e @ ProduceError::TooLarge(..)) => {
-                    crate::metrics::global().dlt_write_result("too_large", started.elapsed());
+                    seen.produced.push((Produced::TooLarge, started.elapsed()));
                     // Retried on every fetch of its partition: logged once a
                     // minute per DLT partition (the metric counts each).
                     if too_large_logged_recently(topic, partition) {
@@ -350,7 +353,7 @@ impl Producer {
                     }
                 }
                 Err(e) => {
-                    crate::metrics::global().dlt_write(false, started.elapsed());
+                    seen.produced.push((Produced::Error, started.elapsed()));
                     warn!(error = %e, dlt = topic, partition, records = todo.iter().map(|r| r.len()).sum::<usize>() + r.len(), "dead-letter write failed");
                     stopped = Some(Stopped::Failed);
                     break;
