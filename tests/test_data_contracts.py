@@ -16,6 +16,9 @@ rule is ignored; at the door (`on_produce: reject`) a record breaking a WRITE
 rule is refused with the rule named, a WRITE rule with NONE only counted; a rule antidote cannot honour (JSONATA)
 makes the schema unusable (class `unknown`, naming subject and rule). And
 what Apicurio Registry 3.3.3's Confluent API does with a `ruleSet`.
+`antidote dlt inspect` (table and JSON) and the console's API show the
+failed rule's `__rule.*` fields from antidote's signed context only: not a
+record's own `__rule.*` headers, nor a stranger's record in the DLT.
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ def stub():
     r.stop()
 
 
+class ContractsProxy(rs.RegistryPolicyProxy):
+    """With the DLT console on (record contents withheld, the default)."""
+
+    def config_yaml(self) -> str:
+        text = rs.RegistryPolicyProxy.config_yaml(self)
+        admin = f"admin:\n  listen: {h.HOST}:{self.admin_port}\n"
+        assert admin in text
+        return text.replace(admin, admin + "  console: true\n")
+
+
 @pytest.fixture(scope="module")
 def proxy(workdir, broker, stub, tmp_path_factory):
     d = tmp_path_factory.mktemp("contracts")
@@ -76,7 +89,7 @@ def proxy(workdir, broker, stub, tmp_path_factory):
     # and the proxy's own readers (ledger, follower) must accept them.
     (d / "signing.key").write_text("a-data-contracts-signing-key-0001")
     import conftest
-    p = rs.RegistryPolicyProxy(workdir, registry_timeout="2s", upstream=[broker.bootstrap], policies=[d / "contracts.yaml"],
+    p = ContractsProxy(workdir, registry_timeout="2s", upstream=[broker.bootstrap], policies=[d / "contracts.yaml"],
                       name="antidote-contracts", registry_url=stub.url,
                       admin_port=h.free_port(),
                       dead_letter={"signing_keys": [f"file: {d / 'signing.key'}"]})
@@ -312,3 +325,68 @@ def test_apicurio_ccompat_accepts_a_rule_set_and_drops_it(apicurio):  # noqa: F8
     assert all(json.loads(a["schema"]) == json.loads(TRIGGER) for a in answers)
     latest = sr(apicurio).get_latest_version(f"{topic}-value")
     assert latest.schema.rule_set is None
+
+
+# Last in the module: it writes a stranger's record into a DLT, which the
+# proxy's DLT readers refuse and count (the read-rule test asserts none).
+def test_dlt_inspect_and_the_console_show_the_rule_from_the_signed_context_only(
+        proxy, stub, broker, broker_endpoint):
+    """A READ rule's diversion shows its rule (name, mode, subject, topic,
+    exception) as fields of its own; a record diverted by the policy's
+    coordinates rule that carries `__rule.*` headers of its own (as one a
+    Confluent client dead-lettered) shows none, its headers stay headers; a
+    record a stranger wrote into the DLT with `__rule.*` headers is not
+    antidote's (unsigned) and is not shown at all."""
+    from test_ops import cli, ok
+    topic = new_topic(broker)
+    register(stub, topic, rules_for(topic))
+    values = serialize(stub, topic, [trig(0), trig(1, lat=61.5), trig(2, lon=200.0)])
+    forged = tuple((f"__rule.{k}", v.encode()) for k, v in [
+        ("name", "forged-rule"), ("mode", "READ"), ("subject", "forged-value"),
+        ("topic", topic), ("exception", "forged")])
+    c.ck_produce(broker_endpoint, topic, [
+        c.Rec(0, 0, b"k0", values[0], (), 1_700_000_000_000),
+        c.Rec(0, 1, b"k1", values[1], (), 1_700_000_000_001),
+        c.Rec(0, 2, b"k2", values[2], forged, 1_700_000_000_002)])
+    got = ps.read_to_end(c.Endpoint(proxy.bootstrap, "proxy"), topic, 0, at_least=1)
+    assert [g.offset for g in got] == [0]
+    dlt = f"{topic}.dlt"
+    assert ps.origin_offsets(ps.read_dlt(broker_endpoint, dlt)) == [(0, 1), (0, 2)]
+    c.ck_produce(broker_endpoint, dlt, [c.Rec(0, 0, b"k9", values[1], forged + (
+        ("x-original-topic", topic.encode()), ("x-error-class", b"poison")), 0)])
+    shown = [json.loads(line) for line in ok(cli(
+        "dlt", "inspect", "--config", str(proxy.config_path), "--topic", dlt, "--json"
+    )).splitlines()]
+    assert [(j["origin_offset"], j["rule"]) for j in shown] == \
+        [(1, "rule:north-of-60"), (2, "coordinates")], shown
+    rule = shown[0]["contract_rule"]
+    assert {k: rule[k] for k in ("name", "mode", "subject", "topic")} == {
+        "name": "north-of-60", "mode": "READ", "subject": f"{topic}-value", "topic": topic}
+    assert "data-contract rule north-of-60" in rule["exception"], rule
+    assert "(message.lat = 61.5)" in rule["exception"], rule
+    assert shown[1]["contract_rule"] is None, shown[1]
+    assert [h["key"] for h in shown[1]["headers"]] == [k for k, _ in forged]
+    table = ok(cli("dlt", "inspect", "--config", str(proxy.config_path), "--topic", dlt))
+    lines = table.splitlines()
+    col = lines[0].index("CONTRACT RULE")
+    assert lines[1][col:].startswith(f"north-of-60 READ {topic}-value"), table
+    assert lines[2][col:].startswith("- "), table
+    assert "forged" not in table and lines[-1] == "(2 records)", table
+    # The console: the same fields; the exception, which quotes the record,
+    # withheld with the contents (logging.record_contents is off).
+    url = f"http://{h.HOST}:{proxy.admin_port}/console/api/records?topic={dlt}"
+    with urllib.request.urlopen(url, timeout=20) as r:
+        page = json.loads(r.read())["records"]
+    assert [j["origin_offset"] for j in page] == [1, 2], page
+    assert page[0]["contract_rule"] == {**{k: rule[k] for k in ("name", "mode", "subject",
+                                                                 "topic")}, "exception": None}
+    assert page[1]["contract_rule"] is None, page[1]
+    # And the page itself, in headless Chromium: the rule's line in the
+    # record's detail, without the exception.
+    from test_console import _browse
+    seen = _browse(proxy.admin_port, "data-contracts", dlt, "read")
+    assert [r["rule"] for r in seen["records"]] == ["rule:north-of-60", "coordinates"], seen
+    assert seen["records"][0]["contract_rule"] == (
+        f"data-contract rule north-of-60 · mode READ · subject {topic}-value · topic {topic}")
+    assert seen["records"][1]["contract_rule"] is None
+    assert not seen["console_errors"], seen["console_errors"]

@@ -52,6 +52,10 @@ pub fn record(r: &DltRecord, decoded: Option<Value>, contents: bool) -> Value {
         if let Some(a) = j["redrive_attempts"].as_array_mut() {
             a.iter_mut().for_each(|x| x["reason"] = Value::Null);
         }
+        // A data-contract rule's exception is the reason (it quotes fields).
+        if let Some(c) = j["contract_rule"].as_object_mut() {
+            c.insert("exception".into(), Value::Null);
+        }
         j["withheld"] = json!(why);
         return j;
     }
@@ -174,6 +178,7 @@ mod tests {
             value: Some(Bytes::copy_from_slice(value)),
             headers: vec![("trace".into(), Some(Bytes::from_static(b"secret")))],
             redrive: Vec::new(),
+            contract_rule: None,
         }
     }
 
@@ -199,6 +204,30 @@ mod tests {
         let redact = record(&rec("redact", b"x"), None, true);
         assert_eq!(redact["value"], Value::Null);
         assert!(redact["withheld"].as_str().unwrap().contains("redact"));
+    }
+
+    #[test]
+    fn a_contract_rule_is_shown_its_exception_withheld_with_the_contents() {
+        let mut r = rec("poison", b"{\"lat\":61.5}");
+        r.contract_rule = Some(crate::replay::ContractRule {
+            name: "north-of-60".into(),
+            mode: "READ".into(),
+            subject: "geo-value".into(),
+            topic: "geo".into(),
+            exception: "message.lat = 61.5".into(),
+        });
+        let on = record(&r, None, true);
+        assert_eq!(on["contract_rule"]["name"], "north-of-60");
+        assert_eq!(on["contract_rule"]["exception"], "message.lat = 61.5");
+        let off = record(&r, None, false);
+        assert_eq!(off["contract_rule"]["name"], "north-of-60");
+        assert_eq!(off["contract_rule"]["mode"], "READ");
+        assert_eq!(off["contract_rule"]["exception"], Value::Null);
+        assert!(!off.to_string().contains("61.5"), "{off}");
+        assert_eq!(
+            record(&rec("poison", b"x"), None, true)["contract_rule"],
+            Value::Null
+        );
     }
 
     #[test]

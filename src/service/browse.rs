@@ -204,6 +204,14 @@ pub fn record_json(r: &DltRecord) -> Value {
         "key": r.key.as_deref().map(|k| show_bytes(Some(k))),
         "value": r.value.as_deref().map(|v| show_bytes(Some(v))),
         "headers": other_headers,
+        // Confluent's `__rule.*` fields, from antidote's own context only.
+        "contract_rule": r.contract_rule.as_ref().map(|c| json!({
+            "name": esc(&c.name),
+            "mode": esc(&c.mode),
+            "subject": esc(&c.subject),
+            "topic": esc(&c.topic),
+            "exception": esc(&c.exception),
+        })),
         "redrive_attempts": r.redrive.iter().map(|a| json!({
             "attempt": a.attempt,
             "outcome": if a.redriven { "redriven" } else { "still-invalid" },

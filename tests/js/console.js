@@ -1,14 +1,15 @@
 // Drive the admin console in Debian's headless chromium (playwright-core,
 // no downloaded browser) and print what the page shows as one JSON line.
 //
-//   node console.js <admin base URL> <screenshot dir> <prefix> <dlt topic> [post|execute]
+//   node console.js <admin base URL> <screenshot dir> <prefix> <dlt topic> [post|execute|read]
 //
 // The session: the overview (rows of the "diverted" table, held
 // partitions, open breakers), the DLT browser (every record of <dlt topic>,
 // page by page, each row expanded: decoded value), the replay preview
 // (each outcome's line), and then either (post) the two actions posted from
 // the page's own context with the page's header (their HTTP statuses), or
-// (execute) the previewed replay run with the page's button. Screenshots
+// (execute) the previewed replay run with the page's button, or (read)
+// nothing more. Screenshots
 // of each view go to <screenshot dir>/<prefix>-*.png.
 "use strict";
 
@@ -79,7 +80,7 @@ async function main() {
           return { coordinate: r.dataset.coordinate, class: r.dataset.class, rule: r.dataset.rule,
             key: r.children[5].textContent, reason: r.children[6].textContent,
             value: text("pre.value"), decoded: text(".decoded + pre, pre.decoded") ?? text("p.decoded"),
-            withheld: d.textContent.includes("withheld") };
+            withheld: d.textContent.includes("withheld"), contract_rule: text("p.contract-rule") };
         });
         out.records.push(rec);
       }

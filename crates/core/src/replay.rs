@@ -50,6 +50,41 @@ pub struct DltRecord {
     pub headers: Vec<(String, Option<Bytes>)>,
     /// The re-drive attempts recorded for it (attempt markers in its DLT).
     pub redrive: Vec<Attempt>,
+    /// The failed data-contract rule, when antidote's own (framed, and
+    /// with signing keys signed) context names one; never read from the
+    /// original record's headers, which anyone could have written.
+    pub contract_rule: Option<ContractRule>,
+}
+
+/// A failed data-contract rule as a diversion's context names it:
+/// Confluent's DLQ headers (`__rule.name`, `__rule.mode`,
+/// `__rule.subject`, `__rule.topic`, `__rule.exception`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContractRule {
+    pub name: String,
+    pub mode: String,
+    pub subject: String,
+    pub topic: String,
+    pub exception: String,
+}
+
+impl ContractRule {
+    /// The rule `ctx`'s context section names, if it holds `__rule.name`.
+    /// `ctx.text` reads the context only, never the original headers.
+    pub fn of(ctx: &Context<'_>) -> Option<ContractRule> {
+        use crate::dlt_context::{
+            H_RULE_EXCEPTION, H_RULE_MODE, H_RULE_NAME, H_RULE_SUBJECT, H_RULE_TOPIC,
+        };
+        let text = |k: &str| ctx.text(k).unwrap_or_default().to_string();
+        ctx.text(H_RULE_NAME)?;
+        Some(ContractRule {
+            name: text(H_RULE_NAME),
+            mode: text(H_RULE_MODE),
+            subject: text(H_RULE_SUBJECT),
+            topic: text(H_RULE_TOPIC),
+            exception: text(H_RULE_EXCEPTION),
+        })
+    }
 }
 
 impl DltRecord {
@@ -118,6 +153,7 @@ impl DltRecord {
                 })
                 .collect(),
             redrive: Vec::new(),
+            contract_rule: ContractRule::of(ctx),
         }
     }
 
@@ -384,6 +420,7 @@ policies:
             value: Some(Bytes::from(value.to_string())),
             headers,
             redrive: Vec::new(),
+            contract_rule: None,
         }
     }
 
@@ -562,5 +599,84 @@ policies:
             matches!(d, Decision::Replay { ref topic, partition: 0, .. } if topic == "other"),
             "{d:?}"
         );
+    }
+
+    /// `dlt inspect` and the console show a data-contract rule from the
+    /// (signed) context only: a record's own `__rule.*` headers stay its
+    /// headers.
+    #[test]
+    fn the_contract_rule_is_read_from_the_context_never_from_the_headers() {
+        use crate::dlt_context::open;
+        use crate::dlt_record::Diversion;
+        use crate::kafka::record::Header;
+        use crate::policy::contract::RuleFailure;
+        use crate::policy::Invalid;
+        use std::sync::Arc;
+        let keys = Keys::new(&[b"0123456789abcdef0123"], false);
+        let own = vec![(
+            Bytes::from_static(b"__rule.name"),
+            Some(Bytes::from_static(b"forged")),
+        )];
+        let shown = |contract: bool| {
+            let mut invalid = Invalid::poison("rule:north", "data-contract rule north: false");
+            if contract {
+                invalid.contract = Some(Box::new(RuleFailure {
+                    name: "north".into(),
+                    mode: "READ",
+                    subject: "geo-value".into(),
+                }));
+            }
+            let d = Diversion {
+                dlt_topic: "geo.dlt".into(),
+                origin_topic: Arc::from("geo"),
+                origin_partition: 0,
+                origin_offset: 7,
+                origin_timestamp: 1,
+                key: None,
+                value: Some(Bytes::from_static(b"v")),
+                headers: own.clone(),
+                invalid,
+                policy: Arc::from("p"),
+                blocked_by: None,
+                last_offset: None,
+            };
+            let out = d.to_record(2, None, &Seal::new(&keys, "geo.dlt", 0));
+            let r = Record {
+                offset: 0,
+                timestamp: out.timestamp,
+                key: None,
+                value: out.value.as_deref(),
+                headers: out
+                    .headers
+                    .iter()
+                    .map(|(k, v)| Header {
+                        key: k.as_bytes(),
+                        value: v.as_deref(),
+                    })
+                    .collect(),
+            };
+            let ctx = open(&r, "geo.dlt", 0, &keys).expect("verifies");
+            DltRecord::from_context("geo.dlt", 0, &r, &ctx, &keys)
+        };
+        let ruled = shown(true);
+        let rule = ruled
+            .contract_rule
+            .clone()
+            .expect("the context names the rule");
+        assert_eq!(
+            (
+                rule.name.as_str(),
+                rule.mode.as_str(),
+                rule.subject.as_str()
+            ),
+            ("north", "READ", "geo-value")
+        );
+        assert_eq!(rule.topic, "geo");
+        assert!(rule.exception.contains("rule north"), "{rule:?}");
+        let plain = shown(false);
+        assert_eq!(plain.contract_rule, None);
+        for d in [&ruled, &plain] {
+            assert_eq!(d.headers, [("__rule.name".to_string(), own[0].1.clone())]);
+        }
     }
 }

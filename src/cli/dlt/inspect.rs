@@ -151,12 +151,20 @@ fn cut(s: &str, max: usize) -> String {
     }
 }
 
-/// The records as an aligned table.
+/// The records as an aligned table. When a record names a failed
+/// data-contract rule in its (antidote's own) context, a `CONTRACT RULE`
+/// column shows its name, mode and subject (`__rule.name`, `__rule.mode`,
+/// `__rule.subject`; the exception is the reason, the topic the origin's).
 pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Result<()> {
-    let rows: Vec<[String; 10]> = records
+    let contracts = records.iter().any(|r| r.contract_rule.is_some());
+    let mut head = COLUMNS.to_vec();
+    if contracts {
+        head.insert(COLUMNS.len() - 1, "CONTRACT RULE");
+    }
+    let rows: Vec<Vec<String>> = records
         .iter()
         .map(|r| {
-            [
+            let mut row = vec![
                 cut(&r.dlt_topic, MAX_CELL),
                 r.dlt_partition.to_string(),
                 r.dlt_offset.to_string(),
@@ -169,11 +177,23 @@ pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Resul
                     .as_deref()
                     .map(|k| cut(&show_bytes(Some(k)), 24))
                     .unwrap_or_else(|| "-".into()),
-                cut(&r.reason, 200),
-            ]
+            ];
+            if contracts {
+                row.push(r.contract_rule.as_ref().map_or_else(
+                    || "-".into(),
+                    |c| {
+                        cut(
+                            &format!("{} {} {}", c.name, c.mode, c.subject),
+                            2 * MAX_CELL,
+                        )
+                    },
+                ));
+            }
+            row.push(cut(&r.reason, 200));
+            row
         })
         .collect();
-    write_aligned(out, &COLUMNS, &rows)?;
+    write_aligned(out, &head, &rows)?;
     writeln!(
         out,
         "({} record{})",
@@ -185,17 +205,17 @@ pub fn write_table(out: &mut dyn Write, records: &[DltRecord]) -> std::io::Resul
 /// `rows` under `head` as a borderless table, columns two spaces apart,
 /// lines without trailing blanks. No wrapping: a cell is cut by [`cut`]
 /// before it gets here, and a pipe has no width to wrap at.
-fn write_aligned<const N: usize>(
+fn write_aligned<R: AsRef<[String]>>(
     out: &mut dyn Write,
-    head: &[&str; N],
-    rows: &[[String; N]],
+    head: &[&str],
+    rows: &[R],
 ) -> std::io::Result<()> {
     let mut table = Table::new();
     table
         .load_preset(comfy_table::presets::NOTHING)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(head.to_vec())
-        .add_rows(rows.iter().map(|r| r.to_vec()));
+        .add_rows(rows.iter().map(|r| r.as_ref().to_vec()));
     for column in table.column_iter_mut() {
         column.set_padding((0, 2));
     }
@@ -330,6 +350,7 @@ mod tests {
             value: Some(Bytes::from_static(b"{\"lat\":91}")),
             headers: vec![("idempotency-key".into(), Some(Bytes::from_static(b"i1")))],
             redrive: Vec::new(),
+            contract_rule: None,
         }
     }
 
@@ -353,6 +374,40 @@ mod tests {
         assert_eq!(col(lines[1]), col(lines[2]));
         assert!(lines[1].contains("geo-0@10") && lines[2].contains("geo-3@120"));
         assert_eq!(lines[3], "(2 records)");
+    }
+
+    #[test]
+    fn a_contract_rule_gets_its_own_column_only_when_a_record_names_one() {
+        let plain = rec(1, "poison", "coordinates", "/lat: 91", 0);
+        let mut text = Vec::new();
+        write_table(&mut text, std::slice::from_ref(&plain)).unwrap();
+        assert!(!String::from_utf8(text).unwrap().contains("CONTRACT RULE"));
+        let mut ruled = rec(2, "poison", "rule:north", "north failed", 0);
+        ruled.contract_rule = Some(crate::replay::ContractRule {
+            name: "north".into(),
+            mode: "READ".into(),
+            subject: "geo-value".into(),
+            topic: "geo".into(),
+            exception: "north failed".into(),
+        });
+        let mut out = Vec::new();
+        write_table(&mut out, &[plain, ruled.clone()]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("CONTRACT RULE"), "{text}");
+        let col = lines[0].find("CONTRACT RULE").unwrap();
+        assert_eq!(lines[1][col..].split("  ").next(), Some("-"), "{text}");
+        assert!(
+            lines[2][col..].starts_with("north READ geo-value"),
+            "{text}"
+        );
+        let j = record_json(&ruled);
+        assert_eq!(j["contract_rule"]["name"], "north");
+        assert_eq!(j["contract_rule"]["subject"], "geo-value");
+        assert_eq!(
+            record_json(&rec(3, "poison", "x", "y", 0))["contract_rule"],
+            Value::Null
+        );
     }
 
     #[test]

@@ -215,6 +215,8 @@ function recordRows(r) {
       else parts.push(el("p", { class: "error decoded" }, "not decoded: " + (r.decoded.error ?? "")));
     }
   }
+  const cr = r.contract_rule;  // antidote's own context only (signed with signing keys)
+  if (cr) parts.push(el("p", { class: "contract-rule" }, `data-contract rule ${cr.name} · mode ${cr.mode} · subject ${cr.subject} · topic ${cr.topic}` + (cr.exception == null ? "" : ` · ${cr.exception}`)));
   if (r.headers.length) parts.push(el("p", {}, "headers: " + r.headers.map((h) => `${h.key}=${h.value ?? (r.withheld ? "(hidden)" : "null")}`).join(", ")));
   parts.push(el("p", { class: "dim" }, `policy ${r.policy} · attempt ${r.attempt} · origin timestamp ${time(r.origin_timestamp)}`));
   const detail = el("tr", { class: "detail", hidden: true }, el("td", { colspan: 7 }, ...parts));

@@ -343,6 +343,7 @@ mod tests {
             value: Some(Bytes::from(value.to_string())),
             headers,
             redrive: Vec::new(),
+            contract_rule: None,
         }
     }
 

@@ -2,9 +2,13 @@ import java.net.URL;
 import java.net.URLClassLoader;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.concurrent.ExecutionException;
+import java.util.stream.Collectors;
 
 import com.google.protobuf.DescriptorProtos.DescriptorProto;
 import com.google.protobuf.DescriptorProtos.FieldDescriptorProto;
@@ -38,15 +42,26 @@ import org.apache.kafka.clients.producer.ProducerRecord;
  * - `proto-indexes`: Protobuf, send-indexes=true and send-type-ref=false:
  *   the default framing with Confluent's message indexes instead of the Ref;
  * - `json-headers`: JSON Schema (the schema from a class-path resource,
- *   `apicurio.registry.artifact.schema.location`), the content id in the header.
- * Record i has n = i and lat = 95 when i % 4 == 3 (breaks the policy's
- * coordinates rule), else 10. Prints one JSON line: {"sent": total}.
+ *   `apicurio.registry.artifact.schema.location`), the content id in the header;
+ * - `keys-headers`: Avro keys (geo.DeviceKey, artifact {topic}-key) and
+ *   values, both with the content id in headers (apicurio.key.contentId,
+ *   apicurio.value.contentId);
+ * - `keys-8byte`: Avro keys and values, both Legacy8ByteIdHandler with
+ *   use-id=globalId.
+ * Other modes' keys are strings "k" + i. Record i has n = i and lat = 95
+ * when i % 4 == 3 (breaks the policy's coordinates rule), else 10. A send
+ * that fails (a proxy's door refusing it) is reported, not fatal. Prints
+ * one JSON line: {"sent": written, "refused": {topic: ["i Exception: msg", ...]}}.
  */
 public class ApicurioProducer {
     static final Schema AVRO = new Schema.Parser().parse(
         "{\"type\":\"record\",\"name\":\"Trigger\",\"namespace\":\"geo\",\"fields\":["
         + "{\"name\":\"n\",\"type\":\"int\"},{\"name\":\"lat\",\"type\":\"double\"},"
         + "{\"name\":\"lon\",\"type\":\"double\"}]}");
+
+    static final Schema AVRO_KEY = new Schema.Parser().parse(
+        "{\"type\":\"record\",\"name\":\"DeviceKey\",\"namespace\":\"geo\",\"fields\":["
+        + "{\"name\":\"device_id\",\"type\":\"string\"}]}");
 
     static final String JSON_SCHEMA = "{\"$schema\":\"http://json-schema.org/draft-07/schema#\","
         + "\"title\":\"Trigger\",\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},"
@@ -63,12 +78,32 @@ public class ApicurioProducer {
         Thread.currentThread().setContextClassLoader(new URLClassLoader(
             new URL[] {dir.toUri().toURL()}, Thread.currentThread().getContextClassLoader()));
         int count = Integer.parseInt(a[2]), total = 0;
+        StringBuilder refused = new StringBuilder();
         for (int k = 3; k < a.length; k++) {
             String[] mt = a[k].split("=", 2);
-            produce(config(bootstrap, url, mt[0]), mt[0], mt[1], count);
-            total += count;
+            List<String> failed = produce(config(bootstrap, url, mt[0]), mt[0], mt[1], count);
+            total += count - failed.size();
+            if (!failed.isEmpty()) {
+                refused.append(refused.length() == 0 ? "" : ", ").append(quote(mt[1]))
+                    .append(": [").append(failed.stream().map(ApicurioProducer::quote)
+                        .collect(Collectors.joining(", "))).append("]");
+            }
         }
-        System.out.println("{\"sent\": " + total + "}");
+        System.out.println("{\"sent\": " + total + ", \"refused\": {" + refused + "}}");
+    }
+
+    static String quote(String s) {
+        StringBuilder b = new StringBuilder("\"");
+        for (char ch : s.toCharArray()) {
+            if (ch == '"' || ch == '\\') {
+                b.append('\\').append(ch);
+            } else if (ch < 0x20) {
+                b.append(String.format("\\u%04x", (int) ch));
+            } else {
+                b.append(ch);
+            }
+        }
+        return b.append('"').toString();
     }
 
     /** The producer's configuration for one mode. */
@@ -76,7 +111,9 @@ public class ApicurioProducer {
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
         p.put("acks", "all");
-        p.put("key.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        p.put("key.serializer", mode.startsWith("keys")
+            ? "io.apicurio.registry.serde.avro.AvroKafkaSerializer"
+            : "org.apache.kafka.common.serialization.StringSerializer");
         p.put("value.serializer", mode.startsWith("proto")
             ? "io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer"
             : mode.startsWith("json")
@@ -97,6 +134,7 @@ public class ApicurioProducer {
                 // fall through: the content id in the header
             case "headers-content":
             case "proto-headers":
+            case "keys-headers":
                 p.put("apicurio.registry.headers.enabled", "true");
                 p.put("apicurio.registry.use-id", "contentId");
                 break;
@@ -105,6 +143,7 @@ public class ApicurioProducer {
                 p.put("apicurio.registry.use-id", "globalId");
                 break;
             case "8byte":
+            case "keys-8byte":
                 p.put("apicurio.registry.headers.enabled", "false");
                 p.put("apicurio.registry.id-handler",
                       "io.apicurio.registry.serde.Legacy8ByteIdHandler");
@@ -116,16 +155,33 @@ public class ApicurioProducer {
         return p;
     }
 
-    static void produce(Properties p, String mode, String topic, int count) throws Exception {
+    /** Sends `count` records one at a time; returns those refused, as
+     *  "i ExceptionClass: message". */
+    static List<String> produce(Properties p, String mode, String topic, int count)
+            throws Exception {
         Descriptor proto = mode.startsWith("proto") ? protoTrigger() : null;
-        try (KafkaProducer<String, Object> producer = new KafkaProducer<>(p)) {
+        List<String> failed = new ArrayList<>();
+        try (KafkaProducer<Object, Object> producer = new KafkaProducer<>(p)) {
             for (int i = 0; i < count; i++) {
                 double lat = i % 4 == 3 ? 95.0 : 10.0;
                 Object v = proto != null ? proto(proto, i, lat)
                     : mode.startsWith("json") ? json(i, lat) : avro(i, lat);
-                producer.send(new ProducerRecord<>(topic, "k" + i, v)).get();
+                Object key = mode.startsWith("keys") ? avroKey(i) : "k" + i;
+                try {
+                    producer.send(new ProducerRecord<>(topic, key, v)).get();
+                } catch (ExecutionException e) {
+                    failed.add(i + " " + e.getCause().getClass().getSimpleName() + ": "
+                        + e.getCause().getMessage());
+                }
             }
         }
+        return failed;
+    }
+
+    static GenericRecord avroKey(int n) {
+        GenericRecord r = new GenericData.Record(AVRO_KEY);
+        r.put("device_id", "d-" + n);
+        return r;
     }
 
     static GenericRecord avro(int n, double lat) {
