@@ -233,6 +233,11 @@ impl CelRule {
             if let (Some(Field::Number(x)), Some(Field::Number(y))) = (doc.field(a), doc.field(b)) {
                 let ord = match (x.as_i64(), y.as_i64()) {
                     (Some(p), Some(q)) => Some(p.cmp(&q)),
+                    // Two doubles, as `order` compares them.
+                    _ if x.is_f64() && y.is_f64() => x
+                        .as_f64()
+                        .zip(y.as_f64())
+                        .and_then(|(p, q)| p.partial_cmp(&q)),
                     _ => order(Val::of_number(x), Val::of_number(y)).ok().flatten(),
                 };
                 return ord.is_some_and(|o| holds[(o as i8 + 1) as usize]);
