@@ -129,6 +129,10 @@ pub struct Contract {
 /// the order they run (Confluent's, reversed on reads).
 type Runs = Box<[(usize, Action)]>;
 
+/// A check ordering two fields, by their slots, and the orderings (less,
+/// equal, greater) for which it holds ([`Contract::pairs`]).
+pub(crate) type Pair = (usize, usize, [bool; 3]);
+
 /// Most checks one rule set compiles to (each `CEL` rule is one, a
 /// `CEL_FIELD` rule one per field it selects): a registry answer is input
 /// (up to `MAX_BODY`), and every check runs on every record of the schema.
@@ -311,6 +315,27 @@ impl Contract {
     /// The fields the rules read, in the order of their slots.
     pub(crate) fn pointers(&self) -> &[Pointer] {
         &self.pointers
+    }
+
+    /// The checks of the rules that run on `side`, when every one orders
+    /// two fields (`message.a > message.b`, [`CelRule::two`]): each as
+    /// the slots of its fields (the contract's) and the orderings that
+    /// hold, so that a fast path can find them all holding on two numbers
+    /// without judging ([`Self::check`] would then pass the record and
+    /// count nothing). `None` when a check is of another form.
+    pub(crate) fn pairs(&self, side: Side) -> Option<Vec<Pair>> {
+        let runs = match side {
+            Side::Read => &self.reads,
+            Side::Write => &self.writes,
+        };
+        let mut out = Vec::new();
+        for &(i, _) in runs.iter() {
+            for (_, c) in &self.rules.get(i)?.checks {
+                let (a, b, holds) = c.two()?;
+                out.push((a.slot(), b.slot(), holds));
+            }
+        }
+        Some(out)
     }
 
     /// Whether any rule has a `dlq.topic` (so [`Self::dlq_mismatch`] needs
