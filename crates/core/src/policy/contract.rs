@@ -119,7 +119,19 @@ pub struct Contract {
     /// The fields the rules read, one per slot of the contract's own (the
     /// fast path captures them with the policy's: `registered.rs`).
     pointers: Vec<Pointer>,
+    /// Per side, the rules that run on it ([`Runs`]).
+    reads: Runs,
+    writes: Runs,
 }
+
+/// The rules of one side, found once when the contract is compiled rather
+/// than per record: their index in `Contract::rules` and their action, in
+/// the order they run (Confluent's, reversed on reads).
+type Runs = Box<[(usize, Action)]>;
+
+/// A check ordering two fields, by their slots, and the orderings (less,
+/// equal, greater) for which it holds ([`Contract::pairs`]).
+pub(crate) type Pair = (usize, usize, [bool; 3]);
 
 /// Most checks one rule set compiles to (each `CEL` rule is one, a
 /// `CEL_FIELD` rule one per field it selects): a registry answer is input
@@ -171,10 +183,20 @@ pub fn compile_contract(
             assign_more(&mut pointers, c.pointers_mut());
         }
     }
+    let runs = |act: fn(&ContractRule) -> Option<Action>| -> Runs {
+        (rules.iter().enumerate())
+            .filter_map(|(i, r)| Some((i, act(r)?)))
+            .collect()
+    };
+    let writes = runs(|r| r.write);
+    let mut reads = runs(|r| r.read);
+    reads.reverse();
     Ok((!rules.is_empty()).then(|| Contract {
         subject: subject.to_string(),
         rules,
         pointers,
+        reads,
+        writes,
     }))
 }
 
@@ -295,6 +317,27 @@ impl Contract {
         &self.pointers
     }
 
+    /// The checks of the rules that run on `side`, when every one orders
+    /// two fields (`message.a > message.b`, [`CelRule::two`]): each as
+    /// the slots of its fields (the contract's) and the orderings that
+    /// hold, so that a fast path can find them all holding on two numbers
+    /// without judging ([`Self::check`] would then pass the record and
+    /// count nothing). `None` when a check is of another form.
+    pub(crate) fn pairs(&self, side: Side) -> Option<Vec<Pair>> {
+        let runs = match side {
+            Side::Read => &self.reads,
+            Side::Write => &self.writes,
+        };
+        let mut out = Vec::new();
+        for &(i, _) in runs.iter() {
+            for (_, c) in &self.rules.get(i)?.checks {
+                let (a, b, holds) = c.two()?;
+                out.push((a.slot(), b.slot(), holds));
+            }
+        }
+        Some(out)
+    }
+
     /// Whether any rule has a `dlq.topic` (so [`Self::dlq_mismatch`] needs
     /// the policy's DLT).
     pub(crate) fn names_dlq(&self) -> bool {
@@ -305,52 +348,85 @@ impl Contract {
     /// contract's slots) of record `r` by the rules for `side`, in
     /// Confluent's order (reversed on reads). The first failing rule whose
     /// action refuses is the verdict; a failing `NONE` rule is counted.
-    pub(crate) fn check<D: Doc + ?Sized>(
+    pub(crate) fn check<D: Doc>(
         &self,
         value: &D,
         r: &Record<'_>,
         side: Side,
     ) -> Result<(), Invalid> {
-        let run = |rule: &ContractRule| -> Result<(), Invalid> {
-            let act = match side {
-                Side::Read => rule.read,
-                Side::Write => rule.write,
-            };
-            let Some(act) = act else { return Ok(()) };
-            let Some((field, Err(mut e))) = rule
-                .checks
-                .iter()
-                .find(|(_, c)| !c.holds(value, r))
-                .map(|(f, c)| (f, c.check(value, r)))
-            else {
-                return Ok(());
-            };
-            match act {
-                Action::Count => {
-                    count_none(&self.subject, &rule.name, side);
-                    Ok(())
-                }
-                Action::Refuse => {
-                    e.reason = match field {
-                        Some(f) => named(
-                            &self.subject,
-                            &rule.name,
-                            format!("field {f}: {}", e.reason),
-                        ),
-                        None => named(&self.subject, &rule.name, &e.reason),
-                    };
-                    e.contract = Some(Box::new(RuleFailure {
-                        name: rule.name.clone(),
-                        mode: side.mode(),
-                        subject: self.subject.clone(),
-                    }));
-                    Err(e)
-                }
-            }
+        let runs = match side {
+            Side::Read => &self.reads,
+            Side::Write => &self.writes,
         };
-        match side {
-            Side::Write => self.rules.iter().try_for_each(run),
-            Side::Read => self.rules.iter().rev().try_for_each(run),
+        if runs.is_empty() {
+            return Ok(());
+        }
+        self.run(runs, value, r, side)
+    }
+
+    /// [`Self::check`] by the rules of `runs`: each rule's checks asked
+    /// whether they hold, and only a failing one worded ([`Self::failed`]).
+    /// Out of line, so that a side with no rule costs `check` one test.
+    #[inline(never)]
+    fn run<D: Doc>(
+        &self,
+        runs: &[(usize, Action)],
+        value: &D,
+        r: &Record<'_>,
+        side: Side,
+    ) -> Result<(), Invalid> {
+        for &(i, act) in runs {
+            let Some(rule) = self.rules.get(i) else {
+                continue;
+            };
+            if let Some(k) = rule.checks.iter().position(|(_, c)| !c.holds(value, r)) {
+                self.failed(rule, k, act, value, r, side)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rule `rule`, whose `k`th check does not hold: its check's verdict
+    /// (`Ok` should the full evaluation disagree), named by the subject,
+    /// the rule and the field; a `NONE` rule counted and passed.
+    #[cold]
+    #[inline(never)]
+    fn failed(
+        &self,
+        rule: &ContractRule,
+        k: usize,
+        act: Action,
+        value: &dyn Doc,
+        r: &Record<'_>,
+        side: Side,
+    ) -> Result<(), Invalid> {
+        let Some((field, c)) = rule.checks.get(k) else {
+            return Ok(());
+        };
+        let Err(mut e) = c.check(value, r) else {
+            return Ok(());
+        };
+        match act {
+            Action::Count => {
+                count_none(&self.subject, &rule.name, side);
+                Ok(())
+            }
+            Action::Refuse => {
+                e.reason = match field {
+                    Some(f) => named(
+                        &self.subject,
+                        &rule.name,
+                        format!("field {f}: {}", e.reason),
+                    ),
+                    None => named(&self.subject, &rule.name, &e.reason),
+                };
+                e.contract = Some(Box::new(RuleFailure {
+                    name: rule.name.clone(),
+                    mode: side.mode(),
+                    subject: self.subject.clone(),
+                }));
+                Err(e)
+            }
         }
     }
 }

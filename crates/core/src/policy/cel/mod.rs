@@ -40,7 +40,7 @@ mod tests;
 use std::fmt;
 
 pub(crate) use compile::{compile, Program};
-pub(crate) use rule::{CelRule, FieldScope};
+pub(crate) use rule::{ordered, CelRule, FieldScope};
 pub(crate) use value::{Type, Val};
 
 /// Longest expression text accepted, in bytes.

@@ -226,16 +226,19 @@ impl CelRule {
         sources.chain(two)
     }
 
+    /// Its shortcut, when it orders two fields: their pointers and the
+    /// orderings (less, equal, greater) for which it holds, judged by
+    /// [`ordered`] when both fields are numbers.
+    pub(crate) fn two(&self) -> Option<(&Pointer, &Pointer, [bool; 3])> {
+        self.two.as_ref().map(|(a, b, holds)| (a, b, *holds))
+    }
+
     /// Whether the condition is true for this record.
     #[inline]
     pub(crate) fn holds<D: Doc + ?Sized>(&self, doc: &D, record: &Record<'_>) -> bool {
         if let Some((a, b, holds)) = &self.two {
             if let (Some(Field::Number(x)), Some(Field::Number(y))) = (doc.field(a), doc.field(b)) {
-                let ord = match (x.as_i64(), y.as_i64()) {
-                    (Some(p), Some(q)) => Some(p.cmp(&q)),
-                    _ => order(Val::of_number(x), Val::of_number(y)).ok().flatten(),
-                };
-                return ord.is_some_and(|o| holds[(o as i8 + 1) as usize]);
+                return ordered(x, y, holds);
             }
         }
         let slots = RecordSlots {
@@ -289,6 +292,22 @@ impl CelRule {
             format!(" ({})", shown.join(", "))
         }
     }
+}
+
+/// Whether numbers `x` and `y` are ordered as `holds` (less, equal,
+/// greater) allows, by CEL's order of numbers (`cel::value::order`): two
+/// integers, or two doubles, compared directly.
+#[inline(always)]
+pub(crate) fn ordered(x: &serde_json::Number, y: &serde_json::Number, holds: &[bool; 3]) -> bool {
+    let ord = match (x.as_i64(), y.as_i64()) {
+        (Some(p), Some(q)) => Some(p.cmp(&q)),
+        _ if x.is_f64() && y.is_f64() => x
+            .as_f64()
+            .zip(y.as_f64())
+            .and_then(|(p, q)| p.partial_cmp(&q)),
+        _ => order(Val::of_number(x), Val::of_number(y)).ok().flatten(),
+    };
+    ord.is_some_and(|o| holds[(o as i8 + 1) as usize])
 }
 
 /// A record's values by a CEL rule's slots.

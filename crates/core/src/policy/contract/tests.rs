@@ -417,3 +417,76 @@ fn a_rule_set_past_the_check_bound_is_refused() {
     let e = refusal((0..MAX_CHECKS).map(field).collect());
     assert!(e.contains(&format!("more than {MAX_CHECKS} checks")), "{e}");
 }
+
+/// Rules that each order two fields are passed on the fast path without
+/// judging when every one holds on two captured numbers
+/// (`Contract::pairs`); any other outcome is judged, so each verdict is
+/// the decoded value's, with a `NONE` rule's failures still counted.
+#[test]
+fn two_field_rules_are_judged_on_the_captured_numbers_as_on_the_decoded_value() {
+    let two = vec![
+        rule("over", "CEL", "READ", "message.lat > message.lon", "DLQ"),
+        rule(
+            "wr",
+            "CEL",
+            "WRITEREAD",
+            "message.lon <= message.lat",
+            "ERROR",
+        ),
+    ];
+    let c = compiled(two.clone()).expect("compiles").expect("rules");
+    let read = c.pairs(Side::Read).expect("two-field checks only");
+    assert_eq!(read.len(), 2);
+    // Reversed on reads: wr (lon <= lat: less or equal) first, then over.
+    assert_eq!(
+        (read[0].2, read[1].2),
+        ([true, true, false], [false, false, true])
+    );
+    assert_eq!(c.pairs(Side::Write).map(|p| p.len()), Some(1));
+    let mixed = compiled(vec![
+        two[0].clone(),
+        rule("n", "CEL", "READ", "message.lat < 60", "ERROR"),
+    ]);
+    assert!(mixed
+        .expect("compiles")
+        .expect("rules")
+        .pairs(Side::Read)
+        .is_none());
+    let not_numbers = rule("ssn", "CEL", "READ", "message.lat > message.ssn", "ERROR");
+    let none = rule("under", "CEL", "READ", "message.lat < message.lon", "NONE");
+    for rules in [two, vec![not_numbers], vec![none]] {
+        let cache = cache_with(rules);
+        let s = set(POLICY, &cache);
+        let p = s.for_topic("geo.avro").expect("policy");
+        for lat in [-95.0, 3.0, 4.0, 5.0, 52.0] {
+            let value = framed(5, &avro_datum(lat, None));
+            for side in [Side::Read, Side::Write] {
+                let (fast, slow) = p.inner.both_ways("geo.avro", &rec(&value), NOW, side);
+                let fast = fast.unwrap_or_else(|| panic!("lat {lat}: fast path not taken"));
+                let key = |v: &Result<(), Invalid>| {
+                    v.as_ref()
+                        .err()
+                        .map(|e| (e.class, e.rule.clone(), e.reason.clone()))
+                };
+                assert_eq!(key(&fast), key(&slow), "lat {lat} {side:?}");
+            }
+        }
+    }
+    let counted = || {
+        none_counts()
+            .into_iter()
+            .find(|(s, r, d, _)| s == "geo.avro-value" && r == "under" && *d == Side::Read)
+            .map_or(0, |c| c.3)
+    };
+    let cache = cache_with(vec![rule(
+        "under",
+        "CEL",
+        "READ",
+        "message.lat < message.lon",
+        "NONE",
+    )]);
+    let before = counted();
+    assert!(judge(&cache, 52.0, Side::Read).is_valid());
+    assert!(judge(&cache, 3.0, Side::Read).is_valid());
+    assert_eq!(counted() - before, 1, "only the failing record is counted");
+}

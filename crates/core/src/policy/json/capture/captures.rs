@@ -192,6 +192,17 @@ impl<'c> CapturedFields<'c, '_> {
         n.as_f64()
     }
 
+    /// The number slot `slot` holds as the record has it (not an owned
+    /// value), if it holds one: what a data contract's comparison of two
+    /// fields reads (`registered.rs`).
+    #[inline(always)]
+    pub(crate) fn captured_number(&self, slot: usize) -> Option<&'c Number> {
+        match self.slots.get(slot)? {
+            Captured::Number(n) => Some(n),
+            _ => None,
+        }
+    }
+
     /// The string slot `slot` holds, as bytes, if it holds one.
     #[inline(always)]
     pub(crate) fn text(&self, slot: usize) -> Option<&'c [u8]> {
