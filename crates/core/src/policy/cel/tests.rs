@@ -224,6 +224,7 @@ fn arithmetic_is_checked() {
         ("9223372036854775807 + 1 > 0", "integer overflow"),
         ("-9223372036854775808 - 1 < 0", "integer overflow"),
         ("(-9223372036854775807 - 1) / -1 > 0", "integer overflow"),
+        ("(-9223372036854775807 - 1) % -1 == 0", "integer overflow"),
         ("-(-9223372036854775807 - 1) > 0", "integer overflow"),
         ("0u - 1u > 0u", "integer overflow"),
         ("1 / 0 == 0", "division by zero"),
@@ -575,7 +576,9 @@ mod properties {
                     "-" => x - y,
                     "*" => x * y,
                     "/" if y != 0 => x / y,
-                    "%" if y != 0 => x % y,
+                    // i64::MIN % -1 overflows in CEL (cel-go's
+                    // modInt64Checked), though the i128 result fits.
+                    "%" if y != 0 && !(x == i128::from(i64::MIN) && y == -1) => x % y,
                     _ => return None,
                 };
                 V::I(i64::try_from(r).ok()?)
