@@ -244,6 +244,9 @@ pub(crate) fn varint_at(b: &[u8], i: &mut usize, tenth: Tenth) -> Option<u64> {
     }
 }
 
+// Inlined: a call cost the Avro reader ~13 instructions per record
+// (judge-cost --filter avro; timestamps take this path).
+#[inline(always)]
 fn long_varint_at(b: &[u8], i: &mut usize, tenth: Tenth) -> Option<u64> {
     // Up to eight bytes from one word where eight are there (timestamps
     // in milliseconds take six): the first byte without its high bit ends
