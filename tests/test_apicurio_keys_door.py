@@ -36,8 +36,8 @@ import clients as c
 import poison_support as ps
 import registry_support as rs
 from registry_support import apicurio  # noqa: F401 (fixture)
-from test_apicurio_serdes import (COUNT, GARBAGE, PRODUCER, UNKNOWN_ID, ApicurioProxy,  # noqa: F401
-                                  http_json, serdes_lib)
+from test_apicurio_serdes import (COUNT, GARBAGE, PRODUCER, UNKNOWN_ID,  # noqa: F401
+                                  apicurio_proxy, check_dlts, http_json, serdes_lib)
 from test_produce_door import ck_send, read_back
 
 HEADERS = "{ format: avro, registry: true, wire: apicurio-headers }"
@@ -74,13 +74,8 @@ VALID = [n for n in range(COUNT) if n % 4 != 3]
 
 @pytest.fixture(scope="module")
 def kproxy(workdir, broker, apicurio, tmp_path_factory):
-    d = tmp_path_factory.mktemp("apicurio-keys-door")
-    (d / "apk.yaml").write_text(POLICIES)
-    import conftest
-    p = ApicurioProxy(workdir, upstream=[broker.bootstrap], policies=[d / "apk.yaml"],
-                      name="antidote-apicurio-keys-door", registry_url=apicurio.url)
-    conftest._PROXIES.append(p)
-    p.start()
+    p = apicurio_proxy(workdir, broker, apicurio, tmp_path_factory,
+                       "antidote-apicurio-keys-door", POLICIES)
     yield p
     p.stop_and_check()
 
@@ -164,20 +159,7 @@ def test_apicurio_keys_valid_once_poison_and_unknown_keys_diverted(
     assert [g.offset for g in got] == VALID + [last]
     assert [(g.key, g.value) for g in got] == \
         [(written[n].key, written[n].value) for n in VALID] + [(first.key, first.value)]
-    by_offset = {r.offset: r for r in written}
-    want = {"poison": [(3, "coordinates"), (7, "coordinates")], "unknown": []}
-    for i, (r, klass, rule) in enumerate(added):
-        by_offset[COUNT + i] = c.Rec(0, COUNT + i, r.key, r.value, r.headers, 0)
-        want[klass].append((COUNT + i, rule))
-    for klass, expected in want.items():
-        dlt = ps.read_dlt(broker_endpoint, f"{t}.{klass}.dlt")
-        ctx = [ps.hdict(x) for x in dlt]
-        assert [(int(x["x-original-offset"]), x["x-error-rule"].decode()) for x in ctx] == expected
-        for x, hx in zip(dlt, ctx):
-            orig = by_offset[int(hx["x-original-offset"])]
-            ps.check_dlt_record(x, c.Rec(0, orig.offset, orig.key, orig.value, orig.headers,
-                                         x.timestamp),
-                                t, f"apk-{mode}", hx["x-error-rule"].decode(), klass)
+    check_dlts(broker_endpoint, t, written, added, f"apk-{mode}")
 
 
 @pytest.mark.parametrize("mode,control,klass,rule", [

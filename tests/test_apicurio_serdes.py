@@ -118,17 +118,46 @@ def serdes_lib() -> Path:
     return SERDES_LIB
 
 
-@pytest.fixture(scope="module")
-def aproxy(workdir, broker, apicurio, tmp_path_factory):
-    d = tmp_path_factory.mktemp("apicurio-policies")
-    (d / "ap.yaml").write_text(POLICIES)
+def apicurio_proxy(workdir, broker, apicurio, tmp_path_factory, name: str, policies: str):
+    """A proxy named `name` with `policies`, reading the real Apicurio: a
+    module fixture's body (yield it, then `stop_and_check`)."""
+    d = tmp_path_factory.mktemp(name)
+    (d / "policies.yaml").write_text(policies)
     import conftest
-    p = ApicurioProxy(workdir, upstream=[broker.bootstrap], policies=[d / "ap.yaml"],
-                      name="antidote-apicurio-serdes", registry_url=apicurio.url)
+    p = ApicurioProxy(workdir, upstream=[broker.bootstrap], policies=[d / "policies.yaml"],
+                      name=name, registry_url=apicurio.url)
     conftest._PROXIES.append(p)
     p.start()
+    return p
+
+
+@pytest.fixture(scope="module")
+def aproxy(workdir, broker, apicurio, tmp_path_factory):
+    p = apicurio_proxy(workdir, broker, apicurio, tmp_path_factory,
+                       "antidote-apicurio-serdes", POLICIES)
     yield p
     p.stop_and_check()
+
+
+def check_dlts(broker_endpoint, t: str, written: list, added: list, policy: str) -> None:
+    """The topic's poison and unknown DLTs hold exactly the written records
+    3 and 7 (coordinates) and the `added` (record, class, rule) after them,
+    each a faithful copy with antidote's context."""
+    by_offset = {r.offset: r for r in written}
+    want = {"poison": [(3, "coordinates"), (7, "coordinates")], "unknown": []}
+    for i, (r, klass, rule) in enumerate(added):
+        by_offset[COUNT + i] = c.Rec(0, COUNT + i, r.key, r.value, r.headers, 0)
+        want[klass].append((COUNT + i, rule))
+    for klass, expected in want.items():
+        dlt = ps.read_dlt(broker_endpoint, f"{t}.{klass}.dlt")
+        ctx = [ps.hdict(x) for x in dlt]
+        assert [(int(x["x-original-offset"]), x["x-error-rule"].decode()) for x in ctx] == expected
+        for x, hx in zip(dlt, ctx):
+            orig = by_offset[int(hx["x-original-offset"])]
+            assert hx["x-error-class"].decode() == klass
+            ps.check_dlt_record(x, c.Rec(0, orig.offset, orig.key, orig.value, orig.headers,
+                                         x.timestamp),
+                                t, policy, hx["x-error-rule"].decode(), klass)
 
 
 def http_json(url: str, method: str = "GET"):
@@ -249,18 +278,4 @@ def test_apicurio_3x_serializers_valid_once_poison_and_unknown_diverted(
     valid = [n for n in range(COUNT) if n % 4 != 3]
     assert [g.offset for g in got] == valid + [last]
     assert [g.value for g in got] == [written[n].value for n in valid] + [first.value]
-    by_offset = {r.offset: r for r in written}
-    want = {"poison": [(3, "coordinates"), (7, "coordinates")], "unknown": []}
-    for i, (r, klass, rule) in enumerate(added):
-        by_offset[COUNT + i] = c.Rec(0, COUNT + i, r.key, r.value, r.headers, 0)
-        want[klass].append((COUNT + i, rule))
-    for klass, expected in want.items():
-        dlt = ps.read_dlt(broker_endpoint, f"{t}.{klass}.dlt")
-        ctx = [ps.hdict(x) for x in dlt]
-        assert [(int(x["x-original-offset"]), x["x-error-rule"].decode()) for x in ctx] == expected
-        for x, hx in zip(dlt, ctx):
-            orig = by_offset[int(hx["x-original-offset"])]
-            assert hx["x-error-class"].decode() == klass
-            ps.check_dlt_record(x, c.Rec(0, orig.offset, orig.key, orig.value, orig.headers,
-                                         x.timestamp),
-                                t, f"ap-{mode}", hx["x-error-rule"].decode(), klass)
+    check_dlts(broker_endpoint, t, written, added, f"ap-{mode}")

@@ -303,6 +303,36 @@ impl Diversion {
     }
 }
 
+/// A diversion of `geo` offset 7 by data-contract rule `north` (READ, subject
+/// `geo-value`) when `contract`, else by a policy rule of that name, with the
+/// record's own `headers`: for the tests that a rule's `__rule.*` fields are
+/// read from antidote's signed context only.
+#[cfg(test)]
+pub(crate) fn ruled_diversion(contract: bool, headers: Vec<(Bytes, Option<Bytes>)>) -> Diversion {
+    let mut invalid = Invalid::poison("rule:north", "data-contract rule north: false");
+    if contract {
+        invalid.contract = Some(Box::new(crate::policy::contract::RuleFailure {
+            name: "north".into(),
+            mode: "READ",
+            subject: "geo-value".into(),
+        }));
+    }
+    Diversion {
+        dlt_topic: "geo.dlt".into(),
+        origin_topic: Arc::from("geo"),
+        origin_partition: 0,
+        origin_offset: 7,
+        origin_timestamp: 1,
+        key: None,
+        value: Some(Bytes::from_static(b"v")),
+        headers,
+        invalid,
+        policy: Arc::from("p"),
+        blocked_by: None,
+        last_offset: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,31 +348,11 @@ mod tests {
     fn a_rules_headers_are_inside_the_signed_context() {
         use crate::dlt_context::{open, Keys};
         use crate::kafka::record::Header;
-        use crate::policy::contract::RuleFailure;
-        let mut invalid =
-            Invalid::poison("rule:north", "subject s, data-contract rule north: false");
-        invalid.contract = Some(Box::new(RuleFailure {
-            name: "north".into(),
-            mode: "READ",
-            subject: "geo-value".into(),
-        }));
-        let d = Diversion {
-            dlt_topic: "geo.dlt".into(),
-            origin_topic: Arc::from("geo"),
-            origin_partition: 0,
-            origin_offset: 7,
-            origin_timestamp: 1,
-            key: Some(Bytes::from_static(b"k")),
-            value: Some(Bytes::from_static(b"v")),
-            headers: vec![(
-                Bytes::from_static(b"__rule.name"),
-                Some(Bytes::from_static(b"own")),
-            )],
-            invalid,
-            policy: Arc::from("p"),
-            blocked_by: None,
-            last_offset: None,
-        };
+        let own = (
+            Bytes::from_static(b"__rule.name"),
+            Some(Bytes::from_static(b"own")),
+        );
+        let d = ruled_diversion(true, vec![own]);
         let keys = Keys::new(&[b"0123456789abcdef0123"], false);
         let out = d.to_record(2, None, &Seal::new(&keys, "geo.dlt", 0));
         let read = |hs: &[(String, Option<Bytes>)]| -> Vec<(Vec<u8>, Option<Vec<u8>>)> {

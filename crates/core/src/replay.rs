@@ -607,39 +607,15 @@ policies:
     #[test]
     fn the_contract_rule_is_read_from_the_context_never_from_the_headers() {
         use crate::dlt_context::open;
-        use crate::dlt_record::Diversion;
+        use crate::dlt_record::ruled_diversion;
         use crate::kafka::record::Header;
-        use crate::policy::contract::RuleFailure;
-        use crate::policy::Invalid;
-        use std::sync::Arc;
         let keys = Keys::new(&[b"0123456789abcdef0123"], false);
         let own = vec![(
             Bytes::from_static(b"__rule.name"),
             Some(Bytes::from_static(b"forged")),
         )];
         let shown = |contract: bool| {
-            let mut invalid = Invalid::poison("rule:north", "data-contract rule north: false");
-            if contract {
-                invalid.contract = Some(Box::new(RuleFailure {
-                    name: "north".into(),
-                    mode: "READ",
-                    subject: "geo-value".into(),
-                }));
-            }
-            let d = Diversion {
-                dlt_topic: "geo.dlt".into(),
-                origin_topic: Arc::from("geo"),
-                origin_partition: 0,
-                origin_offset: 7,
-                origin_timestamp: 1,
-                key: None,
-                value: Some(Bytes::from_static(b"v")),
-                headers: own.clone(),
-                invalid,
-                policy: Arc::from("p"),
-                blocked_by: None,
-                last_offset: None,
-            };
+            let d = ruled_diversion(contract, own.clone());
             let out = d.to_record(2, None, &Seal::new(&keys, "geo.dlt", 0));
             let r = Record {
                 offset: 0,
