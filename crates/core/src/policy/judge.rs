@@ -155,7 +155,7 @@ pub(crate) struct Compiled {
 
 impl Compiled {
     /// [`Self::judge_on`] a fetched record.
-    #[cfg(any(test, feature = "fuzzing"))]
+    #[cfg(test)]
     pub(crate) fn judge(&self, topic: &str, r: &Record<'_>, now_ms: i64) -> Result<(), Invalid> {
         self.judge_on(topic, r, now_ms, Side::Read)
     }
