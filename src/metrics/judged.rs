@@ -91,10 +91,10 @@ impl Metrics {
     ///
     /// Call sites: the Produce door (`Rejected`), and `Metrics::observe`
     /// (through `record_invalid_n`) for the invalid records of a plan once
-    /// its diversions are done: `Diverted` for diversions that were acknowledged,
-    /// `Dropped` for `on_invalid: drop`, `PassedInvalid` for `on_invalid:
-    /// pass`. A diversion that failed is not counted here (its partition is
-    /// held and the record will be judged again); see [`Metrics::dlt_write`].
+    /// its diversions are done, each with its policy's action (`Met`): a
+    /// diversion counts once acknowledged. A diversion that failed is not
+    /// counted here (its partition is held and the record will be judged
+    /// again); see [`Metrics::dlt_written`].
     pub fn record_invalid(
         &self,
         topic: &str,

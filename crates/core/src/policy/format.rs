@@ -35,6 +35,25 @@ pub(super) struct Cx<'r> {
     pub(super) record: Option<&'r crate::kafka::record::Record<'r>>,
 }
 
+impl<'r> Cx<'r> {
+    /// The context of judging record `r` of `topic` on `side`.
+    #[inline(always)]
+    pub(super) fn of_record(
+        topic: &'r str,
+        r: &'r crate::kafka::record::Record<'r>,
+        now_ms: i64,
+        side: super::contract::Side,
+    ) -> Self {
+        Cx {
+            topic,
+            now_ms,
+            headers: &r.headers,
+            side,
+            record: Some(r),
+        }
+    }
+}
+
 /// One record format.
 pub(super) trait Format: Sized + std::fmt::Debug {
     /// The registry's `schemaType` of this format's schemas; `None` when

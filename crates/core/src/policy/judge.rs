@@ -167,13 +167,7 @@ impl Compiled {
         now_ms: i64,
         side: Side,
     ) -> Result<(), Invalid> {
-        let cx = Cx {
-            topic,
-            now_ms,
-            headers: &r.headers,
-            side,
-            record: Some(r),
-        };
+        let cx = Cx::of_record(topic, r, now_ms, side);
         let Some(bytes) = self.before_decode(r)? else {
             return match &self.key {
                 Some(k) => k.check(r, &cx, &self.dead_letter),
@@ -184,12 +178,20 @@ impl Compiled {
             k.check(r, &cx, &self.dead_letter)?;
         }
         let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
-        if let Some(verdict) = fast {
-            return verdict;
+        match fast {
+            Some(verdict) => verdict,
+            None => self.judge_decoded(bytes, r, &cx),
         }
-        match self.decoder.decode(bytes, &cx)? {
-            Some(value) => contract(&self.decoder, bytes, &value, r, &cx, &self.dead_letter)
-                .and_then(|()| self.check_value(&value, r, now_ms)),
+    }
+
+    /// A value the fast path declined, decoded and judged in full (its
+    /// data-contract rules, then the policy's). Out of line: most records
+    /// never come here.
+    #[inline(never)]
+    fn judge_decoded(&self, bytes: &[u8], r: &Record<'_>, cx: &Cx<'_>) -> Result<(), Invalid> {
+        match self.decoder.decode(bytes, cx)? {
+            Some(value) => contract(&self.decoder, bytes, &value, r, cx, &self.dead_letter)
+                .and_then(|()| self.check_value(&value, r, cx.now_ms)),
             None => Ok(()),
         }
     }
@@ -206,20 +208,10 @@ impl Compiled {
         now_ms: i64,
         side: Side,
     ) -> (Option<Result<(), Invalid>>, Result<(), Invalid>) {
-        let cx = Cx {
-            topic,
-            now_ms,
-            headers: &r.headers,
-            side,
-            record: Some(r),
-        };
+        let cx = Cx::of_record(topic, r, now_ms, side);
         let bytes = r.value.unwrap_or_default();
         let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
-        let slow = self.decoder.decode(bytes, &cx).and_then(|v| match v {
-            Some(value) => contract(&self.decoder, bytes, &value, r, &cx, &self.dead_letter)
-                .and_then(|()| self.check_value(&value, r, now_ms)),
-            None => Ok(()),
-        });
+        let slow = self.judge_decoded(bytes, r, &cx);
         (fast, slow)
     }
 
