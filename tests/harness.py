@@ -516,12 +516,21 @@ class Antidote:
             raise HarnessError(f"antidote is not running (exit {self.proc and self.proc.returncode})"
                                f"\n{read_log(self.log)}")
 
+    # What a debug build logs when it rebuilt a records section whose
+    # batches are out of offset order (src/intercept/fetch/patch.rs ORDER_BUG).
+    ORDER_BUG = "BUG: rebuilt records section out of offset order"
+
     def stop_and_check(self, timeout: float = 5.0) -> None:
-        """SIGTERM; the proxy must exit 0 within `timeout`."""
+        """SIGTERM; the proxy must exit 0 within `timeout`, and its log must
+        not show a records section it sent out of offset order."""
         if self.proc is None:
             return
         already = self.proc.poll()
         code = stop_process(self.proc, timeout)
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        if self.ORDER_BUG in text:
+            bugs = [line for line in text.splitlines() if self.ORDER_BUG in line]
+            raise HarnessError(f"antidote sent records out of order:\n" + "\n".join(bugs[:5]))
         if already is not None:
             raise HarnessError(f"antidote had already exited with {already}\n{read_log(self.log)}")
         if code != 0:

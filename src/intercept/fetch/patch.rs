@@ -209,7 +209,15 @@ impl<S> Fresh<'_, S> {
             return Ok(patched.unwrap_or_default());
         }
         for (at, chunks) in replaced {
-            resp.set_records(at, concat(&chunks));
+            let section = concat(&chunks);
+            if cfg!(debug_assertions) {
+                if let Some(why) = out_of_order(&section) {
+                    // Every integration test fails on this line in the
+                    // proxy's log (harness.py `stop_and_check`).
+                    tracing::error!(?at, "{ORDER_BUG}: {why}");
+                }
+            }
+            resp.set_records(at, section);
         }
         if let Some(chunks) = patched {
             // Debug builds (every test) check that the patch decodes to the
@@ -227,6 +235,27 @@ impl<S> Fresh<'_, S> {
         let encoded = crate::transport::frame::encode(resp, self.version);
         Ok(vec![encoded.map_err(FilterError::Encode)?.freeze()])
     }
+}
+
+/// What debug builds log when a rebuilt records section is out of order.
+const ORDER_BUG: &str = "BUG: rebuilt records section out of offset order";
+
+/// Why a rebuilt records section would hand a client records out of order
+/// (its batches' base offsets must rise: a spliced batch keeps its base,
+/// and a commit marker after it sits at its last offset), or `None`. A
+/// client that does not check (kafka-python) would deliver them so.
+fn out_of_order(section: &Bytes) -> Option<String> {
+    let mut last: Option<i64> = None;
+    for seg in crate::kafka::batch::segments(section) {
+        if let crate::kafka::batch::Segment::Batch(b) = seg {
+            let base = b.base_offset();
+            if let Some(l) = last.filter(|&l| base <= l) {
+                return Some(format!("batch at {base} after one at {l}"));
+            }
+            last = Some(base);
+        }
+    }
+    None
 }
 
 pub(super) fn concat(chunks: &[Bytes]) -> Bytes {
@@ -306,6 +335,28 @@ mod tests {
                 "version {version}"
             );
         }
+    }
+
+    /// The debug builds' order check finds batches out of order, and only
+    /// those (a batch before an earlier one, or the same one twice).
+    #[test]
+    fn a_section_out_of_offset_order_is_found() {
+        use super::super::fetch_tests::batch;
+        let section = |bases: &[i64]| {
+            concat(
+                &bases
+                    .iter()
+                    .map(|&b| batch(&["{}", "{}"], b))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(out_of_order(&section(&[0, 49, 98])), None);
+        assert_eq!(out_of_order(&section(&[])), None);
+        assert_eq!(
+            out_of_order(&section(&[49, 0, 98])).as_deref(),
+            Some("batch at 0 after one at 49")
+        );
+        assert!(out_of_order(&section(&[0, 0])).is_some());
     }
 
     /// A section added where there was none is not a patch.
