@@ -6,6 +6,7 @@ with what the other read, field by field."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -122,28 +123,37 @@ def _ck_headers(h: tuple) -> Optional[list]:
     return list(h) if h else None
 
 
-def ck_produce(ep: Endpoint, topic: str, recs: list[Rec], timeout: float = 30, **conf) -> None:
+def ck_produce(ep: Endpoint, topic: str, recs: list[Rec], timeout: float = 30,
+               **conf) -> list[tuple[int, int]]:
     """Produce in order and wait for every delivery report; raise on any error.
+    Returns where each record landed, (partition, offset), in `recs` order.
     One request in flight (unless `conf` says otherwise), so that a retried
-    batch cannot land after a later one: against a loaded Kafka, a topic's
-    first records once landed after 1223 later ones (test_ops' splice test)."""
+    batch should not land after a later one: against a loaded Kafka, a topic's
+    first records once landed after 1223 later ones (test_ops' splice test).
+    A test that cares about the log's order still takes it from what is
+    returned, not from `recs`."""
     p = ck.Producer(ep.ck(**{"linger.ms": 5, "max.in.flight.requests.per.connection": 1,
                              **conf}))
     errors = []
+    landed: list[tuple[int, int]] = [(-1, -1)] * len(recs)
 
-    def report(err, _msg):
+    def report(i, err, msg):
         if err is not None:
             errors.append(err)
+        else:
+            landed[i] = (msg.partition(), msg.offset())
 
     # The topic's leader first: records queued before it is known are
     # batched apart from later ones (a layout's batch came out as two).
     p.list_topics(topic, timeout=timeout)
-    for r in recs:
+    for i, r in enumerate(recs):
         p.produce(topic, value=r.value, key=r.key, partition=r.partition,
-                  headers=_ck_headers(r.headers), timestamp=r.timestamp or 0, on_delivery=report)
+                  headers=_ck_headers(r.headers), timestamp=r.timestamp or 0,
+                  on_delivery=functools.partial(report, i))
     left = p.flush(timeout)
     assert left == 0, f"{left} records not delivered within {timeout}s"
     assert not errors, f"delivery errors: {errors}"
+    return landed
 
 
 def _ck_rec(m) -> Rec:
