@@ -46,7 +46,7 @@ use crate::dlt::redrive::Scheduler;
 use crate::dlt::trust;
 use crate::dlt_marker::Marker;
 use crate::kafka::record::Record;
-use crate::metrics;
+use crate::metrics::{self, FollowerSeen};
 use crate::policy::{Class, KeyOrdering, PolicySet};
 use hand::{Hand, Handed, Positions, Start};
 
@@ -184,7 +184,10 @@ impl Follower {
         if self.retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        match self.round().await {
+        let mut seen = FollowerSeen::default();
+        let result = self.round(&mut seen).await;
+        metrics::global().follower_round(seen, crate::clock::now_ms());
+        match result {
             Ok(()) => {
                 self.failures = 0;
                 self.retry_at = None;
@@ -209,12 +212,15 @@ impl Follower {
     #[cfg(test)]
     pub(crate) async fn load_and_round(&mut self) {
         self.loader.load_all().await;
-        self.round().await.expect("round");
+        let mut seen = FollowerSeen::default();
+        self.round(&mut seen).await.expect("round");
+        metrics::global().follower_round(seen, crate::clock::now_ms());
     }
 
     /// One round: list the blocked keys' and re-drive's DLTs when due, then
-    /// read what every followed DLT partition gained, for its readers.
-    async fn round(&mut self) -> Result<(), ClientError> {
+    /// read what every followed DLT partition gained, for its readers;
+    /// what it saw goes in `seen`, reported once by the caller.
+    async fn round(&mut self, seen: &mut FollowerSeen) -> Result<(), ClientError> {
         let began = Instant::now();
         let policies = self.loader.policies.borrow().clone();
         self.write_breaker_marks(&policies).await;
@@ -228,12 +234,12 @@ impl Follower {
         if !self.known.values().any(|r| r.blocked) {
             // Nothing to read back for the blocked keys: loaded now, even
             // if the DLTs cannot be read.
-            self.keys_loaded(&HashMap::new(), &HashMap::new(), began)?;
+            self.keys_loaded(&HashMap::new(), &HashMap::new(), began, seen)?;
         }
         let wanted = self.wanted().await?;
         let (mut positions, starts) = self.starts(&wanted).await?;
         if positions.is_empty() {
-            return self.keys_loaded(&starts, &HashMap::new(), began);
+            return self.keys_loaded(&starts, &HashMap::new(), began, seen);
         }
         let (keys, redrive) = match self.readers.as_mut() {
             Some(k) => (Some((&*k.blocked, &*k.breakers)), k.redrive.as_mut()),
@@ -258,9 +264,9 @@ impl Follower {
             );
         }
         let lag = self.advance(&positions, &ends, &starts, &handed);
-        metrics::global().fleet_learned(handed.learned);
-        metrics::global().set_ledger_lag(lag);
-        self.keys_loaded(&starts, &ends, began)
+        seen.learned = handed.learned;
+        seen.ledger_lag = Some(lag);
+        self.keys_loaded(&starts, &ends, began, seen)
     }
 
     /// The DLTs to read and their readers: those the blocked keys and
@@ -381,21 +387,20 @@ impl Follower {
 
     /// Once every partition the blocked keys follow has been read to its
     /// end, in the round that `began` then: say so (per_key topics wait for
-    /// the first time, and hold while the last is too old), and update the
-    /// gauges.
+    /// the first time, and hold while the last is too old), and note the
+    /// blocked keys in `seen`.
     fn keys_loaded(
         &self,
         starts: &HashMap<DltPartition, Start>,
         ends: &HashMap<DltPartition, i64>,
         began: Instant,
+        seen: &mut FollowerSeen,
     ) -> Result<(), ClientError> {
         let Some(k) = &self.readers else {
             return Ok(());
         };
         let (keys, oldest) = k.blocked.summary();
-        metrics::global()
-            .keys
-            .set_blocked(keys, oldest, crate::clock::now_ms());
+        seen.blocked = Some((keys, oldest));
         let caught_up = starts
             .iter()
             .filter(|(_, s)| s.who.blocked)

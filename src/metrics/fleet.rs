@@ -7,6 +7,19 @@
 use super::series::{RefusedLabels, SourceLabel};
 use super::{names, register, Metrics};
 
+/// What one round of the DLT follower (`dlt::follower`) saw, reported once
+/// by [`Metrics::follower_round`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerSeen {
+    /// Diversions of other instances the tail read that the ledger did not know.
+    pub learned: u64,
+    /// The tail's lag behind the DLTs' ends, in records, if the round read them.
+    pub ledger_lag: Option<i64>,
+    /// The blocked-key set (how many keys, the oldest block's start in ms),
+    /// if the round followed it.
+    pub blocked: Option<(usize, Option<i64>)>,
+}
+
 impl Metrics {
     pub(super) fn register_fleet(&mut self) {
         register(
@@ -55,9 +68,16 @@ impl Metrics {
         self.diversions_add("written", n);
     }
 
-    /// `n` diversions the DLT tail read that the ledger did not know.
-    pub fn fleet_learned(&self, n: u64) {
-        self.diversions_add("learned", n);
+    /// What one follower round saw, as of `now_ms`: the diversions it
+    /// learned, the ledger's lag and the blocked keys' gauges.
+    pub fn follower_round(&self, seen: FollowerSeen, now_ms: i64) {
+        self.diversions_add("learned", seen.learned);
+        if let Some(lag) = seen.ledger_lag {
+            self.ledger_lag.set(lag);
+        }
+        if let Some((keys, oldest)) = seen.blocked {
+            self.keys.set_blocked(keys, oldest, now_ms);
+        }
     }
 
     /// `n` diversions found in the DLT by the catch-up read before a write,
@@ -66,10 +86,5 @@ impl Metrics {
     /// Call site: `Metrics::dlt_written`, once per DLT partition's write.
     pub(super) fn fleet_found_at_write(&self, n: u64) {
         self.diversions_add("found_at_write", n);
-    }
-
-    /// The tail's lag behind the DLTs' ends, in records (offsets).
-    pub fn set_ledger_lag(&self, records: i64) {
-        self.ledger_lag.set(records);
     }
 }

@@ -49,7 +49,7 @@ impl KeyMetrics {
     }
 
     /// The blocked-key set now: how many, and the oldest block's start (ms).
-    pub fn set_blocked(&self, keys: usize, oldest_ms: Option<i64>, now_ms: i64) {
+    pub(super) fn set_blocked(&self, keys: usize, oldest_ms: Option<i64>, now_ms: i64) {
         self.blocked.set(keys as i64);
         let age = oldest_ms.map_or(0.0, |o| (now_ms - o).max(0) as f64 / 1000.0);
         self.oldest_age.set(age);

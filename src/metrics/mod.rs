@@ -46,6 +46,7 @@ pub mod contract;
 mod dlt_write;
 pub use dlt_write::{DltWriteSeen, Produced};
 mod fleet;
+pub use fleet::FollowerSeen;
 pub mod history;
 pub mod hold;
 mod judged;

@@ -538,3 +538,28 @@ fn a_dlt_write_observation_becomes_its_series() {
     assert!(text.contains("antidote_dlt_writes_total{result=\"lease_failed\"} 1\n"));
     assert!(text.contains("antidote_dlt_diversions_total{source=\"written\"} 7\n"));
 }
+
+/// A follower round's observation sets what it saw, and only that: a round
+/// that read no DLT leaves the lag and the blocked keys as they were.
+#[test]
+fn a_follower_round_observation_becomes_its_series() {
+    let m = Metrics::new();
+    m.follower_round(
+        FollowerSeen {
+            learned: 3,
+            ledger_lag: Some(12),
+            blocked: Some((2, Some(1_000))),
+        },
+        4_500,
+    );
+    m.follower_round(FollowerSeen::default(), 9_000);
+    let text = m.render();
+    for line in [
+        "antidote_dlt_diversions_total{source=\"learned\"} 3\n",
+        "antidote_dlt_ledger_lag_records 12\n",
+        "antidote_blocked_keys 2\n",
+        "antidote_blocked_key_oldest_age_seconds 3.5\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+}
