@@ -209,7 +209,7 @@ impl<S> Fresh<'_, S> {
             return Ok(patched.unwrap_or_default());
         }
         for (at, chunks) in replaced {
-            let section = concat(&chunks);
+            let section = join(&chunks);
             if cfg!(debug_assertions) {
                 if let Some(why) = out_of_order(&section) {
                     // Every integration test fails on this line in the
@@ -225,7 +225,7 @@ impl<S> Fresh<'_, S> {
             // the encoder normalises: it drops an empty tagged field the
             // patch keeps as the broker sent it), then send the patch, so
             // the chunked write is what they test.
-            let again = R::decode(&mut concat(&chunks), self.version);
+            let again = R::decode(&mut join(&chunks), self.version);
             assert!(
                 again.as_ref().is_ok_and(|again| again == resp),
                 "patched response decodes to {again:?}, not {resp:?}"
@@ -258,16 +258,7 @@ fn out_of_order(section: &Bytes) -> Option<String> {
     None
 }
 
-pub(super) fn concat(chunks: &[Bytes]) -> Bytes {
-    if let [one] = chunks {
-        return one.clone();
-    }
-    let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-    for c in chunks {
-        out.extend_from_slice(c);
-    }
-    out.freeze()
-}
+use crate::kafka::splice::join;
 
 #[cfg(test)]
 mod tests {
@@ -324,11 +315,11 @@ mod tests {
             resp.responses[1].partitions[0].records = Some(Bytes::new());
             let chunks = patch(&body, version, &sections, &resp, &replaced).expect("patchable");
             for ((ti, pi), c) in &replaced {
-                resp.responses[*ti].partitions[*pi].records = Some(concat(c));
+                resp.responses[*ti].partitions[*pi].records = Some(join(c));
             }
             let mut full = BytesMut::new();
             resp.encode(&mut full, version).expect("encode");
-            assert_eq!(concat(&chunks).to_vec(), full.to_vec(), "version {version}");
+            assert_eq!(join(&chunks).to_vec(), full.to_vec(), "version {version}");
             // Kept bytes are the original's, not copies.
             assert!(
                 chunks.iter().any(|c| c.as_ptr() == first.as_ptr()),
@@ -343,7 +334,7 @@ mod tests {
     fn a_section_out_of_offset_order_is_found() {
         use super::super::fetch_tests::batch;
         let section = |bases: &[i64]| {
-            concat(
+            join(
                 &bases
                     .iter()
                     .map(|&b| batch(&["{}", "{}"], b))

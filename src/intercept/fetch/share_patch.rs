@@ -181,8 +181,8 @@ mod tests {
     };
     use kafka_protocol::protocol::{Decodable, Encodable};
 
-    use super::super::patch::concat;
     use super::*;
+    use crate::kafka::splice::join;
 
     fn response(version: i16) -> Bytes {
         let ranges = |f: i64, l: i64| {
@@ -241,10 +241,10 @@ mod tests {
             withheld.acquired_records.clear();
             resp.responses[1].partitions[0].acquired_records.truncate(1);
             let chunks = patch_share(&body, &sections, &resp, &replaced).expect("patchable");
-            resp.responses[0].partitions[0].records = Some(concat(&replaced[0].1));
+            resp.responses[0].partitions[0].records = Some(join(&replaced[0].1));
             let mut full = BytesMut::new();
             resp.encode(&mut full, version).expect("encode");
-            assert_eq!(concat(&chunks).to_vec(), full.to_vec(), "version {version}");
+            assert_eq!(join(&chunks).to_vec(), full.to_vec(), "version {version}");
             assert!(chunks.iter().any(|c| c.as_ptr() == first.as_ptr()));
         }
     }
@@ -256,7 +256,7 @@ mod tests {
         let resp = ShareFetchResponse::decode(&mut body.clone(), 1).expect("decode");
         let sections = ShareSections::of(&body, &resp);
         let chunks = patch_share(&body, &sections, &resp, &[]).expect("patchable");
-        assert_eq!(concat(&chunks), body);
+        assert_eq!(join(&chunks), body);
     }
 
     /// Ranges where the body had no records section: the encoder's work.

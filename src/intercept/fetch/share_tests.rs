@@ -122,7 +122,7 @@ async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
     let chunks = (f.filter_share(&BY_ID, body, VERSION, call).await)
         .expect("filter")
         .expect("the response changes");
-    super::patch::concat(&chunks)
+    crate::kafka::splice::join(&chunks)
 }
 
 #[tokio::test]

@@ -73,17 +73,29 @@ impl Rebuilt {
 
     /// The pieces as one buffer (no copy when there is one piece).
     pub fn join(&self, batch: &Bytes) -> Bytes {
-        let pieces: Vec<Bytes> = self.pieces(batch).collect();
-        match &pieces[..] {
-            [] => Bytes::new(),
-            [one] => one.clone(),
-            _ => pieces.concat().into(),
-        }
+        join(&self.pieces(batch).collect::<Vec<_>>())
     }
 
     /// Bytes this takes to keep: the runs are ranges, not bytes.
     pub fn memory(&self) -> usize {
         self.head.len() + self.tail.len() + self.runs.len() * std::mem::size_of::<(usize, usize)>()
+    }
+}
+
+/// Chunks of bytes as one buffer, the one way a list of chunks (a spliced
+/// batch's pieces, a rebuilt records section) is made contiguous: no copy
+/// when there is one chunk.
+pub fn join(chunks: &[Bytes]) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        _ => {
+            let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+            for c in chunks {
+                out.extend_from_slice(c);
+            }
+            out.freeze()
+        }
     }
 }
 

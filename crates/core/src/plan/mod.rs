@@ -32,7 +32,7 @@ mod visibility;
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::dlt_record::Diversion;
 use crate::kafka::batch::{Batch, BatchError, DecodedBatch};
@@ -257,15 +257,7 @@ impl PartitionPlan {
     /// diversion failed; nothing at or after it is delivered, and the batch
     /// containing it ends just before it so the client fetches it again.
     pub fn apply(&self, held_from: Option<i64>) -> Result<Bytes, BatchError> {
-        let chunks = self.apply_chunks(held_from)?;
-        if let [one] = &chunks[..] {
-            return Ok(one.clone());
-        }
-        let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-        for c in &chunks {
-            out.extend_from_slice(c);
-        }
-        Ok(out.freeze())
+        Ok(crate::kafka::splice::join(&self.apply_chunks(held_from)?))
     }
 
     /// [`Self::apply`] as the pieces of the new section, in order: kept
