@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::contract::Contract;
 use super::document::{ValueDoc, DEFAULT_MAX_BYTES};
-use super::format::{Bytes, Cx, Format, OwnSchema};
+use super::format::{Bytes, Cx, Format, OwnSchema, Verdict};
 use super::json::Captures;
 use super::located::{at, At};
 use super::registered::RegistryDecoder;
@@ -141,8 +141,8 @@ macro_rules! formats {
                 &self,
                 bytes: &[u8],
                 cx: &Cx<'_>,
-                check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
-            ) -> Option<Result<(), Invalid>> {
+                check: impl FnOnce(&Captures<'_>) -> Verdict,
+            ) -> Option<Verdict> {
                 match self {
                     $(Decoder::$v(f) => Format::capture(f, bytes, check),)*
                     $(Decoder::Registry(Registry::$v(r)) => r.capture(bytes, cx, check),)*

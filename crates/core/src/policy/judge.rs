@@ -8,7 +8,7 @@ use super::cel::CelRule;
 use super::checks::Checks;
 use super::contract::Side;
 use super::dlt_topic::DeadLetterTemplate;
-use super::format::Cx;
+use super::format::{Cx, Verdict};
 use super::formats::Decoder;
 #[cfg(any(test, feature = "fuzzing"))]
 use super::json;
@@ -179,7 +179,8 @@ impl Compiled {
         }
         let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
         match fast {
-            Some(verdict) => verdict,
+            Some(Ok(())) => Ok(()),
+            Some(Err(invalid)) => Err(*invalid),
             None => self.judge_decoded(bytes, r, &cx),
         }
     }
@@ -212,7 +213,7 @@ impl Compiled {
         let bytes = r.value.unwrap_or_default();
         let fast = (self.decoder).capture(bytes, &cx, |caps| self.check_captured(caps, r, now_ms));
         let slow = self.judge_decoded(bytes, r, &cx);
-        (fast, slow)
+        (fast.map(|v| v.map_err(|invalid| *invalid)), slow)
     }
 
     /// Headers, null and size: the value's bytes when they need decoding,
@@ -291,17 +292,12 @@ impl Compiled {
     /// [`Self::check_rules`] for captured values, through the compiled
     /// checks.
     #[inline]
-    fn check_captured(
-        &self,
-        caps: &Captures<'_>,
-        r: &Record<'_>,
-        now_ms: i64,
-    ) -> Result<(), Invalid> {
+    fn check_captured(&self, caps: &Captures<'_>, r: &Record<'_>, now_ms: i64) -> Verdict {
         if self.checks.hold(caps, &self.rules, now_ms) && self.cel.iter().all(|c| c.holds(caps, r))
         {
             return Ok(());
         }
-        self.explain_rules(caps, r, now_ms)
+        self.explain_rules(caps, r, now_ms).map_err(Box::new)
     }
 
     /// The first rule `value` fails, as [`Invalid`]: `check_rules` past

@@ -20,7 +20,7 @@ use super::cel::ordered;
 use super::contract::{Contract, Pair, Side};
 use super::document::IdKindDoc;
 use super::document::ValueDoc;
-use super::format::{Cx, Format, OwnSchema};
+use super::format::{Cx, Format, OwnSchema, Verdict};
 use super::json::{Captures, Plan};
 use super::located::{at, At};
 use super::located::{errors_or, not_for};
@@ -376,8 +376,8 @@ impl<F: Format> RegistryDecoder<F> {
         &self,
         bytes: &[u8],
         cx: &Cx<'_>,
-        check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
-    ) -> Option<Result<(), Invalid>> {
+        check: impl FnOnce(&Captures<'_>) -> Verdict,
+    ) -> Option<Verdict> {
         let plan = self.plan.as_ref()?;
         let (key, rest) = self.framing.split(bytes, cx.headers).ok()?;
         let Known::Found(schema) = self.cache.schema_of(key, cx.now_ms) else {
@@ -410,7 +410,7 @@ impl<F: Format> RegistryDecoder<F> {
                     map: &ext.map,
                 };
                 if let Err(e) = ext.contract.check(&doc, record, cx.side) {
-                    return Some(Err(e));
+                    return Some(Err(Box::new(e)));
                 }
             }
         }

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
-use crate::policy::format::{Format, OwnSchema};
+use crate::policy::format::{Format, OwnSchema, Verdict};
 use crate::policy::json::{Captures, Plan};
 use crate::policy::located::{at, At};
 use crate::policy::located::{errors_or, not_for};
@@ -89,8 +89,8 @@ impl Format for AvroDecoder {
     fn capture(
         &self,
         bytes: &[u8],
-        check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
-    ) -> Option<Result<(), Invalid>> {
+        check: impl FnOnce(&Captures<'_>) -> Verdict,
+    ) -> Option<Verdict> {
         let mut caps = Captures::new(self.slot_count());
         AvroDecoder::capture(self, bytes, &mut caps).then(|| check(&caps))
     }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{capture, capture_shaped, decode, Captures, Plan, DEFAULT_MAX_DEPTH, MAX_MAX_DEPTH};
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
-use crate::policy::format::{Format, OwnSchema};
+use crate::policy::format::{Format, OwnSchema, Verdict};
 use crate::policy::located::{at, At, Located};
 use crate::policy::located::{errors_or, not_for};
 use crate::policy::registry::{Reference, Registered};
@@ -98,14 +98,14 @@ impl Format for JsonFormat {
     fn capture(
         &self,
         bytes: &[u8],
-        check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
-    ) -> Option<Result<(), Invalid>> {
+        check: impl FnOnce(&Captures<'_>) -> Verdict,
+    ) -> Option<Verdict> {
         let plan = self.fast.as_ref()?;
         let mut caps = Captures::new(plan.slots());
         if self.strict {
             return Some(match capture(bytes, self.max_depth, plan, &mut caps) {
                 Ok(()) => check(&caps),
-                Err(r) => Err(Invalid::poison("decode", r)),
+                Err(r) => Err(Box::new(Invalid::poison("decode", r))),
             });
         }
         // A schema in the fast subset: a record that surely meets it

@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::{check_type_name, decode_message, load_file, IndexedFile, Links, ProtoDecoder};
 use crate::policy::compile::schema_path;
 use crate::policy::document::ValueDoc;
-use crate::policy::format::{Format, OwnSchema};
+use crate::policy::format::{Format, OwnSchema, Verdict};
 use crate::policy::json::{Captures, Plan};
 use crate::policy::located::{at, At};
 use crate::policy::located::{errors_or, not_for};
@@ -99,8 +99,8 @@ impl Format for ProtoDecoder {
     fn capture(
         &self,
         bytes: &[u8],
-        check: impl FnOnce(&Captures<'_>) -> Result<(), Invalid>,
-    ) -> Option<Result<(), Invalid>> {
+        check: impl FnOnce(&Captures<'_>) -> Verdict,
+    ) -> Option<Verdict> {
         let mut caps = Captures::new(self.slot_count());
         ProtoDecoder::capture(self, bytes, &mut caps).then(|| check(&caps))
     }
