@@ -380,6 +380,7 @@ def test_librdkafka_retries_through_a_registry_outage_land_every_record_once_in_
 def test_kafka_python_retries_through_a_registry_outage(door, broker, registry, idempotent):
     topic = new_topic(broker, "dsr.avro.")
     values = outage_values(registry, topic, 10)
+    before = metric_sum(door, "antidote_held_batches_total", 'reason="transient"')
     registry.mode = "down"
     timer = back_up_after(registry, 3.0)
     extra = ({"enable_idempotence": True, "acks": "all",
@@ -397,6 +398,9 @@ def test_kafka_python_retries_through_a_registry_outage(door, broker, registry, 
         p.close(10)
     assert offsets == list(range(len(values)))
     assert read_back(broker, topic, len(values)) == values
+    # The outage took effect: some batch was answered retriably while the
+    # registry was down (not all sent after it came back).
+    assert metric_sum(door, "antidote_held_batches_total", 'reason="transient"') > before
 
 
 def test_without_retries_the_producer_sees_a_retriable_error_naming_the_registry(

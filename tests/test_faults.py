@@ -741,6 +741,9 @@ def test_dlt_bootstrap_list_whose_first_server_is_a_black_hole_still_diverts_via
         assert [r.offset for r in got] == [0, 2]
         dlt_recs = ps.read_dlt_records(c.Endpoint(dlt.bootstrap, "direct"), f"{topic}.dlt", 1)
         assert dlt_recs[0].value == b"{broken"
+        # The fault took effect: the DLT clients start at the first server
+        # listed (src/client/cluster.rs), so the black hole was tried.
+        assert hole.accepted >= 1, "the black hole was never tried"
         proxy.stop_and_check()
     finally:
         hole.stop()

@@ -539,8 +539,13 @@ def test_a_proxy_cut_off_from_its_dlt_does_not_deliver_a_blocked_keys_later_reco
         got = net.run_in("c1", jx.read_from, p2.bootstrap, topic, 2, 6.0, timeout=30)
         assert (2, f"{tag}-2") not in got, \
             f"p2 delivered K's record at offset 2 while K is blocked at offset 1: {got}"
+        # Cut off, p2 cannot tell whether K is blocked: it holds the
+        # partition at offset 2 (L's record behind it waits too).
+        assert got == [], got
     finally:
         cut.heal()
+    # The fault took effect: p2's DLT reads were dropped.
+    assert cut.matched > 0, cut.seen
     got = net.run_in("c1", jx.read_from, p2.bootstrap, topic, 2, 8.0, timeout=30)
     assert got == [(3, f"{tag}-3")], got
     rows = jcluster.ctl(jx.read_topic, jcluster.bootstrap, dlt, timeout=60)

@@ -93,6 +93,11 @@ def test_an_https_registry_is_used_with_its_ca_and_refused_with_another(
         assert dlt(broker_endpoint, t) == [], "a record dead-lettered without a verdict"
         assert reg.id_requests(1) + reg.id_requests(2) == before, \
             "an id was fetched although the handshake must fail"
+        # The fault took effect: the proxy did ask, and the handshake failed
+        # (not a proxy that never reached the registry).
+        refused = [line for line in h.read_log(untrusting.log, limit=10**7).splitlines()
+                   if "schema registry cannot be used" in line]
+        assert refused and "certificate" in refused[0].lower(), refused
         untrusting.assert_running()
     finally:
         untrusting.stop_and_check()

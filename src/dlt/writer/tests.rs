@@ -479,6 +479,13 @@ async fn offset_7_is_found_despite(disturb: impl FnOnce(&mut crate::client::mock
     assert_eq!(ok, [true]);
     let offsets: Vec<i64> = stored(&mock, "t.dlt", 0).iter().map(|s| s.0).collect();
     assert_eq!(offsets, [7], "offset 7 once: not written again");
+    // The fault took effect: some Fetch was answered disturbed (the
+    // callers disturb three; the tail may meet some of them too).
+    let st = mock.state();
+    assert!(
+        st.fail_fetches + st.hide_records < 3,
+        "no Fetch met the disturbance"
+    );
 }
 
 #[tokio::test]

@@ -335,6 +335,12 @@ async fn the_acknowledgement_deadline_runs_from_the_responses_arrival_not_from_t
     // slow filter miss the deadline itself and drop the acknowledgement.)
     let body = response_of(batch(&[r#"{"a":0}"#, POISON], 0), &[(0, 1)], 20_000);
     run(&f, &book, body).await;
+    // The fault took effect: the DLT write was held up, so a deadline
+    // counted from after it would be past the bound below.
+    assert!(
+        arrived.elapsed() >= Duration::from_millis(1200),
+        "the DLT write was not delayed"
+    );
     assert_eq!(in_dlt(&mock), [1]);
     let owed = book.take(&session(), arrived);
     assert_eq!(spans(&owed), [(1, 1)]);
