@@ -983,6 +983,11 @@ def test_a_frozen_first_bootstrap_server_is_passed_over(workdir, cluster, policy
             assert [r.offset for r in got] == [0, 2, 4], got
             print(f"read through the proxy with node 1 frozen in {took:.1f} s")
             assert wait_dlt_origins(cluster, dlt, [1, 3]) == [(0, 1), (0, 3)]
+            # The fault took effect in the proxy: it found node 1 silent and
+            # passed it over (not merely a client that never asked it).
+            passed = [line for line in h.read_log(p.log, limit=10**7).splitlines()
+                      if "upstream bootstrap server failed" in line]
+            assert any(cluster.brokers[1].bootstrap in line for line in passed), passed
         finally:
             os.kill(node1.pid, signal.SIGCONT)
         cluster.wait_brokers(set(NODE_IDS), timeout=60)

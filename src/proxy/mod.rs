@@ -439,7 +439,7 @@ pub async fn refresh_metadata(shared: &Arc<Shared>) -> Result<(), client::Client
     let resp = conn
         .send(MetadataRequest::default().with_topics(None), 1, 12)
         .await
-        .inspect_err(|_| shared.bootstrap_order.failed(used, servers.len()))?;
+        .inspect_err(|e| pass_over(shared, servers, used, e))?;
     let mut seen = Seen::default();
     for b in &resp.brokers {
         if let Ok(port) = u16::try_from(b.port) {
@@ -476,7 +476,7 @@ async fn connect_any(
             Err(e) => {
                 // Refused or silent: clients' bootstrap connections, which
                 // cannot tell, go to the next server first from now on.
-                shared.bootstrap_order.failed(i, servers.len());
+                pass_over(shared, servers, i, &e);
                 last = Some(e)
             }
         }
@@ -488,6 +488,15 @@ async fn connect_any(
         },
         msg: "no bootstrap servers configured".into(),
     }))
+}
+
+/// Server `i` of `servers` failed a request: the next one comes first
+/// for clients' bootstrap connections, which is said once per move.
+fn pass_over(shared: &Shared, servers: &[HostPort], i: usize, error: &client::ClientError) {
+    if shared.bootstrap_order.failed(i, servers.len()) {
+        warn!(server = %servers[i], %error,
+            "upstream bootstrap server failed: clients' bootstrap connections go to the next one first");
+    }
 }
 
 /// The Fetch filter's view of the proxy: addresses and topic names.

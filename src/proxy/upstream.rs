@@ -33,12 +33,13 @@ impl BootstrapOrder {
     }
 
     /// A request through server `i` of `n` failed: the next server comes
-    /// first (unless another failure moved the order meanwhile).
-    pub fn failed(&self, i: usize, n: usize) {
+    /// first (unless another failure moved the order meanwhile). Whether
+    /// this call moved it.
+    pub fn failed(&self, i: usize, n: usize) -> bool {
         let next = (i + 1) % n.max(1);
-        let _ = self
-            .first
-            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+        self.first
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 }
 
@@ -95,14 +96,14 @@ mod tests {
     fn a_failed_server_goes_to_the_back_of_the_order() {
         let o = BootstrapOrder::default();
         assert_eq!(o.order(3).collect::<Vec<_>>(), [0, 1, 2]);
-        o.failed(0, 3);
+        assert!(o.failed(0, 3));
         assert_eq!(o.order(3).collect::<Vec<_>>(), [1, 2, 0]);
         // A failure through a server no longer first (reported late, by
         // another request) does not move the order again.
-        o.failed(0, 3);
+        assert!(!o.failed(0, 3));
         assert_eq!(o.order(3).collect::<Vec<_>>(), [1, 2, 0]);
-        o.failed(1, 3);
-        o.failed(2, 3);
+        assert!(o.failed(1, 3));
+        assert!(o.failed(2, 3));
         assert_eq!(o.order(3).collect::<Vec<_>>(), [0, 1, 2]);
         assert_eq!(o.order(0).count(), 0);
     }
