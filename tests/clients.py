@@ -131,9 +131,12 @@ def ck_produce(ep: Endpoint, topic: str, recs: list[Rec], timeout: float = 30,
     batch should not land after a later one: against a loaded Kafka, a topic's
     first records once landed after 1223 later ones (test_ops' splice test).
     A test that cares about the log's order still takes it from what is
-    returned, not from `recs`."""
+    returned, not from `recs`. Idempotent unless `conf` says otherwise:
+    without idempotence librdkafka may land a retried batch after a later
+    one even with one request in flight (librdkafka issue 1092; CI at
+    e755cc1 saw a new topic's first batch land second)."""
     p = ck.Producer(ep.ck(**{"linger.ms": 5, "max.in.flight.requests.per.connection": 1,
-                             **conf}))
+                             "enable.idempotence": True, **conf}))
     errors = []
     landed: list[tuple[int, int]] = [(-1, -1)] * len(recs)
 
