@@ -86,8 +86,13 @@ def test_many_connections_sending_maximal_frames_slowly_stay_under_the_request_q
         # Two frames may be held at once (one waits for the cap's room while the
         # other's bytes are buffered), plus allocator slack: the bound with a
         # margin, far under what the connections claimed.
-        assert grew_mib < bound_mib + FRAME / (1 << 20) + 24, grew_mib
-        assert sum(sent) > 2 * FRAME, "the senders did get bytes in"
+        allowed_mib = bound_mib + FRAME / (1 << 20) + 24
+        assert grew_mib < allowed_mib, grew_mib
+        # The fault took effect: the connections pushed more bytes into the
+        # proxy's sockets than the bound allows it to grow (135 MiB against
+        # 78.5 when this was written), so a proxy that buffered what it was
+        # sent would have failed the bound.
+        assert sum(sent) / (1 << 20) > allowed_mib, "the senders got too little in to test the cap"
         assert proxy.proc.poll() is None, "the proxy is up"
         # And it still serves: a metadata request answers.
         from confluent_kafka.admin import AdminClient
