@@ -498,8 +498,14 @@ def test_a_proxy_killed_mid_stream_and_started_again_loses_and_leaks_nothing(
     # The restarted process (counters from 0) acknowledged every poison record
     # the first had not: what it owed, and what it never saw.
     m = proxy.metrics()
-    assert h.metric(m, "antidote_share_acks_total", result="sent") == \
-        len(poison) - sent_before, (m, sent_before, owed)
+    sent_after = h.metric(m, "antidote_share_acks_total", result="sent")
+    if client == "librdkafka":
+        assert sent_after == len(poison) - sent_before, (m, sent_before, owed)
+    else:
+        # The Java consumer reads on until the kill, so the first process
+        # may acknowledge more after its counters were read (CI at e2a547a:
+        # 10 more); the DLQ above holds each poison record once all the same.
+        assert sent_after <= len(poison) - sent_before, (m, sent_before, owed)
     # Settled within one lock duration once the owed records' locks expired
     # (at the latest one lock duration after the kill).
     assert timing["settled"] - killed_at < 2 * LOCK_MS / 1000, (timing, killed_at)

@@ -313,6 +313,9 @@ impl KeyGate for Gate {
         self.read(|p| p.keys.get(key).is_some_and(|s| s.last <= through))
             .unwrap_or(false)
     }
+    fn released_through(&self, key: &[u8]) -> Option<i64> {
+        self.read(|p| p.released.get(key).copied()).flatten()
+    }
     fn len(&self) -> usize {
         self.read(|p| p.keys.len()).unwrap_or(0)
     }

@@ -61,10 +61,26 @@ pub(super) fn divert_keyed(
         let own = divert.get(i).copied().flatten();
         let live = keep_mask.get(i).copied().unwrap_or(false);
         if earlier.binary_search(&record.offset).is_ok() {
-            // In its DLT already: the blocked-key set knows its key's
-            // state (it may have been released since); only re-queue its
-            // diversion as the plain path does (the ledger finds it done).
+            // In its DLT already: re-queue its diversion as the plain path
+            // does (the ledger finds it done). Invalid by its own verdict,
+            // it still blocks its key from here unless a release covers
+            // it: the blocked-key set may not know of it yet (the ledger
+            // records a write, or one found in the DLT, before the set
+            // learns the key), and a later record of the key must not
+            // pass meanwhile (Jepsen seed 579903503 saw one pass).
             if let Some(v) = own {
+                if !order.released(record.key, record.offset) {
+                    let step = order.step(&KeyedRecord {
+                        key: record.key,
+                        offset: record.offset,
+                        diverted: Some(v.class),
+                        replayed: false,
+                    });
+                    if step == KeyStep::Full {
+                        out.full_at = Some(record.offset);
+                        return ControlFlow::Break(());
+                    }
+                }
                 let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, v);
                 plan.diversions.push(d);
             }

@@ -42,6 +42,11 @@ pub trait KeyGate: Sync {
     /// Whether releasing `key` through origin offset `through` frees it:
     /// every diverted record of its block is at or below `through`.
     fn releases(&self, key: &[u8], through: i64) -> bool;
+    /// The origin offset through which `key` was last released, if the
+    /// set remembers (`None`: never released, or forgotten).
+    fn released_through(&self, _key: &[u8]) -> Option<i64> {
+        None
+    }
     /// How many keys are blocked now.
     fn len(&self) -> usize;
     /// The keys that authenticate a replayed record coming home (its
@@ -135,6 +140,16 @@ impl<'a> KeyOrder<'a> {
         let ctx = dlt_context::open(record, topic, partition, self.gate.signing_keys()).ok()?;
         ctx.get(H_REPLAYED_FROM)?;
         Some(ctx.num(H_RELEASED_THROUGH))
+    }
+
+    /// Whether a release covers `key`'s record at `offset`: in this plan,
+    /// or as the gate remembers it.
+    pub(super) fn released(&self, key: Option<&[u8]>, offset: i64) -> bool {
+        let Some(key) = key else {
+            return true; // a record without a key blocks nothing
+        };
+        matches!(self.local.get(key), Some(None))
+            || self.gate.released_through(key).is_some_and(|t| t >= offset)
     }
 
     fn current(&self, key: &[u8]) -> Option<Block> {

@@ -46,9 +46,14 @@ fn batch(base: i64, recs: &[(Option<&str>, bool)]) -> Vec<u8> {
     b
 }
 
-/// Blocked keys, each with the last diverted offset of its block.
+/// Blocks by key; each block's last parked offset; keys released lately
+/// and through which offset.
 #[derive(Default)]
-struct Gate(HashMap<Vec<u8>, Block>, HashMap<Vec<u8>, i64>);
+struct Gate(
+    HashMap<Vec<u8>, Block>,
+    HashMap<Vec<u8>, i64>,
+    HashMap<Vec<u8>, i64>,
+);
 
 impl KeyGate for Gate {
     fn blocked(&self, key: &[u8]) -> Option<Block> {
@@ -56,6 +61,9 @@ impl KeyGate for Gate {
     }
     fn releases(&self, key: &[u8], through: i64) -> bool {
         self.1.get(key).is_some_and(|last| *last <= through)
+    }
+    fn released_through(&self, key: &[u8]) -> Option<i64> {
+        self.2.get(key).copied()
     }
     fn len(&self) -> usize {
         self.0.len()
@@ -386,9 +394,11 @@ fn replayed_records_pass_and_the_last_one_releases_the_key() {
 }
 
 #[test]
-fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
-    // K1 (poison) and K2 were diverted by an earlier fetch and K released
-    // since: K3 is delivered although K1's verdict is still poison.
+fn records_already_in_their_dlt_block_their_key_unless_released() {
+    // K1 (poison) and K2 were diverted by an earlier fetch. The blocked-key
+    // set may not know K yet (the ledger learns a write first): K3 is
+    // parked behind K1 all the same. Once K is released through K2, K3 is
+    // delivered although K1's verdict is still poison.
     let b = batch(
         0,
         &[
@@ -422,7 +432,15 @@ fn records_already_in_their_dlt_neither_start_nor_extend_a_block() {
                 .collect()
         },
     };
-    let plan = plan_partition_keyed(&input, &env, &Gate::default());
+    let unknown = plan_partition_keyed(&input, &env, &Gate::default());
+    assert_eq!(delivered(&unknown), [some("B")]);
+    let parked: Vec<_> = (unknown.diversions.iter())
+        .map(|d| (d.origin_offset, d.blocked_by))
+        .collect();
+    assert_eq!(parked, [(0, None), (3, Some(0))]);
+    let mut released = Gate::default();
+    released.2.insert(b"K".to_vec(), 1);
+    let plan = plan_partition_keyed(&input, &env, &released);
     assert_eq!(delivered(&plan), [some("B"), some("K")]);
     assert!(plan.diversions.iter().all(|d| d.blocked_by.is_none()));
 }
