@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use antidote::config::Config;
 use antidote::policy::PolicySet;
+use antidote::proxy::reload::Stamp;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
@@ -84,7 +85,7 @@ fn main() -> ExitCode {
             command: BreakerCommand::Close(args),
         } => breaker_close(&args),
         Command::Check { config, connect } => match load(&config) {
-            Ok((cfg, _)) => {
+            Ok((cfg, _, _)) => {
                 println!("{}: ok", config.display());
                 report_registry(&cfg);
                 if cfg.dead_letter.signing_keys.is_empty() {
@@ -111,9 +112,12 @@ fn main() -> ExitCode {
 /// The config and its policies, or every error found in them.
 /// The config and its policies, or every error found in them (policies and
 /// TLS files are all checked, so one run reports everything).
-fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
+fn load(path: &Path) -> Result<(Config, PolicySet, Stamp), Vec<String>> {
     let config = Config::load(path).map_err(|e| vec![e.to_string()])?;
     let mut errors = antidote::transport::tls::check(&config);
+    // Before the policies are read: an edit made from here on is a change
+    // the reload watcher sees.
+    let loaded = antidote::proxy::reload::fingerprint(&config.policies);
     let policies = PolicySet::load(&config.policies)
         .map_err(|errs| errors.extend(errs.into_iter().map(|e| e.to_string())));
     if let Ok(p) = &policies {
@@ -125,7 +129,7 @@ fn load(path: &Path) -> Result<(Config, PolicySet), Vec<String>> {
         }
     }
     match policies {
-        Ok(p) if errors.is_empty() => Ok((config, p)),
+        Ok(p) if errors.is_empty() => Ok((config, p, loaded)),
         _ => Err(errors),
     }
 }
@@ -273,7 +277,7 @@ fn return_large_blocks_to_the_os() {
 }
 
 fn run(path: &Path) -> ExitCode {
-    let (config, policies) = match load(path) {
+    let (config, policies, loaded) = match load(path) {
         Ok(c) => c,
         Err(errors) => {
             for e in errors {
@@ -301,7 +305,7 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(antidote::proxy::run(config, policies)) {
+    match runtime.block_on(antidote::proxy::run(config, policies, loaded)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -210,7 +210,7 @@ async fn start_proxy_with_policies(
         "listen:\n  bootstrap: 127.0.0.1:{proxy_port}\n  broker_port_base: {base}\nupstream:\n  bootstrap_servers: [127.0.0.1:{broker_port}]\n{upstream_extra}"
     );
     let config = Config::parse(&yaml, Path::new("test.yaml")).unwrap();
-    let shared = proxy::start(config, policies).await.unwrap();
+    let shared = proxy::start(config, policies, Vec::new()).await.unwrap();
     (shared, proxy_port, tokens)
 }
 

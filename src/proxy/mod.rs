@@ -332,15 +332,25 @@ struct Background {
 
 /// Run the proxy until SIGINT or SIGTERM, then close the listeners, let
 /// in-flight responses finish (bounded by `limits.shutdown_grace`) and return.
-pub async fn run(config: Config, policies: PolicySet) -> Result<(), StartError> {
-    let shared = start(config, policies).await?;
+pub async fn run(
+    config: Config,
+    policies: PolicySet,
+    loaded: reload::Stamp,
+) -> Result<(), StartError> {
+    let shared = start(config, policies, loaded).await?;
     wait_for_signal().await;
     stop(&shared).await;
     Ok(())
 }
 
 /// Bind the bootstrap listener and start serving; returns at once.
-pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, StartError> {
+/// `loaded`: the policy files as they were before `policies` were read
+/// (`reload::fingerprint`).
+pub async fn start(
+    config: Config,
+    policies: PolicySet,
+    loaded: reload::Stamp,
+) -> Result<Arc<Shared>, StartError> {
     let (shared, background) = Shared::new(config, policies)?;
     background.dead_letter.spawn(Some(background.readers));
     let bootstrap = shared.config.listen.bootstrap.to_string();
@@ -368,7 +378,7 @@ pub async fn start(config: Config, policies: PolicySet) -> Result<Arc<Shared>, S
         .tasks
         .spawn(accept_loop(shared.clone(), listener, Target::Bootstrap));
     shared.tasks.spawn(metadata_loop(shared.clone()));
-    tokio::spawn(reload::watch(shared.clone()));
+    tokio::spawn(reload::watch(shared.clone(), loaded));
     Ok(shared)
 }
 

@@ -32,7 +32,7 @@ const POLL: Duration = Duration::from_secs(1);
 /// files with a policy or schema extension count ([`WATCHED`]), so logs or
 /// other files written next to the policies do not cause reloads (each
 /// reload also empties the verdict cache).
-fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+pub fn fingerprint(paths: &[PathBuf]) -> Stamp {
     let mut out = Vec::new();
     for p in paths {
         let root = if p.is_dir() {
@@ -46,6 +46,10 @@ fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     out.dedup();
     out
 }
+
+/// The policy and schema files as [`fingerprint`] saw them: path, size,
+/// modification time.
+pub type Stamp = Vec<(PathBuf, u64, Option<SystemTime>)>;
 
 fn walk(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)>) {
     // Bounded: a misconfigured path such as `/` must not hang the proxy.
@@ -151,8 +155,10 @@ pub fn reload(shared: &Shared, why: &str) -> bool {
     }
 }
 
-/// Reload on SIGHUP and on file changes until shutdown.
-pub async fn watch(shared: Arc<Shared>) {
+/// Reload on SIGHUP and on file changes until shutdown. `loaded`: the
+/// files as they were just before the running policies were read, so a
+/// change made while the proxy was starting is seen at the first poll.
+pub async fn watch(shared: Arc<Shared>, loaded: Stamp) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(s) => Some(s),
@@ -162,7 +168,7 @@ pub async fn watch(shared: Arc<Shared>) {
         }
     };
     let paths = shared.config.policies.clone();
-    let mut last = fingerprint(&paths);
+    let mut last = loaded;
     let mut last_certs = cert_files(&shared);
     loop {
         let sighup = async {
