@@ -61,30 +61,7 @@ pub(super) fn divert_keyed(
         let own = divert.get(i).copied().flatten();
         let live = keep_mask.get(i).copied().unwrap_or(false);
         if earlier.binary_search(&record.offset).is_ok() {
-            // In its DLT already: re-queue its diversion as the plain path
-            // does (the ledger finds it done). Invalid by its own verdict,
-            // it still blocks its key from here unless a release covers
-            // it: the blocked-key set may not know of it yet (the ledger
-            // records a write, or one found in the DLT, before the set
-            // learns the key), and a later record of the key must not
-            // pass meanwhile (Jepsen seed 579903503 saw one pass).
-            if let Some(v) = own {
-                if !order.released(record.key, record.offset) {
-                    let step = order.step(&KeyedRecord {
-                        key: record.key,
-                        offset: record.offset,
-                        diverted: Some(v.class),
-                        replayed: false,
-                    });
-                    if step == KeyStep::Full {
-                        out.full_at = Some(record.offset);
-                        return ControlFlow::Break(());
-                    }
-                }
-                let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, v);
-                plan.diversions.push(d);
-            }
-            return ControlFlow::Continue(());
+            return already_diverted(plan, record, own, order, out);
         }
         if !live && own.is_none() {
             return ControlFlow::Continue(()); // dropped
@@ -126,4 +103,38 @@ pub(super) fn divert_keyed(
         plan.diversions.push(d);
         ControlFlow::Continue(())
     });
+}
+
+/// A record in its DLT already: re-queue its diversion as the plain path
+/// does (the ledger finds it done). Invalid by its own verdict, it still
+/// blocks its key from here unless a release covers it: the blocked-key
+/// set may not know of it yet (the ledger records a write, or one found in
+/// the DLT, before the set learns the key), and a later record of the key
+/// must not pass meanwhile (Jepsen seed 579903503 saw one pass). `Break`
+/// where that block would pass the cap (`out.full_at`).
+fn already_diverted(
+    plan: &mut PartitionPlan,
+    record: &Record<'_>,
+    own: Option<&Invalid>,
+    order: &mut KeyOrder<'_>,
+    out: &mut KeyedOutcome,
+) -> ControlFlow<()> {
+    let Some(v) = own else {
+        return ControlFlow::Continue(());
+    };
+    if !order.released(record.key, record.offset) {
+        let step = order.step(&KeyedRecord {
+            key: record.key,
+            offset: record.offset,
+            diverted: Some(v.class),
+            replayed: false,
+        });
+        if step == KeyStep::Full {
+            out.full_at = Some(record.offset);
+            return ControlFlow::Break(());
+        }
+    }
+    let d = Diversion::new(&plan.policy, &plan.topic, plan.partition, record, v);
+    plan.diversions.push(d);
+    ControlFlow::Continue(())
 }
