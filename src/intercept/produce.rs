@@ -38,7 +38,7 @@ use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::clock::now_ms;
-use crate::metrics::{self, InvalidAction};
+use crate::metrics::{self, DoorSeen};
 use crate::plan::budget::DecodeBudget;
 use crate::plan::produce::{judge_produce, retry_identity, DoorVerdict, Rejection};
 use crate::plan::HoldReason;
@@ -123,17 +123,20 @@ impl Notes {
     /// answered retriably. `outage` numbers the registry's outages, so that
     /// each is logged once.
     pub(crate) fn apply(self, marks: Option<&Marks>, outage: u64) {
+        let mut seen = DoorSeen::default();
         for e in self.effects {
             match e {
                 Effect::Rejected(p, topic, partition, r) => {
-                    count(&p, &topic, partition, &r);
+                    for (class, rule, n) in &r.tally {
+                        seen.refused((&topic, partition), &p.name, *class, rule, *n);
+                    }
                     log_rejection(&p, &topic, partition, &r);
                 }
                 Effect::Unjudgeable(p, topic, partition, reason) => {
-                    unjudgeable_effects(&p, &topic, partition, &reason)
+                    unjudgeable_effects(&p, &topic, partition, &reason, &mut seen)
                 }
                 Effect::Waiting(p, topic, partition, reason) => {
-                    metrics::global().held_batch(&topic, partition, "transient");
+                    seen.waiting(&topic, partition);
                     if LOGGED_OUTAGE.swap(outage, Ordering::Relaxed) != outage {
                         warn!(%topic, partition, policy = %p.name, %reason,
                             "Produce batches answered retriably: the schema registry has not given a schema they need");
@@ -141,6 +144,7 @@ impl Notes {
                 }
             }
         }
+        metrics::global().door_seen(seen);
         if let Some(marks) = marks {
             for (at, r) in self.retriable {
                 marks.mark(at, r);
@@ -354,38 +358,20 @@ fn unjudgeable(policy: &Policy, reason: &HoldReason) -> Refusal {
     }
 }
 
-fn unjudgeable_effects(policy: &Policy, topic: &str, partition: i32, reason: &HoldReason) {
+fn unjudgeable_effects(
+    policy: &Policy,
+    topic: &str,
+    partition: i32,
+    reason: &HoldReason,
+    seen: &mut DoorSeen,
+) {
     let name = &policy.name;
     if *reason == HoldReason::Budget {
         debug!(%topic, partition, policy = %name, "Produce batch refused for now: decode budget spent");
         return;
     }
     info!(%topic, partition, policy = %name, reason = %reason, "Produce batch rejected: it cannot be judged");
-    metrics::global().record_invalid(
-        topic,
-        partition,
-        name,
-        Class::Poison,
-        "batch",
-        InvalidAction::Rejected,
-    );
-}
-
-/// Count every refused record under its class and rule.
-fn count(policy: &Policy, topic: &str, partition: i32, r: &Rejection) {
-    let m = metrics::global();
-    for (class, rule, n) in &r.tally {
-        for _ in 0..*n {
-            m.record_invalid(
-                topic,
-                partition,
-                &policy.name,
-                *class,
-                rule,
-                InvalidAction::Rejected,
-            );
-        }
-    }
+    seen.refused((topic, partition), name, Class::Poison, "batch", 1);
 }
 
 /// One line per refused batch; the reason only if the operator opted in.

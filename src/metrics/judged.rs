@@ -1,8 +1,8 @@
 //! What judging records came to, as series: records judged, run through a
 //! validator, delivered valid, and each invalid record with its class,
 //! rule and action. The Fetch and ShareFetch paths report them per
-//! partition of a response ([`Judged`], in an `Observation`); the Produce door
-//! reports its refusals record by record.
+//! partition of a response ([`Judged`], in an `Observation`); the Produce
+//! door reports a request's refusals at once ([`DoorSeen`]).
 
 use std::sync::Arc;
 
@@ -86,16 +86,9 @@ impl Metrics {
             .with(&(topic, partition, policy), |c| c.inc_by(n));
     }
 
-    /// One record judged invalid (`class`, failing `rule`) and what was done
-    /// with it.
-    ///
-    /// Call sites: the Produce door (`Rejected`), and `Metrics::observe`
-    /// (through `record_invalid_n`) for the invalid records of a plan once
-    /// its diversions are done, each with its policy's action (`Met`): a
-    /// diversion counts once acknowledged. A diversion that failed is not
-    /// counted here (its partition is held and the record will be judged
-    /// again); see [`Metrics::dlt_written`].
-    pub fn record_invalid(
+    /// One record judged invalid: `record_invalid_n` of one (tests).
+    #[cfg(test)]
+    pub(super) fn record_invalid(
         &self,
         topic: &str,
         partition: i32,
@@ -107,7 +100,15 @@ impl Metrics {
         self.record_invalid_n(topic, partition, policy, class, rule, action, 1);
     }
 
-    /// `n` records judged invalid alike (`record_invalid`).
+    /// `n` records judged invalid alike (`class`, failing `rule`) and what
+    /// was done with them.
+    ///
+    /// Call sites: `Metrics::door_seen` (`Rejected` at the Produce door),
+    /// and `Metrics::observe` for the invalid records of a plan once its
+    /// diversions are done, each with its policy's action (`Met`): a
+    /// diversion counts once acknowledged. A diversion that failed is not
+    /// counted here (its partition is held and the record will be judged
+    /// again); see [`Metrics::dlt_written`].
     #[allow(clippy::too_many_arguments)]
     pub fn record_invalid_n(
         &self,
@@ -130,6 +131,54 @@ impl Metrics {
         self.invalid.with(&labels, |c| c.inc_by(n));
         if action.diverted() {
             history::global().diverted(topic, class.as_str(), n, crate::clock::now_ms());
+        }
+    }
+}
+
+/// What the Produce door did with one request's refused and waiting
+/// partitions, reported once.
+#[derive(Debug, Default)]
+pub struct DoorSeen {
+    /// Refused records: topic, partition, policy, class, rule, how many.
+    refused: Vec<(String, i32, String, Class, String, u64)>,
+    /// Partitions answered retriably for want of a schema (`transient`).
+    waiting: Vec<(String, i32)>,
+}
+
+impl DoorSeen {
+    /// `n` records of `topic`/`partition` refused under `policy`, as
+    /// `class` by `rule`.
+    pub fn refused(&mut self, at: (&str, i32), policy: &str, class: Class, rule: &str, n: u64) {
+        let (topic, partition) = at;
+        let row = (
+            topic.into(),
+            partition,
+            policy.into(),
+            class,
+            rule.into(),
+            n,
+        );
+        self.refused.push(row);
+    }
+
+    /// A batch of `topic`/`partition` answered retriably: the registry has
+    /// not given a schema it needs.
+    pub fn waiting(&mut self, topic: &str, partition: i32) {
+        self.waiting.push((topic.into(), partition));
+    }
+}
+
+impl Metrics {
+    /// Turn what the Produce door did with one request into series.
+    ///
+    /// Call site: `intercept::produce::Notes::apply`, once per request.
+    pub fn door_seen(&self, seen: DoorSeen) {
+        for (topic, partition, policy, class, rule, n) in &seen.refused {
+            let action = InvalidAction::Rejected;
+            self.record_invalid_n(topic, *partition, policy, *class, rule, action, *n);
+        }
+        for (topic, partition) in &seen.waiting {
+            self.held_batch(topic, *partition, "transient");
         }
     }
 }

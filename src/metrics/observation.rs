@@ -28,10 +28,9 @@ pub struct Observation {
     /// Whether each planned partition of a Fetch is held after it
     /// (noted after the held batches: the console reads the reason first).
     pub held: Vec<(Arc<str>, i32, bool)>,
-    /// Acquired records a ShareFetch kept from its member, by reason.
-    pub withheld: Vec<(&'static str, u64)>,
-    /// The proxy's own acknowledgements dropped for want of room.
-    pub acks_overflow: u64,
+    /// A ShareFetch answer's share bookkeeping: acknowledgement errors
+    /// settled, records withheld, acknowledgements owed or dropped.
+    pub share: super::ShareSeen,
 }
 
 impl Observation {
@@ -45,14 +44,13 @@ impl Observation {
             partitions: Vec::new(),
             held_batches: Vec::new(),
             held: Vec::new(),
-            withheld: Vec::new(),
-            acks_overflow: 0,
+            share: super::ShareSeen::default(),
         }
     }
 
     /// `n` acquired records withheld from the member for `reason`.
     pub fn withheld(&mut self, reason: &'static str, n: u64) {
-        self.withheld.push((reason, n));
+        self.share.withheld(reason, n);
     }
 }
 
@@ -73,10 +71,7 @@ impl Metrics {
         for (topic, partition, held) in &seen.held {
             self.set_held(topic, *partition, *held);
         }
-        for (reason, n) in seen.withheld {
-            self.share.withheld(reason, n);
-        }
-        self.share.acks("overflow", seen.acks_overflow);
+        self.share_seen(seen.share);
         let total = seen.started.elapsed();
         if let Some(dlt) = seen.dlt_wait {
             self.hold.diverting_response(total, dlt);

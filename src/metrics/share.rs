@@ -39,6 +39,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::series::register;
+use super::Metrics;
 
 pub const SHARE_ACKS: &str = "antidote_share_acks_total";
 pub const SHARE_WITHHELD: &str = "antidote_share_withheld_records_total";
@@ -57,6 +58,68 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+/// What the proxy's share-group bookkeeping did for one request, one
+/// answer or one renewal of its own: filled by the data path as it goes,
+/// reported once (`Metrics::share_seen`, or inside a ShareFetch answer's
+/// `Observation`).
+#[derive(Debug, Default)]
+pub struct ShareSeen {
+    acks: Vec<(&'static str, u64)>,
+    withheld: Vec<(&'static str, u64)>,
+    renewals: Vec<(&'static str, u64)>,
+    fallbacks: Vec<(&'static str, u64)>,
+    kept: Option<(u64, usize, usize)>,
+}
+
+impl ShareSeen {
+    /// `n` of the proxy's acknowledgements ended with `result` (`sent`,
+    /// `refused`, `overflow`).
+    pub fn acks(&mut self, result: &'static str, n: u64) {
+        self.acks.push((result, n));
+    }
+
+    /// `n` acquired records withheld from the member for `reason`.
+    pub fn withheld(&mut self, reason: &'static str, n: u64) {
+        self.withheld.push((reason, n));
+    }
+
+    /// `n` withheld ranges ended with `result` in a renewal of the proxy's.
+    pub fn renewals(&mut self, result: &'static str, n: u64) {
+        self.renewals.push((result, n));
+    }
+
+    /// `n` withheld ranges left to their locks for `reason`.
+    pub fn fallback(&mut self, reason: &'static str, n: u64) {
+        self.fallbacks.push((reason, n));
+    }
+
+    /// The withheld book holds `ranges` ranges in `bytes` bytes now, as its
+    /// `reading`th reading (readings are reported in any order; the latest
+    /// wins).
+    pub fn kept(&mut self, reading: u64, ranges: usize, bytes: usize) {
+        self.kept = Some((reading, ranges, bytes));
+    }
+}
+
+impl Metrics {
+    /// Turn what share bookkeeping did into series.
+    ///
+    /// Call sites: a share request's (`proxy::exchange::share`), a
+    /// ShareAcknowledge answer's, a renewal answer's
+    /// (`intercept::share::renew::answered`), a connection's end
+    /// (`proxy::relay`), and `Metrics::observe` for a ShareFetch answer's.
+    pub fn share_seen(&self, seen: ShareSeen) {
+        let s = &self.share;
+        (seen.acks.into_iter()).for_each(|(r, n)| s.acks(r, n));
+        (seen.withheld.into_iter()).for_each(|(r, n)| s.withheld(r, n));
+        (seen.renewals.into_iter()).for_each(|(r, n)| s.renewals(r, n));
+        (seen.fallbacks.into_iter()).for_each(|(r, n)| s.fallback(r, n));
+        if let Some((reading, ranges, bytes)) = seen.kept {
+            s.withheld_kept(reading, ranges, bytes);
+        }
+    }
+}
+
 /// The series of this module.
 #[derive(Default)]
 pub struct ShareMetrics {
@@ -66,6 +129,8 @@ pub struct ShareMetrics {
     fallbacks: Family<ReasonLabel, Counter>,
     kept_ranges: Gauge,
     kept_bytes: Gauge,
+    /// The latest reading the two gauges show.
+    kept_reading: std::sync::Mutex<u64>,
 }
 
 impl ShareMetrics {
@@ -108,10 +173,7 @@ impl ShareMetrics {
         );
     }
 
-    /// `n` withheld ranges ended with `result` in a renewal of the proxy's.
-    ///
-    /// Call site: `intercept::share::renew`.
-    pub fn renewals(&self, result: &'static str, n: u64) {
+    pub(super) fn renewals(&self, result: &'static str, n: u64) {
         if n > 0 {
             self.renewals
                 .get_or_create(&ResultLabel { result })
@@ -119,10 +181,7 @@ impl ShareMetrics {
         }
     }
 
-    /// `n` withheld ranges left to their locks for `reason`.
-    ///
-    /// Call site: `intercept::share::withheld`, `intercept::share::renew`.
-    pub fn fallback(&self, reason: &'static str, n: u64) {
+    pub(super) fn fallback(&self, reason: &'static str, n: u64) {
         if n > 0 {
             self.fallbacks
                 .get_or_create(&ReasonLabel { reason })
@@ -130,29 +189,25 @@ impl ShareMetrics {
         }
     }
 
-    /// The withheld book holds `ranges` ranges in `bytes` bytes.
-    ///
-    /// Call site: `intercept::share::withheld`.
-    pub fn withheld_kept(&self, ranges: usize, bytes: usize) {
+    pub(super) fn withheld_kept(&self, reading: u64, ranges: usize, bytes: usize) {
+        let mut shown = self.kept_reading.lock().unwrap_or_else(|p| p.into_inner());
+        if reading <= *shown {
+            return;
+        }
+        *shown = reading;
         self.kept_ranges
             .set(i64::try_from(ranges).unwrap_or(i64::MAX));
         self.kept_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
-    /// `n` of the proxy's acknowledgements ended with `result`.
-    ///
-    /// Call site: `intercept::share::wire`.
-    pub fn acks(&self, result: &'static str, n: u64) {
+    pub(super) fn acks(&self, result: &'static str, n: u64) {
         if n > 0 {
             self.acks.get_or_create(&ResultLabel { result }).inc_by(n);
         }
     }
 
-    /// `n` acquired records withheld for `reason`.
-    ///
-    /// Call site: `intercept::fetch::share`.
-    pub fn withheld(&self, reason: &'static str, n: u64) {
+    pub(super) fn withheld(&self, reason: &'static str, n: u64) {
         if n > 0 {
             self.withheld
                 .get_or_create(&ReasonLabel { reason })

@@ -493,9 +493,45 @@ fn an_observation_becomes_its_series() {
         "none dropped: {text}"
     );
     let mut seen = Observation::start();
-    seen.acks_overflow = 3;
+    seen.share.acks("overflow", 3);
     m.observe(seen);
     assert!(m.render().contains("result=\"overflow\"} 3\n"));
+}
+
+#[test]
+fn share_bookkeeping_seen_once_becomes_its_series() {
+    let m = Metrics::new();
+    let mut seen = ShareSeen::default();
+    seen.acks("sent", 4);
+    seen.acks("refused", 0);
+    seen.withheld("dlt", 2);
+    seen.renewals("sent", 3);
+    seen.fallback("budget", 1);
+    seen.fallback("expired", 2);
+    seen.kept(2, 5, 640);
+    m.share_seen(seen);
+    let text = m.render();
+    for line in [
+        "antidote_share_acks_total{result=\"sent\"} 4\n",
+        "antidote_share_withheld_records_total{reason=\"dlt\"} 2\n",
+        "antidote_share_renewals_total{result=\"sent\"} 3\n",
+        "antidote_share_renew_fallbacks_total{reason=\"budget\"} 1\n",
+        "antidote_share_renew_fallbacks_total{reason=\"expired\"} 2\n",
+        "antidote_share_withheld_ranges 5\n",
+        "antidote_share_withheld_bytes 640\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    assert!(!text.contains("result=\"refused\""), "none refused: {text}");
+    let mut seen = ShareSeen::default();
+    seen.fallback("refused", 1);
+    seen.kept(1, 9, 1152);
+    m.share_seen(seen);
+    let text = m.render();
+    assert!(
+        text.contains("antidote_share_withheld_ranges 5\n"),
+        "an earlier reading reported late does not overwrite a later one: {text}"
+    );
 }
 
 #[test]
@@ -559,6 +595,24 @@ fn a_follower_round_observation_becomes_its_series() {
         "antidote_dlt_ledger_lag_records 12\n",
         "antidote_blocked_keys 2\n",
         "antidote_blocked_key_oldest_age_seconds 3.5\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+}
+
+#[test]
+fn a_door_observation_becomes_its_series() {
+    let m = Metrics::new();
+    let mut seen = DoorSeen::default();
+    seen.refused(("geo", 1), "p", Class::Poison, "schema", 3);
+    seen.refused(("geo", 1), "p", Class::Poison, "batch", 1);
+    seen.waiting("geo", 2);
+    m.door_seen(seen);
+    let text = m.render();
+    for line in [
+        "antidote_records_invalid_total{topic=\"geo\",partition=\"1\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"rejected\"} 3\n",
+        "antidote_records_invalid_total{topic=\"geo\",partition=\"1\",policy=\"p\",class=\"poison\",rule=\"batch\",action=\"rejected\"} 1\n",
+        "antidote_held_batches_total{topic=\"geo\",partition=\"2\",reason=\"transient\"} 1\n",
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }

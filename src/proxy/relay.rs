@@ -151,9 +151,11 @@ where
         }
     };
     // The broker ends a share session with the connection that opened it.
+    let mut seen = crate::metrics::ShareSeen::default();
     for session in state.share.sessions() {
-        (shared.share_acks.withheld).forget(&session, "member_gone");
+        (shared.share_acks.withheld).forget(&session, "member_gone", &mut seen);
     }
+    crate::metrics::global().share_seen(seen);
     out
 }
 

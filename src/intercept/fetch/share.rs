@@ -47,14 +47,14 @@ use kafka_protocol::protocol::Decodable;
 
 use super::patch::Fresh;
 use super::pipeline::{span_of, Judgement, Kind, Named, PartView, TopicView};
-use super::share_patch::ShareSections;
+use super::share_patch::{acquired_count, acquired_of, to_wire, ShareSections};
 use super::{cpu_of, judged, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, ShareAcks};
 use crate::intercept::share::withheld::Reasoned;
 use crate::intercept::share::SessionKey;
 use crate::kafka::batch::{segments, Segment};
-use crate::metrics::{self, Observation};
+use crate::metrics::{self, Observation, ShareSeen};
 use crate::plan::share::{self, Acquired, Span};
 use crate::plan::{PartitionPlan, Visibility};
 
@@ -70,6 +70,9 @@ pub struct ShareCall<'a> {
     /// (`share_groups.last_delivery`): while its topic's DLTs are not read
     /// back, a valid record is given then rather than withheld.
     pub last_delivery: i16,
+    /// What settling the answer's acknowledgement errors came to, reported
+    /// with the answer's observation.
+    pub settled: ShareSeen,
 }
 
 /// One planned partition: where it is in the response, its plan, what the
@@ -119,9 +122,10 @@ impl FetchFilter {
         ctx: &C,
         body: Bytes,
         version: i16,
-        call: ShareCall<'_>,
+        mut call: ShareCall<'_>,
     ) -> Result<Option<Vec<Bytes>>, FilterError> {
         let mut seen = Observation::start();
+        seen.share = std::mem::take(&mut call.settled);
         let out = (self.filter_share_seen(ctx, body, version, call, &mut seen)).await;
         metrics::global().observe(seen);
         out
@@ -238,7 +242,8 @@ impl FetchFilter {
             };
             if let Some(s) = call.session {
                 let at = (topic_id, p.partition_index);
-                call.book.withheld.withhold(s, at, &held, arrived, lock_ms);
+                let book = &call.book.withheld;
+                book.withhold(s, at, &held, arrived, lock_ms, &mut seen.share);
             }
             replaced.push((at, chunks));
             owed.extend(done.into_iter().map(|span| Owed {
@@ -250,7 +255,7 @@ impl FetchFilter {
             }));
         }
         if let Some(session) = call.session {
-            seen.acks_overflow += call.book.owe(session, owed);
+            seen.share.acks("overflow", call.book.owe(session, owed));
         }
         Ok(replaced)
     }
@@ -516,34 +521,4 @@ fn withhold(resp: &mut ShareFetchResponse, withheld: &[Withheld], seen: &mut Obs
         }
     }
     changed
-}
-
-fn acquired_of(wire: &[AcquiredRecords]) -> Vec<Acquired> {
-    wire.iter()
-        .map(|a| Acquired {
-            first: a.first_offset,
-            last: a.last_offset,
-            delivery_count: a.delivery_count,
-        })
-        .collect()
-}
-
-fn to_wire(ranges: &[Acquired]) -> Vec<AcquiredRecords> {
-    ranges
-        .iter()
-        .map(|a| {
-            AcquiredRecords::default()
-                .with_first_offset(a.first)
-                .with_last_offset(a.last)
-                .with_delivery_count(a.delivery_count)
-        })
-        .collect()
-}
-
-fn acquired_count(wire: &[AcquiredRecords]) -> u64 {
-    let spans: Vec<Span> = wire
-        .iter()
-        .map(|a| (a.first_offset, a.last_offset))
-        .collect();
-    share::count(&spans)
 }

@@ -118,6 +118,7 @@ async fn run(f: &FetchFilter, book: &ShareAcks, body: Bytes) -> Bytes {
         book,
         removed_ack: REJECT,
         last_delivery: 2,
+        settled: Default::default(),
     };
     let chunks = (f.filter_share(&BY_ID, body, VERSION, call).await)
         .expect("filter")
@@ -212,6 +213,7 @@ async fn a_clean_share_fetch_response_goes_out_as_it_came_and_owes_nothing() {
         book: &book,
         removed_ack: REJECT,
         last_delivery: 2,
+        settled: Default::default(),
     };
     let body = response(&[r#"{"a":0}"#, r#"{"a":1}"#], &[(0, 1)]);
     let out = f
@@ -404,6 +406,7 @@ async fn a_topic_entry_with_only_an_error_does_not_make_the_ledger_forget_the_to
         book: &book,
         removed_ack: REJECT,
         last_delivery: 2,
+        settled: Default::default(),
     };
     f.filter_share(&BY_ID, body.freeze(), VERSION, call)
         .await
@@ -466,6 +469,7 @@ async fn a_member_is_counted_for_the_records_it_acquired_not_for_the_whole_batch
                 book: &book,
                 removed_ack: REJECT,
                 last_delivery: 2,
+                settled: Default::default(),
             },
         )
         .await

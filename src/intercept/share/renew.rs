@@ -44,7 +44,7 @@ use uuid::Uuid;
 
 use super::withheld::{Due, Rules, Withheld};
 use super::SessionKey;
-use crate::metrics;
+use crate::metrics::{self, ShareSeen};
 use crate::plan::share::{Span, RELEASE};
 
 /// The acknowledge type RENEW (KIP-1222; `AcknowledgeType.RENEW` in Kafka 4.2+).
@@ -185,12 +185,13 @@ pub fn before(
     epoch: i32,
     now: Instant,
     renewing: &Renewing,
+    seen: &mut ShareSeen,
 ) -> Before {
     if epoch <= 0 {
         // A new session, or the last request of this one: the broker
         // releases what the member holds.
         conn.injected().remove(session);
-        book.forget(session, "member_gone");
+        book.forget(session, "member_gone", seen);
         return Before::default();
     }
     let shift = {
@@ -216,13 +217,13 @@ pub fn before(
         } else {
             "disabled"
         };
-        book.forget(session, why);
+        book.forget(session, why, seen);
         return Before {
             inject: None,
             epoch: renumbered(shift),
         };
     }
-    let due = book.due(session, now, renewing.rules, renewing.cleared);
+    let due = book.due(session, now, renewing.rules, renewing.cleared, seen);
     if due.is_empty() {
         return Before {
             inject: None,
@@ -230,6 +231,8 @@ pub fn before(
         };
     }
     let correlation_id = conn.correlation_id();
+    seen.renewals("sent", due.renew.len() as u64);
+    seen.renewals("released", due.release.len() as u64);
     let (frame, sent) = request(correlation_id, session, advance(epoch, shift), due, now);
     *conn.injected().entry(session.clone()).or_default() += 1;
     Before {
@@ -250,9 +253,6 @@ fn request(
     due: Due,
     now: Instant,
 ) -> (Bytes, Sent) {
-    let share = &metrics::global().share;
-    share.renewals("sent", due.renew.len() as u64);
-    share.renewals("released", due.release.len() as u64);
     let mut parts: BTreeMap<(Uuid, i32), Vec<(Span, i8)>> = BTreeMap::new();
     let mut renewed = Vec::new();
     for (id, h) in &due.renew {
@@ -325,6 +325,12 @@ fn frame(correlation_id: i32, req: &ShareAcknowledgeRequest) -> Bytes {
 /// expire), the rest expire one lock duration after the renewal left.
 /// Never forwarded.
 pub fn answered(book: &Withheld, sent: Sent, frame: &Bytes) {
+    let mut seen = ShareSeen::default();
+    settle_renewal(book, sent, frame, &mut seen);
+    metrics::global().share_seen(seen);
+}
+
+fn settle_renewal(book: &Withheld, sent: Sent, frame: &Bytes, seen: &mut ShareSeen) {
     let head = crate::transport::frame::RESPONSE_ID_END;
     let body = (frame.get(head..))
         .and_then(tags_len)
@@ -339,10 +345,8 @@ pub fn answered(book: &Withheld, sent: Sent, frame: &Bytes) {
     };
     let Some(resp) = decoded.filter(|r| r.error_code == 0) else {
         debug!(session = ?sent.session, "the broker refused the proxy's renewal");
-        metrics::global()
-            .share
-            .renewals("refused", sent.renewed.len() as u64);
-        book.refused(&sent.session, &ids(&|_| true));
+        seen.renewals("refused", sent.renewed.len() as u64);
+        book.refused(&sent.session, &ids(&|_| true), seen);
         return;
     };
     let mut refused = Vec::new();
@@ -356,10 +360,8 @@ pub fn answered(book: &Withheld, sent: Sent, frame: &Bytes) {
         }
     }
     let bad = ids(&|at| refused.contains(at));
-    metrics::global()
-        .share
-        .renewals("refused", bad.len() as u64);
-    book.refused(&sent.session, &bad);
+    seen.renewals("refused", bad.len() as u64);
+    book.refused(&sent.session, &bad, seen);
     let good = ids(&|at| !refused.contains(at));
     book.renewed(
         &sent.session,
@@ -494,15 +496,16 @@ mod tests {
     fn a_due_renewal_goes_first_at_the_sessions_epoch_and_later_requests_are_advanced() {
         let conn = v2();
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
         let spans = [((3, 5), "dlt"), ((9, 9), "not_loaded")];
-        book.withhold(&session(), (T, 0), &spans, t0, 4000);
-        book.withhold(&session(), (T, 2), &[((0, 0), "dlt")], t0, 4000);
+        book.withhold(&session(), (T, 0), &spans, t0, 4000, seen);
+        book.withhold(&session(), (T, 2), &[((0, 0), "dlt")], t0, 4000, seen);
         // Nothing due yet: the client's epoch goes up unchanged.
-        let b = before(&conn, &book, &session(), 7, t0, &on());
+        let b = before(&conn, &book, &session(), 7, t0, &on(), seen);
         assert!(b.inject.is_none() && b.epoch.is_none());
         let now = t0 + LOCK / 2;
-        let b = before(&conn, &book, &session(), 8, now, &on());
+        let b = before(&conn, &book, &session(), 8, now, &on(), seen);
         let inject = b.inject.unwrap();
         assert_eq!(b.epoch, Some(9), "the client's request follows the proxy's");
         let (header, req) = decode_injected(&inject.frame);
@@ -533,17 +536,17 @@ mod tests {
         );
         assert_eq!(inject.sent.renewed.len(), 3);
         // Pipelined requests of the session, and after a second renewal.
-        let b = before(&conn, &book, &session(), 9, now, &on());
+        let b = before(&conn, &book, &session(), 9, now, &on(), seen);
         assert_eq!((b.inject.is_none(), b.epoch), (true, Some(10)));
         let later = now + LOCK / 2;
-        let b = before(&conn, &book, &session(), 10, later, &on());
+        let b = before(&conn, &book, &session(), 10, later, &on(), seen);
         let (_, req) = decode_injected(&b.inject.unwrap().frame);
         assert_eq!((req.share_session_epoch, b.epoch), (11, Some(12)));
         // A new session (epoch 0) starts the count again and forgets the ranges.
-        let b = before(&conn, &book, &session(), 0, later, &on());
+        let b = before(&conn, &book, &session(), 0, later, &on(), seen);
         assert_eq!((b.inject.is_none(), b.epoch), (true, None));
         assert_eq!(book.ranges(), 0);
-        let b = before(&conn, &book, &session(), 1, later, &on());
+        let b = before(&conn, &book, &session(), 1, later, &on(), seen);
         assert_eq!(b.epoch, None);
     }
 
@@ -551,9 +554,18 @@ mod tests {
     fn the_renewal_takes_the_wrap_after_int32_max() {
         let conn = v2();
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
-        let b = before(&conn, &book, &session(), i32::MAX, t0 + LOCK / 2, &on());
+        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000, seen);
+        let b = before(
+            &conn,
+            &book,
+            &session(),
+            i32::MAX,
+            t0 + LOCK / 2,
+            &on(),
+            seen,
+        );
         let (_, req) = decode_injected(&b.inject.unwrap().frame);
         assert_eq!((req.share_session_epoch, b.epoch), (i32::MAX, Some(1)));
     }
@@ -562,14 +574,22 @@ mod tests {
     fn a_cleared_range_is_released_without_the_renew_flag() {
         let conn = v2();
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&session(), (T, 0), &[((4, 6), "not_loaded")], t0, 4000);
+        book.withhold(
+            &session(),
+            (T, 0),
+            &[((4, 6), "not_loaded")],
+            t0,
+            4000,
+            seen,
+        );
         let loaded = |_: Uuid, _: &'static str| true;
         let renewing = Renewing {
             cleared: &loaded,
             ..on()
         };
-        let b = before(&conn, &book, &session(), 3, t0, &renewing);
+        let b = before(&conn, &book, &session(), 3, t0, &renewing, seen);
         let (_, req) = decode_injected(&b.inject.unwrap().frame);
         assert!(!req.is_renew_ack);
         let batch = &req.topics[0].partitions[0].acknowledgement_batches[0];
@@ -588,10 +608,11 @@ mod tests {
     fn without_v2_or_turned_off_the_ranges_are_dropped_and_nothing_is_injected() {
         for (conn, enabled) in [(Conn::default(), true), (v2(), false)] {
             let book = Withheld::default();
+            let seen = &mut ShareSeen::default();
             let t0 = Instant::now();
-            book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
+            book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000, seen);
             let renewing = Renewing { enabled, ..on() };
-            let b = before(&conn, &book, &session(), 3, t0 + LOCK / 2, &renewing);
+            let b = before(&conn, &book, &session(), 3, t0 + LOCK / 2, &renewing, seen);
             assert!(b.inject.is_none() && b.epoch.is_none());
             assert_eq!(book.ranges(), 0);
         }
@@ -615,11 +636,12 @@ mod tests {
         };
         let conn = v2();
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000);
-        book.withhold(&session(), (T, 1), &[((2, 2), "dlt")], t0, 4000);
+        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], t0, 4000, seen);
+        book.withhold(&session(), (T, 1), &[((2, 2), "dlt")], t0, 4000, seen);
         let sent_at = t0 + LOCK / 2;
-        let inject = before(&conn, &book, &session(), 3, sent_at, &on())
+        let inject = before(&conn, &book, &session(), 3, sent_at, &on(), seen)
             .inject
             .unwrap();
         let resp = ShareAcknowledgeResponse::default()
@@ -636,18 +658,18 @@ mod tests {
         assert_eq!(book.ranges(), 1, "partition 1 refused");
         // Partition 0's lock is 10 s from the renewal: due 5 s after it.
         let at = sent_at + Duration::from_millis(4900);
-        assert!(before(&conn, &book, &session(), 5, at, &on())
+        assert!(before(&conn, &book, &session(), 5, at, &on(), seen)
             .inject
             .is_none());
         let at = sent_at + Duration::from_secs(5);
-        assert!(before(&conn, &book, &session(), 6, at, &on())
+        assert!(before(&conn, &book, &session(), 6, at, &on(), seen)
             .inject
             .is_some());
         // A top-level error (or an answer that does not decode): all refused.
-        let inject = before(&conn, &book, &session(), 8, at + LOCK * 3, &on()).inject;
+        let inject = before(&conn, &book, &session(), 8, at + LOCK * 3, &on(), seen).inject;
         assert!(inject.is_none(), "expired meanwhile");
-        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], at, 4000);
-        let i = before(&conn, &book, &session(), 8, at + LOCK / 2, &on())
+        book.withhold(&session(), (T, 0), &[((1, 1), "dlt")], at, 4000, seen);
+        let i = before(&conn, &book, &session(), 8, at + LOCK / 2, &on(), seen)
             .inject
             .unwrap();
         let bad = ShareAcknowledgeResponse::default().with_error_code(72);

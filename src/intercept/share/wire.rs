@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use super::acks::{Owed, ShareAcks};
 use super::SessionKey;
-use crate::metrics;
+use crate::metrics::ShareSeen;
 use crate::plan::share::{self, AckBatch};
 
 /// What adding the proxy's acknowledgements did to one request.
@@ -52,6 +52,7 @@ pub fn add_acks(
     node: i32,
     book: &ShareAcks,
     now: Instant,
+    seen: &mut ShareSeen,
 ) -> anyhow::Result<Added> {
     match key {
         ApiKey::ShareFetch => {
@@ -70,7 +71,7 @@ pub fn add_acks(
                 .flat_map(|t| t.partitions.iter().map(move |&p| (t.topic_id, p)))
                 .collect();
             let mut parts = partitions_fetch(&mut req.topics);
-            let proxy_only = owed_into(book, &session, now, &mut parts, &forgotten);
+            let proxy_only = owed_into(book, &session, now, &mut parts, &forgotten, seen);
             if !parts.changed {
                 return Ok(Added::with_session(session));
             }
@@ -87,7 +88,7 @@ pub fn add_acks(
                 return Ok(Added::with_session(session));
             }
             let mut parts = partitions_ack(&mut req.topics);
-            let proxy_only = owed_into(book, &session, now, &mut parts, &[]);
+            let proxy_only = owed_into(book, &session, now, &mut parts, &[], seen);
             if !parts.changed {
                 return Ok(Added::with_session(session));
             }
@@ -123,10 +124,13 @@ fn owed_into(
     now: Instant,
     parts: &mut Parts,
     forgotten: &[(Uuid, i32)],
+    seen: &mut ShareSeen,
 ) -> Vec<(Uuid, i32)> {
     let owed = book.take(session, now);
-    let (proxy_only, back) = merge_into(parts, owed, forgotten);
-    put_back(book, session, back);
+    let (proxy_only, back) = merge_into(parts, owed, forgotten, seen);
+    if !back.is_empty() {
+        seen.acks("overflow", book.owe(session, back));
+    }
     proxy_only
 }
 
@@ -140,14 +144,6 @@ fn session_key(
         group: group.as_ref()?.0.to_string(),
         member: member.as_ref()?.to_string(),
     })
-}
-
-/// Acknowledgements that could not go into this request wait for the next.
-fn put_back(book: &ShareAcks, session: &SessionKey, back: Vec<Owed>) {
-    if !back.is_empty() {
-        let dropped = book.owe(session, back);
-        metrics::global().share.acks("overflow", dropped);
-    }
 }
 
 use crate::transport::frame::encode;
@@ -305,6 +301,7 @@ fn merge_into(
     parts: &mut Parts,
     owed: Vec<Owed>,
     forgotten: &[(Uuid, i32)],
+    seen: &mut ShareSeen,
 ) -> (Vec<(Uuid, i32)>, Vec<Owed>) {
     let mut by_part: BTreeMap<(Uuid, i32), Vec<Owed>> = BTreeMap::new();
     for o in owed {
@@ -332,9 +329,7 @@ fn merge_into(
                 parts.batches.insert(at, merged);
                 parts.changed = true;
                 let offsets = owed.iter().map(|o| share::count(&[o.span]));
-                metrics::global()
-                    .share
-                    .acks("sent", offsets.fold(0, u64::saturating_add));
+                seen.acks("sent", offsets.fold(0, u64::saturating_add));
             }
             None => {
                 debug!(topic_id = %at.0, partition = at.1,
@@ -348,7 +343,11 @@ fn merge_into(
 
 /// Keep the acknowledgement errors of `proxy_only` partitions from the
 /// client (ShareFetch answers); whether anything changed.
-pub fn settle_fetch_errors(resp: &mut ShareFetchResponse, proxy_only: &[(Uuid, i32)]) -> bool {
+pub fn settle_fetch_errors(
+    resp: &mut ShareFetchResponse,
+    proxy_only: &[(Uuid, i32)],
+    seen: &mut ShareSeen,
+) -> bool {
     let mut changed = false;
     for t in &mut resp.responses {
         for p in &mut t.partitions {
@@ -356,6 +355,7 @@ pub fn settle_fetch_errors(resp: &mut ShareFetchResponse, proxy_only: &[(Uuid, i
                 changed |= settle(
                     &mut p.acknowledge_error_code,
                     &mut p.acknowledge_error_message,
+                    seen,
                 );
             }
         }
@@ -365,19 +365,27 @@ pub fn settle_fetch_errors(resp: &mut ShareFetchResponse, proxy_only: &[(Uuid, i
 
 /// Keep the errors of `proxy_only` partitions from the client
 /// (ShareAcknowledge answers); whether anything changed.
-pub fn settle_ack_errors(resp: &mut ShareAcknowledgeResponse, proxy_only: &[(Uuid, i32)]) -> bool {
+pub fn settle_ack_errors(
+    resp: &mut ShareAcknowledgeResponse,
+    proxy_only: &[(Uuid, i32)],
+    seen: &mut ShareSeen,
+) -> bool {
     let mut changed = false;
     for t in &mut resp.responses {
         for p in &mut t.partitions {
             if proxy_only.contains(&(t.topic_id, p.partition_index)) {
-                changed |= settle(&mut p.error_code, &mut p.error_message);
+                changed |= settle(&mut p.error_code, &mut p.error_message, seen);
             }
         }
     }
     changed
 }
 
-fn settle(code: &mut i16, message: &mut Option<kafka_protocol::protocol::StrBytes>) -> bool {
+fn settle(
+    code: &mut i16,
+    message: &mut Option<kafka_protocol::protocol::StrBytes>,
+    seen: &mut ShareSeen,
+) -> bool {
     if *code == 0 {
         return false;
     }
@@ -385,7 +393,7 @@ fn settle(code: &mut i16, message: &mut Option<kafka_protocol::protocol::StrByte
         error = *code,
         "the broker refused the proxy's acknowledgement: the record comes back when its lock expires"
     );
-    metrics::global().share.acks("refused", 1);
+    seen.acks("refused", 1);
     *code = 0;
     *message = None;
     true
@@ -456,7 +464,16 @@ mod tests {
         book.owe(&session(), [owed(3), owed(4)]);
         // The client (wrongly) acknowledges 4, which the proxy removed.
         let body = fetch(2, vec![(0, 2, vec![ACCEPT]), (4, 5, vec![ACCEPT])]);
-        let added = add_acks(ApiKey::ShareFetch, 1, &body, 1, &book, Instant::now()).unwrap();
+        let added = add_acks(
+            ApiKey::ShareFetch,
+            1,
+            &body,
+            1,
+            &book,
+            Instant::now(),
+            &mut ShareSeen::default(),
+        )
+        .unwrap();
         assert_eq!(
             acks_of(added.body.unwrap()),
             vec![
@@ -477,7 +494,16 @@ mod tests {
         let book = ShareAcks::default();
         book.owe(&session(), [owed(7)]);
         let body = fetch(5, vec![]);
-        let added = add_acks(ApiKey::ShareFetch, 1, &body, 1, &book, Instant::now()).unwrap();
+        let added = add_acks(
+            ApiKey::ShareFetch,
+            1,
+            &body,
+            1,
+            &book,
+            Instant::now(),
+            &mut ShareSeen::default(),
+        )
+        .unwrap();
         assert_eq!(acks_of(added.body.unwrap()), vec![(7, 7, vec![REJECT])]);
         assert_eq!(added.proxy_only, vec![(T, 0)]);
     }
@@ -494,6 +520,7 @@ mod tests {
                 1,
                 &book,
                 Instant::now(),
+                &mut ShareSeen::default(),
             )
             .unwrap();
             assert!(added.body.is_none(), "epoch {epoch}");
@@ -512,6 +539,7 @@ mod tests {
             2,
             &book,
             Instant::now(),
+            &mut ShareSeen::default(),
         )
         .unwrap();
         assert!(added.body.is_none());
@@ -523,7 +551,16 @@ mod tests {
         let book = ShareAcks::default();
         book.owe(&session(), [owed(7)]);
         let body = fetch(3, vec![(0, 3, vec![ACCEPT, ACCEPT])]);
-        let added = add_acks(ApiKey::ShareFetch, 1, &body, 1, &book, Instant::now()).unwrap();
+        let added = add_acks(
+            ApiKey::ShareFetch,
+            1,
+            &body,
+            1,
+            &book,
+            Instant::now(),
+            &mut ShareSeen::default(),
+        )
+        .unwrap();
         assert!(added.body.is_none());
         assert_eq!(book.waiting(), 1);
     }
@@ -537,7 +574,16 @@ mod tests {
             .with_member_id(Some(StrBytes::from_static_str("m")))
             .with_share_session_epoch(-1);
         let body = encode(&req, 1).unwrap().freeze();
-        let added = add_acks(ApiKey::ShareAcknowledge, 1, &body, 1, &book, Instant::now()).unwrap();
+        let added = add_acks(
+            ApiKey::ShareAcknowledge,
+            1,
+            &body,
+            1,
+            &book,
+            Instant::now(),
+            &mut ShareSeen::default(),
+        )
+        .unwrap();
         let back = ShareAcknowledgeRequest::decode(&mut added.body.unwrap().freeze(), 1).unwrap();
         let b = &back.topics[0].partitions[0].acknowledgement_batches[0];
         assert_eq!(
@@ -562,7 +608,11 @@ mod tests {
                 .with_topic_id(T)
                 .with_partitions(vec![part(0), part(1)]),
         ]);
-        assert!(settle_fetch_errors(&mut resp, &[(T, 0)]));
+        assert!(settle_fetch_errors(
+            &mut resp,
+            &[(T, 0)],
+            &mut ShareSeen::default()
+        ));
         let codes: Vec<i16> = resp.responses[0]
             .partitions
             .iter()

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::SessionKey;
-use crate::metrics;
+use crate::metrics::ShareSeen;
 use crate::plan::share::Span;
 
 /// One withheld range of one partition.
@@ -91,6 +91,9 @@ struct Book {
     ranges: usize,
     bytes: usize,
     budget: usize,
+    /// Counts the gauges' readings, so that a later reading reported
+    /// first is not overwritten by an earlier one.
+    reading: u64,
 }
 
 /// One session's entries, with what lets `due` skip them all: the
@@ -165,13 +168,14 @@ impl Withheld {
         spans: &[(Span, &'static str)],
         arrived: Instant,
         lock_ms: i32,
+        seen: &mut ShareSeen,
     ) -> u64 {
         let lock = Duration::from_millis(u64::try_from(lock_ms).unwrap_or(0));
         if spans.is_empty() || lock.is_zero() {
             return 0;
         }
         let mut book = self.book();
-        book.expire(Instant::now());
+        book.expire(Instant::now(), seen);
         book.drop_overlapping(session, (topic_id, partition), spans);
         let mut dropped = 0;
         for (span, reason) in disjoint(spans) {
@@ -188,8 +192,8 @@ impl Withheld {
                 dropped += 1;
             }
         }
-        book.publish();
-        metrics::global().share.fallback("budget", dropped);
+        book.publish(seen);
+        seen.fallback("budget", dropped);
         dropped
     }
 
@@ -205,9 +209,10 @@ impl Withheld {
         now: Instant,
         rules: Rules,
         cleared: &dyn Fn(Uuid, &'static str) -> bool,
+        seen: &mut ShareSeen,
     ) -> Due {
         let mut book = self.book();
-        book.expire(now);
+        book.expire(now, seen);
         let Some(s) = book.sessions.get_mut(session) else {
             return Due::default();
         };
@@ -224,7 +229,7 @@ impl Withheld {
             if cleared(h.topic_id, h.reason) || spent {
                 gone.push(id);
                 if spent && !cleared(h.topic_id, h.reason) {
-                    metrics::global().share.fallback("renewals_spent", 1);
+                    seen.fallback("renewals_spent", 1);
                 }
                 continue;
             }
@@ -247,21 +252,21 @@ impl Withheld {
                 due.release.push(h);
             }
         }
-        book.publish();
+        book.publish(seen);
         due
     }
 
     /// The broker refused the renewal of entries `ids` of `session` (or the
     /// request failed whole): they leave the book, counted; their records
     /// come back when their locks expire.
-    pub fn refused(&self, session: &SessionKey, ids: &[u64]) {
+    pub fn refused(&self, session: &SessionKey, ids: &[u64], seen: &mut ShareSeen) {
         let mut book = self.book();
         let n = ids
             .iter()
             .filter(|&&id| book.remove(session, id).is_some())
             .count();
-        book.publish();
-        metrics::global().share.fallback("refused", n as u64);
+        book.publish(seen);
+        seen.fallback("refused", n as u64);
     }
 
     /// The broker answered a renewal with the group's lock duration
@@ -296,7 +301,7 @@ impl Withheld {
     /// `session` is over (a new one at epoch 0 or a close, or its
     /// connection closed): the broker released what its member held, so
     /// nothing of it is renewed any more. Counted as `reason`.
-    pub fn forget(&self, session: &SessionKey, reason: &'static str) {
+    pub fn forget(&self, session: &SessionKey, reason: &'static str, seen: &mut ShareSeen) {
         let mut book = self.book();
         let ids: Vec<u64> = book
             .sessions
@@ -306,8 +311,8 @@ impl Withheld {
         for &id in &ids {
             book.remove(session, id);
         }
-        book.publish();
-        metrics::global().share.fallback(reason, ids.len() as u64);
+        book.publish(seen);
+        seen.fallback(reason, ids.len() as u64);
     }
 
     /// Whether `session` has anything withheld.
@@ -391,7 +396,7 @@ impl Book {
 
     /// Drop every entry whose lock has run out by `now`, in deadline order:
     /// the broker has released its records (they come back by themselves).
-    fn expire(&mut self, now: Instant) {
+    fn expire(&mut self, now: Instant, seen: &mut ShareSeen) {
         let mut n = 0;
         while let Some(entry) = self.deadlines.first_entry() {
             if entry.key().0 > now {
@@ -401,16 +406,13 @@ impl Book {
             self.remove(&session, id);
             n += 1;
         }
-        if n > 0 {
-            metrics::global().share.fallback("expired", n);
-        }
+        seen.fallback("expired", n);
     }
 
-    /// The gauges: ranges and bytes kept.
-    fn publish(&self) {
-        metrics::global()
-            .share
-            .withheld_kept(self.ranges, self.bytes);
+    /// The gauges: ranges and bytes kept, read now (under the lock).
+    fn publish(&mut self, seen: &mut ShareSeen) {
+        self.reading += 1;
+        seen.kept(self.reading, self.ranges, self.bytes);
     }
 }
 
@@ -465,33 +467,45 @@ mod tests {
     #[test]
     fn a_range_is_renewed_once_its_lock_nears_its_end_and_not_before() {
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&key("a"), (T, 0), &[((5, 9), "dlt")], t0, LOCK_MS);
+        book.withhold(&key("a"), (T, 0), &[((5, 9), "dlt")], t0, LOCK_MS, seen);
         // More than half the lock left: nothing due.
-        assert!(book.due(&key("a"), t0 + LOCK / 4, RULES, &never).is_empty());
+        assert!(book
+            .due(&key("a"), t0 + LOCK / 4, RULES, &never, seen)
+            .is_empty());
         let at = t0 + LOCK / 2;
-        let due = book.due(&key("a"), at, RULES, &never);
+        let due = book.due(&key("a"), at, RULES, &never, seen);
         assert_eq!(spans(&due.renew), [(5, 9)]);
         assert_eq!(due.renew[0].1.expires, at + LOCK, "renewed from now");
         assert_eq!(due.renew[0].1.renewals, 1);
         // Renewed: not due again until half of the new lock has passed.
-        assert!(book.due(&key("a"), at + LOCK / 4, RULES, &never).is_empty());
+        assert!(book
+            .due(&key("a"), at + LOCK / 4, RULES, &never, seen)
+            .is_empty());
         assert_eq!(
-            spans(&book.due(&key("a"), at + LOCK / 2, RULES, &never).renew),
+            spans(
+                &book
+                    .due(&key("a"), at + LOCK / 2, RULES, &never, seen)
+                    .renew
+            ),
             [(5, 9)]
         );
         // Another session has nothing.
-        assert!(book.due(&key("b"), at + LOCK, RULES, &never).is_empty());
+        assert!(book
+            .due(&key("b"), at + LOCK, RULES, &never, seen)
+            .is_empty());
     }
 
     #[test]
     fn a_cleared_reason_releases_at_once_and_spent_renewals_release_all_the_same() {
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
         let spans_ = [((1, 1), "not_loaded"), ((3, 4), "dlt")];
-        book.withhold(&key("a"), (T, 0), &spans_, t0, LOCK_MS);
+        book.withhold(&key("a"), (T, 0), &spans_, t0, LOCK_MS, seen);
         let loaded = |_: Uuid, r: &'static str| r == "not_loaded";
-        let due = book.due(&key("a"), t0, RULES, &loaded);
+        let due = book.due(&key("a"), t0, RULES, &loaded, seen);
         let released: Vec<Span> = due.release.iter().map(|h| h.span).collect();
         assert_eq!((released, due.renew.len()), (vec![(1, 1)], 0));
         assert_eq!(book.ranges(), 1);
@@ -499,11 +513,11 @@ mod tests {
         let mut now = t0;
         for n in 1..=RULES.max_renewals {
             now += LOCK / 2;
-            let due = book.due(&key("a"), now, RULES, &never);
+            let due = book.due(&key("a"), now, RULES, &never, seen);
             assert_eq!((due.renew.len(), due.release.len()), (1, 0), "renewal {n}");
         }
         now += LOCK / 2;
-        let due = book.due(&key("a"), now, RULES, &never);
+        let due = book.due(&key("a"), now, RULES, &never, seen);
         assert_eq!((due.renew.len(), due.release.len()), (0, 1));
         assert_eq!(
             (book.ranges(), book.bytes(), book.has(&key("a"))),
@@ -514,17 +528,21 @@ mod tests {
     #[test]
     fn ranges_whose_lock_ran_out_leave_by_deadline_and_refused_ones_leave_at_once() {
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS);
+        book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS, seen);
         book.withhold(
             &key("b"),
             (T, 1),
             &[((2, 2), "dlt"), ((4, 4), "dlt")],
             t0,
             LOCK_MS,
+            seen,
         );
         // Nobody asked in time: the lock ran out, the broker released them.
-        assert!(book.due(&key("a"), t0 + LOCK, RULES, &never).is_empty());
+        assert!(book
+            .due(&key("a"), t0 + LOCK, RULES, &never, seen)
+            .is_empty());
         assert_eq!(book.ranges(), 0);
         book.withhold(
             &key("b"),
@@ -532,25 +550,27 @@ mod tests {
             &[((2, 2), "dlt"), ((4, 4), "dlt")],
             t0,
             LOCK_MS,
+            seen,
         );
-        let due = book.due(&key("b"), t0 + LOCK / 2, RULES, &never);
+        let due = book.due(&key("b"), t0 + LOCK / 2, RULES, &never, seen);
         let ids: Vec<u64> = due.renew.iter().map(|(id, _)| *id).collect();
-        book.refused(&key("b"), &ids[..1]);
+        book.refused(&key("b"), &ids[..1], seen);
         assert_eq!(book.ranges(), 1);
-        book.forget(&key("b"), "member_gone");
+        book.forget(&key("b"), "member_gone", seen);
         assert_eq!((book.ranges(), book.bytes()), (0, 0));
     }
 
     #[test]
     fn a_record_withheld_again_replaces_its_old_range_and_one_offset_is_named_once() {
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&key("a"), (T, 0), &[((0, 9), "dlt")], t0, LOCK_MS);
+        book.withhold(&key("a"), (T, 0), &[((0, 9), "dlt")], t0, LOCK_MS, seen);
         // Part of it came back (the old lock ran out) and is withheld again,
         // with overlapping reasons in one response.
         let again = [((5, 7), "transient"), ((6, 12), "held"), ((8, 8), "dlt")];
-        book.withhold(&key("a"), (T, 0), &again, t0 + LOCK, LOCK_MS);
-        let due = book.due(&key("a"), t0 + LOCK + LOCK / 2, RULES, &never);
+        book.withhold(&key("a"), (T, 0), &again, t0 + LOCK, LOCK_MS, seen);
+        let due = book.due(&key("a"), t0 + LOCK + LOCK / 2, RULES, &never, seen);
         assert_eq!(spans(&due.renew), [(5, 7), (8, 12)]);
         let reasons: Vec<&str> = due.renew.iter().map(|(_, h)| h.reason).collect();
         assert_eq!(reasons, ["transient", "held"]);
@@ -560,11 +580,12 @@ mod tests {
     fn the_budget_bounds_the_bytes_over_all_sessions() {
         let budget = 16 * 1024;
         let book = Withheld::new(budget);
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
         let mut dropped = 0;
         for m in 0..1000 {
             let spans: Vec<(Span, &str)> = (0..10).map(|o| ((o * 2, o * 2), "dlt")).collect();
-            dropped += book.withhold(&key(&m.to_string()), (T, 0), &spans, t0, LOCK_MS);
+            dropped += book.withhold(&key(&m.to_string()), (T, 0), &spans, t0, LOCK_MS, seen);
         }
         assert!(book.bytes() <= budget, "{} bytes", book.bytes());
         assert_eq!(dropped as usize + book.ranges(), 10_000);
@@ -574,15 +595,22 @@ mod tests {
     #[test]
     fn the_brokers_lock_duration_moves_the_expiry_of_renewed_ranges() {
         let book = Withheld::default();
+        let seen = &mut ShareSeen::default();
         let t0 = Instant::now();
-        book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS);
+        book.withhold(&key("a"), (T, 0), &[((1, 1), "dlt")], t0, LOCK_MS, seen);
         let sent = t0 + LOCK / 2;
-        let due = book.due(&key("a"), sent, RULES, &never);
+        let due = book.due(&key("a"), sent, RULES, &never, seen);
         book.renewed(&key("a"), &[due.renew[0].0], sent, 10_000);
         // With a 10 s lock, half of it is 5 s: not due 4 s after the renewal.
         let four = sent + Duration::from_secs(4);
-        assert!(book.due(&key("a"), four, RULES, &never).is_empty());
-        let due = book.due(&key("a"), sent + Duration::from_secs(5), RULES, &never);
+        assert!(book.due(&key("a"), four, RULES, &never, seen).is_empty());
+        let due = book.due(
+            &key("a"),
+            sent + Duration::from_secs(5),
+            RULES,
+            &never,
+            seen,
+        );
         assert_eq!(due.renew.len(), 1);
     }
 }

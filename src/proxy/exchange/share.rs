@@ -19,6 +19,7 @@ use super::addresses::Addresses;
 use super::{bad, Answer, Classified, Context, Cx, Exchange};
 use crate::intercept::fetch::share::ShareCall as Judging;
 use crate::intercept::share::{self, wire};
+use crate::metrics::{self, ShareSeen};
 use crate::proxy::addresses::Seen;
 use crate::proxy::error::RelayError;
 use crate::transport::frame::{RequestHead, ResponseFrame};
@@ -75,11 +76,12 @@ async fn fetch(
     version: i16,
     body: Bytes,
 ) -> Result<Option<Vec<Bytes>>, RelayError> {
+    let mut seen = ShareSeen::default();
     let settled = if call.proxy_only.is_empty() {
         body
     } else {
         let mut m = ShareFetchResponse::decode(&mut body.clone(), version).map_err(bad)?;
-        match wire::settle_fetch_errors(&mut m, &call.proxy_only) {
+        match wire::settle_fetch_errors(&mut m, &call.proxy_only, &mut seen) {
             true => encode(&m, version)?,
             false => body,
         }
@@ -89,6 +91,7 @@ async fn fetch(
         book: &cx.shared.share_acks,
         removed_ack: cx.shared.config.share_groups.removed_ack.ack_type(),
         last_delivery: cx.shared.config.share_groups.last_delivery,
+        settled: seen,
     };
     let filtered = cx
         .shared
@@ -107,7 +110,9 @@ async fn acknowledge(
     body: Bytes,
 ) -> Result<Option<Bytes>, RelayError> {
     let mut m = ShareAcknowledgeResponse::decode(&mut body.clone(), version).map_err(bad)?;
-    let mut changed = wire::settle_ack_errors(&mut m, &call.proxy_only);
+    let mut settled = ShareSeen::default();
+    let mut changed = wire::settle_ack_errors(&mut m, &call.proxy_only, &mut settled);
+    metrics::global().share_seen(settled);
     let mut seen = Seen::default();
     for e in &mut m.node_endpoints {
         let addrs = &cx.shared.addrs;

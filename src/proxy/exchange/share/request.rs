@@ -8,6 +8,7 @@ use kafka_protocol::messages::ApiKey;
 
 use super::ShareNeeds;
 use crate::intercept::share;
+use crate::metrics::{self, ShareSeen};
 use crate::policy::PolicySet;
 use crate::proxy::error::RelayError;
 use crate::proxy::exchange::{Classified, Handling, Pending, Send};
@@ -81,14 +82,29 @@ pub(super) fn request(
     key: ApiKey,
     cx: &ShareCx,
 ) -> Result<Classified, RelayError> {
+    let mut seen = ShareSeen::default();
+    let out = request_seen(frame, head, key, cx, &mut seen);
+    metrics::global().share_seen(seen);
+    out
+}
+
+/// `request`, what the books did noted in `seen`.
+fn request_seen(
+    frame: &Bytes,
+    head: frame::RequestHead,
+    key: ApiKey,
+    cx: &ShareCx,
+    seen: &mut ShareSeen,
+) -> Result<Classified, RelayError> {
     let v = head.api_version;
     let bad = |why: String| RelayError::BadRequest(format!("{key:?} v{v}: {why}"));
     let flexible = key.request_header_version(v) >= 2;
     let at = frame::request_body_offset(frame, flexible)
         .ok_or_else(|| bad("malformed request header".into()))?;
     let now = std::time::Instant::now();
-    let added = share::wire::add_acks(key, v, &frame.slice(at..), cx.node, cx.book, now)
-        .map_err(|e| bad(e.to_string()))?;
+    let body = frame.slice(at..);
+    let added = share::wire::add_acks(key, v, &body, cx.node, cx.book, now, seen);
+    let added = added.map_err(|e| bad(e.to_string()))?;
     let mut out = match added.body {
         Some(body) => {
             let mut out = Vec::with_capacity(at - frame::LENGTH_PREFIX + body.len());
@@ -102,7 +118,8 @@ pub(super) fn request(
     let epoch = frame.get(at..).and_then(share::renew::epoch_at);
     if let (Some(session), Some((_, epoch))) = (&added.session, epoch) {
         let book = &cx.book.withheld;
-        let before = share::renew::before(cx.conn, book, session, epoch, now, &cx.renewing);
+        let renewing = &cx.renewing;
+        let before = share::renew::before(cx.conn, book, session, epoch, now, renewing, seen);
         if let Some(epoch) = before.epoch {
             let f = out.as_ref().unwrap_or(frame);
             out = Some(share::renew::set_epoch(f, at, epoch).ok_or_else(|| bad("epoch".into()))?);
