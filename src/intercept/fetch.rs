@@ -41,7 +41,6 @@ pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
 use crate::policy::{Action, PolicySet};
 pub use holds::Holds;
-use parallel::PartitionJob;
 use pipeline::{Judgement, Kind, Named, PartView, Postponed, TopicView};
 
 /// Fetch isolation levels (request field, v4+).
@@ -442,9 +441,7 @@ fn thread_cpu_time() -> Duration {
 }
 
 mod divert;
-mod gate;
 mod holds;
-mod judge;
 mod keys;
 mod parallel;
 mod patch;

@@ -51,13 +51,15 @@ pub enum DivertError {
 }
 
 /// The ledger's key of a diversion: its origin (topic, partition, offset).
-pub(crate) fn ledger_key(d: &Diversion) -> LedgerKey {
+fn ledger_key(d: &Diversion) -> LedgerKey {
     (d.origin_topic.clone(), d.origin_partition, d.origin_offset)
 }
 
 /// A write request for the producer task.
 pub(crate) struct PendingWrite {
     diversion: Diversion,
+    /// The diversion's ledger key, worked out once at submit.
+    key: LedgerKey,
     done: watch::Sender<Option<bool>>,
 }
 
@@ -217,10 +219,11 @@ impl DeadLetter {
             ledger::Claim::Mine(done, rx) => {
                 let job = PendingWrite {
                     diversion: d.clone(),
+                    key,
                     done,
                 };
-                if self.jobs.send(job).is_err() {
-                    self.ledger.finish(&key, false);
+                if let Err(failed) = self.jobs.send(job) {
+                    self.ledger.finish(&failed.0.key, false);
                     return Err(DivertError::Stopped);
                 }
                 rx

@@ -159,10 +159,7 @@ impl Producer {
             Some(from) => Ok(from),
             None => self.cluster.log_start(topic, partition).await,
         };
-        let keys: HashSet<LedgerKey> = jobs
-            .iter()
-            .map(|j| super::ledger_key(&j.diversion))
-            .collect();
+        let keys: HashSet<LedgerKey> = jobs.iter().map(|j| j.key.clone()).collect();
         let wanted = |o: &Origin| keys.contains(&(o.topic.clone(), o.partition, o.offset));
         let found = match from {
             Ok(from) => {
@@ -198,8 +195,7 @@ impl Producer {
             jobs.into_iter().partition(|j| {
                 // Before the tail's position, the ledger has it (the tail
                 // records entries before it moves its position).
-                let key = super::ledger_key(&j.diversion);
-                there.contains(&key) || self.ledger.contains(&key)
+                there.contains(&j.key) || self.ledger.contains(&j.key)
             });
         seen.found_at_write += found.len() as u64;
         found

@@ -195,9 +195,8 @@ impl Producer {
         }
         // Read back from the DLT meanwhile (written before a restart or a
         // reload): acknowledged without a second write.
-        let (already, jobs): (Vec<PendingWrite>, Vec<PendingWrite>) = jobs
-            .into_iter()
-            .partition(|j| self.ledger.contains(&super::ledger_key(&j.diversion)));
+        let (already, jobs): (Vec<PendingWrite>, Vec<PendingWrite>) =
+            jobs.into_iter().partition(|j| self.ledger.contains(&j.key));
         already
             .into_iter()
             .for_each(|j| finish(&self.ledger, j, true));
@@ -518,7 +517,7 @@ pub(super) fn finish(ledger: &Ledger, job: PendingWrite, ok: bool) {
             class = d.invalid.class.as_str(), rule = %d.invalid.rule, dlt = %d.dlt_topic,
             reason = %d.invalid.log_reason(), "record diverted");
     }
-    ledger.finish(&super::ledger_key(d), ok);
+    ledger.finish(&job.key, ok);
     let _ = job.done.send(Some(ok));
 }
 

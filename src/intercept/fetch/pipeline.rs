@@ -12,7 +12,14 @@
 //! one planning job per partition with records, planning (on idle cores;
 //! transient verdicts tried again while the registry answers), and, per
 //! plan, postponing the diversions that may not be written now (transient
-//! verdicts, everything from an open breaker's cut on).
+//! verdicts, everything from an open breaker's cut on). What was judged is
+//! reported once per partition when it is delivered (`fetch::count`).
+//!
+//! `transient` verdicts are records whose schema the registry has not
+//! given yet: after planning, what the judges asked for is fetched
+//! (bounded by the registry's `timeout`, or 200 ms while it is known to be
+//! down) and those partitions are planned again (`resolve_transient`). A
+//! record still `transient` then holds its partition (`transient.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,14 +27,14 @@ use std::time::Instant;
 use bytes::Bytes;
 use uuid::Uuid;
 
-use super::gate::TopicGate;
 use super::parallel::PartitionJob;
 use super::{FetchContext, FetchFilter, FilterError};
 use crate::dlt_record::Diversion;
 use crate::metrics::Observation;
 use crate::plan::share::Span;
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::{Class, KeyOrdering};
+use crate::policy::{Class, KeyOrdering, Policy, PolicySet};
+use crate::registry::Registry;
 
 /// How a response names a topic.
 pub(super) enum Named<'r> {
@@ -227,4 +234,138 @@ impl FetchFilter {
 pub(super) fn span_of(d: &Diversion) -> Span {
     let first = d.origin_offset;
     (first, d.last_offset.unwrap_or(first).max(first))
+}
+
+/// Where a topic's records stand before judging (`FetchFilter::topic_gate`).
+pub(super) enum TopicGate<'p> {
+    /// No policy covers the topic, or it is a dead-letter topic: forwarded.
+    Unpoliced,
+    /// Its DLTs are not read back yet: held (a Fetch), or judged without
+    /// writing to them (a ShareFetch), under this policy.
+    Unloaded(&'p Arc<Policy>),
+    /// Judged under this policy.
+    Judge(&'p Arc<Policy>),
+}
+
+impl FetchFilter {
+    /// Whether the records of topic `name` are judged, and under which
+    /// policy. A glob may also cover a dead-letter topic: never police
+    /// those. Until its DLTs are read back (given up to the DLT timeout),
+    /// the ledger cannot say which records were diverted before.
+    pub(super) async fn topic_gate<'p>(
+        &self,
+        policies: &'p PolicySet,
+        name: &str,
+    ) -> TopicGate<'p> {
+        if policies.is_dead_letter_topic(name) {
+            return TopicGate::Unpoliced;
+        }
+        let Some(policy) = policies.for_topic(name) else {
+            return TopicGate::Unpoliced;
+        };
+        if self
+            .dead_letter
+            .wait_loaded_for(policy, name, self.timeout)
+            .await
+        {
+            TopicGate::Judge(policy)
+        } else {
+            TopicGate::Unloaded(policy)
+        }
+    }
+}
+
+impl FetchFilter {
+    /// Plan `jobs` (with registry misses resolved, within the registry's
+    /// wait); each plan with where it is in the response.
+    pub(super) async fn judge(
+        &self,
+        jobs: &[Arc<PartitionJob>],
+        now: i64,
+        seen: &mut Observation,
+    ) -> Result<Vec<((usize, usize), PartitionPlan)>, FilterError> {
+        let mut planned = self.plan_all(jobs.to_vec(), now, seen).await?;
+        if let Some(registry) = self.engine.registry() {
+            self.resolve_transient(registry, jobs, &mut planned, now)
+                .await?;
+        }
+        self.judge_behind(jobs, &planned, now, seen);
+        Ok(planned)
+    }
+
+    /// The offset from which `plan`'s diversions must not be written: the
+    /// circuit breaker is open or trips there (`None`: write them all).
+    /// A record in its DLT already is neither counted nor cut.
+    pub(super) fn breaker_cut(&self, plan: &PartitionPlan) -> Option<i64> {
+        let ledger = self.dead_letter.ledger();
+        self.breakers.cut(plan, |d| {
+            ledger.contains(&(d.origin_topic.clone(), d.origin_partition, d.origin_offset))
+        })
+    }
+
+    /// Tell the ledger topic `name`'s id, as a response names it, but only
+    /// from a topic entry that proves the id is live: a partition with
+    /// records and no error. An entry that carries only an error (a client
+    /// still asking by a deleted topic's id, answered UNKNOWN_TOPIC_ID)
+    /// proves nothing, and believing it would wipe the ledger's entries of
+    /// the topic recreated under that name.
+    pub(super) fn observe_topic_id<'a>(
+        &self,
+        name: &Arc<str>,
+        id: Uuid,
+        partitions: impl IntoIterator<Item = (i16, Option<&'a Bytes>)>,
+    ) {
+        let live = partitions
+            .into_iter()
+            .any(|(error, records)| error == 0 && records.is_some_and(|r| !r.is_empty()));
+        if live {
+            self.dead_letter.ledger().observe_topic_id(name, id);
+        }
+    }
+}
+
+/// Rounds of fetch-then-replan per response: the second covers a subject
+/// list asked for only once the schema was known.
+const ROUNDS: usize = 2;
+
+fn has_transient(plan: &PartitionPlan) -> bool {
+    plan.diversions
+        .iter()
+        .any(|d| d.invalid.class == Class::Transient)
+}
+
+impl FetchFilter {
+    /// Resolve registry misses of `planned` and plan those partitions again.
+    pub(super) async fn resolve_transient(
+        &self,
+        registry: &Arc<Registry>,
+        jobs: &[Arc<PartitionJob>],
+        planned: &mut [((usize, usize), PartitionPlan)],
+        now_ms: i64,
+    ) -> Result<(), FilterError> {
+        let deadline = tokio::time::Instant::now() + registry.wait();
+        for _ in 0..ROUNDS {
+            if !planned.iter().any(|(_, p)| has_transient(p)) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() || !registry.resolve_wants(left).await {
+                return Ok(());
+            }
+            for (at, plan) in planned.iter_mut() {
+                if !has_transient(plan) {
+                    continue;
+                }
+                if let Some(job) = jobs.iter().find(|j| j.at == *at) {
+                    *plan = job.plan(
+                        now_ms,
+                        &self.engine.verdicts,
+                        &self.engine.budget,
+                        &self.dead_letter,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }

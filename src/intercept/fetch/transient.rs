@@ -1,68 +1,16 @@
-//! `transient` verdicts in a Fetch response: records whose schema the
-//! registry has not given yet. After planning, what the judges asked for
-//! is fetched (bounded by the registry's `timeout`, or 200 ms while it is
-//! known to be down) and the partitions
-//! concerned are planned again. A record still `transient` then (registry
-//! down, 5xx, timeout) holds its partition exactly as a failed DLT write
-//! does: records before it are delivered, nothing at or after it, and the
-//! partition resumes by itself on a later fetch once the registry answers.
-//! A transient record is never written to a DLT.
-
-use std::sync::Arc;
+//! A Fetch's partition held at a `transient` record, one whose schema the
+//! registry has not given even after the pipeline asked again
+//! (`pipeline.rs: resolve_transient`; registry down, 5xx, timeout): it
+//! holds its partition exactly as a failed DLT write does. Records before
+//! it are delivered, nothing at or after it, and the partition resumes by
+//! itself on a later fetch once the registry answers. A transient record
+//! is never written to a DLT.
 
 use tracing::warn;
 
-use super::{FetchFilter, FilterError, Holds, PartitionJob};
+use super::Holds;
 use crate::metrics::Observation;
 use crate::plan::PartitionPlan;
-use crate::policy::Class;
-use crate::registry::Registry;
-
-/// Rounds of fetch-then-replan per response: the second covers a subject
-/// list asked for only once the schema was known.
-const ROUNDS: usize = 2;
-
-fn has_transient(plan: &PartitionPlan) -> bool {
-    plan.diversions
-        .iter()
-        .any(|d| d.invalid.class == Class::Transient)
-}
-
-impl FetchFilter {
-    /// Resolve registry misses of `planned` and plan those partitions again.
-    pub(super) async fn resolve_transient(
-        &self,
-        registry: &Arc<Registry>,
-        jobs: &[Arc<PartitionJob>],
-        planned: &mut [((usize, usize), PartitionPlan)],
-        now_ms: i64,
-    ) -> Result<(), FilterError> {
-        let deadline = tokio::time::Instant::now() + registry.wait();
-        for _ in 0..ROUNDS {
-            if !planned.iter().any(|(_, p)| has_transient(p)) {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() || !registry.resolve_wants(left).await {
-                return Ok(());
-            }
-            for (at, plan) in planned.iter_mut() {
-                if !has_transient(plan) {
-                    continue;
-                }
-                if let Some(job) = jobs.iter().find(|j| j.at == *at) {
-                    *plan = job.plan(
-                        now_ms,
-                        &self.engine.verdicts,
-                        &self.engine.budget,
-                        &self.dead_letter,
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Where delivery stops: the lower of the first failed diversion and the
 /// first transient record; a transient hold is noted (`note_hold`).
