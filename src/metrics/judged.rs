@@ -2,12 +2,14 @@
 //! validator, delivered valid, and each invalid record with its class,
 //! rule and action. The Fetch and ShareFetch paths report them per
 //! partition of a response ([`Judged`], in an `Observation`); the Produce
-//! door reports a request's refusals at once ([`DoorSeen`]).
+//! door reports a request's refusals at once ([`DoorSeen`]). The `action`
+//! label is [`InvalidAction`]: what happened to an invalid record (on
+//! fetch, its policy action's own label, `policy::Action::label`).
 
 use std::sync::Arc;
 
 use super::*;
-use crate::policy::{Class, Invalid, Policy};
+use crate::policy::{Action, Class, Invalid, Policy};
 
 /// One partition's judging in one response.
 pub struct Judged {
@@ -120,17 +122,18 @@ impl Metrics {
         action: InvalidAction,
         n: u64,
     ) {
+        let class = class.as_str();
         let labels = InvalidRef {
             topic,
             partition,
             policy,
-            class: class.as_str(),
+            class,
             rule,
             action: action.as_str(),
         };
         self.invalid.with(&labels, |c| c.inc_by(n));
         if action.diverted() {
-            history::global().diverted(topic, class.as_str(), n, crate::clock::now_ms());
+            history::global().diverted(topic, class, n, crate::clock::now_ms());
         }
     }
 }
@@ -180,5 +183,36 @@ impl Metrics {
         for (topic, partition) in &seen.waiting {
             self.held_batch(topic, *partition, "transient");
         }
+    }
+}
+
+/// What happened to an invalid record (the `action` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidAction {
+    /// Met on fetch by its policy's action (`on_invalid`): diverted now or
+    /// by an earlier fetch, dropped, or passed.
+    Met(Action),
+    /// Refused at Produce (`on_produce: reject`): never written.
+    Rejected,
+}
+
+impl InvalidAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvalidAction::Met(a) => a.label(),
+            InvalidAction::Rejected => "rejected",
+        }
+    }
+
+    /// Whether the record went to a dead-letter topic (the history's
+    /// diverted series).
+    pub fn diverted(self) -> bool {
+        matches!(self, InvalidAction::Met(a) if a.writes())
+    }
+}
+
+impl From<Action> for InvalidAction {
+    fn from(a: Action) -> Self {
+        InvalidAction::Met(a)
     }
 }

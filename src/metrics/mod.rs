@@ -40,15 +40,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-mod action;
 pub mod breaker;
 pub mod contract;
-mod dlt_write;
-pub use dlt_write::{DltWriteSeen, Produced};
-mod fleet;
-pub use fleet::FollowerSeen;
+mod dlt;
+pub use dlt::{DltWriteSeen, FollowerSeen, Produced};
 pub mod history;
-pub mod hold;
 mod judged;
 pub use judged::{DoorSeen, Judged};
 mod observation;
@@ -64,7 +60,7 @@ mod guard;
 pub use guard::ConnectionGuard;
 
 pub mod names;
-pub use action::InvalidAction;
+pub use judged::InvalidAction;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -95,7 +91,7 @@ pub struct Metrics {
     /// The diversion circuit breaker (`breaker`).
     pub breaker: breaker::BreakerMetrics,
     /// How long diverting Fetch responses are held, by cause (`hold`).
-    pub hold: hold::HoldMetrics,
+    pub hold: observation::HoldMetrics,
     /// Client requests by API and version (`requests`).
     pub requests: requests::RequestMetrics,
     /// Share consumers: the proxy's acknowledgements, withheld records (`share`).
@@ -137,7 +133,7 @@ impl Metrics {
             registry_requests: Cached::new(),
             keys: keys::KeyMetrics::default(),
             breaker: breaker::BreakerMetrics::default(),
-            hold: hold::HoldMetrics::default(),
+            hold: observation::HoldMetrics::default(),
             requests: requests::RequestMetrics::default(),
             share: share::ShareMetrics::default(),
             contract: contract::ContractMetrics::default(),

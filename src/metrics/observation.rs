@@ -2,11 +2,23 @@
 //! it: the filter fills one [`Observation`] while it judges and rewrites a
 //! response and hands it over once ([`Metrics::observe`]); turning it into
 //! series (counters, gauges, histograms, the console's history) is this
-//! module's job, not the data path's.
+//! module's job, not the data path's. Among them, how long a Fetch
+//! response with diversions was held, split by cause
+//! (`antidote_fetch_diverting_hold_seconds`): the proxy's own work
+//! (decoding, judging, splicing) and the wait for the DLT to acknowledge
+//! the diversions, which the no-loss guarantee requires; the relay
+//! histogram (`antidote_response_relay_duration_seconds`) shows only
+//! their sum.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::series::{register, relay_histogram, LatencyCtor};
 use super::*;
 
 /// One response's judging and rewriting, reported once.
@@ -120,5 +132,48 @@ impl Metrics {
     /// (only for responses that were actually inspected).
     pub fn fetch_rewrite_latency(&self, d: Duration) {
         self.fetch_rewrite_seconds.observe(d.as_secs_f64());
+    }
+}
+
+pub const FETCH_HOLD_SECONDS: &str = "antidote_fetch_diverting_hold_seconds";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PartLabel {
+    part: &'static str,
+}
+
+/// The series of this module.
+pub struct HoldMetrics {
+    seconds: Family<PartLabel, Histogram, LatencyCtor>,
+}
+
+impl Default for HoldMetrics {
+    fn default() -> Self {
+        HoldMetrics {
+            seconds: Family::new_with_constructor(relay_histogram as LatencyCtor),
+        }
+    }
+}
+
+impl HoldMetrics {
+    pub(super) fn register(&self, r: &mut Registry) {
+        register(
+            r,
+            FETCH_HOLD_SECONDS,
+            "Time a Fetch response with diversions was held by the proxy, by part: proxy (decoding, judging, splicing) and dlt (waiting for the dead-letter topic to acknowledge its diversions).",
+            self.seconds.clone(),
+        );
+    }
+
+    /// A Fetch response with diversions was held `total`, of which `dlt`
+    /// waiting for their acknowledgements.
+    ///
+    /// Call site: `Metrics::observe`, for a response with diversions.
+    pub fn diverting_response(&self, total: Duration, dlt: Duration) {
+        for (part, d) in [("proxy", total.saturating_sub(dlt)), ("dlt", dlt)] {
+            self.seconds
+                .get_or_create(&PartLabel { part })
+                .observe(d.as_secs_f64());
+        }
     }
 }

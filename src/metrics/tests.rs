@@ -224,7 +224,10 @@ fn every_series_once() -> Metrics {
     m.upstream_error("io");
     m.registry_request("ok");
     m.keys.redriven(true, 1);
-    m.fleet_written(1);
+    m.dlt_written(DltWriteSeen {
+        written: 1,
+        ..DltWriteSeen::default()
+    });
     m.dlt_record_refused("ledger", "unsigned");
     m.breaker.tripped("t", 0, "p");
     m.hold
@@ -295,7 +298,7 @@ fn type_lines_are_those_of_the_old_exposition() {
         "antidote_fetch_judged_ahead_records_total counter",
         // Added with the judging deadline (issue 30, intercept/fetch/parallel.rs).
         "antidote_fetch_deadline_cuts_total counter",
-        // Added with the diverting hold's split (issue 30, metrics/hold.rs).
+        // Added with the diverting hold's split (issue 30, metrics/observation.rs).
         "antidote_fetch_diverting_hold_seconds histogram",
         // Added with Kafka 4.4 (issue 48, metrics/requests.rs).
         "antidote_client_requests_total counter",
