@@ -80,10 +80,7 @@ pub fn followed_dlts<'t>(
 ) -> BTreeMap<String, Readers> {
     let mut out: BTreeMap<String, Readers> = BTreeMap::new();
     for topic in topics {
-        if policies.is_dead_letter_topic(topic) {
-            continue;
-        }
-        let Some(p) = policies.for_topic(topic) else {
+        let Some(p) = policies.policing(topic) else {
             continue;
         };
         if follows_keys(p) {

@@ -72,10 +72,7 @@ pub(crate) fn gate<'p>(policies: &'p PolicySet, topic: Option<&str>) -> Gate<'p>
             false => Gate::Open,
         };
     };
-    if policies.is_dead_letter_topic(topic) {
-        return Gate::Open; // never policed, like on fetch
-    }
-    match policies.for_topic(topic) {
+    match policies.policing(topic) {
         Some(p) if p.on_produce == OnProduce::Reject => Gate::Judge(p),
         _ => Gate::Open,
     }

@@ -347,10 +347,7 @@ pub fn decide(
         None,
         &Seal::new(keys, &topic, partition),
     );
-    if let Some(policy) = policies
-        .for_topic(&topic)
-        .filter(|_| !policies.is_dead_letter_topic(&topic))
-    {
+    if let Some(policy) = policies.policing(&topic) {
         let view = record.as_record();
         if let Verdict::Invalid(inv) = policy.judge_in(&topic, &view, now_ms) {
             return Decision::StillInvalid {

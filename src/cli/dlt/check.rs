@@ -34,12 +34,9 @@ pub async fn dlt_warnings(ctx: &Context) -> Result<Vec<String>, DltError> {
     // (origin, dlt) pairs that exist.
     let mut pairs: Vec<(String, String)> = Vec::new();
     for origin in up_rf.keys() {
-        let Some(p) = ctx.policies.for_topic(origin) else {
+        let Some(p) = ctx.policies.policing(origin) else {
             continue;
         };
-        if ctx.policies.is_dead_letter_topic(origin) {
-            continue;
-        }
         let dlts: BTreeSet<String> = Class::ALL
             .iter()
             .map(|&c| p.dead_letter_topic(origin, c))

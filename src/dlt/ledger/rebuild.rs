@@ -35,10 +35,7 @@ use antidote_core::dlt_record::Origin;
 /// the topic's current id.
 pub fn trusted(policies: &PolicySet, dlt: &str, origin: &Origin, current_id: Option<Uuid>) -> bool {
     let topic = &*origin.topic;
-    if policies.is_dead_letter_topic(topic) {
-        return false;
-    }
-    let Some(p) = policies.for_topic(topic) else {
+    let Some(p) = policies.policing(topic) else {
         return false;
     };
     if !Class::ALL
@@ -85,12 +82,11 @@ pub(crate) struct Loader {
 
 /// Whether `policies` send records of `topic` to `dlt`.
 fn writes_to(policies: &PolicySet, topic: &str, dlt: &str) -> bool {
-    !policies.is_dead_letter_topic(topic)
-        && policies.for_topic(topic).is_some_and(|p| {
-            Class::ALL
-                .iter()
-                .any(|&c| p.dead_letter_topic(topic, c) == dlt)
-        })
+    policies.policing(topic).is_some_and(|p| {
+        Class::ALL
+            .iter()
+            .any(|&c| p.dead_letter_topic(topic, c) == dlt)
+    })
 }
 
 impl Loader {
@@ -180,10 +176,7 @@ impl Loader {
             let Some(name) = t.name.as_ref().map(|n| n.to_string()) else {
                 continue;
             };
-            if policies.is_dead_letter_topic(&name) {
-                continue;
-            }
-            let Some(p) = policies.for_topic(&name) else {
+            let Some(p) = policies.policing(&name) else {
                 continue;
             };
             for class in Class::ALL {

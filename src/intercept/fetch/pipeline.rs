@@ -257,10 +257,7 @@ impl FetchFilter {
         policies: &'p PolicySet,
         name: &str,
     ) -> TopicGate<'p> {
-        if policies.is_dead_letter_topic(name) {
-            return TopicGate::Unpoliced;
-        }
-        let Some(policy) = policies.for_topic(name) else {
+        let Some(policy) = policies.policing(name) else {
             return TopicGate::Unpoliced;
         };
         if self

@@ -34,8 +34,8 @@ pub enum Unit {
 /// The group `r` belongs to, if its origin topic orders per key.
 pub fn group_of(policies: &PolicySet, r: &DltRecord) -> Option<GroupKey> {
     let topic = r.origin_topic.as_ref()?;
-    let policy = policies.for_topic(topic)?;
-    if policy.ordering != KeyOrdering::PerKey || policies.is_dead_letter_topic(topic) {
+    let policy = policies.policing(topic)?;
+    if policy.ordering != KeyOrdering::PerKey {
         return None;
     }
     Some((topic.clone(), r.origin_partition?, r.key.clone()?))

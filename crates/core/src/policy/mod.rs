@@ -463,6 +463,14 @@ impl PolicySet {
         self.index.lookup(topic).and_then(|i| self.policies.get(i))
     }
 
+    /// The policy that judges `topic`'s records: the one covering it, unless
+    /// `topic` is a dead-letter topic (a glob may cover one too: its records
+    /// are the proxy's own diversions, never judged again).
+    pub fn policing(&self, topic: &str) -> Option<&Arc<Policy>> {
+        let policy = self.for_topic(topic)?;
+        (!self.is_dead_letter_topic(topic)).then_some(policy)
+    }
+
     /// Every distinct dead-letter template, so the proxy can list DLT topics.
     pub fn dead_letter_templates(&self) -> Vec<&DeadLetterTemplate> {
         let mut out: Vec<&DeadLetterTemplate> = Vec::new();

@@ -303,6 +303,17 @@ fn exact_topic_beats_glob_and_globs_go_in_load_order() {
 }
 
 #[test]
+fn a_glob_that_covers_a_dead_letter_topic_does_not_police_it() {
+    let text = "policies:\n  - name: g\n    topics: [\"geo.*\"]\n";
+    let set = PolicySet::parse(text, Path::new("p.yaml")).expect("loads");
+    let policing = |t: &str| set.policing(t).map(|p| p.name.as_str());
+    assert_eq!(policing("geo.x"), Some("g"));
+    assert!(set.for_topic("geo.x.dlt").is_some(), "the glob covers it");
+    assert_eq!(policing("geo.x.dlt"), None, "a DLT is never judged again");
+    assert_eq!(policing("other"), None);
+}
+
+#[test]
 fn dead_letter_placeholders() {
     let text = "policies:\n  - name: a\n    topics: [x]\n    dead_letter: {topic: \"dlt.{class}.{topic}\"}\n";
     let set = PolicySet::parse(text, Path::new("p.yaml")).expect("loads");
