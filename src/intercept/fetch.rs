@@ -33,6 +33,7 @@ use uuid::Uuid;
 use crate::clock::now_ms;
 use crate::dlt::blocked::BlockedKeys;
 use crate::dlt::breaker::Breakers;
+use crate::dlt::ledger::Ledger;
 use crate::dlt::DeadLetter;
 use crate::engine::Engine;
 use crate::kafka::batch::BatchError;
@@ -90,6 +91,9 @@ pub struct FetchFilter {
     /// The policy snapshot, verdict cache, decode budget and registry.
     pub engine: Arc<Engine>,
     pub dead_letter: Arc<DeadLetter>,
+    /// The dead-letter writer's ledger: what planning asks (which records
+    /// are in their DLT already) and the breaker's cut skips.
+    ledger: Arc<Ledger>,
     /// How long a response waits for its diversions to be acknowledged.
     pub timeout: Duration,
     /// Keys parked behind a diverted record (`ordering: per_key`).
@@ -111,6 +115,7 @@ impl FetchFilter {
     ) -> Self {
         FetchFilter {
             engine,
+            ledger: dead_letter.ledger().clone(),
             dead_letter,
             timeout,
             blocked,
@@ -133,11 +138,6 @@ impl FetchFilter {
     pub fn with_judge_deadline(mut self, deadline: Option<Duration>) -> Self {
         self.judge_deadline = deadline;
         self
-    }
-
-    /// The current policies (the engine's snapshot).
-    pub fn policies(&self) -> Arc<PolicySet> {
-        self.engine.policies()
     }
 
     /// Swap in a new, fully compiled policy set: the dead-letter side

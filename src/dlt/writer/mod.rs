@@ -251,7 +251,7 @@ impl DeadLetter {
     }
 
     /// The ledger, for checking batches against what was diverted before.
-    pub fn ledger(&self) -> &Ledger {
+    pub fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger
     }
 }

@@ -20,7 +20,7 @@ use bytes::Bytes;
 
 use super::{cpu_of, FetchFilter, FilterError};
 use crate::dlt::blocked::Gate;
-use crate::dlt::DeadLetter;
+use crate::dlt::ledger::Ledger;
 use crate::metrics::{self, Observation};
 use crate::plan::budget::DecodeBudget;
 use crate::plan::verdicts::VerdictCache;
@@ -51,9 +51,8 @@ impl PartitionJob {
         now_ms: i64,
         verdicts: &VerdictCache,
         budget: &Arc<DecodeBudget>,
-        dl: &DeadLetter,
+        ledger: &Ledger,
     ) -> PartitionPlan {
-        let ledger = dl.ledger();
         let env = plan::Env {
             verdicts,
             budget,
@@ -123,7 +122,7 @@ impl FetchFilter {
         let alone = jobs.len() < 2 && helpers.iter().all(|h| *h == 0);
         let (verdicts, budget) = (&self.engine.verdicts, &self.engine.budget);
         let mut here = |j: &Arc<PartitionJob>| {
-            let (plan, cpu) = cpu_of(|| j.plan(now_ms, verdicts, budget, &self.dead_letter));
+            let (plan, cpu) = cpu_of(|| j.plan(now_ms, verdicts, budget, &self.ledger));
             seen.cpu += cpu;
             (j.at, plan)
         };
@@ -149,10 +148,10 @@ impl FetchFilter {
         let rest: Vec<_> = jobs
             .drain(1..)
             .map(|j| {
-                let (verdicts, dl) = (self.engine.verdicts.clone(), self.dead_letter.clone());
+                let (verdicts, ledger) = (self.engine.verdicts.clone(), self.ledger.clone());
                 let budget = self.engine.budget.clone();
                 tokio::task::spawn_blocking(move || {
-                    (j.at, cpu_of(|| j.plan(now_ms, &verdicts, &budget, &dl)))
+                    (j.at, cpu_of(|| j.plan(now_ms, &verdicts, &budget, &ledger)))
                 })
             })
             .collect();

@@ -137,7 +137,7 @@ impl FetchFilter {
         Vec<usize>,
         Vec<(usize, Option<usize>, &'static str)>,
     ) {
-        let policies = self.policies();
+        let policies = self.engine.policies();
         let (mut jobs, mut unloaded, mut unjudged) = (Vec::new(), Vec::new(), Vec::new());
         for (ti, view) in views.into_iter().enumerate() {
             let name = match view.named {
@@ -294,7 +294,7 @@ impl FetchFilter {
     /// circuit breaker is open or trips there (`None`: write them all).
     /// A record in its DLT already is neither counted nor cut.
     pub(super) fn breaker_cut(&self, plan: &PartitionPlan) -> Option<i64> {
-        let ledger = self.dead_letter.ledger();
+        let ledger = &self.ledger;
         self.breakers.cut(plan, |d| {
             ledger.contains(&(d.origin_topic.clone(), d.origin_partition, d.origin_offset))
         })
@@ -316,7 +316,7 @@ impl FetchFilter {
             .into_iter()
             .any(|(error, records)| error == 0 && records.is_some_and(|r| !r.is_empty()));
         if live {
-            self.dead_letter.ledger().observe_topic_id(name, id);
+            self.ledger.observe_topic_id(name, id);
         }
     }
 }
@@ -358,7 +358,7 @@ impl FetchFilter {
                         now_ms,
                         &self.engine.verdicts,
                         &self.engine.budget,
-                        &self.dead_letter,
+                        &self.ledger,
                     );
                 }
             }

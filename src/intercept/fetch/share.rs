@@ -294,7 +294,7 @@ impl FetchFilter {
             .extend(plan.whole_batches.iter().map(|&(f, l)| (f, l.max(f))));
         // In its DLT before (this fetch or another, any instance). The
         // ranges were checked: at most one more than the section's records.
-        let ledger = self.dead_letter.ledger();
+        let ledger = &self.ledger;
         for a in &acquired {
             let before = ledger.diverted_in(
                 &plan.topic,
