@@ -27,7 +27,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
 use kafka_protocol::messages::FetchResponse;
 use kafka_protocol::protocol::Decodable;
-use tracing::{debug, warn};
+use tracing::debug;
 use uuid::Uuid;
 
 use crate::clock::now_ms;
@@ -37,12 +37,12 @@ use crate::dlt::ledger::Ledger;
 use crate::dlt::DeadLetter;
 use crate::engine::Engine;
 use crate::kafka::batch::BatchError;
-use crate::metrics::{self, InvalidAction, Judged, Observation};
+use crate::metrics::{self, Observation};
 pub use crate::plan::verdicts::VerdictCache;
 use crate::plan::{PartitionPlan, Visibility};
-use crate::policy::{Action, PolicySet};
-pub use holds::Holds;
-use pipeline::{Judgement, Kind, Named, PartView, Postponed, TopicView};
+use crate::policy::PolicySet;
+pub use deliver::Holds;
+use pipeline::{Judgement, Kind, Named, PartView, TopicView};
 
 /// Fetch isolation levels (request field, v4+).
 pub const READ_COMMITTED: i8 = 1;
@@ -223,10 +223,9 @@ impl FetchFilter {
         let (filtered, cpu) = cpu_of(|| {
             let mut replaced = Vec::with_capacity(plans.len());
             for ((at, plan, transient), failed) in plans.into_iter().zip(failed) {
-                let failed_from = failed.first().copied();
-                let failed_from = transient::hold_from(holds, &plan, failed_from, transient, seen);
-                keys::learn(&self.blocked, &plan, plan.held_from(failed_from));
-                replaced.push((at, apply_outcome(holds, &plan, failed_from, seen)?));
+                let outcome = (&failed[..], transient);
+                let chunks = deliver::deliver(holds, &self.blocked, &plan, outcome, seen)?;
+                replaced.push((at, chunks));
             }
             Ok(Some(out(&mut resp, replaced)?))
         });
@@ -247,13 +246,13 @@ impl FetchFilter {
         let mut plans = Vec::new();
         for Judgement { at, mut plan, .. } in judged {
             let postponed = self.postpone(&mut plan);
-            let transient = hold_postponed(&mut plan, &postponed);
+            let transient = deliver::hold_postponed(&mut plan, &postponed);
             if plan.changes_anything() || transient.is_some() {
                 // Its blocks are learnt once its diversions are done.
                 plans.push((at, plan, transient));
             } else {
-                keys::learn(&self.blocked, &plan, None);
-                seen.partitions.push(count(&plan, None));
+                deliver::learn_keys(&self.blocked, &plan, None);
+                seen.partitions.push(deliver::count(&plan, None));
                 seen.held.push((plan.topic.clone(), plan.partition, false));
             }
         }
@@ -286,73 +285,6 @@ fn views(resp: &FetchResponse, version: i16, isolation: i8) -> Vec<TopicView<'_>
         .collect()
 }
 
-/// Where a Fetch holds for what was postponed: at an open breaker's cut
-/// (`plan.held`), and at a transient verdict before it (returned: noted
-/// when the hold is applied). No diversion from either on is written.
-fn hold_postponed(plan: &mut PartitionPlan, postponed: &[Postponed]) -> Option<i64> {
-    let first = |why: &str| {
-        (postponed.iter())
-            .find(|(_, r)| *r == why)
-            .map(|((o, _), _)| *o)
-    };
-    let cut = first("breaker");
-    let transient = first("transient").filter(|t| cut.is_none_or(|c| *t < c));
-    if let Some(cut) = cut {
-        if plan.held.as_ref().is_none_or(|h| h.offset > cut) {
-            plan.held = Some(crate::plan::Hold {
-                offset: cut,
-                reason: crate::plan::HoldReason::Breaker,
-            });
-        }
-    }
-    if let Some(stop) = transient.or(cut) {
-        plan.diversions.retain(|d| d.origin_offset < stop);
-    }
-    transient
-}
-
-/// The records section a changed partition gets, once its diversions are
-/// done: everything planned, or (when held, here or by a failed diversion)
-/// what comes before the hold, if this connection may receive it.
-fn apply_outcome(
-    holds: &mut Holds,
-    plan: &PartitionPlan,
-    failed_from: Option<i64>,
-    seen: &mut Observation,
-) -> Result<Vec<Bytes>, BatchError> {
-    let held_from = plan.held_from(failed_from);
-    log_hold(plan, failed_from, seen);
-    seen.partitions.push(count(plan, held_from));
-    (seen.held).push((plan.topic.clone(), plan.partition, held_from.is_some()));
-    match held_from {
-        None => {
-            holds.release(&plan.topic, plan.partition);
-            plan.apply_chunks(None)
-        }
-        Some(offset) if holds.hold(&plan.topic, plan.partition, offset) => {
-            plan.apply_chunks(Some(offset))
-        }
-        Some(_) => Ok(Vec::new()),
-    }
-}
-
-/// Say why a partition is held: a batch that could not be judged (counted
-/// by reason) or a diversion that was not acknowledged in time.
-fn log_hold(plan: &PartitionPlan, failed_from: Option<i64>, seen: &mut Observation) {
-    let (topic, partition) = (&*plan.topic, plan.partition);
-    if let Some(h) = &plan.held {
-        (seen.held_batches).push((plan.topic.clone(), partition, h.reason.as_str()));
-        warn!(topic, partition, offset = h.offset, reason = %h.reason,
-            "batch cannot be judged: partition held at it");
-    }
-    if let Some(offset) = failed_from {
-        warn!(
-            topic,
-            partition, offset, "dead-letter write failed: partition held before this offset"
-        );
-    }
-}
-
 /// Withhold every partition's records of `topic`, not judged because
 /// `why` (its id not known yet, its DLTs or blocked keys not read back):
 /// the client fetches them again later. Whether anything changed.
@@ -371,54 +303,6 @@ fn hold_topic(topic: &mut FetchableTopicResponse, why: &str) -> bool {
         }
     }
     changed
-}
-
-/// Count what a plan judged. Diversions count once acknowledged; those
-/// at or past a hold are judged again on the next fetch. Holds are the
-/// caller's to report: only a Fetch holds a partition
-/// (`antidote_held_partitions`); a ShareFetch withholds records
-/// (`antidote_share_withheld_records_total`), and must not clear a hold a
-/// Fetch of the same partition has.
-fn count(plan: &PartitionPlan, held_from: Option<i64>) -> Judged {
-    let held_back = (plan.diversions.iter())
-        .filter(|d| held_from.is_some_and(|h| d.origin_offset >= h))
-        .count() as u64;
-    let invalid = (plan.diversions.len() + plan.settled.len()) as u64;
-    let counted = |o: i64| held_from.is_none_or(|h| o < h);
-    judged(
-        plan,
-        plan.stats.judged.saturating_sub(held_back),
-        plan.stats.judged.saturating_sub(invalid),
-        |o, is_diversion| !is_diversion || counted(o),
-    )
-}
-
-/// One partition's judging: `judged` records, `passed` of them valid,
-/// and each invalid record whose offset `counts` (with whether it is a
-/// diversion written now), with what became of it: diverted now or by an
-/// earlier fetch (batches resent as spliced), dropped, or passed.
-fn judged(
-    plan: &PartitionPlan,
-    judged: u64,
-    passed: u64,
-    counts: impl Fn(i64, bool) -> bool,
-) -> Judged {
-    let mut j = Judged {
-        topic: plan.topic.clone(),
-        partition: plan.partition,
-        policy: plan.policy.clone(),
-        evaluated: plan.stats.validated,
-        judged,
-        passed,
-        invalid: Vec::new(),
-    };
-    for d in (plan.diversions.iter()).filter(|d| counts(d.origin_offset, true)) {
-        j.invalid(&d.invalid, InvalidAction::Met(Action::Divert));
-    }
-    for s in (plan.settled.iter()).filter(|s| counts(s.offset, false)) {
-        j.invalid(&s.invalid, s.action.into());
-    }
-    j
 }
 
 /// Run `f` and add the CPU time it took on this thread to `seen`. `f` is
@@ -440,9 +324,8 @@ fn thread_cpu_time() -> Duration {
     cpu_time::ThreadTime::try_now().map_or(Duration::ZERO, |t| t.as_duration())
 }
 
+mod deliver;
 mod divert;
-mod holds;
-mod keys;
 mod parallel;
 mod patch;
 mod pipeline;
@@ -455,5 +338,3 @@ mod fetch_tests;
 // FetchFilter::filter_share likewise.
 #[cfg(test)]
 mod share_tests;
-
-mod transient;

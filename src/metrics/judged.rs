@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::plan::PartitionPlan;
 use crate::policy::{Action, Class, Invalid, Policy};
 
 /// One partition's judging in one response.
@@ -27,6 +28,34 @@ pub struct Judged {
 }
 
 impl Judged {
+    /// `plan`'s judging: `judged` records, `passed` of them valid, and each
+    /// invalid record whose offset `counts` (with whether it is a diversion
+    /// written now), with what became of it: diverted now or by an earlier
+    /// fetch (batches resent as spliced), dropped, or passed.
+    pub fn of(
+        plan: &PartitionPlan,
+        judged: u64,
+        passed: u64,
+        counts: impl Fn(i64, bool) -> bool,
+    ) -> Judged {
+        let mut j = Judged {
+            topic: plan.topic.clone(),
+            partition: plan.partition,
+            policy: plan.policy.clone(),
+            evaluated: plan.stats.validated,
+            judged,
+            passed,
+            invalid: Vec::new(),
+        };
+        for d in (plan.diversions.iter()).filter(|d| counts(d.origin_offset, true)) {
+            j.invalid(&d.invalid, InvalidAction::Met(Action::Divert));
+        }
+        for s in (plan.settled.iter()).filter(|s| counts(s.offset, false)) {
+            j.invalid(&s.invalid, s.action.into());
+        }
+        j
+    }
+
     /// Count one more invalid record (`inv`, `action`).
     pub fn invalid(&mut self, inv: &Invalid, action: InvalidAction) {
         let same = |(c, r, a, _): &&mut (Class, String, InvalidAction, u64)| {

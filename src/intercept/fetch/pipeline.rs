@@ -13,13 +13,14 @@
 //! transient verdicts tried again while the registry answers), and, per
 //! plan, postponing the diversions that may not be written now (transient
 //! verdicts, everything from an open breaker's cut on). What was judged is
-//! reported once per partition when it is delivered (`fetch::count`).
+//! reported once per partition when it is delivered (`deliver.rs: count`,
+//! `share.rs: count_acquired`).
 //!
 //! `transient` verdicts are records whose schema the registry has not
 //! given yet: after planning, what the judges asked for is fetched
 //! (bounded by the registry's `timeout`, or 200 ms while it is known to be
 //! down) and those partitions are planned again (`resolve_transient`). A
-//! record still `transient` then holds its partition (`transient.rs`).
+//! record still `transient` then holds a Fetch's partition (`deliver.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -48,13 +48,13 @@ use kafka_protocol::protocol::Decodable;
 use super::patch::Fresh;
 use super::pipeline::{span_of, Judgement, Kind, Named, PartView, TopicView};
 use super::share_patch::{acquired_count, acquired_of, to_wire, ShareSections};
-use super::{cpu_of, judged, timed, FetchContext, FetchFilter, FilterError};
+use super::{cpu_of, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, ShareAcks};
 use crate::intercept::share::withheld::Reasoned;
 use crate::intercept::share::SessionKey;
 use crate::kafka::batch::{segments, Segment};
-use crate::metrics::{self, Observation, ShareSeen};
+use crate::metrics::{self, Judged, Observation, ShareSeen};
 use crate::plan::share::{self, Acquired, Span};
 use crate::plan::{PartitionPlan, Visibility};
 
@@ -435,7 +435,7 @@ fn count_acquired(
         .filter(|s| !s.action.removes() && counted(s.offset, false))
         .count() as u64;
     let given = share::count(&given).saturating_sub(passed_invalid);
-    judged(plan, share::count(&mine), given, counted)
+    Judged::of(plan, share::count(&mine), given, counted)
 }
 
 /// Spans as acquired ranges (for `share::within`).
