@@ -1,50 +1,34 @@
-//! The proxy's own dead-letter producer: acks=all, idempotent where the
-//! broker supports InitProducerId, one Produce in flight at a time.
+//! The proxy's own dead-letter producer, its task: acks=all, idempotent
+//! where the broker supports InitProducerId, one Produce in flight at a
+//! time. It takes the queued jobs in rounds, makes sure each DLT exists
+//! (creating it with a `max.message.bytes` of `limits.max_frame_bytes`, so
+//! a batch the proxy can frame is one the topic accepts), looks up the
+//! origin topics' ids, and hands each DLT partition's jobs to `once`.
 //!
 //! Jobs queue up while a write is under way and go out together in the next
-//! round, one batch (or a few, see below) per DLT partition. A record of
+//! round, one batch (or a few, see `once`) per DLT partition. A record of
 //! origin partition P goes to DLT partition P mod (DLT partitions), keeping
-//! one origin partition's diversions in order.
-//!
-//! Every DLT partition has its own outcome: a partition the broker
-//! acknowledged is never failed or written again because another one failed.
-//! A batch refused as too large (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE) is
-//! split in halves and re-sent, down to single records; a single record
-//! still too large fails only its own job (logged as an error, counted as
-//! `antidote_dlt_writes_total{result="too_large"}`). Any other refusal fails
-//! that partition's remaining jobs, so that a partition's diversions stay
-//! in order; the interception layer holds their origin partitions and a
-//! later fetch tries again. Batches are compressed with
-//! `dead_letter.compression`, and a DLT the proxy creates gets a
-//! `max.message.bytes` of `limits.max_frame_bytes`, so a batch the proxy can
-//! frame is one the topic accepts.
+//! one origin partition's diversions in order. Every DLT partition has its
+//! own outcome: a partition the broker acknowledged is never failed or
+//! written again because another one failed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use super::lease::Leases;
 use super::PendingWrite;
-use crate::client::{errors, Cluster};
+use crate::client::Cluster;
 use crate::clock::now_ms;
 use crate::config::DeadLetterConfig;
-use crate::dlt::backoff;
 use crate::dlt::ledger::Ledger;
-use crate::kafka::builder::{build_batch, BuildOptions, NewRecord};
-use crate::metrics::{DltWriteSeen, Produced};
 
 /// Most jobs taken into one round.
 const MAX_JOBS_PER_ROUND: usize = 1000;
-/// Most record bytes (before compression) put in one batch up front: under
-/// Kafka's default `max.message.bytes` (1 MiB), so a DLT created by someone
-/// else with defaults rarely needs a split.
-const MAX_BATCH_BYTES: usize = 900 * 1024;
 /// How long an origin topic's id is used before it is looked up again.
 const ID_TTL: Duration = Duration::from_secs(30);
 
@@ -58,32 +42,6 @@ pub(super) enum Written {
     TooLarge,
     /// A read, lease or write failed: the cluster may have changed.
     Failed,
-}
-
-/// Why [`Producer::send_split`] stopped before its last batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Stopped {
-    /// A newer epoch of the partition's lease fenced the write.
-    Fenced,
-    /// The broker refused or did not answer.
-    Failed,
-}
-
-/// Why one batch was not acknowledged.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum ProduceError {
-    #[error("{0}: the broker refused the batch as too large (error {1})")]
-    TooLarge(String, i16),
-    /// A record's timestamp is outside what the DLT accepts
-    /// (`message.timestamp.{before,after}.max.ms`).
-    #[error("{0}: the broker refused a record's timestamp (error {1})")]
-    BadTimestamp(String, i16),
-    #[error("{0}")]
-    Failed(String),
-    /// Another writer took this DLT partition's producer epoch (or the
-    /// broker lost our producer state): read the partition again first.
-    #[error("{0}: producer fenced or unknown (error {1})")]
-    Fenced(String, i16),
 }
 
 pub struct Producer {
@@ -288,80 +246,6 @@ impl Producer {
             .collect()
     }
 
-    /// Send `records` to `topic`/`partition`: in batches of at most
-    /// [`MAX_BATCH_BYTES`], each split in halves while the broker refuses it
-    /// as too large or for a timestamp. A single record whose timestamp the
-    /// DLT refuses is sent again, once, stamped with the time of its
-    /// diversion (the original stays in `x-original-timestamp`). Whether
-    /// each record was acknowledged, and why sending stopped early if it did
-    /// (a single record too large does not stop it); what each Produce came
-    /// to is noted in `seen`.
-    pub(super) async fn send_split(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        records: &mut [NewRecord],
-        seen: &mut DltWriteSeen,
-    ) -> (Vec<bool>, Option<Stopped>) {
-        let mut ok = vec![false; records.len()];
-        let mut retimed = vec![false; records.len()];
-        let mut stopped = None;
-        // Ranges still to send, the next one last (so they go in order).
-        let mut todo: Vec<Range<usize>> = chunks(records, MAX_BATCH_BYTES);
-        todo.reverse();
-        while let Some(r) = todo.pop() {
-            let started = Instant::now();
-            match self.produce(topic, partition, &records[r.clone()]).await {
-                Ok(()) => {
-                    seen.produced.push((Produced::Ok, started.elapsed()));
-                    seen.written += r.len() as u64;
-                    ok[r].fill(true);
-                }
-                Err(e @ (ProduceError::TooLarge(..) | ProduceError::BadTimestamp(..)))
-                    if r.len() > 1 =>
-                {
-                    let mid = r.start + r.len() / 2;
-                    let why = match e {
-                        ProduceError::TooLarge(..) => "batch too large for the DLT: splitting",
-                        _ => "a record's timestamp refused by the DLT: splitting",
-                    };
-                    debug!(dlt = topic, partition, records = r.len(), "{why}");
-                    todo.push(mid..r.end);
-                    todo.push(r.start..mid);
-                }
-                Err(e @ ProduceError::BadTimestamp(..)) if !retimed[r.start] => {
-                    seen.produced.push((Produced::Retimed, started.elapsed()));
-                    warn!(error = %e, dlt = topic, partition, timestamp = records[r.start].timestamp, "the DLT refused a dead-letter record's timestamp: sent again with the time of its diversion (the original is in x-original-timestamp)");
-                    records[r.start].timestamp = now_ms();
-                    retimed[r.start] = true;
-                    todo.push(r);
-                }
-                Err(e @ ProduceError::Fenced(..)) => {
-                    stopped = Some(Stopped::Fenced);
-                    debug!(error = %e, dlt = topic, partition, "fenced by another writer of the DLT partition");
-                    break;
-                }
-                Err(e @ ProduceError::TooLarge(..)) => {
-                    seen.produced.push((Produced::TooLarge, started.elapsed()));
-                    // Retried on every fetch of its partition: logged once a
-                    // minute per DLT partition (the metric counts each).
-                    if too_large_logged_recently(topic, partition) {
-                        debug!(error = %e, dlt = topic, partition, "a single dead-letter record is still too large for its DLT");
-                    } else {
-                        error!(error = %e, dlt = topic, partition, "a single dead-letter record is too large for its DLT; its partition stays held");
-                    }
-                }
-                Err(e) => {
-                    seen.produced.push((Produced::Error, started.elapsed()));
-                    warn!(error = %e, dlt = topic, partition, records = todo.iter().map(|r| r.len()).sum::<usize>() + r.len(), "dead-letter write failed");
-                    stopped = Some(Stopped::Failed);
-                    break;
-                }
-            }
-        }
-        (ok, stopped)
-    }
-
     /// Make sure `topic` exists (creating it if needed); its partition count.
     async fn ensure_topic(&mut self, topic: &str) -> Result<usize, String> {
         for attempt in 0..20 {
@@ -405,107 +289,6 @@ impl Producer {
             }
         }
     }
-
-    /// Produce one batch to one partition with acks=all, retrying network
-    /// errors (jittered backoff) with the same bytes.
-    pub(super) async fn produce(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        records: &[NewRecord],
-    ) -> Result<(), ProduceError> {
-        let key = (topic.to_string(), partition);
-        let what = || format!("{topic}-{partition}");
-        let lease = self.leases.current(&key);
-        let opts = BuildOptions::default()
-            .compression(self.cfg.compression.codec())
-            .idempotent(lease.pid, lease.epoch, lease.seq);
-        let batch = build_batch(records, &opts)
-            .map_err(|e| ProduceError::Failed(format!("{}: {e}", what())))?;
-        let code = self.send_retrying(topic, partition, batch).await?;
-        match code {
-            0 | errors::DUPLICATE_SEQUENCE_NUMBER => {
-                self.leases.advance(&key, records.len());
-                Ok(())
-            }
-            errors::MESSAGE_TOO_LARGE | errors::RECORD_LIST_TOO_LARGE => {
-                Err(ProduceError::TooLarge(what(), code))
-            }
-            errors::INVALID_TIMESTAMP => Err(ProduceError::BadTimestamp(what(), code)),
-            errors::OUT_OF_ORDER_SEQUENCE_NUMBER
-            | errors::UNKNOWN_PRODUCER_ID
-            | errors::INVALID_PRODUCER_EPOCH
-            | errors::PRODUCER_FENCED => Err(ProduceError::Fenced(what(), code)),
-            errors::NOT_LEADER_OR_FOLLOWER
-            | errors::LEADER_NOT_AVAILABLE
-            | errors::UNKNOWN_TOPIC_OR_PARTITION => {
-                self.cluster.reset();
-                Err(ProduceError::Failed(format!(
-                    "{}: leader not available (error {code})",
-                    what()
-                )))
-            }
-            other => Err(ProduceError::Failed(format!(
-                "{}: produce error {other}",
-                what()
-            ))),
-        }
-    }
-
-    /// One Produce request, retried on network errors; the partition's
-    /// error code.
-    async fn send_retrying(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        batch: Bytes,
-    ) -> Result<i16, ProduceError> {
-        let mut last_err = String::new();
-        for attempt in 0..3u32 {
-            match self.cluster.produce(topic, partition, batch.clone()).await {
-                Ok(p) => return Ok(p.error_code),
-                Err(e) => {
-                    last_err = e.to_string();
-                    self.cluster.reset();
-                    tokio::time::sleep(backoff(
-                        attempt,
-                        Duration::from_millis(100),
-                        Duration::from_secs(1),
-                    ))
-                    .await;
-                }
-            }
-        }
-        Err(ProduceError::Failed(last_err))
-    }
-}
-
-/// Consecutive ranges of `records` of at most `max_bytes` each (by value,
-/// key and header sizes); a record larger than that gets a range of its own.
-fn chunks(records: &[NewRecord], max_bytes: usize) -> Vec<Range<usize>> {
-    let size = |r: &NewRecord| {
-        r.key.as_ref().map_or(0, Bytes::len)
-            + r.value.as_ref().map_or(0, Bytes::len)
-            + r.headers
-                .iter()
-                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len) + 8)
-                .sum::<usize>()
-            + 24
-    };
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (i, r) in records.iter().enumerate() {
-        let s = size(r);
-        if i > start && bytes + s > max_bytes {
-            out.push(start..i);
-            (start, bytes) = (i, 0);
-        }
-        bytes += s;
-    }
-    if start < records.len() {
-        out.push(start..records.len());
-    }
-    out
 }
 
 /// Report a job's outcome: the ledger first (so a new claim sees it), then
@@ -519,55 +302,4 @@ pub(super) fn finish(ledger: &Ledger, job: PendingWrite, ok: bool) {
     }
     ledger.finish(&job.key, ok);
     let _ = job.done.send(Some(ok));
-}
-
-/// Whether the too-large error of `topic`/`partition` was logged in the
-/// last minute (else it is noted as logged now). At most one entry per DLT
-/// partition that ever held a too-large record.
-fn too_large_logged_recently(topic: &str, partition: i32) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static LOGGED: OnceLock<Mutex<HashMap<(String, i32), Instant>>> = OnceLock::new();
-    const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-    let mut m = LOGGED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let now = Instant::now();
-    match m.get_mut(&(topic.to_string(), partition)) {
-        Some(at) if now.duration_since(*at) < EVERY => true,
-        Some(at) => {
-            *at = now;
-            false
-        }
-        None => {
-            m.insert((topic.to_string(), partition), now);
-            false
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(value_len: usize) -> NewRecord {
-        NewRecord {
-            timestamp: 1,
-            key: None,
-            value: Some(Bytes::from(vec![b'x'; value_len])),
-            headers: vec![],
-        }
-    }
-
-    #[test]
-    fn chunks_bound_bytes_and_keep_order() {
-        let recs: Vec<_> = [10, 10, 100, 10, 500, 10].iter().map(|&n| rec(n)).collect();
-        assert_eq!(chunks(&recs, 200), [0..3, 3..4, 4..5, 5..6]);
-        // One chunk: the records 0 to 5.
-        #[allow(clippy::single_range_in_vec_init)]
-        let one = [0..6];
-        assert_eq!(chunks(&recs, 10_000), one);
-        assert!(chunks(&[], 10).is_empty());
-    }
 }
