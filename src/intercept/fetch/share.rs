@@ -47,7 +47,7 @@ use kafka_protocol::protocol::Decodable;
 
 use super::patch::Fresh;
 use super::pipeline::{span_of, Judgement, Kind, Named, PartView, TopicView};
-use super::share_patch::{acquired_count, acquired_of, to_wire, ShareSections};
+use super::share_patch::ShareSections;
 use super::{cpu_of, timed, FetchContext, FetchFilter, FilterError};
 use crate::clock::now_ms;
 use crate::intercept::share::acks::{lock_deadline, Owed, ShareAcks};
@@ -55,7 +55,7 @@ use crate::intercept::share::withheld::Reasoned;
 use crate::intercept::share::SessionKey;
 use crate::kafka::batch::{segments, Segment};
 use crate::metrics::{self, Judged, Observation, ShareSeen};
-use crate::plan::share::{self, Acquired, Span};
+use crate::plan::share::{self, Acquired, Outcome, Settle, Span};
 use crate::plan::{PartitionPlan, Visibility};
 
 /// One ShareFetch response's context on the request side.
@@ -87,31 +87,9 @@ struct Planned {
 /// A topic (partition `None`) or a partition withheld whole, and why.
 type Withheld = (usize, Option<usize>, &'static str);
 
-/// What to do with one partition's acquired offsets.
-#[derive(Default)]
-struct Settle {
-    /// Removed for good: acknowledged by the proxy.
-    done: Vec<Span>,
-    /// Not decided now: withheld, no acknowledgement, by reason.
-    withheld: Vec<(Span, &'static str)>,
-    /// Withheld from this offset on (a batch that cannot be judged).
-    held_from: Option<i64>,
-}
-
 /// A partition's acquired ranges the proxy acknowledges, and those it
 /// withholds, by reason.
 type Settled = (Vec<Span>, Reasoned);
-
-/// What becomes of one partition's acquired offsets, as ranges.
-struct Outcome {
-    /// Acknowledged by the proxy.
-    done: Vec<Span>,
-    /// Every acquired offset that leaves the acquired ranges (done and
-    /// withheld).
-    removed: Vec<Span>,
-    /// The withheld ones, by reason (kept acquired by renewals).
-    held: Reasoned,
-}
 
 impl FetchFilter {
     /// Filter a ShareFetch response body; `Ok(None)` means forward it as it
@@ -304,17 +282,20 @@ impl FetchFilter {
             );
             settle.done.extend(before.into_iter().map(|o| (o, o)));
         }
-        let out = settle.outcome(&acquired, seen);
-        let left = share::subtract(&acquired, &out.removed);
+        let out = settle.outcome(&acquired);
+        for &(span, reason) in &out.held {
+            seen.withheld(reason, share::count(&[span]));
+        }
+        let left = &out.left;
         if let Some(records) = &p.records {
-            let judged = count_acquired(&plan, records, &acquired, &left, &out, settle.held_from);
+            let judged = count_acquired(&plan, records, &acquired, left, &out, settle.held_from);
             seen.partitions.push(judged);
         }
         if out.removed.is_empty() && !plan.changes_anything() {
             return Ok(None);
         }
         let chunks = plan.apply_chunks(None)?;
-        p.acquired_records = to_wire(&left);
+        p.acquired_records = to_wire(left);
         Ok(Some(((out.done, out.held), chunks)))
     }
 
@@ -364,41 +345,6 @@ impl FetchFilter {
     }
 }
 
-impl Settle {
-    /// What becomes of `acquired` (checked: sorted, disjoint): withheld
-    /// wins over done (a batch diverted whole and not written is withheld
-    /// whole), `held_from` cuts everything from it on. Counts the withheld.
-    fn outcome(&self, acquired: &[Acquired], seen: &mut Observation) -> Outcome {
-        let held = share::before(&[(i64::MIN, i64::MAX)], self.held_from);
-        let mut withheld = Vec::new();
-        let mut by_reason = Vec::new();
-        for &(span, reason) in &self.withheld {
-            let mine = share::within(&share::within(&[span], acquired), &to_acquired(&held));
-            if !mine.is_empty() {
-                seen.withheld(reason, share::count(&mine));
-                by_reason.extend(mine.iter().map(|&s| (s, reason)));
-                withheld.extend(mine);
-            }
-        }
-        let withheld = share::normalize(withheld);
-        let done = share::normalize(self.done.clone());
-        let done = share::before(&share::within(&done, acquired), self.held_from);
-        let done = share::minus(&done, &withheld);
-        let mut removed: Vec<Span> = done.iter().chain(&withheld).copied().collect();
-        if let Some(from) = self.held_from {
-            let cut = share::within(&[(from, i64::MAX)], acquired);
-            seen.withheld("held", share::count(&cut));
-            by_reason.extend(cut.iter().map(|&s| (s, "held")));
-            removed.extend(cut);
-        }
-        Outcome {
-            done,
-            removed: share::normalize(removed),
-            held: by_reason,
-        }
-    }
-}
-
 /// Count what this member's part of the partition came to: the records
 /// it acquired in this response (given to it, or settled by the proxy;
 /// not those withheld, which are judged again when they come back), the
@@ -436,18 +382,6 @@ fn count_acquired(
         .count() as u64;
     let given = share::count(&given).saturating_sub(passed_invalid);
     Judged::of(plan, share::count(&mine), given, counted)
-}
-
-/// Spans as acquired ranges (for `share::within`).
-fn to_acquired(spans: &[Span]) -> Vec<Acquired> {
-    spans
-        .iter()
-        .map(|&(first, last)| Acquired {
-            first,
-            last,
-            delivery_count: 0,
-        })
-        .collect()
 }
 
 /// A ShareFetch response's topics as the pipeline reads them: the
@@ -521,4 +455,37 @@ fn withhold(resp: &mut ShareFetchResponse, withheld: &[Withheld], seen: &mut Obs
         }
     }
     changed
+}
+
+/// The acquired ranges of a partition as the planner reads them.
+fn acquired_of(wire: &[AcquiredRecords]) -> Vec<Acquired> {
+    wire.iter()
+        .map(|a| Acquired {
+            first: a.first_offset,
+            last: a.last_offset,
+            delivery_count: a.delivery_count,
+        })
+        .collect()
+}
+
+/// Acquired ranges as the wire writes them.
+fn to_wire(ranges: &[Acquired]) -> Vec<AcquiredRecords> {
+    ranges
+        .iter()
+        .map(|a| {
+            AcquiredRecords::default()
+                .with_first_offset(a.first)
+                .with_last_offset(a.last)
+                .with_delivery_count(a.delivery_count)
+        })
+        .collect()
+}
+
+/// How many offsets the acquired ranges hold.
+fn acquired_count(wire: &[AcquiredRecords]) -> u64 {
+    let spans: Vec<Span> = wire
+        .iter()
+        .map(|a| (a.first_offset, a.last_offset))
+        .collect();
+    share::count(&spans)
 }

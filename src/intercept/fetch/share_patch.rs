@@ -8,16 +8,13 @@
 //! shortest form, tagged fields in an acquired range, ranges without a
 //! records section), is encoded in full by the caller. Debug builds decode
 //! every patched body and compare it with the response the encoder would
-//! write, so the whole test suite checks it. Also the acquired ranges'
-//! wire form, both ways.
+//! write, so the whole test suite checks it.
 
 use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::share_fetch_response::AcquiredRecords;
 use kafka_protocol::messages::ShareFetchResponse;
-
-use crate::plan::share::{self, Acquired, Span};
 
 use super::patch::{assemble, length_prefix, Patchable};
 
@@ -175,39 +172,6 @@ impl Patchable for ShareFetchResponse {
             p.records = Some(records);
         }
     }
-}
-
-/// The acquired ranges of a partition as the planner reads them.
-pub(super) fn acquired_of(wire: &[AcquiredRecords]) -> Vec<Acquired> {
-    wire.iter()
-        .map(|a| Acquired {
-            first: a.first_offset,
-            last: a.last_offset,
-            delivery_count: a.delivery_count,
-        })
-        .collect()
-}
-
-/// Acquired ranges as the wire writes them.
-pub(super) fn to_wire(ranges: &[Acquired]) -> Vec<AcquiredRecords> {
-    ranges
-        .iter()
-        .map(|a| {
-            AcquiredRecords::default()
-                .with_first_offset(a.first)
-                .with_last_offset(a.last)
-                .with_delivery_count(a.delivery_count)
-        })
-        .collect()
-}
-
-/// How many offsets the acquired ranges hold.
-pub(super) fn acquired_count(wire: &[AcquiredRecords]) -> u64 {
-    let spans: Vec<Span> = wire
-        .iter()
-        .map(|a| (a.first_offset, a.last_offset))
-        .collect();
-    share::count(&spans)
 }
 
 #[cfg(test)]

@@ -206,6 +206,79 @@ pub fn subtract(acquired: &[Acquired], removed: &[Span]) -> Vec<Acquired> {
     out
 }
 
+/// What to do with one partition's acquired offsets, as the filter sorted
+/// them.
+#[derive(Debug, Default)]
+pub struct Settle {
+    /// Removed for good: acknowledged by the proxy.
+    pub done: Vec<Span>,
+    /// Not decided now: withheld, no acknowledgement, by reason.
+    pub withheld: Vec<(Span, &'static str)>,
+    /// Withheld from this offset on (a batch that cannot be judged).
+    pub held_from: Option<i64>,
+}
+
+/// What becomes of one partition's acquired offsets, as ranges.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Acknowledged by the proxy.
+    pub done: Vec<Span>,
+    /// Every acquired offset that leaves the acquired ranges (done and
+    /// withheld).
+    pub removed: Vec<Span>,
+    /// The withheld ones, by reason (kept acquired by renewals; `held`
+    /// from `held_from` on).
+    pub held: Vec<(Span, &'static str)>,
+    /// What the member is left with: its acquired ranges without
+    /// `removed`.
+    pub left: Vec<Acquired>,
+}
+
+impl Settle {
+    /// What becomes of `acquired` (checked: sorted, disjoint): withheld
+    /// wins over done (a batch diverted whole and not written is withheld
+    /// whole), `held_from` cuts everything from it on.
+    pub fn outcome(&self, acquired: &[Acquired]) -> Outcome {
+        let held = before(&[(i64::MIN, i64::MAX)], self.held_from);
+        let mut withheld = Vec::new();
+        let mut by_reason = Vec::new();
+        for &(span, reason) in &self.withheld {
+            let mine = within(&within(&[span], acquired), &as_acquired(&held));
+            by_reason.extend(mine.iter().map(|&s| (s, reason)));
+            withheld.extend(mine);
+        }
+        let withheld = normalize(withheld);
+        let done = normalize(self.done.clone());
+        let done = before(&within(&done, acquired), self.held_from);
+        let done = minus(&done, &withheld);
+        let mut removed: Vec<Span> = done.iter().chain(&withheld).copied().collect();
+        if let Some(from) = self.held_from {
+            let cut = within(&[(from, i64::MAX)], acquired);
+            by_reason.extend(cut.iter().map(|&s| (s, "held")));
+            removed.extend(cut);
+        }
+        let removed = normalize(removed);
+        Outcome {
+            left: subtract(acquired, &removed),
+            done,
+            removed,
+            held: by_reason,
+        }
+    }
+}
+
+/// Spans as acquired ranges (for `within`).
+fn as_acquired(spans: &[Span]) -> Vec<Acquired> {
+    spans
+        .iter()
+        .map(|&(first, last)| Acquired {
+            first,
+            last,
+            delivery_count: 0,
+        })
+        .collect()
+}
+
 /// One acknowledgement batch: `first..=last` with either one type for the
 /// whole range or one per offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,6 +386,28 @@ mod tests {
             last,
             delivery_count: 1,
         }
+    }
+
+    #[test]
+    fn withheld_wins_over_done_and_a_hold_cuts_everything_from_it_on() {
+        let acquired = [acq(0, 9), acq(20, 29)];
+        let settle = Settle {
+            done: vec![(2, 4), (7, 8), (40, 41)],
+            withheld: vec![((4, 5), "dlt"), ((15, 21), "transient")],
+            held_from: Some(25),
+        };
+        let out = settle.outcome(&acquired);
+        assert_eq!(
+            out.done,
+            vec![(2, 3), (7, 8)],
+            "4 withheld, 40 not acquired"
+        );
+        assert_eq!(
+            out.held,
+            vec![((4, 5), "dlt"), ((20, 21), "transient"), ((25, 29), "held")]
+        );
+        assert_eq!(out.removed, vec![(2, 5), (7, 8), (20, 21), (25, 29)]);
+        assert_eq!(out.left, vec![acq(0, 1), acq(6, 6), acq(9, 9), acq(22, 24)]);
     }
 
     #[test]
