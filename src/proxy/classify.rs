@@ -132,7 +132,7 @@ fn classify_with_policies(
         raw: raw_sasl,
         policies_loaded: loaded,
         produce_guard: checked.then_some(&guard as &dyn door::wire::Topics),
-        offer: versions::Offer::of(&shared.config),
+        offer: shared.offer,
         share,
     };
     let c = classify(frame, head, &ctx)?;

@@ -70,6 +70,8 @@ pub enum StartError {
 /// State shared by every listener and connection.
 pub struct Shared {
     pub config: Config,
+    /// The API versions the proxy offers (its config's, read once).
+    pub offer: versions::Offer,
     pub addrs: Addresses,
     /// TLS towards clients; its certificate is reloaded by `reload`.
     tls: Option<tls::Server>,
@@ -198,6 +200,7 @@ impl Shared {
         // The background refresh learns new topics at this pace anyway.
         let negative_ttl = config.upstream.metadata_refresh;
         let shared = Arc::new(Shared {
+            offer: versions::Offer::of(&config),
             config,
             addrs,
             tls,

@@ -39,7 +39,7 @@ impl Exchange for ApiVersions {
         let share_ack = versions::broker_max(&frame, version, ApiKey::ShareAcknowledge);
         cx.share.learn_versions(share_ack);
         // The ApiVersions response header is always v0: the correlation id alone.
-        let offer = versions::Offer::of(&cx.shared.config);
+        let offer = cx.shared.offer;
         let body =
             versions::rewrite(frame.slice(RESPONSE_ID_END..), version, offer).map_err(bad)?;
         Ok(ResponseFrame::new(
