@@ -479,17 +479,18 @@ fn an_observation_becomes_its_series() {
     seen.deadline_cuts = 2;
     m.observe(seen);
     let text = m.render();
-    for line in [
-        "antidote_records_validated_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 9\n",
-        "antidote_records_passed_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 5\n",
-        "antidote_records_invalid_total{topic=\"geo\",partition=\"2\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"diverted\"} 3\n",
-        "antidote_records_invalid_total{topic=\"geo\",partition=\"2\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"dropped\"} 1\n",
-        "antidote_held_batches_total{topic=\"geo\",partition=\"2\",reason=\"budget\"} 1\n",
-        "\nantidote_fetch_deadline_cuts_total 2\n",
-        "antidote_fetch_rewrite_duration_seconds_count 1\n",
-    ] {
-        assert!(text.contains(line), "{line} missing from\n{text}");
-    }
+    has_lines(
+        &text,
+        &[
+            "antidote_records_validated_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 9\n",
+            "antidote_records_passed_total{topic=\"geo\",partition=\"2\",policy=\"p\"} 5\n",
+            "antidote_records_invalid_total{topic=\"geo\",partition=\"2\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"diverted\"} 3\n",
+            "antidote_records_invalid_total{topic=\"geo\",partition=\"2\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"dropped\"} 1\n",
+            "antidote_held_batches_total{topic=\"geo\",partition=\"2\",reason=\"budget\"} 1\n",
+            "\nantidote_fetch_deadline_cuts_total 2\n",
+            "antidote_fetch_rewrite_duration_seconds_count 1\n",
+        ],
+    );
     assert_eq!(m.held_partitions(), 1);
     assert!(
         !text.contains("result=\"overflow\""),
@@ -514,17 +515,18 @@ fn share_bookkeeping_seen_once_becomes_its_series() {
     seen.kept(2, 5, 640);
     m.share_seen(seen);
     let text = m.render();
-    for line in [
-        "antidote_share_acks_total{result=\"sent\"} 4\n",
-        "antidote_share_withheld_records_total{reason=\"dlt\"} 2\n",
-        "antidote_share_renewals_total{result=\"sent\"} 3\n",
-        "antidote_share_renew_fallbacks_total{reason=\"budget\"} 1\n",
-        "antidote_share_renew_fallbacks_total{reason=\"expired\"} 2\n",
-        "antidote_share_withheld_ranges 5\n",
-        "antidote_share_withheld_bytes 640\n",
-    ] {
-        assert!(text.contains(line), "{line} missing from\n{text}");
-    }
+    has_lines(
+        &text,
+        &[
+            "antidote_share_acks_total{result=\"sent\"} 4\n",
+            "antidote_share_withheld_records_total{reason=\"dlt\"} 2\n",
+            "antidote_share_renewals_total{result=\"sent\"} 3\n",
+            "antidote_share_renew_fallbacks_total{reason=\"budget\"} 1\n",
+            "antidote_share_renew_fallbacks_total{reason=\"expired\"} 2\n",
+            "antidote_share_withheld_ranges 5\n",
+            "antidote_share_withheld_bytes 640\n",
+        ],
+    );
     assert!(!text.contains("result=\"refused\""), "none refused: {text}");
     let mut seen = ShareSeen::default();
     seen.fallback("refused", 1);
@@ -553,18 +555,19 @@ fn a_dlt_write_observation_becomes_its_series() {
         lease_failed: 0,
     });
     let text = m.render();
-    for line in [
-        "antidote_dlt_writes_total{result=\"ok\"} 2\n",
-        "antidote_dlt_writes_total{result=\"retimed\"} 1\n",
-        "antidote_dlt_writes_total{result=\"too_large\"} 1\n",
-        "antidote_dlt_writes_total{result=\"fenced\"} 1\n",
-        "antidote_dlt_write_duration_seconds_sum{result=\"ok\"} 0.007\n",
-        "antidote_dlt_write_duration_seconds_count{result=\"fenced\"} 1\n",
-        "antidote_dlt_diversions_total{source=\"written\"} 7\n",
-        "antidote_dlt_diversions_total{source=\"found_at_write\"} 2\n",
-    ] {
-        assert!(text.contains(line), "{line} missing from\n{text}");
-    }
+    has_lines(
+        &text,
+        &[
+            "antidote_dlt_writes_total{result=\"ok\"} 2\n",
+            "antidote_dlt_writes_total{result=\"retimed\"} 1\n",
+            "antidote_dlt_writes_total{result=\"too_large\"} 1\n",
+            "antidote_dlt_writes_total{result=\"fenced\"} 1\n",
+            "antidote_dlt_write_duration_seconds_sum{result=\"ok\"} 0.007\n",
+            "antidote_dlt_write_duration_seconds_count{result=\"fenced\"} 1\n",
+            "antidote_dlt_diversions_total{source=\"written\"} 7\n",
+            "antidote_dlt_diversions_total{source=\"found_at_write\"} 2\n",
+        ],
+    );
     for absent in ["result=\"error\"", "result=\"lease_failed\""] {
         assert!(!text.contains(absent), "nothing {absent}: {text}");
     }
@@ -593,14 +596,15 @@ fn a_follower_round_observation_becomes_its_series() {
     );
     m.follower_round(FollowerSeen::default(), 9_000);
     let text = m.render();
-    for line in [
-        "antidote_dlt_diversions_total{source=\"learned\"} 3\n",
-        "antidote_dlt_ledger_lag_records 12\n",
-        "antidote_blocked_keys 2\n",
-        "antidote_blocked_key_oldest_age_seconds 3.5\n",
-    ] {
-        assert!(text.contains(line), "{line} missing from\n{text}");
-    }
+    has_lines(
+        &text,
+        &[
+            "antidote_dlt_diversions_total{source=\"learned\"} 3\n",
+            "antidote_dlt_ledger_lag_records 12\n",
+            "antidote_blocked_keys 2\n",
+            "antidote_blocked_key_oldest_age_seconds 3.5\n",
+        ],
+    );
 }
 
 #[test]
@@ -612,11 +616,19 @@ fn a_door_observation_becomes_its_series() {
     seen.waiting("geo", 2);
     m.door_seen(seen);
     let text = m.render();
-    for line in [
-        "antidote_records_invalid_total{topic=\"geo\",partition=\"1\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"rejected\"} 3\n",
-        "antidote_records_invalid_total{topic=\"geo\",partition=\"1\",policy=\"p\",class=\"poison\",rule=\"batch\",action=\"rejected\"} 1\n",
-        "antidote_held_batches_total{topic=\"geo\",partition=\"2\",reason=\"transient\"} 1\n",
-    ] {
+    has_lines(
+        &text,
+        &[
+            "antidote_records_invalid_total{topic=\"geo\",partition=\"1\",policy=\"p\",class=\"poison\",rule=\"schema\",action=\"rejected\"} 3\n",
+            "antidote_records_invalid_total{topic=\"geo\",partition=\"1\",policy=\"p\",class=\"poison\",rule=\"batch\",action=\"rejected\"} 1\n",
+            "antidote_held_batches_total{topic=\"geo\",partition=\"2\",reason=\"transient\"} 1\n",
+        ],
+    );
+}
+
+/// Every one of `lines` is in the rendered `text`.
+fn has_lines(text: &str, lines: &[&str]) {
+    for line in lines {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
 }

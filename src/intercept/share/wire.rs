@@ -402,6 +402,13 @@ fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The proxy's acknowledgements owed in `book`, added to `body`
+    /// (version 1) on a connection to `node`.
+    fn add(key: ApiKey, body: &Bytes, node: i32, book: &ShareAcks) -> Added {
+        let seen = &mut ShareSeen::default();
+        add_acks(key, 1, body, node, book, Instant::now(), seen).unwrap()
+    }
     use crate::plan::share::{ACCEPT, REJECT};
     use kafka_protocol::messages::GroupId;
     use kafka_protocol::protocol::StrBytes;
@@ -464,16 +471,7 @@ mod tests {
         book.owe(&session(), [owed(3), owed(4)]);
         // The client (wrongly) acknowledges 4, which the proxy removed.
         let body = fetch(2, vec![(0, 2, vec![ACCEPT]), (4, 5, vec![ACCEPT])]);
-        let added = add_acks(
-            ApiKey::ShareFetch,
-            1,
-            &body,
-            1,
-            &book,
-            Instant::now(),
-            &mut ShareSeen::default(),
-        )
-        .unwrap();
+        let added = add(ApiKey::ShareFetch, &body, 1, &book);
         assert_eq!(
             acks_of(added.body.unwrap()),
             vec![
@@ -494,16 +492,7 @@ mod tests {
         let book = ShareAcks::default();
         book.owe(&session(), [owed(7)]);
         let body = fetch(5, vec![]);
-        let added = add_acks(
-            ApiKey::ShareFetch,
-            1,
-            &body,
-            1,
-            &book,
-            Instant::now(),
-            &mut ShareSeen::default(),
-        )
-        .unwrap();
+        let added = add(ApiKey::ShareFetch, &body, 1, &book);
         assert_eq!(acks_of(added.body.unwrap()), vec![(7, 7, vec![REJECT])]);
         assert_eq!(added.proxy_only, vec![(T, 0)]);
     }
@@ -513,16 +502,7 @@ mod tests {
         for epoch in [0, -1] {
             let book = ShareAcks::default();
             book.owe(&session(), [owed(7)]);
-            let added = add_acks(
-                ApiKey::ShareFetch,
-                1,
-                &fetch(epoch, vec![]),
-                1,
-                &book,
-                Instant::now(),
-                &mut ShareSeen::default(),
-            )
-            .unwrap();
+            let added = add(ApiKey::ShareFetch, &fetch(epoch, vec![]), 1, &book);
             assert!(added.body.is_none(), "epoch {epoch}");
             assert_eq!(book.waiting(), 0, "epoch {epoch}: forgotten");
         }
@@ -532,16 +512,7 @@ mod tests {
     fn another_node_or_member_gets_none_of_them() {
         let book = ShareAcks::default();
         book.owe(&session(), [owed(7)]);
-        let added = add_acks(
-            ApiKey::ShareFetch,
-            1,
-            &fetch(3, vec![]),
-            2,
-            &book,
-            Instant::now(),
-            &mut ShareSeen::default(),
-        )
-        .unwrap();
+        let added = add(ApiKey::ShareFetch, &fetch(3, vec![]), 2, &book);
         assert!(added.body.is_none());
         assert_eq!(book.waiting(), 1);
     }
@@ -551,16 +522,7 @@ mod tests {
         let book = ShareAcks::default();
         book.owe(&session(), [owed(7)]);
         let body = fetch(3, vec![(0, 3, vec![ACCEPT, ACCEPT])]);
-        let added = add_acks(
-            ApiKey::ShareFetch,
-            1,
-            &body,
-            1,
-            &book,
-            Instant::now(),
-            &mut ShareSeen::default(),
-        )
-        .unwrap();
+        let added = add(ApiKey::ShareFetch, &body, 1, &book);
         assert!(added.body.is_none());
         assert_eq!(book.waiting(), 1);
     }
@@ -574,16 +536,7 @@ mod tests {
             .with_member_id(Some(StrBytes::from_static_str("m")))
             .with_share_session_epoch(-1);
         let body = encode(&req, 1).unwrap().freeze();
-        let added = add_acks(
-            ApiKey::ShareAcknowledge,
-            1,
-            &body,
-            1,
-            &book,
-            Instant::now(),
-            &mut ShareSeen::default(),
-        )
-        .unwrap();
+        let added = add(ApiKey::ShareAcknowledge, &body, 1, &book);
         let back = ShareAcknowledgeRequest::decode(&mut added.body.unwrap().freeze(), 1).unwrap();
         let b = &back.topics[0].partitions[0].acknowledgement_batches[0];
         assert_eq!(
