@@ -353,7 +353,7 @@ def test_many_poison_records_of_one_fetch_are_split_into_batches_the_dlt_accepts
     assert sum(b.count for b in first) == len(recs), [(b.base_offset, b.count) for b in first]
 
     # The writer's splits are logged at debug level.
-    monkeypatch.setenv("ANTIDOTE_LOG", "info,antidote::dlt::writer::producer=debug")
+    monkeypatch.setenv("ANTIDOTE_LOG", "info,antidote::dlt::writer::once=debug")
     proxy = start_proxy(workdir, broker, policy_file, "antidote-split")
     try:
         got = read_valid(proxy, topic, len(valid))

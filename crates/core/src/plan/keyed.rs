@@ -105,13 +105,13 @@ pub(super) fn divert_keyed(
     });
 }
 
-/// A record in its DLT already: re-queue its diversion as the plain path
-/// does (the ledger finds it done). Invalid by its own verdict, it still
-/// blocks its key from here unless a release covers it: the blocked-key
-/// set may not know of it yet (the ledger records a write, or one found in
-/// the DLT, before the set learns the key), and a later record of the key
-/// must not pass meanwhile (Jepsen seed 579903503 saw one pass). `Break`
-/// where that block would pass the cap (`out.full_at`).
+/// A record in its DLT already: re-queue its diversion (the ledger finds
+/// it done; the plain path settles it instead). Invalid by its own
+/// verdict, it still blocks its key from here unless a release covers it:
+/// the blocked-key set may not know of it yet (the ledger records a write,
+/// or one found in the DLT, before the set learns the key), and a later
+/// record of the key must not pass meanwhile (Jepsen seed 579903503 saw
+/// one pass). `Break` where that block would pass the cap (`out.full_at`).
 fn already_diverted(
     plan: &mut PartitionPlan,
     record: &Record<'_>,

@@ -377,29 +377,7 @@ fn apply_verdicts(
             .collect()
     };
     let action = plan.policy.on_invalid;
-    // The records to divert, in batch order (as `invalid` is).
-    let mut divert: Vec<(usize, &Invalid)> = Vec::new();
-    for j in invalid {
-        let Some(k) = keep_mask.get_mut(j.index) else {
-            continue;
-        };
-        // Transient: planned as a diversion so the filter sees its offset,
-        // holds the partition there and never writes it (whatever the action).
-        let action = if j.invalid.class == Class::Transient {
-            Action::Divert
-        } else {
-            action
-        };
-        if action.writes() {
-            *k = false;
-            divert.push((j.index, &j.invalid));
-        } else {
-            settle(plan, j, action);
-            if action.removes() {
-                *k = false; // out of the batch, written nowhere
-            }
-        }
-    }
+    let divert = sort_invalid(plan, invalid, earlier, &mut keep_mask, order.is_some());
     if !cached && !action.writes() {
         log_not_diverted(plan, invalid);
     }
@@ -428,6 +406,48 @@ fn apply_verdicts(
         }
     }
     (keep_mask, out)
+}
+
+/// Take `invalid` out of `keep_mask` as the policy's action says: the
+/// records to divert now, in batch order (as `invalid` is); the others
+/// settled (`keyed`: per key, a record in its DLT already is the keyed
+/// walk's to settle).
+fn sort_invalid<'j>(
+    plan: &mut PartitionPlan,
+    invalid: &'j [Judged],
+    earlier: &[i64],
+    keep_mask: &mut [bool],
+    keyed: bool,
+) -> Vec<(usize, &'j Invalid)> {
+    let mut divert = Vec::new();
+    for j in invalid {
+        let Some(k) = keep_mask.get_mut(j.index) else {
+            continue;
+        };
+        // Transient: planned as a diversion so the filter sees its offset,
+        // holds the partition there and never writes it (whatever the action).
+        let action = match j.invalid.class {
+            Class::Transient => Action::Divert,
+            _ => plan.policy.on_invalid,
+        };
+        if action.writes() {
+            *k = false;
+            if !keyed && earlier.binary_search(&j.offset).is_ok() {
+                // In its DLT already: settled as diverted, not written
+                // again (as a batch resent as spliced is). Per key, the
+                // record still blocks its key (`keyed::already_diverted`).
+                settle(plan, j, action);
+            } else {
+                divert.push((j.index, &j.invalid));
+            }
+        } else {
+            settle(plan, j, action);
+            if action.removes() {
+                *k = false; // out of the batch, written nowhere
+            }
+        }
+    }
+    divert
 }
 
 /// Note what became of an invalid record not written now.

@@ -396,6 +396,49 @@ fn is_resent(p: &PartitionPlan) -> Vec<bool> {
         .collect()
 }
 
+/// A batch with poison below the log start (deleted: never judged into a
+/// DLT) and poison above it: the batch cannot be resent as spliced (its
+/// splice was not the verdicts' alone), so a re-fetch decodes it again, and
+/// the record in its DLT already is settled, not diverted again.
+/// fuzz/fetch_plan found it (CI at ea34c9a) with a lying broker's batch at
+/// base offset -2 (below the unknown log start, -1); after DeleteRecords a
+/// real broker sends such a batch whole.
+#[test]
+fn a_record_in_its_dlt_is_not_diverted_again_beside_one_below_the_log_start() {
+    let pol = policy("divert");
+    let t: Arc<str> = Arc::from("t");
+    for (base, log_start) in [(-2, -1), (10, 11)] {
+        let cache = VerdictCache::new(16);
+        let section = Bytes::from(batch(base, 3, &[0, 2], Compression::None, -1, false));
+        let vis = uncommitted().with_log_start(log_start);
+        let plan = |done: &[i64]| {
+            let already = |from: i64, to: i64| -> Vec<i64> {
+                done.iter()
+                    .copied()
+                    .filter(|o| (from..to).contains(o))
+                    .collect()
+            };
+            let env = Env {
+                verdicts: &cache,
+                budget: &DecodeBudget::unlimited(),
+                already: &already,
+            };
+            plan_partition_with(&input(&pol, &t, &section, &vis), &env)
+        };
+        let first = plan(&[]);
+        let done: Vec<i64> = first.diversions.iter().map(|d| d.origin_offset).collect();
+        assert_eq!(done, [base + 2], "the deleted record is not diverted");
+        let again = plan(&done);
+        let again_at: Vec<i64> = again.diversions.iter().map(|d| d.origin_offset).collect();
+        assert!(
+            again_at.is_empty(),
+            "base {base}: planned again: {again_at:?}"
+        );
+        assert_eq!(again.settled.len(), 1, "base {base}: settled as diverted");
+        assert_eq!(again.apply(None).unwrap(), first.apply(None).unwrap());
+    }
+}
+
 #[test]
 fn a_spliced_batch_is_resent_once_its_poison_is_in_the_dlt() {
     let cache = VerdictCache::new(16);
