@@ -61,7 +61,8 @@ struct ReasonLabel {
 /// What the proxy's share-group bookkeeping did for one request, one
 /// answer or one renewal of its own: filled by the data path as it goes,
 /// reported once (`Metrics::share_seen`, or inside a ShareFetch answer's
-/// `Observation`).
+/// `Observation`). A count of 0 is not noted: most answers note nothing,
+/// and allocate nothing.
 #[derive(Debug, Default)]
 pub struct ShareSeen {
     acks: Vec<(&'static str, u64)>,
@@ -75,22 +76,22 @@ impl ShareSeen {
     /// `n` of the proxy's acknowledgements ended with `result` (`sent`,
     /// `refused`, `overflow`).
     pub fn acks(&mut self, result: &'static str, n: u64) {
-        self.acks.push((result, n));
+        note(&mut self.acks, result, n);
     }
 
     /// `n` acquired records withheld from the member for `reason`.
     pub fn withheld(&mut self, reason: &'static str, n: u64) {
-        self.withheld.push((reason, n));
+        note(&mut self.withheld, reason, n);
     }
 
     /// `n` withheld ranges ended with `result` in a renewal of the proxy's.
     pub fn renewals(&mut self, result: &'static str, n: u64) {
-        self.renewals.push((result, n));
+        note(&mut self.renewals, result, n);
     }
 
     /// `n` withheld ranges left to their locks for `reason`.
     pub fn fallback(&mut self, reason: &'static str, n: u64) {
-        self.fallbacks.push((reason, n));
+        note(&mut self.fallbacks, reason, n);
     }
 
     /// The withheld book holds `ranges` ranges in `bytes` bytes now, as its
@@ -98,6 +99,12 @@ impl ShareSeen {
     /// wins).
     pub fn kept(&mut self, reading: u64, ranges: usize, bytes: usize) {
         self.kept = Some((reading, ranges, bytes));
+    }
+}
+
+fn note(counts: &mut Vec<(&'static str, u64)>, label: &'static str, n: u64) {
+    if n > 0 {
+        counts.push((label, n));
     }
 }
 

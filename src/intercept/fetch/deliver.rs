@@ -38,8 +38,9 @@ pub(super) fn deliver(
     seen: &mut Observation,
 ) -> Result<Vec<Bytes>, BatchError> {
     let failed_from = hold_from(holds, plan, failed.first().copied(), transient, seen);
-    learn_keys(blocked, plan, plan.held_from(failed_from));
-    apply_outcome(holds, plan, failed_from, seen)
+    let held_from = plan.held_from(failed_from);
+    learn_keys(blocked, plan, held_from);
+    apply_outcome(holds, plan, (failed_from, held_from), seen)
 }
 
 /// Partitions this connection has been answered with a hold, and where.
@@ -126,15 +127,15 @@ pub(super) fn hold_postponed(plan: &mut PartitionPlan, postponed: &[Postponed]) 
 }
 
 /// The records section a changed partition gets, once its diversions are
-/// done: everything planned, or (when held, here or by a failed diversion)
-/// what comes before the hold, if this connection may receive it.
+/// done: everything planned, or (when held from `held_from`, here or by a
+/// failed diversion from `failed_from`) what comes before the hold, if
+/// this connection may receive it.
 fn apply_outcome(
     holds: &mut Holds,
     plan: &PartitionPlan,
-    failed_from: Option<i64>,
+    (failed_from, held_from): (Option<i64>, Option<i64>),
     seen: &mut Observation,
 ) -> Result<Vec<Bytes>, BatchError> {
-    let held_from = plan.held_from(failed_from);
     log_hold(plan, failed_from, seen);
     seen.partitions.push(count(plan, held_from));
     (seen.held).push((plan.topic.clone(), plan.partition, held_from.is_some()));

@@ -229,26 +229,7 @@ impl FetchFilter {
         postponed.sort_unstable();
         postponed
     }
-}
 
-/// The offsets a diversion covers: its record, or its whole batch.
-pub(super) fn span_of(d: &Diversion) -> Span {
-    let first = d.origin_offset;
-    (first, d.last_offset.unwrap_or(first).max(first))
-}
-
-/// Where a topic's records stand before judging (`FetchFilter::topic_gate`).
-pub(super) enum TopicGate<'p> {
-    /// No policy covers the topic, or it is a dead-letter topic: forwarded.
-    Unpoliced,
-    /// Its DLTs are not read back yet: held (a Fetch), or judged without
-    /// writing to them (a ShareFetch), under this policy.
-    Unloaded(&'p Arc<Policy>),
-    /// Judged under this policy.
-    Judge(&'p Arc<Policy>),
-}
-
-impl FetchFilter {
     /// Whether the records of topic `name` are judged, and under which
     /// policy. A glob may also cover a dead-letter topic: never police
     /// those. Until its DLTs are read back (given up to the DLT timeout),
@@ -271,9 +252,7 @@ impl FetchFilter {
             TopicGate::Unloaded(policy)
         }
     }
-}
 
-impl FetchFilter {
     /// Plan `jobs` (with registry misses resolved, within the registry's
     /// wait); each plan with where it is in the response.
     pub(super) async fn judge(
@@ -320,19 +299,7 @@ impl FetchFilter {
             self.ledger.observe_topic_id(name, id);
         }
     }
-}
 
-/// Rounds of fetch-then-replan per response: the second covers a subject
-/// list asked for only once the schema was known.
-const ROUNDS: usize = 2;
-
-fn has_transient(plan: &PartitionPlan) -> bool {
-    plan.diversions
-        .iter()
-        .any(|d| d.invalid.class == Class::Transient)
-}
-
-impl FetchFilter {
     /// Resolve registry misses of `planned` and plan those partitions again.
     pub(super) async fn resolve_transient(
         &self,
@@ -366,4 +333,31 @@ impl FetchFilter {
         }
         Ok(())
     }
+}
+
+/// The offsets a diversion covers: its record, or its whole batch.
+pub(super) fn span_of(d: &Diversion) -> Span {
+    let first = d.origin_offset;
+    (first, d.last_offset.unwrap_or(first).max(first))
+}
+
+/// Where a topic's records stand before judging (`FetchFilter::topic_gate`).
+pub(super) enum TopicGate<'p> {
+    /// No policy covers the topic, or it is a dead-letter topic: forwarded.
+    Unpoliced,
+    /// Its DLTs are not read back yet: held (a Fetch), or judged without
+    /// writing to them (a ShareFetch), under this policy.
+    Unloaded(&'p Arc<Policy>),
+    /// Judged under this policy.
+    Judge(&'p Arc<Policy>),
+}
+
+/// Rounds of fetch-then-replan per response: the second covers a subject
+/// list asked for only once the schema was known.
+const ROUNDS: usize = 2;
+
+fn has_transient(plan: &PartitionPlan) -> bool {
+    plan.diversions
+        .iter()
+        .any(|d| d.invalid.class == Class::Transient)
 }

@@ -239,11 +239,10 @@ impl Settle {
     /// wins over done (a batch diverted whole and not written is withheld
     /// whole), `held_from` cuts everything from it on.
     pub fn outcome(&self, acquired: &[Acquired]) -> Outcome {
-        let held = before(&[(i64::MIN, i64::MAX)], self.held_from);
         let mut withheld = Vec::new();
         let mut by_reason = Vec::new();
         for &(span, reason) in &self.withheld {
-            let mine = within(&within(&[span], acquired), &as_acquired(&held));
+            let mine = before(&within(&[span], acquired), self.held_from);
             by_reason.extend(mine.iter().map(|&s| (s, reason)));
             withheld.extend(mine);
         }
@@ -265,18 +264,6 @@ impl Settle {
             held: by_reason,
         }
     }
-}
-
-/// Spans as acquired ranges (for `within`).
-fn as_acquired(spans: &[Span]) -> Vec<Acquired> {
-    spans
-        .iter()
-        .map(|&(first, last)| Acquired {
-            first,
-            last,
-            delivery_count: 0,
-        })
-        .collect()
 }
 
 /// One acknowledgement batch: `first..=last` with either one type for the
